@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every dependency Pagoda needs, from Debian only. Idempotent: packages
+# already present are skipped, and nothing runs apt when all are there.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+  libfmt-dev libspdlog-dev libxxhash-dev libzstd-dev liblmdb-dev
+  libpcre2-dev libhnswlib-dev libhiredis-dev redis-server
+  clang libclang-rt-14-dev
+  nodejs
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian's own nodejs ships npm as a separate package; NodeSource's bundles it.
+if ! command -v npm >/dev/null 2>&1; then
+  $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi

@@ -1,0 +1,58 @@
+// Matrix products for the forward pass: Y = X · Wᵀ with weights in GGUF formats.
+//
+// CONTRACT (batch invariance): y[i][j] depends only on row i of X and row j of W.
+// It is bitwise identical whatever m (the number of rows in the batch), whatever
+// the position of row i in the batch, and whatever the thread count. Kernels may
+// tile over rows and columns for speed, but every (i, j) dot product follows one
+// fixed sequence of operations. The scheduler's batch-invariance guarantee rests
+// on this.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/aligned_buffer.h"
+#include "core/thread_pool.h"
+#include "model/gguf.h"
+
+namespace pagoda {
+
+// W is [n_out][n_in] row-major in ggml layout (n_in = ne[0] contiguous).
+struct weight_view {
+  gguf::tensor_type type = gguf::tensor_type::f32;
+  const void* data = nullptr;
+  std::int64_t n_in = 0;
+  std::int64_t n_out = 0;
+  std::size_t row_bytes = 0;  // bytes of one row of n_in elements
+};
+
+// Bytes of one row of n elements of type t (n must be a multiple of the block size).
+std::size_t row_size_bytes(gguf::tensor_type t, std::int64_t n);
+
+// Reusable scratch for activation quantization (q8_0 copies of X for q8_0/q4_0 W).
+struct matmul_scratch {
+  aligned_buffer buf;
+  void* reserve(std::size_t size_bytes) {
+    if (buf.size() < size_bytes) buf.resize(size_bytes, false);
+    return buf.data();
+  }
+};
+
+// y[m][w.n_out] = x[m][w.n_in] · Wᵀ. x and y are f32, row-major, dense.
+// Dispatches on active_simd_level(); parallel over columns of Y.
+void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thread_pool& pool,
+            matmul_scratch& scratch);
+
+// Plain reference twin: f32 (or f64) loops, no SIMD, single thread. Same
+// activation quantization as the fast path for q8_0/q4_0, so the two agree to
+// float rounding.
+void matmul_ref(const weight_view& w, const float* x, std::int64_t m, float* y);
+
+// Converts row r of W to f32 (embedding lookup, tests).
+void dequantize_row(const weight_view& w, std::int64_t r, float* out);
+
+// Quantizes n floats (n % 32 == 0) to q8_0 blocks as ggml does (d = amax/127, round).
+void quantize_row_q8_0(const float* x, std::int64_t n, void* out);
+void quantize_row_q4_0(const float* x, std::int64_t n, void* out);
+
+}  // namespace pagoda
