@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "pagoda/status.h"
@@ -45,6 +46,14 @@ struct tensor_type_traits {
 // nullptr for a type number ggml does not define.
 const tensor_type_traits* get_tensor_type_traits(std::uint32_t type);
 const char* tensor_type_name(tensor_type t);
+
+// Bytes of a tensor of `type` with dims ne[0..n) (ne[0] innermost). nullopt when
+// the type is unknown, a dim is not positive, ne[0] is not a multiple of the
+// type's block size, or the element count or byte size overflows int64.
+std::optional<std::uint64_t> tensor_size_bytes(std::uint32_t type, std::span<const std::int64_t> ne);
+
+// Bytes of one element of a non-array, non-string metadata value type (0 otherwise).
+std::size_t value_type_size(value_type t);
 
 // One metadata value. Scalars are decoded; arrays keep their element type and a
 // view of their bytes in the file (strings in arrays are pre-split).
@@ -79,6 +88,10 @@ struct tensor_info {
   std::int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
 
+namespace detail {
+class byte_cursor;  // bounds-checked reader over the file bytes (gguf.cpp)
+}
+
 class file {
  public:
   // Maps a file read-only and parses it. The mapping lives as long as the object.
@@ -92,6 +105,10 @@ class file {
   std::uint32_t version() const { return version_; }
   std::uint64_t alignment() const { return alignment_; }
   const std::string& path() const { return path_; }
+  // Byte offset of the tensor data section from the start of the file.
+  std::uint64_t data_offset() const { return data_offset_; }
+  // Bytes of the whole file (or of the memory given to from_memory).
+  std::size_t size_bytes() const { return bytes_.size(); }
 
   const std::vector<metadata_entry>& metadata() const { return metadata_; }
   const value* find(std::string_view key) const;
@@ -114,14 +131,23 @@ class file {
  private:
   file() = default;
   status parse(std::span<const std::byte> bytes);
+  status parse_metadata(detail::byte_cursor& c, std::uint64_t n_kv);
+  status parse_tensor_infos(detail::byte_cursor& c, std::uint64_t n_tensors);
+  status place_tensor_data(std::uint64_t header_end);
+  result<const value*> find_or_error(std::string_view key) const;
 
   std::string path_;
+  std::span<const std::byte> bytes_;
   void* map_ = nullptr;
   std::size_t map_size_ = 0;
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;
   std::vector<metadata_entry> metadata_;
   std::vector<tensor_info> tensors_;
+  std::uint64_t data_offset_ = 0;
+  // Indexes into metadata_ / tensors_; keys and names are unique (checked on parse).
+  std::unordered_map<std::string_view, std::size_t> key_index_;
+  std::unordered_map<std::string_view, std::size_t> tensor_index_;
 };
 
 }  // namespace pagoda::gguf
