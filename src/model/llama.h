@@ -1,0 +1,119 @@
+// The Llama-family model (llama; qwen2 with QKV biases): hyper-parameters and
+// weights from GGUF, and a batched forward pass over a paged KV cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention/paged_attention.h"
+#include "core/aligned_buffer.h"
+#include "core/thread_pool.h"
+#include "kv/kv_storage.h"
+#include "model/gguf.h"
+#include "model/matmul.h"
+#include "model/tokenizer.h"
+#include "pagoda/status.h"
+#include "pagoda/types.h"
+
+namespace pagoda {
+
+struct llama_hparams {
+  std::string arch;  // "llama" or "qwen2"
+  std::string name;  // general.name, if any
+  int n_vocab = 0;
+  int n_embd = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int n_ff = 0;
+  int rope_dim = 0;
+  int n_ctx_train = 0;
+  float rope_base = 10000.0f;
+  float rms_eps = 1e-5f;
+  bool rope_neox = false;  // rotate halves (qwen2) instead of adjacent pairs (llama)
+  bool tied_output = false;
+
+  int n_rep() const { return n_head / n_head_kv; }
+  int q_dim() const { return n_head * head_dim; }
+  int kv_dim() const { return n_head_kv * head_dim; }
+};
+
+struct llama_layer {
+  std::vector<float> attn_norm;  // [n_embd]
+  weight_view wq, wk, wv, wo;
+  std::vector<float> bq, bk, bv;  // qwen2 only; empty otherwise
+  std::vector<float> ffn_norm;    // [n_embd]
+  weight_view w_gate, w_up, w_down;
+};
+
+class llama_model {
+ public:
+  // Loads and validates a GGUF model: required keys, every tensor's presence,
+  // shape and type against the architecture, and the tokenizer.
+  static result<std::unique_ptr<llama_model>> load(const std::string& path);
+  static result<std::unique_ptr<llama_model>> from_gguf(std::unique_ptr<gguf::file> file);
+
+  const llama_hparams& hparams() const { return hp_; }
+  const tokenizer& vocab() const { return *tokenizer_; }
+  const gguf::file& gguf() const { return *file_; }
+  std::int64_t n_params() const { return n_params_; }
+
+  const weight_view& token_embd() const { return token_embd_; }
+  const weight_view& output() const { return output_; }
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const std::vector<llama_layer>& layers() const { return layers_; }
+
+ private:
+  llama_model() = default;
+  std::unique_ptr<gguf::file> file_;
+  std::unique_ptr<tokenizer> tokenizer_;
+  llama_hparams hp_;
+  weight_view token_embd_;
+  weight_view output_;
+  std::vector<float> output_norm_;
+  std::vector<llama_layer> layers_;
+  std::int64_t n_params_ = 0;
+};
+
+// One sequence's share of a forward step.
+struct forward_seq {
+  std::span<const token_id> tokens;  // new tokens, stored at positions n_past ..
+  int n_past = 0;                    // tokens already in this sequence's KV
+  std::span<const block_id> blocks;  // block table covering n_past + tokens.size() tokens
+  bool all_logits = false;           // logits for every new token (scoring) or only the last
+};
+
+// Scratch and threads for forward passes of one model over one KV storage.
+class llama_context {
+ public:
+  llama_context(const llama_model& model, kv_storage& kv, int n_threads);
+
+  // Runs one step for all seqs at once (weights read once per step). Writes K/V
+  // of every new token, then fills logits: for each seq in order, one row per
+  // new token if all_logits, else one row for its last token; [rows][n_vocab].
+  status forward(std::span<const forward_seq> seqs, std::vector<float>& logits);
+
+  const llama_model& model() const { return model_; }
+  kv_storage& kv() { return kv_; }
+  thread_pool& pool() { return pool_; }
+
+ private:
+  void ensure_capacity(int n_tokens);
+
+  const llama_model& model_;
+  kv_storage& kv_;
+  thread_pool pool_;
+  matmul_scratch mm_scratch_;
+  std::vector<attention_scratch> attn_scratch_;  // one per thread
+  int capacity_ = 0;
+  aligned_buffer x_, xn_, q_, k_, v_, attn_out_, tmp_, gate_, up_;
+};
+
+// KV bytes per token by the usual formula 2 x n_layers x n_kv_heads x head_dim x bytes.
+double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element);
+
+}  // namespace pagoda

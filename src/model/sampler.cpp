@@ -1,0 +1,85 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pagoda {
+
+status sampling_params::validate() const {
+  if (!(temperature >= 0.0f) || temperature > 100.0f)
+    return error(errc::invalid_argument, "temperature must be in [0, 100], got {}", temperature);
+  if (!(top_p > 0.0f) || top_p > 1.0f) return error(errc::invalid_argument, "top_p must be in (0, 1], got {}", top_p);
+  if (!(min_p >= 0.0f) || min_p > 1.0f) return error(errc::invalid_argument, "min_p must be in [0, 1], got {}", min_p);
+  if (top_k < -1) return error(errc::invalid_argument, "top_k must be -1, 0 (disabled) or positive, got {}", top_k);
+  return {};
+}
+
+token_id argmax(std::span<const float> logits) {
+  token_id best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = static_cast<token_id>(i);
+  return best;
+}
+
+sampler::sampler(const sampling_params& params) : params_(params), rng_(params.seed) {}
+
+token_id sampler::sample(std::span<const float> logits) {
+  if (params_.is_greedy() || logits.size() <= 1) return argmax(logits);
+  const float inv_t = 1.0f / params_.temperature;
+  candidates_.clear();
+  candidates_.reserve(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    candidates_.emplace_back(logits[i] * inv_t, static_cast<token_id>(i));
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+
+  std::size_t n = candidates_.size();
+  if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < n) {
+    n = static_cast<std::size_t>(params_.top_k);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(), by_logit);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+  // Softmax over the kept candidates (sorted, so the first is the maximum).
+  const float mx = candidates_[0].first;
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    candidates_[i].first = std::exp(candidates_[i].first - mx);
+    sum += candidates_[i].first;
+  }
+  if (params_.top_p < 1.0f) {
+    double cum = 0;
+    std::size_t keep = n;
+    for (std::size_t i = 0; i < n; ++i) {
+      cum += candidates_[i].first / sum;
+      if (cum >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+  }
+  if (params_.min_p > 0.0f) {
+    const float threshold = candidates_[0].first * params_.min_p;  // relative to the top probability
+    std::size_t keep = 1;
+    while (keep < n && candidates_[keep].first >= threshold) ++keep;
+    n = keep;
+  }
+  double total = 0;
+  for (std::size_t i = 0; i < n; ++i) total += candidates_[i].first;
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  double u = uniform(rng_);
+  for (std::size_t i = 0; i < n; ++i) {
+    u -= candidates_[i].first;
+    if (u < 0) return candidates_[i].second;
+  }
+  return candidates_[n - 1].second;
+}
+
+float sampler::log_prob(std::span<const float> logits, token_id token) {
+  float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - mx));
+  return static_cast<float>(logits[token] - mx - std::log(sum));
+}
+
+}  // namespace pagoda

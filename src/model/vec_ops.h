@@ -1,0 +1,21 @@
+// Row-wise vector operations of the forward pass, with AVX-512 versions and
+// plain reference twins. Each works on one row at a time, so a row's result
+// never depends on the batch around it.
+#pragma once
+
+#include <cstdint>
+
+namespace pagoda {
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]. out may alias x.
+void rms_norm(const float* x, const float* w, int n, float eps, float* out);
+void rms_norm_ref(const float* x, const float* w, int n, float eps, float* out);
+
+// out[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u. out may alias g or u.
+void silu_mul(const float* g, const float* u, std::int64_t n, float* out);
+void silu_mul_ref(const float* g, const float* u, std::int64_t n, float* out);
+
+// x[i] += y[i].
+void add_inplace(float* x, const float* y, std::int64_t n);
+
+}  // namespace pagoda
