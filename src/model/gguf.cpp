@@ -232,58 +232,31 @@ std::optional<std::uint64_t> tensor_size_bytes(std::uint32_t type, std::span<con
 
 namespace {
 
+template <typename T, typename Out>
+status read_scalar(byte_cursor& c, Out& out, const char* what) {
+  T v{};
+  PAGODA_RETURN_IF_ERROR(c.read(v, what));
+  out = static_cast<Out>(v);
+  return ok_status();
+}
+
 // Reads one value of type `type` (already read) into `out`.
 status parse_value(byte_cursor& c, std::uint32_t type, value& out) {
   if (!is_valid_value_type(type)) return error(errc::corrupt, "unknown value type {}", type);
   out.type = static_cast<value_type>(type);
   switch (out.type) {
-    case value_type::u8: {
-      std::uint8_t v;
-      PAGODA_RETURN_IF_ERROR(c.read(v, "uint8 value"));
-      out.u = v;
-      return ok_status();
-    }
-    case value_type::u16: {
-      std::uint16_t v;
-      PAGODA_RETURN_IF_ERROR(c.read(v, "uint16 value"));
-      out.u = v;
-      return ok_status();
-    }
-    case value_type::u32: {
-      std::uint32_t v;
-      PAGODA_RETURN_IF_ERROR(c.read(v, "uint32 value"));
-      out.u = v;
-      return ok_status();
-    }
-    case value_type::u64: return c.read(out.u, "uint64 value");
-    case value_type::i8: {
-      std::int8_t v;
-      PAGODA_RETURN_IF_ERROR(c.read(v, "int8 value"));
-      out.i = v;
-      return ok_status();
-    }
-    case value_type::i16: {
-      std::int16_t v;
-      PAGODA_RETURN_IF_ERROR(c.read(v, "int16 value"));
-      out.i = v;
-      return ok_status();
-    }
-    case value_type::i32: {
-      std::int32_t v;
-      PAGODA_RETURN_IF_ERROR(c.read(v, "int32 value"));
-      out.i = v;
-      return ok_status();
-    }
-    case value_type::i64: return c.read(out.i, "int64 value");
-    case value_type::f32: {
-      float v;
-      PAGODA_RETURN_IF_ERROR(c.read(v, "float32 value"));
-      out.f = v;
-      return ok_status();
-    }
-    case value_type::f64: return c.read(out.f, "float64 value");
+    case value_type::u8: return read_scalar<std::uint8_t>(c, out.u, "uint8 value");
+    case value_type::u16: return read_scalar<std::uint16_t>(c, out.u, "uint16 value");
+    case value_type::u32: return read_scalar<std::uint32_t>(c, out.u, "uint32 value");
+    case value_type::u64: return read_scalar<std::uint64_t>(c, out.u, "uint64 value");
+    case value_type::i8: return read_scalar<std::int8_t>(c, out.i, "int8 value");
+    case value_type::i16: return read_scalar<std::int16_t>(c, out.i, "int16 value");
+    case value_type::i32: return read_scalar<std::int32_t>(c, out.i, "int32 value");
+    case value_type::i64: return read_scalar<std::int64_t>(c, out.i, "int64 value");
+    case value_type::f32: return read_scalar<float>(c, out.f, "float32 value");
+    case value_type::f64: return read_scalar<double>(c, out.f, "float64 value");
     case value_type::boolean: {
-      std::uint8_t v;
+      std::uint8_t v = 0;
       std::size_t at = c.pos();
       PAGODA_RETURN_IF_ERROR(c.read(v, "bool value"));
       if (v > 1) return error(errc::corrupt, "bool value {} at offset {} is neither 0 nor 1", v, at);
