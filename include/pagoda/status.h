@@ -68,6 +68,7 @@ class [[nodiscard]] result {
   T&& value() && { return std::move(*value_); }
   T& operator*() & { return *value_; }
   const T& operator*() const& { return *value_; }
+  T&& operator*() && { return std::move(*value_); }
   T* operator->() { return &*value_; }
   const T* operator->() const { return &*value_; }
 
