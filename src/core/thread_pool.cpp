@@ -29,7 +29,7 @@ void thread_pool::worker_loop(int ith) {
     // Spin briefly (jobs in a forward pass follow each other within microseconds),
     // then sleep on the generation counter.
     std::uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < 20000; ++spin) {
+    for (int spin = 0; gen == seen && spin < 4000; ++spin) {
       _mm_pause();
       gen = generation_.load(std::memory_order_acquire);
     }
@@ -40,7 +40,7 @@ void thread_pool::worker_loop(int ith) {
     seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
     (*job_)(ith, n_threads_);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 
@@ -54,7 +54,17 @@ void thread_pool::run(const std::function<void(int, int)>& fn) {
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
   fn(0, n_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  // Spin a little (the others are usually a few microseconds behind), then sleep:
+  // on a loaded machine a descheduled worker must not cost a spinning core.
+  int left = pending_.load(std::memory_order_acquire);
+  for (int spin = 0; left != 0 && spin < 4000; ++spin) {
+    _mm_pause();
+    left = pending_.load(std::memory_order_acquire);
+  }
+  while (left != 0) {
+    pending_.wait(left, std::memory_order_acquire);
+    left = pending_.load(std::memory_order_acquire);
+  }
   job_ = nullptr;
 }
 

@@ -50,10 +50,9 @@ void qk_impl(kv_tile_shape s, const T* tile, int n_tokens, const float* q, int n
   }
 }
 
-// acc rows [NR][head_dim] += w[NR][t] * v_t over channels [d0, d0 + 64).
-template <int NR, typename T>
+// acc rows [NR][head_dim] += w[NR][t] * v_t over channels [d0, d0 + 16 * NC).
+template <int NR, int NC, typename T>
 inline void av_rows(const T* tile, int head_dim, int d0, int n_tokens, const float* w, int ld, float* acc) {
-  constexpr int NC = 4;
   __mmask16 mc[NC];
   for (int c = 0; c < NC; ++c) mc[c] = lane_mask(std::max(0, head_dim - d0 - 16 * c));
   __m512 a[NR][NC];
@@ -74,20 +73,31 @@ inline void av_rows(const T* tile, int head_dim, int d0, int n_tokens, const flo
       _mm512_mask_storeu_ps(acc + static_cast<std::size_t>(j) * head_dim + d0 + 16 * c, mc[c], a[j][c]);
 }
 
+template <int NC, typename T>
+void av_chunk(const T* tile, int head_dim, int d0, int n_tokens, const float* w, int ld, int n_q, float* acc) {
+  int r = 0;
+  for (; r + 4 <= n_q; r += 4)
+    av_rows<4, NC>(tile, head_dim, d0, n_tokens, w + static_cast<std::size_t>(r) * ld, ld,
+                   acc + static_cast<std::size_t>(r) * head_dim);
+  const float* wr = w + static_cast<std::size_t>(r) * ld;
+  float* ar = acc + static_cast<std::size_t>(r) * head_dim;
+  switch (n_q - r) {
+    case 3: av_rows<3, NC>(tile, head_dim, d0, n_tokens, wr, ld, ar); break;
+    case 2: av_rows<2, NC>(tile, head_dim, d0, n_tokens, wr, ld, ar); break;
+    case 1: av_rows<1, NC>(tile, head_dim, d0, n_tokens, wr, ld, ar); break;
+    default: break;
+  }
+}
+
 template <typename T>
 void av_impl(kv_tile_shape s, const T* tile, int n_tokens, const float* w, int ld, int n_q, float* acc) {
+  // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
   for (int d0 = 0; d0 < s.head_dim; d0 += 64) {
-    int r = 0;
-    for (; r + 4 <= n_q; r += 4)
-      av_rows<4>(tile, s.head_dim, d0, n_tokens, w + static_cast<std::size_t>(r) * ld, ld,
-                 acc + static_cast<std::size_t>(r) * s.head_dim);
-    const float* wr = w + static_cast<std::size_t>(r) * ld;
-    float* ar = acc + static_cast<std::size_t>(r) * s.head_dim;
-    switch (n_q - r) {
-      case 3: av_rows<3>(tile, s.head_dim, d0, n_tokens, wr, ld, ar); break;
-      case 2: av_rows<2>(tile, s.head_dim, d0, n_tokens, wr, ld, ar); break;
-      case 1: av_rows<1>(tile, s.head_dim, d0, n_tokens, wr, ld, ar); break;
-      default: break;
+    switch (std::min(4, (s.head_dim - d0 + 15) / 16)) {
+      case 4: av_chunk<4>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
+      case 3: av_chunk<3>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
+      case 2: av_chunk<2>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
+      default: av_chunk<1>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
     }
   }
 }

@@ -1,0 +1,223 @@
+// The batched forward pass: every new token of every sequence in the step goes
+// through each weight matrix together (one read of the weights per step);
+// attention then runs per (sequence, KV head) over the paged cache.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/assert.h"
+#include "model/llama.h"
+#include "model/vec_ops.h"
+
+namespace pagoda {
+namespace {
+
+constexpr double k_min_parallel_flops = 2e5;
+
+// Rotates pairs of q or k in place for one token at position pos: adjacent pairs
+// (x[2i], x[2i+1]) for llama, halves (x[i], x[i + rope_dim/2]) for NeoX style.
+void apply_rope(float* x, int n_heads, int head_dim, int rope_dim, bool neox, const float* cos_t, const float* sin_t) {
+  const int half = rope_dim / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<std::size_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      int a = neox ? i : 2 * i;
+      int b = neox ? i + half : 2 * i + 1;
+      float x0 = v[a], x1 = v[b];
+      v[a] = x0 * cos_t[i] - x1 * sin_t[i];
+      v[b] = x0 * sin_t[i] + x1 * cos_t[i];
+    }
+  }
+}
+
+void rope_table(int pos, int rope_dim, float base, float* cos_t, float* sin_t) {
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    float freq = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(rope_dim));
+    float angle = static_cast<float>(pos) * freq;
+    cos_t[i] = std::cos(angle);
+    sin_t[i] = std::sin(angle);
+  }
+}
+
+}  // namespace
+
+llama_context::llama_context(const llama_model& model, kv_storage& kv, int n_threads)
+    : model_(model), kv_(kv), pool_(n_threads) {
+  attn_scratch_.resize(pool_.size());
+}
+
+void llama_context::ensure_capacity(int n_tokens) {
+  if (n_tokens <= capacity_) return;
+  const llama_hparams& hp = model_.hparams();
+  std::size_t n = static_cast<std::size_t>(n_tokens);
+  x_.resize(n * hp.n_embd * sizeof(float));
+  xn_.resize(n * std::max(hp.n_embd, hp.q_dim()) * sizeof(float));
+  q_.resize(n * hp.q_dim() * sizeof(float));
+  k_.resize(n * hp.kv_dim() * sizeof(float));
+  v_.resize(n * hp.kv_dim() * sizeof(float));
+  attn_out_.resize(n * hp.q_dim() * sizeof(float));
+  tmp_.resize(n * hp.n_embd * sizeof(float));
+  gate_.resize(n * hp.n_ff * sizeof(float));
+  up_.resize(n * hp.n_ff * sizeof(float));
+  capacity_ = n_tokens;
+}
+
+status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits) {
+  const llama_hparams& hp = model_.hparams();
+  const kv_layout& layout = kv_.layout();
+  if (layout.n_layers != hp.n_layer || layout.n_kv_heads != hp.n_head_kv || layout.head_dim != hp.head_dim)
+    return error(errc::invalid_argument, "KV storage layout does not match the model");
+
+  int n_tok = 0, n_rows = 0;
+  for (const forward_seq& s : seqs) {
+    if (s.tokens.empty()) return error(errc::invalid_argument, "a sequence in the step has no tokens");
+    std::int64_t end = static_cast<std::int64_t>(s.n_past) + static_cast<std::int64_t>(s.tokens.size());
+    if (s.n_past < 0 || end > static_cast<std::int64_t>(s.blocks.size()) * layout.block_size)
+      return error(errc::out_of_range, "sequence needs {} KV slots but its block table holds {}", end,
+                   s.blocks.size() * layout.block_size);
+    for (block_id b : s.blocks)
+      if (b.value < 0 || b.value >= kv_.n_blocks())
+        return error(errc::invalid_argument, "block id {} is outside the pool of {}", b.value, kv_.n_blocks());
+    for (token_id t : s.tokens)
+      if (t < 0 || t >= hp.n_vocab) return error(errc::invalid_argument, "token id {} outside the vocabulary of {}", t, hp.n_vocab);
+    n_tok += static_cast<int>(s.tokens.size());
+    n_rows += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
+  }
+  if (n_tok == 0) {
+    logits.clear();
+    return {};
+  }
+  ensure_capacity(n_tok);
+
+  const int E = hp.n_embd, QD = hp.q_dim(), KVD = hp.kv_dim(), FF = hp.n_ff, HD = hp.head_dim;
+  float* x = x_.as<float>();
+  float* xn = xn_.as<float>();
+  float* q = q_.as<float>();
+  float* k = k_.as<float>();
+  float* v = v_.as<float>();
+  float* attn = attn_out_.as<float>();
+  float* tmp = tmp_.as<float>();
+  float* gate = gate_.as<float>();
+  float* up = up_.as<float>();
+
+  // Embeddings and positions.
+  std::vector<int> pos(n_tok);
+  {
+    int i = 0;
+    for (const forward_seq& s : seqs)
+      for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i) {
+        dequantize_row(model_.token_embd(), s.tokens[j], x + static_cast<std::size_t>(i) * E);
+        pos[i] = s.n_past + static_cast<int>(j);
+      }
+  }
+  std::vector<float> cos_t(static_cast<std::size_t>(n_tok) * hp.rope_dim / 2), sin_t(cos_t.size());
+  for (int i = 0; i < n_tok; ++i)
+    rope_table(pos[i], hp.rope_dim, hp.rope_base, &cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2],
+               &sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2]);
+
+  // Attention work items: (sequence, KV head), split statically over threads.
+  struct attn_item {
+    int seq;
+    int head;
+    int row0;  // first row of this sequence in the step
+  };
+  std::vector<attn_item> items;
+  {
+    int row0 = 0;
+    for (int si = 0; si < static_cast<int>(seqs.size()); ++si) {
+      for (int h = 0; h < hp.n_head_kv; ++h) items.push_back({si, h, row0});
+      row0 += static_cast<int>(seqs[si].tokens.size());
+    }
+  }
+  std::vector<paged_kv_view> k_views(seqs.size()), v_views(seqs.size());
+  double attn_flops = 0;
+  for (const forward_seq& s : seqs)
+    attn_flops += 4.0 * s.tokens.size() * (s.n_past + s.tokens.size()) * hp.n_head * hp.head_dim;
+  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(HD));
+
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const llama_layer& L = model_.layers()[l];
+    for (int i = 0; i < n_tok; ++i)
+      rms_norm(x + static_cast<std::size_t>(i) * E, L.attn_norm.data(), E, hp.rms_eps, xn + static_cast<std::size_t>(i) * E);
+    matmul(L.wq, xn, n_tok, q, pool_, mm_scratch_);
+    matmul(L.wk, xn, n_tok, k, pool_, mm_scratch_);
+    matmul(L.wv, xn, n_tok, v, pool_, mm_scratch_);
+    for (int i = 0; i < n_tok; ++i) {
+      if (!L.bq.empty()) {
+        add_inplace(q + static_cast<std::size_t>(i) * QD, L.bq.data(), QD);
+        add_inplace(k + static_cast<std::size_t>(i) * KVD, L.bk.data(), KVD);
+        add_inplace(v + static_cast<std::size_t>(i) * KVD, L.bv.data(), KVD);
+      }
+      const float* ct = &cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
+      const float* st = &sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
+      apply_rope(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, hp.rope_dim, hp.rope_neox, ct, st);
+      apply_rope(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, hp.rope_dim, hp.rope_neox, ct, st);
+    }
+    {
+      int row0 = 0;
+      for (std::size_t si = 0; si < seqs.size(); ++si) {
+        const forward_seq& s = seqs[si];
+        int n = static_cast<int>(s.tokens.size());
+        kv_.write(l, s.blocks, s.n_past, n, k + static_cast<std::size_t>(row0) * KVD,
+                  v + static_cast<std::size_t>(row0) * KVD);
+        k_views[si] = kv_.k_view(l, s.blocks, s.n_past + n);
+        v_views[si] = kv_.v_view(l, s.blocks, s.n_past + n);
+        row0 += n;
+      }
+    }
+    auto attend = [&](int ith, int nth) {
+      std::size_t b, e;
+      split_range(items.size(), ith, nth, 1, b, e);
+      for (std::size_t it = b; it < e; ++it) {
+        const attn_item& a = items[it];
+        const forward_seq& s = seqs[a.seq];
+        attention_task t;
+        t.k = &k_views[a.seq];
+        t.v = &v_views[a.seq];
+        t.kv_head = a.head;
+        t.n_rep = hp.n_rep();
+        t.head_dim = HD;
+        t.scale = attn_scale;
+        t.q = q + static_cast<std::size_t>(a.row0) * QD;
+        t.q_stride = QD;
+        t.n_tokens = static_cast<int>(s.tokens.size());
+        t.pos0 = s.n_past;
+        t.out = attn + static_cast<std::size_t>(a.row0) * QD;
+        t.out_stride = QD;
+        paged_attention(t, attn_scratch_[ith]);
+      }
+    };
+    // Waking threads costs microseconds; tiny attention (small models, short
+    // contexts) runs on the calling thread. Results are the same either way.
+    if (attn_flops < k_min_parallel_flops) attend(0, 1);
+    else pool_.run(attend);
+    matmul(L.wo, attn, n_tok, tmp, pool_, mm_scratch_);
+    add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);
+
+    for (int i = 0; i < n_tok; ++i)
+      rms_norm(x + static_cast<std::size_t>(i) * E, L.ffn_norm.data(), E, hp.rms_eps, xn + static_cast<std::size_t>(i) * E);
+    matmul(L.w_gate, xn, n_tok, gate, pool_, mm_scratch_);
+    matmul(L.w_up, xn, n_tok, up, pool_, mm_scratch_);
+    silu_mul(gate, up, static_cast<std::int64_t>(n_tok) * FF, gate);
+    matmul(L.w_down, gate, n_tok, tmp, pool_, mm_scratch_);
+    add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);
+  }
+
+  // Final norm and logits only for the rows asked for.
+  {
+    int i = 0, r = 0;
+    for (const forward_seq& s : seqs) {
+      int n = static_cast<int>(s.tokens.size());
+      int first = s.all_logits ? 0 : n - 1;
+      for (int j = first; j < n; ++j, ++r)
+        rms_norm(x + static_cast<std::size_t>(i + j) * E, model_.output_norm().data(), E, hp.rms_eps,
+                 xn + static_cast<std::size_t>(r) * E);
+      i += n;
+    }
+  }
+  logits.resize(static_cast<std::size_t>(n_rows) * hp.n_vocab);
+  matmul(model_.output(), xn, n_rows, logits.data(), pool_, mm_scratch_);
+  return {};
+}
+
+}  // namespace pagoda
