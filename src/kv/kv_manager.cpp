@@ -1,0 +1,474 @@
+#include "kv/kv_manager.h"
+
+#include <algorithm>
+
+#include "core/assert.h"
+
+namespace pagoda {
+
+namespace {
+std::int32_t ceil_div(std::int64_t a, std::int64_t b) { return static_cast<std::int32_t>((a + b - 1) / b); }
+}  // namespace
+
+kv_manager::kv_manager(std::int32_t block_size, std::int32_t n_blocks, bool enable_prefix_caching)
+    : block_size_(block_size),
+      prefix_caching_(enable_prefix_caching),
+      pool_(n_blocks),
+      index_(block_size, n_blocks),
+      fill_(static_cast<std::size_t>(std::max(n_blocks, 0)), 0) {
+  PAGODA_ASSERT(block_size > 0, "block size {}", block_size);
+  tenant("");  // tenant 0: the default
+}
+
+// --- tenants -------------------------------------------------------------------
+
+tenant_id kv_manager::tenant(std::string_view name) {
+  if (const auto t = find_tenant(name)) return *t;
+  const tenant_id t(static_cast<std::int32_t>(tenants_.size()));
+  tenants_.push_back(tenant_state{std::string(name), std::nullopt});
+  tenant_ids_.emplace(std::string(name), t);
+  return t;
+}
+
+std::optional<tenant_id> kv_manager::find_tenant(std::string_view name) const {
+  const auto it = tenant_ids_.find(std::string(name));
+  if (it == tenant_ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+status kv_manager::set_tenant_quota(std::string_view name, std::optional<std::int32_t> max_blocks) {
+  if (max_blocks && *max_blocks < 0) {
+    return error(errc::invalid_argument, "tenant '{}': quota of {} blocks must not be negative", name, *max_blocks);
+  }
+  const tenant_id t = tenant(name);
+  tenants_[static_cast<std::size_t>(t.value)].quota_blocks = max_blocks;
+  evict_over_quota(t);
+  return ok_status();
+}
+
+void kv_manager::evict_over_quota(tenant_id t) {
+  const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks;
+  if (!quota) return;
+  while (pool_.n_used(t) + pool_.n_cached(t) > *quota) {
+    const auto b = pool_.oldest_cached_of(t);
+    if (!b) break;  // only used blocks left: they shrink as sequences end
+    drop_cached(*b);
+  }
+}
+
+// --- block accounting ----------------------------------------------------------
+
+void kv_manager::hold(block_id b) {
+  if (pool_.ref_count(b) == 0) stored_tokens_in_used_ += fill_[static_cast<std::size_t>(b.value)];
+  pool_.ref(b);
+}
+
+void kv_manager::release(block_id b) {
+  pool_.unref(b);
+  if (pool_.ref_count(b) == 0) stored_tokens_in_used_ -= fill_[static_cast<std::size_t>(b.value)];
+}
+
+void kv_manager::drop_cached(block_id b) {
+  index_.erase(b);
+  pool_.drop_hash(b);
+  ++n_evictions_;
+}
+
+bool kv_manager::can_take(tenant_id t, std::int32_t n) const {
+  if (n <= 0) return true;
+  if (n > pool_.n_takeable()) return false;
+  const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks;
+  return !quota || pool_.n_used(t) + n <= *quota;
+}
+
+std::vector<block_id> kv_manager::take_blocks(tenant_id t, std::int32_t n) {
+  PAGODA_ASSERT(can_take(t, n), "take_blocks({}) without can_take", n);
+  // At its quota a tenant pays with its own cached blocks first (LRU among its
+  // own); the rest come from the head of the global queue.
+  std::int32_t n_own = 0;
+  if (const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks) {
+    const std::int32_t footprint = pool_.n_used(t) + pool_.n_cached(t);
+    n_own = std::clamp(footprint + n - *quota, 0, n);
+  }
+  std::vector<block_id> out;
+  out.reserve(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) {
+    const auto got = i < n_own ? pool_.take_cached_of(t) : pool_.take(t);
+    PAGODA_ASSERT(got.has_value(), "pool ran dry after can_take (own {}, i {})", n_own, i);
+    if (got->evicted) {
+      index_.erase(got->id);
+      ++n_evictions_;
+    }
+    fill_[static_cast<std::size_t>(got->id.value)] = 0;
+    out.push_back(got->id);
+  }
+  note_peak();
+  return out;
+}
+
+void kv_manager::note_peak() { peak_used_ = std::max(peak_used_, pool_.n_used()); }
+
+// --- sequences -------------------------------------------------------------------
+
+const kv_manager::sequence& kv_manager::seq_at(seq_id seq) const {
+  const auto it = seqs_.find(seq);
+  PAGODA_ASSERT(it != seqs_.end(), "unknown sequence {}", seq.value);
+  return it->second;
+}
+
+kv_manager::sequence& kv_manager::seq_at(seq_id seq) {
+  return const_cast<sequence&>(static_cast<const kv_manager*>(this)->seq_at(seq));
+}
+
+std::string_view kv_manager::extras_of(const sequence& s, std::size_t block_index) const {
+  // Tenant and salt key block 0 only; the chain carries them to every later block.
+  return block_index == 0 ? std::string_view(s.first_extras) : std::string_view();
+}
+
+block_key kv_manager::chain_key(const sequence& s, std::size_t block_index, block_key parent) const {
+  const auto tokens = std::span<const token_id>(s.tokens).subspan(block_index * static_cast<std::size_t>(block_size_),
+                                                                   static_cast<std::size_t>(block_size_));
+  return hash_block(parent, tokens, extras_of(s, block_index));
+}
+
+result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_id> prompt,
+                                              const sequence_options& options) {
+  if (contains(seq)) return error(errc::invalid_argument, "sequence {} already exists", seq.value);
+  if (prompt.empty()) return error(errc::invalid_argument, "sequence {}: empty prompt", seq.value);
+
+  sequence s;
+  s.tenant = tenant(options.tenant);
+  extra_keys extras;
+  if (!options.tenant.empty()) extras.add(extra_key_kind::tenant, options.tenant);
+  if (!options.cache_salt.empty()) extras.add(extra_key_kind::cache_salt, options.cache_salt);
+  s.first_extras = std::string(extras.bytes());
+  s.tokens.assign(prompt.begin(), prompt.end());
+
+  if (prefix_caching_) {
+    // The last prompt token is always computed (its logits start generation).
+    const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
+    block_key parent = k_root_parent_key;
+    for (std::size_t i = 0; i < n_reusable; ++i) {
+      const block_key key = chain_key(s, i, parent);
+      const auto tokens = std::span<const token_id>(s.tokens).subspan(i * static_cast<std::size_t>(block_size_),
+                                                                       static_cast<std::size_t>(block_size_));
+      const auto hit = index_.find(key, parent, tokens, extras_of(s, i));
+      // A block of another tenant can only match through a chained collision: a miss.
+      if (!hit || pool_.owner(*hit) != s.tenant) break;
+      hold(*hit);
+      s.table.push_back(*hit);
+      s.keys.push_back(key);
+      parent = key;
+    }
+    s.n_stored = static_cast<std::int32_t>(s.table.size()) * block_size_;
+    n_query_tokens_ += static_cast<std::int64_t>(prompt.size());
+    n_hit_tokens_ += s.n_stored;
+  }
+  const std::int32_t n_cached = s.n_stored;
+  seqs_.emplace(seq, std::move(s));
+  note_peak();
+  return n_cached;
+}
+
+bool kv_manager::needs_cow(const sequence& s, std::int32_t n_new_tokens) const {
+  if (n_new_tokens <= 0 || s.n_stored % block_size_ == 0) return false;
+  return pool_.ref_count(s.table[static_cast<std::size_t>(s.n_stored / block_size_)]) > 1;
+}
+
+std::int32_t kv_manager::n_appended_blocks(const sequence& s, std::int32_t n_new_tokens) const {
+  const std::int32_t n_blocks = ceil_div(static_cast<std::int64_t>(s.n_stored) + n_new_tokens, block_size_);
+  return std::max(0, n_blocks - static_cast<std::int32_t>(s.table.size()));
+}
+
+std::int32_t kv_manager::n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) const {
+  PAGODA_ASSERT(n_new_tokens >= 0, "n_new_tokens {}", n_new_tokens);
+  const sequence& s = seq_at(seq);
+  return n_appended_blocks(s, n_new_tokens) + (needs_cow(s, n_new_tokens) ? 1 : 0);
+}
+
+bool kv_manager::can_allocate(seq_id seq, std::int32_t n_new_tokens) const {
+  return can_take(seq_at(seq).tenant, n_blocks_needed(seq, n_new_tokens));
+}
+
+std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_tokens) {
+  const std::int32_t n_needed = n_blocks_needed(seq, n_new_tokens);
+  sequence& s = seq_at(seq);
+  if (!can_take(s.tenant, n_needed)) return std::nullopt;
+  const bool cow = needs_cow(s, n_new_tokens);
+  const std::vector<block_id> fresh = take_blocks(s.tenant, n_needed);
+
+  allocation a;
+  std::size_t next = 0;
+  if (cow) {
+    // The one non-append change to a table: the shared block holding the next
+    // write position is swapped for a private copy before anything is written.
+    // The other holders keep the original, unchanged.
+    const auto index = static_cast<std::size_t>(s.n_stored / block_size_);
+    const block_id src = s.table[index];
+    const block_id dst = fresh[next++];
+    const std::int32_t n_valid = s.n_stored % block_size_;
+    a.copies.push_back(block_copy{src, dst, n_valid});
+    fill_[static_cast<std::size_t>(dst.value)] = n_valid;
+    stored_tokens_in_used_ += n_valid;
+    s.table[index] = dst;
+    release(src);  // ref was > 1: src stays used by the others
+    ++n_cow_copies_;
+  }
+  for (; next < fresh.size(); ++next) s.table.push_back(fresh[next]);
+  a.n_new_blocks = static_cast<std::int32_t>(fresh.size()) - (cow ? 1 : 0);
+  return a;
+}
+
+status kv_manager::commit(seq_id seq, std::span<const token_id> tokens) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "commit: unknown sequence {}", seq.value);
+  sequence& s = it->second;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  if (n == 0) return ok_status();
+  const std::int64_t n_slots = static_cast<std::int64_t>(s.table.size()) * block_size_;
+  if (s.n_stored + n > n_slots) {
+    return error(errc::out_of_range, "commit: sequence {} stores {} tokens in {} slots; allocate first", seq.value,
+                 s.n_stored + n, n_slots);
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t pos = s.n_stored + i;
+    if (pos < static_cast<std::int64_t>(s.tokens.size()) && s.tokens[static_cast<std::size_t>(pos)] != tokens[i]) {
+      return error(errc::invalid_argument, "commit: sequence {} position {} holds token {}, not {}", seq.value, pos,
+                   s.tokens[static_cast<std::size_t>(pos)], tokens[i]);
+    }
+  }
+  const std::int32_t first_block = s.n_stored / block_size_;
+  const std::int32_t last_block = static_cast<std::int32_t>((s.n_stored + n - 1) / block_size_);
+  for (std::int32_t bi = first_block; bi <= last_block; ++bi) {
+    const block_id b = s.table[static_cast<std::size_t>(bi)];
+    if (pool_.ref_count(b) != 1 || pool_.is_hashed(b)) {
+      return error(errc::internal, "commit: sequence {} wrote into block {} held by {} tables (allocate skipped)",
+                   seq.value, b.value, pool_.ref_count(b));
+    }
+  }
+
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (s.n_stored + i >= static_cast<std::int64_t>(s.tokens.size())) s.tokens.push_back(tokens[i]);
+  }
+  s.n_stored += static_cast<std::int32_t>(n);
+  for (std::int32_t bi = first_block; bi <= last_block; ++bi) {
+    const std::int32_t filled = std::min(block_size_, s.n_stored - bi * block_size_);
+    std::int32_t& fill = fill_[static_cast<std::size_t>(s.table[static_cast<std::size_t>(bi)].value)];
+    if (filled > fill) {
+      stored_tokens_in_used_ += filled - fill;
+      fill = filled;
+    }
+  }
+  if (prefix_caching_) {
+    const auto n_full = static_cast<std::size_t>(s.n_stored / block_size_);
+    for (std::size_t i = s.keys.size(); i < n_full; ++i) {
+      const block_key parent = i == 0 ? k_root_parent_key : s.keys[i - 1];
+      const block_key key = chain_key(s, i, parent);
+      s.keys.push_back(key);
+      const auto block_tokens = std::span<const token_id>(s.tokens).subspan(i * static_cast<std::size_t>(block_size_),
+                                                                             static_cast<std::size_t>(block_size_));
+      // Already cached by another block: keep ours (tables are append-only), register nothing.
+      if (index_.insert(s.table[i], key, parent, block_tokens, extras_of(s, i))) pool_.set_hashed(s.table[i]);
+    }
+  }
+  return ok_status();
+}
+
+status kv_manager::fork(seq_id parent, seq_id child) {
+  const auto it = seqs_.find(parent);
+  if (it == seqs_.end()) return error(errc::not_found, "fork: unknown parent sequence {}", parent.value);
+  if (contains(child)) return error(errc::invalid_argument, "fork: child sequence {} already exists", child.value);
+  const sequence& p = it->second;
+  if (static_cast<std::int32_t>(p.table.size()) != ceil_div(p.n_stored, block_size_)) {
+    return error(errc::invalid_argument,
+                 "fork: parent sequence {} holds {} blocks for {} stored tokens; fork between commit and allocate",
+                 parent.value, p.table.size(), p.n_stored);
+  }
+  sequence c = p;
+  for (const block_id b : c.table) hold(b);
+  seqs_.emplace(child, std::move(c));
+  return ok_status();
+}
+
+status kv_manager::free_sequence(seq_id seq) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "free: unknown sequence {}", seq.value);
+  // Deepest first: released cached blocks are appended to the queue's tail in
+  // this order, so the tail end of a chain is evicted before its head.
+  const std::vector<block_id>& table = it->second.table;
+  for (auto b = table.rbegin(); b != table.rend(); ++b) release(*b);
+  seqs_.erase(it);
+  return ok_status();
+}
+
+status kv_manager::preempt_sequence(seq_id seq) {
+  PAGODA_RETURN_IF_ERROR(free_sequence(seq));
+  ++n_preemptions_;
+  return ok_status();
+}
+
+std::span<const block_id> kv_manager::block_table(seq_id seq) const { return seq_at(seq).table; }
+std::int32_t kv_manager::n_stored_tokens(seq_id seq) const { return seq_at(seq).n_stored; }
+std::span<const token_id> kv_manager::tokens(seq_id seq) const { return seq_at(seq).tokens; }
+tenant_id kv_manager::tenant_of(seq_id seq) const { return seq_at(seq).tenant; }
+
+// --- pool-level helpers -----------------------------------------------------------
+
+status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t n_max_new_tokens,
+                                      std::string_view tenant, std::int32_t n_completions) const {
+  if (n_prompt_tokens <= 0 || n_max_new_tokens < 0 || n_completions <= 0) {
+    return error(errc::invalid_argument, "request of {} prompt tokens, {} new tokens, {} completions", n_prompt_tokens,
+                 n_max_new_tokens, n_completions);
+  }
+  const std::int64_t n_total = static_cast<std::int64_t>(n_prompt_tokens) + n_max_new_tokens;
+  const std::int64_t per_seq = ceil_div(n_total, block_size_);
+  const std::int64_t shared = n_prompt_tokens / block_size_;
+  const std::int64_t n_needed = per_seq + (n_completions - 1) * (per_seq - shared);
+  if (n_needed > n_blocks()) {
+    return error(errc::resource_exhausted,
+                 "request needs {} KV blocks ({} prompt + {} new tokens x {} completions, {} tokens a block) but the "
+                 "KV cache holds {} blocks; shorten the prompt, lower max_tokens or enlarge the KV cache",
+                 n_needed, n_prompt_tokens, n_max_new_tokens, n_completions, block_size_, n_blocks());
+  }
+  if (const auto t = find_tenant(tenant)) {
+    const auto& quota = tenants_[static_cast<std::size_t>(t->value)].quota_blocks;
+    if (quota && n_needed > *quota) {
+      return error(errc::resource_exhausted,
+                   "request needs {} KV blocks ({} prompt + {} new tokens x {} completions) but tenant '{}' may hold "
+                   "{} blocks",
+                   n_needed, n_prompt_tokens, n_max_new_tokens, n_completions, tenant, *quota);
+    }
+  }
+  return ok_status();
+}
+
+std::int32_t kv_manager::evict_cached_blocks() {
+  std::int32_t n = 0;
+  for (const block_id b : pool_.free_queue()) {
+    if (!pool_.is_hashed(b)) continue;
+    drop_cached(b);
+    ++n;
+  }
+  return n;
+}
+
+kv_metrics kv_manager::metrics() const {
+  kv_metrics m;
+  m.block_size_tokens = block_size_;
+  m.n_blocks_total = pool_.n_blocks();
+  m.n_blocks_used = pool_.n_used();
+  m.n_blocks_cached = pool_.n_cached();
+  m.n_blocks_free = pool_.n_free();
+  m.n_blocks_used_peak = peak_used_;
+  m.n_stored_tokens = stored_tokens_in_used_;
+  m.n_sequences = static_cast<std::int32_t>(seqs_.size());
+  m.n_prefix_query_tokens = n_query_tokens_;
+  m.n_prefix_hit_tokens = n_hit_tokens_;
+  m.n_evictions = n_evictions_;
+  m.n_preemptions = n_preemptions_;
+  m.n_cow_copies = n_cow_copies_;
+  m.tenants.reserve(tenants_.size());
+  for (std::size_t i = 0; i < tenants_.size(); ++i) {
+    const tenant_id t(static_cast<std::int32_t>(i));
+    m.tenants.push_back(tenant_kv_usage{tenants_[i].name, pool_.n_used(t), pool_.n_cached(t), tenants_[i].quota_blocks});
+  }
+  return m;
+}
+
+// --- invariants -------------------------------------------------------------------
+
+status kv_manager::check_invariants() const {
+  PAGODA_RETURN_IF_ERROR(pool_.check_invariants().with_context("block pool"));
+  PAGODA_RETURN_IF_ERROR(index_.check_invariants().with_context("prefix index"));
+  const std::int32_t n = pool_.n_blocks();
+  if (pool_.n_free() + pool_.n_used() + pool_.n_cached() != n) {
+    return error(errc::internal, "free {} + used {} + cached {} != total {}", pool_.n_free(), pool_.n_used(),
+                 pool_.n_cached(), n);
+  }
+
+  std::vector<std::int32_t> holders(static_cast<std::size_t>(n), 0);
+  std::vector<std::int32_t> max_valid(static_cast<std::size_t>(n), 0);
+  std::vector<std::int32_t> last_seen(static_cast<std::size_t>(n), -1);
+  std::int32_t seq_number = 0;
+  for (const auto& [id, s] : seqs_) {
+    ++seq_number;
+    if (s.n_stored < 0 || static_cast<std::size_t>(s.n_stored) > s.tokens.size() ||
+        static_cast<std::int64_t>(s.n_stored) > static_cast<std::int64_t>(s.table.size()) * block_size_) {
+      return error(errc::internal, "sequence {}: {} stored tokens, {} known, {} blocks", id.value, s.n_stored,
+                   s.tokens.size(), s.table.size());
+    }
+    for (std::size_t i = 0; i < s.table.size(); ++i) {
+      const block_id b = s.table[i];
+      if (b.value < 0 || b.value >= n) return error(errc::internal, "sequence {}: table entry {} is {}", id.value, i, b.value);
+      auto& seen = last_seen[static_cast<std::size_t>(b.value)];
+      if (seen == seq_number) return error(errc::internal, "sequence {} holds block {} twice", id.value, b.value);
+      seen = seq_number;
+      ++holders[static_cast<std::size_t>(b.value)];
+      if (pool_.owner(b) != s.tenant) {
+        return error(errc::internal, "sequence {} of tenant {} holds block {} of tenant {}", id.value, s.tenant.value,
+                     b.value, pool_.owner(b).value);
+      }
+      const std::int64_t valid = std::clamp<std::int64_t>(s.n_stored - static_cast<std::int64_t>(i) * block_size_, 0,
+                                                          block_size_);
+      auto& mv = max_valid[static_cast<std::size_t>(b.value)];
+      mv = std::max(mv, static_cast<std::int32_t>(valid));
+    }
+    const std::size_t n_full = static_cast<std::size_t>(s.n_stored / block_size_);
+    if (prefix_caching_ ? s.keys.size() != n_full : !s.keys.empty()) {
+      return error(errc::internal, "sequence {}: {} block keys for {} full blocks", id.value, s.keys.size(), n_full);
+    }
+    block_key parent = k_root_parent_key;
+    for (std::size_t i = 0; i < s.keys.size(); ++i) {
+      if (s.keys[i] != chain_key(s, i, parent)) {
+        return error(errc::internal, "sequence {}: key of block {} does not chain", id.value, i);
+      }
+      parent = s.keys[i];
+      // A hashed block in a table holds exactly this sequence's block there.
+      const block_id b = s.table[i];
+      if (pool_.is_hashed(b) && index_.key_of(b) != s.keys[i]) {
+        return error(errc::internal, "sequence {}: block {} is indexed under another key", id.value, b.value);
+      }
+    }
+  }
+
+  std::int64_t stored = 0;
+  std::int64_t n_hashed = 0;
+  for (std::int32_t i = 0; i < n; ++i) {
+    const block_id b(i);
+    const auto ui = static_cast<std::size_t>(i);
+    if (pool_.ref_count(b) != holders[ui]) {
+      return error(errc::internal, "block {} has ref {} but {} tables hold it", i, pool_.ref_count(b), holders[ui]);
+    }
+    if (pool_.is_hashed(b) != index_.contains(b)) {
+      return error(errc::internal, "block {}: hashed {} but indexed {}", i, pool_.is_hashed(b), index_.contains(b));
+    }
+    if (pool_.is_hashed(b)) {
+      ++n_hashed;
+      if (fill_[ui] != block_size_) return error(errc::internal, "hashed block {} holds {} tokens", i, fill_[ui]);
+    }
+    if (holders[ui] > 0) {
+      if (fill_[ui] < max_valid[ui]) {
+        return error(errc::internal, "block {} holds {} tokens but a table reads {}", i, fill_[ui], max_valid[ui]);
+      }
+      stored += fill_[ui];
+    }
+  }
+  if (static_cast<std::size_t>(n_hashed) != index_.size()) {
+    return error(errc::internal, "{} hashed blocks but {} index entries", n_hashed, index_.size());
+  }
+  if (stored != stored_tokens_in_used_) {
+    return error(errc::internal, "used blocks hold {} tokens, counted {}", stored, stored_tokens_in_used_);
+  }
+  for (std::size_t t = 0; t < tenants_.size(); ++t) {
+    const tenant_id id(static_cast<std::int32_t>(t));
+    const auto& quota = tenants_[t].quota_blocks;
+    if (quota && pool_.n_cached(id) > 0 && pool_.n_used(id) + pool_.n_cached(id) > *quota) {
+      return error(errc::internal, "tenant '{}' holds {} used + {} cached blocks over its quota of {}", tenants_[t].name,
+                   pool_.n_used(id), pool_.n_cached(id), *quota);
+    }
+  }
+  if (peak_used_ < pool_.n_used()) return error(errc::internal, "peak {} below used {}", peak_used_, pool_.n_used());
+  return ok_status();
+}
+
+}  // namespace pagoda

@@ -1,0 +1,214 @@
+// The KV manager: sequences -> block tables over one block pool, with prefix
+// caching, copy-on-write forks, tenants with block quotas, and metrics. It holds
+// no tensors: the caller (the engine) writes K/V into kv_storage at the slots the
+// tables name and performs the copies allocate() reports. One engine thread owns
+// it: no locks.
+//
+// A step of one sequence, as the scheduler drives it:
+//   add_sequence(seq, prompt)        -> n tokens served from the prefix cache
+//   allocate(seq, n)                 -> slots for n more tokens, or std::nullopt (preempt someone)
+//   ... perform allocation.copies, then write K/V of n tokens ...
+//   commit(seq, those n token ids)   -> full blocks enter the prefix index
+//   free_sequence(seq) / preempt_sequence(seq)
+//
+// Invariants (check_invariants() verifies all of them):
+// - Block tables are append-only, with one exception: copy-on-write replaces the
+//   table entry that holds the next write position (a partly filled block shared
+//   with another sequence) by a private copy, in allocate(), before anything is
+//   written into it. The other holders keep the original, unchanged.
+// - A block's ref count equals the number of tables that hold it; a table holds a
+//   block at most once.
+// - Writes only go into blocks with ref 1 that are not in the prefix index.
+// - Every block held by a sequence belongs to that sequence's tenant; blocks are
+//   never shared across tenants (the tenant enters the first block's key).
+// - Quotas: a tenant's used blocks never grow past its quota through allocate().
+//
+// Tenants and quotas. A tenant's footprint is its used blocks plus its cached
+// (ref-0, still indexed) blocks, and a quota bounds the footprint: a tenant at its
+// quota that allocates evicts its OWN least recently used cached blocks first and
+// never anyone else's. A tenant below its quota takes from the global free queue:
+// free blocks first, then the globally least recently used cached block, whoever
+// owns it. So no tenant can hold more than its quota of the pool, in use or in
+// cache, and a tenant over its quota cannot push out other tenants' cache.
+// allocate() fails (std::nullopt) when used + new blocks would exceed the quota.
+// Cache hits move a block from cached to used within the same tenant and never
+// change a footprint. Lowering a quota drops the tenant's cached blocks beyond it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/kv_metrics.h"
+#include "kv/prefix_index.h"
+#include "pagoda/status.h"
+#include "pagoda/types.h"
+
+namespace pagoda {
+
+struct sequence_options {
+  std::string_view tenant;      // "" is the default tenant, which shares the global cache
+  std::string_view cache_salt;  // vLLM's cache_salt; "" for none
+};
+
+// Copy the first n_tokens token slots of src into dst, every layer, K and V.
+struct block_copy {
+  block_id src;
+  block_id dst;
+  std::int32_t n_tokens = 0;
+};
+
+// What allocate() did. The caller performs every copy before writing into dst.
+struct allocation {
+  std::int32_t n_new_blocks = 0;   // blocks appended to the table
+  std::vector<block_copy> copies;  // copy-on-write, at most one per call
+};
+
+class kv_manager {
+ public:
+  // REQUIRES: block_size > 0, n_blocks >= 0.
+  kv_manager(std::int32_t block_size, std::int32_t n_blocks, bool enable_prefix_caching = true);
+
+  std::int32_t block_size() const { return block_size_; }
+  std::int32_t n_blocks() const { return pool_.n_blocks(); }
+  bool prefix_caching_enabled() const { return prefix_caching_; }
+
+  // --- tenants ---------------------------------------------------------------
+  // The id of a tenant, registered on first use. "" is tenant 0, the default.
+  tenant_id tenant(std::string_view name);
+  std::optional<tenant_id> find_tenant(std::string_view name) const;
+  // Limits the tenant's footprint (used + cached blocks) to max_blocks; std::nullopt
+  // lifts the limit. Cached blocks beyond a lowered quota are evicted at once.
+  status set_tenant_quota(std::string_view name, std::optional<std::int32_t> max_blocks);
+
+  // --- sequences -------------------------------------------------------------
+  // Registers a sequence with its prompt and takes the longest run of cached full
+  // blocks of it (ref + 1 each). Returns the number of prompt tokens reused: a
+  // multiple of block_size, at most floor((n_prompt - 1) / block_size) blocks, so
+  // the last prompt token is always computed. Never allocates and never fails for
+  // capacity. Errors: seq already present, empty prompt.
+  result<std::int32_t> add_sequence(seq_id seq, std::span<const token_id> prompt, const sequence_options& options = {});
+
+  // Blocks allocate(seq, n_new_tokens) would take from the pool: appended blocks
+  // plus one copy-on-write block when the next write lands in a shared block.
+  // REQUIRES (this and the two below): contains(seq), n_new_tokens >= 0.
+  std::int32_t n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) const;
+  bool can_allocate(seq_id seq, std::int32_t n_new_tokens) const;
+  // Ensures the table has slots for n_new_tokens tokens beyond the stored ones.
+  // Copy-on-write: when n_new_tokens > 0 and the block holding the next write
+  // position is partly filled and shared (ref > 1), it is replaced in this table
+  // by a fresh block and the copy is reported. std::nullopt when the pool (after
+  // evicting cached blocks) or the tenant's quota cannot supply the blocks; then
+  // nothing has changed. Call it before every write; it is idempotent once slots
+  // exist.
+  std::optional<allocation> allocate(seq_id seq, std::int32_t n_new_tokens);
+  // Records that K/V of these tokens are now stored at the next positions
+  // (a prompt chunk, or a sampled token fed back). Blocks that become full are
+  // keyed and registered in the prefix index (unless another block already holds
+  // that key). Errors, with nothing changed: unknown seq, more tokens than
+  // allocated slots, tokens that differ from the prompt at the same positions,
+  // a write into a shared block (allocate() was skipped).
+  status commit(seq_id seq, std::span<const token_id> tokens);
+  // For n > 1 completions: child shares every block of parent (ref + 1) and copies
+  // its tokens and tenant. The shared partial block is copied on first write.
+  // Errors: unknown parent, existing child, parent holding slots past its stored
+  // tokens (fork between commit and the next allocate).
+  status fork(seq_id parent, seq_id child);
+  // Releases every block of the table, deepest first, so cached blocks of a chain
+  // are evicted deepest first. Errors: unknown seq.
+  status free_sequence(seq_id seq);
+  // free_sequence, counted as a preemption (the scheduler will re-add the sequence
+  // with prompt + generated tokens; the prefix cache makes that cheap).
+  status preempt_sequence(seq_id seq);
+
+  bool contains(seq_id seq) const { return seqs_.contains(seq); }
+  std::size_t n_sequences() const { return seqs_.size(); }
+  // REQUIRES (all four): contains(seq).
+  std::span<const block_id> block_table(seq_id seq) const;
+  std::int32_t n_stored_tokens(seq_id seq) const;
+  // The prompt, then every committed token past it.
+  std::span<const token_id> tokens(seq_id seq) const;
+  tenant_id tenant_of(seq_id seq) const;
+
+  // --- pool --------------------------------------------------------------------
+  // Blocks an allocation could take now: free + evictable cached (vLLM's
+  // get_num_free_blocks). Not kv_metrics::n_blocks_free, which excludes cached.
+  std::int32_t n_free_blocks() const { return pool_.n_takeable(); }
+  // Whether a request could ever run: the blocks for n_completions sequences of
+  // prompt + max new tokens (full prompt blocks shared) against the pool and the
+  // tenant's quota. An error the user can act on when not.
+  status check_request_fits(std::int32_t n_prompt_tokens, std::int32_t n_max_new_tokens,
+                            std::string_view tenant = {}, std::int32_t n_completions = 1) const;
+  // Drops every cached (ref-0) block from the prefix index (vLLM's
+  // reset_prefix_cache). Returns how many; each counts as an eviction.
+  std::int32_t evict_cached_blocks();
+
+  kv_metrics metrics() const;
+  // Restarts the peak of used blocks from the current value.
+  void reset_peak() { peak_used_ = pool_.n_used(); }
+
+  const block_pool& pool() const { return pool_; }
+  const prefix_index& index() const { return index_; }
+
+  // Recomputes everything from scratch (O(blocks + table entries)): pool and
+  // index consistency, ref counts = table memberships, table validity, prefix
+  // keys, tenant ownership and quotas, stored-token accounting.
+  status check_invariants() const;
+
+ private:
+  struct sequence {
+    tenant_id tenant;
+    std::string first_extras;       // extra keys of block 0
+    std::vector<block_id> table;
+    std::vector<token_id> tokens;   // prompt, then committed tokens past it
+    std::int32_t n_stored = 0;      // tokens whose K/V are stored
+    std::vector<block_key> keys;    // keys of full blocks [0, n_stored / block_size); empty without prefix caching
+  };
+  struct tenant_state {
+    std::string name;
+    std::optional<std::int32_t> quota_blocks;
+  };
+
+  const sequence& seq_at(seq_id seq) const;
+  sequence& seq_at(seq_id seq);
+  std::string_view extras_of(const sequence& s, std::size_t block_index) const;
+  block_key chain_key(const sequence& s, std::size_t block_index, block_key parent) const;
+  // Whether the next write of s lands in a partly filled block that is shared.
+  bool needs_cow(const sequence& s, std::int32_t n_new_tokens) const;
+  std::int32_t n_appended_blocks(const sequence& s, std::int32_t n_new_tokens) const;
+  bool can_take(tenant_id t, std::int32_t n) const;
+  // REQUIRES: can_take(t, n).
+  std::vector<block_id> take_blocks(tenant_id t, std::int32_t n);
+  void hold(block_id b);
+  void release(block_id b);
+  void drop_cached(block_id b);
+  void evict_over_quota(tenant_id t);
+  void note_peak();
+
+  std::int32_t block_size_;
+  bool prefix_caching_;
+  block_pool pool_;
+  prefix_index index_;
+  std::unordered_map<seq_id, sequence> seqs_;
+  std::vector<tenant_state> tenants_;  // [tenant id]
+  std::unordered_map<std::string, tenant_id> tenant_ids_;
+
+  // Token slots written in each block (the most any holder has written); the sum
+  // over used blocks is stored_tokens_in_used_ (shared blocks count once).
+  std::vector<std::int32_t> fill_;  // [n_blocks]
+  std::int64_t stored_tokens_in_used_ = 0;
+
+  std::int32_t peak_used_ = 0;
+  std::int64_t n_query_tokens_ = 0;
+  std::int64_t n_hit_tokens_ = 0;
+  std::int64_t n_evictions_ = 0;
+  std::int64_t n_preemptions_ = 0;
+  std::int64_t n_cow_copies_ = 0;
+};
+
+}  // namespace pagoda

@@ -1,0 +1,56 @@
+// A snapshot of the KV manager's state and counters, readable at any time
+// (kv_manager::metrics()). Plain data: the server renders it as Prometheus
+// text, `pagoda batch` as its summary.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pagoda {
+
+struct tenant_kv_usage {
+  std::string name;  // "" is the default (global) tenant
+  std::int32_t n_used_blocks = 0;
+  std::int32_t n_cached_blocks = 0;
+  std::optional<std::int32_t> quota_blocks;  // std::nullopt: no quota
+};
+
+struct kv_metrics {
+  std::int32_t block_size_tokens = 0;
+
+  // Block states; n_blocks_used + n_blocks_cached + n_blocks_free == n_blocks_total.
+  std::int32_t n_blocks_total = 0;
+  std::int32_t n_blocks_used = 0;    // ref > 0
+  std::int32_t n_blocks_cached = 0;  // ref 0, still in the prefix index (evictable)
+  std::int32_t n_blocks_free = 0;    // ref 0, nothing cached
+  std::int32_t n_blocks_used_peak = 0;
+
+  // Tokens whose K/V are stored in used blocks; a block shared by several
+  // sequences counts once.
+  std::int64_t n_stored_tokens = 0;
+  std::int32_t n_sequences = 0;
+
+  // Counters since construction.
+  std::int64_t n_prefix_query_tokens = 0;  // prompt tokens looked up
+  std::int64_t n_prefix_hit_tokens = 0;    // of those, served from the cache
+  std::int64_t n_evictions = 0;            // cached blocks dropped from the index
+  std::int64_t n_preemptions = 0;
+  std::int64_t n_cow_copies = 0;
+
+  std::vector<tenant_kv_usage> tenants;  // by tenant id
+
+  // n_blocks_used / n_blocks_total (0 for an empty pool).
+  double usage() const;
+  // 1 - stored tokens / token slots of used blocks (0 with no used block).
+  double fragmentation() const;
+  // hit tokens / query tokens (0 before any query).
+  double prefix_hit_ratio() const;
+};
+
+// One line for logs and summaries:
+// "kv: 12/64 blocks used (18.8%), 3 cached, peak 20, frag 4.2%, prefix hits 128/512 (25.0%), ..."
+std::string format_kv_metrics(const kv_metrics& m);
+
+}  // namespace pagoda

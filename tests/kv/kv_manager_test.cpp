@@ -1,0 +1,510 @@
+#include "kv/kv_manager.h"
+
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace pagoda {
+namespace {
+
+std::vector<token_id> toks(int n, int first = 100) {
+  std::vector<token_id> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+std::vector<std::int32_t> ids(std::span<const block_id> v) {
+  std::vector<std::int32_t> out;
+  for (const block_id b : v) out.push_back(b.value);
+  return out;
+}
+
+sequence_options of_tenant(std::string_view name) {
+  sequence_options o;
+  o.tenant = name;
+  return o;
+}
+
+void expect_ok(const kv_manager& m) {
+  const status st = m.check_invariants();
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
+// Adds seq and stores its whole prompt in one chunk; returns the cached tokens.
+std::int32_t add_and_prefill(kv_manager& m, std::int64_t id, const std::vector<token_id>& prompt,
+                             const sequence_options& opts = {}) {
+  const seq_id s(id);
+  const auto cached = m.add_sequence(s, prompt, opts);
+  EXPECT_TRUE(cached.ok()) << cached.error().message();
+  if (!cached.ok()) return -1;
+  const std::int32_t n_new = static_cast<std::int32_t>(prompt.size()) - *cached;
+  const auto a = m.allocate(s, n_new);
+  EXPECT_TRUE(a.has_value());
+  if (!a) return -1;
+  EXPECT_TRUE(a->copies.empty());
+  const status st = m.commit(s, std::span<const token_id>(prompt).subspan(static_cast<std::size_t>(*cached)));
+  EXPECT_TRUE(st.ok()) << st.message();
+  expect_ok(m);
+  return *cached;
+}
+
+// Decodes one token: allocate one slot, perform nothing, commit.
+std::optional<allocation> decode_one(kv_manager& m, std::int64_t id, token_id t) {
+  auto a = m.allocate(seq_id(id), 1);
+  if (a) {
+    const token_id one[] = {t};
+    const status st = m.commit(seq_id(id), one);
+    EXPECT_TRUE(st.ok()) << st.message();
+  }
+  expect_ok(m);
+  return a;
+}
+
+TEST(kv_manager, identical_prompts_share_full_blocks) {
+  kv_manager m(4, 16);
+  const auto prompt = toks(10);
+  EXPECT_EQ(add_and_prefill(m, 1, prompt), 0);
+  const std::vector<std::int32_t> a_table = ids(m.block_table(seq_id(1)));
+  ASSERT_EQ(a_table.size(), 3u);
+
+  EXPECT_EQ(add_and_prefill(m, 2, prompt), 8);
+  const std::vector<std::int32_t> b_table = ids(m.block_table(seq_id(2)));
+  ASSERT_EQ(b_table.size(), 3u);
+  EXPECT_EQ(b_table[0], a_table[0]);
+  EXPECT_EQ(b_table[1], a_table[1]);
+  EXPECT_NE(b_table[2], a_table[2]);
+  EXPECT_EQ(m.pool().ref_count(block_id(a_table[0])), 2);
+  EXPECT_EQ(m.pool().ref_count(block_id(a_table[2])), 1);
+  EXPECT_EQ(m.n_stored_tokens(seq_id(2)), 10);
+
+  const kv_metrics km = m.metrics();
+  EXPECT_EQ(km.n_prefix_query_tokens, 20);
+  EXPECT_EQ(km.n_prefix_hit_tokens, 8);
+  EXPECT_DOUBLE_EQ(km.prefix_hit_ratio(), 0.4);
+  EXPECT_EQ(km.n_blocks_used, 4);
+  EXPECT_EQ(km.n_stored_tokens, 4 + 4 + 2 + 2);  // shared blocks once
+}
+
+TEST(kv_manager, the_last_prompt_token_is_always_computed) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(8));  // two full blocks, both cached
+  EXPECT_EQ(m.index().size(), 2u);
+  EXPECT_EQ(add_and_prefill(m, 2, toks(8)), 4);  // not 8: token 7 must be computed
+  EXPECT_EQ(add_and_prefill(m, 3, toks(9)), 8);
+  EXPECT_EQ(add_and_prefill(m, 4, toks(1)), 0);
+  EXPECT_EQ(add_and_prefill(m, 5, toks(5)), 4);
+  EXPECT_EQ(add_and_prefill(m, 6, toks(4)), 0);
+}
+
+TEST(kv_manager, a_cache_hit_stops_at_the_first_missing_block) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(12));
+  std::vector<token_id> p = toks(12);
+  p[5] = 9999;  // block 1 differs, block 2 equal but its parent differs
+  EXPECT_EQ(add_and_prefill(m, 2, p), 4);
+}
+
+TEST(kv_manager, salts_and_tenants_isolate_the_cache) {
+  kv_manager m(4, 64);
+  const auto p = toks(9);
+  EXPECT_EQ(add_and_prefill(m, 1, p), 0);
+  EXPECT_EQ(add_and_prefill(m, 2, p, {.tenant = "", .cache_salt = "x"}), 0);
+  EXPECT_EQ(add_and_prefill(m, 3, p, {.tenant = "", .cache_salt = "x"}), 8);
+  EXPECT_EQ(add_and_prefill(m, 4, p, {.tenant = "acme", .cache_salt = ""}), 0);
+  EXPECT_EQ(add_and_prefill(m, 5, p, {.tenant = "acme", .cache_salt = ""}), 8);
+  EXPECT_EQ(add_and_prefill(m, 6, p, {.tenant = "acme", .cache_salt = "x"}), 0);
+  EXPECT_EQ(add_and_prefill(m, 7, p, {.tenant = "x", .cache_salt = ""}), 0);  // tenant "x" is not salt "x"
+  EXPECT_EQ(add_and_prefill(m, 8, p), 8);                                     // the global cache
+  EXPECT_EQ(m.block_table(seq_id(8))[0], m.block_table(seq_id(1))[0]);
+  EXPECT_EQ(m.tenant_of(seq_id(5)), *m.find_tenant("acme"));
+  EXPECT_EQ(m.tenant_of(seq_id(3)), tenant_id(0));
+}
+
+TEST(kv_manager, fork_copies_a_shared_partial_block_once_on_first_write) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(6));
+  const std::vector<std::int32_t> parent = ids(m.block_table(seq_id(1)));
+  ASSERT_EQ(parent.size(), 2u);
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(2)).ok());
+  expect_ok(m);
+  EXPECT_EQ(ids(m.block_table(seq_id(2))), parent);
+  EXPECT_EQ(m.pool().ref_count(block_id(parent[1])), 2);
+  EXPECT_EQ(m.n_stored_tokens(seq_id(2)), 6);
+  EXPECT_EQ(m.n_blocks_needed(seq_id(2), 1), 1);  // the copy
+  EXPECT_EQ(m.n_blocks_needed(seq_id(2), 0), 0);
+
+  const auto a = decode_one(m, 2, 7);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_EQ(a->copies.size(), 1u);
+  EXPECT_EQ(a->copies[0].src.value, parent[1]);
+  EXPECT_EQ(a->copies[0].n_tokens, 2);
+  EXPECT_EQ(a->n_new_blocks, 0);
+  const std::vector<std::int32_t> child = ids(m.block_table(seq_id(2)));
+  EXPECT_EQ(child[0], parent[0]);
+  EXPECT_EQ(child[1], a->copies[0].dst.value);
+  EXPECT_NE(child[1], parent[1]);
+  EXPECT_EQ(ids(m.block_table(seq_id(1))), parent);  // the parent's table is untouched
+  EXPECT_EQ(m.pool().ref_count(block_id(parent[1])), 1);
+  EXPECT_EQ(m.pool().ref_count(block_id(parent[0])), 2);
+
+  // Neither further writes of the child nor the parent's own copy again.
+  for (token_id t = 8; t < 12; ++t) {
+    const auto c = decode_one(m, 2, t);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_TRUE(c->copies.empty());
+  }
+  const auto p = decode_one(m, 1, 50);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_TRUE(p->copies.empty());
+  EXPECT_EQ(ids(m.block_table(seq_id(1))), parent);
+  EXPECT_EQ(m.metrics().n_cow_copies, 1);
+  EXPECT_EQ(m.tokens(seq_id(1)).back(), 50);
+  EXPECT_EQ(m.tokens(seq_id(2)).back(), 11);
+
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.metrics().n_blocks_used, 0);
+}
+
+TEST(kv_manager, fork_at_a_block_boundary_copies_nothing) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(8));
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(2)).ok());
+  const auto a = decode_one(m, 2, 1);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(a->copies.empty());
+  EXPECT_EQ(a->n_new_blocks, 1);
+  EXPECT_EQ(m.metrics().n_cow_copies, 0);
+}
+
+TEST(kv_manager, fork_between_allocate_and_commit_is_refused) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(8));
+  ASSERT_TRUE(m.allocate(seq_id(1), 1).has_value());
+  const status st = m.fork(seq_id(1), seq_id(2));
+  EXPECT_EQ(st.code(), errc::invalid_argument);
+  EXPECT_FALSE(m.contains(seq_id(2)));
+  EXPECT_EQ(m.fork(seq_id(9), seq_id(3)).code(), errc::not_found);
+  EXPECT_EQ(m.fork(seq_id(1), seq_id(1)).code(), errc::invalid_argument);
+  expect_ok(m);
+}
+
+TEST(kv_manager, commit_rejects_misuse_and_changes_nothing) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(6));
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(2)).ok());
+  const token_id one[] = {7};
+  // A write into the shared block without allocate() first.
+  EXPECT_EQ(m.commit(seq_id(2), one).code(), errc::internal);
+  EXPECT_EQ(m.n_stored_tokens(seq_id(2)), 6);
+  // More tokens than allocated slots.
+  const auto five = toks(5);
+  ASSERT_TRUE(m.allocate(seq_id(1), 1).has_value());
+  EXPECT_EQ(m.commit(seq_id(1), five).code(), errc::out_of_range);
+  // A token that is not the prompt's.
+  ASSERT_TRUE(m.add_sequence(seq_id(3), toks(6, 500)).ok());
+  ASSERT_TRUE(m.allocate(seq_id(3), 6).has_value());
+  const auto wrong = toks(6, 501);
+  EXPECT_EQ(m.commit(seq_id(3), wrong).code(), errc::invalid_argument);
+  EXPECT_EQ(m.n_stored_tokens(seq_id(3)), 0);
+  EXPECT_EQ(m.commit(seq_id(42), one).code(), errc::not_found);
+  EXPECT_TRUE(m.commit(seq_id(3), {}).ok());
+  expect_ok(m);
+}
+
+TEST(kv_manager, add_and_free_reject_bad_ids) {
+  kv_manager m(4, 16);
+  ASSERT_TRUE(m.add_sequence(seq_id(1), toks(3)).ok());
+  EXPECT_EQ(m.add_sequence(seq_id(1), toks(3)).error().code(), errc::invalid_argument);
+  EXPECT_EQ(m.add_sequence(seq_id(2), std::vector<token_id>{}).error().code(), errc::invalid_argument);
+  EXPECT_EQ(m.free_sequence(seq_id(2)).code(), errc::not_found);
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  EXPECT_EQ(m.free_sequence(seq_id(1)).code(), errc::not_found);
+  expect_ok(m);
+}
+
+struct snapshot {
+  std::vector<std::int32_t> queue;
+  std::vector<std::vector<std::int32_t>> tables;
+  std::vector<std::int32_t> stored;
+  std::size_t index_size;
+  std::int64_t evictions, cow;
+  std::int32_t used, cached, free;
+  bool operator==(const snapshot&) const = default;
+};
+
+snapshot take_snapshot(const kv_manager& m, std::initializer_list<std::int64_t> seqs) {
+  snapshot s;
+  s.queue = ids(m.pool().free_queue());
+  for (const auto id : seqs) {
+    s.tables.push_back(ids(m.block_table(seq_id(id))));
+    s.stored.push_back(m.n_stored_tokens(seq_id(id)));
+  }
+  s.index_size = m.index().size();
+  const kv_metrics km = m.metrics();
+  s.evictions = km.n_evictions;
+  s.cow = km.n_cow_copies;
+  s.used = km.n_blocks_used;
+  s.cached = km.n_blocks_cached;
+  s.free = km.n_blocks_free;
+  return s;
+}
+
+TEST(kv_manager, a_failed_allocate_changes_nothing) {
+  kv_manager m(4, 6);
+  add_and_prefill(m, 1, toks(8, 0));  // 2 blocks, cached after free
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  add_and_prefill(m, 2, toks(6, 50));  // 2 blocks, one partial
+  ASSERT_TRUE(m.fork(seq_id(2), seq_id(3)).ok());
+  ASSERT_TRUE(m.add_sequence(seq_id(4), toks(30, 200)).ok());
+  // 2 free + 2 cached takeable; seq 4 needs 8.
+  EXPECT_EQ(m.n_free_blocks(), 4);
+  EXPECT_EQ(m.n_blocks_needed(seq_id(4), 30), 8);
+  EXPECT_FALSE(m.can_allocate(seq_id(4), 30));
+  const snapshot before = take_snapshot(m, {2, 3, 4});
+  EXPECT_FALSE(m.allocate(seq_id(4), 30).has_value());
+  EXPECT_EQ(take_snapshot(m, {2, 3, 4}), before);
+  expect_ok(m);
+
+  // A copy-on-write that cannot get its block changes nothing either.
+  ASSERT_TRUE(m.allocate(seq_id(4), 16).has_value());  // takes all 4
+  EXPECT_EQ(m.n_free_blocks(), 0);
+  const snapshot before_cow = take_snapshot(m, {2, 3, 4});
+  EXPECT_FALSE(m.can_allocate(seq_id(3), 1));
+  EXPECT_FALSE(m.allocate(seq_id(3), 1).has_value());
+  EXPECT_EQ(take_snapshot(m, {2, 3, 4}), before_cow);
+  expect_ok(m);
+}
+
+TEST(kv_manager, the_eviction_order_is_lru_across_sequences_and_deepest_first) {
+  // 8 blocks of 4 tokens. Each sequence stores 9 tokens: 2 full blocks + 1 partial.
+  kv_manager m(4, 8);
+  const auto pa = toks(9, 0), pb = toks(9, 100), pc = toks(9, 200);
+  add_and_prefill(m, 1, pa);
+  EXPECT_EQ(ids(m.block_table(seq_id(1))), (std::vector<std::int32_t>{0, 1, 2}));
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  // The partial block 2 is reused first; the chain leaves deepest first: 1, then 0.
+  EXPECT_EQ(ids(m.pool().free_queue()), (std::vector<std::int32_t>{2, 3, 4, 5, 6, 7, 1, 0}));
+
+  add_and_prefill(m, 2, pb);
+  EXPECT_EQ(ids(m.block_table(seq_id(2))), (std::vector<std::int32_t>{2, 3, 4}));
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  EXPECT_EQ(ids(m.pool().free_queue()), (std::vector<std::int32_t>{4, 5, 6, 7, 1, 0, 3, 2}));
+
+  // A reuses its prefix: blocks 0 and 1 become the most recently used.
+  EXPECT_EQ(add_and_prefill(m, 3, pa), 8);
+  EXPECT_EQ(ids(m.block_table(seq_id(3))), (std::vector<std::int32_t>{0, 1, 4}));
+  ASSERT_TRUE(m.free_sequence(seq_id(3)).ok());
+  EXPECT_EQ(ids(m.pool().free_queue()), (std::vector<std::int32_t>{4, 5, 6, 7, 3, 2, 1, 0}));
+  EXPECT_EQ(m.metrics().n_evictions, 0);
+
+  // 7 blocks: 4 free ones, then B's chain (3 before 2), then A's deepest block.
+  ASSERT_TRUE(m.add_sequence(seq_id(4), toks(28, 300)).ok());
+  ASSERT_TRUE(m.allocate(seq_id(4), 28).has_value());
+  EXPECT_EQ(ids(m.block_table(seq_id(4))), (std::vector<std::int32_t>{4, 5, 6, 7, 3, 2, 1}));
+  EXPECT_EQ(m.metrics().n_evictions, 3);
+  EXPECT_EQ(m.index().size(), 1u);
+  EXPECT_TRUE(m.index().contains(block_id(0)));
+  expect_ok(m);
+
+  // B is gone from the cache; A keeps its first block.
+  ASSERT_TRUE(m.free_sequence(seq_id(4)).ok());
+  EXPECT_EQ(add_and_prefill(m, 5, pb), 0);
+  EXPECT_EQ(add_and_prefill(m, 6, pa), 4);
+  (void)pc;
+}
+
+TEST(kv_manager, a_block_already_cached_elsewhere_is_not_registered_twice) {
+  kv_manager m(4, 16);
+  const auto p = toks(9);
+  // Both start before either has stored anything: no hit for the second.
+  ASSERT_EQ(*m.add_sequence(seq_id(1), p), 0);
+  ASSERT_EQ(*m.add_sequence(seq_id(2), p), 0);
+  for (const std::int64_t s : {1, 2}) {
+    ASSERT_TRUE(m.allocate(seq_id(s), 9).has_value());
+    ASSERT_TRUE(m.commit(seq_id(s), p).ok());
+  }
+  expect_ok(m);
+  EXPECT_EQ(m.index().size(), 2u);
+  const auto t2 = ids(m.block_table(seq_id(2)));
+  EXPECT_FALSE(m.pool().is_hashed(block_id(t2[0])));
+  // Seq 2's duplicates hold nothing cacheable: released, they are free, reused first.
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  const auto q = ids(m.pool().free_queue());
+  EXPECT_EQ(std::vector<std::int32_t>(q.begin(), q.begin() + 3), (std::vector<std::int32_t>{t2[0], t2[1], t2[2]}));
+  EXPECT_EQ(m.metrics().n_blocks_cached, 0);
+  EXPECT_EQ(add_and_prefill(m, 3, p), 8);
+}
+
+TEST(kv_manager, without_prefix_caching_nothing_is_shared_or_counted) {
+  kv_manager m(4, 16, false);
+  EXPECT_EQ(add_and_prefill(m, 1, toks(9)), 0);
+  EXPECT_EQ(add_and_prefill(m, 2, toks(9)), 0);
+  EXPECT_EQ(m.index().size(), 0u);
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  const kv_metrics km = m.metrics();
+  EXPECT_EQ(km.n_blocks_cached, 0);
+  EXPECT_EQ(km.n_prefix_query_tokens, 0);
+  EXPECT_EQ(km.n_blocks_used, 3);
+}
+
+TEST(kv_manager, quota_limits_a_tenants_used_blocks) {
+  kv_manager m(4, 16);
+  ASSERT_TRUE(m.set_tenant_quota("a", 3).ok());
+  EXPECT_EQ(m.set_tenant_quota("a", -1).code(), errc::invalid_argument);
+  const sequence_options a = of_tenant("a");
+  add_and_prefill(m, 1, toks(12), a);
+  ASSERT_TRUE(m.add_sequence(seq_id(2), toks(4, 900), a).ok());
+  EXPECT_FALSE(m.can_allocate(seq_id(2), 1));
+  EXPECT_FALSE(m.allocate(seq_id(2), 1).has_value());
+  EXPECT_FALSE(decode_one(m, 1, 5).has_value());
+  // Other tenants are unaffected.
+  add_and_prefill(m, 3, toks(12, 500));
+  // Lifting the quota lets the tenant grow.
+  ASSERT_TRUE(m.set_tenant_quota("a", std::nullopt).ok());
+  EXPECT_TRUE(m.allocate(seq_id(2), 1).has_value());
+  const kv_metrics km = m.metrics();
+  ASSERT_EQ(km.tenants.size(), 2u);
+  EXPECT_EQ(km.tenants[1].name, "a");
+  EXPECT_EQ(km.tenants[1].n_used_blocks, 4);
+  EXPECT_EQ(km.tenants[0].n_used_blocks, 3);
+  expect_ok(m);
+}
+
+TEST(kv_manager, a_tenant_at_its_quota_evicts_only_its_own_cache) {
+  kv_manager m(4, 8);
+  add_and_prefill(m, 1, toks(8, 0));  // default tenant: 2 blocks
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  ASSERT_TRUE(m.set_tenant_quota("a", 3).ok());
+  const sequence_options a = of_tenant("a");
+  add_and_prefill(m, 2, toks(12, 100), a);
+  const auto a_table = ids(m.block_table(seq_id(2)));
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  const tenant_id ta = *m.find_tenant("a");
+  EXPECT_EQ(m.pool().n_cached(ta), 3);
+  EXPECT_EQ(m.pool().n_cached(tenant_id(0)), 2);
+  EXPECT_EQ(m.n_free_blocks(), 8);
+
+  // Free blocks exist, but the tenant is at its quota: it pays with its own
+  // deepest cached block, and the default tenant's cache is untouched.
+  ASSERT_TRUE(m.add_sequence(seq_id(3), toks(4, 900), a).ok());
+  ASSERT_TRUE(m.allocate(seq_id(3), 4).has_value());
+  EXPECT_EQ(ids(m.block_table(seq_id(3))), (std::vector<std::int32_t>{a_table[2]}));
+  EXPECT_EQ(m.pool().n_cached(tenant_id(0)), 2);
+  EXPECT_EQ(m.pool().n_cached(ta), 2);
+  EXPECT_EQ(m.metrics().n_evictions, 1);
+  expect_ok(m);
+
+  // Used + new beyond the quota fails even with cache to evict.
+  EXPECT_EQ(m.n_blocks_needed(seq_id(3), 13), 3);
+  EXPECT_FALSE(m.allocate(seq_id(3), 13).has_value());
+  EXPECT_TRUE(m.allocate(seq_id(3), 12).has_value());
+  EXPECT_EQ(m.pool().n_cached(tenant_id(0)), 2);
+  EXPECT_EQ(m.pool().n_cached(ta), 0);
+  expect_ok(m);
+}
+
+TEST(kv_manager, a_tenant_below_its_quota_evicts_the_global_lru) {
+  kv_manager m(4, 4);
+  add_and_prefill(m, 1, toks(16, 0));  // the whole pool, default tenant
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  EXPECT_EQ(m.metrics().n_blocks_cached, 4);
+  ASSERT_TRUE(m.set_tenant_quota("b", 2).ok());
+  ASSERT_TRUE(m.add_sequence(seq_id(2), toks(8, 100), of_tenant("b")).ok());
+  ASSERT_TRUE(m.allocate(seq_id(2), 8).has_value());
+  EXPECT_EQ(ids(m.block_table(seq_id(2))), (std::vector<std::int32_t>{3, 2}));
+  EXPECT_EQ(m.metrics().n_evictions, 2);
+  expect_ok(m);
+}
+
+TEST(kv_manager, lowering_a_quota_drops_cache_beyond_it) {
+  kv_manager m(4, 16);
+  const sequence_options a = of_tenant("a");
+  add_and_prefill(m, 1, toks(16, 0), a);
+  add_and_prefill(m, 2, toks(8, 100), a);
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  ASSERT_TRUE(m.set_tenant_quota("a", 3).ok());
+  const tenant_id ta = *m.find_tenant("a");
+  EXPECT_EQ(m.pool().n_used(ta), 2);
+  EXPECT_EQ(m.pool().n_cached(ta), 1);
+  EXPECT_EQ(m.metrics().n_evictions, 3);
+  // What stays is the first block of seq 1's chain (the deepest leave first).
+  EXPECT_EQ(*m.add_sequence(seq_id(3), toks(16, 0), a), 4);
+  expect_ok(m);
+}
+
+TEST(kv_manager, metrics_count_shared_blocks_once) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(10));
+  kv_metrics km = m.metrics();
+  EXPECT_EQ(km.n_blocks_used, 3);
+  EXPECT_EQ(km.n_stored_tokens, 10);
+  EXPECT_DOUBLE_EQ(km.fragmentation(), 1.0 - 10.0 / 12.0);
+  EXPECT_DOUBLE_EQ(km.usage(), 3.0 / 16.0);
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(2)).ok());
+  km = m.metrics();
+  EXPECT_EQ(km.n_stored_tokens, 10);
+  EXPECT_DOUBLE_EQ(km.fragmentation(), 1.0 - 10.0 / 12.0);
+  EXPECT_EQ(km.n_sequences, 2);
+  ASSERT_TRUE(decode_one(m, 2, 1).has_value());  // copy (2 tokens) + 1 new
+  km = m.metrics();
+  EXPECT_EQ(km.n_blocks_used, 4);
+  EXPECT_EQ(km.n_stored_tokens, 13);
+  EXPECT_EQ(km.n_blocks_used_peak, 4);
+  ASSERT_TRUE(m.preempt_sequence(seq_id(2)).ok());
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  km = m.metrics();
+  EXPECT_EQ(km.n_preemptions, 1);
+  EXPECT_EQ(km.n_blocks_used, 0);
+  EXPECT_EQ(km.n_blocks_cached, 2);
+  EXPECT_EQ(km.n_blocks_free, 14);
+  EXPECT_EQ(km.n_stored_tokens, 0);
+  EXPECT_DOUBLE_EQ(km.fragmentation(), 0.0);
+  EXPECT_EQ(km.n_blocks_used_peak, 4);
+  m.reset_peak();
+  EXPECT_EQ(m.metrics().n_blocks_used_peak, 0);
+  EXPECT_NE(format_kv_metrics(km).find("1 preemptions"), std::string::npos);
+}
+
+TEST(kv_manager, preempted_sequences_come_back_through_the_cache) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(6));
+  for (token_id t = 0; t < 5; ++t) ASSERT_TRUE(decode_one(m, 1, t).has_value());
+  const std::vector<token_id> all(m.tokens(seq_id(1)).begin(), m.tokens(seq_id(1)).end());
+  ASSERT_EQ(all.size(), 11u);
+  ASSERT_TRUE(m.preempt_sequence(seq_id(1)).ok());
+  EXPECT_EQ(add_and_prefill(m, 1, all), 8);
+  EXPECT_EQ(m.metrics().n_preemptions, 1);
+}
+
+TEST(kv_manager, check_request_fits_against_pool_and_quota) {
+  kv_manager m(4, 16);  // 64 token slots
+  EXPECT_TRUE(m.check_request_fits(60, 4).ok());
+  const status too_big = m.check_request_fits(61, 4);
+  EXPECT_EQ(too_big.code(), errc::resource_exhausted);
+  EXPECT_NE(too_big.message().find("17 KV blocks"), std::string::npos) << too_big.message();
+  // Two completions of an 8-token prompt share its 2 full blocks: 4 + 2 blocks.
+  EXPECT_TRUE(m.check_request_fits(8, 8, "", 2).ok());
+  EXPECT_EQ(m.check_request_fits(8, 40, "", 2).code(), errc::resource_exhausted);  // 12 + 10 > 16
+  ASSERT_TRUE(m.set_tenant_quota("t", 5).ok());
+  EXPECT_EQ(m.check_request_fits(8, 16, "t").code(), errc::resource_exhausted);
+  EXPECT_TRUE(m.check_request_fits(8, 12, "t").ok());
+  EXPECT_EQ(m.check_request_fits(0, 4).code(), errc::invalid_argument);
+}
+
+TEST(kv_manager, evict_cached_blocks_empties_the_cache) {
+  kv_manager m(4, 16);
+  add_and_prefill(m, 1, toks(12));
+  add_and_prefill(m, 2, toks(12, 50));
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  EXPECT_EQ(m.evict_cached_blocks(), 3);
+  expect_ok(m);
+  EXPECT_EQ(m.index().size(), 3u);  // seq 2's blocks are in use and stay
+  EXPECT_EQ(m.metrics().n_blocks_cached, 0);
+  EXPECT_EQ(add_and_prefill(m, 3, toks(12)), 0);
+}
+
+}  // namespace
+}  // namespace pagoda
