@@ -159,6 +159,12 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
   PAGODA_ASSIGN_OR_RETURN(m->token_embd_, ld.matrix("token_embd.weight", n_embd, hp.n_vocab));
   PAGODA_ASSIGN_OR_RETURN(m->output_norm_, ld.vector("output_norm.weight", n_embd));
   PAGODA_ASSIGN_OR_RETURN(m->output_, ld.matrix("output.weight", n_embd, hp.n_vocab, /*required=*/false));
+  // Converters that untie nothing still write a copy of the embeddings as
+  // output.weight (stories260K does): recognise the copy so it is read from one
+  // place and counted once.
+  if (m->output_.data && m->output_.type == m->token_embd_.type &&
+      std::memcmp(m->output_.data, m->token_embd_.data, m->output_.row_bytes * m->output_.n_out) == 0)
+    m->output_ = {};
   if (!m->output_.data) {
     m->output_ = m->token_embd_;
     hp.tied_output = true;
@@ -182,7 +188,8 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
     PAGODA_ASSIGN_OR_RETURN(L.bk, ld.vector(p + "attn_k.bias", kv_dim, need_bias));
     PAGODA_ASSIGN_OR_RETURN(L.bv, ld.vector(p + "attn_v.bias", kv_dim, need_bias));
   }
-  for (const gguf::tensor_info& t : f.tensors()) m->n_params_ += t.n_elements();
+  for (const gguf::tensor_info& t : f.tensors())
+    if (!(hp.tied_output && t.name == "output.weight")) m->n_params_ += t.n_elements();
   return m;
 }
 

@@ -1,0 +1,124 @@
+// End-to-end checks of pagoda run / tokenize / perplexity / info against the
+// independent references in tests/data.
+#include <cmath>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+
+namespace pagoda::test {
+namespace {
+
+using nlohmann::json;
+
+TEST(cli_run, greedy_json_reproduces_reference_ids) {
+  std::ifstream in(data_path("reference/once_upon_a_time.greedy.json"));
+  json ref = json::parse(in);
+  auto r = run_cli("run -m " + model_path() + " -p 'Once upon a time' -n 200 --temp 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], ref["prompt_tokens_with_bos"]);
+  auto got = j["tokens"].get<std::vector<int>>();
+  auto want = ref["generated_tokens"].get<std::vector<int>>();
+  ASSERT_GE(got.size(), want.size());
+  got.resize(want.size());
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(j["text"].get<std::string>().starts_with(", there was"));
+  EXPECT_GT(j["timings"]["generation_tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["kv"]["bytes_per_token"].get<double>(), 1280.0);
+}
+
+TEST(cli_run, text_goes_to_stdout_and_stats_to_stderr) {
+  auto r = run_cli("run -m " + model_path() + " -p 'Once upon a time' -n 30 --temp 0.8 --seed 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with("Once upon a time")) << r.out;
+  EXPECT_GT(r.out.size(), std::string("Once upon a time").size() + 20);
+  EXPECT_NE(r.err.find("tok/s"), std::string::npos);
+  EXPECT_NE(r.err.find("KV"), std::string::npos);
+  EXPECT_EQ(r.out.find("tok/s"), std::string::npos);
+  // Same seed, same text; another seed, (almost surely) another text.
+  auto again = run_cli("run -m " + model_path() + " -p 'Once upon a time' -n 30 --temp 0.8 --seed 3");
+  EXPECT_EQ(again.out, r.out);
+  auto other = run_cli("run -m " + model_path() + " -p 'Once upon a time' -n 30 --temp 0.8 --seed 4");
+  EXPECT_NE(other.out, r.out);
+}
+
+TEST(cli_run, f16_cache_and_block_size_options) {
+  auto r = run_cli("run -m " + model_path() + " -p 'Once upon a time' -n 20 --temp 0 --json --kv-cache-dtype f16 --block-size 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["kv"]["type_k"], "f16");
+  EXPECT_EQ(j["kv"]["block_size"], 8);
+  EXPECT_EQ(j["kv"]["bytes_per_token"].get<double>(), 640.0);
+}
+
+TEST(cli_run, clear_errors) {
+  auto missing = run_cli("run -m /nonexistent/model.gguf -p hi");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/model.gguf"), std::string::npos) << missing.err;
+
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "Once upon a time ";
+  auto too_long = run_cli("run -m " + model_path() + " --ctx 64 -p " + shell_quote(long_prompt));
+  EXPECT_EQ(too_long.exit_code, 1);
+  EXPECT_NE(too_long.err.find("context"), std::string::npos) << too_long.err;
+
+  auto small_pool = run_cli("run -m " + model_path() + " --max-kv-tokens 16 -p " + shell_quote(long_prompt.substr(0, 300)));
+  EXPECT_EQ(small_pool.exit_code, 1);
+  EXPECT_NE(small_pool.err.find("pool"), std::string::npos) << small_pool.err;
+
+  auto bad_type = run_cli("run -m " + model_path() + " -p hi --kv-cache-dtype f7");
+  EXPECT_EQ(bad_type.exit_code, 1);
+  EXPECT_NE(bad_type.err.find("f7"), std::string::npos) << bad_type.err;
+
+  auto bad_temp = run_cli("run -m " + model_path() + " -p hi --temp -1");
+  EXPECT_EQ(bad_temp.exit_code, 1);
+  EXPECT_NE(bad_temp.err.find("temperature"), std::string::npos) << bad_temp.err;
+
+  std::string junk = "/tmp/pagoda_junk_" + std::to_string(getpid()) + ".gguf";
+  std::ofstream(junk) << "this is not a gguf file at all";
+  auto not_gguf = run_cli("run -m " + junk + " -p hi");
+  std::remove(junk.c_str());
+  EXPECT_EQ(not_gguf.exit_code, 1);
+  EXPECT_NE(not_gguf.err.find("magic"), std::string::npos) << not_gguf.err;
+}
+
+TEST(cli_tokenize, ids_on_one_line) {
+  auto r = run_cli("tokenize -m " + model_path() + " -p 'Once upon a time'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "1 403 407 261 378\n");
+  auto nb = run_cli("tokenize -m " + model_path() + " -p 'Once upon a time' --no-bos");
+  EXPECT_EQ(nb.out, "403 407 261 378\n");
+  // A vocabulary-only file is enough.
+  auto vocab = run_cli("tokenize -m " + data_path("tokenizer/ggml-vocab-phi-3.gguf") + " -p 'Hello world' --no-bos");
+  EXPECT_EQ(vocab.exit_code, 0) << vocab.err;
+  EXPECT_FALSE(vocab.out.empty());
+}
+
+// The reference: 179,693 predicted tokens, mean NLL 1.3691 (tests/data/README.md).
+TEST(cli_perplexity, dev_text_matches_reference_nll) {
+  auto r = run_cli("perplexity -m " + model_path() + " -f " + data_path("tinystories_dev.txt") +
+                   " --ctx 512 --kv-cache-dtype f32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["predicted_tokens"].get<long>(), 179693);
+  EXPECT_EQ(j["documents"].get<int>(), 500);
+  EXPECT_EQ(j["documents_truncated"].get<int>(), 55);
+  EXPECT_NEAR(j["mean_nll"].get<double>(), 1.3691, 1.3691 * 0.001);
+  EXPECT_NEAR(j["perplexity"].get<double>(), 3.932, 0.004);
+}
+
+TEST(cli_info, reports_shape_and_kv_cost) {
+  auto r = run_cli("info -m " + model_path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("llama"), std::string::npos);
+  EXPECT_NE(r.out.find("260032"), std::string::npos) << r.out;
+  // 2 x 5 layers x 4 KV heads x 8 x 4 bytes = 1280; f16: 640.
+  EXPECT_NE(r.out.find("1280.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("640.0"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace pagoda::test
