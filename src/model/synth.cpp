@@ -1,0 +1,298 @@
+#include "model/synth.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/assert.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "model/gguf_writer.h"
+#include "model/matmul.h"
+
+namespace pagoda {
+
+namespace {
+
+using gguf::tensor_type;
+
+constexpr synth_shape k_presets[] = {
+    // name, arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, n_vocab, rope_base, rms_eps, qkv_bias
+    {"llama3-8b", "llama", 4096, 32, 8, 128, 14336, 32, 8192, 128256, 500000.0f, 1e-5f, false},
+    {"llama3-70b", "llama", 8192, 64, 8, 128, 28672, 80, 8192, 128256, 500000.0f, 1e-5f, false},
+    {"mistral-7b", "llama", 4096, 32, 8, 128, 14336, 32, 32768, 32000, 1000000.0f, 1e-5f, false},
+    {"qwen2-7b", "qwen2", 3584, 28, 4, 128, 18944, 28, 32768, 152064, 1000000.0f, 1e-6f, true},
+    {"tiny", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f, false},
+};
+
+constexpr int k_n_special_tokens = 3;  // <unk> <s> </s>
+constexpr int k_n_byte_tokens = 256;
+constexpr int k_min_vocab = k_n_special_tokens + k_n_byte_tokens + 1;
+
+// llama.cpp token types.
+constexpr std::int32_t k_token_normal = 1;
+constexpr std::int32_t k_token_unknown = 2;
+constexpr std::int32_t k_token_control = 3;
+constexpr std::int32_t k_token_byte = 6;
+
+// llama.cpp's general.file_type (llama_ftype) for a uniform weight type.
+std::uint32_t file_type_of(tensor_type t) {
+  switch (t) {
+    case tensor_type::f32: return 0;
+    case tensor_type::f16: return 1;
+    case tensor_type::q4_0: return 2;
+    case tensor_type::q8_0: return 7;
+    case tensor_type::bf16: return 32;
+    default: return 0;
+  }
+}
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Fills x[0..n) with uniform values in [-amplitude, amplitude), a function of
+// (seed, tensor, row) alone, so chunking never changes the weights.
+void random_row(std::uint64_t seed, std::uint64_t tensor, std::int64_t row, float amplitude, float* x,
+                std::int64_t n) {
+  std::uint64_t state = seed ^ (tensor * 0xd1b54a32d192ed03ull);
+  state = splitmix64(state) ^ static_cast<std::uint64_t>(row);
+  std::uint64_t s = splitmix64(state) | 1;
+  const float scale = 2.0f * amplitude / 16777216.0f;  // 24 random bits
+  for (std::int64_t i = 0; i < n; ++i) {
+    s ^= s << 13;  // xorshift64
+    s ^= s >> 7;
+    s ^= s << 17;
+    x[i] = static_cast<float>(s >> 40) * scale - amplitude;
+  }
+}
+
+// Encodes one row of n floats as type t into out.
+void encode_row(tensor_type t, const float* x, std::int64_t n, std::byte* out) {
+  switch (t) {
+    case tensor_type::f32: std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(float)); return;
+    case tensor_type::f16: {
+      auto* h = reinterpret_cast<fp16_t*>(out);
+      for (std::int64_t i = 0; i < n; ++i) h[i] = f32_to_fp16(x[i]);
+      return;
+    }
+    case tensor_type::bf16: {
+      auto* h = reinterpret_cast<bf16_t*>(out);
+      for (std::int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(x[i]);
+      return;
+    }
+    case tensor_type::q8_0: quantize_row_q8_0(x, n, out); return;
+    case tensor_type::q4_0: quantize_row_q4_0(x, n, out); return;
+    default: PAGODA_ASSERT(false, "synth: no encoder for {}", gguf::tensor_type_name(t));
+  }
+}
+
+// A tensor of n_rows rows of n_in values: random with the given amplitude, or
+// all `constant` when amplitude is 0.
+struct tensor_recipe {
+  std::uint64_t seed;
+  std::uint64_t id;
+  tensor_type type;
+  std::int64_t n_in;
+  float amplitude;
+  float constant;
+};
+
+// Rows of a chunk are generated in parallel; each depends on its index alone.
+gguf::tensor_fill_fn make_fill(tensor_recipe r, std::shared_ptr<thread_pool> pool) {
+  return [r, pool](std::int64_t first_row, std::int64_t n_rows, std::span<std::byte> out) -> status {
+    const std::size_t row_bytes = out.size() / static_cast<std::size_t>(n_rows);
+    pool->parallel_for(static_cast<std::size_t>(n_rows), [&](std::size_t begin, std::size_t end) {
+      std::vector<float> x(static_cast<std::size_t>(r.n_in), r.constant);
+      for (std::size_t k = begin; k < end; ++k) {
+        if (r.amplitude != 0) random_row(r.seed, r.id, first_row + static_cast<std::int64_t>(k), r.amplitude, x.data(), r.n_in);
+        encode_row(r.type, x.data(), r.n_in, out.data() + k * row_bytes);
+      }
+    });
+    return ok_status();
+  };
+}
+
+// Plain pieces after the byte tokens: "▁", then for length 1, 2, ... every
+// lowercase word w in order as "▁w" and "w". Scores fall with the index so
+// shorter pieces rank first.
+void add_vocabulary(gguf::writer& w, int n_vocab) {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<std::int32_t> types;
+  tokens.reserve(n_vocab);
+  auto add = [&](std::string piece, float score, std::int32_t type) {
+    tokens.push_back(std::move(piece));
+    scores.push_back(score);
+    types.push_back(type);
+  };
+  add("<unk>", 0, k_token_unknown);
+  add("<s>", 0, k_token_control);
+  add("</s>", 0, k_token_control);
+  for (int b = 0; b < k_n_byte_tokens; ++b) add(fmt::format("<0x{:02X}>", b), 0, k_token_byte);
+  const std::string space = "\xe2\x96\x81";  // U+2581, SentencePiece's word boundary
+  int n_pieces = 0;
+  auto add_piece = [&](std::string piece) {
+    if (static_cast<int>(tokens.size()) < n_vocab) add(std::move(piece), -static_cast<float>(n_pieces++), k_token_normal);
+  };
+  add_piece(space);
+  std::string word;
+  for (std::size_t len = 1; static_cast<int>(tokens.size()) < n_vocab; ++len) {
+    word.assign(len, 'a');
+    while (static_cast<int>(tokens.size()) < n_vocab) {
+      add_piece(space + word);
+      add_piece(word);
+      // Next word of this length in lexicographic order; stop after "zz..z".
+      std::size_t i = len;
+      while (i > 0 && word[i - 1] == 'z') word[--i] = 'a';
+      if (i == 0) break;
+      ++word[i - 1];
+    }
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_string_array("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
+  w.add_array("tokenizer.ggml.scores", std::span<const float>(scores));
+  w.add_array("tokenizer.ggml.token_type", std::span<const std::int32_t>(types));
+  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  w.add_bool("tokenizer.ggml.add_bos_token", true);
+  w.add_bool("tokenizer.ggml.add_eos_token", false);
+}
+
+// Builds the writer for a resolved shape; tensor data is produced on write.
+std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_options& o,
+                                           std::shared_ptr<thread_pool> pool) {
+  auto w = std::make_unique<gguf::writer>(3);
+  const std::string arch = s.arch;
+  auto key = [&](const char* suffix) { return arch + "." + suffix; };
+  w->add_string("general.architecture", arch);
+  w->add_string("general.name", fmt::format("{} (synthetic)", s.name));
+  w->set_alignment(32);
+  w->add_u32("general.file_type", file_type_of(o.weight_type));
+  w->add_u32(key("vocab_size"), static_cast<std::uint32_t>(s.n_vocab));
+  w->add_u32(key("context_length"), static_cast<std::uint32_t>(s.n_ctx));
+  w->add_u32(key("embedding_length"), static_cast<std::uint32_t>(s.n_embd));
+  w->add_u32(key("block_count"), static_cast<std::uint32_t>(s.n_layer));
+  w->add_u32(key("feed_forward_length"), static_cast<std::uint32_t>(s.n_ff));
+  w->add_u32(key("rope.dimension_count"), static_cast<std::uint32_t>(s.head_dim));
+  w->add_u32(key("attention.head_count"), static_cast<std::uint32_t>(s.n_head));
+  w->add_u32(key("attention.head_count_kv"), static_cast<std::uint32_t>(s.n_head_kv));
+  if (s.head_dim * s.n_head != s.n_embd) {
+    w->add_u32(key("attention.key_length"), static_cast<std::uint32_t>(s.head_dim));
+    w->add_u32(key("attention.value_length"), static_cast<std::uint32_t>(s.head_dim));
+  }
+  w->add_f32(key("attention.layer_norm_rms_epsilon"), s.rms_eps);
+  w->add_f32(key("rope.freq_base"), s.rope_base);
+  add_vocabulary(*w, s.n_vocab);
+
+  std::uint64_t id = 0;
+  const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;
+  const std::int64_t kv_dim = static_cast<std::int64_t>(s.n_head_kv) * s.head_dim;
+  auto matrix = [&](const std::string& name, std::int64_t n_in, std::int64_t n_out, float amplitude) {
+    const std::int64_t ne[] = {n_in, n_out};
+    w->add_tensor(name, o.weight_type, ne, make_fill({o.seed, id++, o.weight_type, n_in, amplitude, 0}, pool));
+  };
+  auto vector = [&](const std::string& name, std::int64_t n, float amplitude, float constant) {
+    const std::int64_t ne[] = {n};
+    w->add_tensor(name, tensor_type::f32, ne, make_fill({o.seed, id++, tensor_type::f32, n, amplitude, constant}, pool));
+  };
+  // Uniform on [-a, a) has standard deviation a / sqrt(3).
+  auto amplitude_for = [](std::int64_t n_in) { return static_cast<float>(std::sqrt(3.0 / static_cast<double>(n_in))); };
+
+  matrix("token_embd.weight", s.n_embd, s.n_vocab, std::sqrt(3.0f));
+  vector("output_norm.weight", s.n_embd, 0, 1.0f);
+  matrix("output.weight", s.n_embd, s.n_vocab, amplitude_for(s.n_embd));
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    vector(p + "attn_norm.weight", s.n_embd, 0, 1.0f);
+    matrix(p + "attn_q.weight", s.n_embd, q_dim, amplitude_for(s.n_embd));
+    matrix(p + "attn_k.weight", s.n_embd, kv_dim, amplitude_for(s.n_embd));
+    matrix(p + "attn_v.weight", s.n_embd, kv_dim, amplitude_for(s.n_embd));
+    if (s.qkv_bias) {
+      vector(p + "attn_q.bias", q_dim, 0.02f, 0);
+      vector(p + "attn_k.bias", kv_dim, 0.02f, 0);
+      vector(p + "attn_v.bias", kv_dim, 0.02f, 0);
+    }
+    matrix(p + "attn_output.weight", q_dim, s.n_embd, amplitude_for(q_dim));
+    vector(p + "ffn_norm.weight", s.n_embd, 0, 1.0f);
+    matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff, amplitude_for(s.n_embd));
+    matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, amplitude_for(s.n_embd));
+    matrix(p + "ffn_down.weight", s.n_ff, s.n_embd, amplitude_for(s.n_ff));
+  }
+  return w;
+}
+
+}  // namespace
+
+std::span<const synth_shape> synth_presets() { return k_presets; }
+
+const synth_shape* find_synth_preset(std::string_view name) {
+  for (const auto& p : k_presets) {
+    if (name == p.name) return &p;
+  }
+  return nullptr;
+}
+
+result<tensor_type> parse_synth_weight_type(std::string_view name) {
+  for (tensor_type t : {tensor_type::f16, tensor_type::q8_0, tensor_type::q4_0, tensor_type::f32, tensor_type::bf16}) {
+    if (name == gguf::tensor_type_name(t)) return t;
+  }
+  return error(errc::invalid_argument, "unknown weight type '{}' (f16, q8_0, q4_0, f32, bf16)", name);
+}
+
+result<synth_shape> resolve_synth_shape(const synth_options& o) {
+  const synth_shape* preset = find_synth_preset(o.preset);
+  if (!preset) {
+    std::string names;
+    for (const auto& p : k_presets) names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
+    return error(errc::invalid_argument, "unknown synth preset '{}' (known: {})", o.preset, names);
+  }
+  synth_shape s = *preset;
+  if (o.n_layer) s.n_layer = *o.n_layer;
+  if (o.n_ff) s.n_ff = *o.n_ff;
+  if (o.n_ctx) s.n_ctx = *o.n_ctx;
+  if (o.n_vocab != 0) s.n_vocab = o.n_vocab;
+
+  if (s.n_layer < 1 || s.n_layer > 1024) return error(errc::invalid_argument, "layers {} not in 1..1024", s.n_layer);
+  if (s.n_ff < 1) return error(errc::invalid_argument, "feed-forward width {} must be positive", s.n_ff);
+  if (s.n_ctx < 1) return error(errc::invalid_argument, "context length {} must be positive", s.n_ctx);
+  if (s.n_vocab < k_min_vocab) {
+    return error(errc::invalid_argument, "vocabulary size {} is below the minimum {} (3 specials, 256 bytes, 1 piece)",
+                 s.n_vocab, k_min_vocab);
+  }
+  const auto* traits = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(o.weight_type));
+  if (!traits || !traits->supported) {
+    return error(errc::invalid_argument, "weight type {} is not one Pagoda computes with",
+                 gguf::tensor_type_name(o.weight_type));
+  }
+  const std::int64_t block = traits->block_size;
+  const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;
+  for (auto [what, n] : {std::pair{"embedding width", static_cast<std::int64_t>(s.n_embd)},
+                         std::pair{"attention width", q_dim}, std::pair{"feed-forward width", static_cast<std::int64_t>(s.n_ff)}}) {
+    if (n % block != 0) {
+      return error(errc::invalid_argument, "{} {} is not a multiple of the {} block size {}", what, n, traits->name,
+                   block);
+    }
+  }
+  return s;
+}
+
+result<std::uint64_t> synth_model_size_bytes(const synth_options& o) {
+  PAGODA_ASSIGN_OR_RETURN(synth_shape s, resolve_synth_shape(o));
+  // Laying out does not generate weights: one thread is enough.
+  return static_cast<std::uint64_t>(build_writer(s, o, std::make_shared<thread_pool>(1))->layout().size_bytes);
+}
+
+status write_synth_model(const synth_options& o, const std::string& path) {
+  PAGODA_ASSIGN_OR_RETURN(synth_shape s, resolve_synth_shape(o));
+  return build_writer(s, o, std::make_shared<thread_pool>(o.n_threads))->write_file(path).with_context(fmt::format("synth {}", s.name));
+}
+
+}  // namespace pagoda

@@ -1,0 +1,79 @@
+// Synthetic models: random-weight GGUF files with the exact attention and MLP
+// shapes of real models, for throughput and memory work at realistic sizes.
+// Their output means nothing; their speed and memory use do.
+//
+// A file carries llama.cpp's tensor names and metadata keys for its
+// architecture (llama or qwen2, the latter with QKV biases) and a synthetic
+// SentencePiece-style ("llama") vocabulary so it tokenizes and runs end to end:
+// <unk> <s> </s>, the 256 byte tokens <0x00>..<0xFF>, then plain pieces.
+// Weights are deterministic in (seed, tensor, row), uniform with standard
+// deviation 1/sqrt(n_in) so activations stay finite; norms are 1 and stay F32.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "model/gguf.h"
+#include "pagoda/status.h"
+
+namespace pagoda {
+
+// The shape of a model. Dimensions follow llama.cpp: n_embd is the residual
+// width, each of n_head query heads and n_head_kv key/value heads is head_dim wide.
+struct synth_shape {
+  const char* name = "";     // preset name
+  const char* arch = "llama";  // "llama" or "qwen2"
+  int n_embd = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int n_ff = 0;
+  int n_layer = 0;
+  int n_ctx = 0;
+  int n_vocab = 0;           // the real model's vocabulary size
+  float rope_base = 10000.0f;
+  float rms_eps = 1e-5f;
+  bool qkv_bias = false;     // qwen2: attn_q/k/v biases
+};
+
+// Every preset: llama3-8b, llama3-70b, mistral-7b, qwen2-7b, and tiny (a small
+// llama for tests and smoke runs).
+std::span<const synth_shape> synth_presets();
+// nullptr when no preset has that name.
+const synth_shape* find_synth_preset(std::string_view name);
+
+struct synth_options {
+  std::string preset = "llama3-8b";
+  std::optional<int> n_layer;  // fewer (or more) layers than the preset
+  std::optional<int> n_ff;     // a different feed-forward width
+  std::optional<int> n_ctx;    // context length written to the metadata
+  // Vocabulary size; 0 means the preset's real one. At least 260 (specials,
+  // 256 byte tokens, one piece).
+  int n_vocab = 512;
+  // Matrix type: f16, q8_0 or q4_0 (f32 and bf16 also work). Norms and biases stay F32.
+  gguf::tensor_type weight_type = gguf::tensor_type::q8_0;
+  std::uint64_t seed = 42;
+  // Threads generating weights; <= 0 means every hardware thread. The file is
+  // the same for any thread count.
+  int n_threads = 0;
+};
+
+// "f16", "q8_0", "q4_0", "f32", "bf16" -> the tensor type; errc::invalid_argument otherwise.
+result<gguf::tensor_type> parse_synth_weight_type(std::string_view name);
+
+// The preset with the options' overrides applied, validated (unknown preset,
+// non-positive sizes, rows that the weight type's block size does not divide,
+// n_head not a multiple of n_head_kv are errc::invalid_argument).
+result<synth_shape> resolve_synth_shape(const synth_options& options);
+
+// Bytes the file will have (for progress and disk-space checks).
+result<std::uint64_t> synth_model_size_bytes(const synth_options& options);
+
+// Writes the model to `path`, streaming tensor data (never the whole model in
+// memory), through a temporary file renamed into place on success.
+status write_synth_model(const synth_options& options, const std::string& path);
+
+}  // namespace pagoda
