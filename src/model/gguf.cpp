@@ -25,6 +25,13 @@ constexpr std::uint64_t k_default_alignment = 32;
 constexpr std::size_t k_min_kv_bytes = 8 + 1 + 4 + 1;               // key len, 1-byte key, type, u8 value
 constexpr std::size_t k_min_tensor_info_bytes = 8 + 1 + 4 + 8 + 4 + 8;  // name len, name, n_dims, ne[0], type, offset
 constexpr std::size_t k_string_header_bytes = 8;
+// Containers sized from a count in the file reserve at most this many entries
+// up front and grow as entries actually parse, so memory follows the bytes
+// present, never a corrupt count (which on a multi-GB file could still pass the
+// "fits in the remaining bytes" test).
+constexpr std::uint64_t k_max_reserve = 4096;
+
+std::size_t capped_reserve(std::uint64_t count) { return static_cast<std::size_t>(std::min(count, k_max_reserve)); }
 
 // Every type ggml defines (ggml.h numbering), so an unsupported one is named.
 // Types ggml removed (4, 5, 31-33, 36-38) have no entry.
@@ -286,8 +293,12 @@ status parse_value(byte_cursor& c, std::uint32_t type, value& out) {
                    "array length {} at offset {}: {} strings cannot fit in the {} bytes left in the file",
                    out.array_size, count_at, out.array_size, c.remaining());
     }
-    out.array_strings.resize(out.array_size);
-    for (auto& s : out.array_strings) PAGODA_RETURN_IF_ERROR(c.read_string(s, "string array element"));
+    out.array_strings.reserve(capped_reserve(out.array_size));
+    for (std::uint64_t k = 0; k < out.array_size; ++k) {
+      std::string_view s;
+      PAGODA_RETURN_IF_ERROR(c.read_string(s, "string array element"));
+      out.array_strings.push_back(s);
+    }
     return ok_status();
   }
 
@@ -369,8 +380,8 @@ status file::parse_metadata(byte_cursor& c, std::uint64_t n_kv) {
     return error(errc::corrupt, "metadata count {} cannot fit in the {} bytes left in the file", n_kv,
                  c.remaining());
   }
-  metadata_.reserve(n_kv);
-  key_index_.reserve(n_kv);
+  metadata_.reserve(capped_reserve(n_kv));
+  key_index_.reserve(capped_reserve(n_kv));
   for (std::uint64_t i = 0; i < n_kv; ++i) {
     metadata_entry e;
     std::size_t at = c.pos();
@@ -412,8 +423,8 @@ status file::parse_tensor_infos(byte_cursor& c, std::uint64_t n_tensors) {
     return error(errc::corrupt, "tensor count {} cannot fit in the {} bytes left in the file", n_tensors,
                  c.remaining());
   }
-  tensors_.reserve(n_tensors);
-  tensor_index_.reserve(n_tensors);
+  tensors_.reserve(capped_reserve(n_tensors));
+  tensor_index_.reserve(capped_reserve(n_tensors));
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     tensor_info t;
     std::size_t at = c.pos();

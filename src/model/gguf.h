@@ -7,6 +7,22 @@
 // n_tensors tensor infos (string name, u32 n_dims, u64 ne[n_dims], u32 type,
 // u64 offset), padding to general.alignment (default 32), then tensor data.
 // Strings are u64 length + bytes (no terminator).
+//
+// Validation (parse fails with the first problem, naming the key or tensor and
+// the byte offset):
+//   errc::corrupt      bad magic; truncation anywhere; a string, array or count
+//                      that the remaining bytes cannot hold; unknown value type;
+//                      bool not 0/1; empty or non-UTF-8 key; duplicate key or
+//                      tensor name; general.alignment not a power of two
+//                      fitting u32; n_dims not in 1..4; a dim <= 0; element or
+//                      byte count overflow; ne[0] not a multiple of the block
+//                      size; offset not aligned; data past the end of the file;
+//                      overlapping tensor data; a tensor type ggml does not define.
+//   errc::unsupported  version other than 2 or 3 (v1, big-endian files); nested
+//                      arrays; a tensor type ggml defines but Pagoda has no
+//                      kernel for (named, e.g. q4_K).
+// Nothing is allocated in proportion to a count before the bytes behind it have
+// been read, so a corrupt count cannot cause a huge allocation.
 #pragma once
 
 #include <cstddef>

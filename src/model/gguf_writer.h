@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "model/gguf.h"
@@ -79,6 +80,11 @@ class writer {
   // uint32_t, int32_t, uint64_t, int64_t, float, double, bool.
   template <typename T>
   void add_array(std::string_view key, std::span<const T> values);
+  template <typename T>
+  void add_array(std::string_view key, const std::vector<T>& values) {
+    static_assert(!std::is_same_v<T, bool>, "std::vector<bool> is not contiguous; pass a span of bool");
+    add_array(key, std::span<const T>(values));
+  }
   void add_string_array(std::string_view key, std::span<const std::string> values);
   void add_string_array(std::string_view key, std::span<const std::string_view> values);
 

@@ -156,9 +156,9 @@ void add_vocabulary(gguf::writer& w, int n_vocab) {
     }
   }
   w.add_string("tokenizer.ggml.model", "llama");
-  w.add_string_array("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
-  w.add_array("tokenizer.ggml.scores", std::span<const float>(scores));
-  w.add_array("tokenizer.ggml.token_type", std::span<const std::int32_t>(types));
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_array("tokenizer.ggml.scores", scores);
+  w.add_array("tokenizer.ggml.token_type", types);
   w.add_u32("tokenizer.ggml.unknown_token_id", 0);
   w.add_u32("tokenizer.ggml.bos_token_id", 1);
   w.add_u32("tokenizer.ggml.eos_token_id", 2);

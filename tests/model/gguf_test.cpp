@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -96,6 +97,24 @@ TEST(gguf_real_files, missing_file_is_not_found) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), errc::not_found);
   EXPECT_NE(r.error().message().find("does-not-exist.gguf"), std::string::npos);
+}
+
+TEST(gguf_real_files, directory_and_empty_file_are_rejected) {
+  auto dir = file::open(source_path("models"));
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.error().code(), errc::invalid_argument);
+  EXPECT_NE(dir.error().message().find("not a regular file"), std::string::npos);
+
+  const std::string empty = ::testing::TempDir() + "/gguf_empty.gguf";
+  std::FILE* fp = std::fopen(empty.c_str(), "wb");
+  ASSERT_NE(fp, nullptr);
+  std::fclose(fp);
+  auto r = file::open(empty);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), errc::corrupt);
+  EXPECT_NE(r.error().message().find("gguf_empty.gguf: truncated file: magic"), std::string::npos)
+      << r.error().message();
+  std::remove(empty.c_str());
 }
 
 // ---------------------------------------------------------------------------
