@@ -312,6 +312,7 @@ void tokenizer::build_tables() {
     for (int b = 0; b < 0x80; ++b) {  // vocabularies without byte tokens: the ASCII character itself
       if (byte_tokens_[b] == k_no_token) byte_tokens_[b] = find_token(std::string(1, static_cast<char>(b)));
     }
+    spm_cross_words_ = spm_tokens_cross_words();
   } else {
     for (int b = 0; b < 256; ++b) byte_tokens_[b] = find_token(unicode::byte_to_unicode(static_cast<std::uint8_t>(b)));
   }

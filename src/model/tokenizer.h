@@ -145,6 +145,9 @@ class tokenizer {
   void encode_spm(std::string_view text, bool prefix_space, std::vector<token_id>& out) const;
   void encode_bpe(std::string_view text, std::vector<token_id>& out) const;
   token_id find_mergeable_spm(std::string_view text) const;
+  // SPM: whether some token holds a word start (a "▁" after another character),
+  // so merges may cross words and a fragment must merge as a whole.
+  bool spm_tokens_cross_words() const;
 
   tokenizer_kind kind_ = tokenizer_kind::spm;
   std::string model_name_;
@@ -163,6 +166,7 @@ class tokenizer {
   std::unordered_map<std::uint64_t, bpe_merge> merges_;
   std::optional<pretokenizer> pretokenizer_;
   bool ignore_merges_ = false;
+  bool spm_cross_words_ = true;
 
   // Special tokens the text is scanned for, bucketed by first byte, longest first.
   std::array<std::vector<token_id>, 256> special_by_first_byte_;
