@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <random>
 #include <set>
 #include <fstream>
 #include <sstream>
@@ -333,6 +334,59 @@ TEST(tokenizer_bpe, deepseek_metadata) {
   const auto ids = m.tok->encode("Hello", true);
   ASSERT_FALSE(ids.empty());
   EXPECT_EQ(ids.front(), 32013);
+}
+
+// Random text: ASCII, spaces and newlines, multi-byte characters up to U+3FFFF,
+// and (when `invalid`) stray bytes that are not UTF-8.
+std::string random_text(std::mt19937& rng, bool invalid) {
+  std::string s;
+  const int n = std::uniform_int_distribution<int>(0, 40)(rng);
+  for (int i = 0; i < n; ++i) {
+    const int kind = std::uniform_int_distribution<int>(0, invalid ? 5 : 4)(rng);
+    if (kind <= 1) {
+      s.push_back(static_cast<char>(std::uniform_int_distribution<int>(0x21, 0x7E)(rng)));
+    } else if (kind == 2) {
+      s.push_back(" \n\t"[std::uniform_int_distribution<int>(0, 2)(rng)]);
+    } else if (kind == 3 || kind == 4) {
+      char32_t cp = std::uniform_int_distribution<char32_t>(0x80, 0x3FFFF)(rng);
+      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0xE9;
+      if (cp == 0x2581) cp = 0x2582;  // a literal "▁" reads back as a space in SentencePiece
+      unicode::append_utf8(s, cp);
+    } else {
+      s.push_back(static_cast<char>(std::uniform_int_distribution<int>(0x80, 0xFF)(rng)));
+    }
+  }
+  return s;
+}
+
+TEST(tokenizer_random, never_crashes_and_round_trips) {
+  std::mt19937 rng(1234);
+  for (const char* path : {"models/stories260K.gguf", "tests/data/tokenizer/ggml-vocab-phi-3.gguf",
+                           "tests/data/tokenizer/ggml-vocab-starcoder.gguf",
+                           "tests/data/tokenizer/ggml-vocab-deepseek-coder.gguf"}) {
+    auto m = load(path);
+    ASSERT_TRUE(m.tok);
+    const bool spm = m.tok->kind() == tokenizer_kind::spm;
+    for (int iter = 0; iter < 300; ++iter) {
+      // SPM spells any byte in byte tokens; the byte-level vocabularies lack some non-UTF-8 bytes.
+      const std::string text = random_text(rng, /*invalid=*/spm);
+      const auto ids = m.tok->encode(text, iter % 2 == 0, iter % 3 == 0);
+      for (token_id id : ids) ASSERT_TRUE(m.tok->valid_id(id)) << path;
+      const std::string back = m.tok->decode(ids);
+      EXPECT_EQ(back, text) << path << " iteration " << iter;
+      stream_decoder stream(*m.tok, true);
+      std::string streamed;
+      for (token_id id : ids) {
+        const std::string chunk = stream.push(id);
+        EXPECT_TRUE(unicode::is_valid_utf8(chunk));
+        streamed += chunk;
+      }
+      streamed += stream.flush();
+      std::string sanitized;
+      unicode::append_sanitized(sanitized, back);
+      EXPECT_EQ(streamed, sanitized) << path << " iteration " << iter;
+    }
+  }
 }
 
 // --- tiny hand-made vocabularies -------------------------------------------
