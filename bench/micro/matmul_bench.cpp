@@ -1,0 +1,170 @@
+// Weight matmul throughput: Y[m][n_out] = X[m][n_in] · Wᵀ per weight type, at
+// Llama-3-8B shapes (4096x4096 attention, 14336x4096 FFN up/gate), m = 1, 8, 32,
+// 64 rows and 1-2 threads, plus stories260K shapes and the machine's read
+// bandwidth measured in the same run.
+//
+// Counters: weight_GB/s (bytes of W per second: decode is bound by it),
+// GFLOP/s (2 m n_out n_in per call) and rows/s (rows of X per second; the ratio
+// rows/s at m=32 over m=1 is how much batching buys). Weights are rotated among
+// copies totalling >= 192 MiB so decode reads them from memory, not cache, as a
+// real forward pass over many layers does.
+//
+//   build-mm/bench/matmul_bench --benchmark_filter='q8_0'   (etc.)
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/aligned_buffer.h"
+#include "core/cpu.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "model/matmul.h"
+
+namespace {
+
+using pagoda::gguf::tensor_type;
+
+constexpr std::size_t k_rotation_bytes = std::size_t{192} << 20;
+
+struct weight_set {
+  std::vector<pagoda::aligned_buffer> copies;
+  pagoda::weight_view view;
+  std::size_t bytes = 0;
+};
+
+// rotate: enough copies to defeat the caches (large shapes); one copy otherwise.
+weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bool rotate) {
+  static std::map<std::tuple<int, std::int64_t, std::int64_t, bool>, std::unique_ptr<weight_set>> cache;
+  auto& slot = cache[{static_cast<int>(t), n_out, n_in, rotate}];
+  if (slot) return *slot;
+  slot = std::make_unique<weight_set>();
+  weight_set& ws = *slot;
+  const std::size_t row = pagoda::row_size_bytes(t, n_in);
+  ws.bytes = row * static_cast<std::size_t>(n_out);
+  const std::size_t n_copies = rotate ? std::max<std::size_t>(1, (k_rotation_bytes + ws.bytes - 1) / ws.bytes) : 1;
+  ws.copies.emplace_back(ws.bytes, false);
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> src(static_cast<std::size_t>(n_in));
+  for (std::int64_t j = 0; j < n_out; ++j) {
+    for (float& f : src) f = dist(rng);
+    std::byte* dst = ws.copies[0].data() + row * static_cast<std::size_t>(j);
+    for (std::int64_t k = 0; k < n_in; ++k) {
+      if (t == tensor_type::f32) std::memcpy(dst + 4 * k, &src[k], 4);
+      if (t == tensor_type::f16) {
+        auto h = pagoda::f32_to_fp16(src[k]);
+        std::memcpy(dst + 2 * k, &h, 2);
+      }
+      if (t == tensor_type::bf16) {
+        auto h = pagoda::f32_to_bf16(src[k]);
+        std::memcpy(dst + 2 * k, &h, 2);
+      }
+    }
+    if (t == tensor_type::q8_0) pagoda::quantize_row_q8_0(src.data(), n_in, dst);
+    if (t == tensor_type::q4_0) pagoda::quantize_row_q4_0(src.data(), n_in, dst);
+  }
+  for (std::size_t c = 1; c < n_copies; ++c) {
+    ws.copies.emplace_back(ws.bytes, false);
+    std::memcpy(ws.copies.back().data(), ws.copies[0].data(), ws.bytes);
+  }
+  ws.view = pagoda::weight_view{t, nullptr, n_in, n_out, row};
+  return ws;
+}
+
+void bm_matmul(benchmark::State& st, tensor_type t, std::int64_t n_out, std::int64_t n_in, std::int64_t m,
+               int threads, bool rotate) {
+  weight_set& ws = weights_for(t, n_out, n_in, rotate);
+  pagoda::thread_pool pool(threads);
+  pagoda::matmul_scratch scratch;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> x(static_cast<std::size_t>(m * n_in)), y(static_cast<std::size_t>(m * n_out));
+  for (float& f : x) f = dist(rng);
+  std::size_t it = 0;
+  for (auto _ : st) {
+    pagoda::weight_view v = ws.view;
+    v.data = ws.copies[it++ % ws.copies.size()].data();
+    pagoda::matmul(v, x.data(), m, y.data(), pool, scratch);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  using benchmark::Counter;
+  st.counters["weight_GB/s"] = Counter(static_cast<double>(ws.bytes) * 1e-9, Counter::kIsIterationInvariantRate);
+  st.counters["GFLOP/s"] = Counter(2e-9 * static_cast<double>(m * n_out * n_in), Counter::kIsIterationInvariantRate);
+  st.counters["rows/s"] = Counter(static_cast<double>(m), Counter::kIsIterationInvariantRate);
+  st.SetLabel(pagoda::simd_level_name(pagoda::active_simd_level()));
+}
+
+// Read bandwidth of this machine, for "achieved / available": each thread sums
+// its half of a 512 MiB buffer.
+void bm_read_bandwidth(benchmark::State& st, int threads) {
+  static pagoda::aligned_buffer buf(std::size_t{512} << 20, true);
+  pagoda::thread_pool pool(threads);
+  const std::size_t n = buf.size() / sizeof(std::uint64_t);
+  const auto* p = buf.as<std::uint64_t>();
+  std::atomic<std::uint64_t> total{0};
+  for (auto _ : st) {
+    pool.parallel_for(n, [&](std::size_t b, std::size_t e) {
+      std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (std::size_t i = b; i + 4 <= e; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+      }
+      total.fetch_add(s0 + s1 + s2 + s3, std::memory_order_relaxed);
+    }, 4096);
+    benchmark::DoNotOptimize(total.load());
+  }
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(buf.size()) * 1e-9,
+                                           benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_all() {
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark(fmt::format("read_bandwidth/threads:{}", threads).c_str(), bm_read_bandwidth,
+                                 threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  const tensor_type types[] = {tensor_type::q8_0, tensor_type::q4_0, tensor_type::f16, tensor_type::bf16,
+                               tensor_type::f32};
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{4096, 4096}, {14336, 4096}};
+  for (tensor_type t : types)
+    for (auto [n_out, n_in] : shapes)
+      for (std::int64_t m : {1, 8, 32, 64})
+        for (int threads : {1, 2})
+          benchmark::RegisterBenchmark(
+              fmt::format("matmul/{}/{}x{}/m:{}/threads:{}", pagoda::gguf::tensor_type_name(t), n_out, n_in, m, threads).c_str(),
+              bm_matmul, t, n_out, n_in, m, threads, true)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+  // stories260K (dim 64, hidden 172, 512-token vocabulary, f32 weights): one
+  // decode token's projections must cost little more than their arithmetic.
+  const std::pair<std::int64_t, std::int64_t> tiny[] = {{64, 64}, {172, 64}, {64, 172}, {512, 64}};
+  for (auto [n_out, n_in] : tiny)
+    for (tensor_type t : {tensor_type::f32, tensor_type::q8_0})
+      if (t == tensor_type::f32 || n_in % 32 == 0)
+        benchmark::RegisterBenchmark(fmt::format("matmul_tiny/{}/{}x{}/m:1/threads:2", pagoda::gguf::tensor_type_name(t), n_out, n_in).c_str(),
+                                     bm_matmul, t, n_out, n_in, 1, 2, false)
+            ->UseRealTime()
+            ->Unit(benchmark::kNanosecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,248 @@
+// AVX2 weight matmul (AVX2, FMA, F16C).
+//
+// Float weights: register tiles of k_fr rows x k_tc columns, 8 lanes per pair;
+// lane l accumulates k = l, l+8, ... with fma(x, w, acc), the tail chunk padded
+// with zeros, then hsum8.
+//
+// q8_0 / q4_0 weights: activations quantized to q8_0 in the plain layout
+// (matmul_internal.h). Per pair and block (32 elements), eight exact int32 lane
+// sums, then acc = fma(float(s) * dw, dx, acc), blocks in order, then hsum8:
+//   q8_0: s = madd(maddubs(|w|, sign(x, w)), 1): |w| <= 128 and |x| <= 127, so
+//         each int16 pair sum is at most 2 * 128 * 127 = 32512, never saturating.
+//   q4_0: s = madd(maddubs(nibble, x), 1) - 8 * sum(x): the nibble is w + 8 in
+//         0..15 (pair sums <= 2 * 15 * 127), the correction cancels the offset.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "model/matmul_internal.h"
+
+namespace pagoda::matmul_detail {
+namespace {
+
+constexpr int k_fr = 3;  // float tile rows
+constexpr int k_qr = 2;  // q tile rows
+constexpr int k_tc = 4;  // columns per tile; also the threads' split grain
+
+// The per-pair horizontal reduction, fixed: halves, then pairs of the rest.
+inline float hsum8(__m256 v) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+
+// ---------------------------------------------------------------------------
+// Float weights
+// ---------------------------------------------------------------------------
+
+template <tensor_type T>
+constexpr std::size_t elem_bytes() {
+  return T == tensor_type::f32 ? 4 : 2;
+}
+
+template <tensor_type T>
+inline __m256 load_w8(const std::byte* p) {
+  if constexpr (T == tensor_type::f32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (T == tensor_type::f16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+}
+
+// y[r][c] for r < R, c < C: rows of x at x + r * ldx, weight rows at w + c * w_stride.
+template <tensor_type T>
+struct f_tile {
+  template <int R, int C>
+  struct shape {
+    static void run(const float* x, std::int64_t ldx, const std::byte* w, std::size_t w_stride, std::int64_t n,
+                    float* y, std::int64_t ldy);
+  };
+};
+
+template <tensor_type T>
+template <int R, int C>
+void f_tile<T>::shape<R, C>::run(const float* x, std::int64_t ldx, const std::byte* w, std::size_t w_stride,
+                                 std::int64_t n, float* y, std::int64_t ldy) {
+  __m256 acc[R][C];
+  zero_tile(acc, _mm256_setzero_ps());
+  std::int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    __m256 xv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(x + r * ldx + k);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m256 wv = load_w8<T>(w + c * w_stride + k * elem_bytes<T>());
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+    }
+  }
+  if (k < n) {  // tail: zero-padded copies, then the same step
+    const int rem = static_cast<int>(n - k);
+    __m256 xv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float t[8] = {};
+      std::memcpy(t, x + r * ldx + k, static_cast<std::size_t>(rem) * sizeof(float));
+      xv[r] = _mm256_load_ps(t);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      alignas(32) std::byte t[32] = {};
+      std::memcpy(t, w + c * w_stride + k * elem_bytes<T>(), static_cast<std::size_t>(rem) * elem_bytes<T>());
+      const __m256 wv = load_w8<T>(t);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+    }
+  }
+  store_tile(acc, y, ldy, hsum8);
+}
+
+// ---------------------------------------------------------------------------
+// Activation quantization (plain layout), bit-exact with quantize_block_q8_0
+// ---------------------------------------------------------------------------
+
+// Round half away from zero for |v| < 2^23: trunc(v) + trunc(2 * frac(v)), exact.
+inline __m256 round_away(__m256 v) {
+  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(v, t);
+  return _mm256_add_ps(t, _mm256_round_ps(_mm256_add_ps(f, f), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+}
+
+inline fp16_t quantize_block(const float* x, std::int8_t* q) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_loadu_ps(x + 8 * j);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float d = _mm_cvtss_f32(m4) / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i qi[4];
+  for (int j = 0; j < 4; ++j) {
+    __m256 s = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], vid), lo), hi);
+    qi[j] = _mm256_cvttps_epi32(round_away(s));
+  }
+  // packs interleave 128-bit lanes; the dword permute restores element order.
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), ordered);
+  return _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+std::size_t avx2_act_row_bytes(tensor_type t, std::int64_t n_in) {
+  return is_quantized(t) ? plain_act_row_bytes(n_in) : 0;
+}
+
+void avx2_prepare(tensor_type, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+                  std::size_t row_bytes) {
+  prepare_plain(x, m, n_in, act, row_bytes, [](const float* xb, std::int8_t* q) { return _cvtsh_ss(quantize_block(xb, q)); });
+}
+
+// ---------------------------------------------------------------------------
+// q8_0 / q4_0 tiles
+// ---------------------------------------------------------------------------
+
+template <tensor_type T>
+struct q_tile {
+  template <int R, int C>
+  struct shape {
+    static void run(const std::byte* act, std::size_t act_stride, std::int64_t n_in, const std::byte* w,
+                    std::size_t w_stride, float* y, std::int64_t ldy);
+  };
+};
+
+template <tensor_type T>
+template <int R, int C>
+void q_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, std::int64_t n_in,
+                                 const std::byte* w, std::size_t w_stride, float* y, std::int64_t ldy) {
+  constexpr std::size_t block_bytes = T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+  const std::int64_t nb = n_in / k_block;
+  const std::size_t d_off = plain_qs_bytes(n_in);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i eights = _mm256_set1_epi8(8);
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  __m256 acc[R][C];
+  zero_tile(acc, _mm256_setzero_ps());
+  for (std::int64_t b = 0; b < nb; ++b) {
+    __m256i xv[R], corr[R];
+    __m256 dx[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const std::byte* row = act + r * act_stride;
+      xv[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(row + b * k_block));
+      dx[r] = _mm256_broadcast_ss(reinterpret_cast<const float*>(row + d_off) + b);
+      if constexpr (T == tensor_type::q4_0) corr[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, xv[r]), ones16);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const std::byte* blk = w + c * w_stride + b * block_bytes;
+      fp16_t d16;
+      std::memcpy(&d16, blk, sizeof d16);
+      const __m256 dw = _mm256_set1_ps(_cvtsh_ss(d16));
+      __m256i wu, ws;  // unsigned weight operand; for q8_0 also the signed bytes
+      if constexpr (T == tensor_type::q8_0) {
+        ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        wu = _mm256_sign_epi8(ws, ws);
+      } else {
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        wu = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, m4)),
+                                     _mm_and_si128(_mm_srli_epi16(qs, 4), m4), 1);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m256i s;
+        if constexpr (T == tensor_type::q8_0) {
+          s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_sign_epi8(xv[r], ws)), ones16);
+        } else {
+          s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv[r]), ones16), corr[r]);
+        }
+        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dw);
+        acc[r][c] = _mm256_fmadd_ps(f, dx[r], acc[r][c]);
+      }
+    }
+  }
+  store_tile(acc, y, ldy, hsum8);
+}
+
+template <tensor_type T>
+void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
+  const weight_view& w = *jb.w;
+  const auto* wbase = static_cast<const std::byte*>(w.data);
+  for_each_tile<k_qr, k_tc>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
+    prefetch_next_tile(wbase, w.row_bytes, c0, k_tc, col_end, r0, k_qr, jb.m);
+    tiles<q_tile<T>::template shape, k_qr, k_tc>.at(nr, nc)(
+        jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes, jb.act_row_bytes, w.n_in,
+        wbase + static_cast<std::size_t>(c0) * w.row_bytes, w.row_bytes, jb.y + r0 * w.n_out + c0, w.n_out);
+  });
+}
+
+std::size_t avx2_pack_bytes(tensor_type, std::int64_t) { return 0; }
+
+void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte*) {
+  switch (jb.w->type) {
+    case tensor_type::f32: return float_cols<f_tile<tensor_type::f32>::shape, k_fr, k_tc>(jb, c0, c1);
+    case tensor_type::f16: return float_cols<f_tile<tensor_type::f16>::shape, k_fr, k_tc>(jb, c0, c1);
+    case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_tc>(jb, c0, c1);
+    case tensor_type::q8_0: return quant_cols<tensor_type::q8_0>(jb, c0, c1);
+    case tensor_type::q4_0: return quant_cols<tensor_type::q4_0>(jb, c0, c1);
+    default: return;  // matmul() accepts only the types above
+  }
+}
+
+const kernel_set k_avx2_kernels{k_tc, avx2_act_row_bytes, avx2_prepare, avx2_pack_bytes, avx2_cols};
+
+}  // namespace
+
+const kernel_set& kernels_avx2() { return k_avx2_kernels; }
+
+}  // namespace pagoda::matmul_detail

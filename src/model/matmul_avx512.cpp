@@ -1,0 +1,328 @@
+// AVX-512 weight matmul (F, BW, VL, DQ, VNNI, F16C).
+//
+// Float weights (f32, f16, bf16): register tiles of k_fr rows x k_fc columns; a
+// weight vector is converted to f32 once per k step (exact) and FMA'd into every
+// row of the tile. Per pair: 16 lanes, lane l accumulates k = l, l+16, ... with
+// fma(x, w, acc), the tail chunk zero-padded by masked loads, then hsum16.
+//
+// q8_0 / q4_0 weights: activations are quantized to q8_0 in the grouped layout
+// (matmul_internal.h), each column tile of weights is packed into the same
+// layout (8 blocks per group, one int32 lane pair per block), and a group costs
+// each pair four vpdpbusd (unsigned weight bytes x signed activation bytes, the
+// accumulator starting at the activation's offset correction), one conversion,
+// one multiply by the weight scales and one FMA with the activation scales:
+//   s   = init_x; s = dpbusd(s, w'_k, x'_k) for k = 0..3     (exact integers)
+//   acc = fma((float(s) * dw), dx, acc)                       (per lane)
+// then hsum16. Unsigned weight bytes are w ^ 0x80 = w + 128 for q8_0 and the raw
+// nibble = w + 8 for q4_0; init_x = -128 * sum(x) or -8 * sum(x) over the lane's
+// 16 activation bytes cancels the offsets exactly.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "model/matmul_internal.h"
+
+namespace pagoda::matmul_detail {
+namespace {
+
+constexpr int k_fr = 6;  // float tile: rows
+constexpr int k_qr = 3;  // q tile: rows
+constexpr int k_tc = 4;  // columns per tile (both); also the threads' split grain
+constexpr std::size_t k_group_pack_bytes = 320;  // w'[4][64] u8 + dw[16] f32
+
+// The per-pair horizontal reduction, fixed: halves, then quarters, then pairs.
+inline float hsum16(__m512 v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+
+// ---------------------------------------------------------------------------
+// Float weights
+// ---------------------------------------------------------------------------
+
+template <tensor_type T>
+inline __m512 load_w(const std::byte* p, __mmask16 mask) {
+  if constexpr (T == tensor_type::f32) {
+    return _mm512_maskz_loadu_ps(mask, p);
+  } else if constexpr (T == tensor_type::f16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+  } else {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+  }
+}
+
+template <tensor_type T>
+constexpr std::size_t elem_bytes() {
+  return T == tensor_type::f32 ? 4 : 2;
+}
+
+// y[r][c] for r < R, c < C: rows of x at x + r * ldx, weight rows at w + c * w_stride.
+template <tensor_type T>
+struct f_tile {
+  template <int R, int C>
+  struct shape {
+    static void run(const float* x, std::int64_t ldx, const std::byte* w, std::size_t w_stride, std::int64_t n,
+                    float* y, std::int64_t ldy);
+  };
+};
+
+template <tensor_type T>
+template <int R, int C>
+void f_tile<T>::shape<R, C>::run(const float* x, std::int64_t ldx, const std::byte* w, std::size_t w_stride,
+                                 std::int64_t n, float* y, std::int64_t ldy) {
+  __m512 acc[R][C];
+  zero_tile(acc, _mm512_setzero_ps());
+  // One k step: the same operations for full chunks and for the masked tail.
+  auto step = [&](std::int64_t k, __mmask16 mask) __attribute__((always_inline)) {
+    __m512 xv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) xv[r] = _mm512_maskz_loadu_ps(mask, x + r * ldx + k);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512 wv = load_w<T>(w + c * w_stride + k * elem_bytes<T>(), mask);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+    }
+  };
+  std::int64_t k = 0;
+  for (; k + 16 <= n; k += 16) step(k, __mmask16(0xffff));
+  if (k < n) step(k, static_cast<__mmask16>((1u << (n - k)) - 1));
+  store_tile(acc, y, ldy, hsum16);
+}
+
+// ---------------------------------------------------------------------------
+// Grouped q8 layout: transposition and activation quantization
+// ---------------------------------------------------------------------------
+
+// Eight 32-byte blocks b[p] -> four vectors out[k] with qword p = qword k of b[p].
+inline void transpose_group(const __m256i b[8], __m512i out[4]) {
+  const __m512i z0 = _mm512_inserti64x4(_mm512_castsi256_si512(b[0]), b[2], 1);
+  const __m512i z1 = _mm512_inserti64x4(_mm512_castsi256_si512(b[1]), b[3], 1);
+  const __m512i z2 = _mm512_inserti64x4(_mm512_castsi256_si512(b[4]), b[6], 1);
+  const __m512i z3 = _mm512_inserti64x4(_mm512_castsi256_si512(b[5]), b[7], 1);
+  const __m512i u0 = _mm512_unpacklo_epi64(z0, z1);  // [b0.q0 b1.q0][b0.q2 b1.q2][b2.q0 b3.q0][b2.q2 b3.q2]
+  const __m512i u1 = _mm512_unpackhi_epi64(z0, z1);
+  const __m512i u2 = _mm512_unpacklo_epi64(z2, z3);
+  const __m512i u3 = _mm512_unpackhi_epi64(z2, z3);
+  out[0] = _mm512_shuffle_i64x2(u0, u2, _MM_SHUFFLE(2, 0, 2, 0));
+  out[1] = _mm512_shuffle_i64x2(u1, u3, _MM_SHUFFLE(2, 0, 2, 0));
+  out[2] = _mm512_shuffle_i64x2(u0, u2, _MM_SHUFFLE(3, 1, 3, 1));
+  out[3] = _mm512_shuffle_i64x2(u1, u3, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+// Lane pairs (2p, 2p + 1) <- element p of eight floats.
+inline __m512 spread_pairs(__m256 v) {
+  const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
+}
+
+// Round half away from zero (std::round) for values with |v| < 2^23:
+// trunc(v) + trunc(2 * frac(v)); both steps are exact.
+inline __m512 round_away(__m512 v) {
+  const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(v, t);
+  return _mm512_add_ps(t, _mm512_roundscale_ps(_mm512_add_ps(f, f), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+}
+
+// One block of 32 floats -> 32 int8 (as a ymm) and the fp16 scale, bit-exact
+// with quantize_block_q8_0.
+inline __m256i quantize_block(const float* x, fp16_t& d16) {
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  d16 = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 vid = _mm512_set1_ps(id), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  auto q = [&](__m512 v) {
+    v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, vid), lo), hi);
+    return _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(round_away(v)));
+  };
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(q(v0)), q(v1), 1);
+}
+
+std::size_t avx512_act_row_bytes(tensor_type t, std::int64_t n_in) {
+  return is_quantized(t) ? static_cast<std::size_t>(n_groups(n_in)) * k_group_act_bytes : 0;
+}
+
+void avx512_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+                    std::size_t row_bytes) {
+  const std::int64_t nb = n_in / k_block, ng = n_groups(n_in);
+  const int offset_shift = t == tensor_type::q8_0 ? 7 : 3;  // weight offset 128 or 8
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float* xr = x + i * n_in;
+    std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
+    for (std::int64_t g = 0; g < ng; ++g) {
+      __m256i blk[8];
+      alignas(16) fp16_t d16[8];
+      for (int p = 0; p < 8; ++p) {
+        const std::int64_t b = g * k_group_blocks + p;
+        if (b < nb) {
+          blk[p] = quantize_block(xr + b * k_block, d16[p]);
+        } else {
+          blk[p] = _mm256_setzero_si256();
+          d16[p] = 0;
+        }
+      }
+      __m512i xq[4];
+      transpose_group(blk, xq);
+      __m512i s = _mm512_setzero_si512();
+      std::byte* gp = row + g * k_group_act_bytes;
+      for (int k = 0; k < 4; ++k) {
+        _mm512_store_si512(gp + 64 * k, xq[k]);
+        s = _mm512_dpbusd_epi32(s, ones, xq[k]);
+      }
+      _mm512_store_si512(gp + 256, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, offset_shift)));
+      _mm512_store_ps(gp + 320, spread_pairs(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d16)))));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Weight packing: one column (weight row) into ng groups of k_group_pack_bytes.
+// ---------------------------------------------------------------------------
+
+template <tensor_type T>
+inline __m256i load_weight_block(const std::byte* row, std::int64_t b) {
+  if constexpr (T == tensor_type::q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * sizeof(block_q8_0) + 2));
+  } else {
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * sizeof(block_q4_0) + 2));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);  // nibbles = w + 8
+  }
+}
+
+template <tensor_type T>
+inline fp16_t weight_scale(const std::byte* row, std::int64_t b) {
+  constexpr std::size_t stride = T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+  fp16_t d;
+  std::memcpy(&d, row + b * stride, sizeof d);
+  return d;
+}
+
+// Packs one weight row. `prefetch_row` (may be null) is the row the next column
+// tile will pack: it is fetched into L2 now, so its memory traffic overlaps this
+// tile's arithmetic instead of stalling the next pack.
+template <tensor_type T>
+void pack_column(const std::byte* row, std::int64_t nb, std::int64_t ng, std::byte* out,
+                 const std::byte* prefetch_row) {
+  constexpr std::size_t group_bytes = k_group_blocks * (T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0));
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == tensor_type::q8_0 ? 0x80 : 0));
+  for (std::int64_t g = 0; g < ng; ++g) {
+    if (prefetch_row)
+      for (std::size_t o = 0; o < group_bytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch_row + g * group_bytes + o), _MM_HINT_T1);
+    __m256i blk[8];
+    alignas(16) fp16_t d16[8];
+    for (int p = 0; p < 8; ++p) {
+      const std::int64_t b = g * k_group_blocks + p;
+      if (b < nb) {
+        blk[p] = load_weight_block<T>(row, b);
+        d16[p] = weight_scale<T>(row, b);
+      } else {  // padding: the activation bytes there are 0, so any finite weight works
+        blk[p] = _mm256_setzero_si256();
+        d16[p] = 0;
+      }
+    }
+    __m512i wq[4];
+    transpose_group(blk, wq);
+    std::byte* gp = out + g * k_group_pack_bytes;
+    for (int k = 0; k < 4; ++k) _mm512_store_si512(gp + 64 * k, _mm512_xor_si512(wq[k], flip));
+    _mm512_store_ps(gp + 256, spread_pairs(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d16)))));
+  }
+}
+
+// y[r][c] for r < R, c < C from prepared activation rows (act + r * act_stride)
+// and packed columns (wpack + c * ng * k_group_pack_bytes).
+template <int R, int C>
+struct q_tile {
+  static void run(const std::byte* act, std::size_t act_stride, const std::byte* wpack, std::int64_t ng, float* y,
+                  std::int64_t ldy);
+};
+
+template <int R, int C>
+void q_tile<R, C>::run(const std::byte* act, std::size_t act_stride, const std::byte* wpack, std::int64_t ng,
+                       float* y, std::int64_t ldy) {
+  __m512 acc[R][C];
+  zero_tile(acc, _mm512_setzero_ps());
+  for (std::int64_t g = 0; g < ng; ++g) {
+    const std::byte* xg = act + g * k_group_act_bytes;
+    const std::byte* wg = wpack + g * k_group_pack_bytes;
+    const std::size_t w_stride = static_cast<std::size_t>(ng) * k_group_pack_bytes;
+    __m512i s[R][C];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i init = _mm512_load_si512(xg + r * act_stride + 256);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) s[r][c] = init;
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m512i wk[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) wk[c] = _mm512_load_si512(wg + c * w_stride + 64 * k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512i xk = _mm512_load_si512(xg + r * act_stride + 64 * k);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) s[r][c] = _mm512_dpbusd_epi32(s[r][c], wk[c], xk);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_load_ps(xg + r * act_stride + 320);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r][c]), _mm512_load_ps(wg + c * w_stride + 256));
+        acc[r][c] = _mm512_fmadd_ps(f, dx, acc[r][c]);
+      }
+    }
+  }
+  store_tile(acc, y, ldy, hsum16);
+}
+
+template <tensor_type T>
+void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end, std::byte* pack) {
+  const weight_view& w = *jb.w;
+  const std::int64_t nb = w.n_in / k_block, ng = n_groups(w.n_in);
+  const auto* wbase = static_cast<const std::byte*>(w.data);
+  for_each_tile<k_qr, k_tc>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
+    if (r0 == 0)  // a new column tile: pack its weights once for all row tiles
+      for (int c = 0; c < nc; ++c) {
+        const std::int64_t next = c0 + k_tc + c;
+        pack_column<T>(wbase + static_cast<std::size_t>(c0 + c) * w.row_bytes, nb, ng,
+                       pack + c * ng * k_group_pack_bytes,
+                       next < col_end ? wbase + static_cast<std::size_t>(next) * w.row_bytes : nullptr);
+      }
+    tiles<q_tile, k_qr, k_tc>.at(nr, nc)(jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes,
+                                         jb.act_row_bytes, pack, ng, jb.y + r0 * w.n_out + c0, w.n_out);
+  });
+}
+
+std::size_t avx512_pack_bytes(tensor_type t, std::int64_t n_in) {
+  return is_quantized(t) ? static_cast<std::size_t>(k_tc * n_groups(n_in)) * k_group_pack_bytes : 0;
+}
+
+void avx512_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack) {
+  switch (jb.w->type) {
+    case tensor_type::f32: return float_cols<f_tile<tensor_type::f32>::shape, k_fr, k_tc>(jb, c0, c1);
+    case tensor_type::f16: return float_cols<f_tile<tensor_type::f16>::shape, k_fr, k_tc>(jb, c0, c1);
+    case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_tc>(jb, c0, c1);
+    case tensor_type::q8_0: return quant_cols<tensor_type::q8_0>(jb, c0, c1, pack);
+    case tensor_type::q4_0: return quant_cols<tensor_type::q4_0>(jb, c0, c1, pack);
+    default: return;  // matmul() accepts only the types above
+  }
+}
+
+const kernel_set k_avx512_kernels{k_tc, avx512_act_row_bytes, avx512_prepare, avx512_pack_bytes, avx512_cols};
+
+}  // namespace
+
+const kernel_set& kernels_avx512() { return k_avx512_kernels; }
+
+}  // namespace pagoda::matmul_detail

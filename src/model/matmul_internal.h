@@ -1,0 +1,229 @@
+// Internals of the weight matmul (model/matmul.h): the per-SIMD-level kernel
+// table, the activation layouts each level prepares, and the scalar pieces that
+// every level must reproduce bit for bit (activation quantization). Included by
+// matmul*.cpp and the matmul tests only.
+//
+// How batch invariance is kept (the CONTRACT in matmul.h): every kernel computes
+// y[i][j] with its own accumulator, in a sequence of operations fixed by n_in
+// alone: the same lane structure, the same k order, the same tail padding, the
+// same horizontal reduction, whatever tile (i, j) lands in. Tiles only decide
+// which pairs run side by side, and threads only decide which columns a tile
+// covers; neither changes a pair's arithmetic. Float code here relies on the
+// compiler not contracting a*b+c into fma on its own (-std=c++20 is strict ISO,
+// where GCC and Clang default to -ffp-contract=off); kernels call fma explicitly.
+#pragma once
+
+#include <xmmintrin.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "core/ggml_blocks.h"
+#include "core/half.h"
+#include "model/matmul.h"
+
+namespace pagoda::matmul_detail {
+
+using gguf::tensor_type;
+
+// One call's arguments, read-only and shared by all threads.
+struct job {
+  const weight_view* w = nullptr;
+  const float* x = nullptr;        // [m][n_in] f32: read directly for float weights
+  const std::byte* act = nullptr;  // quantized rows of x (q8_0/q4_0 weights), level's layout
+  std::size_t act_row_bytes = 0;   // stride of `act` between rows
+  std::int64_t m = 0;
+  float* y = nullptr;  // [m][n_out]
+};
+
+// What one SIMD level provides. All pointers are non-null.
+struct kernel_set {
+  // Columns per tile; thread ranges are cut on multiples of it so tiles stay whole.
+  std::int64_t col_tile;
+  // Bytes of one prepared activation row (0 for float weights, which read x).
+  std::size_t (*act_row_bytes)(tensor_type t, std::int64_t n_in);
+  // Quantizes m rows of x into `act` (stride act_row_bytes). Only for q8_0/q4_0.
+  void (*prepare)(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+                  std::size_t act_row_bytes);
+  // Per-thread packing buffer for one column tile (0 when the level packs nothing).
+  std::size_t (*pack_bytes)(tensor_type t, std::int64_t n_in);
+  // Computes y[0..m)[col_begin..col_end) for all rows. `pack` is this thread's
+  // buffer of pack_bytes (64-byte aligned).
+  void (*cols)(const job& j, std::int64_t col_begin, std::int64_t col_end, std::byte* pack);
+};
+
+const kernel_set& kernels_scalar();
+const kernel_set& kernels_avx2();
+const kernel_set& kernels_avx512();
+
+// The helpers below are included by files compiled with different ISA flags
+// (baseline, -mavx2, -mavx512*). An inline function with external linkage could
+// be emitted by an AVX-512 file and picked by the linker for a baseline caller,
+// so they get internal linkage (one copy per file). For the same reason the SIMD
+// files avoid code that instantiates shared templates (fmt, std containers).
+namespace {
+
+inline constexpr std::int64_t k_block = 32;  // elements per q8_0 / q4_0 block
+
+inline bool is_quantized(tensor_type t) { return t == tensor_type::q8_0 || t == tensor_type::q4_0; }
+
+inline std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+
+// ---------------------------------------------------------------------------
+// Activation quantization to q8_0, exactly as ggml's quantize_row_q8_0_ref:
+// d = amax / 127, q = round-half-away(x / d) computed as x * (1/d), d stored as
+// fp16. One difference, for inputs ggml leaves undefined: the scaled value is
+// clamped to [-127, 127] before rounding (NaN becomes -127), so a NaN or inf in
+// x gives garbage, not undefined behaviour. The clamp is written as SIMD max/min
+// behave ((v > lo) ? v : lo, then (v < hi) ? v : hi) so every level agrees.
+// Every SIMD quantizer must produce these exact bytes.
+// ---------------------------------------------------------------------------
+inline fp16_t quantize_block_q8_0(const float* x, std::int8_t* q) {
+  float amax = 0.0f;
+  for (int j = 0; j < k_block; ++j) {
+    float a = std::fabs(x[j]);
+    amax = a > amax ? a : amax;
+  }
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < k_block; ++j) {
+    float v = x[j] * id;
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    q[j] = static_cast<std::int8_t>(std::round(v));
+  }
+  return f32_to_fp16(d);
+}
+
+// ---------------------------------------------------------------------------
+// Plain activation layout (scalar and AVX2 levels). One row:
+//   int8  qs[n_in]            quantized values, natural order
+//   (padding to 64 bytes)
+//   float d[n_blocks]         fp16_to_f32 of each block's stored scale
+// ---------------------------------------------------------------------------
+inline std::size_t plain_qs_bytes(std::int64_t n_in) { return round_up(static_cast<std::size_t>(n_in), 64); }
+inline std::size_t plain_act_row_bytes(std::int64_t n_in) {
+  return plain_qs_bytes(n_in) + round_up(static_cast<std::size_t>(n_in / k_block) * sizeof(float), 64);
+}
+
+// Fills m rows of the plain layout. quantize(x, q) quantizes one block of 32
+// floats into q and returns its scale as stored (fp16 converted to f32).
+template <typename Q>
+inline void prepare_plain(const float* x, std::int64_t m, std::int64_t n_in, std::byte* act, std::size_t row_bytes,
+                          Q&& quantize) {
+  for (std::int64_t i = 0; i < m; ++i) {
+    std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
+    auto* qs = reinterpret_cast<std::int8_t*>(row);
+    auto* d = reinterpret_cast<float*>(row + plain_qs_bytes(n_in));
+    for (std::int64_t b = 0; b < n_in / k_block; ++b) d[b] = quantize(x + i * n_in + b * k_block, qs + b * k_block);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Grouped activation layout (AVX-512 level), built for vpdpbusd. Blocks go in
+// groups of 8 (the last group padded with zero blocks, d = 0). One group, 384 bytes:
+//   int8  xq[4][64]   xq[k][8p + i] = q of block p, element 8k + i (k < 4, i < 8):
+//                     qword p of vector k is the k-th 8-byte slice of block p, so
+//                     int32 lane 2p + e of every vector holds block p's elements
+//                     {8k + 4e .. 8k + 4e + 3}; four vpdpbusd steps sum 16 of them.
+//   int32 init[16]    -C * (sum of the 16 x values lane l covers), where C is the
+//                     offset of the unsigned weight operand (128 for q8_0: w ^ 0x80;
+//                     8 for q4_0: the raw nibble), so that starting the integer
+//                     accumulator at init cancels the offset exactly.
+//   float dx[16]      lane 2p + e = scale of block p.
+// Weights are packed per column tile into the same shape (see matmul_avx512.cpp).
+// ---------------------------------------------------------------------------
+inline constexpr std::int64_t k_group_blocks = 8;
+inline constexpr std::size_t k_group_act_bytes = 384;
+inline std::int64_t n_groups(std::int64_t n_in) {
+  return (n_in / k_block + k_group_blocks - 1) / k_group_blocks;
+}
+
+// ---------------------------------------------------------------------------
+// Tiling helpers shared by the SIMD levels
+// ---------------------------------------------------------------------------
+
+// The kernel for every tile shape up to R x C: tiles<K, R, C>.at(nr, nc) is
+// &K<nr, nc>::run (the full tile and each edge tile of one kernel). A plain
+// array, not std::array, so no shared template is instantiated (see above).
+template <typename Fn, std::size_t N, int C>
+struct tile_fns {
+  Fn fns[N];
+  Fn at(int nr, int nc) const { return fns[(nr - 1) * C + (nc - 1)]; }
+};
+template <template <int, int> class K, int C, std::size_t... I>
+constexpr auto make_tiles(std::index_sequence<I...>) {
+  using fn = decltype(&K<1, 1>::run);
+  return tile_fns<fn, sizeof...(I), C>{{&K<static_cast<int>(I / C) + 1, static_cast<int>(I % C) + 1>::run...}};
+}
+template <template <int, int> class K, int R, int C>
+inline constexpr auto tiles = make_tiles<K, C>(std::make_index_sequence<R * C>{});
+
+// Calls fn(r0, nr, c0, nc) for tiles of at most R rows x C columns covering rows
+// [0, m) x columns [col_begin, col_end), column tiles outermost so a tile's
+// weights stay in cache while every row passes over them.
+template <int R, int C, typename F>
+inline void for_each_tile(std::int64_t m, std::int64_t col_begin, std::int64_t col_end, F&& fn) {
+  for (std::int64_t c0 = col_begin; c0 < col_end; c0 += C) {
+    const int nc = static_cast<int>(col_end - c0 < C ? col_end - c0 : C);
+    for (std::int64_t r0 = 0; r0 < m; r0 += R) fn(r0, static_cast<int>(m - r0 < R ? m - r0 : R), c0, nc);
+  }
+}
+
+// Zeroes a tile's accumulators; stores each one's horizontal sum (the kernel's
+// fixed reduction) to y[r * ldy + c].
+template <int R, int C, typename V>
+inline void zero_tile(V (&acc)[R][C], V zero) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = zero;
+}
+template <int R, int C, typename V, typename H>
+inline void store_tile(const V (&acc)[R][C], float* y, std::int64_t ldy, H&& hsum) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
+}
+
+// Fetches into L2 this row tile's share of the next column tile's weight rows, so
+// that the next tile's memory traffic overlaps this tile's arithmetic: each of
+// the ceil(m / R) row tiles of column tile c0 fetches its slice. With m <= R this
+// is simply "one tile ahead".
+inline void prefetch_next_tile(const std::byte* wbase, std::size_t row_bytes, std::int64_t c0, int C,
+                               std::int64_t col_end, std::int64_t r0, int R, std::int64_t m) {
+  const std::int64_t next = c0 + C;
+  if (next >= col_end) return;
+  const std::int64_t next_end = next + C < col_end ? next + C : col_end;
+  const std::size_t begin = static_cast<std::size_t>(next) * row_bytes;
+  const std::size_t len = static_cast<std::size_t>(next_end - next) * row_bytes;
+  const auto n_slices = static_cast<std::size_t>((m + R - 1) / R), slice = static_cast<std::size_t>(r0 / R);
+  const std::size_t s0 = begin + len * slice / n_slices, s1 = begin + len * (slice + 1) / n_slices;
+  for (std::size_t o = s0 & ~std::size_t{63}; o < s1; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(wbase + o), _MM_HINT_T1);
+}
+
+// Column kernel for float weights, the same at every level: tiles of at most
+// R x C, each running K<nr, nc>::run(x rows, ldx, weight rows, row stride, n_in,
+// y, ldy) straight from the weights, the next tile's rows prefetched meanwhile.
+template <template <int, int> class K, int R, int C>
+void float_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
+  const weight_view& w = *jb.w;
+  const auto* wbase = static_cast<const std::byte*>(w.data);
+  for_each_tile<R, C>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
+    prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
+    tiles<K, R, C>.at(nr, nc)(jb.x + r0 * w.n_in, w.n_in, wbase + static_cast<std::size_t>(c0) * w.row_bytes,
+                              w.row_bytes, w.n_in, jb.y + r0 * w.n_out + c0, w.n_out);
+  });
+}
+
+}  // namespace
+
+// Horizontal-sum orders are part of the per-pair sequence; they live with the
+// kernels (fixed trees, the same for every tile shape).
+
+}  // namespace pagoda::matmul_detail
