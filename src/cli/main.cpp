@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
   register_tokenize(app, action);
   register_perplexity(app, action);
   register_info(app, action);
-  // register_synth(app, action);
+  register_synth(app, action);
+  register_batch(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -82,4 +82,20 @@ float sampler::log_prob(std::span<const float> logits, token_id token) {
   return static_cast<float>(logits[token] - mx - std::log(sum));
 }
 
+std::vector<std::pair<token_id, float>> sampler::top_log_probs(std::span<const float> logits, int k) {
+  float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l - mx));
+  const float log_z = mx + static_cast<float>(std::log(sum));
+  std::vector<std::pair<token_id, float>> all;
+  all.reserve(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) all.emplace_back(static_cast<token_id>(i), logits[i] - log_z);
+  std::size_t n = std::min<std::size_t>(std::max(k, 0), all.size());
+  std::partial_sort(all.begin(), all.begin() + n, all.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
+  all.resize(n);
+  return all;
+}
+
 }  // namespace pagoda

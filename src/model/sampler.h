@@ -38,6 +38,8 @@ class sampler {
   token_id sample(std::span<const float> logits);
   // Log-probability of each token under the unmodified softmax of logits (for logprobs).
   static float log_prob(std::span<const float> logits, token_id token);
+  // The k most likely tokens with their log-probabilities, best first.
+  static std::vector<std::pair<token_id, float>> top_log_probs(std::span<const float> logits, int k);
 
  private:
   sampling_params params_;

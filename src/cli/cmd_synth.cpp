@@ -1,0 +1,72 @@
+// pagoda synth: a random-weight model with a real model's shapes, for speed and
+// memory work at realistic sizes. Its text means nothing.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "model/synth.h"
+
+namespace pagoda::cli {
+namespace {
+
+struct synth_cli_options {
+  std::string preset = "llama3-8b";
+  std::string weight_type = "q8_0";
+  int layers = 0;
+  int ffn = 0;
+  int vocab = 512;
+  int ctx = 0;
+  std::uint64_t seed = 42;
+  int threads = 0;
+  std::string output;
+  bool list = false;
+};
+
+int synth(const synth_cli_options& o) {
+  if (o.list) {
+    std::printf("%-12s %-6s %6s %5s %5s %5s %7s %6s %7s\n", "preset", "arch", "embd", "heads", "kv", "hdim", "ffn",
+                "layers", "vocab");
+    for (const synth_shape& s : synth_presets())
+      std::printf("%-12s %-6s %6d %5d %5d %5d %7d %6d %7d\n", s.name, s.arch, s.n_embd, s.n_head, s.n_head_kv,
+                  s.head_dim, s.n_ff, s.n_layer, s.n_vocab);
+    return 0;
+  }
+  if (o.output.empty()) return fail(error(errc::invalid_argument, "-o/--output is required"));
+  synth_options opts;
+  opts.preset = o.preset;
+  if (o.layers > 0) opts.n_layer = o.layers;
+  if (o.ffn > 0) opts.n_ff = o.ffn;
+  if (o.ctx > 0) opts.n_ctx = o.ctx;
+  opts.n_vocab = o.vocab;
+  opts.seed = o.seed;
+  opts.n_threads = o.threads;
+  PAGODA_ASSIGN_OR_RETURN_CLI(opts.weight_type, parse_synth_weight_type(o.weight_type));
+  PAGODA_ASSIGN_OR_RETURN_CLI(synth_shape shape, resolve_synth_shape(opts));
+  PAGODA_ASSIGN_OR_RETURN_CLI(std::uint64_t bytes, synth_model_size_bytes(opts));
+  std::fprintf(stderr, "pagoda synth: %s (%s), %d layers, embd %d, %d/%d heads of %d, ffn %d, vocab %d, %s weights: %s\n",
+               shape.name, shape.arch, shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim,
+               shape.n_ff, shape.n_vocab, o.weight_type.c_str(), human_bytes(static_cast<double>(bytes)).c_str());
+  if (auto st = write_synth_model(opts, o.output); !st.ok()) return fail(st);
+  std::fprintf(stderr, "pagoda synth: wrote %s\n", o.output.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void register_synth(CLI::App& app, std::function<int()>& action) {
+  auto opts = std::make_shared<synth_cli_options>();
+  CLI::App* cmd = app.add_subcommand("synth", "write a random-weight model with a real model's shapes");
+  cmd->add_option("--preset", opts->preset, "llama3-8b, llama3-70b, mistral-7b, qwen2-7b, tiny");
+  cmd->add_option("--layers", opts->layers, "layers (default: the preset's)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--ffn", opts->ffn, "feed-forward width (default: the preset's)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--weight-type", opts->weight_type, "f16, q8_0 or q4_0 (also f32, bf16)");
+  cmd->add_option("--vocab", opts->vocab, "vocabulary size (0: the real model's)")->check(CLI::Range(0, 1 << 22));
+  cmd->add_option("--ctx", opts->ctx, "context length in the metadata")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--seed", opts->seed, "weight seed");
+  cmd->add_option("-t,--threads", opts->threads, "threads generating weights");
+  cmd->add_option("-o,--output", opts->output, "output GGUF path");
+  cmd->add_flag("--list", opts->list, "list the presets");
+  cmd->callback([opts, &action] { action = [opts] { return synth(*opts); }; });
+}
+
+}  // namespace pagoda::cli

@@ -1,0 +1,281 @@
+// The engine under load: batch invariance, prefix sharing, preemption,
+// copy-on-write, stop strings, aborts and rejections (issue 3's done-when list).
+#include "sched/engine.h"
+
+#include <fstream>
+#include <map>
+
+#include <gtest/gtest.h>
+
+namespace pagoda {
+namespace {
+
+const llama_model& stories() {
+  static std::unique_ptr<llama_model> m = [] {
+    auto r = llama_model::load(std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf");
+    EXPECT_TRUE(r.ok()) << r.error().message();
+    return std::move(*r);
+  }();
+  return *m;
+}
+
+std::vector<std::string> story_openings(int n) {
+  std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/tinystories_dev.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (static_cast<int>(out.size()) < n) {
+    std::size_t end = text.find("<|endoftext|>", pos);
+    std::string story = text.substr(pos, end - pos);
+    std::size_t b = story.find_first_not_of("\n ");
+    out.push_back(story.substr(b, 40 + 7 * (out.size() % 5)));  // prompts of different lengths
+    pos = end + 13;
+  }
+  return out;
+}
+
+engine_config config(std::int64_t n_blocks, int max_seqs = 64, int budget = 2048, kv_type type = kv_type::f32) {
+  const llama_hparams& hp = stories().hparams();
+  engine_config c;
+  c.n_threads = 1;
+  c.max_model_len = 512;
+  c.max_num_seqs = max_seqs;
+  c.max_num_batched_tokens = budget;
+  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, type, type);
+  c.n_blocks = n_blocks;
+  return c;
+}
+
+request greedy_request(const std::string& id, const std::string& prompt, int max_tokens) {
+  request r;
+  r.id = id;
+  r.prompt = stories().vocab().encode(prompt, true);
+  r.max_tokens = max_tokens;
+  r.sampling = sampling_params::greedy();
+  r.ignore_eos = true;
+  return r;
+}
+
+struct outcome {
+  std::map<std::string, std::vector<std::vector<token_id>>> tokens;  // id -> [completion] -> ids
+  std::map<std::string, std::vector<std::string>> text;
+  std::map<std::string, std::vector<std::string>> finish;
+  std::map<std::string, request_usage> usage;
+};
+
+outcome run_all(engine& e, std::vector<request> reqs) {
+  outcome o;
+  for (request& r : reqs) {
+    o.tokens[r.id].resize(r.n);
+    o.text[r.id].resize(r.n);
+    o.finish[r.id].resize(r.n);
+    status st = e.add_request(std::move(r));
+    EXPECT_TRUE(st.ok()) << st.message();
+  }
+  std::vector<engine_event> events;
+  int guard = 0;
+  while (e.has_work() && ++guard < 100000) {
+    events.clear();
+    status st = e.step(events);
+    EXPECT_TRUE(st.ok()) << st.message();
+    EXPECT_TRUE(e.kv().check_invariants().ok()) << e.kv().check_invariants().message();
+    for (const engine_event& ev : events) {
+      auto& t = o.tokens[ev.request_id][ev.index];
+      t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+      o.text[ev.request_id][ev.index] += ev.text;
+      if (!ev.finish_reason.empty()) o.finish[ev.request_id][ev.index] = ev.finish_reason;
+      if (ev.request_finished) o.usage[ev.request_id] = ev.usage;
+    }
+  }
+  std::vector<engine_event> tail;
+  EXPECT_TRUE(e.step(tail).ok());
+  return o;
+}
+
+TEST(engine, thirty_two_at_once_equal_each_alone) {
+  auto prompts = story_openings(32);
+  std::vector<request> all;
+  for (int i = 0; i < 32; ++i) all.push_back(greedy_request("r" + std::to_string(i), prompts[i], 48));
+  auto e = *engine::create(stories(), config(4096, 64, 256));
+  outcome together = run_all(*e, all);
+  EXPECT_GE(e->stats().peak_running, 32);
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0) << "blocks leaked";
+  for (int i = 0; i < 32; ++i) {
+    auto alone_engine = *engine::create(stories(), config(4096));
+    outcome alone = run_all(*alone_engine, {all[i]});
+    ASSERT_EQ(alone.tokens[all[i].id], together.tokens[all[i].id]) << all[i].id;
+    ASSERT_EQ(together.tokens[all[i].id][0].size(), 48u);
+  }
+}
+
+TEST(engine, shared_prefix_is_held_once) {
+  auto texts = story_openings(40);
+  std::string prefix;
+  for (const auto& t : texts) prefix += t + " ";
+  const tokenizer& vocab = stories().vocab();
+  std::vector<token_id> prefix_ids = vocab.encode(prefix, true);
+  prefix_ids.resize(256);
+  std::vector<request> reqs;
+  int total_suffix_and_completion = 0;
+  for (int i = 0; i < 32; ++i) {
+    request r;
+    r.id = "p" + std::to_string(i);
+    r.prompt = prefix_ids;
+    auto suffix = vocab.encode(" and then number " + std::to_string(i), false);
+    r.prompt.insert(r.prompt.end(), suffix.begin(), suffix.end());
+    r.max_tokens = 8;
+    r.ignore_eos = true;
+    r.sampling = sampling_params::greedy();
+    total_suffix_and_completion += static_cast<int>(suffix.size()) + 8;
+    reqs.push_back(r);
+  }
+  auto e = *engine::create(stories(), config(4096, 64, 4096));
+  outcome o = run_all(*e, reqs);
+  const int bs = 16;
+  kv_metrics m = e->kv_stats();
+  double bound = (256.0 + total_suffix_and_completion) / bs + 32;  // within one block per request
+  EXPECT_LE(m.n_blocks_used_peak, bound) << "peak " << m.n_blocks_used_peak;
+  // The first request computes the prefix; every later one reuses its 16 full blocks.
+  int reused = 0;
+  for (const auto& [id, u] : o.usage) reused += u.cached_tokens;
+  EXPECT_GE(reused, 31 * 256);
+  EXPECT_GT(m.prefix_hit_ratio(), 0.9);
+
+  // With a salt per request nothing is shared.
+  for (int i = 0; i < 32; ++i) reqs[i].cache_salt = "salt-" + std::to_string(i);
+  auto salted = *engine::create(stories(), config(4096, 64, 4096));
+  outcome so = run_all(*salted, reqs);
+  for (const auto& [id, u] : so.usage) EXPECT_EQ(u.cached_tokens, 0) << id;
+  EXPECT_EQ(salted->kv_stats().n_prefix_hit_tokens, 0);
+  EXPECT_GT(salted->kv_stats().n_blocks_used_peak, 32 * 16);
+  // Same results either way.
+  EXPECT_EQ(so.tokens, o.tokens);
+}
+
+TEST(engine, small_pool_preempts_and_still_matches) {
+  auto prompts = story_openings(32);
+  std::vector<request> reqs;
+  for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("s" + std::to_string(i), prompts[i], 60));
+  auto big = *engine::create(stories(), config(4096));
+  outcome expected = run_all(*big, reqs);
+  // ~4 sequences' worth: each needs ceil((~15 + 60) / 16) = 5 blocks.
+  auto small = *engine::create(stories(), config(20, 64, 512));
+  // A request bigger than the whole pool is rejected at once; the rest run.
+  request huge = greedy_request("huge", prompts[0], 400);
+  status st = small->add_request(huge);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("huge"), std::string::npos) << st.message();
+  outcome got = run_all(*small, reqs);
+  EXPECT_EQ(got.tokens, expected.tokens);
+  EXPECT_GT(small->kv_stats().n_preemptions, 0);
+  EXPECT_EQ(small->kv_stats().n_blocks_used, 0);
+}
+
+TEST(engine, n_completions_share_the_prompt_with_copy_on_write) {
+  request r = greedy_request("multi", "Once upon a time there was a", 20);
+  r.n = 4;
+  r.sampling = {0.9f, 0, 1.0f, 0.0f, 123};
+  auto e = *engine::create(stories(), config(256));
+  outcome o = run_all(*e, {r});
+  ASSERT_EQ(o.tokens["multi"].size(), 4u);
+  for (const auto& t : o.tokens["multi"]) EXPECT_EQ(t.size(), 20u);
+  EXPECT_NE(o.tokens["multi"][0], o.tokens["multi"][1]);  // different seeds per completion
+  EXPECT_EQ(o.usage["multi"].completion_tokens, 80);
+  EXPECT_EQ(e->kv_stats().n_cow_copies, 3);  // the partial prompt block, once per child
+  // Completion 0 is what an n = 1 request with the same seed gives.
+  request one = r;
+  one.id = "single";
+  one.n = 1;
+  auto e1 = *engine::create(stories(), config(256));
+  outcome o1 = run_all(*e1, {one});
+  EXPECT_EQ(o1.tokens["single"][0], o.tokens["multi"][0]);
+}
+
+TEST(engine, stop_strings_and_eos) {
+  request r = greedy_request("stop", "Once upon a time", 100);
+  auto e0 = *engine::create(stories(), config(256));
+  outcome free_run = run_all(*e0, {r});
+  std::string full = free_run.text["stop"][0];
+  ASSERT_NE(full.find("Lily"), std::string::npos) << full;
+  r.stop = {"Lily"};
+  auto e = *engine::create(stories(), config(256));
+  outcome o = run_all(*e, {r});
+  EXPECT_EQ(o.finish["stop"][0], "stop");
+  EXPECT_EQ(o.text["stop"][0], full.substr(0, full.find("Lily")));
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+  // A stop token ends the completion with "stop"; the token is the last one sampled.
+  request tok = greedy_request("tok", "Once upon a time", 100);
+  tok.stop_token_ids = {13};  // the reference continuation reaches token 13 at step 57
+  auto e2 = *engine::create(stories(), config(256));
+  outcome o2 = run_all(*e2, {tok});
+  EXPECT_EQ(o2.finish["tok"][0], "stop");
+  ASSERT_EQ(o2.tokens["tok"][0].size(), 58u);
+  EXPECT_EQ(o2.tokens["tok"][0].back(), 13);
+  // Without ignore_eos, EOS is a stop token too: every EOG id of the vocabulary is one.
+  EXPECT_TRUE(stories().vocab().is_eog(stories().vocab().eos()));
+}
+
+TEST(engine, abort_frees_blocks_at_once) {
+  auto e = *engine::create(stories(), config(256));
+  ASSERT_TRUE(e->add_request(greedy_request("a", "Once upon a time", 200)).ok());
+  ASSERT_TRUE(e->add_request(greedy_request("b", "The little dog", 50)).ok());
+  std::vector<engine_event> ev;
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e->step(ev).ok());
+  EXPECT_GT(e->kv_stats().n_blocks_used, 0);
+  EXPECT_TRUE(e->abort_request("a"));
+  EXPECT_FALSE(e->abort_request("nope"));
+  outcome rest;
+  ev.clear();
+  while (e->has_work()) ASSERT_TRUE(e->step(ev).ok());
+  ASSERT_TRUE(e->step(ev).ok());
+  bool a_aborted = false, b_done = false;
+  for (const auto& x : ev) {
+    if (x.request_id == "a" && x.finish_reason == "abort") a_aborted = x.request_finished;
+    if (x.request_id == "b" && x.request_finished) b_done = true;
+  }
+  EXPECT_TRUE(a_aborted);
+  EXPECT_TRUE(b_done);
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+}
+
+TEST(engine, rejects_impossible_requests) {
+  auto e = *engine::create(stories(), config(64));
+  request r = greedy_request("x", "hello", 10);
+  EXPECT_TRUE(e->add_request(r).ok());
+  EXPECT_EQ(e->add_request(r).code(), errc::invalid_argument);  // duplicate id
+  request too_long = greedy_request("long", "hello", 600);
+  EXPECT_EQ(e->add_request(too_long).code(), errc::out_of_range);
+  request empty = greedy_request("empty", "", 5);
+  empty.prompt.clear();
+  EXPECT_FALSE(e->add_request(empty).ok());
+  request bad_tok = greedy_request("tok", "hi", 5);
+  bad_tok.prompt.push_back(100000);
+  EXPECT_FALSE(e->add_request(bad_tok).ok());
+  request bad_temp = greedy_request("temp", "hi", 5);
+  bad_temp.sampling.temperature = -2;
+  EXPECT_FALSE(e->add_request(bad_temp).ok());
+}
+
+TEST(engine, priority_orders_admission) {
+  // One sequence at a time: the lower priority value runs first.
+  auto e = *engine::create(stories(), config(256, 1));
+  request late = greedy_request("low", "Once upon a time", 5);
+  late.priority = 5;
+  request urgent = greedy_request("high", "The little dog", 5);
+  urgent.priority = -1;
+  ASSERT_TRUE(e->add_request(late).ok());
+  ASSERT_TRUE(e->add_request(urgent).ok());
+  std::vector<engine_event> ev;
+  std::vector<std::string> finished;
+  while (e->has_work()) {
+    ev.clear();
+    ASSERT_TRUE(e->step(ev).ok());
+    for (const auto& x : ev)
+      if (x.request_finished) finished.push_back(x.request_id);
+  }
+  ASSERT_EQ(finished.size(), 2u);
+  EXPECT_EQ(finished[0], "high");
+}
+
+}  // namespace
+}  // namespace pagoda
