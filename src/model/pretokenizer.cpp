@@ -106,17 +106,15 @@ const std::vector<rule_set>& rule_sets() {
 // match from many threads at once.
 class compiled_regex {
  public:
-  compiled_regex(pcre2_code* code, bool jit) : code_(code), jit_(jit) {}
+  explicit compiled_regex(pcre2_code* code) : code_(code) {}
   ~compiled_regex() { pcre2_code_free(code_); }
   compiled_regex(const compiled_regex&) = delete;
   compiled_regex& operator=(const compiled_regex&) = delete;
 
   const pcre2_code* code() const { return code_; }
-  bool jit() const { return jit_; }
 
  private:
   pcre2_code* code_;
-  bool jit_;
 };
 
 namespace {
@@ -140,8 +138,8 @@ result<std::shared_ptr<const compiled_regex>> compile_cached(const std::string& 
                  reinterpret_cast<const char*>(message), error_offset);
   }
   // Without JIT (a build or CPU that lacks it) the interpreter gives the same matches, slower.
-  const bool jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
-  auto compiled = std::make_shared<const compiled_regex>(code, jit);
+  (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  auto compiled = std::make_shared<const compiled_regex>(code);
   cache.emplace(pattern, compiled);
   return compiled;
 }
