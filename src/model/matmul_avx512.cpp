@@ -147,36 +147,41 @@ std::size_t avx512_act_row_bytes(tensor_type t, std::int64_t n_in) {
   return is_quantized(t) ? static_cast<std::size_t>(n_groups(n_in)) * k_group_act_bytes : 0;
 }
 
+// Quantizes 8 blocks (256 floats) into one group of the grouped layout.
+inline void prepare_group(const float* x, int offset_shift, std::byte* out) {
+  __m256i blk[8];
+  fp16_t d16[8];
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) blk[p] = quantize_block(x + p * k_block, d16[p]);
+  __m512i xq[4];
+  transpose_group(blk, xq);
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i s = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) {
+    _mm512_store_si512(out + 64 * k, xq[k]);
+    s = _mm512_dpbusd_epi32(s, ones, xq[k]);  // the 16 values each lane covers, summed
+  }
+  _mm512_store_si512(out + 256, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, offset_shift)));
+  const __m128i d = _mm_setr_epi16(static_cast<short>(d16[0]), static_cast<short>(d16[1]), static_cast<short>(d16[2]),
+                                   static_cast<short>(d16[3]), static_cast<short>(d16[4]), static_cast<short>(d16[5]),
+                                   static_cast<short>(d16[6]), static_cast<short>(d16[7]));
+  _mm512_store_ps(out + 320, spread_pairs(_mm256_cvtph_ps(d)));
+}
+
 void avx512_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                     std::size_t row_bytes) {
-  const std::int64_t nb = n_in / k_block, ng = n_groups(n_in);
+  const std::int64_t nb = n_in / k_block, full = nb / k_group_blocks;
   const int offset_shift = t == tensor_type::q8_0 ? 7 : 3;  // weight offset 128 or 8
-  const __m512i ones = _mm512_set1_epi8(1);
   for (std::int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * n_in;
     std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
-    for (std::int64_t g = 0; g < ng; ++g) {
-      __m256i blk[8];
-      alignas(16) fp16_t d16[8];
-      for (int p = 0; p < 8; ++p) {
-        const std::int64_t b = g * k_group_blocks + p;
-        if (b < nb) {
-          blk[p] = quantize_block(xr + b * k_block, d16[p]);
-        } else {
-          blk[p] = _mm256_setzero_si256();
-          d16[p] = 0;
-        }
-      }
-      __m512i xq[4];
-      transpose_group(blk, xq);
-      __m512i s = _mm512_setzero_si512();
-      std::byte* gp = row + g * k_group_act_bytes;
-      for (int k = 0; k < 4; ++k) {
-        _mm512_store_si512(gp + 64 * k, xq[k]);
-        s = _mm512_dpbusd_epi32(s, ones, xq[k]);
-      }
-      _mm512_store_si512(gp + 256, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, offset_shift)));
-      _mm512_store_ps(gp + 320, spread_pairs(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d16)))));
+    for (std::int64_t g = 0; g < full; ++g)
+      prepare_group(xr + g * k_group_blocks * k_block, offset_shift, row + g * k_group_act_bytes);
+    if (full * k_group_blocks < nb) {  // last group: zero blocks quantize to q = 0, d = 0
+      float tail[k_group_blocks * k_block] = {};
+      std::memcpy(tail, xr + full * k_group_blocks * k_block,
+                  static_cast<std::size_t>(n_in - full * k_group_blocks * k_block) * sizeof(float));
+      prepare_group(tail, offset_shift, row + full * k_group_act_bytes);
     }
   }
 }
@@ -198,11 +203,27 @@ inline __m256i load_weight_block(const std::byte* row, std::int64_t b) {
 }
 
 template <tensor_type T>
-inline fp16_t weight_scale(const std::byte* row, std::int64_t b) {
-  constexpr std::size_t stride = T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
-  fp16_t d;
-  std::memcpy(&d, row + b * stride, sizeof d);
-  return d;
+constexpr std::size_t weight_block_bytes() {
+  return T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+}
+
+// Packs the 8 blocks of weights at `blocks` (ggml layout) into one group.
+template <tensor_type T>
+inline void pack_group(const std::byte* blocks, std::byte* out) {
+  constexpr int stride = static_cast<int>(weight_block_bytes<T>());
+  __m256i blk[8];
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) blk[p] = load_weight_block<T>(blocks, p);
+  __m512i wq[4];
+  transpose_group(blk, wq);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == tensor_type::q8_0 ? 0x80 : 0));
+  for (int k = 0; k < 4; ++k) _mm512_store_si512(out + 64 * k, _mm512_xor_si512(wq[k], flip));
+  // The eight fp16 scales sit at the start of each block: gather the dwords
+  // there and keep their low halves.
+  const __m256i offsets = _mm256_setr_epi32(0, stride, 2 * stride, 3 * stride, 4 * stride, 5 * stride, 6 * stride,
+                                            7 * stride);
+  const __m256i d32 = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blocks), offsets, 1);
+  _mm512_store_ps(out + 256, spread_pairs(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(d32))));
 }
 
 // Packs one weight row. `prefetch_row` (may be null) is the row the next column
@@ -211,29 +232,18 @@ inline fp16_t weight_scale(const std::byte* row, std::int64_t b) {
 template <tensor_type T>
 void pack_column(const std::byte* row, std::int64_t nb, std::int64_t ng, std::byte* out,
                  const std::byte* prefetch_row) {
-  constexpr std::size_t group_bytes = k_group_blocks * (T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0));
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == tensor_type::q8_0 ? 0x80 : 0));
-  for (std::int64_t g = 0; g < ng; ++g) {
+  constexpr std::size_t group_bytes = k_group_blocks * weight_block_bytes<T>();
+  const std::int64_t full = nb / k_group_blocks;
+  for (std::int64_t g = 0; g < full; ++g) {
     if (prefetch_row)
       for (std::size_t o = 0; o < group_bytes; o += 64)
         _mm_prefetch(reinterpret_cast<const char*>(prefetch_row + g * group_bytes + o), _MM_HINT_T1);
-    __m256i blk[8];
-    alignas(16) fp16_t d16[8];
-    for (int p = 0; p < 8; ++p) {
-      const std::int64_t b = g * k_group_blocks + p;
-      if (b < nb) {
-        blk[p] = load_weight_block<T>(row, b);
-        d16[p] = weight_scale<T>(row, b);
-      } else {  // padding: the activation bytes there are 0, so any finite weight works
-        blk[p] = _mm256_setzero_si256();
-        d16[p] = 0;
-      }
-    }
-    __m512i wq[4];
-    transpose_group(blk, wq);
-    std::byte* gp = out + g * k_group_pack_bytes;
-    for (int k = 0; k < 4; ++k) _mm512_store_si512(gp + 64 * k, _mm512_xor_si512(wq[k], flip));
-    _mm512_store_ps(gp + 256, spread_pairs(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d16)))));
+    pack_group<T>(row + g * group_bytes, out + g * k_group_pack_bytes);
+  }
+  if (full < ng) {  // last group: the missing blocks are zero (d = 0, and zero activations face them)
+    alignas(64) std::byte tail[group_bytes + 64] = {};
+    std::memcpy(tail, row + full * group_bytes, static_cast<std::size_t>(nb - full * k_group_blocks) * weight_block_bytes<T>());
+    pack_group<T>(tail, out + full * k_group_pack_bytes);
   }
 }
 
