@@ -15,6 +15,41 @@ namespace {
 // Query rows computed together: enough to reuse each tile from L1 many times,
 // few enough that scores stay in L2 at long contexts.
 constexpr int k_max_rows_per_group = 64;
+
+// The tiles of head h covering tokens [0, n_ctx), minus a staged last block;
+// returns the number of tokens they hold.
+int gather_tiles(const paged_kv_view& v, int h, int n_ctx, std::vector<const void*>& tiles) {
+  const int bs = v.shape.block_size;
+  int n_blocks = (n_ctx + bs - 1) / bs;
+  int n_tok = n_ctx;
+  if (n_blocks > 0 && v.is_staged(n_blocks - 1)) {
+    --n_blocks;
+    n_tok = n_blocks * bs;
+  }
+  tiles.resize(n_blocks);
+  for (int b = 0; b < n_blocks; ++b) tiles[b] = v.tile(b, h);
+  return n_tok;
+}
+
+void run_qk(const paged_kv_view& k, int h, int n_ctx, const float* q, int rows, float* scores, int ld,
+            std::vector<const void*>& tiles) {
+  const int n_tok = gather_tiles(k, h, n_ctx, tiles);
+  if (n_tok > 0) k.codec->qk(k.format, k.shape, k.params(h), tiles.data(), n_tok, q, rows, scores, ld);
+  if (n_tok < n_ctx) {
+    const void* staged = k.staged_tile(h);
+    k.staged_codec->qk(k.staged_format, k.shape, nullptr, &staged, n_ctx - n_tok, q, rows, scores + n_tok, ld);
+  }
+}
+
+void run_av(const paged_kv_view& v, int h, int n_ctx, const float* w, int ld, int rows, float* acc,
+            std::vector<const void*>& tiles) {
+  const int n_tok = gather_tiles(v, h, n_ctx, tiles);
+  if (n_tok > 0) v.codec->av(v.format, v.shape, v.params(h), tiles.data(), n_tok, w, ld, rows, acc);
+  if (n_tok < n_ctx) {
+    const void* staged = v.staged_tile(h);
+    v.staged_codec->av(v.staged_format, v.shape, nullptr, &staged, n_ctx - n_tok, w + n_tok, ld, rows, acc);
+  }
+}
 }  // namespace
 
 float softmax_unnormalized_ref(float* s, int n) {
@@ -61,20 +96,14 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
         for (int d = 0; d < hd; ++d) dst[d] = src[d] * t.scale;
       }
 
-    for (int b = 0; b < n_blocks; ++b) {
-      int nt = std::min(bs, n_ctx - b * bs);
-      k.codec->qk(k.format, k.shape, k.tile(b, t.kv_head), nt, sc.q.data(), rows, sc.scores.data() + b * bs, ld);
-    }
+    run_qk(k, t.kv_head, n_ctx, sc.q.data(), rows, sc.scores.data(), ld, sc.tiles);
     for (int r = 0; r < rows; ++r) {
       int len = t.pos0 + g0 + r / t.n_rep + 1;
       float* s = sc.scores.data() + static_cast<std::size_t>(r) * ld;
       sc.row_sum[r] = softmax_unnormalized(s, len);
       std::fill(s + len, s + ld, 0.0f);
     }
-    for (int b = 0; b < n_blocks; ++b) {
-      int nt = std::min(bs, n_ctx - b * bs);
-      v.codec->av(v.format, v.shape, v.tile(b, t.kv_head), nt, sc.scores.data() + b * bs, ld, rows, sc.acc.data());
-    }
+    run_av(v, t.kv_head, n_ctx, sc.scores.data(), ld, rows, sc.acc.data(), sc.tiles);
     for (int i = 0; i < gn; ++i)
       for (int j = 0; j < t.n_rep; ++j) {
         int r = i * t.n_rep + j;
@@ -96,8 +125,11 @@ void paged_attention_ref(const attention_task& t) {
   std::vector<float> keys(static_cast<std::size_t>(n_ctx) * hd), values(static_cast<std::size_t>(n_ctx) * hd);
   for (int p = 0; p < n_ctx; ++p) {
     int b = p / bs, slot = p % bs;
-    k.codec->decode(k.format, k.shape, k.tile(b, t.kv_head), slot, 1, &keys[static_cast<std::size_t>(p) * hd]);
-    v.codec->decode(v.format, v.shape, v.tile(b, t.kv_head), slot, 1, &values[static_cast<std::size_t>(p) * hd]);
+    for (const paged_kv_view* x : {&k, &v}) {
+      float* dst = &(x == &k ? keys : values)[static_cast<std::size_t>(p) * hd];
+      if (x->is_staged(b)) x->staged_codec->decode(x->staged_format, x->shape, nullptr, x->staged_tile(t.kv_head), slot, 1, dst);
+      else x->codec->decode(x->format, x->shape, x->params(t.kv_head), x->tile(b, t.kv_head), slot, 1, dst);
+    }
   }
   std::vector<double> w(n_ctx), o(hd);
   for (int i = 0; i < t.n_tokens; ++i)

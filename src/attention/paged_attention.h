@@ -3,12 +3,17 @@
 // Two passes per (sequence, KV head, group of query tokens): scores for every
 // cached position through the key codec, an exact softmax per query row over
 // its own causal range, then the weighted value sum through the value codec.
-// Every KV byte is read once per group.
+// Every KV byte is read once per group. Codecs get the whole run of a head's
+// tiles at once; a staged (f16) last block of a sealed format goes through the
+// f16 codec.
 //
 // Batch invariance: a query row's output depends only on its own q, its
 // position and the cache contents up to that position, never on which other
 // rows share its group (prefill chunk) or step. Positions a row must not see
-// get weight exactly 0, and the codecs add 0-weighted rows exactly.
+// get weight exactly 0, and the codecs add 0-weighted rows exactly. This holds
+// bitwise for every format that is not sealed; sealed formats (per-channel
+// scales) are deterministic but a query sees its own block as f16 while the
+// block is open and as codes once a later write has sealed it (kv_storage.h).
 #pragma once
 
 #include <cstddef>
@@ -20,6 +25,7 @@ namespace pagoda {
 
 // Per-thread reusable buffers; grown on demand, never shrunk.
 struct attention_scratch {
+  std::vector<const void*> tiles;  // [blocks] tile pointers of one head
   std::vector<float> q;       // [rows][head_dim], pre-scaled
   std::vector<float> scores;  // [rows][ld]
   std::vector<float> acc;     // [rows][head_dim]

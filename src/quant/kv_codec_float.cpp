@@ -1,114 +1,212 @@
-// f32 and f16 KV codecs: exact storage (f16 rounds to nearest even), no scales.
+// f32, f16, bf16 (exact storage, round to nearest even) and fp8 E4M3/E5M2 with a
+// scale per token, per head (static) or none.
 #include "quant/kv_codec_float.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "core/assert.h"
 #include "core/cpu.h"
+#include "core/half.h"
+#include "quant/fp8.h"
 #include "quant/kv_codec_registry.h"
 
 namespace pagoda {
 namespace float_kv {
+
+tile_info info_of(const kv_format& fmt, kv_tile_shape s) {
+  tile_info t;
+  switch (fmt.type) {
+    case kv_type::f32: t.e = elem::f32; t.elem_bytes = 4; break;
+    case kv_type::f16: t.e = elem::f16; t.elem_bytes = 2; break;
+    case kv_type::bf16: t.e = elem::bf16; t.elem_bytes = 2; break;
+    case kv_type::fp8_e4m3: t.e = elem::e4m3; t.elem_bytes = 1; break;
+    case kv_type::fp8_e5m2: t.e = elem::e5m2; t.elem_bytes = 1; break;
+    default: PAGODA_ASSERT(false, "not a float KV type: {}", kv_type_name(fmt.type));
+  }
+  t.per_token_scales = fmt.scale_mode == kv_scale_mode::per_token;
+  t.data_bytes = static_cast<std::size_t>(t.elem_bytes) * s.block_size * s.head_dim;
+  t.bytes = t.data_bytes + (t.per_token_scales ? sizeof(fp16_t) * s.block_size : 0);
+  return t;
+}
+
 namespace {
 
-inline float load(float v) { return v; }
-inline float load(fp16_t v) { return fp16_to_f32(v); }
-inline void store(float& dst, float v) { dst = v; }
-inline void store(fp16_t& dst, float v) { dst = f32_to_fp16(v); }
+float fp8_max(elem e) { return e == elem::e4m3 ? k_e4m3_max : k_e5m2_max; }
 
-template <typename T>
-std::size_t tile_bytes(const kv_format&, kv_tile_shape s) {
-  return sizeof(T) * static_cast<std::size_t>(s.block_size) * s.head_dim;
+float load_raw(elem e, const std::uint8_t* p, std::size_t i) {
+  switch (e) {
+    case elem::f32: {
+      float v;
+      std::memcpy(&v, p + 4 * i, 4);
+      return v;
+    }
+    case elem::f16: {
+      fp16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      return fp16_to_f32(h);
+    }
+    case elem::bf16: {
+      bf16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      return bf16_to_f32(h);
+    }
+    case elem::e4m3: return e4m3_to_f32(p[i]);
+    case elem::e5m2: return e5m2_to_f32(p[i]);
+  }
+  return 0;
 }
 
-template <typename T>
-void encode(const kv_format& fmt, kv_tile_shape s, const float* x, int t0, int n, void* tile, kv_static_scales) {
+void store_raw(elem e, std::uint8_t* p, std::size_t i, float v) {
+  switch (e) {
+    case elem::f32: std::memcpy(p + 4 * i, &v, 4); break;
+    case elem::f16: {
+      fp16_t h = f32_to_fp16(v);
+      std::memcpy(p + 2 * i, &h, 2);
+      break;
+    }
+    case elem::bf16: {
+      bf16_t h = f32_to_bf16(v);
+      std::memcpy(p + 2 * i, &h, 2);
+      break;
+    }
+    case elem::e4m3: p[i] = f32_to_e4m3(v); break;
+    case elem::e5m2: p[i] = f32_to_e5m2(v); break;
+  }
+}
+
+std::size_t elem_index(const kv_format& fmt, kv_tile_shape s, int t, int d) {
+  return fmt.role == kv_role::key ? static_cast<std::size_t>(d) * s.block_size + t
+                                  : static_cast<std::size_t>(t) * s.head_dim + d;
+}
+
+float token_scale(const tile_info& ti, const std::uint8_t* tile, int t) {
+  fp16_t h;
+  std::memcpy(&h, tile + ti.data_bytes + 2 * static_cast<std::size_t>(t), 2);
+  return fp16_to_f32(h);
+}
+
+// The decoded value of token t, channel d.
+float value(const kv_format& fmt, kv_tile_shape s, const tile_info& ti, float hs, const std::uint8_t* tile, int t,
+            int d) {
+  float v = load_raw(ti.e, tile, elem_index(fmt, s, t, d));
+  return ti.per_token_scales ? v * token_scale(ti, tile, t) : v * hs;
+}
+
+status check(const kv_format& fmt, kv_tile_shape s) {
+  bool fp8 = fmt.type == kv_type::fp8_e4m3 || fmt.type == kv_type::fp8_e5m2;
+  bool ok = fmt.scale_mode == kv_scale_mode::none ||
+            (fp8 && (fmt.scale_mode == kv_scale_mode::per_token || fmt.scale_mode == kv_scale_mode::static_scales));
+  if (!ok)
+    return error(errc::invalid_argument, "KV type {} has no scale mode '{}' ({})", kv_type_name(fmt.type),
+                 kv_scale_mode_name(fmt.scale_mode), fp8 ? "fp8 takes token, static or none" : "it takes none");
+  return {};
+}
+
+std::size_t tile_bytes(const kv_format& fmt, kv_tile_shape s) { return info_of(fmt, s).bytes; }
+
+void encode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const float* x, int t0, int n,
+            void* tile_v) {
   PAGODA_DASSERT(t0 >= 0 && t0 + n <= s.block_size);
-  T* p = static_cast<T*>(tile);
+  const tile_info ti = info_of(fmt, s);
+  auto* tile = static_cast<std::uint8_t*>(tile_v);
+  const float hs = head_scale(fmt, sp);
   for (int i = 0; i < n; ++i) {
     const float* row = x + static_cast<std::size_t>(i) * s.head_dim;
-    int t = t0 + i;
-    if (fmt.role == kv_role::key) {
-      for (int d = 0; d < s.head_dim; ++d) store(p[static_cast<std::size_t>(d) * s.block_size + t], row[d]);
-    } else {
-      for (int d = 0; d < s.head_dim; ++d) store(p[static_cast<std::size_t>(t) * s.head_dim + d], row[d]);
+    const int t = t0 + i;
+    float inv = 1.0f / hs;
+    if (ti.per_token_scales) {
+      float amax = 0;
+      for (int d = 0; d < s.head_dim; ++d) amax = std::max(amax, std::fabs(row[d]));
+      fp16_t h = f32_to_fp16(amax / fp8_max(ti.e));
+      std::memcpy(tile + ti.data_bytes + 2 * static_cast<std::size_t>(t), &h, 2);
+      float sc = fp16_to_f32(h);
+      inv = sc > 0 ? 1.0f / sc : 0.0f;
     }
-  }
-}
-
-template <typename T>
-void decode(const kv_format& fmt, kv_tile_shape s, const void* tile, int t0, int n, float* out) {
-  const T* p = static_cast<const T*>(tile);
-  for (int i = 0; i < n; ++i) {
-    int t = t0 + i;
-    float* row = out + static_cast<std::size_t>(i) * s.head_dim;
     for (int d = 0; d < s.head_dim; ++d)
-      row[d] = fmt.role == kv_role::key ? load(p[static_cast<std::size_t>(d) * s.block_size + t])
-                                        : load(p[static_cast<std::size_t>(t) * s.head_dim + d]);
+      store_raw(ti.e, tile, elem_index(fmt, s, t, d), inv == 1.0f ? row[d] : row[d] * inv);
   }
 }
 
-template <typename T>
-void qk_ref(const kv_format&, kv_tile_shape s, const void* tile, int n_tokens, const float* q, int n_q, float* scores,
-            int ld) {
-  const T* k = static_cast<const T*>(tile);
-  for (int r = 0; r < n_q; ++r)
-    for (int t = 0; t < n_tokens; ++t) {
+void decode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* tile_v, int t0, int n,
+            float* out) {
+  const tile_info ti = info_of(fmt, s);
+  const auto* tile = static_cast<const std::uint8_t*>(tile_v);
+  const float hs = head_scale(fmt, sp);
+  for (int i = 0; i < n; ++i)
+    for (int d = 0; d < s.head_dim; ++d)
+      out[static_cast<std::size_t>(i) * s.head_dim + d] = value(fmt, s, ti, hs, tile, t0 + i, d);
+}
+
+void qk_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
+            int n_tokens, const float* q, int n_q, float* scores, int ld) {
+  const tile_info ti = info_of(fmt, s);
+  const float hs = head_scale(fmt, sp);
+  for (int t = 0; t < n_tokens; ++t) {
+    const auto* tile = static_cast<const std::uint8_t*>(tiles[t / s.block_size]);
+    for (int r = 0; r < n_q; ++r) {
       float sum = 0.0f;
       for (int d = 0; d < s.head_dim; ++d)
-        sum += q[static_cast<std::size_t>(r) * s.head_dim + d] * load(k[static_cast<std::size_t>(d) * s.block_size + t]);
+        sum += q[static_cast<std::size_t>(r) * s.head_dim + d] * value(fmt, s, ti, hs, tile, t % s.block_size, d);
       scores[static_cast<std::size_t>(r) * ld + t] = sum;
     }
+  }
 }
 
-template <typename T>
-void av_ref(const kv_format&, kv_tile_shape s, const void* tile, int n_tokens, const float* w, int ld, int n_q,
-            float* acc) {
-  const T* v = static_cast<const T*>(tile);
+void av_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
+            int n_tokens, const float* w, int ld, int n_q, float* acc) {
+  const tile_info ti = info_of(fmt, s);
+  const float hs = head_scale(fmt, sp);
   for (int r = 0; r < n_q; ++r)
     for (int t = 0; t < n_tokens; ++t) {
+      const auto* tile = static_cast<const std::uint8_t*>(tiles[t / s.block_size]);
       float wt = w[static_cast<std::size_t>(r) * ld + t];
       for (int d = 0; d < s.head_dim; ++d)
-        acc[static_cast<std::size_t>(r) * s.head_dim + d] += wt * load(v[static_cast<std::size_t>(t) * s.head_dim + d]);
+        acc[static_cast<std::size_t>(r) * s.head_dim + d] += wt * value(fmt, s, ti, hs, tile, t % s.block_size, d);
     }
 }
 
-void qk_f32(const kv_format& f, kv_tile_shape s, const void* tile, int n, const float* q, int n_q, float* sc, int ld) {
-  if (active_simd_level() == simd_level::avx512)
-    return qk_f32_avx512(s, static_cast<const float*>(tile), n, q, n_q, sc, ld);
-  qk_ref<float>(f, s, tile, n, q, n_q, sc, ld);
+void qk(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
+        const float* q, int n_q, float* scores, int ld) {
+  if (active_simd_level() == simd_level::avx512) return qk_avx512(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+  qk_ref(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
 }
-void qk_f16(const kv_format& f, kv_tile_shape s, const void* tile, int n, const float* q, int n_q, float* sc, int ld) {
-  if (active_simd_level() == simd_level::avx512)
-    return qk_f16_avx512(s, static_cast<const fp16_t*>(tile), n, q, n_q, sc, ld);
-  qk_ref<fp16_t>(f, s, tile, n, q, n_q, sc, ld);
+
+void av(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
+        const float* w, int ld, int n_q, float* acc) {
+  if (active_simd_level() == simd_level::avx512) return av_avx512(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+  av_ref(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
 }
-void av_f32(const kv_format& f, kv_tile_shape s, const void* tile, int n, const float* w, int ld, int n_q, float* acc) {
-  if (active_simd_level() == simd_level::avx512)
-    return av_f32_avx512(s, static_cast<const float*>(tile), n, w, ld, n_q, acc);
-  av_ref<float>(f, s, tile, n, w, ld, n_q, acc);
-}
-void av_f16(const kv_format& f, kv_tile_shape s, const void* tile, int n, const float* w, int ld, int n_q, float* acc) {
-  if (active_simd_level() == simd_level::avx512)
-    return av_f16_avx512(s, static_cast<const fp16_t*>(tile), n, w, ld, n_q, acc);
-  av_ref<fp16_t>(f, s, tile, n, w, ld, n_q, acc);
+
+// One scale per head (vLLM's per-head k_scale / v_scale): the head's largest
+// calibrated magnitude maps to the largest finite fp8 value.
+void make_static_fp8(const kv_format& fmt, int head_dim, const float* lo, const float* hi, float* scale,
+                     float* offset) {
+  float amax = 0;
+  for (int d = 0; d < head_dim; ++d) amax = std::max({amax, std::fabs(lo[d]), std::fabs(hi[d])});
+  float sc = amax > 0 ? amax / (fmt.type == kv_type::fp8_e4m3 ? k_e4m3_max : k_e5m2_max) : 1.0f;
+  for (int d = 0; d < head_dim; ++d) {
+    scale[d] = sc;
+    offset[d] = 0;
+  }
 }
 
 }  // namespace
 }  // namespace float_kv
 
-const kv_codec k_codec_f32 = {
-    kv_type::f32,           "f32",
-    false,                  float_kv::tile_bytes<float>,
-    float_kv::encode<float>, float_kv::decode<float>,
-    float_kv::qk_f32,       float_kv::av_f32,
-    float_kv::qk_ref<float>, float_kv::av_ref<float>,
-};
+#define PAGODA_FLOAT_CODEC(ident, type, name, make_static)                                               \
+  const kv_codec ident = {type,         name,         float_kv::check,  float_kv::tile_bytes, float_kv::encode, \
+                          float_kv::decode, float_kv::qk, float_kv::av, float_kv::qk_ref,     float_kv::av_ref, \
+                          make_static}
 
-const kv_codec k_codec_f16 = {
-    kv_type::f16,            "f16",
-    false,                   float_kv::tile_bytes<fp16_t>,
-    float_kv::encode<fp16_t>, float_kv::decode<fp16_t>,
-    float_kv::qk_f16,        float_kv::av_f16,
-    float_kv::qk_ref<fp16_t>, float_kv::av_ref<fp16_t>,
-};
+PAGODA_FLOAT_CODEC(k_codec_f32, kv_type::f32, "f32", nullptr);
+PAGODA_FLOAT_CODEC(k_codec_f16, kv_type::f16, "f16", nullptr);
+PAGODA_FLOAT_CODEC(k_codec_bf16, kv_type::bf16, "bf16", nullptr);
+PAGODA_FLOAT_CODEC(k_codec_fp8_e4m3, kv_type::fp8_e4m3, "fp8_e4m3", float_kv::make_static_fp8);
+PAGODA_FLOAT_CODEC(k_codec_fp8_e5m2, kv_type::fp8_e5m2, "fp8_e5m2", float_kv::make_static_fp8);
+
+#undef PAGODA_FLOAT_CODEC
 
 }  // namespace pagoda

@@ -1,24 +1,43 @@
-// Internal: float KV codecs (f32, f16) and their SIMD kernels.
+// Internal: float-like KV codecs (f32, f16, bf16, fp8_e4m3, fp8_e5m2) and their
+// SIMD kernels. They share one tile layout and one kernel shape, differing only
+// in how an element is loaded and scaled.
 //
 // Tile layouts (block_size = B tokens, head_dim = D):
-//   keys   channel-major [D][B]: one SIMD lane per token, so qk needs no
+//   keys   channel-major [D][B] elements: one SIMD lane per token, so qk needs no
 //          horizontal sums and a lane's score never depends on its neighbours;
-//   values token-major   [B][D]: av adds whole rows scaled by a weight.
+//   values token-major   [B][D] elements: av adds whole rows scaled by a weight;
+//   then, for fp8 per_token, fp16 scales [B] (x = scale_t * fp8).
+// fp8 static_scales keep one scale per head outside the tile (vLLM's per-head
+// k_scale/v_scale); fp8 none uses scale 1 (vLLM's default without calibration).
 #pragma once
 
-#include "core/half.h"
+#include <cstddef>
+
 #include "quant/kv_codec.h"
 
 namespace pagoda::float_kv {
 
+enum class elem { f32, f16, bf16, e4m3, e5m2 };
+
+struct tile_info {
+  elem e = elem::f32;
+  int elem_bytes = 4;
+  bool per_token_scales = false;
+  std::size_t data_bytes = 0;
+  std::size_t bytes = 0;
+};
+
+tile_info info_of(const kv_format& fmt, kv_tile_shape shape);
+
+// The per-head scale a static or unscaled fp8 tile applies (1 for float types).
+inline float head_scale(const kv_format& fmt, const kv_static_params* sp) {
+  return fmt.scale_mode == kv_scale_mode::static_scales && sp ? sp->scale[0] : 1.0f;
+}
+
 // AVX-512 kernels (kv_codec_float_avx512.cpp). Same contracts as kv_codec::qk / av.
-void qk_f32_avx512(kv_tile_shape shape, const float* tile, int n_tokens, const float* q, int n_q, float* scores,
-                   int ld);
-void qk_f16_avx512(kv_tile_shape shape, const fp16_t* tile, int n_tokens, const float* q, int n_q, float* scores,
-                   int ld);
-void av_f32_avx512(kv_tile_shape shape, const float* tile, int n_tokens, const float* w, int ld, int n_q,
-                   float* acc);
-void av_f16_avx512(kv_tile_shape shape, const fp16_t* tile, int n_tokens, const float* w, int ld, int n_q,
-                   float* acc);
+void qk_avx512(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+               int n_tokens, const float* q, int n_q, float* scores, int ld);
+void av_avx512(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+               int n_tokens, const float* w, int ld, int n_q, float* acc);
 
 }  // namespace pagoda::float_kv

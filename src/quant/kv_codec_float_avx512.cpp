@@ -1,70 +1,138 @@
-// AVX-512 qk/av for the f32 and f16 codecs. Per-lane operation order is fixed
-// (one FMA per channel for qk, one FMA per token for av, in increasing order),
-// so results never depend on n_q, n_tokens or the tile's neighbours.
+// AVX-512 qk/av for the float-like codecs. Per-lane operation order is fixed
+// (one FMA per channel for qk, one FMA per token for av, in increasing order,
+// then one scale multiply), so results never depend on n_q, n_tokens or the
+// tile's neighbours.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 
+#include "core/half.h"
 #include "quant/kv_codec_float.h"
 
 namespace pagoda::float_kv {
 namespace {
 
-inline __mmask16 lane_mask(int n) { return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1); }
-
-inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load16(const fp16_t* p, __mmask16 m) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+inline __mmask16 lane_mask(int n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max(n, 0)) - 1);
 }
 
-template <int NR, typename T>
-inline void qk_rows(const T* tile, int block_size, int head_dim, int tc, __mmask16 m, const float* q, float* scores,
-                    int ld) {
+// Loads 16 consecutive elements as f32; `post` is a constant factor the load
+// leaves out (E4M3 is widened to fp16 with its exponent bias off by 8).
+template <elem E>
+struct loader;
+template <>
+struct loader<elem::f32> {
+  static constexpr int bytes = 4;
+  static constexpr float post = 1.0f;
+  static __m512 load16(const std::uint8_t* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
+template <>
+struct loader<elem::f16> {
+  static constexpr int bytes = 2;
+  static constexpr float post = 1.0f;
+  static __m512 load16(const std::uint8_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+template <>
+struct loader<elem::bf16> {
+  static constexpr int bytes = 2;
+  static constexpr float post = 1.0f;
+  static __m512 load16(const std::uint8_t* p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+  }
+};
+template <>
+struct loader<elem::e4m3> {
+  static constexpr int bytes = 1;
+  static constexpr float post = 256.0f;
+  // S.EEEE.MMM sign-extended to 16 bits and shifted left 7 is the fp16
+  // S.0EEEE.MMM0000000 once bit 14 (a copy of the sign) is cleared: the same
+  // value divided by 2^8, subnormals included.
+  static __m512 load16(const std::uint8_t* p, __mmask16 m) {
+    __m256i w = _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(m, p));
+    w = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<short>(0xbfff)));
+    return _mm512_cvtph_ps(w);
+  }
+};
+template <>
+struct loader<elem::e5m2> {
+  static constexpr int bytes = 1;
+  static constexpr float post = 1.0f;
+  // E5M2 is the top byte of an fp16.
+  static __m512 load16(const std::uint8_t* p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p)), 8));
+  }
+};
+
+template <int NR, elem E, bool SCALED>
+inline void qk_rows(const std::uint8_t* tile, int block_size, int head_dim, int tc, __mmask16 m, __m512 mult,
+                    const float* q, float* scores, int ld) {
+  using L = loader<E>;
   __m512 acc[NR];
   for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
-  const T* k = tile + tc;
+  const std::uint8_t* k = tile + static_cast<std::size_t>(tc) * L::bytes;
+  const std::size_t row_bytes = static_cast<std::size_t>(block_size) * L::bytes;
   for (int d = 0; d < head_dim; ++d) {
-    __m512 kv = load16(k + static_cast<std::size_t>(d) * block_size, m);
+    __m512 kv = L::load16(k + d * row_bytes, m);
     for (int j = 0; j < NR; ++j)
       acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[static_cast<std::size_t>(j) * head_dim + d]), kv, acc[j]);
   }
-  for (int j = 0; j < NR; ++j) _mm512_mask_storeu_ps(scores + static_cast<std::size_t>(j) * ld + tc, m, acc[j]);
+  for (int j = 0; j < NR; ++j) {
+    if constexpr (SCALED) acc[j] = _mm512_mul_ps(acc[j], mult);
+    _mm512_mask_storeu_ps(scores + static_cast<std::size_t>(j) * ld + tc, m, acc[j]);
+  }
 }
 
-template <typename T>
-void qk_impl(kv_tile_shape s, const T* tile, int n_tokens, const float* q, int n_q, float* scores, int ld) {
-  for (int tc = 0; tc < n_tokens; tc += 16) {
-    __mmask16 m = lane_mask(n_tokens - tc);
-    int r = 0;
-    for (; r + 4 <= n_q; r += 4)
-      qk_rows<4>(tile, s.block_size, s.head_dim, tc, m, q + static_cast<std::size_t>(r) * s.head_dim,
-                 scores + static_cast<std::size_t>(r) * ld, ld);
-    const float* qr = q + static_cast<std::size_t>(r) * s.head_dim;
-    float* sr = scores + static_cast<std::size_t>(r) * ld;
-    switch (n_q - r) {
-      case 3: qk_rows<3>(tile, s.block_size, s.head_dim, tc, m, qr, sr, ld); break;
-      case 2: qk_rows<2>(tile, s.block_size, s.head_dim, tc, m, qr, sr, ld); break;
-      case 1: qk_rows<1>(tile, s.block_size, s.head_dim, tc, m, qr, sr, ld); break;
-      default: break;
+template <elem E, bool SCALED>
+void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens, const float* q,
+            int n_q, float* scores, int ld) {
+  using L = loader<E>;
+  const int bs = s.block_size, hd = s.head_dim;
+  for (int i = 0; i * bs < n_tokens; ++i) {
+    const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
+    const int nt = std::min(bs, n_tokens - i * bs);
+    float* sc = scores + static_cast<std::size_t>(i) * bs;
+    for (int tc = 0; tc < nt; tc += 16) {
+      const __mmask16 m = lane_mask(nt - tc);
+      __m512 mult = _mm512_set1_ps(hs);
+      if (SCALED && ti.per_token_scales)
+        mult = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, tile + ti.data_bytes + 2 * tc)),
+                             _mm512_set1_ps(L::post));
+      int r = 0;
+      for (; r + 4 <= n_q; r += 4)
+        qk_rows<4, E, SCALED>(tile, bs, hd, tc, m, mult, q + static_cast<std::size_t>(r) * hd,
+                              sc + static_cast<std::size_t>(r) * ld, ld);
+      const float* qr = q + static_cast<std::size_t>(r) * hd;
+      float* sr = sc + static_cast<std::size_t>(r) * ld;
+      switch (n_q - r) {
+        case 3: qk_rows<3, E, SCALED>(tile, bs, hd, tc, m, mult, qr, sr, ld); break;
+        case 2: qk_rows<2, E, SCALED>(tile, bs, hd, tc, m, mult, qr, sr, ld); break;
+        case 1: qk_rows<1, E, SCALED>(tile, bs, hd, tc, m, mult, qr, sr, ld); break;
+        default: break;
+      }
     }
   }
 }
 
-// acc rows [NR][head_dim] += w[NR][t] * v_t over channels [d0, d0 + 16 * NC).
-template <int NR, int NC, typename T>
-inline void av_rows(const T* tile, int head_dim, int d0, int n_tokens, const float* w, int ld, float* acc) {
+// acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over channels [d0, d0 + 16 * NC).
+template <int NR, int NC, elem E, bool SCALED>
+inline void av_rows(const std::uint8_t* tile, int head_dim, int d0, int nt, const float* w, int ld,
+                    const float* tscale, float* acc) {
+  using L = loader<E>;
   __mmask16 mc[NC];
-  for (int c = 0; c < NC; ++c) mc[c] = lane_mask(std::max(0, head_dim - d0 - 16 * c));
+  for (int c = 0; c < NC; ++c) mc[c] = lane_mask(head_dim - d0 - 16 * c);
   __m512 a[NR][NC];
   for (int j = 0; j < NR; ++j)
     for (int c = 0; c < NC; ++c)
       a[j][c] = _mm512_maskz_loadu_ps(mc[c], acc + static_cast<std::size_t>(j) * head_dim + d0 + 16 * c);
-  for (int t = 0; t < n_tokens; ++t) {
-    const T* v = tile + static_cast<std::size_t>(t) * head_dim + d0;
+  for (int t = 0; t < nt; ++t) {
+    const std::uint8_t* v = tile + (static_cast<std::size_t>(t) * head_dim + d0) * L::bytes;
     __m512 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load16(v + 16 * c, mc[c]);
+    for (int c = 0; c < NC; ++c) vv[c] = L::load16(v + 16 * c * L::bytes, mc[c]);
     for (int j = 0; j < NR; ++j) {
-      __m512 wj = _mm512_set1_ps(w[static_cast<std::size_t>(j) * ld + t]);
+      float wt = w[static_cast<std::size_t>(j) * ld + t];
+      if constexpr (SCALED) wt *= tscale[t];
+      __m512 wj = _mm512_set1_ps(wt);
       for (int c = 0; c < NC; ++c) a[j][c] = _mm512_fmadd_ps(wj, vv[c], a[j][c]);
     }
   }
@@ -73,48 +141,95 @@ inline void av_rows(const T* tile, int head_dim, int d0, int n_tokens, const flo
       _mm512_mask_storeu_ps(acc + static_cast<std::size_t>(j) * head_dim + d0 + 16 * c, mc[c], a[j][c]);
 }
 
-template <int NC, typename T>
-void av_chunk(const T* tile, int head_dim, int d0, int n_tokens, const float* w, int ld, int n_q, float* acc) {
+template <int NC, elem E, bool SCALED>
+void av_chunk(const std::uint8_t* tile, int head_dim, int d0, int nt, const float* w, int ld, int n_q,
+              const float* tscale, float* acc) {
   int r = 0;
   for (; r + 4 <= n_q; r += 4)
-    av_rows<4, NC>(tile, head_dim, d0, n_tokens, w + static_cast<std::size_t>(r) * ld, ld,
-                   acc + static_cast<std::size_t>(r) * head_dim);
+    av_rows<4, NC, E, SCALED>(tile, head_dim, d0, nt, w + static_cast<std::size_t>(r) * ld, ld, tscale,
+                              acc + static_cast<std::size_t>(r) * head_dim);
   const float* wr = w + static_cast<std::size_t>(r) * ld;
   float* ar = acc + static_cast<std::size_t>(r) * head_dim;
   switch (n_q - r) {
-    case 3: av_rows<3, NC>(tile, head_dim, d0, n_tokens, wr, ld, ar); break;
-    case 2: av_rows<2, NC>(tile, head_dim, d0, n_tokens, wr, ld, ar); break;
-    case 1: av_rows<1, NC>(tile, head_dim, d0, n_tokens, wr, ld, ar); break;
+    case 3: av_rows<3, NC, E, SCALED>(tile, head_dim, d0, nt, wr, ld, tscale, ar); break;
+    case 2: av_rows<2, NC, E, SCALED>(tile, head_dim, d0, nt, wr, ld, tscale, ar); break;
+    case 1: av_rows<1, NC, E, SCALED>(tile, head_dim, d0, nt, wr, ld, tscale, ar); break;
     default: break;
   }
 }
 
-template <typename T>
-void av_impl(kv_tile_shape s, const T* tile, int n_tokens, const float* w, int ld, int n_q, float* acc) {
-  // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
-  for (int d0 = 0; d0 < s.head_dim; d0 += 64) {
-    switch (std::min(4, (s.head_dim - d0 + 15) / 16)) {
-      case 4: av_chunk<4>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
-      case 3: av_chunk<3>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
-      case 2: av_chunk<2>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
-      default: av_chunk<1>(tile, s.head_dim, d0, n_tokens, w, ld, n_q, acc); break;
+template <elem E, bool SCALED>
+void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens, const float* w,
+            int ld, int n_q, float* acc) {
+  const int bs = s.block_size, hd = s.head_dim;
+  float tscale[1024];  // block_size <= 1024 (kv_storage)
+  for (int i = 0; i * bs < n_tokens; ++i) {
+    const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
+    const int nt = std::min(bs, n_tokens - i * bs);
+    if constexpr (SCALED) {
+      for (int t = 0; t < nt; ++t) {
+        if (ti.per_token_scales) {
+          fp16_t h;
+          __builtin_memcpy(&h, tile + ti.data_bytes + 2 * t, 2);
+          tscale[t] = _cvtsh_ss(h) * loader<E>::post;
+        } else {
+          tscale[t] = hs;
+        }
+      }
+    }
+    const float* wi = w + static_cast<std::size_t>(i) * bs;
+    // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+      switch (std::min(4, (hd - d0 + 15) / 16)) {
+        case 4: av_chunk<4, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        case 3: av_chunk<3, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        case 2: av_chunk<2, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        default: av_chunk<1, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+      }
     }
   }
 }
 
+template <elem E>
+void qk_dispatch(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens,
+                 const float* q, int n_q, float* scores, int ld) {
+  if (ti.per_token_scales || hs != 1.0f) qk_run<E, true>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+  else qk_run<E, false>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+}
+
+template <elem E>
+void av_dispatch(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens,
+                 const float* w, int ld, int n_q, float* acc) {
+  if (ti.per_token_scales || hs != 1.0f) av_run<E, true>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+  else av_run<E, false>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+}
+
 }  // namespace
 
-void qk_f32_avx512(kv_tile_shape s, const float* tile, int n, const float* q, int n_q, float* sc, int ld) {
-  qk_impl(s, tile, n, q, n_q, sc, ld);
+void qk_avx512(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
+               int n_tokens, const float* q, int n_q, float* scores, int ld) {
+  const tile_info ti = info_of(fmt, s);
+  const float hs = head_scale(fmt, sp);
+  switch (ti.e) {
+    case elem::f32: return qk_dispatch<elem::f32>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+    case elem::f16: return qk_dispatch<elem::f16>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+    case elem::bf16: return qk_dispatch<elem::bf16>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+    case elem::e4m3: return qk_dispatch<elem::e4m3>(ti, hs * 256.0f, s, tiles, n_tokens, q, n_q, scores, ld);
+    case elem::e5m2: return qk_dispatch<elem::e5m2>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+  }
 }
-void qk_f16_avx512(kv_tile_shape s, const fp16_t* tile, int n, const float* q, int n_q, float* sc, int ld) {
-  qk_impl(s, tile, n, q, n_q, sc, ld);
-}
-void av_f32_avx512(kv_tile_shape s, const float* tile, int n, const float* w, int ld, int n_q, float* acc) {
-  av_impl(s, tile, n, w, ld, n_q, acc);
-}
-void av_f16_avx512(kv_tile_shape s, const fp16_t* tile, int n, const float* w, int ld, int n_q, float* acc) {
-  av_impl(s, tile, n, w, ld, n_q, acc);
+
+void av_avx512(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
+               int n_tokens, const float* w, int ld, int n_q, float* acc) {
+  const tile_info ti = info_of(fmt, s);
+  const float hs = head_scale(fmt, sp);
+  switch (ti.e) {
+    case elem::f32: return av_dispatch<elem::f32>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+    case elem::f16: return av_dispatch<elem::f16>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+    case elem::bf16: return av_dispatch<elem::bf16>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+    case elem::e4m3: return av_dispatch<elem::e4m3>(ti, hs * 256.0f, s, tiles, n_tokens, w, ld, n_q, acc);
+    case elem::e5m2: return av_dispatch<elem::e5m2>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+  }
 }
 
 }  // namespace pagoda::float_kv

@@ -1,0 +1,88 @@
+// Internal: integer KV codecs (int8, int4, int2), their tile layout and SIMD kernels.
+//
+// Every element is an unsigned code u of `bits` bits with a scale S and offset M:
+//   x = S * u + M.
+// int8 is symmetric (u = c + 128 with c in [-127, 127], M = -128 S, so zero is
+// exact); int4 and int2 are asymmetric (M = the minimum, KIVI-style). S and M
+// come from the scale mode:
+//   per_token      S, M per token (fp16 each)             scales [B]
+//   group          S, M per token and group of channels   scales [n_groups][B]
+//   per_channel    S, M per channel over the block        scales [D]        (sealed)
+//   static_scales  S, M per channel from calibration      nothing in the tile
+//
+// Codes are packed for VNNI dot products (vpdpbusd: 4 unsigned bytes x 4 signed
+// bytes into one 32-bit lane), `lanes` = 4 * codes-per-byte values per 32-bit word:
+//   keys   [ceil(D / lanes)][B][4 bytes]: a word holds `lanes` channels of one
+//          token, so a 64-byte vector is 16 tokens (one per 32-bit lane);
+//   values [ceil(B / lanes)][D][4 bytes]: a word holds `lanes` tokens of one
+//          channel, so a 64-byte vector is 16 channels.
+// Inside a word, value index 4k + j (j < 4) is byte j, bits [bits*k, bits*k + bits):
+// shifting the word right by bits*k and masking each byte yields 4 consecutive values.
+// Padding values (channels past D, tokens past B) hold code 0.
+// After the codes: fp16 scales [n_scales], then (asymmetric only) fp16 offsets [n_scales].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/kv_codec.h"
+
+namespace pagoda::int_kv {
+
+struct tile_layout {
+  int bits = 8;
+  int cpb = 1;            // codes per byte
+  int lanes = 4;          // values per 32-bit word
+  bool symmetric = true;  // int8
+  bool key = true;
+  kv_scale_mode mode = kv_scale_mode::per_token;
+  int n_groups = 1;       // scale groups per token (per_token 1, group D / group_size)
+  int group_size = 0;     // channels per scale group (per_token: D)
+  int n_outer = 0;        // keys: channel words; values: token words
+  std::size_t codes_bytes = 0;
+  std::size_t n_scales = 0;
+  std::size_t scale_off = 0;
+  std::size_t offset_off = 0;  // asymmetric only
+  std::size_t bytes = 0;
+
+  int u_min() const { return symmetric ? 1 : 0; }
+  int u_max() const { return symmetric ? 255 : (1 << bits) - 1; }
+};
+
+tile_layout layout_of(const kv_format& fmt, kv_tile_shape shape);
+
+// Byte offset of value (token t, channel d) and its bit shift in that byte.
+inline std::size_t code_byte(const tile_layout& L, kv_tile_shape s, int t, int d, int& shift) {
+  int outer, inner, pos;
+  if (L.key) {
+    outer = d / L.lanes;
+    inner = d % L.lanes;
+    pos = outer * s.block_size + t;
+  } else {
+    outer = t / L.lanes;
+    inner = t % L.lanes;
+    pos = outer * s.head_dim + d;
+  }
+  shift = L.bits * (inner / 4);
+  return static_cast<std::size_t>(pos) * 4 + (inner % 4);
+}
+
+// Index into the scale (and offset) arrays of value (t, d), for modes that store them.
+inline std::size_t scale_index(const tile_layout& L, kv_tile_shape s, int t, int d) {
+  switch (L.mode) {
+    case kv_scale_mode::per_token: return static_cast<std::size_t>(t);
+    case kv_scale_mode::group: return static_cast<std::size_t>(d / L.group_size) * s.block_size + t;
+    default: return static_cast<std::size_t>(d);
+  }
+}
+
+// Whether the AVX-512 kernels handle this format (others use the reference):
+// scale groups must align with the packed words (keys) or 16-channel vectors (values).
+bool simd_supported(const tile_layout& L, kv_tile_shape shape);
+
+void qk_avx512(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+               int n_tokens, const float* q, int n_q, float* scores, int ld);
+void av_avx512(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+               int n_tokens, const float* w, int ld, int n_q, float* acc);
+
+}  // namespace pagoda::int_kv

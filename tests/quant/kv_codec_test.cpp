@@ -1,0 +1,398 @@
+// Every KV codec and scale mode against its reference twin and against the exact
+// values it stores, with stated error bounds.
+//
+// - round trip: decoded values within the codec's own rounding bound of the input;
+// - SIMD vs reference on random shapes and runs of tiles;
+// - lanes independent (the batch-invariance property attention relies on).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/aligned_buffer.h"
+#include "core/cpu.h"
+#include "core/half.h"
+#include "quant/kv_codec.h"
+
+namespace pagoda {
+namespace {
+
+struct level_guard {
+  simd_level saved = active_simd_level();
+  ~level_guard() { set_simd_level(saved); }
+};
+
+// A codec configuration under test; group_size -1 picks one that divides head_dim.
+struct case_t {
+  kv_type type;
+  kv_scale_mode mode;
+  int group_size = 0;
+};
+
+std::string case_name(const case_t& c) {
+  std::string n = std::string(kv_type_name(c.type)) + "_" + kv_scale_mode_name(c.mode);
+  if (c.group_size > 0) n += std::to_string(c.group_size);
+  return n;
+}
+
+kv_format format_of(const case_t& c, kv_role role, int head_dim) {
+  kv_format f{c.type, role, c.mode, 0};
+  if (c.mode == kv_scale_mode::group)
+    f.group_size = c.group_size > 0 ? c.group_size : head_dim % 32 == 0 ? 32 : head_dim % 16 == 0 ? 16 : head_dim;
+  return f;
+}
+
+// Values ~ N(0, 1), with a few outlier channels (x8, shifted by +3) as real keys have.
+std::vector<float> kv_data(std::mt19937& rng, int n_tokens, int head_dim) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n_tokens) * head_dim);
+  for (int t = 0; t < n_tokens; ++t)
+    for (int d = 0; d < head_dim; ++d) {
+      float v = nd(rng);
+      if (d % 7 == 3) v = 8.0f * v + 3.0f;
+      x[static_cast<std::size_t>(t) * head_dim + d] = v;
+    }
+  return x;
+}
+
+// Static parameters from the data's exact per-channel ranges (no clipping).
+struct static_holder {
+  std::vector<float> scale, offset;
+  kv_static_params params;
+  static_holder(const kv_codec* c, const kv_format& f, const std::vector<float>& x, int head_dim) {
+    std::vector<float> lo(head_dim, INFINITY), hi(head_dim, -INFINITY);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      lo[i % head_dim] = std::min(lo[i % head_dim], x[i]);
+      hi[i % head_dim] = std::max(hi[i % head_dim], x[i]);
+    }
+    scale.resize(head_dim);
+    offset.resize(head_dim);
+    if (c->make_static) c->make_static(f, head_dim, lo.data(), hi.data(), scale.data(), offset.data());
+    params = {scale.data(), offset.data()};
+  }
+  const kv_static_params* get(const kv_format& f) const {
+    return f.scale_mode == kv_scale_mode::static_scales ? &params : nullptr;
+  }
+};
+
+// The largest error decoding may show for element (t, d) of block x[B][D]: half
+// a quantization step of the scale group that holds it, plus the fp16 rounding
+// of the group's scale and offset.
+double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D, int t, int d,
+                   const static_holder& st) {
+  auto at = [&](int tt, int dd) { return static_cast<double>(x[static_cast<std::size_t>(tt) * D + dd]); };
+  std::vector<double> group;  // values sharing a scale with (t, d)
+  switch (f.scale_mode) {
+    case kv_scale_mode::per_token:
+    case kv_scale_mode::none:
+      for (int dd = 0; dd < D; ++dd) group.push_back(at(t, dd));
+      break;
+    case kv_scale_mode::group: {
+      int g0 = d / f.group_size * f.group_size;
+      for (int dd = g0; dd < std::min(D, g0 + f.group_size); ++dd) group.push_back(at(t, dd));
+      break;
+    }
+    case kv_scale_mode::per_channel:
+      for (int tt = 0; tt < B; ++tt) group.push_back(at(tt, d));
+      break;
+    case kv_scale_mode::static_scales:
+      break;
+  }
+  const double v = std::fabs(at(t, d));
+  double lo = 0, hi = 0, amax = 0;
+  if (!group.empty()) {
+    lo = *std::min_element(group.begin(), group.end());
+    hi = *std::max_element(group.begin(), group.end());
+    amax = std::max(std::fabs(lo), std::fabs(hi));
+  }
+  switch (f.type) {
+    case kv_type::f32: return 0;
+    case kv_type::f16: return v * 0x1p-11 + 0x1p-25;  // half an ulp, or of the subnormal step
+    case kv_type::bf16: return v * 0x1p-8;
+    case kv_type::fp8_e4m3:
+    case kv_type::fp8_e5m2: {
+      const bool e4 = f.type == kv_type::fp8_e4m3;
+      double s = f.scale_mode == kv_scale_mode::per_token ? amax / (e4 ? 448.0 : 57344.0)
+                 : f.scale_mode == kv_scale_mode::static_scales ? st.scale[0]
+                                                                : 1.0;
+      // Half an ulp (2^-4 / 2^-3 relative), half a subnormal step, and the
+      // saturation an fp16-rounded scale can cause.
+      return v * (e4 ? 0x1p-4 : 0x1p-3) + s * (e4 ? 0x1p-10 : 0x1p-17) + amax * 0x1p-10;
+    }
+    case kv_type::int8:
+    case kv_type::int4:
+    case kv_type::int2: {
+      const double levels = f.type == kv_type::int8 ? 255 : f.type == kv_type::int4 ? 15 : 3;
+      if (f.scale_mode == kv_scale_mode::static_scales)
+        return 0.5 * st.scale[d] * 1.0001 + 1e-6 * (std::fabs(st.offset[d]) + v);
+      double step = f.type == kv_type::int8 ? amax / 127.0 : (hi - lo) / levels;
+      return 0.5 * step * (1 + 0x1p-9) + (std::fabs(lo) + std::fabs(hi)) * 0x1p-10 + 1e-7;
+    }
+    case kv_type::q8_0:
+    case kv_type::q4_0: {
+      int g0 = d / 32 * 32;
+      double a = 0;
+      for (int dd = g0; dd < std::min(D, g0 + 32); ++dd) a = std::max(a, std::fabs(at(t, dd)));
+      // q8_0: half a step of amax/127; q4_0: the positive end saturates at 7 of 8 steps.
+      return f.type == kv_type::q8_0 ? 0.5 * a / 127.0 + a * 0x1p-10 : a / 8.0 + a * 0x1p-10;
+    }
+  }
+  return 0;
+}
+
+std::vector<case_t> all_cases() {
+  using m = kv_scale_mode;
+  return {
+      {kv_type::f32, m::none},          {kv_type::f16, m::none},           {kv_type::bf16, m::none},
+      {kv_type::fp8_e4m3, m::per_token}, {kv_type::fp8_e4m3, m::none},     {kv_type::fp8_e4m3, m::static_scales},
+      {kv_type::fp8_e5m2, m::per_token}, {kv_type::fp8_e5m2, m::static_scales},
+      {kv_type::int8, m::per_token},    {kv_type::int8, m::per_channel},   {kv_type::int8, m::group, -1},
+      {kv_type::int8, m::static_scales},
+      {kv_type::int4, m::per_token},    {kv_type::int4, m::per_channel},   {kv_type::int4, m::group, -1},
+      {kv_type::int4, m::static_scales},
+      {kv_type::int2, m::per_token},    {kv_type::int2, m::per_channel},   {kv_type::int2, m::group, -1},
+      {kv_type::int2, m::static_scales},
+      {kv_type::q8_0, m::group, 32},    {kv_type::q4_0, m::group, 32},
+  };
+}
+
+class codec_case : public ::testing::TestWithParam<case_t> {};
+
+// Writes x[B][D] into a tile the way the pool does: whole for sealed formats,
+// otherwise in three pieces (as a sequence fills a block over several steps).
+void encode_block(const kv_codec* c, const kv_format& f, kv_tile_shape s, const kv_static_params* sp,
+                  const std::vector<float>& x, void* tile) {
+  if (kv_format_sealed(f) || s.block_size < 3) {
+    c->encode(f, s, sp, x.data(), 0, s.block_size, tile);
+    return;
+  }
+  int a = s.block_size / 3, b = s.block_size / 2;
+  c->encode(f, s, sp, x.data(), 0, a, tile);
+  c->encode(f, s, sp, x.data() + static_cast<std::size_t>(a) * s.head_dim, a, b - a, tile);
+  c->encode(f, s, sp, x.data() + static_cast<std::size_t>(b) * s.head_dim, b, s.block_size - b, tile);
+}
+
+TEST_P(codec_case, decode_is_within_the_rounding_bound) {
+  const case_t cs = GetParam();
+  const kv_codec* c = get_kv_codec(cs.type);
+  ASSERT_NE(c, nullptr);
+  std::mt19937 rng(1);
+  for (kv_role role : {kv_role::key, kv_role::value})
+    for (kv_tile_shape shape : {kv_tile_shape{16, 8}, kv_tile_shape{16, 128}, kv_tile_shape{8, 40}, kv_tile_shape{32, 64}}) {
+      kv_format f = format_of(cs, role, shape.head_dim);
+      ASSERT_TRUE(c->check(f, shape).ok()) << c->check(f, shape).message();
+      auto x = kv_data(rng, shape.block_size, shape.head_dim);
+      static_holder st(c, f, x, shape.head_dim);
+      aligned_buffer tile(c->tile_bytes(f, shape));
+      std::memset(tile.data(), 0xa5, c->tile_bytes(f, shape));  // stale bytes must not leak through
+      encode_block(c, f, shape, st.get(f), x, tile.data());
+      std::vector<float> y(x.size());
+      c->decode(f, shape, st.get(f), tile.data(), 0, shape.block_size, y.data());
+      double worst = 0;
+      for (int t = 0; t < shape.block_size; ++t)
+        for (int d = 0; d < shape.head_dim; ++d) {
+          std::size_t i = static_cast<std::size_t>(t) * shape.head_dim + d;
+          double bound = error_bound(f, x, shape.block_size, shape.head_dim, t, d, st);
+          ASSERT_LE(std::fabs(y[i] - x[i]), bound) << kv_format_name(f) << " t=" << t << " d=" << d << " x=" << x[i];
+          worst = std::max(worst, std::fabs(static_cast<double>(y[i]) - x[i]));
+        }
+      if (cs.type != kv_type::f32) {
+        EXPECT_GT(worst, 0) << "a lossy codec stored values exactly: not encoding?";
+      }
+    }
+}
+
+// SIMD vs reference on random shapes and runs of tiles. The float-like kernels
+// differ from the reference only by fused rounding (1e-5 of sum |q_d k_d|). The
+// integer kernels also split the f32 operand into two int8 halves, which moves
+// each operand element by at most 1.6e-5 of the row's largest, so we allow
+// 3.2e-5 * max|operand| * sum(|decoded| + max|decoded|) on top (the second
+// term covers the offsets, which the codes are measured from).
+TEST_P(codec_case, simd_matches_reference) {
+  level_guard guard;
+  const case_t cs = GetParam();
+  const kv_codec* c = get_kv_codec(cs.type);
+  const bool integer = cs.type == kv_type::int8 || cs.type == kv_type::int4 || cs.type == kv_type::int2;
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 48; ++trial) {
+    const int bs = std::vector<int>{1, 8, 16, 32, 16, 17}[trial % 6];
+    const int hd = std::vector<int>{8, 64, 80, 128, 32}[trial % 5];
+    const int n_q = 1 + trial % 7;
+    const int n_tiles = 1 + static_cast<int>(rng() % 4);
+    const int n_tok = (n_tiles - 1) * bs + 1 + static_cast<int>(rng() % bs);
+    kv_tile_shape shape{bs, hd};
+    kv_format kf = format_of(cs, kv_role::key, hd), vf = format_of(cs, kv_role::value, hd);
+    if (!c->check(kf, shape).ok()) continue;
+    std::vector<aligned_buffer> kt, vt;
+    std::vector<const void*> kp, vp;
+    std::vector<float> kd(static_cast<std::size_t>(n_tiles) * bs * hd), vd(kd.size());
+    auto all_k = kv_data(rng, n_tiles * bs, hd), all_v = kv_data(rng, n_tiles * bs, hd);
+    static_holder sk(c, kf, all_k, hd), sv(c, vf, all_v, hd);
+    for (int i = 0; i < n_tiles; ++i) {
+      std::vector<float> xk(all_k.begin() + static_cast<std::ptrdiff_t>(i) * bs * hd,
+                            all_k.begin() + static_cast<std::ptrdiff_t>(i + 1) * bs * hd);
+      std::vector<float> xv(all_v.begin() + static_cast<std::ptrdiff_t>(i) * bs * hd,
+                            all_v.begin() + static_cast<std::ptrdiff_t>(i + 1) * bs * hd);
+      kt.emplace_back(c->tile_bytes(kf, shape));
+      vt.emplace_back(c->tile_bytes(vf, shape));
+      encode_block(c, kf, shape, sk.get(kf), xk, kt.back().data());
+      encode_block(c, vf, shape, sv.get(vf), xv, vt.back().data());
+      c->decode(kf, shape, sk.get(kf), kt.back().data(), 0, bs, kd.data() + static_cast<std::size_t>(i) * bs * hd);
+      c->decode(vf, shape, sv.get(vf), vt.back().data(), 0, bs, vd.data() + static_cast<std::size_t>(i) * bs * hd);
+      kp.push_back(kt.back().data());
+      vp.push_back(vt.back().data());
+    }
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> q(static_cast<std::size_t>(n_q) * hd), w(static_cast<std::size_t>(n_q) * n_tiles * bs);
+    for (float& x : q) x = nd(rng);
+    for (float& x : w) x = std::exp(nd(rng) - 2.0f);  // softmax-like weights, all positive
+    const int ld = n_tiles * bs;
+    std::vector<float> s_ref(n_q * ld, -1.0f), s_simd(n_q * ld, -1.0f);
+    std::vector<float> a_ref(n_q * hd, 0.5f), a_simd(n_q * hd, 0.5f);
+    c->qk_ref(kf, shape, sk.get(kf), kp.data(), n_tok, q.data(), n_q, s_ref.data(), ld);
+    c->av_ref(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, a_ref.data());
+    set_simd_level(simd_level::avx512);
+    c->qk(kf, shape, sk.get(kf), kp.data(), n_tok, q.data(), n_q, s_simd.data(), ld);
+    c->av(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, a_simd.data());
+    set_simd_level(simd_level::scalar);
+    // Offsets (per-channel minima) are within the largest decoded magnitude.
+    double kmax = 0, vmax = 0;
+    for (float x : kd) kmax = std::max(kmax, std::fabs(static_cast<double>(x)));
+    for (float x : vd) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
+    for (int r = 0; r < n_q; ++r) {
+      const float* qr = &q[static_cast<std::size_t>(r) * hd];
+      double qmax = 0;
+      for (int d = 0; d < hd; ++d) qmax = std::max(qmax, std::fabs(static_cast<double>(qr[d])));
+      for (int t = 0; t < n_tok; ++t) {
+        const float* k = &kd[static_cast<std::size_t>(t) * hd];
+        double mag = 0, sum_abs = 0;
+        for (int d = 0; d < hd; ++d) {
+          mag += std::fabs(qr[d] * k[d]);
+          sum_abs += std::fabs(k[d]);
+        }
+        double tol = 1e-5 * mag + 1e-6 + (integer ? 3.2e-5 * qmax * (sum_abs + hd * kmax) : 0.0);
+        ASSERT_NEAR(s_simd[r * ld + t], s_ref[r * ld + t], tol) << kv_format_name(kf) << " trial " << trial;
+      }
+      for (int t = n_tok; t < ld; ++t) ASSERT_EQ(s_simd[r * ld + t], -1.0f) << "wrote past n_tokens";
+      double wmax = 0;
+      for (int t = 0; t < n_tok; ++t) wmax = std::max(wmax, static_cast<double>(w[r * ld + t]));
+      for (int d = 0; d < hd; ++d) {
+        double mag = 0.5, sum_abs = 0;
+        for (int t = 0; t < n_tok; ++t) {
+          double v = vd[static_cast<std::size_t>(t) * hd + d];
+          mag += std::fabs(w[r * ld + t] * v);
+          sum_abs += std::fabs(v);
+        }
+        double tol = 1e-5 * mag + (integer ? 3.2e-5 * wmax * (sum_abs + n_tok * vmax) : 0.0);
+        ASSERT_NEAR(a_simd[r * hd + d], a_ref[r * hd + d], tol) << kv_format_name(vf) << " trial " << trial;
+      }
+    }
+  }
+}
+
+// A score or value sum of one query row is bitwise the same whether computed
+// alone or with other rows, whatever the number of valid tokens after it, and
+// zero weights leave the sum exactly as if their tokens were not there.
+TEST_P(codec_case, lanes_are_independent) {
+  level_guard guard;
+  const case_t cs = GetParam();
+  const kv_codec* c = get_kv_codec(cs.type);
+  for (simd_level level : {simd_level::scalar, simd_level::avx512}) {
+    set_simd_level(level);
+    std::mt19937 rng(3);
+    kv_tile_shape shape{16, 64};
+    kv_format kf = format_of(cs, kv_role::key, 64), vf = format_of(cs, kv_role::value, 64);
+    std::vector<aligned_buffer> kt, vt;
+    std::vector<const void*> kp, vp;
+    auto xk = kv_data(rng, 48, 64), xv = kv_data(rng, 48, 64);
+    static_holder sk(c, kf, xk, 64), sv(c, vf, xv, 64);
+    for (int i = 0; i < 3; ++i) {
+      kt.emplace_back(c->tile_bytes(kf, shape));
+      vt.emplace_back(c->tile_bytes(vf, shape));
+      c->encode(kf, shape, sk.get(kf), xk.data() + i * 16 * 64, 0, 16, kt.back().data());
+      c->encode(vf, shape, sv.get(vf), xv.data() + i * 16 * 64, 0, 16, vt.back().data());
+      kp.push_back(kt.back().data());
+      vp.push_back(vt.back().data());
+    }
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> q(6 * 64);
+    for (float& x : q) x = nd(rng);
+    std::vector<float> all(6 * 48), one(48);
+    c->qk(kf, shape, sk.get(kf), kp.data(), 48, q.data(), 6, all.data(), 48);
+    for (int r = 0; r < 6; ++r) {
+      c->qk(kf, shape, sk.get(kf), kp.data(), 21, q.data() + r * 64, 1, one.data(), 48);
+      for (int t = 0; t < 21; ++t) ASSERT_EQ(one[t], all[r * 48 + t]) << "row " << r << " t " << t;
+    }
+    std::vector<float> w(6 * 48);
+    for (float& x : w) x = std::exp(nd(rng));
+    for (int r = 0; r < 6; ++r)
+      for (int t = 21 + r; t < 48; ++t) w[r * 48 + t] = 0.0f;
+    std::vector<float> acc_all(6 * 64, 0.25f), acc_one(64, 0.25f);
+    c->av(vf, shape, sv.get(vf), vp.data(), 48, w.data(), 48, 6, acc_all.data());
+    c->av(vf, shape, sv.get(vf), vp.data(), 24, w.data() + 3 * 48, 48, 1, acc_one.data());
+    for (int d = 0; d < 64; ++d) ASSERT_EQ(acc_one[d], acc_all[3 * 64 + d]) << simd_level_name(level) << " d " << d;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(codecs, codec_case, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+TEST(kv_codec, every_type_has_a_codec_and_a_default_format) {
+  for (int i = 0; i < k_n_kv_types; ++i) {
+    kv_type t = static_cast<kv_type>(i);
+    const kv_codec* c = get_kv_codec(t);
+    ASSERT_NE(c, nullptr) << kv_type_name(t);
+    EXPECT_STREQ(c->name, kv_type_name(t));
+    for (kv_role role : {kv_role::key, kv_role::value})
+      EXPECT_TRUE(c->check(default_kv_format(t, role), {16, 8}).ok()) << kv_type_name(t);
+  }
+  EXPECT_TRUE(kv_format_sealed(default_kv_format(kv_type::int4, kv_role::key)));   // KIVI keys per channel
+  EXPECT_FALSE(kv_format_sealed(default_kv_format(kv_type::int4, kv_role::value)));  // values per token
+  EXPECT_FALSE(kv_format_sealed(default_kv_format(kv_type::int8, kv_role::key)));
+}
+
+TEST(kv_codec, parse_names_and_aliases) {
+  EXPECT_EQ(*parse_kv_type("f16"), kv_type::f16);
+  EXPECT_EQ(*parse_kv_type("FP16"), kv_type::f16);
+  EXPECT_EQ(*parse_kv_type("float32"), kv_type::f32);
+  EXPECT_EQ(*parse_kv_type("fp8"), kv_type::fp8_e4m3);
+  EXPECT_EQ(*parse_kv_type("fp8_e5m2"), kv_type::fp8_e5m2);
+  EXPECT_EQ(*parse_kv_type("q8_0"), kv_type::q8_0);
+  EXPECT_EQ(*parse_kv_type("bfloat16"), kv_type::bf16);
+  auto bad = parse_kv_type("f7");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code(), errc::invalid_argument);
+  EXPECT_NE(bad.error().message().find("f7"), std::string::npos);
+}
+
+// Tile sizes are what the layouts say; bits per element include the scales.
+TEST(kv_codec, tile_bytes_and_bits_per_element) {
+  auto bits = [](kv_type t, kv_role r, kv_tile_shape s) { return kv_format_bits_per_element(default_kv_format(t, r), s); };
+  kv_tile_shape llama{16, 128}, stories{16, 8};
+  EXPECT_DOUBLE_EQ(bits(kv_type::f16, kv_role::key, llama), 16.0);
+  EXPECT_DOUBLE_EQ(bits(kv_type::fp8_e4m3, kv_role::key, llama), 8.0 + 16.0 / 128);  // fp16 scale per token
+  EXPECT_DOUBLE_EQ(bits(kv_type::int8, kv_role::key, llama), 8.0 + 16.0 / 128);      // symmetric: scale only
+  EXPECT_DOUBLE_EQ(bits(kv_type::int4, kv_role::key, llama), 4.0 + 32.0 / 16);       // per channel over 16 tokens
+  EXPECT_DOUBLE_EQ(bits(kv_type::int4, kv_role::value, llama), 4.0 + 32.0 / 128);    // per token
+  EXPECT_DOUBLE_EQ(bits(kv_type::int2, kv_role::key, llama), 2.0 + 32.0 / 16);
+  EXPECT_DOUBLE_EQ(bits(kv_type::q8_0, kv_role::key, llama), 8.5);                   // ggml: 34 bytes / 32
+  EXPECT_DOUBLE_EQ(bits(kv_type::q4_0, kv_role::key, llama), 4.5);
+  // head_dim 8: q8_0 pads each token to one 32-value block.
+  EXPECT_DOUBLE_EQ(bits(kv_type::q8_0, kv_role::key, stories), 34.0);
+  EXPECT_DOUBLE_EQ(bits(kv_type::int4, kv_role::value, stories), 4.0 + 32.0 / 8);
+}
+
+TEST(kv_codec, group_size_must_divide_head_dim) {
+  const kv_codec* c = get_kv_codec(kv_type::int4);
+  auto st = c->check({kv_type::int4, kv_role::value, kv_scale_mode::group, 3}, {16, 8});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("does not divide"), std::string::npos) << st.message();
+  EXPECT_FALSE(get_kv_codec(kv_type::f16)->check({kv_type::f16, kv_role::key, kv_scale_mode::per_token, 0}, {16, 8}).ok());
+  EXPECT_FALSE(get_kv_codec(kv_type::q8_0)->check({kv_type::q8_0, kv_role::key, kv_scale_mode::per_token, 0}, {16, 8}).ok());
+}
+
+}  // namespace
+}  // namespace pagoda
