@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu.h"
+#include "quant/kv_format_spec.h"
 
 namespace pagoda {
 namespace {
@@ -17,10 +18,16 @@ struct fixture {
   std::unique_ptr<kv_storage> kv;
   std::vector<block_id> table;
   std::vector<float> q;  // [n_ctx][n_kv_heads * n_rep * head_dim]
+  std::vector<float> k, v;  // [n_ctx][n_kv_heads][head_dim], as written
 
-  fixture(kv_type type, int n_kv_heads_, int n_rep_, int head_dim_, int block_size_, int n_ctx_, unsigned seed)
+  // spec: a K/V pair as the CLI spells it ("f32", "k8v4", "int4/token+int2").
+  fixture(const std::string& spec, int n_kv_heads_, int n_rep_, int head_dim_, int block_size_, int n_ctx_,
+          unsigned seed)
       : n_kv_heads(n_kv_heads_), n_rep(n_rep_), head_dim(head_dim_), block_size(block_size_), n_ctx(n_ctx_) {
-    auto layout = kv_layout::uniform(1, n_kv_heads, head_dim, block_size, type, type);
+    kv_pair_spec pair = *parse_kv_pair_spec(spec);
+    kv_layout layout = kv_layout::uniform(1, n_kv_heads, head_dim, block_size, kv_type::f32, kv_type::f32);
+    layout.k_formats[0] = pair.k.resolve(kv_role::key, false);
+    layout.v_formats[0] = pair.v.resolve(kv_role::value, false);
     int n_blocks = (n_ctx + block_size - 1) / block_size;
     kv = *kv_storage::create(layout, n_blocks + 7);
     // A scattered block table: attention must follow it, not assume contiguity.
@@ -30,7 +37,8 @@ struct fixture {
     std::shuffle(ids.begin(), ids.end(), rng);
     for (int i = 0; i < n_blocks; ++i) table.push_back(block_id(ids[i]));
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> k(static_cast<std::size_t>(n_ctx) * n_kv_heads * head_dim), v(k.size());
+    k.resize(static_cast<std::size_t>(n_ctx) * n_kv_heads * head_dim);
+    v.resize(k.size());
     for (float& x : k) x = nd(rng);
     for (float& x : v) x = nd(rng);
     // Written in uneven chunks, as prefill chunks and decode steps would.
@@ -74,23 +82,35 @@ struct fixture {
 };
 
 struct params {
-  kv_type type;
+  const char* spec;
   int n_kv_heads, n_rep, head_dim, block_size, n_ctx;
 };
+
+bool integer_codes(const std::string& spec) {
+  kv_pair_spec p = *parse_kv_pair_spec(spec);
+  for (kv_type t : {p.k.type, p.v.type})
+    if (t == kv_type::int8 || t == kv_type::int4 || t == kv_type::int2) return true;
+  return false;
+}
 
 class paged_attention_p : public ::testing::TestWithParam<params> {};
 
 // Against a double-precision reference on decoded K/V: the fast path rounds in
 // float (scores, exp, sums over up to n_ctx terms), so we allow 2e-5 absolute on
-// outputs whose magnitude is O(1) (values ~ N(0,1), weights summing to 1).
+// outputs whose magnitude is O(1) (values ~ N(0,1), weights summing to 1). The
+// integer kernels also split q and the weights into two int8 halves (1.6e-5 of
+// each row's largest element): scores move by up to ~1e-3 at head_dim 128, so
+// there we allow 2e-3.
 TEST_P(paged_attention_p, matches_reference) {
   const params& p = GetParam();
   for (simd_level level : {simd_level::scalar, simd_level::avx512}) {
     set_simd_level(level);
-    fixture f(p.type, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 11);
+    fixture f(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 11);
     auto ref = f.run(0, p.n_ctx, true);
     auto got = f.run(0, p.n_ctx, false);
-    for (std::size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5) << "i=" << i << " level " << simd_level_name(level);
+    const double tol = level == simd_level::avx512 && integer_codes(p.spec) ? 2e-3 : 2e-5;
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      ASSERT_NEAR(got[i], ref[i], tol) << "i=" << i << " level " << simd_level_name(level);
   }
   set_simd_level(simd_level::avx512);
 }
@@ -99,7 +119,7 @@ TEST_P(paged_attention_p, matches_reference) {
 // any size equals, bit for bit, the same row computed alone as a decode step.
 TEST_P(paged_attention_p, chunked_equals_token_by_token_bitwise) {
   const params& p = GetParam();
-  fixture f(p.type, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 5);
+  fixture f(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 5);
   auto whole = f.run(0, p.n_ctx, false);
   std::size_t stride = f.q_stride();
   for (int pos = 0; pos < p.n_ctx; pos += 1 + pos / 3) {
@@ -116,12 +136,105 @@ TEST_P(paged_attention_p, chunked_equals_token_by_token_bitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(shapes, paged_attention_p,
-                         ::testing::Values(params{kv_type::f32, 4, 2, 8, 16, 70},      // stories260K-like
-                                           params{kv_type::f16, 4, 2, 8, 16, 70},
-                                           params{kv_type::f32, 2, 4, 128, 16, 150},   // llama3-like GQA
-                                           params{kv_type::f16, 2, 4, 128, 16, 150},
-                                           params{kv_type::f32, 1, 1, 64, 32, 100},    // MHA, other block size
-                                           params{kv_type::f16, 3, 3, 40, 8, 33}));
+                         ::testing::Values(params{"f32", 4, 2, 8, 16, 70},      // stories260K-like
+                                           params{"f16", 4, 2, 8, 16, 70},
+                                           params{"f32", 2, 4, 128, 16, 150},   // llama3-like GQA
+                                           params{"f16", 2, 4, 128, 16, 150},
+                                           params{"f32", 1, 1, 64, 32, 100},    // MHA, other block size
+                                           params{"f16", 3, 3, 40, 8, 33},
+                                           params{"bf16", 2, 4, 128, 16, 150},
+                                           params{"fp8", 4, 2, 8, 16, 70},
+                                           params{"fp8_e5m2", 2, 4, 128, 16, 150},
+                                           params{"int8", 4, 2, 8, 16, 70},
+                                           params{"int8", 2, 4, 128, 16, 150},
+                                           params{"int8/channel", 2, 4, 128, 16, 150},
+                                           params{"int4", 4, 2, 8, 16, 70},     // KIVI: K per channel, V per token
+                                           params{"int4", 2, 4, 128, 16, 150},
+                                           params{"int4/token", 2, 4, 128, 16, 150},
+                                           params{"int4/g32", 2, 4, 128, 16, 150},
+                                           params{"int2", 2, 4, 128, 16, 150},
+                                           params{"int2", 3, 3, 40, 8, 33},
+                                           params{"k8v4", 2, 4, 128, 32, 100},
+                                           params{"int4+f16", 2, 4, 64, 16, 90},
+                                           params{"q8_0", 4, 2, 8, 16, 70},     // head_dim zero-padded to 32
+                                           params{"q4_0", 2, 4, 128, 16, 150}),
+                         [](const auto& info) {
+                           std::string n = info.param.spec;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n + "_hd" + std::to_string(info.param.head_dim) + "_bs" +
+                                  std::to_string(info.param.block_size);
+                         });
+
+// Quantized attention against exact (f32 KV) attention on the same data, with a
+// bound derived per query row from the stored errors: if every score moves by at
+// most delta (delta = max_t |scale * q.(k^_t - k_t)|, from the decoded keys) the
+// softmax weights move by at most e^(2 delta) - 1 in total, so
+//   |out^ - out| <= max |v^ - v| + (e^(2 delta) - 1) * max |v|
+// (plus 1e-3 for float rounding and the kernels' operand splitting). The test
+// also checks the codecs are lossy at all (a bound that always holds trivially
+// would prove nothing).
+class quantized_vs_exact : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(quantized_vs_exact, within_the_stored_error_bound) {
+  const int H = 2, R = 4, D = 64, B = 16, N = 120;
+  fixture exact("f32", H, R, D, B, N, 21), quant(GetParam(), H, R, D, B, N, 21);
+  ASSERT_EQ(exact.k, quant.k);
+  auto ref = exact.run(0, N, false);
+  auto got = quant.run(0, N, false);
+  paged_kv_view kv = quant.kv->k_view(0, quant.table, N), vv = quant.kv->v_view(0, quant.table, N);
+  auto decode = [&](const paged_kv_view& view, int p, int h) {
+    std::vector<float> out(D);
+    int b = p / B, slot = p % B;
+    if (view.is_staged(b)) view.staged_codec->decode(view.staged_format, view.shape, nullptr, view.staged_tile(h), slot, 1, out.data());
+    else view.codec->decode(view.format, view.shape, view.params(h), view.tile(b, h), slot, 1, out.data());
+    return out;
+  };
+  double worst = 0, worst_bound = 0;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int h = 0; h < H; ++h) {
+    std::vector<std::vector<float>> kd(N), vd(N);
+    for (int p = 0; p < N; ++p) {
+      kd[p] = decode(kv, p, h);
+      vd[p] = decode(vv, p, h);
+    }
+    for (int i = 0; i < N; ++i)
+      for (int j = 0; j < R; ++j) {
+        const float* q = &quant.q[static_cast<std::size_t>(i) * quant.q_stride() + (h * R + j) * D];
+        double delta = 0, ev = 0, vmax = 0;
+        for (int p = 0; p <= i; ++p) {
+          double ds = 0;
+          for (int d = 0; d < D; ++d) {
+            std::size_t x = (static_cast<std::size_t>(p) * H + h) * D + d;
+            ds += q[d] * (static_cast<double>(kd[p][d]) - quant.k[x]);
+            ev = std::max(ev, std::fabs(static_cast<double>(vd[p][d]) - quant.v[x]));
+            vmax = std::max(vmax, std::fabs(static_cast<double>(quant.v[x])));
+          }
+          delta = std::max(delta, std::fabs(ds) * scale);
+        }
+        const double bound = ev + std::expm1(2 * delta) * vmax + 1e-3;
+        for (int d = 0; d < D; ++d) {
+          std::size_t o = static_cast<std::size_t>(i) * quant.q_stride() + (h * R + j) * D + d;
+          double err = std::fabs(static_cast<double>(got[o]) - ref[o]);
+          ASSERT_LE(err, bound) << GetParam() << " row " << i << " head " << h * R + j << " d " << d;
+          worst = std::max(worst, err);
+          worst_bound = std::max(worst_bound, bound);
+        }
+      }
+  }
+  EXPECT_GT(worst, 1e-6) << GetParam() << ": no error at all, is the codec quantizing?";
+  ::testing::Test::RecordProperty("worst_error", std::to_string(worst));
+}
+
+INSTANTIATE_TEST_SUITE_P(codecs, quantized_vs_exact,
+                         ::testing::Values("bf16", "fp8", "fp8_e5m2", "int8", "int8/channel", "int4", "int4/token",
+                                           "int4/g16", "int2", "k8v4", "k4v2", "q8_0", "q4_0"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 TEST(softmax, simd_matches_reference) {
   std::mt19937 rng(2);
