@@ -7,15 +7,17 @@
 //
 // q8_0 / q4_0 weights: activations are quantized to q8_0 in the grouped layout
 // (matmul_internal.h), each column tile of weights is packed into the same
-// layout (8 blocks per group, one int32 lane pair per block), and a group costs
-// each pair four vpdpbusd (unsigned weight bytes x signed activation bytes, the
+// layout (16 blocks per group, one int32 lane per block), and a group costs each
+// pair eight vpdpbusd (unsigned weight bytes x signed activation bytes, the
 // accumulator starting at the activation's offset correction), one conversion,
 // one multiply by the weight scales and one FMA with the activation scales:
-//   s   = init_x; s = dpbusd(s, w'_k, x'_k) for k = 0..3     (exact integers)
+//   s   = init_x; s = dpbusd(s, w'_j, x'_j) for j = 0..7     (exact integers)
 //   acc = fma((float(s) * dw), dx, acc)                       (per lane)
 // then hsum16. Unsigned weight bytes are w ^ 0x80 = w + 128 for q8_0 and the raw
-// nibble = w + 8 for q4_0; init_x = -128 * sum(x) or -8 * sum(x) over the lane's
-// 16 activation bytes cancels the offsets exactly.
+// nibble = w + 8 for q4_0; init_x = -128 * sum(x) or -8 * sum(x) over the
+// block cancels the offsets exactly. vpdpbusd and FMA share two ports here, so
+// a group is 10 port slots for 512 multiply-adds per pair: the tile runs at that
+// bound (a layout with 8 blocks per group took 12 for 512).
 #include <immintrin.h>
 
 #include <cstring>
@@ -28,7 +30,7 @@ namespace {
 constexpr int k_fr = 6;  // float tile: rows
 constexpr int k_qr = 3;  // q tile: rows
 constexpr int k_tc = 4;  // columns per tile (both); also the threads' split grain
-constexpr std::size_t k_group_pack_bytes = 320;  // w'[4][64] u8 + dw[16] f32
+constexpr std::size_t k_group_pack_bytes = 576;  // w'[8][64] u8 + dw[16] f32
 
 // The per-pair horizontal reduction, fixed: halves, then quarters, then pairs.
 inline float hsum16(__m512 v) {
@@ -98,7 +100,7 @@ void f_tile<T>::shape<R, C>::run(const float* x, std::int64_t ldx, const std::by
 // ---------------------------------------------------------------------------
 
 // Eight 32-byte blocks b[p] -> four vectors out[k] with qword p = qword k of b[p].
-inline void transpose_group(const __m256i b[8], __m512i out[4]) {
+inline void transpose8(const __m256i b[8], __m512i out[4]) {
   const __m512i z0 = _mm512_inserti64x4(_mm512_castsi256_si512(b[0]), b[2], 1);
   const __m512i z1 = _mm512_inserti64x4(_mm512_castsi256_si512(b[1]), b[3], 1);
   const __m512i z2 = _mm512_inserti64x4(_mm512_castsi256_si512(b[4]), b[6], 1);
@@ -113,10 +115,19 @@ inline void transpose_group(const __m256i b[8], __m512i out[4]) {
   out[3] = _mm512_shuffle_i64x2(u1, u3, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
-// Lane pairs (2p, 2p + 1) <- element p of eight floats.
-inline __m512 spread_pairs(__m256 v) {
-  const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  return _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v));
+// Sixteen 32-byte blocks b[p] -> eight vectors out[j] with dword p = dword j of
+// b[p]: two 8-block qword transposes, then each qword k splits into its even
+// dwords (out[2k]) and odd dwords (out[2k + 1]).
+inline void transpose_group(const __m256i b[16], __m512i out[8]) {
+  __m512i lo[4], hi[4];
+  transpose8(b, lo);
+  transpose8(b + 8, hi);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int k = 0; k < 4; ++k) {
+    out[2 * k] = _mm512_permutex2var_epi32(lo[k], even, hi[k]);
+    out[2 * k + 1] = _mm512_permutex2var_epi32(lo[k], odd, hi[k]);
+  }
 }
 
 // Round half away from zero (std::round) for values with |v| < 2^23:
@@ -147,25 +158,28 @@ std::size_t avx512_act_row_bytes(tensor_type t, std::int64_t n_in) {
   return is_quantized(t) ? static_cast<std::size_t>(n_groups(n_in)) * k_group_act_bytes : 0;
 }
 
-// Quantizes 8 blocks (256 floats) into one group of the grouped layout.
+// Quantizes 16 blocks (512 floats) into one group of the grouped layout.
 inline void prepare_group(const float* x, int offset_shift, std::byte* out) {
-  __m256i blk[8];
-  fp16_t d16[8];
-#pragma GCC unroll 8
-  for (int p = 0; p < 8; ++p) blk[p] = quantize_block(x + p * k_block, d16[p]);
-  __m512i xq[4];
+  __m256i blk[16];
+  fp16_t d16[16];
+#pragma GCC unroll 16
+  for (int p = 0; p < 16; ++p) blk[p] = quantize_block(x + p * k_block, d16[p]);
+  __m512i xq[8];
   transpose_group(blk, xq);
   const __m512i ones = _mm512_set1_epi8(1);
   __m512i s = _mm512_setzero_si512();
-  for (int k = 0; k < 4; ++k) {
-    _mm512_store_si512(out + 64 * k, xq[k]);
-    s = _mm512_dpbusd_epi32(s, ones, xq[k]);  // the 16 values each lane covers, summed
+  for (int j = 0; j < 8; ++j) {
+    _mm512_store_si512(out + 64 * j, xq[j]);
+    s = _mm512_dpbusd_epi32(s, ones, xq[j]);  // lane p: the sum of block p
   }
-  _mm512_store_si512(out + 256, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, offset_shift)));
-  const __m128i d = _mm_setr_epi16(static_cast<short>(d16[0]), static_cast<short>(d16[1]), static_cast<short>(d16[2]),
-                                   static_cast<short>(d16[3]), static_cast<short>(d16[4]), static_cast<short>(d16[5]),
-                                   static_cast<short>(d16[6]), static_cast<short>(d16[7]));
-  _mm512_store_ps(out + 320, spread_pairs(_mm256_cvtph_ps(d)));
+  _mm512_store_si512(out + 512, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, offset_shift)));
+  const __m256i d = _mm256_setr_epi16(
+      static_cast<short>(d16[0]), static_cast<short>(d16[1]), static_cast<short>(d16[2]), static_cast<short>(d16[3]),
+      static_cast<short>(d16[4]), static_cast<short>(d16[5]), static_cast<short>(d16[6]), static_cast<short>(d16[7]),
+      static_cast<short>(d16[8]), static_cast<short>(d16[9]), static_cast<short>(d16[10]), static_cast<short>(d16[11]),
+      static_cast<short>(d16[12]), static_cast<short>(d16[13]), static_cast<short>(d16[14]),
+      static_cast<short>(d16[15]));
+  _mm512_store_ps(out + 576, _mm512_cvtph_ps(d));
 }
 
 void avx512_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
@@ -207,23 +221,23 @@ constexpr std::size_t weight_block_bytes() {
   return T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
 }
 
-// Packs the 8 blocks of weights at `blocks` (ggml layout) into one group.
+// Packs the 16 blocks of weights at `blocks` (ggml layout) into one group.
 template <tensor_type T>
 inline void pack_group(const std::byte* blocks, std::byte* out) {
   constexpr int stride = static_cast<int>(weight_block_bytes<T>());
-  __m256i blk[8];
-#pragma GCC unroll 8
-  for (int p = 0; p < 8; ++p) blk[p] = load_weight_block<T>(blocks, p);
-  __m512i wq[4];
+  __m256i blk[16];
+#pragma GCC unroll 16
+  for (int p = 0; p < 16; ++p) blk[p] = load_weight_block<T>(blocks, p);
+  __m512i wq[8];
   transpose_group(blk, wq);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == tensor_type::q8_0 ? 0x80 : 0));
-  for (int k = 0; k < 4; ++k) _mm512_store_si512(out + 64 * k, _mm512_xor_si512(wq[k], flip));
-  // The eight fp16 scales sit at the start of each block: gather the dwords
-  // there and keep their low halves.
-  const __m256i offsets = _mm256_setr_epi32(0, stride, 2 * stride, 3 * stride, 4 * stride, 5 * stride, 6 * stride,
-                                            7 * stride);
-  const __m256i d32 = _mm256_i32gather_epi32(reinterpret_cast<const int*>(blocks), offsets, 1);
-  _mm512_store_ps(out + 256, spread_pairs(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(d32))));
+  for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, _mm512_xor_si512(wq[j], flip));
+  // The fp16 scales sit at the start of each block: gather the dwords there and
+  // keep their low halves.
+  const __m512i offsets = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride));
+  const __m512i d32 = _mm512_i32gather_epi32(offsets, blocks, 1);
+  _mm512_store_ps(out + 512, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32)));
 }
 
 // Packs one weight row. `prefetch_row` (may be null) is the row the next column
@@ -267,12 +281,12 @@ void q_tile<R, C>::run(const std::byte* act, std::size_t act_stride, const std::
     __m512i s[R][C];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512i init = _mm512_load_si512(xg + r * act_stride + 256);
+      const __m512i init = _mm512_load_si512(xg + r * act_stride + 512);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) s[r][c] = init;
     }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
       __m512i wk[C];
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) wk[c] = _mm512_load_si512(wg + c * w_stride + 64 * k);
@@ -285,10 +299,10 @@ void q_tile<R, C>::run(const std::byte* act, std::size_t act_stride, const std::
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 dx = _mm512_load_ps(xg + r * act_stride + 320);
+      const __m512 dx = _mm512_load_ps(xg + r * act_stride + 576);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r][c]), _mm512_load_ps(wg + c * w_stride + 256));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r][c]), _mm512_load_ps(wg + c * w_stride + 512));
         acc[r][c] = _mm512_fmadd_ps(f, dx, acc[r][c]);
       }
     }

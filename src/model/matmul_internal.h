@@ -124,20 +124,21 @@ inline void prepare_plain(const float* x, std::int64_t m, std::int64_t n_in, std
 
 // ---------------------------------------------------------------------------
 // Grouped activation layout (AVX-512 level), built for vpdpbusd. Blocks go in
-// groups of 8 (the last group padded with zero blocks, d = 0). One group, 384 bytes:
-//   int8  xq[4][64]   xq[k][8p + i] = q of block p, element 8k + i (k < 4, i < 8):
-//                     qword p of vector k is the k-th 8-byte slice of block p, so
-//                     int32 lane 2p + e of every vector holds block p's elements
-//                     {8k + 4e .. 8k + 4e + 3}; four vpdpbusd steps sum 16 of them.
-//   int32 init[16]    -C * (sum of the 16 x values lane l covers), where C is the
-//                     offset of the unsigned weight operand (128 for q8_0: w ^ 0x80;
-//                     8 for q4_0: the raw nibble), so that starting the integer
+// groups of 16 (the last group padded with zero blocks, d = 0), one int32 lane
+// per block. One group, 640 bytes:
+//   int8  xq[8][64]   xq[j][4p + i] = q of block p, element 4j + i (j < 8, p < 16,
+//                     i < 4): int32 lane p of vector j is the j-th 4-byte slice of
+//                     block p, so eight vpdpbusd steps sum a whole block per lane
+//                     and the scales are applied once per 16 blocks.
+//   int32 init[16]    -C * (sum of block p's 32 values), where C is the offset of
+//                     the unsigned weight operand (128 for q8_0: w ^ 0x80; 8 for
+//                     q4_0: the raw nibble), so that starting the integer
 //                     accumulator at init cancels the offset exactly.
-//   float dx[16]      lane 2p + e = scale of block p.
+//   float dx[16]      lane p = scale of block p.
 // Weights are packed per column tile into the same shape (see matmul_avx512.cpp).
 // ---------------------------------------------------------------------------
-inline constexpr std::int64_t k_group_blocks = 8;
-inline constexpr std::size_t k_group_act_bytes = 384;
+inline constexpr std::int64_t k_group_blocks = 16;
+inline constexpr std::size_t k_group_act_bytes = 640;
 inline std::int64_t n_groups(std::int64_t n_in) {
   return (n_in / k_block + k_group_blocks - 1) / k_group_blocks;
 }

@@ -154,8 +154,8 @@ TEST(Matmul, EveryLevelMatchesReferenceOnRandomShapes) {
   level_guard guard;
   std::mt19937 rng(1234);
   thread_pool pool1(1), pool2(2);
-  const std::int64_t q_n_in[] = {32, 64, 96, 256, 288, 544, 1024, 4096};
-  const std::int64_t f_n_in[] = {1, 7, 64, 100, 172, 256, 1000, 4096};
+  const std::vector<std::int64_t> q_n_in = {32, 64, 96, 256, 288, 544, 992, 1024, 4096};
+  const std::vector<std::int64_t> f_n_in = {1, 7, 64, 100, 172, 256, 1000, 4096};
   const std::int64_t n_outs[] = {1, 7, 33, 172};
   const std::int64_t ms[] = {1, 5, 13};
   for (simd_level level : k_levels) {
@@ -198,7 +198,7 @@ TEST(Matmul, BatchInvariantBitwise) {
   for (simd_level level : k_levels) {
     if (!use_level(level)) continue;
     for (tensor_type t : k_types) {
-      const std::int64_t n_in = is_q(t) ? 320 : 100;  // partial group / tail chunk on every level
+      const std::int64_t n_in = is_q(t) ? 640 : 100;  // partial group / tail chunk on every level
       SCOPED_TRACE(testing::Message() << type_name(t) << " level " << simd_level_name(level));
       weights w = encode(t, random_floats(rng, static_cast<std::size_t>(n_out * n_in)), n_out, n_in);
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(2 * k_rows * n_in), -3.0f, 3.0f);
@@ -398,7 +398,7 @@ TEST(Quantize, SimdActivationQuantizersAreBitExact) {
   using namespace matmul_detail;
   level_guard guard;
   std::mt19937 rng(11);
-  constexpr std::int64_t n = 32 * 11, m = 3;  // 11 blocks: one full group and a partial one
+  constexpr std::int64_t n = 32 * 19, m = 3;  // 19 blocks: one full group of 16 and a partial one
   std::vector<float> x = random_floats(rng, m * n, -5.0f, 5.0f);
   for (int j = 0; j < 32; ++j) x[j] = (j == 0) ? 127.0f : static_cast<float>(j % 9) - 4.5f;  // d = 1, ties
   for (int j = 32; j < 64; ++j) x[j] = 0.0f;                                                  // d = 0
@@ -422,22 +422,16 @@ TEST(Quantize, SimdActivationQuantizersAreBitExact) {
           if (level < 2) {  // plain layout
             std::memcpy(q, row + b * 32, 32);
             std::memcpy(&d, row + plain_qs_bytes(n) + b * 4, 4);
-          } else {  // grouped layout
-            const std::byte* g = row + (b / 8) * k_group_act_bytes;
-            const int p = static_cast<int>(b % 8);
-            for (int k = 0; k < 4; ++k) std::memcpy(q + 8 * k, g + 64 * k + 8 * p, 8);
-            std::memcpy(&d, g + 320 + 8 * p, 4);
-            float d2;
-            std::memcpy(&d2, g + 320 + 8 * p + 4, 4);
-            EXPECT_EQ(d, d2);
-            std::int32_t init[2];
-            std::memcpy(init, g + 256 + 8 * p, 8);
-            for (int e = 0; e < 2; ++e) {
-              int s = 0;
-              for (int k = 0; k < 4; ++k)
-                for (int l = 0; l < 4; ++l) s += wb.qs[8 * k + 4 * e + l];
-              EXPECT_EQ(init[e], -(t == tensor_type::q8_0 ? 128 : 8) * s) << "block " << b << " half " << e;
-            }
+          } else {  // grouped layout: one int32 lane per block
+            const std::byte* g = row + (b / k_group_blocks) * k_group_act_bytes;
+            const int p = static_cast<int>(b % k_group_blocks);
+            for (int j = 0; j < 8; ++j) std::memcpy(q + 4 * j, g + 64 * j + 4 * p, 4);
+            std::memcpy(&d, g + 576 + 4 * p, 4);
+            std::int32_t init;
+            std::memcpy(&init, g + 512 + 4 * p, 4);
+            int s = 0;
+            for (int e = 0; e < 32; ++e) s += wb.qs[e];
+            EXPECT_EQ(init, -(t == tensor_type::q8_0 ? 128 : 8) * s) << "block " << b;
           }
           EXPECT_EQ(d, fp16_to_f32(wb.d)) << "level " << level << " row " << i << " block " << b;
           EXPECT_EQ(0, std::memcmp(q, wb.qs, 32)) << "level " << level << " row " << i << " block " << b;
