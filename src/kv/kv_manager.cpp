@@ -297,7 +297,10 @@ status kv_manager::free_sequence(seq_id seq) {
   // this order, so the tail end of a chain is evicted before its head.
   const std::vector<block_id>& table = it->second.table;
   for (auto b = table.rbegin(); b != table.rend(); ++b) release(*b);
+  const tenant_id t = it->second.tenant;
   seqs_.erase(it);
+  // A tenant above a lowered quota keeps no cache until it is back under it.
+  evict_over_quota(t);
   return ok_status();
 }
 

@@ -32,7 +32,9 @@
 // cache, and a tenant over its quota cannot push out other tenants' cache.
 // allocate() fails (std::nullopt) when used + new blocks would exceed the quota.
 // Cache hits move a block from cached to used within the same tenant and never
-// change a footprint. Lowering a quota drops the tenant's cached blocks beyond it.
+// change a footprint. Lowering a quota drops the tenant's cached blocks beyond it,
+// and a tenant still above its quota (its used blocks alone exceed it) keeps no
+// cache: blocks its sequences release are dropped until it is back under.
 #pragma once
 
 #include <cstdint>
