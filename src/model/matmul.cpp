@@ -217,7 +217,9 @@ void scalar_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pac
   }
 }
 
-const kernel_set k_scalar_kernels{4, scalar_act_row_bytes, scalar_prepare, scalar_pack_bytes, scalar_cols};
+std::int64_t scalar_col_tile(tensor_type) { return 4; }
+
+const kernel_set k_scalar_kernels{scalar_col_tile, scalar_act_row_bytes, scalar_prepare, scalar_pack_bytes, scalar_cols};
 
 const kernel_set& kernels_for(simd_level level) {
   switch (level) {
@@ -237,6 +239,7 @@ struct run_ctx {
   job jb;
   std::byte* pack_base;
   std::size_t pack_stride;
+  std::int64_t col_tile;
 };
 
 }  // namespace
@@ -255,12 +258,13 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
   const std::size_t act_bytes = round_up(act_row * static_cast<std::size_t>(m), k_simd_alignment);
   const std::size_t pack_stride = round_up(ks.pack_bytes(w.type, w.n_in), k_simd_alignment);
   const std::int64_t macs = m * w.n_out * w.n_in;
-  const std::int64_t n_tiles = (w.n_out + ks.col_tile - 1) / ks.col_tile;
+  const std::int64_t col_tile = ks.col_tile(w.type);
+  const std::int64_t n_tiles = (w.n_out + col_tile - 1) / col_tile;
   const int nth = macs < k_parallel_min_macs || n_tiles < 2 ? 1 : pool.size();
 
   auto* base = static_cast<std::byte*>(scratch.reserve(act_bytes + pack_stride * static_cast<std::size_t>(nth)));
   if (quant) ks.prepare(w.type, x, m, w.n_in, base, act_row);
-  run_ctx ctx{&ks, job{&w, x, base, act_row, m, y}, base + act_bytes, pack_stride};
+  run_ctx ctx{&ks, job{&w, x, base, act_row, m, y}, base + act_bytes, pack_stride, col_tile};
   if (nth == 1) {
     ks.cols(ctx.jb, 0, w.n_out, ctx.pack_base);
     return;
@@ -269,8 +273,7 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
   const run_ctx* c = &ctx;
   pool.run([c](int ith, int nth_run) {
     std::size_t b, e;
-    split_range(static_cast<std::size_t>(c->jb.w->n_out), ith, nth_run, static_cast<std::size_t>(c->ks->col_tile),
-                b, e);
+    split_range(static_cast<std::size_t>(c->jb.w->n_out), ith, nth_run, static_cast<std::size_t>(c->col_tile), b, e);
     if (b < e)
       c->ks->cols(c->jb, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e),
                   c->pack_base + c->pack_stride * static_cast<std::size_t>(ith));

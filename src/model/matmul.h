@@ -39,7 +39,13 @@ struct matmul_scratch {
 };
 
 // y[m][w.n_out] = x[m][w.n_in] · Wᵀ. x and y are f32, row-major, dense.
-// Dispatches on active_simd_level(); parallel over columns of Y.
+// Dispatches on active_simd_level(); parallel over columns of Y, except jobs
+// under about 2^18 multiply-adds (e.g. stories260K at m = 1), which run on the
+// calling thread. q8_0/q4_0 weights: x is first quantized to q8_0 into `scratch`
+// (ggml's activation quantization), then dot products run on integers.
+// `scratch` grows to the largest call it has served and is reused: no
+// allocation in steady state. REQUIRES: w.n_in a multiple of 32 for q types;
+// not called from inside a job of `pool`.
 void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thread_pool& pool,
             matmul_scratch& scratch);
 

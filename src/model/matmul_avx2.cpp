@@ -239,7 +239,9 @@ void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte*) {
   }
 }
 
-const kernel_set k_avx2_kernels{k_tc, avx2_act_row_bytes, avx2_prepare, avx2_pack_bytes, avx2_cols};
+std::int64_t avx2_col_tile(tensor_type) { return k_tc; }
+
+const kernel_set k_avx2_kernels{avx2_col_tile, avx2_act_row_bytes, avx2_prepare, avx2_pack_bytes, avx2_cols};
 
 }  // namespace
 

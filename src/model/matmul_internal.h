@@ -40,8 +40,9 @@ struct job {
 
 // What one SIMD level provides. All pointers are non-null.
 struct kernel_set {
-  // Columns per tile; thread ranges are cut on multiples of it so tiles stay whole.
-  std::int64_t col_tile;
+  // Columns per tile for weights of type t; thread ranges are cut on multiples
+  // of it so tiles stay whole.
+  std::int64_t (*col_tile)(tensor_type t);
   // Bytes of one prepared activation row (0 for float weights, which read x).
   std::size_t (*act_row_bytes)(tensor_type t, std::int64_t n_in);
   // Quantizes m rows of x into `act` (stride act_row_bytes). Only for q8_0/q4_0.
