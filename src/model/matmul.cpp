@@ -221,9 +221,18 @@ std::int64_t scalar_col_tile(tensor_type) { return 4; }
 
 const kernel_set k_scalar_kernels{scalar_col_tile, scalar_act_row_bytes, scalar_prepare, scalar_pack_bytes, scalar_cols};
 
-const kernel_set& kernels_for(simd_level level) {
+// The kernels for one weight matrix. The choice depends on the level, the type
+// and n_in only (never on m or threads), so it cannot break batch invariance.
+// AVX-512 q kernels work on groups of 16 blocks; when padding the last group
+// would add more than a quarter to the work (n_in < 512 and the like, e.g. tiny
+// models), the AVX2 kernels, which need no padding, are faster.
+const kernel_set& kernels_for(simd_level level, tensor_type t, std::int64_t n_in) {
   switch (level) {
-    case simd_level::avx512: return kernels_avx512();
+    case simd_level::avx512: {
+      const std::int64_t nb = n_in / k_block, padded = n_groups(n_in) * k_group_blocks;
+      if (is_quantized(t) && 4 * padded > 5 * nb && detect_cpu().avx2) return kernels_avx2();
+      return kernels_avx512();
+    }
     case simd_level::avx2: return kernels_avx2();
     case simd_level::scalar: break;
   }
@@ -252,7 +261,7 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
             matmul_scratch& scratch) {
   check_view(w, m);
   if (m == 0 || w.n_out == 0) return;
-  const kernel_set& ks = kernels_for(active_simd_level());
+  const kernel_set& ks = kernels_for(active_simd_level(), w.type, w.n_in);
   const bool quant = is_quantized(w.type);
   const std::size_t act_row = quant ? ks.act_row_bytes(w.type, w.n_in) : 0;
   const std::size_t act_bytes = round_up(act_row * static_cast<std::size_t>(m), k_simd_alignment);

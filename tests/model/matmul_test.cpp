@@ -198,7 +198,7 @@ TEST(Matmul, BatchInvariantBitwise) {
   for (simd_level level : k_levels) {
     if (!use_level(level)) continue;
     for (tensor_type t : k_types) {
-      const std::int64_t n_in = is_q(t) ? 640 : 100;  // partial group / tail chunk on every level
+      const std::int64_t n_in = is_q(t) ? 928 : 100;  // 29 blocks: a partial group; a tail chunk
       SCOPED_TRACE(testing::Message() << type_name(t) << " level " << simd_level_name(level));
       weights w = encode(t, random_floats(rng, static_cast<std::size_t>(n_out * n_in)), n_out, n_in);
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(2 * k_rows * n_in), -3.0f, 3.0f);
@@ -264,7 +264,7 @@ TEST(Matmul, ExactOnSmallIntegers) {
   level_guard guard;
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> xi(-127, 127), wi(-8, 7);
-  constexpr std::int64_t n_in = 256, n_out = 13, m = 9;
+  constexpr std::int64_t n_in = 512, n_out = 13, m = 9;  // one full group of 16 blocks at AVX-512
   thread_pool pool(2);
   std::vector<float> x(static_cast<std::size_t>(m * n_in)), wf(static_cast<std::size_t>(n_out * n_in));
   for (std::int64_t i = 0; i < m * n_in; ++i) x[i] = static_cast<float>(i % 32 == 5 ? 127 : xi(rng));  // d = 1
