@@ -9,13 +9,14 @@
 
 #include "core/half.h"
 #include "quant/kv_codec_float.h"
+#include "quant/kv_simd_avx512.h"
 
 namespace pagoda::float_kv {
 namespace {
 
-inline __mmask16 lane_mask(int n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max(n, 0)) - 1);
-}
+using kv_simd::lane_mask;
+using kv_simd::load_h16;
+using kv_simd::prefetch_tile;
 
 // Loads 16 consecutive elements as f32; `post` is a constant factor the load
 // leaves out (E4M3 is widened to fp16 with its exponent bias off by 8).
@@ -64,22 +65,61 @@ struct loader<elem::e5m2> {
   }
 };
 
-template <int NR, elem E, bool SCALED>
-inline void qk_rows(const std::uint8_t* tile, int block_size, int head_dim, int tc, __mmask16 m, __m512 mult,
-                    const float* q, float* scores, int ld) {
+// One vector of 16 token lanes of a tile: where its elements start, which
+// lanes are valid, its scale multiplier and where its scores go.
+struct token_vector {
+  const std::uint8_t* k;
+  __mmask16 m;
+  __m512 mult;
+  float* scores;
+};
+
+// Scores of NR rows for NV token vectors (of any tiles) at once: each query
+// element is broadcast once for all of them. Each lane is one FMA chain over
+// the channels in order, however the vectors are grouped.
+template <int NR, int NV, elem E, bool SCALED>
+inline void qk_rows(const token_vector* tv, int block_size, int head_dim, const float* q, int ld) {
   using L = loader<E>;
-  __m512 acc[NR];
-  for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
-  const std::uint8_t* k = tile + static_cast<std::size_t>(tc) * L::bytes;
+  __m512 acc[NV][NR];
+  for (int v = 0; v < NV; ++v)
+    for (int j = 0; j < NR; ++j) acc[v][j] = _mm512_setzero_ps();
   const std::size_t row_bytes = static_cast<std::size_t>(block_size) * L::bytes;
   for (int d = 0; d < head_dim; ++d) {
-    __m512 kv = L::load16(k + d * row_bytes, m);
-    for (int j = 0; j < NR; ++j)
-      acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[static_cast<std::size_t>(j) * head_dim + d]), kv, acc[j]);
+    __m512 kv[NV];
+    for (int v = 0; v < NV; ++v) kv[v] = L::load16(tv[v].k + d * row_bytes, tv[v].m);
+    for (int j = 0; j < NR; ++j) {
+      const __m512 qb = _mm512_set1_ps(q[static_cast<std::size_t>(j) * head_dim + d]);
+      for (int v = 0; v < NV; ++v) acc[v][j] = _mm512_fmadd_ps(qb, kv[v], acc[v][j]);
+    }
   }
-  for (int j = 0; j < NR; ++j) {
-    if constexpr (SCALED) acc[j] = _mm512_mul_ps(acc[j], mult);
-    _mm512_mask_storeu_ps(scores + static_cast<std::size_t>(j) * ld + tc, m, acc[j]);
+  for (int v = 0; v < NV; ++v)
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (SCALED) acc[v][j] = _mm512_mul_ps(acc[v][j], tv[v].mult);
+      _mm512_mask_storeu_ps(tv[v].scores + static_cast<std::size_t>(j) * ld, tv[v].m, acc[v][j]);
+    }
+}
+
+template <int NV, elem E, bool SCALED>
+void qk_vectors(const token_vector* tv, int block_size, int head_dim, const float* q, int n_q, int ld) {
+  token_vector rows[NV];
+  int r = 0;
+  auto shift = [&](int r0) {
+    for (int v = 0; v < NV; ++v) {
+      rows[v] = tv[v];
+      rows[v].scores = tv[v].scores + static_cast<std::size_t>(r0) * ld;
+    }
+  };
+  for (; r + 4 <= n_q; r += 4) {
+    shift(r);
+    qk_rows<4, NV, E, SCALED>(rows, block_size, head_dim, q + static_cast<std::size_t>(r) * head_dim, ld);
+  }
+  shift(r);
+  const float* qr = q + static_cast<std::size_t>(r) * head_dim;
+  switch (n_q - r) {
+    case 3: qk_rows<3, NV, E, SCALED>(rows, block_size, head_dim, qr, ld); break;
+    case 2: qk_rows<2, NV, E, SCALED>(rows, block_size, head_dim, qr, ld); break;
+    case 1: qk_rows<1, NV, E, SCALED>(rows, block_size, head_dim, qr, ld); break;
+    default: break;
   }
 }
 
@@ -88,30 +128,28 @@ void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
             int n_q, float* scores, int ld) {
   using L = loader<E>;
   const int bs = s.block_size, hd = s.head_dim;
+  // Token vectors two at a time, across tile boundaries.
+  token_vector pending[2];
+  int n_pending = 0;
   for (int i = 0; i * bs < n_tokens; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
+    if ((i + 1) * bs < n_tokens) prefetch_tile(tiles[i + 1], ti.bytes);
     const int nt = std::min(bs, n_tokens - i * bs);
-    float* sc = scores + static_cast<std::size_t>(i) * bs;
     for (int tc = 0; tc < nt; tc += 16) {
-      const __mmask16 m = lane_mask(nt - tc);
-      __m512 mult = _mm512_set1_ps(hs);
+      token_vector& v = pending[n_pending++];
+      v.k = tile + static_cast<std::size_t>(tc) * L::bytes;
+      v.m = lane_mask(nt - tc);
+      v.mult = _mm512_set1_ps(hs);
       if (SCALED && ti.per_token_scales)
-        mult = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, tile + ti.data_bytes + 2 * tc)),
-                             _mm512_set1_ps(L::post));
-      int r = 0;
-      for (; r + 4 <= n_q; r += 4)
-        qk_rows<4, E, SCALED>(tile, bs, hd, tc, m, mult, q + static_cast<std::size_t>(r) * hd,
-                              sc + static_cast<std::size_t>(r) * ld, ld);
-      const float* qr = q + static_cast<std::size_t>(r) * hd;
-      float* sr = sc + static_cast<std::size_t>(r) * ld;
-      switch (n_q - r) {
-        case 3: qk_rows<3, E, SCALED>(tile, bs, hd, tc, m, mult, qr, sr, ld); break;
-        case 2: qk_rows<2, E, SCALED>(tile, bs, hd, tc, m, mult, qr, sr, ld); break;
-        case 1: qk_rows<1, E, SCALED>(tile, bs, hd, tc, m, mult, qr, sr, ld); break;
-        default: break;
+        v.mult = _mm512_mul_ps(load_h16(tile + ti.data_bytes + 2 * tc, v.m), _mm512_set1_ps(L::post));
+      v.scores = scores + static_cast<std::size_t>(i) * bs + tc;
+      if (n_pending == 2) {
+        qk_vectors<2, E, SCALED>(pending, bs, hd, q, n_q, ld);
+        n_pending = 0;
       }
     }
   }
+  if (n_pending == 1) qk_vectors<1, E, SCALED>(pending, bs, hd, q, n_q, ld);
 }
 
 // acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over channels [d0, d0 + 16 * NC).
@@ -165,6 +203,7 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   float tscale[1024];  // block_size <= 1024 (kv_storage)
   for (int i = 0; i * bs < n_tokens; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
+    if ((i + 1) * bs < n_tokens) prefetch_tile(tiles[i + 1], ti.bytes);
     const int nt = std::min(bs, n_tokens - i * bs);
     if constexpr (SCALED) {
       for (int t = 0; t < nt; ++t) {

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "core/assert.h"
+#include "core/cpu.h"
 #include "core/ggml_blocks.h"
+#include "quant/kv_codec_ggml.h"
 #include "quant/kv_codec_registry.h"
 
 namespace pagoda {
@@ -152,14 +154,26 @@ void av_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params*, cons
   }
 }
 
+void qk(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
+        const float* q, int n_q, float* scores, int ld) {
+  if (active_simd_level() == simd_level::avx512) return qk_avx512(fmt, s, tiles, n_tokens, q, n_q, scores, ld);
+  qk_ref(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+}
+
+void av(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
+        const float* w, int ld, int n_q, float* acc) {
+  if (active_simd_level() == simd_level::avx512) return av_avx512(fmt, s, tiles, n_tokens, w, ld, n_q, acc);
+  av_ref(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+}
+
 }  // namespace
 }  // namespace ggml_kv
 
-const kv_codec k_codec_q8_0 = {kv_type::q8_0,     "q8_0",           ggml_kv::check,  ggml_kv::tile_bytes,
-                               ggml_kv::encode,   ggml_kv::decode,  ggml_kv::qk_ref, ggml_kv::av_ref,
-                               ggml_kv::qk_ref,   ggml_kv::av_ref,  nullptr};
-const kv_codec k_codec_q4_0 = {kv_type::q4_0,     "q4_0",           ggml_kv::check,  ggml_kv::tile_bytes,
-                               ggml_kv::encode,   ggml_kv::decode,  ggml_kv::qk_ref, ggml_kv::av_ref,
-                               ggml_kv::qk_ref,   ggml_kv::av_ref,  nullptr};
+const kv_codec k_codec_q8_0 = {kv_type::q8_0,   "q8_0",          ggml_kv::check, ggml_kv::tile_bytes,
+                               ggml_kv::encode, ggml_kv::decode, ggml_kv::qk,    ggml_kv::av,
+                               ggml_kv::qk_ref, ggml_kv::av_ref, nullptr};
+const kv_codec k_codec_q4_0 = {kv_type::q4_0,   "q4_0",          ggml_kv::check, ggml_kv::tile_bytes,
+                               ggml_kv::encode, ggml_kv::decode, ggml_kv::qk,    ggml_kv::av,
+                               ggml_kv::qk_ref, ggml_kv::av_ref, nullptr};
 
 }  // namespace pagoda

@@ -76,6 +76,20 @@ inline std::size_t scale_index(const tile_layout& L, kv_tile_shape s, int t, int
   }
 }
 
+// Precision of the f32 operand in the AVX-512 kernels. The operand (a query row
+// for qk; a row of weights times token scales, per group of up to 64 tokens,
+// for av) is scaled by 127 / max|x| and rounded to int8 "hi"; for av and for
+// keys with int8 codes or per-channel/static scales (where x = q * S) the
+// residual is rounded again to int8 "lo" in units of 1/254, so each element is
+// off by at most max|x| / (127 * 508); hi only (int4/int2 keys with per-token
+// or group scales): max|x| / 254.
+// A score then differs from the exact one on the codes by at most
+// eps * max_d(|x_d| * S_d) * sum_d |u_d - z|, z = 128 for int8 and 0 otherwise.
+inline double operand_error(const tile_layout& L) {
+  const bool folded = L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales;
+  return L.key && L.bits < 8 && !folded ? 1.0 / 254.0 : 1.0 / (127.0 * 508.0);
+}
+
 // Whether the AVX-512 kernels handle this format (others use the reference):
 // scale groups must align with the packed words (keys) or 16-channel vectors (values).
 bool simd_supported(const tile_layout& L, kv_tile_shape shape);

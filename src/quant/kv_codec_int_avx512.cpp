@@ -18,15 +18,24 @@
 
 #include "core/half.h"
 #include "quant/kv_codec_int.h"
+#include "quant/kv_simd_avx512.h"
 
 namespace pagoda::int_kv {
 namespace {
 
 constexpr float k_inv254 = 1.0f / 254.0f;
 
-inline __mmask16 lane_mask(int n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max(n, 0)) - 1);
-}
+// Whether q.k splits the query into hi and lo halves (operand_error in
+// kv_codec_int.h). 8-bit codes need it. 4- and 2-bit codes with per-token
+// scales carry errors ten times larger than a query rounded to 8 bits, so one
+// pass is enough there; with per-channel or static scales the operand is
+// q * S, whose small channels a single 8-bit pass would round away.
+template <int BITS, bool FOLDED>
+constexpr bool k_qk_lo = BITS == 8 || FOLDED;
+
+using kv_simd::lane_mask;
+using kv_simd::load_h16;
+using kv_simd::prefetch_tile;
 
 inline int round16(int n) { return (n + 15) & ~15; }
 
@@ -36,10 +45,10 @@ inline std::int32_t load_i32(const std::int8_t* p) {
   return v;
 }
 
-inline __m512 load_h16(const std::uint8_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
 // x[0, n) -> hi, lo [n_pad] (zeros past n; n_pad a multiple of 16) with
-// x ~ sc * (hi + lo / 254). Returns sc (0 when x is all zero).
+// x ~ sc * (hi + lo / 254), or x ~ sc * hi when lo is null. Returns sc (0 when
+// x is all zero) and the sums of hi and lo.
 float quantize_hilo(const float* x, int n, int n_pad, std::int8_t* hi, std::int8_t* lo, std::int32_t* hi_sum,
                     std::int32_t* lo_sum) {
   __m512 vmax = _mm512_setzero_ps();
@@ -47,7 +56,7 @@ float quantize_hilo(const float* x, int n, int n_pad, std::int8_t* hi, std::int8
   const float amax = _mm512_reduce_max_ps(vmax);
   if (!(amax > 0)) {
     std::memset(hi, 0, n_pad);
-    std::memset(lo, 0, n_pad);
+    if (lo) std::memset(lo, 0, n_pad);
     *hi_sum = *lo_sum = 0;
     return 0.0f;
   }
@@ -56,17 +65,36 @@ float quantize_hilo(const float* x, int n, int n_pad, std::int8_t* hi, std::int8
   for (int i = 0; i < n_pad; i += 16) {
     __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i), inv);
     __m512 h = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i hi32 = _mm512_cvtps_epi32(h), lo32 = _mm512_cvtps_epi32(l);
+    __m512i hi32 = _mm512_cvtps_epi32(h);
     sh = _mm512_add_epi32(sh, hi32);
-    sl = _mm512_add_epi32(sl, lo32);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + i), _mm512_cvtsepi32_epi8(hi32));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm512_cvtsepi32_epi8(lo32));
+    if (lo) {
+      __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      __m512i lo32 = _mm512_cvtps_epi32(l);
+      sl = _mm512_add_epi32(sl, lo32);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm512_cvtsepi32_epi8(lo32));
+    }
   }
   *hi_sum = _mm512_reduce_add_epi32(sh);
   *lo_sum = _mm512_reduce_add_epi32(sl);
   return amax / 127.0f;
+}
+
+// x[d] = q[d] * S[d] for d < n; returns sum_d q[d] * M[d] (0 when symmetric).
+// S and M are fp16 in a tile (s16/m16) or f32 static parameters (s32/m32).
+template <bool SYM>
+float fold_scales(const float* q, int n, const std::uint8_t* s16, const std::uint8_t* m16, const float* s32,
+                  const float* m32, float* x) {
+  __m512 bias = _mm512_setzero_ps();
+  for (int d = 0; d < n; d += 16) {
+    const __mmask16 m = lane_mask(n - d);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+    const __m512 S = s16 ? load_h16(s16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, s32 + d);
+    _mm512_mask_storeu_ps(x + d, m, _mm512_mul_ps(qv, S));
+    if constexpr (!SYM) bias = _mm512_fmadd_ps(qv, m16 ? load_h16(m16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, m32 + d), bias);
+  }
+  return SYM ? 0.0f : _mm512_reduce_add_ps(bias);
 }
 
 // Per-call buffers for the prepared operands; grown, never shrunk.
@@ -76,6 +104,7 @@ struct operand_rows {
   std::vector<std::int32_t> hi_sum, lo_sum;  // [rows * groups]
   std::vector<float> extra;                  // [rows * groups]: sum of q (qk), bias (av)
   std::vector<float> wsum;                   // [rows]: sum of the tile's weights (av, per-channel asymmetric)
+  std::vector<float> bias;                   // [rows * groups][16]: sum_t w_t M_t lane by lane (av, per token)
   std::vector<float> x;                      // [stride]
   void size(int rows, int groups, int stride) {
     std::size_t n = static_cast<std::size_t>(rows) * groups;
@@ -90,6 +119,7 @@ struct operand_rows {
       extra.resize(n);
     }
     if (wsum.size() < static_cast<std::size_t>(rows)) wsum.resize(rows);
+    if (bias.size() < n * 16) bias.resize(n * 16);
     if (x.size() < static_cast<std::size_t>(stride)) x.resize(stride);
   }
 };
@@ -103,31 +133,36 @@ inline __m512i codes_k(__m512i v, int k) {
   return _mm512_and_si512(_mm512_srli_epi32(v, BITS * k), low);
 }
 
-// ah/al[r] += the codes of one 64-byte vector v (packed word w) times row
-// (r0 + r)'s hi/lo operand bytes of scale group g.
-template <int R, int BITS>
-inline void accumulate(__m512i v, int w, const operand_rows& ops, int r0, int G, int g, int stride, __m512i* ah,
-                       __m512i* al) {
+// ah/al[v][r] += the codes of the 64-byte vectors vec[v] (all packed word w)
+// times row (r0 + r)'s hi/lo operand bytes of scale group g. Each broadcast of
+// the operand serves all NV vectors.
+template <int R, int BITS, bool LO, int NV = 1>
+inline void accumulate(const __m512i* vec, int w, const operand_rows& ops, int r0, int G, int g, int stride,
+                       __m512i (*ah)[R], __m512i (*al)[R]) {
   constexpr int CPB = 8 / BITS;
   for (int k = 0; k < CPB; ++k) {
-    const __m512i u = codes_k<BITS>(v, k);
+    __m512i u[NV];
+    for (int v = 0; v < NV; ++v) u[v] = codes_k<BITS>(vec[v], k);
     const int off = (w * CPB + k) * 4;
     for (int r = 0; r < R; ++r) {
       const std::size_t row = static_cast<std::size_t>((r0 + r) * G + g) * stride;
-      ah[r] = _mm512_dpbusd_epi32(ah[r], u, _mm512_set1_epi32(load_i32(ops.hi.data() + row + off)));
-      al[r] = _mm512_dpbusd_epi32(al[r], u, _mm512_set1_epi32(load_i32(ops.lo.data() + row + off)));
+      const __m512i h = _mm512_set1_epi32(load_i32(ops.hi.data() + row + off));
+      for (int v = 0; v < NV; ++v) ah[v][r] = _mm512_dpbusd_epi32(ah[v][r], u[v], h);
+      if constexpr (LO) {
+        const __m512i l = _mm512_set1_epi32(load_i32(ops.lo.data() + row + off));
+        for (int v = 0; v < NV; ++v) al[v][r] = _mm512_dpbusd_epi32(al[v][r], u[v], l);
+      }
     }
   }
 }
 
 // The dot product of operand og with the codes from its integer halves; for
 // int8 the +128 of every code is taken out exactly first.
-template <int BITS>
+template <int BITS, bool LO>
 inline __m512 finish_dot(__m512i ah, __m512i al, const operand_rows& ops, int og) {
-  if constexpr (BITS == 8) {
-    ah = _mm512_sub_epi32(ah, _mm512_set1_epi32(128 * ops.hi_sum[og]));
-    al = _mm512_sub_epi32(al, _mm512_set1_epi32(128 * ops.lo_sum[og]));
-  }
+  if constexpr (BITS == 8) ah = _mm512_sub_epi32(ah, _mm512_set1_epi32(128 * ops.hi_sum[og]));
+  if constexpr (!LO) return _mm512_mul_ps(_mm512_cvtepi32_ps(ah), _mm512_set1_ps(ops.sc[og]));
+  if constexpr (BITS == 8) al = _mm512_sub_epi32(al, _mm512_set1_epi32(128 * ops.lo_sum[og]));
   __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(al), _mm512_set1_ps(k_inv254), _mm512_cvtepi32_ps(ah));
   return _mm512_mul_ps(dot, _mm512_set1_ps(ops.sc[og]));
 }
@@ -135,37 +170,70 @@ inline __m512 finish_dot(__m512i ah, __m512i al, const operand_rows& ops, int og
 // ---------------------------------------------------------------------------
 // qk. FOLDED: per-channel or static scales folded into the query (one scale
 // group spanning all words); otherwise per-token scales from the tile, G groups.
-template <int R, int BITS, bool FOLDED>
-void qk_block(const tile_layout& L, kv_tile_shape s, const std::uint8_t* tile, int tc, __mmask16 m,
-              const operand_rows& ops, int r0, int stride, int G, int words_per_group, float* scores, int ld) {
+
+// 16 token lanes of one tile.
+struct token_vector {
+  const std::uint8_t* tile;
+  int tc;        // first token
+  __mmask16 m;   // valid lanes
+  float* scores; // scores of row 0, token tc
+};
+
+template <int R, int NV, int BITS, bool FOLDED>
+void qk_block(const tile_layout& L, kv_tile_shape s, const token_vector* tv, const operand_rows& ops, int r0,
+              int stride, int G, int words_per_group, int ld) {
   constexpr bool SYM = BITS == 8;
+  constexpr bool LO = k_qk_lo<BITS, FOLDED>;
   const int B = s.block_size;
-  __m512 total[R];
-  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  __m512 total[NV][R];
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < R; ++r) total[v][r] = _mm512_setzero_ps();
   for (int g = 0; g < G; ++g) {
-    __m512i ah[R], al[R];
-    for (int r = 0; r < R; ++r) ah[r] = al[r] = _mm512_setzero_si512();
-    for (int w = g * words_per_group; w < (g + 1) * words_per_group; ++w)
-      accumulate<R, BITS>(_mm512_maskz_loadu_epi32(m, tile + (static_cast<std::size_t>(w) * B + tc) * 4), w, ops, r0, G,
-                          g, stride, ah, al);
-    __m512 S, M;
-    if constexpr (!FOLDED) {
-      S = load_h16(tile + L.scale_off + (static_cast<std::size_t>(g) * B + tc) * 2, m);
-      if constexpr (!SYM) M = load_h16(tile + L.offset_off + (static_cast<std::size_t>(g) * B + tc) * 2, m);
+    __m512i ah[NV][R], al[NV][R];
+    for (int v = 0; v < NV; ++v)
+      for (int r = 0; r < R; ++r) ah[v][r] = al[v][r] = _mm512_setzero_si512();
+    for (int w = g * words_per_group; w < (g + 1) * words_per_group; ++w) {
+      __m512i vec[NV];
+      for (int v = 0; v < NV; ++v)
+        vec[v] = _mm512_maskz_loadu_epi32(tv[v].m, tv[v].tile + (static_cast<std::size_t>(w) * B + tv[v].tc) * 4);
+      accumulate<R, BITS, LO, NV>(vec, w, ops, r0, G, g, stride, ah, al);
     }
-    for (int r = 0; r < R; ++r) {
-      const int og = (r0 + r) * G + g;
-      __m512 dot = finish_dot<BITS>(ah[r], al[r], ops, og);
-      if constexpr (FOLDED) {
-        if constexpr (!SYM) dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
-        total[r] = _mm512_add_ps(total[r], dot);
-      } else {
-        total[r] = _mm512_fmadd_ps(S, dot, total[r]);
-        if constexpr (!SYM) total[r] = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.extra[og]), total[r]);
+    for (int v = 0; v < NV; ++v) {
+      __m512 S, M;
+      if constexpr (!FOLDED) {
+        const std::size_t at = (static_cast<std::size_t>(g) * B + tv[v].tc) * 2;
+        S = load_h16(tv[v].tile + L.scale_off + at, tv[v].m);
+        if constexpr (!SYM) M = load_h16(tv[v].tile + L.offset_off + at, tv[v].m);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int og = (r0 + r) * G + g;
+        __m512 dot = finish_dot<BITS, LO>(ah[v][r], al[v][r], ops, og);
+        if constexpr (FOLDED) {
+          if constexpr (!SYM) dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
+          total[v][r] = _mm512_add_ps(total[v][r], dot);
+        } else {
+          total[v][r] = _mm512_fmadd_ps(S, dot, total[v][r]);
+          if constexpr (!SYM) total[v][r] = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.extra[og]), total[v][r]);
+        }
       }
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(scores + static_cast<std::size_t>(r) * ld + tc, m, total[r]);
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < R; ++r)
+      _mm512_mask_storeu_ps(tv[v].scores + static_cast<std::size_t>(r0 + r) * ld, tv[v].m, total[v][r]);
+}
+
+template <int NV, int BITS, bool FOLDED>
+void qk_vectors(const tile_layout& L, kv_tile_shape s, const token_vector* tv, const operand_rows& ops, int n_q,
+                int stride, int G, int words_per_group, int ld) {
+  int r = 0;
+  for (; r + 4 <= n_q; r += 4) qk_block<4, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld);
+  switch (n_q - r) {
+    case 3: qk_block<3, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld); break;
+    case 2: qk_block<2, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld); break;
+    case 1: qk_block<1, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld); break;
+    default: break;
+  }
 }
 
 template <int BITS, bool FOLDED>
@@ -186,22 +254,11 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
       const float* qr = q + static_cast<std::size_t>(r) * hd;
       float* x = ops.x.data();
       if constexpr (FOLDED) {
-        float bias = 0;
-        for (int d = 0; d < hd; ++d) {
-          float S, M;
-          if (per_tile) {
-            S = fp16_to_f32(reinterpret_cast<const fp16_t*>(tile + L.scale_off)[d]);
-            M = SYM ? 0.0f : fp16_to_f32(reinterpret_cast<const fp16_t*>(tile + L.offset_off)[d]);
-          } else {
-            S = sp->scale[d];
-            M = SYM ? 0.0f : sp->offset[d];
-          }
-          x[d] = qr[d] * S;
-          bias += qr[d] * M;
-        }
-        ops.extra[r] = bias;
+        ops.extra[r] = per_tile ? fold_scales<SYM>(qr, hd, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, x)
+                                : fold_scales<SYM>(qr, hd, nullptr, nullptr, sp->scale, sp->offset, x);
         ops.sc[r] = quantize_hilo(x, hd, stride, ops.hi.data() + static_cast<std::size_t>(r) * stride,
-                                  ops.lo.data() + static_cast<std::size_t>(r) * stride, &ops.hi_sum[r], &ops.lo_sum[r]);
+                                  k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(r) * stride : nullptr,
+                                  &ops.hi_sum[r], &ops.lo_sum[r]);
       } else {
         for (int g = 0; g < G; ++g) {
           const int og = r * G + g;
@@ -215,68 +272,103 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
           }
           ops.extra[og] = qsum;
           ops.sc[og] = quantize_hilo(x, hd, stride, ops.hi.data() + static_cast<std::size_t>(og) * stride,
-                                     ops.lo.data() + static_cast<std::size_t>(og) * stride, &ops.hi_sum[og],
-                                     &ops.lo_sum[og]);
+                                     k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(og) * stride : nullptr,
+                                     &ops.hi_sum[og], &ops.lo_sum[og]);
         }
       }
     }
   };
 
+  // Token vectors two at a time (sharing each operand broadcast), across tile
+  // boundaries; one at a time when the operand changes per tile.
+  token_vector pending[2];
+  int n_pending = 0;
+  auto flush = [&] {
+    if (n_pending == 2) qk_vectors<2, BITS, FOLDED>(L, s, pending, ops, n_q, stride, G, words_per_group, ld);
+    else if (n_pending == 1) qk_vectors<1, BITS, FOLDED>(L, s, pending, ops, n_q, stride, G, words_per_group, ld);
+    n_pending = 0;
+  };
   if (!per_tile) prepare(nullptr);
   for (int i = 0; i * B < n_tokens; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
-    if (per_tile) prepare(tile);
+    if ((i + 1) * B < n_tokens) prefetch_tile(tiles[i + 1], L.bytes);
+    if (per_tile) {
+      flush();
+      prepare(tile);
+    }
     const int nt = std::min(B, n_tokens - i * B);
-    float* sc = scores + static_cast<std::size_t>(i) * B;
     for (int tc = 0; tc < nt; tc += 16) {
-      const __mmask16 m = lane_mask(nt - tc);
-      int r = 0;
-      for (; r + 4 <= n_q; r += 4)
-        qk_block<4, BITS, FOLDED>(L, s, tile, tc, m, ops, r, stride, G, words_per_group,
-                                  sc + static_cast<std::size_t>(r) * ld, ld);
-      float* sr = sc + static_cast<std::size_t>(r) * ld;
-      switch (n_q - r) {
-        case 3: qk_block<3, BITS, FOLDED>(L, s, tile, tc, m, ops, r, stride, G, words_per_group, sr, ld); break;
-        case 2: qk_block<2, BITS, FOLDED>(L, s, tile, tc, m, ops, r, stride, G, words_per_group, sr, ld); break;
-        case 1: qk_block<1, BITS, FOLDED>(L, s, tile, tc, m, ops, r, stride, G, words_per_group, sr, ld); break;
-        default: break;
-      }
+      pending[n_pending++] = {tile, tc, lane_mask(nt - tc), scores + static_cast<std::size_t>(i) * B + tc};
+      if (n_pending == 2) flush();
     }
   }
+  flush();
 }
 
 // ---------------------------------------------------------------------------
 // av. FOLDED: per-channel or static scales applied per channel after the dot;
 // otherwise the tile's per-token (per group) scales are folded into the weights.
-template <int R, int BITS, bool FOLDED>
-void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* tile, int dc,
-              __mmask16 mc, int n_words, int g, const operand_rows& ops, int r0, int stride, int G, float* acc) {
-  constexpr bool SYM = BITS == 8;
+//
+// Weights are quantized per OPERAND GROUP of consecutive tiles (up to 64 tokens;
+// one tile for per-channel scales, which change from tile to tile): integer sums
+// run over the whole group and are converted once. Groups are aligned to the
+// start of the run, so a row's groups hold the same weights (zeros past its
+// position) however many rows or tokens share the call.
+// NV vectors of 16 channels from dc on (each operand broadcast serves all of them).
+template <int R, int NV, int BITS, bool FOLDED>
+void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* const* tiles,
+              const int* n_words, int n_group_tiles, int dc, int g, const operand_rows& ops, int r0, int stride, int G,
+              float* acc) {
   const int hd = s.head_dim;
-  __m512i ah[R], al[R];
-  for (int r = 0; r < R; ++r) ah[r] = al[r] = _mm512_setzero_si512();
-  for (int w = 0; w < n_words; ++w)
-    accumulate<R, BITS>(_mm512_maskz_loadu_epi32(mc, tile + (static_cast<std::size_t>(w) * hd + dc) * 4), w, ops, r0,
-                        G, g, stride, ah, al);
-  __m512 S, M;
-  if constexpr (FOLDED) {
-    if (L.mode == kv_scale_mode::per_channel) {
-      S = load_h16(tile + L.scale_off + static_cast<std::size_t>(dc) * 2, mc);
-      if constexpr (!SYM) M = load_h16(tile + L.offset_off + static_cast<std::size_t>(dc) * 2, mc);
-    } else {
-      S = _mm512_maskz_loadu_ps(mc, sp->scale + dc);
-      if constexpr (!SYM) M = _mm512_maskz_loadu_ps(mc, sp->offset + dc);
+  __mmask16 mc[NV];
+  for (int v = 0; v < NV; ++v) mc[v] = lane_mask(hd - dc - 16 * v);
+  __m512i ah[NV][R], al[NV][R];
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < R; ++r) ah[v][r] = al[v][r] = _mm512_setzero_si512();
+  for (int j = 0; j < n_group_tiles; ++j)
+    for (int w = 0; w < n_words[j]; ++w) {
+      __m512i vec[NV];
+      for (int v = 0; v < NV; ++v)
+        vec[v] = _mm512_maskz_loadu_epi32(mc[v], tiles[j] + (static_cast<std::size_t>(w) * hd + dc + 16 * v) * 4);
+      accumulate<R, BITS, true, NV>(vec, j * L.n_outer + w, ops, r0, G, g, stride, ah, al);
+    }
+  for (int v = 0; v < NV; ++v) {
+    const int d0 = dc + 16 * v;
+    __m512 S, M;
+    if constexpr (FOLDED) {
+      if (L.mode == kv_scale_mode::per_channel) {
+        S = load_h16(tiles[0] + L.scale_off + static_cast<std::size_t>(d0) * 2, mc[v]);
+        if constexpr (BITS != 8) M = load_h16(tiles[0] + L.offset_off + static_cast<std::size_t>(d0) * 2, mc[v]);
+      } else {
+        S = _mm512_maskz_loadu_ps(mc[v], sp->scale + d0);
+        if constexpr (BITS != 8) M = _mm512_maskz_loadu_ps(mc[v], sp->offset + d0);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int og = (r0 + r) * G + g;
+      __m512 dot = finish_dot<BITS, true>(ah[v][r], al[v][r], ops, og);
+      if constexpr (FOLDED) {
+        dot = _mm512_mul_ps(dot, S);
+        if constexpr (BITS != 8) dot = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.wsum[r0 + r]), dot);
+      }
+      float* a = acc + static_cast<std::size_t>(r0 + r) * hd + d0;
+      _mm512_mask_storeu_ps(a, mc[v], _mm512_add_ps(_mm512_maskz_loadu_ps(mc[v], a), dot));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const int og = (r0 + r) * G + g;
-    __m512 dot = finish_dot<BITS>(ah[r], al[r], ops, og);
-    if constexpr (FOLDED) {
-      dot = _mm512_mul_ps(dot, S);
-      if constexpr (!SYM) dot = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.wsum[r0 + r]), dot);
-    }
-    float* a = acc + static_cast<std::size_t>(r0 + r) * hd + dc;
-    _mm512_mask_storeu_ps(a, mc, _mm512_add_ps(_mm512_maskz_loadu_ps(mc, a), dot));
+}
+
+template <int NV, int BITS, bool FOLDED>
+void av_vectors(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* const* tiles,
+                const int* n_words, int n_group_tiles, int dc, int g, const operand_rows& ops, int n_q, int stride,
+                int G, float* acc) {
+  int r = 0;
+  for (; r + 4 <= n_q; r += 4)
+    av_block<4, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc);
+  switch (n_q - r) {
+    case 3: av_block<3, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc); break;
+    case 2: av_block<2, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc); break;
+    case 1: av_block<1, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc); break;
+    default: break;
   }
 }
 
@@ -284,62 +376,76 @@ template <int BITS, bool FOLDED>
 void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
             const float* w, int ld, int n_q, float* acc) {
   constexpr bool SYM = BITS == 8;
+  constexpr int k_group_tokens = 64;
   const int B = s.block_size, hd = s.head_dim;
-  const int stride = round16(L.n_outer * L.lanes);
+  const int P = L.n_outer * L.lanes;  // operand positions per tile (tokens padded to whole words)
+  const int tpg = L.mode == kv_scale_mode::per_channel ? 1 : std::max(1, k_group_tokens / B);
+  const int stride = round16(P * tpg);
   const int G = FOLDED ? 1 : L.n_groups;
+  const int n_tiles = (n_tokens + B - 1) / B;
   operand_rows& ops = t_ops;
   ops.size(n_q, G, stride);
-  // Asymmetric per-token offsets: sum_t w_t M_t per row and group, added once at the end.
-  if constexpr (!FOLDED && !SYM) std::fill(ops.extra.begin(), ops.extra.begin() + static_cast<std::size_t>(n_q) * G, 0.0f);
+  // Asymmetric per-token offsets: sum_t w_t M_t per row and group, accumulated
+  // lane by lane over the tiles and added once at the end.
+  if constexpr (!FOLDED && !SYM) std::fill_n(ops.bias.begin(), static_cast<std::size_t>(n_q) * G * 16, 0.0f);
+  const std::uint8_t* group[64];  // tpg <= 64
+  int nt[64], n_words[64];
 
-  for (int i = 0; i * B < n_tokens; ++i) {
-    const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
-    const int nt = std::min(B, n_tokens - i * B);
-    const float* wi = w + static_cast<std::size_t>(i) * B;
-    const fp16_t* S16 = reinterpret_cast<const fp16_t*>(tile + L.scale_off);
-    const fp16_t* M16 = reinterpret_cast<const fp16_t*>(tile + L.offset_off);
+  for (int i0 = 0; i0 < n_tiles; i0 += tpg) {
+    const int n_group_tiles = std::min(tpg, n_tiles - i0);
+    for (int j = 0; j < n_group_tiles; ++j) {
+      group[j] = static_cast<const std::uint8_t*>(tiles[i0 + j]);
+      nt[j] = std::min(B, n_tokens - (i0 + j) * B);
+      n_words[j] = (nt[j] + L.lanes - 1) / L.lanes;
+    }
+    if (i0 + tpg < n_tiles)
+      for (int j = 0; j < std::min(tpg, n_tiles - i0 - tpg); ++j) prefetch_tile(tiles[i0 + tpg + j], L.bytes);
     for (int r = 0; r < n_q; ++r) {
-      const float* wr = wi + static_cast<std::size_t>(r) * ld;
       for (int g = 0; g < G; ++g) {
         const int og = r * G + g;
-        const float* x = wr;
-        if constexpr (!FOLDED) {
-          float* xs = ops.x.data();
-          float bias = 0;
-          for (int t = 0; t < nt; ++t) {
-            xs[t] = wr[t] * fp16_to_f32(S16[static_cast<std::size_t>(g) * B + t]);
-            if constexpr (!SYM) bias += wr[t] * fp16_to_f32(M16[static_cast<std::size_t>(g) * B + t]);
+        float* x = ops.x.data();
+        std::fill_n(x, stride, 0.0f);
+        __m512 bias = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+        if constexpr (!FOLDED && !SYM) bias = _mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(og) * 16]);
+        for (int j = 0; j < n_group_tiles; ++j) {
+          const float* wr = w + static_cast<std::size_t>(r) * ld + static_cast<std::size_t>(i0 + j) * B;
+          const std::uint8_t* S16 = group[j] + L.scale_off + static_cast<std::size_t>(g) * B * 2;
+          const std::uint8_t* M16 = group[j] + L.offset_off + static_cast<std::size_t>(g) * B * 2;
+          for (int t = 0; t < nt[j]; t += 16) {
+            const __mmask16 m = lane_mask(nt[j] - t);
+            const __m512 wv = _mm512_maskz_loadu_ps(m, wr + t);
+            if constexpr (!FOLDED) {
+              // x_t = w_t * S_t; bias += w_t * M_t.
+              _mm512_mask_storeu_ps(x + j * P + t, m, _mm512_mul_ps(wv, load_h16(S16 + 2 * t, m)));
+              if constexpr (!SYM) bias = _mm512_fmadd_ps(wv, load_h16(M16 + 2 * t, m), bias);
+            } else {
+              _mm512_mask_storeu_ps(x + j * P + t, m, wv);
+              if constexpr (!SYM) sum = _mm512_add_ps(sum, wv);
+            }
           }
-          if constexpr (!SYM) ops.extra[og] += bias;
-          x = xs;
-        } else if constexpr (!SYM) {
-          float sum = 0;
-          for (int t = 0; t < nt; ++t) sum += wr[t];
-          ops.wsum[r] = sum;
         }
-        ops.sc[og] = quantize_hilo(x, nt, stride, ops.hi.data() + static_cast<std::size_t>(og) * stride,
+        if constexpr (!FOLDED && !SYM) _mm512_storeu_ps(&ops.bias[static_cast<std::size_t>(og) * 16], bias);
+        if constexpr (FOLDED && !SYM) ops.wsum[r] = _mm512_reduce_add_ps(sum);
+        ops.sc[og] = quantize_hilo(x, stride, stride, ops.hi.data() + static_cast<std::size_t>(og) * stride,
                                    ops.lo.data() + static_cast<std::size_t>(og) * stride, &ops.hi_sum[og],
                                    &ops.lo_sum[og]);
       }
     }
-    const int n_words = (nt + L.lanes - 1) / L.lanes;
-    for (int dc = 0; dc < hd; dc += 16) {
-      const __mmask16 mc = lane_mask(hd - dc);
+    // Pairs of 16-channel vectors where both lie in one scale group.
+    for (int dc = 0; dc < hd;) {
       const int g = FOLDED ? 0 : dc / L.group_size;
-      int r = 0;
-      for (; r + 4 <= n_q; r += 4) av_block<4, BITS, FOLDED>(L, s, sp, tile, dc, mc, n_words, g, ops, r, stride, G, acc);
-      switch (n_q - r) {
-        case 3: av_block<3, BITS, FOLDED>(L, s, sp, tile, dc, mc, n_words, g, ops, r, stride, G, acc); break;
-        case 2: av_block<2, BITS, FOLDED>(L, s, sp, tile, dc, mc, n_words, g, ops, r, stride, G, acc); break;
-        case 1: av_block<1, BITS, FOLDED>(L, s, sp, tile, dc, mc, n_words, g, ops, r, stride, G, acc); break;
-        default: break;
-      }
+      const bool pair = dc + 16 < hd && (FOLDED || (dc + 16) / L.group_size == g);
+      if (pair) av_vectors<2, BITS, FOLDED>(L, s, sp, group, n_words, n_group_tiles, dc, g, ops, n_q, stride, G, acc);
+      else av_vectors<1, BITS, FOLDED>(L, s, sp, group, n_words, n_group_tiles, dc, g, ops, n_q, stride, G, acc);
+      dc += pair ? 32 : 16;
     }
   }
   if constexpr (!FOLDED && !SYM)
     for (int r = 0; r < n_q; ++r)
-      for (int d = 0; d < hd; ++d)
-        acc[static_cast<std::size_t>(r) * hd + d] += ops.extra[r * G + d / L.group_size];
+      for (int g = 0; g < G; ++g) {
+        const float bias = _mm512_reduce_add_ps(_mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(r * G + g) * 16]));
+        for (int d = g * L.group_size; d < (g + 1) * L.group_size; ++d) acc[static_cast<std::size_t>(r) * hd + d] += bias;
+      }
 }
 
 template <bool FOLDED>

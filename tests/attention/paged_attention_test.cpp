@@ -86,11 +86,16 @@ struct params {
   int n_kv_heads, n_rep, head_dim, block_size, n_ctx;
 };
 
-bool integer_codes(const std::string& spec) {
+// Tolerance of the AVX-512 path against the double reference (see matches_reference).
+double simd_tolerance(const std::string& spec) {
   kv_pair_spec p = *parse_kv_pair_spec(spec);
+  const kv_format k = p.k.resolve(kv_role::key, false);
+  if ((k.type == kv_type::int4 || k.type == kv_type::int2) &&
+      (k.scale_mode == kv_scale_mode::per_token || k.scale_mode == kv_scale_mode::group))
+    return 5e-2;
   for (kv_type t : {p.k.type, p.v.type})
-    if (t == kv_type::int8 || t == kv_type::int4 || t == kv_type::int2) return true;
-  return false;
+    if (t == kv_type::int8 || t == kv_type::int4 || t == kv_type::int2) return 2e-3;
+  return 2e-5;
 }
 
 class paged_attention_p : public ::testing::TestWithParam<params> {};
@@ -100,7 +105,11 @@ class paged_attention_p : public ::testing::TestWithParam<params> {};
 // outputs whose magnitude is O(1) (values ~ N(0,1), weights summing to 1). The
 // integer kernels also split q and the weights into two int8 halves (1.6e-5 of
 // each row's largest element): scores move by up to ~1e-3 at head_dim 128, so
-// there we allow 2e-3.
+// there we allow 2e-3. For 4- and 2-bit keys with per-token or group scales q is
+// rounded to 8 bits only (max|q|
+// / 254 per element): with these peaked queries (q ~ N(0, 4)) scores move by
+// ~0.013 standard deviation, a twelfth of what int4 codes themselves cost
+// (~0.15); outputs move by up to ~0.03, so we allow 5e-2.
 TEST_P(paged_attention_p, matches_reference) {
   const params& p = GetParam();
   for (simd_level level : {simd_level::scalar, simd_level::avx512}) {
@@ -108,7 +117,7 @@ TEST_P(paged_attention_p, matches_reference) {
     fixture f(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 11);
     auto ref = f.run(0, p.n_ctx, true);
     auto got = f.run(0, p.n_ctx, false);
-    const double tol = level == simd_level::avx512 && integer_codes(p.spec) ? 2e-3 : 2e-5;
+    const double tol = level == simd_level::avx512 ? simd_tolerance(p.spec) : 2e-5;
     for (std::size_t i = 0; i < ref.size(); ++i)
       ASSERT_NEAR(got[i], ref[i], tol) << "i=" << i << " level " << simd_level_name(level);
   }

@@ -16,6 +16,7 @@
 #include "core/cpu.h"
 #include "core/half.h"
 #include "quant/kv_codec.h"
+#include "quant/kv_codec_int.h"
 
 namespace pagoda {
 namespace {
@@ -143,6 +144,29 @@ double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D
   return 0;
 }
 
+// For integer codecs: the scale S and the code's distance from zero |u - z| of
+// element (t, d), read from the tile (the terms of int_kv::operand_error's bound).
+struct int_terms {
+  double scale = 0;
+  double code = 0;
+};
+int_terms int_element(const kv_format& f, kv_tile_shape s, const kv_static_params* sp, const void* tile, int t, int d) {
+  const int_kv::tile_layout L = int_kv::layout_of(f, s);
+  const auto* b = static_cast<const std::uint8_t*>(tile);
+  int shift;
+  const int u = (b[int_kv::code_byte(L, s, t, d, shift)] >> shift) & ((1 << L.bits) - 1);
+  int_terms it;
+  it.code = std::abs(u - (L.symmetric ? 128 : 0));
+  if (f.scale_mode == kv_scale_mode::static_scales) {
+    it.scale = sp->scale[d];
+  } else {
+    fp16_t h;
+    std::memcpy(&h, b + L.scale_off + 2 * int_kv::scale_index(L, s, t, d), 2);
+    it.scale = fp16_to_f32(h);
+  }
+  return it;
+}
+
 std::vector<case_t> all_cases() {
   using m = kv_scale_mode;
   return {
@@ -207,10 +231,8 @@ TEST_P(codec_case, decode_is_within_the_rounding_bound) {
 
 // SIMD vs reference on random shapes and runs of tiles. The float-like kernels
 // differ from the reference only by fused rounding (1e-5 of sum |q_d k_d|). The
-// integer kernels also split the f32 operand into two int8 halves, which moves
-// each operand element by at most 1.6e-5 of the row's largest, so we allow
-// 3.2e-5 * max|operand| * sum(|decoded| + max|decoded|) on top (the second
-// term covers the offsets, which the codes are measured from).
+// integer kernels also round their f32 operand to int8 (int_kv::operand_error),
+// so on top we allow eps * max(|x| * S) * sum |u - z| from the stored terms.
 TEST_P(codec_case, simd_matches_reference) {
   level_guard guard;
   const case_t cs = GetParam();
@@ -258,35 +280,38 @@ TEST_P(codec_case, simd_matches_reference) {
     c->qk(kf, shape, sk.get(kf), kp.data(), n_tok, q.data(), n_q, s_simd.data(), ld);
     c->av(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, a_simd.data());
     set_simd_level(simd_level::scalar);
-    // Offsets (per-channel minima) are within the largest decoded magnitude.
-    double kmax = 0, vmax = 0;
-    for (float x : kd) kmax = std::max(kmax, std::fabs(static_cast<double>(x)));
-    for (float x : vd) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
+    auto k_terms = [&](int t, int d) { return int_element(kf, shape, sk.get(kf), kp[t / bs], t % bs, d); };
+    auto v_terms = [&](int t, int d) { return int_element(vf, shape, sv.get(vf), vp[t / bs], t % bs, d); };
+    const double k_eps = integer ? int_kv::operand_error(int_kv::layout_of(kf, shape)) : 0;
+    const double v_eps = integer ? int_kv::operand_error(int_kv::layout_of(vf, shape)) : 0;
     for (int r = 0; r < n_q; ++r) {
       const float* qr = &q[static_cast<std::size_t>(r) * hd];
-      double qmax = 0;
-      for (int d = 0; d < hd; ++d) qmax = std::max(qmax, std::fabs(static_cast<double>(qr[d])));
       for (int t = 0; t < n_tok; ++t) {
         const float* k = &kd[static_cast<std::size_t>(t) * hd];
-        double mag = 0, sum_abs = 0;
+        double mag = 0, xs_max = 0, codes = 0;
         for (int d = 0; d < hd; ++d) {
           mag += std::fabs(qr[d] * k[d]);
-          sum_abs += std::fabs(k[d]);
+          if (integer) {
+            int_terms it = k_terms(t, d);
+            xs_max = std::max(xs_max, std::fabs(qr[d]) * it.scale);
+            codes += it.code;
+          }
         }
-        double tol = 1e-5 * mag + 1e-6 + (integer ? 3.2e-5 * qmax * (sum_abs + hd * kmax) : 0.0);
+        double tol = 1e-5 * mag + 1e-6 + k_eps * xs_max * codes * 1.001;
         ASSERT_NEAR(s_simd[r * ld + t], s_ref[r * ld + t], tol) << kv_format_name(kf) << " trial " << trial;
       }
       for (int t = n_tok; t < ld; ++t) ASSERT_EQ(s_simd[r * ld + t], -1.0f) << "wrote past n_tokens";
-      double wmax = 0;
-      for (int t = 0; t < n_tok; ++t) wmax = std::max(wmax, static_cast<double>(w[r * ld + t]));
       for (int d = 0; d < hd; ++d) {
-        double mag = 0.5, sum_abs = 0;
+        double mag = 0.5, xs_max = 0, codes = 0;
         for (int t = 0; t < n_tok; ++t) {
-          double v = vd[static_cast<std::size_t>(t) * hd + d];
-          mag += std::fabs(w[r * ld + t] * v);
-          sum_abs += std::fabs(v);
+          mag += std::fabs(w[r * ld + t] * vd[static_cast<std::size_t>(t) * hd + d]);
+          if (integer) {
+            int_terms it = v_terms(t, d);
+            xs_max = std::max(xs_max, std::fabs(w[r * ld + t]) * it.scale);
+            codes += it.code;
+          }
         }
-        double tol = 1e-5 * mag + (integer ? 3.2e-5 * wmax * (sum_abs + n_tok * vmax) : 0.0);
+        double tol = 1e-5 * mag + v_eps * xs_max * codes * 1.001;
         ASSERT_NEAR(a_simd[r * hd + d], a_ref[r * hd + d], tol) << kv_format_name(vf) << " trial " << trial;
       }
     }

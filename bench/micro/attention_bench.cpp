@@ -1,0 +1,226 @@
+// Decode attention over a paged KV cache, per KV codec, at a realistic shape:
+// head_dim 128, 8 KV heads, 32 query heads (GQA 4), blocks of 16 tokens in a
+// scattered block table, contexts 1K to 32K, 1 and 2 threads. One decode step =
+// one query token attending to n_ctx cached tokens of one layer.
+//
+// Counters:
+//   KV_GB/s      bytes of K and V tiles read per second (every byte once per step);
+//   of_stream    KV_GB/s divided by this machine's read bandwidth, measured in
+//                the same run (a STREAM-like read with the same thread count,
+//                best of 5 passes over 1 GiB: stream_GB/s);
+//   steps/s      decode steps per second (tokens/s of this layer's attention).
+// Decode attention reads every KV byte once, so its physical limit is memory
+// bandwidth (DESIGN.md): of_stream is "achieved / available".
+//
+//   build/bench/attention_bench --benchmark_filter='ctx:32768'   (etc.)
+//   build/bench/attention_bench --benchmark_filter='stream'      (bandwidth only)
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "attention/paged_attention.h"
+#include "core/aligned_buffer.h"
+#include "core/thread_pool.h"
+#include "kv/kv_storage.h"
+#include "quant/kv_format_spec.h"
+
+namespace {
+
+using namespace pagoda;
+
+constexpr int k_head_dim = 128, k_kv_heads = 8, k_rep = 4, k_block = 16;
+
+// --- STREAM-like read bandwidth -------------------------------------------
+// Each thread sums its share of a 1 GiB buffer with 512-bit loads (four
+// accumulators, so the adds never limit); the best of several passes.
+constexpr std::size_t k_stream_bytes = std::size_t{1} << 30;
+
+aligned_buffer& stream_buffer() {
+  static aligned_buffer buf = [] {
+    aligned_buffer b(k_stream_bytes, false);
+    std::memset(b.data(), 1, k_stream_bytes);  // touch every page
+    return b;
+  }();
+  return buf;
+}
+
+__attribute__((target("avx512f"))) float read_sum(const float* p, std::size_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return std::accumulate(lanes, lanes + 16, 0.0f);
+}
+
+double stream_pass(thread_pool& pool) {
+  const float* p = stream_buffer().as<float>();
+  const std::size_t n = k_stream_bytes / sizeof(float);
+  std::vector<float> sums(pool.size());
+  auto t0 = std::chrono::steady_clock::now();
+  pool.run([&](int ith, int nth) {
+    std::size_t b, e;
+    split_range(n, ith, nth, 1024, b, e);
+    sums[ith] = read_sum(p + b, e - b);
+  });
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(sums.data());
+  return static_cast<double>(k_stream_bytes) / s * 1e-9;
+}
+
+// GB/s by thread count, measured before the attention runs and refreshed by
+// the stream benchmark itself.
+std::map<int, double>& stream_gbps() {
+  static std::map<int, double> m;
+  return m;
+}
+
+double stream_for(int threads) {
+  auto& m = stream_gbps();
+  if (!m.contains(threads)) {
+    thread_pool pool(threads);
+    double best = 0;
+    for (int i = 0; i < 5; ++i) best = std::max(best, stream_pass(pool));
+    m[threads] = best;
+  }
+  return m[threads];
+}
+
+void bm_stream(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  thread_pool pool(threads);
+  double best = 0;
+  for (auto _ : st) best = std::max(best, stream_pass(pool));
+  stream_gbps()[threads] = std::max(stream_gbps()[threads], best);
+  st.counters["GB/s"] = best;
+}
+
+// --- attention -------------------------------------------------------------
+
+struct setup {
+  std::unique_ptr<kv_storage> kv;
+  std::vector<block_id> table;
+  std::vector<float> q;  // [32][128]: one decode token
+  std::size_t kv_bytes = 0;
+};
+
+// One pool per (codec, context), filled once: K, V ~ N(0, 1) with a few
+// outlier key channels, written in prompt chunks of 512 as a prefill would.
+setup& setup_for(const std::string& spec, int n_ctx) {
+  static std::map<std::pair<std::string, int>, std::unique_ptr<setup>> cache;
+  auto& slot = cache[{spec, n_ctx}];
+  if (slot) return *slot;
+  // Keep one pool alive at a time: 32K f32 pools are 256 MiB each.
+  cache.clear();
+  auto& s = cache[{spec, n_ctx}];
+  s = std::make_unique<setup>();
+  kv_pair_spec pair = *parse_kv_pair_spec(spec);
+  kv_layout layout = kv_layout::uniform(1, k_kv_heads, k_head_dim, k_block, kv_type::f32, kv_type::f32);
+  layout.k_formats[0] = pair.k.resolve(kv_role::key, false);
+  layout.v_formats[0] = pair.v.resolve(kv_role::value, false);
+  const int n_blocks = (n_ctx + k_block - 1) / k_block;
+  s->kv = std::move(*kv_storage::create(layout, n_blocks + 64, 1));
+  std::vector<int> ids(n_blocks + 64);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937 rng(1);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  for (int i = 0; i < n_blocks; ++i) s->table.push_back(block_id(ids[i]));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int chunk = 512;
+  std::vector<float> k(static_cast<std::size_t>(chunk) * k_kv_heads * k_head_dim), v(k.size());
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = nd(rng) * (i % k_head_dim % 16 == 5 ? 8.0f : 1.0f);
+    v[i] = nd(rng);
+  }
+  for (int pos = 0; pos < n_ctx; pos += chunk) s->kv->write(0, s->table, pos, std::min(chunk, n_ctx - pos), k.data(), v.data());
+  s->q.resize(static_cast<std::size_t>(k_kv_heads) * k_rep * k_head_dim);
+  for (float& x : s->q) x = nd(rng);
+  const std::size_t full = static_cast<std::size_t>(n_ctx / k_block) * layout.bytes_per_block();
+  const std::size_t tail = n_ctx % k_block ? layout.bytes_per_block() : 0;  // upper bound for a partial block
+  s->kv_bytes = full + tail;
+  return *s;
+}
+
+void bm_decode(benchmark::State& st, std::string spec) {
+  const int n_ctx = static_cast<int>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  const double stream = stream_for(threads);
+  setup& s = setup_for(spec, n_ctx);
+  thread_pool pool(threads);
+  std::vector<attention_scratch> scratch(threads);
+  std::vector<float> out(s.q.size());
+  paged_kv_view kview = s.kv->k_view(0, s.table, n_ctx), vview = s.kv->v_view(0, s.table, n_ctx);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(k_head_dim));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : st) {
+    pool.run([&](int ith, int nth) {
+      std::size_t b, e;
+      split_range(k_kv_heads, ith, nth, 1, b, e);
+      for (std::size_t h = b; h < e; ++h) {
+        attention_task t;
+        t.k = &kview;
+        t.v = &vview;
+        t.kv_head = static_cast<int>(h);
+        t.n_rep = k_rep;
+        t.head_dim = k_head_dim;
+        t.scale = scale;
+        t.q = s.q.data();
+        t.q_stride = s.q.size();
+        t.n_tokens = 1;
+        t.pos0 = n_ctx - 1;
+        t.out = out.data();
+        t.out_stride = out.size();
+        paged_attention(t, scratch[ith]);
+      }
+    });
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  using benchmark::Counter;
+  st.counters["of_stream"] = static_cast<double>(s.kv_bytes) * static_cast<double>(st.iterations()) / seconds * 1e-9 / stream;
+  st.counters["KV_GB/s"] = Counter(static_cast<double>(s.kv_bytes) * 1e-9, Counter::kIsIterationInvariantRate);
+  st.counters["steps/s"] = Counter(1, Counter::kIsIterationInvariantRate);
+  st.counters["stream_GB/s"] = stream;
+  st.counters["KV_MiB"] = static_cast<double>(s.kv_bytes) / (1 << 20);
+  st.SetLabel(s.kv->layout().describe());
+}
+
+void register_all() {
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark("stream_read", bm_stream)->Arg(threads)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
+  const char* specs[] = {"f32",  "f16",          "bf16", "fp8",  "fp8_e5m2", "int8", "int8/channel",
+                         "k8v4", "int4/token",   "int4", "k4v2", "int2",     "q8_0", "q4_0"};
+  for (const char* spec : specs) {
+    auto* b = benchmark::RegisterBenchmark(fmt::format("decode/{}", spec).c_str(), bm_decode, std::string(spec));
+    for (int ctx : {1024, 4096, 16384, 32768})
+      for (int threads : {1, 2}) b->Args({ctx, threads});
+    b->ArgNames({"ctx", "threads"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
