@@ -45,7 +45,7 @@ struct matmul_scratch {
 // (ggml's activation quantization), then dot products run on integers.
 // `scratch` grows to the largest call it has served and is reused: no
 // allocation in steady state. REQUIRES: w.n_in a multiple of 32 for q types;
-// not called from inside a job of `pool`.
+// y does not overlap x; not called from inside a job of `pool`.
 void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thread_pool& pool,
             matmul_scratch& scratch);
 
