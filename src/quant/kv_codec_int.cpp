@@ -19,7 +19,6 @@ tile_layout layout_of(const kv_format& fmt, kv_tile_shape s) {
   L.bits = fmt.type == kv_type::int8 ? 8 : fmt.type == kv_type::int4 ? 4 : 2;
   L.cpb = 8 / L.bits;
   L.lanes = 4 * L.cpb;
-  L.symmetric = fmt.type == kv_type::int8;
   L.key = fmt.role == kv_role::key;
   L.mode = fmt.scale_mode;
   L.n_groups = 1;
@@ -43,7 +42,7 @@ tile_layout layout_of(const kv_format& fmt, kv_tile_shape s) {
   }
   L.scale_off = L.codes_bytes;
   L.offset_off = L.scale_off + sizeof(fp16_t) * L.n_scales;
-  L.bytes = L.offset_off + (L.symmetric ? 0 : sizeof(fp16_t) * L.n_scales);
+  L.bytes = L.offset_off + sizeof(fp16_t) * L.n_scales;
   return L;
 }
 
@@ -69,39 +68,25 @@ inline void store_h(std::uint8_t* p, std::size_t i, fp16_t h) { std::memcpy(p + 
 // Scale and offset of one scale group, rounded to their fp16 storage.
 qparam fit(const tile_layout& L, const float* x, std::size_t stride, int n, fp16_t& s16, fp16_t& m16) {
   qparam p;
-  if (L.symmetric) {
-    float amax = 0;
-    for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i * stride]));
-    s16 = f32_to_fp16(amax / 127.0f);
-    p.scale = fp16_to_f32(s16);
-    p.offset = -128.0f * p.scale;
-  } else {
-    float lo = x[0], hi = x[0];
-    for (int i = 1; i < n; ++i) {
-      lo = std::min(lo, x[i * stride]);
-      hi = std::max(hi, x[i * stride]);
-    }
-    s16 = f32_to_fp16((hi - lo) / static_cast<float>(L.u_max()));
-    m16 = f32_to_fp16(lo);
-    p.scale = fp16_to_f32(s16);
-    p.offset = fp16_to_f32(m16);
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i * stride]);
+    hi = std::max(hi, x[i * stride]);
   }
+  s16 = f32_to_fp16((hi - lo) / static_cast<float>(L.u_max()));
+  m16 = f32_to_fp16(lo);
+  p.scale = fp16_to_f32(s16);
+  p.offset = fp16_to_f32(m16);
   return p;
 }
 
 inline int quantize(const tile_layout& L, float x, qparam p) {
-  if (!(p.scale > 0) || !std::isfinite(p.scale)) return L.symmetric ? 128 : 0;
-  if (L.symmetric) {
-    float c = std::nearbyint(x / p.scale);
-    return static_cast<int>(std::clamp(c, -127.0f, 127.0f)) + 128;
-  }
+  if (!(p.scale > 0) || !std::isfinite(p.scale)) return 0;
   float u = std::nearbyint((x - p.offset) / p.scale);
   return static_cast<int>(std::clamp(u, 0.0f, static_cast<float>(L.u_max())));
 }
 
-inline float dequantize(const tile_layout& L, int u, qparam p) {
-  return L.symmetric ? p.scale * static_cast<float>(u - 128) : p.scale * static_cast<float>(u) + p.offset;
-}
+inline float dequantize(int u, qparam p) { return p.scale * static_cast<float>(u) + p.offset; }
 
 inline void set_code(const tile_layout& L, kv_tile_shape s, std::uint8_t* tile, int t, int d, int u) {
   int shift;
@@ -127,7 +112,7 @@ inline qparam param_at(const tile_layout& L, kv_tile_shape s, const kv_static_pa
   }
   std::size_t i = scale_index(L, s, t, d);
   p.scale = fp16_to_f32(load_h(tile + L.scale_off, i));
-  p.offset = L.symmetric ? -128.0f * p.scale : fp16_to_f32(load_h(tile + L.offset_off, i));
+  p.offset = fp16_to_f32(load_h(tile + L.offset_off, i));
   return p;
 }
 
@@ -164,7 +149,7 @@ void encode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
       for (int d = 0; d < hd; ++d) {
         qparam p = fit(L, x + d, hd, n, s16, m16);
         store_h(tile + L.scale_off, d, s16);
-        if (!L.symmetric) store_h(tile + L.offset_off, d, m16);
+        store_h(tile + L.offset_off, d, m16);
         for (int t = 0; t < n; ++t) set_code(L, s, tile, t, d, quantize(L, x[static_cast<std::size_t>(t) * hd + d], p));
       }
       break;
@@ -178,7 +163,7 @@ void encode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
           qparam p = fit(L, row + g * L.group_size, 1, L.group_size, s16, m16);
           std::size_t si = scale_index(L, s, t, g * L.group_size);
           store_h(tile + L.scale_off, si, s16);
-          if (!L.symmetric) store_h(tile + L.offset_off, si, m16);
+          store_h(tile + L.offset_off, si, m16);
           for (int d = g * L.group_size; d < (g + 1) * L.group_size; ++d) set_code(L, s, tile, t, d, quantize(L, row[d], p));
         }
         if (L.key)  // padding channels of the last word
@@ -200,7 +185,7 @@ void encode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
 
 void decode_token(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* tile, int t,
                   float* out) {
-  for (int d = 0; d < s.head_dim; ++d) out[d] = dequantize(L, get_code(L, s, tile, t, d), param_at(L, s, sp, tile, t, d));
+  for (int d = 0; d < s.head_dim; ++d) out[d] = dequantize(get_code(L, s, tile, t, d), param_at(L, s, sp, tile, t, d));
 }
 
 void decode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* tile, int t0, int n,
@@ -253,20 +238,12 @@ void av(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const
   av_ref(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
 }
 
-// Per channel: int8 symmetric over the larger magnitude of the calibrated
-// range, int4/int2 asymmetric over [lo, hi]; values outside clip to the ends.
+// Per channel, over the calibrated range [lo, hi]; values outside clip to its ends.
 void make_static(const kv_format& fmt, int head_dim, const float* lo, const float* hi, float* scale, float* offset) {
-  const bool symmetric = fmt.type == kv_type::int8;
   const float levels = fmt.type == kv_type::int8 ? 255.0f : fmt.type == kv_type::int4 ? 15.0f : 3.0f;
   for (int d = 0; d < head_dim; ++d) {
-    if (symmetric) {
-      float amax = std::max(std::fabs(lo[d]), std::fabs(hi[d]));
-      scale[d] = amax > 0 ? amax / 127.0f : 1.0f;
-      offset[d] = -128.0f * scale[d];
-    } else {
-      scale[d] = std::max(hi[d] - lo[d], 0.0f) / levels;
-      offset[d] = lo[d];
-    }
+    scale[d] = std::max(hi[d] - lo[d], 0.0f) / levels;
+    offset[d] = lo[d];
   }
 }
 

@@ -3,8 +3,8 @@
 // The f32 operand (a query row, or a row of attention weights times the token
 // scales) is split into two int8 vectors, x ~ sc * (hi + lo / 254), so one
 // vpdpbusd pass per half gives the dot product of the codes with x to about
-// 1.6e-5 * max|x| per element: far below the codes' own rounding. Zero offsets
-// of int8 (u = c + 128) cancel exactly in integers (128 * sum(hi)).
+// 1.6e-5 * max|x| per element: far below the codes' own rounding. Offsets
+// (sum of x times the group minimum) are added in f32.
 //
 // Batch invariance: a row's operand is quantized from that row alone (its own
 // max), each 32-bit lane sums one token (qk) or one channel (av) in a fixed
@@ -48,42 +48,34 @@ inline std::int32_t load_i32(const std::int8_t* p) {
 
 // x[0, n) -> hi, lo [n_pad] (zeros past n; n_pad a multiple of 16) with
 // x ~ sc * (hi + lo / 254), or x ~ sc * hi when lo is null. Returns sc (0 when
-// x is all zero) and the sums of hi and lo.
-float quantize_hilo(const float* x, int n, int n_pad, std::int8_t* hi, std::int8_t* lo, std::int32_t* hi_sum,
-                    std::int32_t* lo_sum) {
+// x is all zero).
+float quantize_hilo(const float* x, int n, int n_pad, std::int8_t* hi, std::int8_t* lo) {
   __m512 vmax = _mm512_setzero_ps();
   for (int i = 0; i < n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i)));
   const float amax = _mm512_reduce_max_ps(vmax);
   if (!(amax > 0)) {
     std::memset(hi, 0, n_pad);
     if (lo) std::memset(lo, 0, n_pad);
-    *hi_sum = *lo_sum = 0;
     return 0.0f;
   }
   const __m512 inv = _mm512_set1_ps(127.0f / amax);
-  __m512i sh = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
   for (int i = 0; i < n_pad; i += 16) {
     __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i), inv);
     __m512 h = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512i hi32 = _mm512_cvtps_epi32(h);
-    sh = _mm512_add_epi32(sh, hi32);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + i), _mm512_cvtsepi32_epi8(hi32));
     if (lo) {
       __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       __m512i lo32 = _mm512_cvtps_epi32(l);
-      sl = _mm512_add_epi32(sl, lo32);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm512_cvtsepi32_epi8(lo32));
     }
   }
-  *hi_sum = _mm512_reduce_add_epi32(sh);
-  *lo_sum = _mm512_reduce_add_epi32(sl);
   return amax / 127.0f;
 }
 
-// x[d] = q[d] * S[d] for d < n; returns sum_d q[d] * M[d] (0 when symmetric).
+// x[d] = q[d] * S[d] for d < n; returns sum_d q[d] * M[d].
 // S and M are fp16 in a tile (s16/m16) or f32 static parameters (s32/m32).
-template <bool SYM>
 float fold_scales(const float* q, int n, const std::uint8_t* s16, const std::uint8_t* m16, const float* s32,
                   const float* m32, float* x) {
   __m512 bias = _mm512_setzero_ps();
@@ -92,18 +84,17 @@ float fold_scales(const float* q, int n, const std::uint8_t* s16, const std::uin
     const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
     const __m512 S = s16 ? load_h16(s16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, s32 + d);
     _mm512_mask_storeu_ps(x + d, m, _mm512_mul_ps(qv, S));
-    if constexpr (!SYM) bias = _mm512_fmadd_ps(qv, m16 ? load_h16(m16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, m32 + d), bias);
+    bias = _mm512_fmadd_ps(qv, m16 ? load_h16(m16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, m32 + d), bias);
   }
-  return SYM ? 0.0f : _mm512_reduce_add_ps(bias);
+  return _mm512_reduce_add_ps(bias);
 }
 
 // Per-call buffers for the prepared operands; grown, never shrunk.
 struct operand_rows {
   std::vector<std::int8_t> hi, lo;           // [rows * groups][stride]
   std::vector<float> sc;                     // [rows * groups]
-  std::vector<std::int32_t> hi_sum, lo_sum;  // [rows * groups]
   std::vector<float> extra;                  // [rows * groups]: sum of q (qk), bias (av)
-  std::vector<float> wsum;                   // [rows]: sum of the tile's weights (av, per-channel asymmetric)
+  std::vector<float> wsum;                   // [rows]: sum of the tile's weights (av, per-channel or static)
   std::vector<float> bias;                   // [rows * groups][16]: sum_t w_t M_t lane by lane (av, per token)
   std::vector<float> x;                      // [stride]
   void size(int rows, int groups, int stride) {
@@ -114,8 +105,6 @@ struct operand_rows {
     }
     if (sc.size() < n) {
       sc.resize(n);
-      hi_sum.resize(n);
-      lo_sum.resize(n);
       extra.resize(n);
     }
     if (wsum.size() < static_cast<std::size_t>(rows)) wsum.resize(rows);
@@ -156,13 +145,10 @@ inline void accumulate(const __m512i* vec, int w, const operand_rows& ops, int r
   }
 }
 
-// The dot product of operand og with the codes from its integer halves; for
-// int8 the +128 of every code is taken out exactly first.
-template <int BITS, bool LO>
+// The dot product of operand og with the codes from its integer halves.
+template <bool LO>
 inline __m512 finish_dot(__m512i ah, __m512i al, const operand_rows& ops, int og) {
-  if constexpr (BITS == 8) ah = _mm512_sub_epi32(ah, _mm512_set1_epi32(128 * ops.hi_sum[og]));
   if constexpr (!LO) return _mm512_mul_ps(_mm512_cvtepi32_ps(ah), _mm512_set1_ps(ops.sc[og]));
-  if constexpr (BITS == 8) al = _mm512_sub_epi32(al, _mm512_set1_epi32(128 * ops.lo_sum[og]));
   __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(al), _mm512_set1_ps(k_inv254), _mm512_cvtepi32_ps(ah));
   return _mm512_mul_ps(dot, _mm512_set1_ps(ops.sc[og]));
 }
@@ -182,7 +168,6 @@ struct token_vector {
 template <int R, int NV, int BITS, bool FOLDED>
 void qk_block(const tile_layout& L, kv_tile_shape s, const token_vector* tv, const operand_rows& ops, int r0,
               int stride, int G, int words_per_group, int ld) {
-  constexpr bool SYM = BITS == 8;
   constexpr bool LO = k_qk_lo<BITS, FOLDED>;
   const int B = s.block_size;
   __m512 total[NV][R];
@@ -203,17 +188,17 @@ void qk_block(const tile_layout& L, kv_tile_shape s, const token_vector* tv, con
       if constexpr (!FOLDED) {
         const std::size_t at = (static_cast<std::size_t>(g) * B + tv[v].tc) * 2;
         S = load_h16(tv[v].tile + L.scale_off + at, tv[v].m);
-        if constexpr (!SYM) M = load_h16(tv[v].tile + L.offset_off + at, tv[v].m);
+        M = load_h16(tv[v].tile + L.offset_off + at, tv[v].m);
       }
       for (int r = 0; r < R; ++r) {
         const int og = (r0 + r) * G + g;
-        __m512 dot = finish_dot<BITS, LO>(ah[v][r], al[v][r], ops, og);
+        __m512 dot = finish_dot<LO>(ah[v][r], al[v][r], ops, og);
         if constexpr (FOLDED) {
-          if constexpr (!SYM) dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
+          dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
           total[v][r] = _mm512_add_ps(total[v][r], dot);
         } else {
           total[v][r] = _mm512_fmadd_ps(S, dot, total[v][r]);
-          if constexpr (!SYM) total[v][r] = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.extra[og]), total[v][r]);
+          total[v][r] = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.extra[og]), total[v][r]);
         }
       }
     }
@@ -239,7 +224,6 @@ void qk_vectors(const tile_layout& L, kv_tile_shape s, const token_vector* tv, c
 template <int BITS, bool FOLDED>
 void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
             const float* q, int n_q, float* scores, int ld) {
-  constexpr bool SYM = BITS == 8;
   const int B = s.block_size, hd = s.head_dim;
   const int stride = round16(L.n_outer * L.lanes);
   const int G = FOLDED ? 1 : L.n_groups;
@@ -254,11 +238,10 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
       const float* qr = q + static_cast<std::size_t>(r) * hd;
       float* x = ops.x.data();
       if constexpr (FOLDED) {
-        ops.extra[r] = per_tile ? fold_scales<SYM>(qr, hd, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, x)
-                                : fold_scales<SYM>(qr, hd, nullptr, nullptr, sp->scale, sp->offset, x);
+        ops.extra[r] = per_tile ? fold_scales(qr, hd, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, x)
+                                : fold_scales(qr, hd, nullptr, nullptr, sp->scale, sp->offset, x);
         ops.sc[r] = quantize_hilo(x, hd, stride, ops.hi.data() + static_cast<std::size_t>(r) * stride,
-                                  k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(r) * stride : nullptr,
-                                  &ops.hi_sum[r], &ops.lo_sum[r]);
+                                  k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(r) * stride : nullptr);
       } else {
         for (int g = 0; g < G; ++g) {
           const int og = r * G + g;
@@ -272,8 +255,7 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
           }
           ops.extra[og] = qsum;
           ops.sc[og] = quantize_hilo(x, hd, stride, ops.hi.data() + static_cast<std::size_t>(og) * stride,
-                                     k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(og) * stride : nullptr,
-                                     &ops.hi_sum[og], &ops.lo_sum[og]);
+                                     k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(og) * stride : nullptr);
         }
       }
     }
@@ -338,18 +320,18 @@ void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp,
     if constexpr (FOLDED) {
       if (L.mode == kv_scale_mode::per_channel) {
         S = load_h16(tiles[0] + L.scale_off + static_cast<std::size_t>(d0) * 2, mc[v]);
-        if constexpr (BITS != 8) M = load_h16(tiles[0] + L.offset_off + static_cast<std::size_t>(d0) * 2, mc[v]);
+        M = load_h16(tiles[0] + L.offset_off + static_cast<std::size_t>(d0) * 2, mc[v]);
       } else {
         S = _mm512_maskz_loadu_ps(mc[v], sp->scale + d0);
-        if constexpr (BITS != 8) M = _mm512_maskz_loadu_ps(mc[v], sp->offset + d0);
+        M = _mm512_maskz_loadu_ps(mc[v], sp->offset + d0);
       }
     }
     for (int r = 0; r < R; ++r) {
       const int og = (r0 + r) * G + g;
-      __m512 dot = finish_dot<BITS, true>(ah[v][r], al[v][r], ops, og);
+      __m512 dot = finish_dot<true>(ah[v][r], al[v][r], ops, og);
       if constexpr (FOLDED) {
         dot = _mm512_mul_ps(dot, S);
-        if constexpr (BITS != 8) dot = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.wsum[r0 + r]), dot);
+        dot = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.wsum[r0 + r]), dot);
       }
       float* a = acc + static_cast<std::size_t>(r0 + r) * hd + d0;
       _mm512_mask_storeu_ps(a, mc[v], _mm512_add_ps(_mm512_maskz_loadu_ps(mc[v], a), dot));
@@ -375,7 +357,6 @@ void av_vectors(const tile_layout& L, kv_tile_shape s, const kv_static_params* s
 template <int BITS, bool FOLDED>
 void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
             const float* w, int ld, int n_q, float* acc) {
-  constexpr bool SYM = BITS == 8;
   constexpr int k_group_tokens = 64;
   const int B = s.block_size, hd = s.head_dim;
   const int P = L.n_outer * L.lanes;  // operand positions per tile (tokens padded to whole words)
@@ -385,9 +366,9 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   const int n_tiles = (n_tokens + B - 1) / B;
   operand_rows& ops = t_ops;
   ops.size(n_q, G, stride);
-  // Asymmetric per-token offsets: sum_t w_t M_t per row and group, accumulated
-  // lane by lane over the tiles and added once at the end.
-  if constexpr (!FOLDED && !SYM) std::fill_n(ops.bias.begin(), static_cast<std::size_t>(n_q) * G * 16, 0.0f);
+  // Per-token offsets: sum_t w_t M_t per row and group, accumulated lane by
+  // lane over the tiles and added once at the end.
+  if constexpr (!FOLDED) std::fill_n(ops.bias.begin(), static_cast<std::size_t>(n_q) * G * 16, 0.0f);
   const std::uint8_t* group[64];  // tpg <= 64
   int nt[64], n_words[64];
 
@@ -406,7 +387,7 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
         float* x = ops.x.data();
         std::fill_n(x, stride, 0.0f);
         __m512 bias = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
-        if constexpr (!FOLDED && !SYM) bias = _mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(og) * 16]);
+        if constexpr (!FOLDED) bias = _mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(og) * 16]);
         for (int j = 0; j < n_group_tiles; ++j) {
           const float* wr = w + static_cast<std::size_t>(r) * ld + static_cast<std::size_t>(i0 + j) * B;
           const std::uint8_t* S16 = group[j] + L.scale_off + static_cast<std::size_t>(g) * B * 2;
@@ -417,18 +398,17 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
             if constexpr (!FOLDED) {
               // x_t = w_t * S_t; bias += w_t * M_t.
               _mm512_mask_storeu_ps(x + j * P + t, m, _mm512_mul_ps(wv, load_h16(S16 + 2 * t, m)));
-              if constexpr (!SYM) bias = _mm512_fmadd_ps(wv, load_h16(M16 + 2 * t, m), bias);
+              bias = _mm512_fmadd_ps(wv, load_h16(M16 + 2 * t, m), bias);
             } else {
               _mm512_mask_storeu_ps(x + j * P + t, m, wv);
-              if constexpr (!SYM) sum = _mm512_add_ps(sum, wv);
+              sum = _mm512_add_ps(sum, wv);
             }
           }
         }
-        if constexpr (!FOLDED && !SYM) _mm512_storeu_ps(&ops.bias[static_cast<std::size_t>(og) * 16], bias);
-        if constexpr (FOLDED && !SYM) ops.wsum[r] = _mm512_reduce_add_ps(sum);
+        if constexpr (!FOLDED) _mm512_storeu_ps(&ops.bias[static_cast<std::size_t>(og) * 16], bias);
+        if constexpr (FOLDED) ops.wsum[r] = _mm512_reduce_add_ps(sum);
         ops.sc[og] = quantize_hilo(x, stride, stride, ops.hi.data() + static_cast<std::size_t>(og) * stride,
-                                   ops.lo.data() + static_cast<std::size_t>(og) * stride, &ops.hi_sum[og],
-                                   &ops.lo_sum[og]);
+                                   ops.lo.data() + static_cast<std::size_t>(og) * stride);
       }
     }
     // Pairs of 16-channel vectors where both lie in one scale group.
@@ -440,7 +420,7 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
       dc += pair ? 32 : 16;
     }
   }
-  if constexpr (!FOLDED && !SYM)
+  if constexpr (!FOLDED)
     for (int r = 0; r < n_q; ++r)
       for (int g = 0; g < G; ++g) {
         const float bias = _mm512_reduce_add_ps(_mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(r * G + g) * 16]));

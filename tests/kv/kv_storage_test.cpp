@@ -30,9 +30,9 @@ TEST(kv_storage, bytes_per_block_follow_the_formula) {
 // Quantized formats: codes plus in-tile scales; a sealed format adds one f16
 // staging slot per sequence, which the pool maps and counts.
 TEST(kv_storage, quantized_bytes_include_scales_and_the_staging_window) {
-  // llama3-8b shape, 2 layers: int8 per token = 128 codes + one fp16 scale per token and head.
+  // llama3-8b shape, 2 layers: int8 per token = 128 codes + fp16 scale and offset per token and head.
   auto int8 = kv_layout::uniform(2, 8, 128, 16, kv_type::int8, kv_type::int8);
-  EXPECT_DOUBLE_EQ(int8.bytes_per_token(), 2.0 * 2 * 8 * (128 + 2));
+  EXPECT_DOUBLE_EQ(int8.bytes_per_token(), 2.0 * 2 * 8 * (128 + 4));
   EXPECT_FALSE(int8.has_sealed());
   // KIVI int4: keys per channel (fp16 scale + offset per channel per block of 16), values per token.
   auto kivi = kv_layout::uniform(2, 8, 128, 16, kv_type::int4, kv_type::int4);
@@ -236,10 +236,10 @@ TEST(kv_storage, static_scales_come_from_the_layout) {
   std::vector<float> k{0.5f, -1.0f, 100.0f, 3.0f}, v(4, 0.0f);
   s->write(0, table, 0, 1, k.data(), v.data());
   auto got = read_token(s->k_view(0, table, 1), 0, 0);
-  EXPECT_NEAR(got[0], 0.5f, 0.5 / 127);
-  EXPECT_NEAR(got[1], -1.0f, 1.0 / 127);
-  EXPECT_EQ(got[2], 4.0f) << "clipped to the calibrated range";
-  EXPECT_NEAR(got[3], 3.0f, 4.0 / 127);
+  EXPECT_NEAR(got[0], 0.5f, 1.0 / 255);  // half a step of 2 / 255
+  EXPECT_NEAR(got[1], -1.0f, 2.0 / 255);
+  EXPECT_NEAR(got[2], 4.0f, 1e-5) << "clipped to the calibrated range";
+  EXPECT_NEAR(got[3], 3.0f, 8.0 / 255);
   scales->head_dim = 8;
   EXPECT_FALSE(kv_storage::create(layout, 2).ok());
 }

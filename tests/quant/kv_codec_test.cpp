@@ -129,7 +129,7 @@ double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D
       const double levels = f.type == kv_type::int8 ? 255 : f.type == kv_type::int4 ? 15 : 3;
       if (f.scale_mode == kv_scale_mode::static_scales)
         return 0.5 * st.scale[d] * 1.0001 + 1e-6 * (std::fabs(st.offset[d]) + v);
-      double step = f.type == kv_type::int8 ? amax / 127.0 : (hi - lo) / levels;
+      double step = (hi - lo) / levels;
       return 0.5 * step * (1 + 0x1p-9) + (std::fabs(lo) + std::fabs(hi)) * 0x1p-10 + 1e-7;
     }
     case kv_type::q8_0:
@@ -144,8 +144,8 @@ double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D
   return 0;
 }
 
-// For integer codecs: the scale S and the code's distance from zero |u - z| of
-// element (t, d), read from the tile (the terms of int_kv::operand_error's bound).
+// For integer codecs: the scale S and the code u of element (t, d), read from
+// the tile (the terms of int_kv::operand_error's bound).
 struct int_terms {
   double scale = 0;
   double code = 0;
@@ -156,7 +156,7 @@ int_terms int_element(const kv_format& f, kv_tile_shape s, const kv_static_param
   int shift;
   const int u = (b[int_kv::code_byte(L, s, t, d, shift)] >> shift) & ((1 << L.bits) - 1);
   int_terms it;
-  it.code = std::abs(u - (L.symmetric ? 128 : 0));
+  it.code = u;
   if (f.scale_mode == kv_scale_mode::static_scales) {
     it.scale = sp->scale[d];
   } else {
@@ -399,7 +399,7 @@ TEST(kv_codec, tile_bytes_and_bits_per_element) {
   kv_tile_shape llama{16, 128}, stories{16, 8};
   EXPECT_DOUBLE_EQ(bits(kv_type::f16, kv_role::key, llama), 16.0);
   EXPECT_DOUBLE_EQ(bits(kv_type::fp8_e4m3, kv_role::key, llama), 8.0 + 16.0 / 128);  // fp16 scale per token
-  EXPECT_DOUBLE_EQ(bits(kv_type::int8, kv_role::key, llama), 8.0 + 16.0 / 128);      // symmetric: scale only
+  EXPECT_DOUBLE_EQ(bits(kv_type::int8, kv_role::key, llama), 8.0 + 32.0 / 128);      // fp16 scale + offset per token
   EXPECT_DOUBLE_EQ(bits(kv_type::int4, kv_role::key, llama), 4.0 + 32.0 / 16);       // per channel over 16 tokens
   EXPECT_DOUBLE_EQ(bits(kv_type::int4, kv_role::value, llama), 4.0 + 32.0 / 128);    // per token
   EXPECT_DOUBLE_EQ(bits(kv_type::int2, kv_role::key, llama), 2.0 + 32.0 / 16);
