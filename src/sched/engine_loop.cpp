@@ -1,0 +1,221 @@
+#include "sched/engine_loop.h"
+
+#include <future>
+
+#include "core/assert.h"
+
+namespace pagoda {
+
+// --- request_channel ------------------------------------------------------------
+
+void request_channel::push(engine_event e) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+void request_channel::fail(status st) {
+  PAGODA_ASSERT(!st.ok(), "a channel fails with an error");
+  {
+    std::lock_guard lock(mu_);
+    failure_ = std::move(st);
+  }
+  cv_.notify_all();
+}
+
+bool request_channel::wait(std::vector<engine_event>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (queue_.empty() && failure_.ok()) cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || !failure_.ok(); });
+  if (queue_.empty()) return failure_.ok();
+  for (engine_event& e : queue_) out.push_back(std::move(e));
+  queue_.clear();
+  return true;
+}
+
+status request_channel::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+// --- engine_loop ----------------------------------------------------------------
+
+namespace {
+
+histogram_snapshot snapshot_of(const histogram& h) {
+  return {h.bounds(), h.cumulative_counts(), h.count(), h.sum()};
+}
+
+}  // namespace
+
+engine_loop::engine_loop(std::unique_ptr<engine> eng, int max_waiting)
+    : engine_(std::move(eng)), max_waiting_(max_waiting) {
+  PAGODA_ASSERT(engine_ != nullptr, "engine_loop needs an engine");
+  thread_ = std::thread([this] { run(); });
+}
+
+engine_loop::~engine_loop() { stop(); }
+
+status engine_loop::submit(std::vector<request> reqs, std::shared_ptr<request_channel> channel) {
+  PAGODA_ASSERT(channel != nullptr, "submit needs a channel");
+  if (reqs.empty()) return error(errc::invalid_argument, "no request to submit");
+  std::promise<status> done;
+  std::future<status> answer = done.get_future();
+  {
+    std::lock_guard lock(mu_);
+    // Checked under the lock the thread takes before its final drain, so a task
+    // posted here always runs.
+    if (stopping_) return error(errc::cancelled, "the server is shutting down");
+    tasks_.push_back([this, &reqs, &channel, &done] {
+      if (stopping_) {
+        done.set_value(error(errc::cancelled, "the server is shutting down"));
+        return;
+      }
+      const int waiting = engine_->stats().n_waiting;
+      if (waiting + static_cast<std::int64_t>(reqs.size()) > max_waiting_) {
+        done.set_value(error(errc::resource_exhausted, "the server's queue is full ({} requests waiting); retry later",
+                             waiting));
+        return;
+      }
+      std::vector<std::string> added;
+      for (request& r : reqs) {
+        std::string id = r.id;
+        status st = engine_->add_request(std::move(r));
+        if (!st.ok()) {
+          for (const std::string& a : added) engine_->abort_request(a);
+          flush_pending_ = !added.empty();
+          // The queue was checked above, so exhaustion here means the pool or a
+          // quota is too small for this request, whatever the load.
+          if (st.code() == errc::resource_exhausted) st = status(errc::out_of_range, st.message());
+          done.set_value(std::move(st));
+          return;
+        }
+        added.push_back(std::move(id));
+      }
+      for (std::string& a : added) channels_.emplace(std::move(a), channel);
+      done.set_value(status{});
+    });
+  }
+  cv_.notify_one();
+  return answer.get();
+}
+
+void engine_loop::cancel(std::vector<std::string> ids) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;  // stop() aborts everything anyway
+  tasks_.push_back([this, ids = std::move(ids)] {
+    for (const std::string& id : ids)
+      if (channels_.contains(id) && engine_->abort_request(id)) flush_pending_ = true;
+  });
+  cv_.notify_one();
+}
+
+engine_snapshot engine_loop::snapshot() {
+  std::promise<engine_snapshot> done;
+  std::future<engine_snapshot> answer = done.get_future();
+  auto fill = [this, &done] {
+    const engine_stats& st = engine_->stats();
+    engine_snapshot s;
+    s.kv = engine_->kv_stats();
+    s.n_steps = st.n_steps;
+    s.n_prompt_tokens = st.n_prompt_tokens;
+    s.n_computed_prompt_tokens = st.n_computed_prompt_tokens;
+    s.n_generated_tokens = st.n_generated_tokens;
+    s.n_running = st.n_running;
+    s.n_waiting = st.n_waiting;
+    // engine_stats' counts are refreshed by step(); when aborts emptied the
+    // engine, no step ran since to refresh them.
+    if (!engine_->has_work()) s.n_running = s.n_waiting = 0;
+    s.n_finished_by_reason = finished_by_reason_;
+    s.n_requests_active = static_cast<std::int64_t>(channels_.size());
+    s.ttft_seconds = snapshot_of(st.ttft_seconds);
+    s.itl_seconds = snapshot_of(st.itl_seconds);
+    s.e2e_seconds = snapshot_of(st.e2e_seconds);
+    done.set_value(std::move(s));
+  };
+  {
+    std::unique_lock lock(mu_);
+    if (closed_) {
+      // No thread touches the engine any more; reading it here is safe.
+      lock.unlock();
+      fill();
+      return answer.get();
+    }
+    tasks_.push_back(fill);  // a task posted before closed_ always runs
+  }
+  cv_.notify_one();
+  return answer.get();
+}
+
+void engine_loop::dispatch(std::vector<engine_event>& events) {
+  for (engine_event& e : events) {
+    auto it = channels_.find(e.request_id);
+    if (it == channels_.end()) continue;  // rejected half of a batch, or the channel failed
+    std::shared_ptr<request_channel> ch = it->second;
+    if (e.request_finished) {
+      ++finished_by_reason_[e.finish_reason];
+      channels_.erase(it);
+    }
+    ch->push(std::move(e));
+  }
+}
+
+void engine_loop::fail_all(const status& st) {
+  for (auto& [id, ch] : channels_) {
+    ch->fail(st);
+    engine_->abort_request(id);
+  }
+  channels_.clear();
+  flush_pending_ = true;
+}
+
+void engine_loop::run() {
+  std::vector<engine_event> events;
+  std::deque<std::function<void()>> batch;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return !tasks_.empty() || stopping_ || engine_->has_work() || flush_pending_; });
+      batch.swap(tasks_);
+    }
+    for (auto& task : batch) task();
+    batch.clear();
+    if (stopping_) break;
+    if (!engine_->has_work() && !flush_pending_) continue;
+    flush_pending_ = false;
+    events.clear();
+    status st = engine_->step(events);
+    dispatch(events);
+    if (!st.ok()) fail_all(st.with_context("engine step"));
+  }
+  // Shutting down: abort what is left, hand out the abort events, then answer
+  // every task posted before stop() took the lock (submits see stopping_).
+  std::vector<std::string> ids;
+  for (const auto& [id, ch] : channels_) ids.push_back(id);
+  for (const std::string& id : ids) engine_->abort_request(id);
+  events.clear();
+  status st = engine_->step(events);  // with nothing running, only flushes the aborts
+  dispatch(events);
+  if (!st.ok()) fail_all(st);
+  for (auto& [id, ch] : channels_) ch->fail(error(errc::cancelled, "the server is shutting down"));
+  channels_.clear();
+  std::unique_lock lock(mu_);
+  while (!tasks_.empty()) {
+    auto task = std::move(tasks_.front());
+    tasks_.pop_front();
+    task();
+  }
+  closed_ = true;
+}
+
+void engine_loop::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace pagoda

@@ -1,0 +1,126 @@
+// The engine on its own thread (DESIGN.md: one thread owns the engine, others
+// talk to it through queues, as llama.cpp's server_queue / server_response).
+//
+// Client threads (HTTP handlers) submit requests, cancel them and ask for a
+// metrics snapshot; each of those is a task the engine thread runs between two
+// steps, so the engine itself needs no lock. The events of a submitted request
+// arrive on the request_channel given at submission, until the event that says
+// the request finished (also after a cancel: the engine answers "abort").
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "sched/engine.h"
+
+namespace pagoda {
+
+// A one-way queue of engine events from the engine thread to one client.
+// Thread-safe; shared by both sides (shared_ptr), so neither outlives the other's use.
+class request_channel {
+ public:
+  // Engine thread.
+  void push(engine_event e);
+  // Engine thread: the engine failed; no more events come for these requests.
+  void fail(status st);
+
+  // Client thread: appends what is queued to `out`; when nothing is, waits up
+  // to `timeout` for something. Returns false when the channel has failed
+  // (failure() says why) and nothing was left to return.
+  bool wait(std::vector<engine_event>& out, std::chrono::milliseconds timeout);
+  status failure() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<engine_event> queue_;
+  status failure_;
+};
+
+// A histogram's Prometheus data without its raw samples.
+struct histogram_snapshot {
+  std::vector<double> bounds;
+  std::vector<std::uint64_t> cumulative_counts;  // observations <= bounds[i]
+  std::uint64_t count = 0;
+  double sum = 0;
+};
+
+// What the engine reports, copied on its thread between two steps: counts
+// that belong together (blocks, requests, tokens) are consistent with each other.
+struct engine_snapshot {
+  kv_metrics kv;
+  std::int64_t n_steps = 0;
+  std::int64_t n_prompt_tokens = 0;           // admitted prompt tokens
+  std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model
+  std::int64_t n_generated_tokens = 0;
+  int n_running = 0;
+  int n_waiting = 0;
+  std::map<std::string, std::int64_t> n_finished_by_reason;  // finish reason of a request's last completion
+  std::int64_t n_requests_active = 0;         // submitted, not finished yet
+  histogram_snapshot ttft_seconds;
+  histogram_snapshot itl_seconds;
+  histogram_snapshot e2e_seconds;
+};
+
+class engine_loop {
+ public:
+  // Starts the engine thread. max_waiting caps the requests queued in the
+  // engine at once (submit() answers errc::resource_exhausted beyond it).
+  engine_loop(std::unique_ptr<engine> eng, int max_waiting);
+  ~engine_loop();  // stop()
+
+  engine_loop(const engine_loop&) = delete;
+  engine_loop& operator=(const engine_loop&) = delete;
+
+  // Queues `reqs` all or none and waits until the engine thread took them.
+  // Errors: errc::resource_exhausted when the waiting queue is full (and only
+  // then: a request that can never fit the pool or a tenant's quota is
+  // errc::out_of_range); the engine's own rejections (invalid_argument,
+  // out_of_range); errc::cancelled after stop(). On success the requests'
+  // events go to `channel` until each has had its request_finished event.
+  status submit(std::vector<request> reqs, std::shared_ptr<request_channel> channel);
+
+  // Aborts the requests (unknown or finished ids are ignored). Returns at once;
+  // the engine thread frees their blocks before its next step.
+  void cancel(std::vector<std::string> ids);
+
+  // A consistent copy of the engine's metrics (waits for the current step).
+  engine_snapshot snapshot();
+
+  // Aborts every request, answers their channels and joins the thread. Idempotent.
+  void stop();
+  bool stopped() const { return stopping_.load(); }
+
+ private:
+  void run();
+  void dispatch(std::vector<engine_event>& events);
+  void fail_all(const status& st);
+
+  std::unique_ptr<engine> engine_;
+  const int max_waiting_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  bool closed_ = false;                       // guarded by mu_: the thread has exited and runs no task
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+
+  // Engine thread only.
+  std::unordered_map<std::string, std::shared_ptr<request_channel>> channels_;
+  std::map<std::string, std::int64_t> finished_by_reason_;
+  bool flush_pending_ = false;  // a cancel produced events that only step() hands out
+};
+
+}  // namespace pagoda
