@@ -1,0 +1,43 @@
+#include "server/api_setup.h"
+
+#include <filesystem>
+
+namespace pagoda::server {
+
+result<chat_format> choose_chat_format(const llama_model& model, const std::string& override_name, std::string* warning) {
+  if (!override_name.empty()) {
+    if (auto f = chat_format_from_name(override_name)) return *f;
+    std::string names;
+    for (chat_format f : all_chat_formats()) names += std::string(names.empty() ? "" : ", ") + chat_format_name(f);
+    return error(errc::invalid_argument, "--chat-template '{}': unknown; expected one of {}", override_name, names);
+  }
+  auto jinja = model.gguf().get_string("tokenizer.chat_template");
+  if (!jinja.ok()) return chat_format::plain;
+  if (auto f = detect_chat_format(*jinja)) return *f;
+  if (warning)
+    *warning = "the model's chat template matches no known family; chat messages are joined plainly "
+               "(pass --chat-template NAME)";
+  return chat_format::plain;
+}
+
+result<api_context> make_api_context(const llama_model& model, int max_model_len, const api_options& o,
+                                     std::string* warning) {
+  if (max_model_len < 2) return error(errc::invalid_argument, "a context of {} tokens is too small to serve", max_model_len);
+  api_context ctx;
+  const tokenizer& vocab = model.vocab();
+  ctx.vocab = &vocab;
+  PAGODA_ASSIGN_OR_RETURN(ctx.chat, choose_chat_format(model, o.chat_template, warning));
+  if (vocab.bos() != k_no_token) ctx.chat_tokens.bos = std::string(vocab.token_text(vocab.bos()));
+  if (vocab.eos() != k_no_token) ctx.chat_tokens.eos = std::string(vocab.token_text(vocab.eos()));
+  const std::string stem = std::filesystem::path(o.model_path).stem().string();
+  ctx.model_names = {o.served_model_name.empty() ? stem : o.served_model_name};
+  for (const std::string& alias : {o.model_path, stem})
+    if (!alias.empty() && alias != ctx.model_names.front()) ctx.model_names.push_back(alias);
+  ctx.limits.max_model_len = max_model_len;
+  ctx.limits.max_prompt_tokens = o.max_prompt_tokens > 0 ? std::min(o.max_prompt_tokens, max_model_len - 1) : max_model_len - 1;
+  ctx.limits.max_tokens = o.max_tokens_limit > 0 ? std::min(o.max_tokens_limit, max_model_len - 1) : max_model_len - 1;
+  ctx.limits.max_choices = o.max_n;
+  return ctx;
+}
+
+}  // namespace pagoda::server

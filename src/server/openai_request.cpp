@@ -1,0 +1,474 @@
+#include "server/openai_request.h"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "core/clock.h"
+
+namespace pagoda::server {
+namespace {
+
+using nlohmann::json;
+using maybe_error = std::optional<api_error>;
+
+// Evaluates an expression yielding maybe_error; returns the error if there is one.
+#define PAGODA_API_TRY(expr)                      \
+  do {                                            \
+    if (maybe_error pagoda_e_ = (expr)) return std::move(*pagoda_e_); \
+  } while (0)
+
+// The field's value; nullptr when absent or null (null means "the default").
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+const char* json_type(const json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number_float()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+std::string excerpt(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 40) s = s.substr(0, 40) + "...";
+  return s;
+}
+
+api_error type_error(const std::string& name, const char* expected, const json& v) {
+  return bad_request(name, fmt::format("'{}' must be {}, not {}", name, expected, json_type(v)));
+}
+
+api_error range_error(const std::string& name, const std::string& range, const json& v) {
+  return bad_request(name, fmt::format("'{}' must be {}, got {}", name, range, excerpt(v)));
+}
+
+api_error unsupported(const std::string& name, const std::string& neutral) {
+  return bad_request(name, fmt::format("'{}' is not supported by this server; omit it or set it to {}", name, neutral),
+                     "unsupported_parameter");
+}
+
+// An integer in [lo, hi]; a number with no fraction counts as an integer.
+maybe_error read_int(const json& v, const std::string& name, std::int64_t lo, std::int64_t hi, std::int64_t& out) {
+  const std::string range = fmt::format("an integer in [{}, {}]", lo, hi);
+  if (v.is_number_unsigned()) {
+    std::uint64_t u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(hi)) return range_error(name, range, v);
+    out = static_cast<std::int64_t>(u);
+  } else if (v.is_number_integer()) {
+    out = v.get<std::int64_t>();
+  } else if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (d != std::floor(d)) return type_error(name, "an integer", v);
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) return range_error(name, range, v);
+    out = static_cast<std::int64_t>(d);
+  } else {
+    return type_error(name, "an integer", v);
+  }
+  if (out < lo || out > hi) return range_error(name, range, v);
+  return {};
+}
+
+maybe_error read_int(const json& body, const char* name, std::int64_t lo, std::int64_t hi,
+                     std::optional<std::int64_t>& out) {
+  const json* v = field(body, name);
+  if (!v) return {};
+  std::int64_t x = 0;
+  PAGODA_API_TRY(read_int(*v, name, lo, hi, x));
+  out = x;
+  return {};
+}
+
+// A number in [lo, hi] (or (lo, hi] when lo_open).
+maybe_error read_number(const json& body, const char* name, double lo, double hi, bool lo_open,
+                        std::optional<double>& out) {
+  const json* v = field(body, name);
+  if (!v) return {};
+  if (!v->is_number()) return type_error(name, "a number", *v);
+  double d = v->get<double>();
+  if (!(lo_open ? d > lo : d >= lo) || !(d <= hi))
+    return range_error(name, fmt::format("a number in {}{}, {}]", lo_open ? "(" : "[", lo, hi), *v);
+  out = d;
+  return {};
+}
+
+maybe_error read_bool(const json& body, const char* name, bool& out) {
+  const json* v = field(body, name);
+  if (!v) return {};
+  if (!v->is_boolean()) return type_error(name, "a boolean", *v);
+  out = v->get<bool>();
+  return {};
+}
+
+maybe_error read_string(const json& body, const char* name, std::optional<std::string>& out) {
+  const json* v = field(body, name);
+  if (!v) return {};
+  if (!v->is_string()) return type_error(name, "a string", *v);
+  out = v->get<std::string>();
+  return {};
+}
+
+std::uint64_t fresh_seed() {
+  static std::atomic<std::uint64_t> state{(static_cast<std::uint64_t>(std::random_device{}()) << 32) ^
+                                          static_cast<std::uint64_t>(now_us())};
+  // splitmix64 over a shared counter: distinct seeds across threads, no lock.
+  std::uint64_t z = state.fetch_add(0x9E3779B97F4A7C15ull) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Fields accepted only at their neutral value.
+maybe_error check_neutral_fields(const json& body, api_kind kind, int n) {
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    std::optional<double> v;
+    PAGODA_API_TRY(read_number(body, name, -2.0, 2.0, false, v));
+    if (v && *v != 0.0) return unsupported(name, "0");
+  }
+  {
+    std::optional<double> v;
+    PAGODA_API_TRY(read_number(body, "repetition_penalty", 0.0, 1e9, true, v));
+    if (v && *v != 1.0) return unsupported("repetition_penalty", "1");
+  }
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) return type_error("logit_bias", "an object", *v);
+    if (!v->empty()) return unsupported("logit_bias", "{}");
+  }
+  {
+    std::optional<std::int64_t> v;
+    PAGODA_API_TRY(read_int(body, "min_tokens", 0, std::numeric_limits<std::int32_t>::max(), v));
+    if (v && *v != 0) return unsupported("min_tokens", "0");
+  }
+  for (const char* name : {"tools", "functions"}) {
+    if (const json* v = field(body, name)) {
+      if (!v->is_array()) return type_error(name, "an array", *v);
+      if (!v->empty()) return unsupported(name, "[]");
+    }
+  }
+  if (const json* v = field(body, "tool_choice")) {
+    if (!v->is_string() || (*v != "none" && *v != "auto")) return unsupported("tool_choice", "\"none\"");
+  }
+  if (const json* v = field(body, "response_format")) {
+    if (!v->is_object()) return type_error("response_format", "an object", *v);
+    auto t = v->find("type");
+    if (t == v->end() || *t != "text") return unsupported("response_format", "{\"type\": \"text\"}");
+  }
+  if (kind == api_kind::completion) {
+    bool echo = false;
+    PAGODA_API_TRY(read_bool(body, "echo", echo));
+    if (echo) return unsupported("echo", "false");
+    std::optional<std::string> suffix;
+    PAGODA_API_TRY(read_string(body, "suffix", suffix));
+    if (suffix && !suffix->empty()) return unsupported("suffix", "null");
+    std::optional<std::int64_t> best_of;
+    PAGODA_API_TRY(read_int(body, "best_of", 1, 1 << 20, best_of));
+    if (best_of && *best_of != n) return unsupported("best_of", "n");
+  }
+  return {};
+}
+
+// Everything but the prompt and max_tokens: sampling, stops, streaming, tenancy.
+maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind, const std::string& tenant,
+                         api_call& call, request& base) {
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) return type_error("model", "a string", *m);
+    const std::string& name = m->get_ref<const std::string&>();
+    if (std::find(ctx.model_names.begin(), ctx.model_names.end(), name) == ctx.model_names.end())
+      return bad_request("model",
+                         fmt::format("The model '{}' does not exist; this server serves '{}'", excerpt(*m).substr(0, 200),
+                                     ctx.model_names.empty() ? "" : ctx.model_names.front()),
+                         "model_not_found");
+  }
+
+  // vLLM's SamplingParams defaults: temperature 1, top_p 1, top_k and min_p off.
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<std::int64_t> top_k, n, priority;
+  PAGODA_API_TRY(read_number(body, "temperature", 0.0, 2.0, false, temperature));
+  PAGODA_API_TRY(read_number(body, "top_p", 0.0, 1.0, true, top_p));
+  PAGODA_API_TRY(read_number(body, "min_p", 0.0, 1.0, false, min_p));
+  PAGODA_API_TRY(read_int(body, "top_k", -1, std::numeric_limits<std::int32_t>::max(), top_k));
+  PAGODA_API_TRY(read_int(body, "n", 1, ctx.limits.max_choices, n));
+  PAGODA_API_TRY(read_int(body, "priority", -(1ll << 30), 1ll << 30, priority));
+  base.sampling.temperature = static_cast<float>(temperature.value_or(1.0));
+  base.sampling.top_p = static_cast<float>(top_p.value_or(1.0));
+  base.sampling.min_p = static_cast<float>(min_p.value_or(0.0));
+  base.sampling.top_k = static_cast<int>(std::max<std::int64_t>(top_k.value_or(0), 0));  // -1 and 0: off
+  call.n = static_cast<int>(n.value_or(1));
+  base.n = call.n;
+  base.priority = static_cast<int>(priority.value_or(0));
+
+  if (const json* s = field(body, "seed")) {
+    if (s->is_number_unsigned()) base.sampling.seed = s->get<std::uint64_t>();
+    else if (s->is_number_integer()) base.sampling.seed = static_cast<std::uint64_t>(s->get<std::int64_t>());
+    else return type_error("seed", "an integer", *s);
+  } else {
+    base.sampling.seed = fresh_seed();
+  }
+
+  if (const json* s = field(body, "stop")) {
+    std::vector<std::string> stops;
+    if (s->is_string()) {
+      stops.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (std::size_t i = 0; i < s->size(); ++i) {
+        if (!(*s)[i].is_string()) return type_error(fmt::format("stop[{}]", i), "a string", (*s)[i]);
+        stops.push_back((*s)[i].get<std::string>());
+      }
+    } else {
+      return type_error("stop", "a string or an array of strings", *s);
+    }
+    if (static_cast<int>(stops.size()) > ctx.limits.max_stop)
+      return bad_request("stop", fmt::format("at most {} stop strings are allowed, got {}", ctx.limits.max_stop, stops.size()));
+    for (const std::string& st : stops) {
+      if (st.empty()) return bad_request("stop", "stop strings must not be empty");
+      if (static_cast<int>(st.size()) > ctx.limits.max_stop_bytes)
+        return bad_request("stop", fmt::format("a stop string is at most {} bytes", ctx.limits.max_stop_bytes));
+    }
+    base.stop = std::move(stops);
+  }
+  if (const json* s = field(body, "stop_token_ids")) {
+    if (!s->is_array()) return type_error("stop_token_ids", "an array of integers", *s);
+    if (static_cast<int>(s->size()) > ctx.limits.max_stop * 4)
+      return bad_request("stop_token_ids", fmt::format("at most {} stop token ids are allowed", ctx.limits.max_stop * 4));
+    for (std::size_t i = 0; i < s->size(); ++i) {
+      std::int64_t id = 0;
+      PAGODA_API_TRY(read_int((*s)[i], fmt::format("stop_token_ids[{}]", i), 0, ctx.vocab->n_vocab() - 1, id));
+      base.stop_token_ids.push_back(static_cast<token_id>(id));
+    }
+  }
+  PAGODA_API_TRY(read_bool(body, "ignore_eos", base.ignore_eos));
+
+  PAGODA_API_TRY(read_bool(body, "stream", call.stream));
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) return type_error("stream_options", "an object", *so);
+    if (!call.stream) return bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
+      if (!iu->is_boolean()) return type_error("stream_options.include_usage", "a boolean", *iu);
+      call.include_usage = iu->get<bool>();
+    }
+  }
+
+  if (kind == api_kind::completion) {
+    std::optional<std::int64_t> lp;
+    PAGODA_API_TRY(read_int(body, "logprobs", 0, ctx.limits.max_logprobs, lp));
+    call.logprobs = lp ? static_cast<int>(*lp) : -1;
+  } else {
+    bool lp = false;
+    std::optional<std::int64_t> top;
+    PAGODA_API_TRY(read_bool(body, "logprobs", lp));
+    PAGODA_API_TRY(read_int(body, "top_logprobs", 0, ctx.limits.max_logprobs, top));
+    if (top && !lp) return bad_request("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
+    call.logprobs = lp ? static_cast<int>(top.value_or(0)) : -1;
+  }
+  base.logprobs = call.logprobs;
+
+  std::optional<std::string> salt, user;
+  PAGODA_API_TRY(read_string(body, "cache_salt", salt));
+  if (salt && salt->empty()) return bad_request("cache_salt", "'cache_salt' must be a non-empty string when given");
+  if (salt && salt->size() > 1024) return bad_request("cache_salt", "'cache_salt' is at most 1024 bytes");
+  base.cache_salt = salt.value_or("");
+  PAGODA_API_TRY(read_string(body, "user", user));  // accepted for compatibility; tenancy comes from the key
+  base.tenant = tenant;
+
+  return check_neutral_fields(body, kind, call.n);
+}
+
+// max_completion_tokens wins over max_tokens, as in vLLM. Returns the value
+// asked for and the field it came from; nullopt when neither is set.
+maybe_error read_max_tokens(const json& body, const api_context& ctx, std::optional<std::int64_t>& out,
+                            std::string& param) {
+  for (const char* name : {"max_completion_tokens", "max_tokens"}) {
+    std::optional<std::int64_t> v;
+    PAGODA_API_TRY(read_int(body, name, 1, ctx.limits.max_tokens, v));
+    if (v && !out) {
+      out = v;
+      param = name;
+    }
+  }
+  return {};
+}
+
+// Sets max_tokens on each request and checks the prompt against the limits.
+maybe_error finish_requests(const json& body, const api_context& ctx, api_kind kind,
+                            std::vector<std::vector<token_id>> prompts, const request& base, api_call& call) {
+  const char* prompt_param = kind == api_kind::chat ? "messages" : "prompt";
+  std::optional<std::int64_t> asked;
+  std::string param;
+  PAGODA_API_TRY(read_max_tokens(body, ctx, asked, param));
+  if (static_cast<std::int64_t>(prompts.size()) * call.n > ctx.limits.max_choices)
+    return bad_request("n", fmt::format("{} prompts x n = {} choices, more than the server's limit of {}", prompts.size(),
+                                        prompts.size() * call.n, ctx.limits.max_choices));
+  for (std::vector<token_id>& p : prompts) {
+    const std::int64_t n_prompt = static_cast<std::int64_t>(p.size());
+    if (n_prompt == 0) return bad_request(prompt_param, "the prompt is empty");
+    if (n_prompt > ctx.limits.max_prompt_tokens || n_prompt >= ctx.limits.max_model_len)
+      return bad_request(prompt_param,
+                         fmt::format("the prompt is {} tokens, more than this server accepts ({} tokens, context {})",
+                                     n_prompt, std::min(ctx.limits.max_prompt_tokens, ctx.limits.max_model_len - 1),
+                                     ctx.limits.max_model_len),
+                         "context_length_exceeded");
+    const std::int64_t room = ctx.limits.max_model_len - n_prompt;
+    std::int64_t max_tokens = 0;
+    if (asked) {
+      if (n_prompt + *asked > ctx.limits.max_model_len)
+        return bad_request(param,
+                           fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                                       "tokens ({} in the {}, {} in the completion). Please reduce the length of the {} "
+                                       "or completion.",
+                                       ctx.limits.max_model_len, n_prompt + *asked, n_prompt, prompt_param, *asked,
+                                       prompt_param),
+                           "context_length_exceeded");
+      max_tokens = *asked;
+    } else {
+      // OpenAI's defaults: 16 for completions, the rest of the context for chat.
+      const std::int64_t def = kind == api_kind::chat ? ctx.limits.max_tokens : 16;
+      max_tokens = std::min(def, room);
+    }
+    request r = base;
+    r.prompt = std::move(p);
+    r.max_tokens = static_cast<int>(max_tokens);
+    call.requests.push_back(std::move(r));
+  }
+  return {};
+}
+
+std::vector<token_id> encode_text(const api_context& ctx, const std::string& text) {
+  return ctx.vocab->encode(text, ctx.vocab->add_bos_default(), /*parse_special=*/true);
+}
+
+// prompt: a string, an array of token ids, or an array of either (several prompts).
+maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<std::vector<token_id>>& out) {
+  const json* p = field(body, "prompt");
+  if (!p) return bad_request("prompt", "'prompt' is required");
+  auto token_list = [&](const json& arr, const std::string& name, std::vector<token_id>& ids) -> maybe_error {
+    if (static_cast<std::int64_t>(arr.size()) > ctx.limits.max_prompt_tokens)
+      return bad_request(name, fmt::format("the prompt is {} tokens, more than this server accepts ({})", arr.size(),
+                                           ctx.limits.max_prompt_tokens),
+                         "context_length_exceeded");
+    for (std::size_t i = 0; i < arr.size(); ++i) {
+      std::int64_t id = 0;
+      PAGODA_API_TRY(read_int(arr[i], fmt::format("{}[{}]", name, i), 0, ctx.vocab->n_vocab() - 1, id));
+      ids.push_back(static_cast<token_id>(id));
+    }
+    return {};
+  };
+  // Text longer than this many bytes has more tokens than any limit allows
+  // only for absurd vocabularies; it bounds the tokenizer's work per request.
+  const std::size_t max_text_bytes = static_cast<std::size_t>(ctx.limits.max_prompt_tokens) * 64 + 4096;
+  auto text = [&](const json& s, const std::string& name, std::vector<token_id>& ids) -> maybe_error {
+    const std::string& t = s.get_ref<const std::string&>();
+    if (t.size() > max_text_bytes) return bad_request(name, "the prompt is too long", "context_length_exceeded");
+    ids = encode_text(ctx, t);
+    return {};
+  };
+  if (p->is_string()) {
+    PAGODA_API_TRY(text(*p, "prompt", out.emplace_back()));
+    return {};
+  }
+  if (!p->is_array()) return type_error("prompt", "a string, an array of token ids, or an array of those", *p);
+  if (p->empty()) return bad_request("prompt", "'prompt' must not be an empty array");
+  if ((*p)[0].is_number()) {
+    PAGODA_API_TRY(token_list(*p, "prompt", out.emplace_back()));
+    return {};
+  }
+  if (static_cast<int>(p->size()) > ctx.limits.max_prompts)
+    return bad_request("prompt", fmt::format("at most {} prompts per request, got {}", ctx.limits.max_prompts, p->size()));
+  for (std::size_t i = 0; i < p->size(); ++i) {
+    const json& e = (*p)[i];
+    const std::string name = fmt::format("prompt[{}]", i);
+    if (e.is_string()) PAGODA_API_TRY(text(e, name, out.emplace_back()));
+    else if (e.is_array() && !e.empty()) PAGODA_API_TRY(token_list(e, name, out.emplace_back()));
+    else return type_error(name, "a string or a non-empty array of token ids", e);
+  }
+  return {};
+}
+
+// messages[i].content: a string, or an array of {"type": "text", "text": ...} parts (joined by newlines).
+maybe_error parse_content(const json& c, const std::string& name, std::string& out) {
+  if (c.is_string()) {
+    out = c.get<std::string>();
+    return {};
+  }
+  if (!c.is_array()) return type_error(name, "a string or an array of content parts", c);
+  for (std::size_t j = 0; j < c.size(); ++j) {
+    const json& part = c[j];
+    const std::string pname = fmt::format("{}[{}]", name, j);
+    if (!part.is_object()) return type_error(pname, "an object", part);
+    auto type = part.find("type");
+    if (type == part.end() || !type->is_string()) return bad_request(pname + ".type", "a content part needs a 'type'");
+    if (*type != "text")
+      return bad_request(pname + ".type", fmt::format("content parts of type {} are not supported; this model takes text",
+                                                      excerpt(*type)));
+    auto t = part.find("text");
+    if (t == part.end() || !t->is_string())
+      return bad_request(pname + ".text", "a text part needs 'text' to be a string");
+    if (!out.empty()) out += '\n';
+    out += t->get<std::string>();
+  }
+  return {};
+}
+
+maybe_error parse_messages(const json& body, const api_context& ctx, std::vector<chat_message>& out) {
+  const json* m = field(body, "messages");
+  if (!m) return bad_request("messages", "'messages' is required");
+  if (!m->is_array()) return type_error("messages", "an array", *m);
+  if (m->empty()) return bad_request("messages", "'messages' must hold at least one message");
+  const std::size_t max_bytes = static_cast<std::size_t>(ctx.limits.max_prompt_tokens) * 64 + 4096;
+  std::size_t total_bytes = 0;
+  for (std::size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string name = fmt::format("messages[{}]", i);
+    if (!msg.is_object()) return type_error(name, "an object", msg);
+    auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string()) return bad_request(name + ".role", "each message needs a 'role' string");
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";  // OpenAI's newer name for the system role
+    if (r != "system" && r != "user" && r != "assistant")
+      return bad_request(name + ".role",
+                         fmt::format("role {} is not supported (system, developer, user, assistant)", excerpt(*role)));
+    chat_message cm{r, {}};
+    auto content = msg.find("content");
+    if (content != msg.end() && !content->is_null()) PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content));
+    else if (r != "assistant") return bad_request(name + ".content", "'content' is required");
+    if (auto tc = msg.find("tool_calls"); tc != msg.end() && !tc->is_null() && !(tc->is_array() && tc->empty()))
+      return unsupported(name + ".tool_calls", "[]");
+    total_bytes += cm.content.size();
+    if (total_bytes > max_bytes) return bad_request("messages", "the messages are too long", "context_length_exceeded");
+    out.push_back(std::move(cm));
+  }
+  return {};
+}
+
+}  // namespace
+
+api_result<api_call> parse_request(api_kind kind, const json& body, const api_context& ctx, const std::string& tenant) {
+  if (!body.is_object()) return bad_request("", "the request body must be a JSON object");
+  api_call call;
+  call.kind = kind;
+  request base;
+  PAGODA_API_TRY(parse_common(body, ctx, kind, tenant, call, base));
+  std::vector<std::vector<token_id>> prompts;
+  if (kind == api_kind::completion) {
+    PAGODA_API_TRY(parse_prompts(body, ctx, prompts));
+  } else {
+    std::vector<chat_message> messages;
+    PAGODA_API_TRY(parse_messages(body, ctx, messages));
+    bool add_generation_prompt = true;  // vLLM's extension
+    PAGODA_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
+    auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt);
+    if (!text.ok()) return from_status(text.error(), "messages");
+    prompts.push_back(encode_text(ctx, *text));
+  }
+  PAGODA_API_TRY(finish_requests(body, ctx, kind, std::move(prompts), base, call));
+  return call;
+}
+
+}  // namespace pagoda::server

@@ -1,0 +1,67 @@
+// Parsing and validating the bodies of POST /v1/completions and
+// /v1/chat/completions into engine requests.
+//
+// Conventions follow the OpenAI API and vLLM's extensions: `max_tokens` /
+// `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`,
+// `n`, `stop`, `stop_token_ids`, `ignore_eos`, `stream`,
+// `stream_options.include_usage`, `logprobs` (completions: an integer;
+// chat: a boolean with `top_logprobs`), `cache_salt`, `user`, `priority`.
+// Unknown fields are ignored, as vLLM does; known fields Pagoda cannot honour
+// (penalties, logit_bias, tools, echo, suffix, ...) are accepted only at their
+// neutral values and are a 400 naming the field otherwise. Every error names
+// the field at fault (`param`), down to `messages[2].content`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer.h"
+#include "sched/engine.h"
+#include "server/api_error.h"
+#include "server/chat_template.h"
+
+namespace pagoda::server {
+
+// Limits a request must stay within (the server's flags).
+struct api_limits {
+  int max_model_len = 2048;     // prompt + completion
+  int max_prompt_tokens = 2048; // one prompt
+  int max_tokens = 2048;        // the largest max_tokens a request may ask for
+  int max_choices = 16;         // n x number of prompts
+  int max_stop = 16;            // stop strings
+  int max_stop_bytes = 1024;    // one stop string
+  int max_logprobs = 20;        // alternatives per token
+  int max_prompts = 16;         // prompts in one /v1/completions call
+};
+
+// What parsing needs; immutable and shared by every handler thread.
+struct api_context {
+  const tokenizer* vocab = nullptr;
+  std::vector<std::string> model_names;  // accepted values of "model"; the first is the one reported
+  chat_format chat = chat_format::plain;
+  chat_special_tokens chat_tokens;
+  api_limits limits;
+};
+
+enum class api_kind { completion, chat };
+
+// A validated call: one engine request per prompt, each with `n` completions.
+struct api_call {
+  api_kind kind = api_kind::completion;
+  std::vector<request> requests;  // ids left empty; the caller names them
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  int logprobs = -1;           // -1: none; k >= 0: the chosen token plus k alternatives
+};
+
+// The body of /v1/completions (kind completion: `prompt`) or
+// /v1/chat/completions (kind chat: `messages`, rendered with ctx.chat).
+// `body` is the parsed JSON body; `tenant` comes from the API key. Sampling
+// without a seed draws a fresh one, so every request is seeded.
+api_result<api_call> parse_request(api_kind kind, const nlohmann::json& body, const api_context& ctx,
+                                   const std::string& tenant);
+
+}  // namespace pagoda::server

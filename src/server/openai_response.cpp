@@ -1,0 +1,148 @@
+#include "server/openai_response.h"
+
+namespace pagoda::server {
+
+using nlohmann::json;
+
+response_builder::response_builder(const api_call& call, std::string id, std::string model, std::int64_t created_unix_s,
+                                   const tokenizer& vocab)
+    : kind_(call.kind),
+      n_(call.n),
+      include_usage_(call.include_usage),
+      want_logprobs_(call.logprobs >= 0),
+      id_(std::move(id)),
+      model_(std::move(model)),
+      created_(created_unix_s),
+      vocab_(vocab),
+      choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {}
+
+std::string response_builder::piece(token_id t) const { return vocab_.token_to_piece(t, /*render_special=*/true); }
+
+void response_builder::add(int prompt_index, const engine_event& e) {
+  const std::size_t c = static_cast<std::size_t>(prompt_index) * n_ + e.index;
+  if (c >= choices_.size()) return;
+  choice& ch = choices_[c];
+  ch.text += e.text;
+  ch.logprobs.insert(ch.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+  if (!e.finish_reason.empty()) ch.finish_reason = e.finish_reason;
+  if (e.request_finished) {
+    usage_.prompt_tokens += e.usage.prompt_tokens;
+    usage_.completion_tokens += e.usage.completion_tokens;
+    usage_.cached_tokens += e.usage.cached_tokens;
+  }
+}
+
+json response_builder::usage_json() const {
+  return {{"prompt_tokens", usage_.prompt_tokens},
+          {"completion_tokens", usage_.completion_tokens},
+          {"total_tokens", usage_.prompt_tokens + usage_.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens}}}};
+}
+
+json response_builder::logprobs_json(const std::vector<token_logprob>& lps, std::size_t& offset) const {
+  if (kind_ == api_kind::completion) {
+    json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+    for (const token_logprob& lp : lps) {
+      std::string p = piece(lp.token);
+      tokens.push_back(p);
+      token_logprobs.push_back(lp.logprob);
+      json alts = json::object();
+      for (const auto& [t, l] : lp.top) alts[piece(t)] = l;
+      top.push_back(std::move(alts));
+      offsets.push_back(offset);
+      offset += p.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+  }
+  auto entry = [&](token_id t, float l) {
+    std::string p = piece(t);
+    json bytes = json::array();
+    for (unsigned char b : p) bytes.push_back(b);
+    return json{{"token", p}, {"logprob", l}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const token_logprob& lp : lps) {
+    json e = entry(lp.token, lp.logprob);
+    json alts = json::array();
+    for (const auto& [t, l] : lp.top) alts.push_back(entry(t, l));
+    e["top_logprobs"] = std::move(alts);
+    content.push_back(std::move(e));
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+json response_builder::body() const {
+  json choices = json::array();
+  for (std::size_t i = 0; i < choices_.size(); ++i) {
+    const choice& ch = choices_[i];
+    std::size_t offset = 0;
+    json lp = want_logprobs_ ? logprobs_json(ch.logprobs, offset) : json(nullptr);
+    json reason = ch.finish_reason.empty() ? json(nullptr) : json(ch.finish_reason);
+    if (kind_ == api_kind::completion)
+      choices.push_back({{"index", i}, {"text", ch.text}, {"logprobs", lp}, {"finish_reason", reason}});
+    else
+      choices.push_back({{"index", i},
+                         {"message", {{"role", "assistant"}, {"content", ch.text}}},
+                         {"logprobs", lp},
+                         {"finish_reason", reason}});
+  }
+  return {{"id", id_},
+          {"object", kind_ == api_kind::completion ? "text_completion" : "chat.completion"},
+          {"created", created_},
+          {"model", model_},
+          {"choices", choices},
+          {"system_fingerprint", nullptr},
+          {"usage", usage_json()}};
+}
+
+json response_builder::chunk_base() const {
+  json j = {{"id", id_},
+            {"object", kind_ == api_kind::completion ? "text_completion" : "chat.completion.chunk"},
+            {"created", created_},
+            {"model", model_},
+            {"system_fingerprint", nullptr}};
+  if (include_usage_) j["usage"] = nullptr;  // OpenAI: null on every chunk but the last
+  return j;
+}
+
+std::vector<json> response_builder::opening_chunks() const {
+  std::vector<json> out;
+  if (kind_ != api_kind::chat) return out;
+  for (std::size_t i = 0; i < choices_.size(); ++i) {
+    json j = chunk_base();
+    j["choices"] = json::array(
+        {{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+void response_builder::chunks_for(int prompt_index, const engine_event& e, std::vector<json>& out) {
+  const std::size_t c = static_cast<std::size_t>(prompt_index) * n_ + e.index;
+  if (c >= choices_.size()) return;
+  const bool has_lp = want_logprobs_ && !e.logprobs.empty();
+  if (e.text.empty() && !has_lp && e.finish_reason.empty()) return;
+  json lp = has_lp ? logprobs_json(e.logprobs, choices_[c].logprob_text_offset) : json(nullptr);
+  json reason = e.finish_reason.empty() ? json(nullptr) : json(e.finish_reason);
+  json j = chunk_base();
+  if (kind_ == api_kind::completion) {
+    j["choices"] = json::array({{{"index", c}, {"text", e.text}, {"logprobs", lp}, {"finish_reason", reason}}});
+  } else {
+    json delta = e.text.empty() && !has_lp ? json::object() : json{{"content", e.text}};
+    j["choices"] = json::array({{{"index", c}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", reason}}});
+  }
+  out.push_back(std::move(j));
+}
+
+json response_builder::usage_chunk() const {
+  json j = chunk_base();
+  j["choices"] = json::array();
+  j["usage"] = usage_json();
+  return j;
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+}  // namespace pagoda::server

@@ -1,0 +1,77 @@
+// OpenAI response objects built from engine events: `text_completion` and
+// `chat.completion` bodies, their streamed chunks (`chat.completion.chunk`),
+// `usage` with `prompt_tokens_details.cached_tokens`, and logprobs in each
+// endpoint's shape.
+//
+// Choice i of a call with several prompts is prompt i / n, completion i % n
+// (OpenAI's and vLLM's numbering).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer.h"
+#include "sched/engine.h"
+#include "server/openai_request.h"
+
+namespace pagoda::server {
+
+class response_builder {
+ public:
+  // REQUIRES: vocab outlives the builder.
+  response_builder(const api_call& call, std::string id, std::string model, std::int64_t created_unix_s,
+                   const tokenizer& vocab);
+
+  // Records an event of the engine request for prompt `prompt_index`.
+  void add(int prompt_index, const engine_event& e);
+
+  // Non-streaming: the whole response, once every request finished.
+  nlohmann::json body() const;
+
+  // Streaming. The chunks to send first (chat: each choice's role).
+  std::vector<nlohmann::json> opening_chunks() const;
+  // The chunks an event yields (none when it released no text, no logprobs and
+  // no finish reason), appended to `out`. Call add() with the event as well.
+  void chunks_for(int prompt_index, const engine_event& e, std::vector<nlohmann::json>& out);
+  // The final usage chunk (choices: []), sent when include_usage.
+  nlohmann::json usage_chunk() const;
+
+  const std::string& id() const { return id_; }
+
+ private:
+  struct choice {
+    std::string text;
+    std::vector<token_logprob> logprobs;
+    std::string finish_reason;
+    std::size_t logprob_text_offset = 0;  // completions' text_offset of the next token
+  };
+
+  nlohmann::json chunk_base() const;
+  nlohmann::json usage_json() const;
+  // Logprobs of `lps` in this endpoint's shape; `offset` is the completions' running text_offset.
+  nlohmann::json logprobs_json(const std::vector<token_logprob>& lps, std::size_t& offset) const;
+  std::string piece(token_id t) const;
+
+  api_kind kind_;
+  int n_;
+  bool include_usage_;
+  bool want_logprobs_;
+  std::string id_;
+  std::string model_;
+  std::int64_t created_;
+  const tokenizer& vocab_;
+  std::vector<choice> choices_;
+  request_usage usage_;
+};
+
+// "data: {json}\n\n", invalid UTF-8 replaced.
+std::string sse_event(const nlohmann::json& j);
+inline constexpr const char* k_sse_done = "data: [DONE]\n\n";
+// JSON text for a response body, invalid UTF-8 replaced (generated text may
+// hold a partial character only when a request ends mid-character).
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace pagoda::server

@@ -1,0 +1,197 @@
+// Request parsing without a server: defaults, every field's checks, and that
+// each error names its field.
+#include "server/openai_request.h"
+
+#include <gtest/gtest.h>
+
+#include "server/server_util.h"
+
+namespace pagoda::server {
+namespace {
+
+using nlohmann::json;
+
+api_context context() {
+  api_options opts;
+  opts.model_path = test::stories_path();
+  auto ctx = make_api_context(test::stories(), 512, opts, nullptr);
+  EXPECT_TRUE(ctx.ok());
+  return *ctx;
+}
+
+api_error completion_error(const json& body) {
+  auto r = parse_request(api_kind::completion, body, context(), "");
+  EXPECT_FALSE(r.ok()) << body.dump();
+  return r.error;
+}
+
+TEST(openai_request, completion_defaults) {
+  api_context ctx = context();
+  auto r = parse_request(api_kind::completion, {{"prompt", "Once upon a time"}}, ctx, "alice");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const api_call& c = *r.value;
+  ASSERT_EQ(c.requests.size(), 1u);
+  const request& q = c.requests[0];
+  EXPECT_EQ(q.prompt, ctx.vocab->encode("Once upon a time", ctx.vocab->add_bos_default(), true));
+  EXPECT_EQ(q.max_tokens, 16);                 // OpenAI's default for completions
+  EXPECT_EQ(q.sampling.temperature, 1.0f);     // and for sampling
+  EXPECT_EQ(q.sampling.top_p, 1.0f);
+  EXPECT_EQ(q.tenant, "alice");                // from the key, never from the body
+  EXPECT_FALSE(c.stream);
+  EXPECT_EQ(c.logprobs, -1);
+  // Two requests without a seed get different seeds.
+  auto r2 = parse_request(api_kind::completion, {{"prompt", "x"}}, ctx, "");
+  EXPECT_NE(r2.value->requests[0].sampling.seed, q.sampling.seed);
+}
+
+TEST(openai_request, completion_fields) {
+  api_context ctx = context();
+  json body = {{"model", "stories260K"},  {"prompt", {1, 2, 3}}, {"max_tokens", 7},      {"temperature", 0},
+               {"top_p", 0.5},            {"top_k", 4},          {"min_p", 0.1},         {"seed", -3},
+               {"n", 2},                  {"stop", "\n"},        {"stream", true},       {"stream_options", {{"include_usage", true}}},
+               {"logprobs", 2},           {"cache_salt", "s"},   {"user", "u"},          {"priority", -1},
+               {"ignore_eos", true},      {"stop_token_ids", {2}}, {"unknown_field", {1, 2}}};
+  auto r = parse_request(api_kind::completion, body, ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const request& q = r.value->requests[0];
+  EXPECT_EQ(q.prompt, (std::vector<token_id>{1, 2, 3}));
+  EXPECT_EQ(q.max_tokens, 7);
+  EXPECT_EQ(q.sampling.top_k, 4);
+  EXPECT_EQ(q.sampling.seed, static_cast<std::uint64_t>(-3));
+  EXPECT_EQ(q.n, 2);
+  EXPECT_EQ(q.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(q.logprobs, 2);
+  EXPECT_EQ(q.cache_salt, "s");
+  EXPECT_EQ(q.priority, -1);
+  EXPECT_TRUE(q.ignore_eos);
+  EXPECT_EQ(q.stop_token_ids, std::vector<token_id>{2});
+  EXPECT_TRUE(r.value->stream);
+  EXPECT_TRUE(r.value->include_usage);
+}
+
+TEST(openai_request, several_prompts) {
+  auto r = parse_request(api_kind::completion, {{"prompt", {"a", {5, 6}}}, {"n", 3}}, context(), "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_EQ(r.value->requests.size(), 2u);
+  EXPECT_EQ(r.value->requests[1].prompt, (std::vector<token_id>{5, 6}));
+  EXPECT_EQ(completion_error({{"prompt", {"a", "b"}}, {"n", 9}}).param, "n");  // 18 choices > 16
+}
+
+TEST(openai_request, errors_name_the_field) {
+  struct bad {
+    json body;
+    const char* param;
+  };
+  const std::vector<bad> cases = {
+      {{{"max_tokens", 4}}, "prompt"},
+      {{{"prompt", 5}}, "prompt"},
+      {{{"prompt", json::array()}}, "prompt"},
+      {{{"prompt", {1, "x"}}}, "prompt[1]"},
+      {{{"prompt", {1, 999999}}}, "prompt[1]"},
+      {{{"prompt", {"a", 3.5}}}, "prompt[1]"},
+      {{{"prompt", "a"}, {"model", "gpt-4"}}, "model"},
+      {{{"prompt", "a"}, {"model", 3}}, "model"},
+      {{{"prompt", "a"}, {"max_tokens", 0}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", -5}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", 1e30}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", 18446744073709551615ull}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", "16"}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", 2.5}}, "max_tokens"},
+      {{{"prompt", "a"}, {"max_completion_tokens", 100000}}, "max_completion_tokens"},
+      {{{"prompt", "a"}, {"max_tokens", 511}}, "max_tokens"},  // BOS + "a" + 511 > 512
+      {{{"prompt", "a"}, {"temperature", -1}}, "temperature"},
+      {{{"prompt", "a"}, {"temperature", 2.5}}, "temperature"},
+      {{{"prompt", "a"}, {"temperature", true}}, "temperature"},
+      {{{"prompt", "a"}, {"top_p", 0}}, "top_p"},
+      {{{"prompt", "a"}, {"top_p", 1.5}}, "top_p"},
+      {{{"prompt", "a"}, {"top_k", -2}}, "top_k"},
+      {{{"prompt", "a"}, {"min_p", 2}}, "min_p"},
+      {{{"prompt", "a"}, {"n", 0}}, "n"},
+      {{{"prompt", "a"}, {"n", 1000}}, "n"},
+      {{{"prompt", "a"}, {"seed", "x"}}, "seed"},
+      {{{"prompt", "a"}, {"seed", 1.5}}, "seed"},
+      {{{"prompt", "a"}, {"stop", 5}}, "stop"},
+      {{{"prompt", "a"}, {"stop", {"a", 5}}}, "stop[1]"},
+      {{{"prompt", "a"}, {"stop", ""}}, "stop"},
+      {{{"prompt", "a"}, {"stop", std::vector<std::string>(17, "x")}}, "stop"},
+      {{{"prompt", "a"}, {"stop_token_ids", {-1}}}, "stop_token_ids[0]"},
+      {{{"prompt", "a"}, {"stream", "yes"}}, "stream"},
+      {{{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}}, "stream_options"},
+      {{{"prompt", "a"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}, "stream_options.include_usage"},
+      {{{"prompt", "a"}, {"logprobs", 50}}, "logprobs"},
+      {{{"prompt", "a"}, {"logprobs", true}}, "logprobs"},
+      {{{"prompt", "a"}, {"cache_salt", ""}}, "cache_salt"},
+      {{{"prompt", "a"}, {"cache_salt", 5}}, "cache_salt"},
+      {{{"prompt", "a"}, {"user", 5}}, "user"},
+      {{{"prompt", "a"}, {"priority", "high"}}, "priority"},
+      {{{"prompt", "a"}, {"presence_penalty", 0.5}}, "presence_penalty"},
+      {{{"prompt", "a"}, {"frequency_penalty", 3}}, "frequency_penalty"},
+      {{{"prompt", "a"}, {"logit_bias", {{"5", 1}}}}, "logit_bias"},
+      {{{"prompt", "a"}, {"echo", true}}, "echo"},
+      {{{"prompt", "a"}, {"suffix", "x"}}, "suffix"},
+      {{{"prompt", "a"}, {"best_of", 3}}, "best_of"},
+      {{{"prompt", "a"}, {"tools", {{{"type", "function"}}}}}, "tools"},
+      {{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
+  };
+  for (const bad& b : cases) {
+    api_error e = completion_error(b.body);
+    EXPECT_EQ(e.http_status, 400) << b.body.dump();
+    EXPECT_EQ(e.param, b.param) << b.body.dump() << ": " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  // Neutral values of unsupported fields are fine.
+  auto ok = parse_request(api_kind::completion, 
+      {{"prompt", "a"}, {"presence_penalty", 0}, {"logit_bias", json::object()}, {"echo", false}, {"best_of", 1}}, context(), "");
+  EXPECT_TRUE(ok.ok()) << ok.error.message;
+  EXPECT_FALSE(parse_request(api_kind::completion, json::array({1}), context(), "").ok());
+}
+
+TEST(openai_request, chat_messages) {
+  api_context ctx = context();
+  auto r = parse_request(api_kind::chat, {{"messages", {{{"role", "developer"}, {"content", "Be kind."}},
+                                             {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Once"}},
+                                                                             {{"type", "text"}, {"text", "upon"}}}}}}},
+                               {"max_completion_tokens", 5},
+                               {"logprobs", true},
+                               {"top_logprobs", 3}},
+                              ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const request& q = r.value->requests[0];
+  // stories260K has no template: contents joined plainly.
+  EXPECT_EQ(q.prompt, ctx.vocab->encode("Be kind.\nOnce\nupon", ctx.vocab->add_bos_default(), true));
+  EXPECT_EQ(q.max_tokens, 5);
+  EXPECT_EQ(r.value->logprobs, 3);
+  // Without max_tokens a chat may use the rest of the context.
+  auto d = parse_request(api_kind::chat, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}}, ctx, "");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d.value->requests[0].max_tokens, 512 - static_cast<int>(d.value->requests[0].prompt.size()));
+
+  struct bad {
+    json body;
+    const char* param;
+  };
+  const std::vector<bad> cases = {
+      {json::object(), "messages"},
+      {{{"messages", "hi"}}, "messages"},
+      {{{"messages", json::array()}}, "messages"},
+      {{{"messages", {5}}}, "messages[0]"},
+      {{{"messages", {{{"content", "x"}}}}}, "messages[0].role"},
+      {{{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "messages[0].role"},
+      {{{"messages", {{{"role", "user"}}}}}, "messages[0].content"},
+      {{{"messages", {{{"role", "user"}, {"content", 5}}}}}, "messages[0].content"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}, "messages[0].content[0].type"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}}, "messages[0].content[0].text"},
+      {{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 2}}, "top_logprobs"},
+      {{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"logprobs", 3}}, "logprobs"},
+      {{{"messages", {{{"role", "user"}, {"content", "Once upon a time there was a girl"}}}}, {"max_tokens", 505}},
+       "max_tokens"},
+  };
+  for (const bad& b : cases) {
+    auto e = parse_request(api_kind::chat, b.body, ctx, "");
+    ASSERT_FALSE(e.ok()) << b.body.dump();
+    EXPECT_EQ(e.error.param, b.param) << b.body.dump() << ": " << e.error.message;
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::server

@@ -1,0 +1,328 @@
+// The HTTP server over loopback: response objects and the SSE wire format,
+// disconnects freeing blocks, the waiting cap (429), keys and tenants,
+// /v1/models, /health and /metrics. (The OpenAI SDK's view of the same
+// server is in openai_sdk_test.cpp.)
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include <gtest/gtest.h>
+
+#include "server/server_util.h"
+
+namespace pagoda::test {
+namespace {
+
+const char* k_story =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, she saw "
+    "a big tree in the garden.";
+
+std::string completion_body(const std::string& prompt, int max_tokens, json extra = json::object()) {
+  json j = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  j.update(extra);
+  return j.dump();
+}
+
+TEST(server, completion_object) {
+  test_server s(default_setup());
+  auto c = s.client();
+  http_reply r = post_json(*c, "/v1/completions", completion_body("Once upon a time", 12, {{"ignore_eos", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& j = r.json_body;
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "stories260K");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_TRUE(j["created"].is_number_integer());
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_FALSE(j["choices"][0]["text"].get<std::string>().empty());
+  const json& u = j["usage"];
+  const int n_prompt = static_cast<int>(stories().vocab().encode("Once upon a time", true).size());
+  EXPECT_EQ(u["prompt_tokens"], n_prompt);
+  EXPECT_EQ(u["completion_tokens"], 12);
+  EXPECT_EQ(u["total_tokens"], n_prompt + 12);
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 0);
+
+  // The same greedy request twice: same text, and the second one's full prompt
+  // blocks come from the cache. (Not k_story: that is what "Once upon a time"
+  // just generated, and a finished sequence's blocks are cached too.)
+  const std::string prompt = "The dog ran to the big park with his ball. He was very happy and wanted to play all day.";
+  http_reply a = post_json(*c, "/v1/completions", completion_body(prompt, 8));
+  http_reply b = post_json(*c, "/v1/completions", completion_body(prompt, 8));
+  ASSERT_EQ(a.status, 200);
+  ASSERT_EQ(b.status, 200);
+  EXPECT_EQ(a.json_body["choices"][0]["text"], b.json_body["choices"][0]["text"]);
+  EXPECT_EQ(a.json_body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const int cached = b.json_body["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GT(cached, 0);
+  EXPECT_EQ(cached % 16, 0);
+}
+
+TEST(server, chat_object_and_template_override) {
+  server_setup setup = default_setup();
+  setup.api.chat_template = "chatml";
+  test_server s(setup);
+  auto c = s.client();
+  json body = {{"messages", {{{"role", "system"}, {"content", "Be kind."}}, {{"role", "user"}, {"content", "Once"}}}},
+               {"max_tokens", 4},
+               {"temperature", 0}};
+  http_reply r = post_json(*c, "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& j = r.json_body;
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_string());
+  // The prompt is the ChatML rendering, tokenized.
+  const std::string rendered =
+      "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nOnce<|im_end|>\n<|im_start|>assistant\n";
+  const tokenizer& v = stories().vocab();
+  EXPECT_EQ(j["usage"]["prompt_tokens"], v.encode(rendered, v.add_bos_default(), true).size());
+}
+
+TEST(server, streaming_wire_format) {
+  test_server s(default_setup());
+  auto c = s.client();
+  http_reply plain = post_json(*c, "/v1/completions", completion_body(k_story, 10, {{"ignore_eos", true}}));
+  ASSERT_EQ(plain.status, 200);
+
+  auto res = c->Post("/v1/completions",
+                     completion_body(k_story, 10,
+                                     {{"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}}),
+                     "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  std::vector<std::string> events = sse_data(res->body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  for (std::size_t i = 0; i + 2 < events.size(); ++i) {
+    json j = json::parse(events[i]);
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_TRUE(j["usage"].is_null());  // null on every chunk but the usage one
+    text += j["choices"][0]["text"].get<std::string>();
+  }
+  json last = json::parse(events[events.size() - 3]);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  json usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 10);
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], plain.json_body["usage"]["prompt_tokens"]);
+  EXPECT_EQ(text, plain.json_body["choices"][0]["text"]);
+
+  // Chat: a role delta first, then content deltas, no usage without include_usage.
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+               {"max_tokens", 5}, {"temperature", 0}, {"stream", true}, {"n", 2}};
+  res = c->Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(res);
+  events = sse_data(res->body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string texts[2];
+  int finished = 0;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    json j = json::parse(events[i]);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    EXPECT_FALSE(j.contains("usage"));
+    const json& ch = j["choices"][0];
+    int idx = ch["index"];
+    ASSERT_TRUE(idx == 0 || idx == 1);
+    if (i < 2) {
+      EXPECT_EQ(ch["delta"]["role"], "assistant");
+    }
+    if (ch["delta"].contains("content")) texts[idx] += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finished;
+  }
+  EXPECT_EQ(finished, 2);
+  EXPECT_EQ(texts[0], texts[1]);  // greedy: both completions agree
+}
+
+TEST(server, logprobs_shapes) {
+  test_server s(default_setup());
+  auto c = s.client();
+  http_reply r = post_json(*c, "/v1/completions", completion_body("Once upon a time", 3, {{"logprobs", 2}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& lp = r.json_body["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 3u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 3u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 3u);
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+  EXPECT_LE(lp["token_logprobs"][0].get<double>(), 0.0);
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  // Greedy: the chosen token is the most likely one.
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), lp["top_logprobs"][0][lp["tokens"][0].get<std::string>()].get<double>(), 1e-6);
+
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Once"}}}}, {"max_tokens", 2}, {"logprobs", true},
+               {"top_logprobs", 3}, {"temperature", 0}};
+  r = post_json(*c, "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& content = r.json_body["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_TRUE(content[0]["token"].is_string());
+  EXPECT_TRUE(content[0]["bytes"].is_array());
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 3u);
+}
+
+TEST(server, disconnect_cancels_and_frees_blocks) {
+  test_server s(default_setup());
+  const std::string long_request = completion_body(k_story, 400, {{"ignore_eos", true}});
+  // Non-streaming: the client sends the request and hangs up while it runs.
+  for (bool stream : {false, true}) {
+    json body = json::parse(long_request);
+    body["stream"] = stream;
+    const std::string payload = body.dump();
+    const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                             std::to_string(payload.size()) + "\r\n\r\n" + payload;
+    int fd = raw_connect(s.port());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(send(fd, http.data(), http.size(), MSG_NOSIGNAL), static_cast<ssize_t>(http.size()));
+    // Wait until the request holds blocks, then hang up.
+    bool running = false;
+    for (int i = 0; i < 400 && !running; ++i) {
+      running = s.snapshot().kv.n_blocks_used > 0;
+      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(running);
+    close(fd);
+    EXPECT_TRUE(wait_idle(s, 2000)) << "stream=" << stream;
+    engine_snapshot snap = s.snapshot();
+    EXPECT_EQ(snap.kv.n_blocks_used, 0);
+    EXPECT_LT(snap.n_generated_tokens, 400 * (stream ? 2 : 1));  // stopped well before the end
+  }
+  auto m = s.metrics();
+  EXPECT_EQ(metric(m, "pagoda:request_success_total{finished_reason=\"abort\"}"), 2);
+  EXPECT_EQ(metric(m, "pagoda:kv_cache_blocks{state=\"used\"}"), 0);
+}
+
+// Joins a thread on every exit path (a failed ASSERT included).
+struct joiner {
+  std::thread& t;
+  ~joiner() {
+    if (t.joinable()) t.join();
+  }
+};
+
+TEST(server, full_queue_answers_429) {
+  server_setup setup = default_setup();
+  setup.engine.max_num_seqs = 1;
+  setup.engine.max_model_len = 2048;  // r1 runs long enough for r2 and r3 to arrive while it does
+  setup.max_waiting = 1;
+  test_server s(setup);
+  auto c1 = s.client();
+  auto c2 = s.client();
+  // r1 runs, r2 waits, r3 finds the queue full.
+  std::thread t1([&] {
+    c1->Post("/v1/completions", completion_body("Once upon a time", 2000, {{"ignore_eos", true}, {"stream", true}}),
+             "application/json");
+  });
+  std::thread t2;
+  joiner j1{t1}, j2{t2};
+  struct stopper {
+    test_server& s;
+    ~stopper() { s.loop().stop(); }  // ends r1 and r2 (abort) before the joins
+  } stop_first{s};
+  for (int i = 0; i < 2000 && s.snapshot().n_running == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(s.snapshot().n_running, 1);
+  t2 = std::thread([&] { post_json(*c2, "/v1/completions", completion_body("Once", 2)); });
+  for (int i = 0; i < 2000 && s.snapshot().n_waiting == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(s.snapshot().n_waiting, 1);
+  auto c3 = s.client();
+  auto res = c3->Post("/v1/completions", completion_body("Once", 2), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429);
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  json err = json::parse(res->body);
+  EXPECT_EQ(err["error"]["type"], "rate_limit_error");
+}
+
+TEST(server, api_keys_and_tenants) {
+  server_setup setup = default_setup();
+  ASSERT_TRUE(setup.keys.add("sk-global", "").ok());
+  ASSERT_TRUE(setup.keys.add("sk-alice", "alice").ok());
+  ASSERT_TRUE(setup.keys.add("sk-bob", "bob").ok());
+  setup.engine.tenant_quota_blocks["bob"] = 64;
+  test_server s(setup);
+  auto c = s.client();
+  const std::string body = completion_body(k_story, 2);
+
+  http_reply none = post_json(*c, "/v1/completions", body);
+  EXPECT_EQ(none.status, 401);
+  EXPECT_EQ(none.json_body["error"]["code"], "invalid_api_key");
+  http_reply wrong = post_json(*c, "/v1/completions", body, {{"Authorization", "Bearer sk-alicf"}});
+  EXPECT_EQ(wrong.status, 401);
+  EXPECT_EQ(c->Get("/v1/models")->status, 401);
+  EXPECT_EQ(c->Get("/health")->status, 200);   // open, as in vLLM
+  EXPECT_EQ(c->Get("/metrics")->status, 200);
+
+  auto cached = [&](const char* key) {
+    http_reply r = post_json(*c, "/v1/completions", body, {{"Authorization", std::string("Bearer ") + key}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json_body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  EXPECT_EQ(cached("sk-alice"), 0);
+  EXPECT_GT(cached("sk-alice"), 0);  // alice's own cache
+  EXPECT_EQ(cached("sk-bob"), 0);    // same prompt, another tenant: no shared hit
+  EXPECT_EQ(cached("sk-global"), 0);
+  EXPECT_GT(cached("sk-global"), 0);
+  // A client-sent salt isolates further within a tenant.
+  http_reply salted = post_json(*c, "/v1/completions", completion_body(k_story, 2, {{"cache_salt", "mine"}}),
+                                {{"Authorization", "Bearer sk-alice"}});
+  EXPECT_EQ(salted.json_body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  auto m = s.metrics();
+  EXPECT_GT(metric(m, "pagoda:tenant_kv_blocks{tenant=\"alice\",state=\"cached\"}"), 0);
+  EXPECT_GT(metric(m, "pagoda:tenant_kv_blocks{tenant=\"bob\",state=\"cached\"}"), 0);
+  EXPECT_EQ(metric(m, "pagoda:tenant_kv_quota_blocks{tenant=\"bob\"}"), 64);
+  EXPECT_EQ(metric(m, "pagoda:http_requests_total{endpoint=\"/v1/completions\",code=\"401\"}"), 2);
+}
+
+TEST(server, models_health_metrics) {
+  server_setup setup = default_setup();
+  setup.api.served_model_name = "tiny-stories";
+  test_server s(setup);
+  auto c = s.client();
+  auto res = c->Get("/v1/models");
+  ASSERT_TRUE(res);
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny-stories");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["max_model_len"], 512);
+  EXPECT_EQ(c->Get("/v1/models/tiny-stories")->status, 200);
+  EXPECT_EQ(c->Get("/v1/models/other")->status, 404);
+  // The served name and the file's name are both accepted; others are not.
+  EXPECT_EQ(post_json(*c, "/v1/completions", completion_body("Once", 1, {{"model", "tiny-stories"}})).status, 200);
+  EXPECT_EQ(post_json(*c, "/v1/completions", completion_body("Once", 1, {{"model", "stories260K"}})).status, 200);
+  http_reply unknown = post_json(*c, "/v1/completions", completion_body("Once", 1, {{"model", "gpt-4o"}}));
+  EXPECT_EQ(unknown.status, 400);
+  EXPECT_EQ(unknown.json_body["error"]["param"], "model");
+
+  res = c->Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  res = c->Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/plain"), std::string::npos);
+  for (const char* name :
+       {"pagoda:kv_cache_usage_perc", "pagoda:prefix_cache_queries_total", "pagoda:prefix_cache_hits_total",
+        "pagoda:num_preemptions_total", "pagoda:num_requests_running", "pagoda:num_requests_waiting",
+        "pagoda:prompt_tokens_total", "pagoda:generation_tokens_total", "pagoda:time_to_first_token_seconds_bucket",
+        "pagoda:inter_token_latency_seconds_bucket", "pagoda:e2e_request_latency_seconds_bucket",
+        "pagoda:kv_cache_fragmentation_ratio", "pagoda:kv_cache_blocks{", "pagoda:tenant_kv_blocks{"})
+    EXPECT_NE(res->body.find(name), std::string::npos) << name;
+  auto m = parse_metrics(res->body);
+  EXPECT_EQ(metric(m, "pagoda:kv_cache_blocks{state=\"used\"}") + metric(m, "pagoda:kv_cache_blocks{state=\"cached\"}") +
+                metric(m, "pagoda:kv_cache_blocks{state=\"free\"}"),
+            1024);
+  EXPECT_EQ(metric(m, "pagoda:request_success_total{finished_reason=\"length\"}") +
+                metric(m, "pagoda:request_success_total{finished_reason=\"stop\"}"),
+            2);
+}
+
+}  // namespace
+}  // namespace pagoda::test

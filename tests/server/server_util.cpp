@@ -1,0 +1,234 @@
+#include "server/server_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+
+namespace pagoda::test {
+
+std::string stories_path() { return std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf"; }
+
+const llama_model& stories() {
+  static std::unique_ptr<llama_model> m = [] {
+    auto r = llama_model::load(stories_path());
+    if (!r.ok()) {
+      ADD_FAILURE() << r.error().message();
+      std::abort();
+    }
+    return std::move(*r);
+  }();
+  return *m;
+}
+
+engine_config engine_config_for(const llama_model& model, std::int64_t n_blocks, int max_seqs) {
+  const llama_hparams& hp = model.hparams();
+  engine_config c;
+  c.n_threads = 1;
+  c.max_model_len = 512;
+  c.max_num_seqs = max_seqs;
+  c.max_num_batched_tokens = 2048;
+  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
+  c.n_blocks = n_blocks;
+  return c;
+}
+
+server_setup default_setup() {
+  server_setup s;
+  s.engine = engine_config_for(stories());
+  s.api.model_path = stories_path();
+  s.http.host = "127.0.0.1";
+  s.http.port = 0;
+  s.http.n_http_threads = 96;
+  s.http.poll_interval = std::chrono::milliseconds(5);
+  return s;
+}
+
+test_server::test_server(server_setup setup, const llama_model& model) {
+  setup.engine.max_waiting = setup.max_waiting;
+  auto eng = engine::create(model, setup.engine);
+  if (!eng.ok()) {
+    ADD_FAILURE() << eng.error().message();
+    return;
+  }
+  auto ctx = server::make_api_context(model, setup.engine.max_model_len, setup.api, nullptr);
+  if (!ctx.ok()) {
+    ADD_FAILURE() << ctx.error().message();
+    return;
+  }
+  loop_ = std::make_unique<engine_loop>(std::move(*eng), setup.max_waiting);
+  http_ = std::make_unique<server::http_server>(setup.http, std::move(*ctx), std::move(setup.keys), *loop_);
+  auto port = http_->bind();
+  if (!port.ok()) {
+    ADD_FAILURE() << port.error().message();
+    return;
+  }
+  port_ = *port;
+  thread_ = std::thread([this] {
+    status st = http_->serve();
+    EXPECT_TRUE(st.ok()) << st.message();
+  });
+}
+
+test_server::~test_server() {
+  if (loop_) loop_->stop();
+  if (http_) http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::unique_ptr<httplib::Client> test_server::client(int timeout_s) const {
+  auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+  c->set_read_timeout(timeout_s, 0);
+  c->set_write_timeout(timeout_s, 0);
+  c->set_connection_timeout(5, 0);
+  c->set_keep_alive(true);
+  return c;
+}
+
+std::map<std::string, double> test_server::metrics() {
+  auto c = client();
+  auto res = c->Get("/metrics");
+  if (!res || res->status != 200) {
+    ADD_FAILURE() << "GET /metrics failed";
+    return {};
+  }
+  return parse_metrics(res->body);
+}
+
+namespace {
+
+// The pieces of `text` between separators (a trailing empty piece dropped).
+std::vector<std::string> split(const std::string& text, const std::string& sep) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find(sep, pos);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(pos, end - pos));
+    pos = end + sep.size();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, double> parse_metrics(const std::string& text) {
+  std::map<std::string, double> out;
+  for (const std::string& line : split(text, "\n")) {
+    if (line.empty() || line[0] == '#') continue;
+    std::size_t sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    std::string key = line.substr(0, sp);
+    // Drop the model_name label every series carries.
+    std::size_t mn = key.find("model_name=\"");
+    if (mn != std::string::npos) {
+      std::size_t close = mn + 12;
+      while (close < key.size() && key[close] != '"') close += key[close] == '\\' ? 2 : 1;
+      std::size_t cut_end = close + 1;
+      if (cut_end < key.size() && key[cut_end] == ',') ++cut_end;
+      key.erase(mn, cut_end - mn);
+      if (key.size() >= 2 && key.substr(key.size() - 2) == "{}") key.resize(key.size() - 2);
+    }
+    out[key] = std::strtod(line.c_str() + sp + 1, nullptr);
+  }
+  return out;
+}
+
+double metric(const std::map<std::string, double>& m, const std::string& key) {
+  auto it = m.find(key);
+  return it == m.end() ? std::numeric_limits<double>::quiet_NaN() : it->second;
+}
+
+http_reply post_json(httplib::Client& c, const std::string& path, const std::string& body, const httplib::Headers& headers) {
+  http_reply r;
+  auto res = c.Post(path, headers, body, "application/json");
+  if (!res) return r;
+  r.status = res->status;
+  r.body = res->body;
+  r.json_body = json::parse(r.body, nullptr, false);
+  return r;
+}
+
+int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool raw_read(int fd, std::string& out, int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char buf[65536];
+  for (;;) {
+    int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    if (left <= 0) return true;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, left) <= 0) return true;
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return false;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+bool raw_read_some(int fd, std::string& out, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return false;
+  char buf[65536];
+  ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  if (n <= 0) return false;
+  out.append(buf, static_cast<std::size_t>(n));
+  return true;
+}
+
+std::string raw_exchange(int port, const std::string& bytes, int timeout_ms, bool shutdown_write) {
+  int fd = raw_connect(port);
+  if (fd < 0) return {};
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server may close early (413): read what it said
+    sent += static_cast<std::size_t>(n);
+  }
+  if (shutdown_write) shutdown(fd, SHUT_WR);
+  std::string out;
+  raw_read(fd, out, timeout_ms);
+  close(fd);
+  return out;
+}
+
+std::vector<std::string> sse_data(const std::string& body) {
+  std::vector<std::string> out;
+  for (const std::string& event : split(body, "\n\n")) {
+    if (event.rfind("data: ", 0) == 0) out.push_back(event.substr(6));
+    else if (!event.empty()) out.push_back("<malformed: " + event + ">");
+  }
+  return out;
+}
+
+bool wait_idle(test_server& s, int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    engine_snapshot snap = s.snapshot();
+    if (snap.kv.n_blocks_used == 0 && snap.n_running == 0 && snap.n_waiting == 0 && snap.n_requests_active == 0)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+}  // namespace pagoda::test
