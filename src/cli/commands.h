@@ -22,5 +22,6 @@ void register_perplexity(CLI::App& app, std::function<int()>& action);
 void register_info(CLI::App& app, std::function<int()>& action);
 void register_synth(CLI::App& app, std::function<int()>& action);
 void register_batch(CLI::App& app, std::function<int()>& action);
+void register_serve(CLI::App& app, std::function<int()>& action);
 
 }  // namespace pagoda::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   register_info(app, action);
   register_synth(app, action);
   register_batch(app, action);
+  register_serve(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
