@@ -10,8 +10,18 @@ namespace {
 
 struct info_options {
   model_options model;
-  int block_size = 16;
+  kv_options kv;
+  bool kv_given = false;  // any KV type option: the configured layout gets its own row
 };
+
+// One row of the KV table: stored bytes per token (codes + in-tile scales), the
+// f16 staging window one sequence holds for sealed formats, and what a single
+// sequence costs per token at 1K and 32K tokens with that window included.
+void print_kv_row(const std::string& name, const kv_layout& layout) {
+  std::printf("  %-32s %7.2f %12.1f %12s %14.1f %14.1f\n", name.c_str(), layout.bits_per_element(),
+              layout.bytes_per_token(), human_bytes(static_cast<double>(layout.staging_bytes_per_slot())).c_str(),
+              layout.bytes_per_token_at(1024), layout.bytes_per_token_at(32768));
+}
 
 int info(const info_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.model));
@@ -37,17 +47,34 @@ int info(const info_options& o) {
   for (const gguf::tensor_info& t : f.tensors()) ++types[gguf::tensor_type_name(t.type)];
   std::printf("tensor types:   ");
   for (const auto& [name, n] : types) std::printf(" %s x%d", name.c_str(), n);
-  std::printf("\n\nKV cache per token (2 x %d layers x %d KV heads x %d x bytes):\n", hp.n_layer, hp.n_head_kv,
-              hp.head_dim);
-  std::printf("  %-10s %14s %16s %16s\n", "type", "bytes/token", "per 1K tokens", "per 32K tokens");
+  std::printf("\n\nKV cache per token (2 x %d layers x %d KV heads x %d values, block of %d tokens), scales and\n"
+              "padding included; sealed formats (per-channel keys) keep the newest block in an f16 window per sequence:\n",
+              hp.n_layer, hp.n_head_kv, hp.head_dim, o.kv.block_size);
+  std::printf("  %-32s %7s %12s %12s %14s %14s\n", "K+V format", "bits/el", "bytes/token", "f16 window",
+              "B/token @1K", "B/token @32K");
+  auto row = [&](const std::string& k, const std::string& v) {
+    kv_options opts = o.kv;
+    opts.dtype = k + "+" + v;
+    opts.type_k.clear();
+    opts.type_v.clear();
+    opts.layer_types.clear();
+    opts.scales_path.clear();
+    auto layout = make_kv_layout(*model, opts);
+    if (layout.ok()) print_kv_row(layout->describe(), *layout);
+    else std::printf("  %-32s %s\n", (k + "+" + v).c_str(), layout.error().message().c_str());
+  };
   for (int i = 0; i < k_n_kv_types; ++i) {
-    kv_type t = static_cast<kv_type>(i);
-    if (!get_kv_codec(t)) continue;
-    // Measured from the codec's real tile size: scales and padding included.
-    kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, o.block_size, t, t);
-    double per_token = layout.bytes_per_token();
-    std::printf("  %-10s %14.1f %16s %16s\n", kv_type_name(t), per_token, human_bytes(per_token * 1024).c_str(),
-                human_bytes(per_token * 32768).c_str());
+    const char* t = kv_type_name(static_cast<kv_type>(i));
+    row(t, t);
+  }
+  // Per-token keys (the comparison with KIVI's per-channel keys) and the K/V mixes.
+  for (auto [k, v] : {std::pair{"int4/token", "int4"}, {"int2/token", "int2"}, {"int8", "int4"}, {"int4", "int2"},
+                      {"int8", "int2"}})
+    row(k, v);
+  if (o.kv_given) {
+    PAGODA_ASSIGN_OR_RETURN_CLI(kv_layout configured, make_kv_layout(*model, o.kv));
+    std::printf("configured:\n");
+    print_kv_row(configured.describe(), configured);
   }
   return 0;
 }
@@ -58,8 +85,12 @@ void register_info(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<info_options>();
   CLI::App* cmd = app.add_subcommand("info", "describe a model and its KV cost");
   add_model_options(cmd, opts->model);
-  cmd->add_option("--block-size", opts->block_size, "KV block size for the per-token figures")->check(CLI::Range(1, 1024));
-  cmd->callback([opts, &action] { action = [opts] { return info(*opts); }; });
+  add_kv_options(cmd, opts->kv);
+  cmd->callback([opts, cmd, &action] {
+    for (const char* flag : {"--kv-cache-dtype", "--cache-type-k", "--cache-type-v", "--kv-layer-types", "--kv-scales"})
+      opts->kv_given = opts->kv_given || cmd->count(flag) > 0;
+    action = [opts] { return info(*opts); };
+  });
 }
 
 }  // namespace pagoda::cli

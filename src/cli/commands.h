@@ -20,6 +20,7 @@ void register_run(CLI::App& app, std::function<int()>& action);
 void register_tokenize(CLI::App& app, std::function<int()>& action);
 void register_perplexity(CLI::App& app, std::function<int()>& action);
 void register_info(CLI::App& app, std::function<int()>& action);
+void register_calibrate(CLI::App& app, std::function<int()>& action);
 void register_synth(CLI::App& app, std::function<int()>& action);
 void register_batch(CLI::App& app, std::function<int()>& action);
 void register_serve(CLI::App& app, std::function<int()>& action);

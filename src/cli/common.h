@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -19,10 +20,16 @@ struct model_options {
   int ctx = 0;      // 0: the model's context length
 };
 
+// KV cache types (quant/kv_format_spec.h has the grammar): --kv-cache-dtype sets
+// K and V (a type, "k8v4" or "int8+int4/token"), -ctk/-ctv override one side,
+// --kv-layer-types overrides layer ranges, --kv-scales supplies calibrated
+// ranges (quantized types without an explicit scale mode then use them).
 struct kv_options {
   std::string dtype = "auto";  // both K and V; "auto" = the model's float type (f16 for quantized weights)
   std::string type_k;          // overrides dtype for K
   std::string type_v;          // overrides dtype for V
+  std::string layer_types;     // "0-1:f16,2-:int4"
+  std::string scales_path;     // from pagoda calibrate
   int block_size = 16;
   double cache_size_mib = 0;   // pool size in MiB, or
   std::int64_t max_kv_tokens = 0;  // pool size in tokens
@@ -40,7 +47,15 @@ int context_length(const model_options& opts, const llama_hparams& hp);
 result<kv_layout> make_kv_layout(const llama_model& model, const kv_options& opts);
 
 // Blocks in the pool: from --kv-cache-size or --max-kv-tokens, else enough for default_tokens.
-result<std::int64_t> pool_blocks(const kv_layout& layout, const kv_options& opts, std::int64_t default_tokens);
+// A --kv-cache-size budget also pays for n_seqs staging slots (the f16 window of
+// sealed formats), so the pool's real bytes stay within it.
+result<std::int64_t> pool_blocks(const kv_layout& layout, const kv_options& opts, std::int64_t default_tokens,
+                                 std::int64_t n_seqs = 1);
+
+// One document per separator, trimmed; empty documents dropped (perplexity, calibrate).
+std::vector<std::string> split_documents(const std::string& text, const std::string& sep);
+// The documents of a text file; an error when it cannot be read or holds none.
+result<std::vector<std::string>> read_documents(const std::string& path, const std::string& sep);
 
 // Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long forms.
 void normalize_args(int& argc, char**& argv);

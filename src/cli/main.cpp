@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   register_tokenize(app, action);
   register_perplexity(app, action);
   register_info(app, action);
+  register_calibrate(app, action);
   register_synth(app, action);
   register_batch(app, action);
   register_serve(app, action);
