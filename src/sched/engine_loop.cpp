@@ -52,6 +52,7 @@ histogram_snapshot snapshot_of(const histogram& h) {
 engine_loop::engine_loop(std::unique_ptr<engine> eng, int max_waiting)
     : engine_(std::move(eng)), max_waiting_(max_waiting) {
   PAGODA_ASSERT(engine_ != nullptr, "engine_loop needs an engine");
+  publish();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -112,53 +113,48 @@ void engine_loop::cancel(std::vector<std::string> ids) {
 }
 
 engine_snapshot engine_loop::snapshot() {
-  std::promise<engine_snapshot> done;
-  std::future<engine_snapshot> answer = done.get_future();
-  auto fill = [this, &done] {
-    const engine_stats& st = engine_->stats();
-    engine_snapshot s;
-    s.kv = engine_->kv_stats();
-    s.n_steps = st.n_steps;
-    s.n_prompt_tokens = st.n_prompt_tokens;
-    s.n_computed_prompt_tokens = st.n_computed_prompt_tokens;
-    s.n_generated_tokens = st.n_generated_tokens;
-    s.n_running = st.n_running;
-    s.n_waiting = st.n_waiting;
-    // engine_stats' counts are refreshed by step(); when aborts emptied the
-    // engine, no step ran since to refresh them.
-    if (!engine_->has_work()) s.n_running = s.n_waiting = 0;
-    s.n_finished_by_reason = finished_by_reason_;
-    s.n_requests_active = static_cast<std::int64_t>(channels_.size());
-    s.ttft_seconds = snapshot_of(st.ttft_seconds);
-    s.itl_seconds = snapshot_of(st.itl_seconds);
-    s.e2e_seconds = snapshot_of(st.e2e_seconds);
-    done.set_value(std::move(s));
-  };
-  {
-    std::unique_lock lock(mu_);
-    if (closed_) {
-      // No thread touches the engine any more; reading it here is safe.
-      lock.unlock();
-      fill();
-      return answer.get();
-    }
-    tasks_.push_back(fill);  // a task posted before closed_ always runs
-  }
-  cv_.notify_one();
-  return answer.get();
+  std::lock_guard lock(snapshot_mu_);
+  return snapshot_;
+}
+
+void engine_loop::publish() {
+  const engine_stats& st = engine_->stats();
+  engine_snapshot s;
+  s.kv = engine_->kv_stats();
+  s.n_steps = st.n_steps;
+  s.n_prompt_tokens = st.n_prompt_tokens;
+  s.n_computed_prompt_tokens = st.n_computed_prompt_tokens;
+  s.n_generated_tokens = st.n_generated_tokens;
+  s.n_running = st.n_running;
+  s.n_waiting = st.n_waiting;
+  // engine_stats' counts are refreshed by step(); when aborts emptied the
+  // engine, no step ran since to refresh them.
+  if (!engine_->has_work()) s.n_running = s.n_waiting = 0;
+  s.n_finished_by_reason = finished_by_reason_;
+  s.n_requests_active = static_cast<std::int64_t>(channels_.size());
+  s.ttft_seconds = snapshot_of(st.ttft_seconds);
+  s.itl_seconds = snapshot_of(st.itl_seconds);
+  s.e2e_seconds = snapshot_of(st.e2e_seconds);
+  std::lock_guard lock(snapshot_mu_);
+  snapshot_ = std::move(s);
 }
 
 void engine_loop::dispatch(std::vector<engine_event>& events) {
+  // Account first, publish, then hand out: a client that sees its request's
+  // last event already finds it counted in snapshot().
+  std::vector<std::pair<std::shared_ptr<request_channel>, engine_event*>> out;
+  out.reserve(events.size());
   for (engine_event& e : events) {
     auto it = channels_.find(e.request_id);
     if (it == channels_.end()) continue;  // rejected half of a batch, or the channel failed
-    std::shared_ptr<request_channel> ch = it->second;
+    out.emplace_back(it->second, &e);
     if (e.request_finished) {
       ++finished_by_reason_[e.finish_reason];
       channels_.erase(it);
     }
-    ch->push(std::move(e));
   }
+  publish();
+  for (auto& [ch, e] : out) ch->push(std::move(*e));
 }
 
 void engine_loop::fail_all(const status& st) {
@@ -182,7 +178,10 @@ void engine_loop::run() {
     for (auto& task : batch) task();
     batch.clear();
     if (stopping_) break;
-    if (!engine_->has_work() && !flush_pending_) continue;
+    if (!engine_->has_work() && !flush_pending_) {
+      publish();  // the tasks may have changed what the engine holds
+      continue;
+    }
     flush_pending_ = false;
     events.clear();
     status st = engine_->step(events);
@@ -200,13 +199,13 @@ void engine_loop::run() {
   if (!st.ok()) fail_all(st);
   for (auto& [id, ch] : channels_) ch->fail(error(errc::cancelled, "the server is shutting down"));
   channels_.clear();
+  publish();
   std::unique_lock lock(mu_);
   while (!tasks_.empty()) {
     auto task = std::move(tasks_.front());
     tasks_.pop_front();
     task();
   }
-  closed_ = true;
 }
 
 void engine_loop::stop() {

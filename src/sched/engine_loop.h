@@ -1,11 +1,12 @@
 // The engine on its own thread (DESIGN.md: one thread owns the engine, others
 // talk to it through queues, as llama.cpp's server_queue / server_response).
 //
-// Client threads (HTTP handlers) submit requests, cancel them and ask for a
-// metrics snapshot; each of those is a task the engine thread runs between two
-// steps, so the engine itself needs no lock. The events of a submitted request
-// arrive on the request_channel given at submission, until the event that says
-// the request finished (also after a cancel: the engine answers "abort").
+// Client threads (HTTP handlers) submit requests and cancel them; each is a
+// task the engine thread runs between two steps, so the engine itself needs no
+// lock. The events of a submitted request arrive on the request_channel given
+// at submission, until the event that says the request finished (also after a
+// cancel: the engine answers "abort"). After every step the thread publishes a
+// metrics snapshot that readers copy without waiting for the engine.
 #pragma once
 
 #include <atomic>
@@ -95,7 +96,9 @@ class engine_loop {
   // the engine thread frees their blocks before its next step.
   void cancel(std::vector<std::string> ids);
 
-  // A consistent copy of the engine's metrics (waits for the current step).
+  // A consistent copy of the engine's metrics as of the end of the latest step
+  // (or task): never waits for a running step, so /metrics answers at once.
+  // Events a client has received are already counted in it.
   engine_snapshot snapshot();
 
   // Aborts every request, answers their channels and joins the thread. Idempotent.
@@ -105,6 +108,7 @@ class engine_loop {
  private:
   void run();
   void dispatch(std::vector<engine_event>& events);
+  void publish();  // engine thread: refreshes snapshot_
   void fail_all(const status& st);
 
   std::unique_ptr<engine> engine_;
@@ -113,7 +117,8 @@ class engine_loop {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
-  bool closed_ = false;                       // guarded by mu_: the thread has exited and runs no task
+  std::mutex snapshot_mu_;
+  engine_snapshot snapshot_;                  // guarded by snapshot_mu_
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 
