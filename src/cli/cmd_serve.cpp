@@ -86,6 +86,7 @@ int serve(const serve_options& o) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  const bool auth_required = keys.enabled();
   PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine::create(*model, cfg));
   const kv_metrics kv = eng->kv_stats();
   engine_loop loop(std::move(eng), o.max_waiting);
@@ -97,11 +98,15 @@ int serve(const serve_options& o) {
                "%s, %d HTTP threads\n",
                ctx.model_names.front().c_str(), o.engine.model.path.c_str(), cfg.max_model_len, kv.n_blocks_total,
                kv.block_size_tokens, server::chat_format_name(ctx.chat),
-               o.api_keys.empty() && o.tenants_file.empty() && !std::getenv("PAGODA_API_KEY") ? "no API key" : "API keys required",
+               auth_required ? "API keys required" : "no API key",
                sopts.n_http_threads);
   // One line on stdout that scripts and tests wait for (with --port 0 it names the port).
   std::printf("pagoda serve: listening on http://%s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
+  std::fprintf(stderr,
+               "pagoda serve: try: curl http://%s:%d/v1/completions -H 'Content-Type: application/json'%s "
+               "-d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 32}'\n",
+               o.host.c_str(), port, auth_required ? " -H 'Authorization: Bearer $KEY'" : "");
 
   std::atomic<bool> served{false};
   std::thread signal_waiter([&] {
