@@ -83,6 +83,42 @@ TEST(server, chat_object_and_template_override) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], v.encode(rendered, v.add_bos_default(), true).size());
 }
 
+TEST(server, chat_template_from_the_model) {
+  // A ChatML template in the GGUF: recognised at startup and applied.
+  auto model = stories_with_chat_template(
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+      "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}");
+  ASSERT_NE(model, nullptr);
+  std::string warning;
+  auto ctx = server::make_api_context(*model, 512, default_setup().api, &warning);
+  ASSERT_TRUE(ctx.ok());
+  EXPECT_EQ(ctx->chat, server::chat_format::chatml);
+  EXPECT_TRUE(warning.empty());
+  server_setup setup = default_setup();
+  setup.engine = engine_config_for(*model);
+  test_server s(setup, *model);
+  auto c = s.client();
+  json body = {{"messages", {{{"role", "user"}, {"content", "Once"}}}}, {"max_tokens", 2}, {"temperature", 0}};
+  http_reply r = post_json(*c, "/v1/chat/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const tokenizer& v = model->vocab();
+  EXPECT_EQ(r.json_body["usage"]["prompt_tokens"],
+            v.encode("<|im_start|>user\nOnce<|im_end|>\n<|im_start|>assistant\n", v.add_bos_default(), true).size());
+
+  // A template of no known family: plain, with a warning; the override wins over both.
+  auto odd = stories_with_chat_template("{{ messages[0]['content'] }}");
+  ASSERT_NE(odd, nullptr);
+  ctx = server::make_api_context(*odd, 512, default_setup().api, &warning);
+  ASSERT_TRUE(ctx.ok());
+  EXPECT_EQ(ctx->chat, server::chat_format::plain);
+  EXPECT_FALSE(warning.empty());
+  server::api_options forced = default_setup().api;
+  forced.chat_template = "gemma";
+  EXPECT_EQ(server::make_api_context(*odd, 512, forced, nullptr)->chat, server::chat_format::gemma);
+  forced.chat_template = "jinja2";
+  EXPECT_FALSE(server::make_api_context(*odd, 512, forced, nullptr).ok());
+}
+
 TEST(server, streaming_wire_format) {
   test_server s(default_setup());
   auto c = s.client();

@@ -9,8 +9,11 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 
 #include <gtest/gtest.h>
+
+#include "model/gguf_writer.h"
 
 namespace pagoda::test {
 
@@ -26,6 +29,84 @@ const llama_model& stories() {
     return std::move(*r);
   }();
   return *m;
+}
+
+namespace {
+
+// A metadata value's payload as GGUF stores it (what follows the type word).
+std::vector<std::byte> payload_of(const gguf::value& v) {
+  std::vector<std::byte> out;
+  auto put = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  auto put_string = [&](std::string_view s) {
+    std::uint64_t n = s.size();
+    put(&n, 8);
+    put(s.data(), s.size());
+  };
+  switch (v.type) {
+    case gguf::value_type::string: put_string(v.str); break;
+    case gguf::value_type::array: {
+      std::uint32_t t = static_cast<std::uint32_t>(v.array_type);
+      put(&t, 4);
+      put(&v.array_size, 8);
+      if (v.array_type == gguf::value_type::string)
+        for (std::string_view s : v.array_strings) put_string(s);
+      else
+        put(v.array_data, v.array_size * gguf::value_type_size(v.array_type));
+      break;
+    }
+    case gguf::value_type::f32: {
+      float f = static_cast<float>(v.f);
+      put(&f, 4);
+      break;
+    }
+    case gguf::value_type::f64: put(&v.f, 8); break;
+    case gguf::value_type::i8: case gguf::value_type::i16: case gguf::value_type::i32: case gguf::value_type::i64:
+      put(&v.i, gguf::value_type_size(v.type));  // little-endian: the low bytes
+      break;
+    default: put(&v.u, gguf::value_type_size(v.type)); break;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<llama_model> stories_with_chat_template(const std::string& jinja) {
+  auto src = gguf::file::open(stories_path());
+  if (!src.ok()) {
+    ADD_FAILURE() << src.error().message();
+    return nullptr;
+  }
+  gguf::writer w;
+  for (const gguf::metadata_entry& e : (*src)->metadata()) {
+    if (e.key == "tokenizer.chat_template") continue;
+    if (e.key == "general.alignment") {
+      w.set_alignment(static_cast<std::uint32_t>(e.val.u));
+      continue;
+    }
+    w.add_raw(e.key, static_cast<std::uint32_t>(e.val.type), payload_of(e.val));
+  }
+  w.add_string("tokenizer.chat_template", jinja);
+  for (const gguf::tensor_info& t : (*src)->tensors())
+    w.add_tensor(t.name, t.type, std::span<const std::int64_t>(t.ne, t.n_dims), std::span(t.data, t.size_bytes));
+  // The model reads tensors in place: the bytes live as long as the process.
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<std::vector<std::byte>>> keep;
+  std::lock_guard lock(mu);
+  keep.push_back(std::make_unique<std::vector<std::byte>>(w.to_bytes()));
+  auto file = gguf::file::from_memory(*keep.back());
+  if (!file.ok()) {
+    ADD_FAILURE() << file.error().message();
+    return nullptr;
+  }
+  auto model = llama_model::from_gguf(std::move(*file));
+  if (!model.ok()) {
+    ADD_FAILURE() << model.error().message();
+    return nullptr;
+  }
+  return std::move(*model);
 }
 
 engine_config engine_config_for(const llama_model& model, std::int64_t n_blocks, int max_seqs) {

@@ -26,6 +26,10 @@ using nlohmann::json;
 const llama_model& stories();
 std::string stories_path();
 
+// stories260K with tokenizer.chat_template set to `jinja` (a copy built in
+// memory with the GGUF writer; the model keeps its bytes alive).
+std::unique_ptr<llama_model> stories_with_chat_template(const std::string& jinja);
+
 struct server_setup {
   engine_config engine;        // from engine_config_for(); adjust before starting
   server::api_options api;     // model_path = stories_path()
