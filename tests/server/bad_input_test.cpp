@@ -50,7 +50,7 @@ std::string nested(int depth) { return std::string(depth, '[') + std::string(dep
 TEST(bad_input, table_of_hostile_requests_then_still_serving) {
   server_setup setup = default_setup();
   setup.http.max_body_bytes = 1 << 20;
-  setup.engine.max_model_len = 256;
+  setup.engine.max_model_len = 512;
   test_server s(setup);
   const std::string chat = "/v1/chat/completions";
 
@@ -80,7 +80,7 @@ TEST(bad_input, table_of_hostile_requests_then_still_serving) {
       {"max_tokens negative", R"({"prompt": "a", "max_tokens": -1})", 400, "max_tokens"},
       {"max_tokens huge", R"({"prompt": "a", "max_tokens": 1e308})", 400, "max_tokens"},
       {"max_tokens beyond u64", R"({"prompt": "a", "max_tokens": 99999999999999999999999999})", 400, "max_tokens"},
-      {"max_tokens past context", R"({"prompt": "a", "max_tokens": 255})", 400, "max_tokens"},
+      {"max_tokens past context", R"({"prompt": "a", "max_tokens": 511})", 400, "max_tokens"},
       {"n negative", R"({"prompt": "a", "n": -3})", 400, "n"},
       {"n huge", R"({"prompt": "a", "n": 1000000000})", 400, "n"},
       {"temperature negative", R"({"prompt": "a", "temperature": -0.5})", 400, "temperature"},
@@ -97,7 +97,7 @@ TEST(bad_input, table_of_hostile_requests_then_still_serving) {
        }() + "]}",
        400, "stop"},
       {"prompt too long", R"({"prompt": ")" + std::string(300000, 'a') + "\"}", 400, "prompt"},
-      {"chat too long", R"({"messages": [{"role": "user", "content": ")" + std::string(5000, 'b') + "\"}]}", 400,
+      {"chat too long", R"({"messages": [{"role": "user", "content": ")" + std::string(20000, 'b') + "\"}]}", 400,
        "messages", chat},
       {"unknown model", R"({"prompt": "a", "model": "gpt-4o"})", 400, "model"},
       // Invalid UTF-8 and bad escapes inside strings.
@@ -177,7 +177,7 @@ TEST(bad_input, table_of_hostile_requests_then_still_serving) {
     int fd = raw_connect(s.port());
     ASSERT_GE(fd, 0);
     std::string req = http_request(
-        "POST", "/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": true, "stream": true})");
+        "POST", "/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": true, "stream": true})");
     ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
     std::string got;
     while (got.find("data: ") == std::string::npos && raw_read_some(fd, got, 2000)) {
