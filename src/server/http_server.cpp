@@ -1,7 +1,11 @@
 #include "server/http_server.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <random>
 
@@ -16,6 +20,8 @@ namespace pagoda::server {
 using nlohmann::json;
 
 namespace {
+
+constexpr int k_listen_backlog = 1024;
 
 std::int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -66,6 +72,7 @@ struct http_server::impl {
   engine_loop& loop;
   httplib::Server svr;
   std::atomic<bool> bound{false};
+  std::atomic<int> listen_fd{-1};
 
   mutable std::mutex counts_mu;
   http_counts counts;
@@ -222,6 +229,13 @@ void http_server::impl::setup() {
   svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n_threads)); };
   svr.set_payload_max_length(opts.max_body_bytes);
   svr.set_keep_alive_max_count(1000);
+  // Debian's compiled httplib listens with a backlog of 5: a burst of clients
+  // connecting at once overflows it and some see their connection dropped.
+  // Remember the listening socket so bind() can raise its backlog.
+  svr.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd.store(sock);
+  });
   svr.set_tcp_nodelay(true);
 
   svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
@@ -315,6 +329,9 @@ result<int> http_server::bind() {
   } else if (!impl_->svr.bind_to_port(impl_->opts.host, port)) {
     return error(errc::io_error, "cannot bind to {}:{} (in use, or not an address of this machine)", impl_->opts.host, port);
   }
+  // listen() again on a listening socket only changes its backlog (Linux).
+  if (int fd = impl_->listen_fd.load(); fd >= 0 && ::listen(fd, k_listen_backlog) != 0)
+    return error(errc::io_error, "cannot set the listen backlog of {}:{}: {}", impl_->opts.host, port, std::strerror(errno));
   impl_->bound = true;
   return port;
 }

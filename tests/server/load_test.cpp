@@ -32,6 +32,14 @@ struct answer {
   int cached_tokens = 0;
 };
 
+// Why the first failed requests failed (a failure must say more than "4 failed").
+std::mutex g_why_mu;
+std::vector<std::string> g_why;
+void note_failure(std::string why) {
+  std::lock_guard lock(g_why_mu);
+  if (g_why.size() < 8) g_why.push_back(std::move(why));
+}
+
 std::optional<answer> complete(httplib::Client& c, const std::string& prompt, bool stream) {
   json body = {{"prompt", prompt}, {"max_tokens", k_max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
   if (stream) {
@@ -39,13 +47,23 @@ std::optional<answer> complete(httplib::Client& c, const std::string& prompt, bo
     body["stream_options"] = {{"include_usage", true}};
   }
   auto res = c.Post("/v1/completions", body.dump(), "application/json");
-  if (!res || res->status != 200) return std::nullopt;
+  if (!res) {
+    note_failure(fmt::format("stream={} transport error: {}", stream, httplib::to_string(res.error())));
+    return std::nullopt;
+  }
+  if (res->status != 200) {
+    note_failure(fmt::format("stream={} HTTP {}: {}", stream, res->status, res->body.substr(0, 300)));
+    return std::nullopt;
+  }
   answer a;
   const json* usage = nullptr;
   json last;
   if (stream) {
     std::vector<std::string> events = sse_data(res->body);
-    if (events.size() < 2 || events.back() != "[DONE]") return std::nullopt;
+    if (events.size() < 2 || events.back() != "[DONE]") {
+      note_failure(fmt::format("stream without [DONE]: {}", res->body.substr(0, 300)));
+      return std::nullopt;
+    }
     for (std::size_t i = 0; i + 1 < events.size(); ++i) {
       json j = json::parse(events[i], nullptr, false);
       if (j.is_discarded()) return std::nullopt;
@@ -112,6 +130,7 @@ TEST(load, clients_with_shared_prefixes) {
   for (auto& th : clients) th.join();
   const int total = k_clients * k_requests_per_client;
   EXPECT_EQ(n_failed, 0);
+  for (const std::string& why : g_why) ADD_FAILURE() << why;
   EXPECT_EQ(n_wrong, 0);
   EXPECT_EQ(n_ok, total);
 
