@@ -144,8 +144,7 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
     s->staged_tile_bytes_ = staged_tile_bytes_for(layout.tile_shape());
     s->slot_bytes_ = static_cast<std::size_t>(s->n_sealed_) * layout.n_kv_heads * s->staged_tile_bytes_;
     s->block_slot_.assign(n_blocks, -1);
-    s->slots_per_chunk_ = std::max<std::int64_t>(1, n_staging_slots < 0 ? std::min<std::int64_t>(n_blocks, 16)
-                                                                        : std::min(n_staging_slots, n_blocks));
+    s->slots_per_chunk_ = std::clamp<std::int64_t>(n_staging_slots, 1, n_blocks);
     if (!s->map_staging_chunk())
       return error(errc::resource_exhausted, "cannot map {} bytes of KV staging: {}",
                    s->slot_bytes_ * s->slots_per_chunk_, std::strerror(errno));

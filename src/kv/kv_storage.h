@@ -25,8 +25,9 @@
 //     engine, simple_kv) calls it when b returns to the free pool partly filled.
 //     Without it a stale slot lives until b is written again.
 //   - create() maps n_staging_slots slots up front (one per sequence that can be
-//     in flight); more are mapped on demand in chunks, never freed before the
-//     storage. total_bytes() counts every mapped byte.
+//     in flight; default 1, as for one sequence); more are mapped on demand in
+//     chunks of that many, never freed before the storage. total_bytes() counts
+//     every mapped byte.
 // For sealed formats the stored codes are independent of how writes were split
 // (inputs are rounded to f16 whether or not they pass through staging), but
 // attention results are not batch invariant: a query reads its own block as f16
@@ -125,9 +126,9 @@ struct kv_staging_stats {
 class kv_storage {
  public:
   // Maps (lazily zeroed) memory for n_blocks blocks and, when a format is
-  // sealed, n_staging_slots staging slots (-1: min(n_blocks, 16)).
+  // sealed, n_staging_slots staging slots (at least 1, at most n_blocks).
   static result<std::unique_ptr<kv_storage>> create(const kv_layout& layout, std::int64_t n_blocks,
-                                                    std::int64_t n_staging_slots = -1);
+                                                    std::int64_t n_staging_slots = 1);
   ~kv_storage();
   kv_storage(const kv_storage&) = delete;
   kv_storage& operator=(const kv_storage&) = delete;
