@@ -183,7 +183,7 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
     const std::string& name = m->get_ref<const std::string&>();
     if (std::find(ctx.model_names.begin(), ctx.model_names.end(), name) == ctx.model_names.end())
       return bad_request("model",
-                         fmt::format("The model '{}' does not exist; this server serves '{}'", excerpt(*m).substr(0, 200),
+                         fmt::format("The model '{}' does not exist; this server serves '{}'", name.substr(0, 200),
                                      ctx.model_names.empty() ? "" : ctx.model_names.front()),
                          "model_not_found");
   }
