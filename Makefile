@@ -1,11 +1,14 @@
 # The two commands a fresh clone needs: `make run` and `make test`.
 JOBS ?= $(shell nproc)
 MODEL ?= models/stories260K.gguf
+PORT ?= 8080
 
 .PHONY: run test deps build build-asan asan bench clean
 
+# The OpenAI-compatible server on the bundled model; it prints its URL and a
+# curl example (docs/serving.md). Ctrl-C stops it.
 run: build
-	./build/release/pagoda run -m $(MODEL) -p "Once upon a time" -n 200 --temp 0.8 --seed 42
+	./build/release/pagoda serve -m $(MODEL) --host 127.0.0.1 --port $(PORT)
 
 test: build
 	ctest --test-dir build/release -j $(JOBS) --output-on-failure
