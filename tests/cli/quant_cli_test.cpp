@@ -100,9 +100,9 @@ TEST(quant_cli, run_with_quantized_caches) {
   EXPECT_DOUBLE_EQ(j["kv"]["bytes_per_token"].get<double>(), 5 * 4 * ((64.0 + 32) / 16 + 8));
 }
 
-// Sealed formats in the engine: many sequences with open blocks at once, forks
-// (copy-on-write of a staged block) and a deterministic result.
-TEST(quant_cli, batch_with_a_sealed_format_is_deterministic) {
+// Every codec family in the engine: many sequences with open blocks at once,
+// forks (copy-on-write of a staged block) and a deterministic result.
+TEST(quant_cli, batch_with_every_codec_is_deterministic) {
   std::string in = temp_path("batch.jsonl");
   {
     std::ofstream f(in);
@@ -111,19 +111,24 @@ TEST(quant_cli, batch_with_a_sealed_format_is_deterministic) {
         << "\", \"max_tokens\": " << 20 + i << ", \"temperature\": 0.8, \"seed\": " << i
         << (i % 4 == 0 ? ", \"n\": 2" : "") << "}\n";
   }
-  std::string args = "batch -m " + model_path() + " -i " + in + " -t 1 -ctk int4 -ctv int4 --max-num-seqs 8";
-  auto a = run_cli(args), b = run_cli(args);
-  ASSERT_EQ(a.exit_code, 0) << a.err;
-  EXPECT_EQ(a.out, b.out);
-  std::istringstream lines(a.out);
-  std::string line;
-  int n = 0;
-  while (std::getline(lines, line)) {
-    json j = json::parse(line);
-    EXPECT_FALSE(j.contains("error")) << line;
-    ++n;
+  for (const char* kv : {"-ctk int4 -ctv int4", "--kv-cache-dtype int8", "--kv-cache-dtype fp8", "-ctk bf16 -ctv fp8_e5m2",
+                         "-ctk int4 -ctv int2", "--kv-cache-dtype int2", "-ctk q8_0 -ctv q4_0",
+                         "--kv-cache-dtype f32 --kv-layer-types 0-1:f16,2-:k8v4"}) {
+    std::string args = "batch -m " + model_path() + " -i " + in + " -t 1 --max-num-seqs 8 " + kv;
+    auto a = run_cli(args), b = run_cli(args);
+    ASSERT_EQ(a.exit_code, 0) << kv << ": " << a.err;
+    EXPECT_EQ(a.out, b.out) << kv;
+    std::istringstream lines(a.out);
+    std::string line;
+    int n = 0;
+    while (std::getline(lines, line)) {
+      json j = json::parse(line);
+      EXPECT_FALSE(j.contains("error")) << kv << ": " << line;
+      EXPECT_GE(j["usage"]["completion_tokens"].get<int>(), 1) << kv << ": " << line;
+      ++n;
+    }
+    EXPECT_EQ(n, 12) << kv;
   }
-  EXPECT_EQ(n, 12);
   std::remove(in.c_str());
 }
 
