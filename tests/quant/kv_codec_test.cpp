@@ -153,8 +153,9 @@ struct int_terms {
 int_terms int_element(const kv_format& f, kv_tile_shape s, const kv_static_params* sp, const void* tile, int t, int d) {
   const int_kv::tile_layout L = int_kv::layout_of(f, s);
   const auto* b = static_cast<const std::uint8_t*>(tile);
-  int shift;
-  const int u = (b[int_kv::code_byte(L, s, t, d, shift)] >> shift) & ((1 << L.bits) - 1);
+  int shift = 0;
+  const std::uint8_t byte = b[int_kv::code_byte(L, s, t, d, shift)];  // sets shift: read it after
+  const int u = (byte >> shift) & ((1 << L.bits) - 1);
   int_terms it;
   it.code = u;
   if (f.scale_mode == kv_scale_mode::static_scales) {
