@@ -90,16 +90,22 @@ def batch(pagoda, model, lines, extra):
 def section_batch(pagoda, synth_model):
     print("### Continuous batching throughput (`pagoda batch`)\n")
     print("N requests run with `--max-num-seqs N` against the same N requests with `--max-num-seqs 1`")
-    print("(one at a time). Generated tokens/s; fragmentation is the mean over steps; usage the peak.\n")
+    print("(one at a time). Generated tokens/s over the whole run (prefill included); fragmentation is the mean")
+    print("over steps, usage the peak. Each request generates 128 tokens (greedy), so that decoding, not the")
+    print("one prefill step of all N prompts, dominates. Best of two alternating runs per side.\n")
     print("| model | threads | N | tok/s one at a time | tok/s concurrent | ratio | peak KV usage | mean fragmentation |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, model, gen, threads in [("stories260K", STORIES, 128, 1), ("synth llama3-8b 4L q8_0", synth_model, 32, 2)]:
+    for name, model, gen, threads in [("stories260K", STORIES, 128, 1), ("synth llama3-8b 4L q8_0", synth_model, 128, 2)]:
         for n in (1, 8, 32, 64):
             lines = [{"id": str(i), "prompt": f"Once upon a time, story number {i} began", "max_tokens": gen,
                       "temperature": 0} for i in range(n)]
             common = ["-t", str(threads), "--ctx", "512", "--max-num-batched-tokens", "2048"]
-            seq = batch(pagoda, model, lines, common + ["--max-num-seqs", "1"])
-            con = batch(pagoda, model, lines, common + ["--max-num-seqs", str(n)])
+            # Best of two, alternating, so a burst of load from the machine's
+            # other tenants does not land on one side of the ratio only.
+            runs = [(batch(pagoda, model, lines, common + ["--max-num-seqs", "1"]),
+                     batch(pagoda, model, lines, common + ["--max-num-seqs", str(n)])) for _ in range(2)]
+            seq = max((r[0] for r in runs), key=lambda s: s["generation_tokens_per_s"])
+            con = max((r[1] for r in runs), key=lambda s: s["generation_tokens_per_s"])
             a, b = seq["generation_tokens_per_s"], con["generation_tokens_per_s"]
             print(f"| {name} | {threads} | {n} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {100 * con['peak_kv_usage']:.1f}% "
                   f"| {100 * con['fragmentation_mean']:.1f}% |")
