@@ -10,12 +10,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/stories.h"
+
 #include "model/sampler.h"
 
 namespace pagoda {
 namespace {
 
-const std::string k_model = std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf";
+const std::string k_model = test::stories_path();
 
 struct harness {
   std::unique_ptr<llama_model> model;

@@ -7,17 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include "common/requests.h"
+
 namespace pagoda {
 namespace {
 
-const llama_model& stories() {
-  static std::unique_ptr<llama_model> m = [] {
-    auto r = llama_model::load(std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf");
-    EXPECT_TRUE(r.ok()) << r.error().message();
-    return std::move(*r);
-  }();
-  return *m;
-}
+using test::greedy_request;
+using test::stories;
 
 std::vector<std::string> story_openings(int n) {
   std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/tinystories_dev.txt");
@@ -44,16 +40,6 @@ engine_config config(std::int64_t n_blocks, int max_seqs = 64, int budget = 2048
   c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, type, type);
   c.n_blocks = n_blocks;
   return c;
-}
-
-request greedy_request(const std::string& id, const std::string& prompt, int max_tokens) {
-  request r;
-  r.id = id;
-  r.prompt = stories().vocab().encode(prompt, true);
-  r.max_tokens = max_tokens;
-  r.sampling = sampling_params::greedy();
-  r.ignore_eos = true;
-  return r;
 }
 
 struct outcome {

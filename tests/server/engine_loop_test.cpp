@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/requests.h"
 #include "server/server_util.h"
 
 namespace pagoda {
@@ -12,15 +13,7 @@ namespace {
 
 using test::stories;
 
-request greedy(const std::string& id, const std::string& prompt, int max_tokens) {
-  request r;
-  r.id = id;
-  r.prompt = stories().vocab().encode(prompt, true);
-  r.max_tokens = max_tokens;
-  r.sampling = sampling_params::greedy();
-  r.ignore_eos = true;
-  return r;
-}
+using test::greedy_request;
 
 std::unique_ptr<engine> make_engine(std::int64_t n_blocks = 256, int max_seqs = 64, int ctx = 512) {
   engine_config cfg = test::engine_config_for(stories(), n_blocks, max_seqs);
@@ -52,7 +45,7 @@ std::map<std::string, std::string> drain(request_channel& ch, std::size_t n_requ
 TEST(engine_loop, results_match_the_engine_run_directly) {
   // Reference: the engine stepped by hand.
   auto ref = make_engine();
-  ASSERT_TRUE(ref->add_request(greedy("a", "Once upon a time", 12)).ok());
+  ASSERT_TRUE(ref->add_request(greedy_request("a", "Once upon a time", 12)).ok());
   std::string expected;
   std::vector<engine_event> ev;
   while (ref->has_work()) {
@@ -64,8 +57,8 @@ TEST(engine_loop, results_match_the_engine_run_directly) {
   engine_loop loop(make_engine(), 16);
   auto ch = std::make_shared<request_channel>();
   std::vector<request> reqs;
-  reqs.push_back(greedy("a", "Once upon a time", 12));
-  reqs.push_back(greedy("b", "Once upon a time", 12));
+  reqs.push_back(greedy_request("a", "Once upon a time", 12));
+  reqs.push_back(greedy_request("b", "Once upon a time", 12));
   ASSERT_TRUE(loop.submit(std::move(reqs), ch).ok());
   auto text = drain(*ch, 2);
   EXPECT_EQ(text["a"], expected);
@@ -81,7 +74,7 @@ TEST(engine_loop, cancel_frees_blocks_at_once) {
   engine_loop loop(make_engine(), 16);
   auto ch = std::make_shared<request_channel>();
   std::vector<request> reqs;
-  reqs.push_back(greedy("long", "Once upon a time there was a little girl", 400));
+  reqs.push_back(greedy_request("long", "Once upon a time there was a little girl", 400));
   ASSERT_TRUE(loop.submit(std::move(reqs), ch).ok());
   // Wait until it generates, then cancel.
   std::vector<engine_event> events;
@@ -103,15 +96,15 @@ TEST(engine_loop, waiting_cap_and_all_or_none) {
   engine_loop loop(make_engine(256, 1, 2048), 1);
   auto ch = std::make_shared<request_channel>();
   std::vector<request> first;
-  first.push_back(greedy("r1", "Once upon a time", 2000));  // long enough for r2 and r3 to arrive while it runs
+  first.push_back(greedy_request("r1", "Once upon a time", 2000));  // long enough for r2 and r3 to arrive while it runs
   ASSERT_TRUE(loop.submit(std::move(first), ch).ok());
   std::vector<engine_event> events;
   while (events.empty()) ASSERT_TRUE(ch->wait(events, std::chrono::milliseconds(100)));  // r1 runs
   std::vector<request> second;
-  second.push_back(greedy("r2", "Once upon a time", 4));
+  second.push_back(greedy_request("r2", "Once upon a time", 4));
   ASSERT_TRUE(loop.submit(std::move(second), ch).ok());
   std::vector<request> third;
-  third.push_back(greedy("r3", "Once upon a time", 4));
+  third.push_back(greedy_request("r3", "Once upon a time", 4));
   status st = loop.submit(std::move(third), ch);
   EXPECT_EQ(st.code(), errc::resource_exhausted) << st.message();
 
@@ -119,14 +112,14 @@ TEST(engine_loop, waiting_cap_and_all_or_none) {
   engine_loop loop2(make_engine(), 16);
   auto ch2 = std::make_shared<request_channel>();
   std::vector<request> batch;
-  batch.push_back(greedy("good", "Once upon a time", 4));
-  batch.push_back(greedy("bad", "Once upon a time", 100000));
+  batch.push_back(greedy_request("good", "Once upon a time", 4));
+  batch.push_back(greedy_request("bad", "Once upon a time", 100000));
   st = loop2.submit(std::move(batch), ch2);
   EXPECT_EQ(st.code(), errc::out_of_range) << st.message();
   // A request larger than the whole pool can never run: out_of_range, not "retry later".
   engine_loop loop3(make_engine(4), 16);
   std::vector<request> big;
-  big.push_back(greedy("big", "Once upon a time", 200));
+  big.push_back(greedy_request("big", "Once upon a time", 200));
   st = loop3.submit(std::move(big), ch2);
   EXPECT_EQ(st.code(), errc::out_of_range) << st.message();
   EXPECT_EQ(loop3.snapshot().kv.n_blocks_used, 0);
@@ -138,7 +131,7 @@ TEST(engine_loop, stop_answers_every_channel) {
   auto loop = std::make_unique<engine_loop>(make_engine(), 16);
   auto ch = std::make_shared<request_channel>();
   std::vector<request> reqs;
-  for (int i = 0; i < 4; ++i) reqs.push_back(greedy(fmt::format("s{}", i), "Once upon a time", 400));
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy_request(fmt::format("s{}", i), "Once upon a time", 400));
   ASSERT_TRUE(loop->submit(std::move(reqs), ch).ok());
   std::thread stopper([&] { loop->stop(); });
   std::map<std::string, std::string> reasons;
@@ -146,7 +139,7 @@ TEST(engine_loop, stop_answers_every_channel) {
   stopper.join();
   for (auto& [id, r] : reasons) EXPECT_EQ(r, "abort") << id;
   std::vector<request> late;
-  late.push_back(greedy("late", "x", 1));
+  late.push_back(greedy_request("late", "x", 1));
   EXPECT_EQ(loop->submit(std::move(late), ch).code(), errc::cancelled);
   EXPECT_EQ(loop->snapshot().kv.n_blocks_used, 0);  // readable after stop
   loop.reset();
@@ -161,7 +154,7 @@ TEST(engine_loop, many_threads_submit_at_once) {
       for (int i = 0; i < 5; ++i) {
         auto ch = std::make_shared<request_channel>();
         std::vector<request> reqs;
-        reqs.push_back(greedy(fmt::format("t{}-{}", t, i), "Once upon a time", 6));
+        reqs.push_back(greedy_request(fmt::format("t{}-{}", t, i), "Once upon a time", 6));
         if (!loop.submit(std::move(reqs), ch).ok()) continue;
         auto text = drain(*ch, 1);
         if (!text.begin()->second.empty()) ++ok;

@@ -17,20 +17,6 @@
 
 namespace pagoda::test {
 
-std::string stories_path() { return std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf"; }
-
-const llama_model& stories() {
-  static std::unique_ptr<llama_model> m = [] {
-    auto r = llama_model::load(stories_path());
-    if (!r.ok()) {
-      ADD_FAILURE() << r.error().message();
-      std::abort();
-    }
-    return std::move(*r);
-  }();
-  return *m;
-}
-
 namespace {
 
 // A metadata value's payload as GGUF stores it (what follows the type word).

@@ -13,6 +13,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "common/stories.h"
 #include "model/llama.h"
 #include "sched/engine_loop.h"
 #include "server/api_setup.h"
@@ -21,10 +22,6 @@
 namespace pagoda::test {
 
 using nlohmann::json;
-
-// stories260K, loaded once per process.
-const llama_model& stories();
-std::string stories_path();
 
 // stories260K with tokenizer.chat_template set to `jinja` (a copy built in
 // memory with the GGUF writer; the model keeps its bytes alive).

@@ -1,0 +1,30 @@
+// stories260K for tests: its path and the model, loaded once per process, and
+// a greedy request builder for engine tests. Header-only, so every test binary
+// can use it without a shared test library.
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "model/llama.h"
+
+namespace pagoda::test {
+
+inline std::string stories_path() { return std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf"; }
+
+inline const llama_model& stories() {
+  static std::unique_ptr<llama_model> m = [] {
+    auto r = llama_model::load(stories_path());
+    if (!r.ok()) {
+      ADD_FAILURE() << r.error().message();
+      std::abort();
+    }
+    return std::move(*r);
+  }();
+  return *m;
+}
+
+}  // namespace pagoda::test
