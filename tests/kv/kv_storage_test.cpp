@@ -199,6 +199,23 @@ TEST(kv_storage, staging_slots_are_released_and_reclaimed) {
   EXPECT_EQ(f.s->staging().peak_slots_in_use, 1);
 }
 
+// By default one staging slot is mapped up front; more are mapped one at a
+// time as open blocks need them, and total_bytes() counts what is mapped.
+TEST(kv_storage, staging_grows_one_slot_at_a_time_from_one) {
+  sealed_fixture f(8);
+  f.s = std::move(*kv_storage::create(f.layout, 16));
+  const std::size_t base = 16 * f.layout.bytes_per_block(), slot = f.layout.staging_bytes_per_slot();
+  EXPECT_EQ(f.s->staging().slots_mapped, 1);
+  EXPECT_EQ(f.s->total_bytes(), base + slot);
+  std::vector<block_id> a{block_id(0)}, b{block_id(1)}, c{block_id(2)};
+  f.write(a, 0, 1);
+  EXPECT_EQ(f.s->staging().slots_mapped, 1);
+  f.write(b, 0, 1);
+  f.write(c, 0, 1);
+  EXPECT_EQ(f.s->staging().slots_mapped, 3);
+  EXPECT_EQ(f.s->total_bytes(), base + 3 * slot);
+}
+
 // Layers may differ; each layer's tiles use its own format.
 TEST(kv_storage, per_layer_formats) {
   auto layout = kv_layout::uniform(3, 2, 8, 16, kv_type::f16, kv_type::f16);
