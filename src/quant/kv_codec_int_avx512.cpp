@@ -39,37 +39,40 @@ using kv_simd::prefetch_tile;
 
 inline int round16(int n) { return (n + 15) & ~15; }
 
-inline std::int32_t load_i32(const std::int8_t* p) {
-  std::int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 
-// x[0, n) -> hi, lo [n_pad] (zeros past n; n_pad a multiple of 16) with
-// x ~ sc * (hi + lo / 254), or x ~ sc * hi when lo is null. Returns sc (0 when
-// x is all zero).
-float quantize_hilo(const float* x, int n, int n_pad, std::int8_t* hi, std::int8_t* lo) {
+// x[0, n) -> one operand row (n_pad a multiple of 16, zeros past n) with
+// x ~ sc * (hi + lo / 254), or x ~ sc * hi when !with_lo (lo words are then 0).
+// The row is stored as the kernels read it: for each 32-bit word w (operand
+// bytes 4w .. 4w + 3), row[2w] holds the hi bytes and row[2w + 1] the lo bytes.
+// Returns sc (0 when x is all zero).
+float quantize_hilo_max(const float* x, int n, int n_pad, float amax, std::int32_t* row, bool with_lo);
+
+float quantize_hilo(const float* x, int n, int n_pad, std::int32_t* row, bool with_lo) {
   __m512 vmax = _mm512_setzero_ps();
   for (int i = 0; i < n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i)));
-  const float amax = _mm512_reduce_max_ps(vmax);
+  return quantize_hilo_max(x, n, n_pad, _mm512_reduce_max_ps(vmax), row, with_lo);
+}
+
+// quantize_hilo with max|x| known.
+float quantize_hilo_max(const float* x, int n, int n_pad, float amax, std::int32_t* row, bool with_lo) {
   if (!(amax > 0)) {
-    std::memset(hi, 0, n_pad);
-    if (lo) std::memset(lo, 0, n_pad);
+    std::memset(row, 0, static_cast<std::size_t>(n_pad) * 2);
     return 0.0f;
   }
   const __m512 inv = _mm512_set1_ps(127.0f / amax);
   for (int i = 0; i < n_pad; i += 16) {
     __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i), inv);
     __m512 h = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512i hi32 = _mm512_cvtps_epi32(h);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + i), _mm512_cvtsepi32_epi8(hi32));
-    if (lo) {
+    const __m128i hb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(h));
+    __m128i lb = _mm_setzero_si128();
+    if (with_lo) {
       __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)),
                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      __m512i lo32 = _mm512_cvtps_epi32(l);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + i), _mm512_cvtsepi32_epi8(lo32));
+      lb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(l));
     }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + i / 2), _mm_unpacklo_epi32(hb, lb));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + i / 2 + 4), _mm_unpackhi_epi32(hb, lb));
   }
   return amax / 127.0f;
 }
@@ -91,18 +94,16 @@ float fold_scales(const float* q, int n, const std::uint8_t* s16, const std::uin
 
 // Per-call buffers for the prepared operands; grown, never shrunk.
 struct operand_rows {
-  std::vector<std::int8_t> hi, lo;           // [rows * groups][stride]
   std::vector<float> sc;                     // [rows * groups]
   std::vector<float> extra;                  // [rows * groups]: sum of q (qk), bias (av)
   std::vector<float> wsum;                   // [rows]: sum of the tile's weights (av, per-channel or static)
   std::vector<float> bias;                   // [rows * groups][16]: sum_t w_t M_t lane by lane (av, per token)
   std::vector<float> x;                      // [stride]
+  // The quantized operand rows (quantize_hilo): [rows * groups][stride / 2].
+  std::vector<std::int32_t> packed;
   void size(int rows, int groups, int stride) {
     std::size_t n = static_cast<std::size_t>(rows) * groups;
-    if (hi.size() < n * stride) {
-      hi.resize(n * stride);
-      lo.resize(n * stride);
-    }
+    if (packed.size() < n * stride / 2) packed.resize(n * stride / 2);
     if (sc.size() < n) {
       sc.resize(n);
       extra.resize(n);
@@ -114,6 +115,14 @@ struct operand_rows {
 };
 thread_local operand_rows t_ops;
 
+// Operand row og (= row * G + group).
+inline std::int32_t* operand_row(operand_rows& ops, int og, int stride) {
+  return ops.packed.data() + static_cast<std::size_t>(og) * (stride / 2);
+}
+inline const std::int32_t* operand_row(const operand_rows& ops, int og, int stride) {
+  return ops.packed.data() + static_cast<std::size_t>(og) * (stride / 2);
+}
+
 // Extracts code k of every byte: 16 lanes x 4 bytes of values.
 template <int BITS>
 inline __m512i codes_k(__m512i v, int k) {
@@ -123,23 +132,28 @@ inline __m512i codes_k(__m512i v, int k) {
 }
 
 // ah/al[v][r] += the codes of the 64-byte vectors vec[v] (all packed word w)
-// times row (r0 + r)'s hi/lo operand bytes of scale group g. Each broadcast of
-// the operand serves all NV vectors.
+// times row r's hi/lo operand words: wp points at row 0's pair for operand
+// word w * (8 / BITS), row r's is rowstep further on, the next codes' words
+// follow at +2. Each broadcast serves all NV vectors.
 template <int R, int BITS, bool LO, int NV = 1>
-inline void accumulate(const __m512i* vec, int w, const operand_rows& ops, int r0, int G, int g, int stride,
-                       __m512i (*ah)[R], __m512i (*al)[R]) {
+inline void accumulate(const __m512i* vec, const std::int32_t* wp, std::size_t rowstep, __m512i (*ah)[R],
+                       __m512i (*al)[R]) {
   constexpr int CPB = 8 / BITS;
+#pragma GCC unroll 16
   for (int k = 0; k < CPB; ++k) {
     __m512i u[NV];
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) u[v] = codes_k<BITS>(vec[v], k);
-    const int off = (w * CPB + k) * 4;
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const std::size_t row = static_cast<std::size_t>((r0 + r) * G + g) * stride;
-      const __m512i h = _mm512_set1_epi32(load_i32(ops.hi.data() + row + off));
-      for (int v = 0; v < NV; ++v) ah[v][r] = _mm512_dpbusd_epi32(ah[v][r], u[v], h);
+      const std::int32_t* p = wp + r * rowstep + 2 * k;
+      const __m512i h = _mm512_set1_epi32(p[0]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) kv_simd::dpbusd(ah[v][r], u[v], h);
       if constexpr (LO) {
-        const __m512i l = _mm512_set1_epi32(load_i32(ops.lo.data() + row + off));
-        for (int v = 0; v < NV; ++v) al[v][r] = _mm512_dpbusd_epi32(al[v][r], u[v], l);
+        const __m512i l = _mm512_set1_epi32(p[1]);
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) kv_simd::dpbusd(al[v][r], u[v], l);
       }
     }
   }
@@ -177,11 +191,13 @@ void qk_block(const tile_layout& L, kv_tile_shape s, const token_vector* tv, con
     __m512i ah[NV][R], al[NV][R];
     for (int v = 0; v < NV; ++v)
       for (int r = 0; r < R; ++r) ah[v][r] = al[v][r] = _mm512_setzero_si512();
+    const std::int32_t* base = operand_row(ops, r0 * G + g, stride);
+    const std::size_t rowstep = static_cast<std::size_t>(G) * (stride / 2);
     for (int w = g * words_per_group; w < (g + 1) * words_per_group; ++w) {
       __m512i vec[NV];
       for (int v = 0; v < NV; ++v)
         vec[v] = _mm512_maskz_loadu_epi32(tv[v].m, tv[v].tile + (static_cast<std::size_t>(w) * B + tv[v].tc) * 4);
-      accumulate<R, BITS, LO, NV>(vec, w, ops, r0, G, g, stride, ah, al);
+      accumulate<R, BITS, LO, NV>(vec, base + static_cast<std::size_t>(w) * (8 / BITS) * 2, rowstep, ah, al);
     }
     for (int v = 0; v < NV; ++v) {
       __m512 S, M;
@@ -240,8 +256,7 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
       if constexpr (FOLDED) {
         ops.extra[r] = per_tile ? fold_scales(qr, hd, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, x)
                                 : fold_scales(qr, hd, nullptr, nullptr, sp->scale, sp->offset, x);
-        ops.sc[r] = quantize_hilo(x, hd, stride, ops.hi.data() + static_cast<std::size_t>(r) * stride,
-                                  k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(r) * stride : nullptr);
+        ops.sc[r] = quantize_hilo(x, hd, stride, operand_row(ops, r, stride), k_qk_lo<BITS, FOLDED>);
       } else {
         for (int g = 0; g < G; ++g) {
           const int og = r * G + g;
@@ -254,8 +269,7 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
             qsum += qr[d];
           }
           ops.extra[og] = qsum;
-          ops.sc[og] = quantize_hilo(x, hd, stride, ops.hi.data() + static_cast<std::size_t>(og) * stride,
-                                     k_qk_lo<BITS, FOLDED> ? ops.lo.data() + static_cast<std::size_t>(og) * stride : nullptr);
+          ops.sc[og] = quantize_hilo(x, hd, stride, operand_row(ops, og, stride), k_qk_lo<BITS, FOLDED>);
         }
       }
     }
@@ -288,32 +302,65 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
 }
 
 // ---------------------------------------------------------------------------
-// av. FOLDED: per-channel or static scales applied per channel after the dot;
+// av.
+
+// One packed word (four tokens, or 4 * 8 / BITS codes per channel) of a group:
+// where its channels start and its operand word index.
+struct group_word {
+  const std::uint8_t* codes;
+  int operand;
+};
+
+// The integer sums of av_block over a group's words. A function of its own:
+// inlined into av_block, GCC kept the accumulators on the stack.
+template <int R, int NV, int BITS>
+__attribute__((noinline)) void av_dot(const group_word* words, int n_words, int dc, const __mmask16* mc,
+                                      const std::int32_t* base, std::size_t rowstep, __m512i (*ah)[R],
+                                      __m512i (*al)[R]) {
+  __m512i h[NV][R], l[NV][R];
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) h[v][r] = l[v][r] = _mm512_setzero_si512();
+  __mmask16 m[NV];
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) m[v] = mc[v];
+  for (int i = 0; i < n_words; ++i) {
+    const std::uint8_t* wp = words[i].codes + static_cast<std::size_t>(dc) * 4;
+    __m512i vec[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) vec[v] = _mm512_maskz_loadu_epi32(m[v], wp + 64 * v);
+    accumulate<R, BITS, true, NV>(vec, base + static_cast<std::size_t>(words[i].operand) * 2, rowstep, h, l);
+  }
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      ah[v][r] = h[v][r];
+      al[v][r] = l[v][r];
+    }
+}
+
+// FOLDED: per-channel or static scales applied per channel after the dot;
 // otherwise the tile's per-token (per group) scales are folded into the weights.
 //
-// Weights are quantized per OPERAND GROUP of consecutive tiles (up to 64 tokens;
+// Weights are quantized per OPERAND GROUP of consecutive tiles (up to 128 tokens;
 // one tile for per-channel scales, which change from tile to tile): integer sums
 // run over the whole group and are converted once. Groups are aligned to the
 // start of the run, so a row's groups hold the same weights (zeros past its
 // position) however many rows or tokens share the call.
-// NV vectors of 16 channels from dc on (each operand broadcast serves all of them).
+// NV vectors of 16 channels from dc on (each operand broadcast serves all of
+// them); the group's packed words come as one flat list.
 template <int R, int NV, int BITS, bool FOLDED>
 void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* const* tiles,
-              const int* n_words, int n_group_tiles, int dc, int g, const operand_rows& ops, int r0, int stride, int G,
-              float* acc) {
+              const group_word* words, int n_group_words, int dc, int g, const operand_rows& ops, int r0, int stride,
+              int G, float* acc) {
   const int hd = s.head_dim;
   __mmask16 mc[NV];
   for (int v = 0; v < NV; ++v) mc[v] = lane_mask(hd - dc - 16 * v);
   __m512i ah[NV][R], al[NV][R];
-  for (int v = 0; v < NV; ++v)
-    for (int r = 0; r < R; ++r) ah[v][r] = al[v][r] = _mm512_setzero_si512();
-  for (int j = 0; j < n_group_tiles; ++j)
-    for (int w = 0; w < n_words[j]; ++w) {
-      __m512i vec[NV];
-      for (int v = 0; v < NV; ++v)
-        vec[v] = _mm512_maskz_loadu_epi32(mc[v], tiles[j] + (static_cast<std::size_t>(w) * hd + dc + 16 * v) * 4);
-      accumulate<R, BITS, true, NV>(vec, j * L.n_outer + w, ops, r0, G, g, stride, ah, al);
-    }
+  av_dot<R, NV, BITS>(words, n_group_words, dc, mc, operand_row(ops, r0 * G + g, stride),
+                      static_cast<std::size_t>(G) * (stride / 2), ah, al);
   for (int v = 0; v < NV; ++v) {
     const int d0 = dc + 16 * v;
     __m512 S, M;
@@ -341,15 +388,15 @@ void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp,
 
 template <int NV, int BITS, bool FOLDED>
 void av_vectors(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* const* tiles,
-                const int* n_words, int n_group_tiles, int dc, int g, const operand_rows& ops, int n_q, int stride,
+                const group_word* words, int n_group_words, int dc, int g, const operand_rows& ops, int n_q, int stride,
                 int G, float* acc) {
   int r = 0;
   for (; r + 4 <= n_q; r += 4)
-    av_block<4, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc);
+    av_block<4, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc);
   switch (n_q - r) {
-    case 3: av_block<3, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc); break;
-    case 2: av_block<2, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc); break;
-    case 1: av_block<1, NV, BITS, FOLDED>(L, s, sp, tiles, n_words, n_group_tiles, dc, g, ops, r, stride, G, acc); break;
+    case 3: av_block<3, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc); break;
+    case 2: av_block<2, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc); break;
+    case 1: av_block<1, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc); break;
     default: break;
   }
 }
@@ -357,7 +404,7 @@ void av_vectors(const tile_layout& L, kv_tile_shape s, const kv_static_params* s
 template <int BITS, bool FOLDED>
 void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
             const float* w, int ld, int n_q, float* acc) {
-  constexpr int k_group_tokens = 64;
+  constexpr int k_group_tokens = 128;
   const int B = s.block_size, hd = s.head_dim;
   const int P = L.n_outer * L.lanes;  // operand positions per tile (tokens padded to whole words)
   const int tpg = L.mode == kv_scale_mode::per_channel ? 1 : std::max(1, k_group_tokens / B);
@@ -369,25 +416,59 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   // Per-token offsets: sum_t w_t M_t per row and group, accumulated lane by
   // lane over the tiles and added once at the end.
   if constexpr (!FOLDED) std::fill_n(ops.bias.begin(), static_cast<std::size_t>(n_q) * G * 16, 0.0f);
-  const std::uint8_t* group[64];  // tpg <= 64
-  int nt[64], n_words[64];
+  const std::uint8_t* group[k_group_tokens];  // tpg <= k_group_tokens
+  int nt[k_group_tokens];
+  // A group's words: at most k_group_tokens / 4 + tpg (tiles of whole words,
+  // at least 4 tokens per word), or one tile of up to 1024 tokens.
+  group_word words[1024];
 
   for (int i0 = 0; i0 < n_tiles; i0 += tpg) {
     const int n_group_tiles = std::min(tpg, n_tiles - i0);
     for (int j = 0; j < n_group_tiles; ++j) {
       group[j] = static_cast<const std::uint8_t*>(tiles[i0 + j]);
       nt[j] = std::min(B, n_tokens - (i0 + j) * B);
-      n_words[j] = (nt[j] + L.lanes - 1) / L.lanes;
     }
-    if (i0 + tpg < n_tiles)
-      for (int j = 0; j < std::min(tpg, n_tiles - i0 - tpg); ++j) prefetch_tile(tiles[i0 + tpg + j], L.bytes);
+    int n_group_words = 0;
+    for (int j = 0; j < n_group_tiles; ++j)
+      for (int w = 0; w < (nt[j] + L.lanes - 1) / L.lanes; ++w)
+        words[n_group_words++] = {group[j] + static_cast<std::size_t>(w) * hd * 4, (j * L.n_outer + w) * (8 / BITS)};
+    // The next group's tiles are asked for a slice per channel step below, so
+    // that the requests spread over the group's work (a burst of them all
+    // stalled the loads of this group).
+    const int n_next = std::clamp(n_tiles - (i0 + tpg), 0, tpg);
+    const bool dense = P % 16 == 0;
     for (int r = 0; r < n_q; ++r) {
       for (int g = 0; g < G; ++g) {
         const int og = r * G + g;
         float* x = ops.x.data();
-        std::fill_n(x, stride, 0.0f);
-        __m512 bias = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+        __m512 bias = _mm512_setzero_ps(), sum = _mm512_setzero_ps(), vmax = _mm512_setzero_ps();
         if constexpr (!FOLDED) bias = _mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(og) * 16]);
+        if (dense) {
+          // Every 16 operand positions lie in one tile: x is written whole,
+          // zeros included, and its max taken on the way.
+          for (int c = 0; c < stride; c += 16) {
+            const int j = c / P, t = c - j * P;
+            const __mmask16 m = j < n_group_tiles ? lane_mask(nt[j] - t) : 0;
+            const float* wr = w + static_cast<std::size_t>(r) * ld + static_cast<std::size_t>(i0 + j) * B;
+            const __m512 wv = _mm512_maskz_loadu_ps(m, wr + t);
+            __m512 xv = wv;
+            if constexpr (!FOLDED) {
+              const std::uint8_t* tile = group[j < n_group_tiles ? j : 0];
+              const std::size_t at = static_cast<std::size_t>(g) * B * 2 + 2 * t;
+              xv = _mm512_mul_ps(wv, load_h16(tile + L.scale_off + at, m));
+              bias = _mm512_fmadd_ps(wv, load_h16(tile + L.offset_off + at, m), bias);
+            } else {
+              sum = _mm512_add_ps(sum, wv);
+            }
+            vmax = _mm512_max_ps(vmax, _mm512_abs_ps(xv));
+            _mm512_storeu_ps(x + c, xv);
+          }
+          if constexpr (!FOLDED) _mm512_storeu_ps(&ops.bias[static_cast<std::size_t>(og) * 16], bias);
+          if constexpr (FOLDED) ops.wsum[r] = _mm512_reduce_add_ps(sum);
+          ops.sc[og] = quantize_hilo_max(x, stride, stride, _mm512_reduce_max_ps(vmax), operand_row(ops, og, stride), true);
+          continue;
+        }
+        std::fill_n(x, stride, 0.0f);
         for (int j = 0; j < n_group_tiles; ++j) {
           const float* wr = w + static_cast<std::size_t>(r) * ld + static_cast<std::size_t>(i0 + j) * B;
           const std::uint8_t* S16 = group[j] + L.scale_off + static_cast<std::size_t>(g) * B * 2;
@@ -407,24 +488,33 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
         }
         if constexpr (!FOLDED) _mm512_storeu_ps(&ops.bias[static_cast<std::size_t>(og) * 16], bias);
         if constexpr (FOLDED) ops.wsum[r] = _mm512_reduce_add_ps(sum);
-        ops.sc[og] = quantize_hilo(x, stride, stride, ops.hi.data() + static_cast<std::size_t>(og) * stride,
-                                   ops.lo.data() + static_cast<std::size_t>(og) * stride);
+        ops.sc[og] = quantize_hilo(x, stride, stride, operand_row(ops, og, stride), true);
       }
     }
     // Pairs of 16-channel vectors where both lie in one scale group.
     for (int dc = 0; dc < hd;) {
       const int g = FOLDED ? 0 : dc / L.group_size;
       const bool pair = dc + 16 < hd && (FOLDED || (dc + 16) / L.group_size == g);
-      if (pair) av_vectors<2, BITS, FOLDED>(L, s, sp, group, n_words, n_group_tiles, dc, g, ops, n_q, stride, G, acc);
-      else av_vectors<1, BITS, FOLDED>(L, s, sp, group, n_words, n_group_tiles, dc, g, ops, n_q, stride, G, acc);
+      const int dc_end = std::min(hd, dc + (pair ? 32 : 16));
+      // Back to front: the scales and offsets at the end of a tile are the
+      // first thing the next group reads.
+      for (int j = 0; j < n_next; ++j)
+        kv_simd::prefetch_slice(tiles[i0 + tpg + j], dc_end == hd ? 0 : L.bytes - L.bytes * dc_end / hd,
+                                L.bytes - L.bytes * dc / hd);
+      if (pair) av_vectors<2, BITS, FOLDED>(L, s, sp, group, words, n_group_words, dc, g, ops, n_q, stride, G, acc);
+      else av_vectors<1, BITS, FOLDED>(L, s, sp, group, words, n_group_words, dc, g, ops, n_q, stride, G, acc);
       dc += pair ? 32 : 16;
     }
   }
   if constexpr (!FOLDED)
     for (int r = 0; r < n_q; ++r)
       for (int g = 0; g < G; ++g) {
-        const float bias = _mm512_reduce_add_ps(_mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(r * G + g) * 16]));
-        for (int d = g * L.group_size; d < (g + 1) * L.group_size; ++d) acc[static_cast<std::size_t>(r) * hd + d] += bias;
+        const __m512 bias = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_loadu_ps(&ops.bias[static_cast<std::size_t>(r * G + g) * 16])));
+        float* a = acc + static_cast<std::size_t>(r) * hd;
+        for (int d = g * L.group_size; d < (g + 1) * L.group_size; d += 16) {
+          const __mmask16 m = lane_mask((g + 1) * L.group_size - d);
+          _mm512_mask_storeu_ps(a + d, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + d), bias));
+        }
       }
 }
 

@@ -17,12 +17,26 @@ inline __mmask16 lane_mask(int n) {
 // 16 fp16 values as f32.
 inline __m512 load_h16(const std::uint8_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
+// acc += the unsigned bytes of u times the signed bytes of s, four products per
+// 32-bit lane (vpdpbusd), in place. GCC 12 moves the accumulators of a register
+// array to fresh registers and back around every _mm512_dpbusd_epi32 (and
+// spills some): the q.k loop ran five times as many instructions as dot
+// products. The asm form keeps each accumulator in its register.
+inline void dpbusd(__m512i& acc, __m512i u, __m512i s) { __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s)); }
+
 // Asks for the next tile while this one is computed: tiles of a run sit at
 // scattered addresses (a block table), where the hardware prefetchers cannot
 // guess the next one.
 inline void prefetch_tile(const void* tile, std::size_t bytes) {
   const char* p = static_cast<const char*>(tile);
   for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
+// Asks for bytes [begin, end) of p (whole lines; a line that straddles begin
+// belongs to the slice before it).
+inline void prefetch_slice(const void* p, std::size_t begin, std::size_t end) {
+  const char* c = static_cast<const char*>(p);
+  for (std::size_t i = (begin + 63) & ~std::size_t{63}; i < end; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
 }  // namespace pagoda::kv_simd
