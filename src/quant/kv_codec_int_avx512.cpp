@@ -41,6 +41,21 @@ inline int round16(int n) { return (n + 15) & ~15; }
 
 
 
+// 16 operand positions v (already times 127 / max|x|) -> their hi and lo
+// words at dst[0, 8) (layout of quantize_hilo below).
+inline void store_hilo16(__m512 v, std::int32_t* dst, bool with_lo) {
+  const __m512 h = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m128i hb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(h));
+  __m128i lb = _mm_setzero_si128();
+  if (with_lo) {
+    const __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    lb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(l));
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_unpacklo_epi32(hb, lb));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 4), _mm_unpackhi_epi32(hb, lb));
+}
+
 // x[0, n) -> one operand row (n_pad a multiple of 16, zeros past n) with
 // x ~ sc * (hi + lo / 254), or x ~ sc * hi when !with_lo (lo words are then 0).
 // The row is stored as the kernels read it: for each 32-bit word w (operand
@@ -61,19 +76,8 @@ float quantize_hilo_max(const float* x, int n, int n_pad, float amax, std::int32
     return 0.0f;
   }
   const __m512 inv = _mm512_set1_ps(127.0f / amax);
-  for (int i = 0; i < n_pad; i += 16) {
-    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i), inv);
-    __m512 h = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m128i hb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(h));
-    __m128i lb = _mm_setzero_si128();
-    if (with_lo) {
-      __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      lb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(l));
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + i / 2), _mm_unpacklo_epi32(hb, lb));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + i / 2 + 4), _mm_unpackhi_epi32(hb, lb));
-  }
+  for (int i = 0; i < n_pad; i += 16)
+    store_hilo16(_mm512_mul_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i), inv), row + i / 2, with_lo);
   return amax / 127.0f;
 }
 
@@ -91,6 +95,7 @@ float fold_scales(const float* q, int n, const std::uint8_t* s16, const std::uin
   }
   return _mm512_reduce_add_ps(bias);
 }
+
 
 // Per-call buffers for the prepared operands; grown, never shrunk.
 struct operand_rows {
@@ -121,6 +126,46 @@ inline std::int32_t* operand_row(operand_rows& ops, int og, int stride) {
 }
 inline const std::int32_t* operand_row(const operand_rows& ops, int og, int stride) {
   return ops.packed.data() + static_cast<std::size_t>(og) * (stride / 2);
+}
+
+// fold_scales then quantize_hilo for every query row against one tile's fp16
+// per-channel scales and offsets (head_dim <= 16 * NC), with x kept in
+// registers and the scales converted once for all rows: per-channel (KIVI)
+// keys do this for every tile, and it cost more than the dot products. The
+// same operations in the same order as the two calls, so the same operands.
+template <int NC>
+void fold_quantize_tile(const float* q, int n_q, int hd, int stride, const std::uint8_t* s16,
+                        const std::uint8_t* m16, operand_rows& ops, bool with_lo) {
+  __mmask16 mk[NC];
+  __m512 S[NC], M[NC];
+  for (int c = 0; c < NC; ++c) {
+    mk[c] = lane_mask(hd - 16 * c);
+    S[c] = load_h16(s16 + 32 * c, mk[c]);
+    M[c] = load_h16(m16 + 32 * c, mk[c]);
+  }
+  for (int r = 0; r < n_q; ++r) {
+    const float* qr = q + static_cast<std::size_t>(r) * hd;
+    __m512 x[NC];
+    __m512 vmax = _mm512_setzero_ps(), bias = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) {
+      const __m512 qv = _mm512_maskz_loadu_ps(mk[c], qr + 16 * c);
+      x[c] = _mm512_mul_ps(qv, S[c]);
+      bias = _mm512_fmadd_ps(qv, M[c], bias);
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(x[c]));
+    }
+    ops.extra[r] = _mm512_reduce_add_ps(bias);
+    const float amax = _mm512_reduce_max_ps(vmax);
+    std::int32_t* row = operand_row(ops, r, stride);
+    if (!(amax > 0)) {
+      std::memset(row, 0, static_cast<std::size_t>(stride) * 2);
+      ops.sc[r] = 0.0f;
+      continue;
+    }
+    const __m512 inv = _mm512_set1_ps(127.0f / amax);
+    for (int c = 0; c < NC; ++c) store_hilo16(_mm512_mul_ps(x[c], inv), row + 8 * c, with_lo);
+    if (stride > 16 * NC) std::memset(row + 8 * NC, 0, static_cast<std::size_t>(stride - 16 * NC) * 2);
+    ops.sc[r] = amax / 127.0f;
+  }
 }
 
 // Extracts code k of every byte: 16 lanes x 4 bytes of values.
@@ -250,6 +295,21 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
 
   // Quantizes every row's operand: q (per-token scales) or q * S (folded).
   auto prepare = [&](const std::uint8_t* tile) {
+    if constexpr (FOLDED) {
+      if (per_tile && hd <= 128) {
+        const std::uint8_t *s16 = tile + L.scale_off, *m16 = tile + L.offset_off;
+        switch ((hd + 15) / 16) {
+          case 8: return fold_quantize_tile<8>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+          case 7: return fold_quantize_tile<7>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+          case 6: return fold_quantize_tile<6>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+          case 5: return fold_quantize_tile<5>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+          case 4: return fold_quantize_tile<4>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+          case 3: return fold_quantize_tile<3>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+          case 2: return fold_quantize_tile<2>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+          default: return fold_quantize_tile<1>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
+        }
+      }
+    }
     for (int r = 0; r < n_q; ++r) {
       const float* qr = q + static_cast<std::size_t>(r) * hd;
       float* x = ops.x.data();
