@@ -76,7 +76,7 @@ inline std::size_t scale_index(const tile_layout& L, kv_tile_shape s, int t, int
 }
 
 // Precision of the f32 operand in the AVX-512 kernels. The operand (a query row
-// for qk; a row of weights times token scales, per group of up to 64 tokens,
+// for qk; a row of weights times token scales, per group of up to 128 tokens,
 // for av) is scaled by 127 / max|x| and rounded to int8 "hi"; for av and for
 // keys with int8 codes or per-channel/static scales (where x = q * S) the
 // residual is rounded again to int8 "lo" in units of 1/254, so each element is
