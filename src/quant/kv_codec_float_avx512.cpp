@@ -135,6 +135,8 @@ void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   for (int i = 0; i * bs < n_tokens; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
     if ((i + 1) * bs < n_tokens) prefetch_tile(tiles[i + 1], ti.bytes);
+    if ((i + kv_simd::k_l2_prefetch_ahead) * bs < n_tokens)
+      kv_simd::prefetch_tile_l2(tiles[i + kv_simd::k_l2_prefetch_ahead], ti.bytes);
     const int nt = std::min(bs, n_tokens - i * bs);
     for (int tc = 0; tc < nt; tc += 16) {
       token_vector& v = pending[n_pending++];
@@ -205,6 +207,8 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   for (int i = 0; i * bs < n_tokens; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
     if ((i + 1) * bs < n_tokens) prefetch_tile(tiles[i + 1], ti.bytes);
+    if ((i + kv_simd::k_l2_prefetch_ahead) * bs < n_tokens)
+      kv_simd::prefetch_tile_l2(tiles[i + kv_simd::k_l2_prefetch_ahead], ti.bytes);
     const int nt = std::min(bs, n_tokens - i * bs);
     if constexpr (SCALED) {
       for (int t = 0; t < nt; ++t) {

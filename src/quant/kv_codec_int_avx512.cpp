@@ -348,6 +348,8 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   for (int i = 0; i * B < n_tokens; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
     if ((i + 1) * B < n_tokens) prefetch_tile(tiles[i + 1], L.bytes);
+    if ((i + kv_simd::k_l2_prefetch_ahead) * B < n_tokens)
+      kv_simd::prefetch_tile_l2(tiles[i + kv_simd::k_l2_prefetch_ahead], L.bytes);
     if (per_tile) {
       flush();
       prepare(tile);

@@ -32,6 +32,17 @@ inline void prefetch_tile(const void* tile, std::size_t bytes) {
   for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
 }
 
+// Asks for a tile further ahead into L2 only (the L1 prefetch of the next
+// tile then finds it there). Scattered block tables need it: with the next
+// tile alone in flight, f16 decode attention over a shuffled pool ran at 9 GB/s,
+// with this one three tiles ahead as well at 12.7 GB/s (one thread, 32K; the
+// in-order table was unchanged).
+constexpr int k_l2_prefetch_ahead = 3;
+inline void prefetch_tile_l2(const void* tile, std::size_t bytes) {
+  const char* p = static_cast<const char*>(tile);
+  for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+}
+
 // Asks for bytes [begin, end) of p (whole lines; a line that straddles begin
 // belongs to the slice before it).
 inline void prefetch_slice(const void* p, std::size_t begin, std::size_t end) {
