@@ -39,7 +39,6 @@
 #include <fmt/format.h>
 
 #include "attention/paged_attention.h"
-#include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 #include "kv/kv_storage.h"
 #include "quant/kv_format_spec.h"

@@ -39,8 +39,6 @@ using kv_simd::prefetch_tile;
 
 inline int round16(int n) { return (n + 15) & ~15; }
 
-
-
 // 16 operand positions v (already times 127 / max|x|) -> their hi and lo
 // words at dst[0, 8) (layout of quantize_hilo below).
 inline void store_hilo16(__m512 v, std::int32_t* dst, bool with_lo) {
@@ -57,19 +55,10 @@ inline void store_hilo16(__m512 v, std::int32_t* dst, bool with_lo) {
 }
 
 // x[0, n) -> one operand row (n_pad a multiple of 16, zeros past n) with
-// x ~ sc * (hi + lo / 254), or x ~ sc * hi when !with_lo (lo words are then 0).
-// The row is stored as the kernels read it: for each 32-bit word w (operand
-// bytes 4w .. 4w + 3), row[2w] holds the hi bytes and row[2w + 1] the lo bytes.
-// Returns sc (0 when x is all zero).
-float quantize_hilo_max(const float* x, int n, int n_pad, float amax, std::int32_t* row, bool with_lo);
-
-float quantize_hilo(const float* x, int n, int n_pad, std::int32_t* row, bool with_lo) {
-  __m512 vmax = _mm512_setzero_ps();
-  for (int i = 0; i < n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i)));
-  return quantize_hilo_max(x, n, n_pad, _mm512_reduce_max_ps(vmax), row, with_lo);
-}
-
-// quantize_hilo with max|x| known.
+// x ~ sc * (hi + lo / 254), or x ~ sc * hi when !with_lo (lo words are then 0),
+// given amax = max|x|. The row is stored as the kernels read it: for each
+// 32-bit word w (operand bytes 4w .. 4w + 3), row[2w] holds the hi bytes and
+// row[2w + 1] the lo bytes. Returns sc (0 when x is all zero).
 float quantize_hilo_max(const float* x, int n, int n_pad, float amax, std::int32_t* row, bool with_lo) {
   if (!(amax > 0)) {
     std::memset(row, 0, static_cast<std::size_t>(n_pad) * 2);
@@ -81,21 +70,12 @@ float quantize_hilo_max(const float* x, int n, int n_pad, float amax, std::int32
   return amax / 127.0f;
 }
 
-// x[d] = q[d] * S[d] for d < n; returns sum_d q[d] * M[d].
-// S and M are fp16 in a tile (s16/m16) or f32 static parameters (s32/m32).
-float fold_scales(const float* q, int n, const std::uint8_t* s16, const std::uint8_t* m16, const float* s32,
-                  const float* m32, float* x) {
-  __m512 bias = _mm512_setzero_ps();
-  for (int d = 0; d < n; d += 16) {
-    const __mmask16 m = lane_mask(n - d);
-    const __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
-    const __m512 S = s16 ? load_h16(s16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, s32 + d);
-    _mm512_mask_storeu_ps(x + d, m, _mm512_mul_ps(qv, S));
-    bias = _mm512_fmadd_ps(qv, m16 ? load_h16(m16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, m32 + d), bias);
-  }
-  return _mm512_reduce_add_ps(bias);
+// quantize_hilo_max, taking the max itself.
+float quantize_hilo(const float* x, int n, int n_pad, std::int32_t* row, bool with_lo) {
+  __m512 vmax = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(lane_mask(n - i), x + i)));
+  return quantize_hilo_max(x, n, n_pad, _mm512_reduce_max_ps(vmax), row, with_lo);
 }
-
 
 // Per-call buffers for the prepared operands; grown, never shrunk.
 struct operand_rows {
@@ -104,6 +84,7 @@ struct operand_rows {
   std::vector<float> wsum;                   // [rows]: sum of the tile's weights (av, per-channel or static)
   std::vector<float> bias;                   // [rows * groups][16]: sum_t w_t M_t lane by lane (av, per token)
   std::vector<float> x;                      // [stride]
+  std::vector<float> s, m;                   // [stride]: a tile's per-channel scales and offsets as f32
   // The quantized operand rows (quantize_hilo): [rows * groups][stride / 2].
   std::vector<std::int32_t> packed;
   void size(int rows, int groups, int stride) {
@@ -115,7 +96,11 @@ struct operand_rows {
     }
     if (wsum.size() < static_cast<std::size_t>(rows)) wsum.resize(rows);
     if (bias.size() < n * 16) bias.resize(n * 16);
-    if (x.size() < static_cast<std::size_t>(stride)) x.resize(stride);
+    if (x.size() < static_cast<std::size_t>(stride)) {
+      x.resize(stride);
+      s.resize(stride);
+      m.resize(stride);
+    }
   }
 };
 thread_local operand_rows t_ops;
@@ -128,43 +113,37 @@ inline const std::int32_t* operand_row(const operand_rows& ops, int og, int stri
   return ops.packed.data() + static_cast<std::size_t>(og) * (stride / 2);
 }
 
-// fold_scales then quantize_hilo for every query row against one tile's fp16
-// per-channel scales and offsets (head_dim <= 16 * NC), with x kept in
-// registers and the scales converted once for all rows: per-channel (KIVI)
-// keys do this for every tile, and it cost more than the dot products. The
-// same operations in the same order as the two calls, so the same operands.
-template <int NC>
-void fold_quantize_tile(const float* q, int n_q, int hd, int stride, const std::uint8_t* s16,
-                        const std::uint8_t* m16, operand_rows& ops, bool with_lo) {
-  __mmask16 mk[NC];
-  __m512 S[NC], M[NC];
-  for (int c = 0; c < NC; ++c) {
-    mk[c] = lane_mask(hd - 16 * c);
-    S[c] = load_h16(s16 + 32 * c, mk[c]);
-    M[c] = load_h16(m16 + 32 * c, mk[c]);
+// Folded operands of every query row r: x = q_r * S and extra[r] = q_r . M
+// (S, M: a tile's fp16 per-channel scales and offsets in s16/m16, or f32
+// static parameters in s32/m32), x quantized into the row's operand. The
+// scales are widened once for all rows and the max is taken while x is
+// written: per-channel (KIVI) keys do this for every tile, where doing it row
+// by row cost more than the dot products.
+void fold_quantize_rows(const float* q, int n_q, int hd, int stride, const std::uint8_t* s16, const std::uint8_t* m16,
+                        const float* s32, const float* m32, operand_rows& ops, bool with_lo) {
+  if (s16) {
+    for (int d = 0; d < hd; d += 16) {
+      const __mmask16 m = lane_mask(hd - d);
+      _mm512_mask_storeu_ps(ops.s.data() + d, m, load_h16(s16 + 2 * d, m));
+      _mm512_mask_storeu_ps(ops.m.data() + d, m, load_h16(m16 + 2 * d, m));
+    }
+    s32 = ops.s.data();
+    m32 = ops.m.data();
   }
+  float* x = ops.x.data();
   for (int r = 0; r < n_q; ++r) {
     const float* qr = q + static_cast<std::size_t>(r) * hd;
-    __m512 x[NC];
     __m512 vmax = _mm512_setzero_ps(), bias = _mm512_setzero_ps();
-    for (int c = 0; c < NC; ++c) {
-      const __m512 qv = _mm512_maskz_loadu_ps(mk[c], qr + 16 * c);
-      x[c] = _mm512_mul_ps(qv, S[c]);
-      bias = _mm512_fmadd_ps(qv, M[c], bias);
-      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(x[c]));
+    for (int d = 0; d < hd; d += 16) {
+      const __mmask16 m = lane_mask(hd - d);
+      const __m512 qv = _mm512_maskz_loadu_ps(m, qr + d);
+      const __m512 xv = _mm512_mul_ps(qv, _mm512_maskz_loadu_ps(m, s32 + d));
+      _mm512_mask_storeu_ps(x + d, m, xv);
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(xv));
+      bias = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, m32 + d), bias);
     }
     ops.extra[r] = _mm512_reduce_add_ps(bias);
-    const float amax = _mm512_reduce_max_ps(vmax);
-    std::int32_t* row = operand_row(ops, r, stride);
-    if (!(amax > 0)) {
-      std::memset(row, 0, static_cast<std::size_t>(stride) * 2);
-      ops.sc[r] = 0.0f;
-      continue;
-    }
-    const __m512 inv = _mm512_set1_ps(127.0f / amax);
-    for (int c = 0; c < NC; ++c) store_hilo16(_mm512_mul_ps(x[c], inv), row + 8 * c, with_lo);
-    if (stride > 16 * NC) std::memset(row + 8 * NC, 0, static_cast<std::size_t>(stride - 16 * NC) * 2);
-    ops.sc[r] = amax / 127.0f;
+    ops.sc[r] = quantize_hilo_max(x, hd, stride, _mm512_reduce_max_ps(vmax), operand_row(ops, r, stride), with_lo);
   }
 }
 
@@ -296,28 +275,15 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   // Quantizes every row's operand: q (per-token scales) or q * S (folded).
   auto prepare = [&](const std::uint8_t* tile) {
     if constexpr (FOLDED) {
-      if (per_tile && hd <= 128) {
-        const std::uint8_t *s16 = tile + L.scale_off, *m16 = tile + L.offset_off;
-        switch ((hd + 15) / 16) {
-          case 8: return fold_quantize_tile<8>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-          case 7: return fold_quantize_tile<7>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-          case 6: return fold_quantize_tile<6>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-          case 5: return fold_quantize_tile<5>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-          case 4: return fold_quantize_tile<4>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-          case 3: return fold_quantize_tile<3>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-          case 2: return fold_quantize_tile<2>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-          default: return fold_quantize_tile<1>(q, n_q, hd, stride, s16, m16, ops, k_qk_lo<BITS, FOLDED>);
-        }
-      }
-    }
-    for (int r = 0; r < n_q; ++r) {
-      const float* qr = q + static_cast<std::size_t>(r) * hd;
-      float* x = ops.x.data();
-      if constexpr (FOLDED) {
-        ops.extra[r] = per_tile ? fold_scales(qr, hd, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, x)
-                                : fold_scales(qr, hd, nullptr, nullptr, sp->scale, sp->offset, x);
-        ops.sc[r] = quantize_hilo(x, hd, stride, operand_row(ops, r, stride), k_qk_lo<BITS, FOLDED>);
-      } else {
+      if (per_tile)
+        fold_quantize_rows(q, n_q, hd, stride, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, ops,
+                           k_qk_lo<BITS, FOLDED>);
+      else
+        fold_quantize_rows(q, n_q, hd, stride, nullptr, nullptr, sp->scale, sp->offset, ops, k_qk_lo<BITS, FOLDED>);
+    } else {
+      for (int r = 0; r < n_q; ++r) {
+        const float* qr = q + static_cast<std::size_t>(r) * hd;
+        float* x = ops.x.data();
         for (int g = 0; g < G; ++g) {
           const int og = r * G + g;
           // Groups are quantized separately: each has its own sc (the group's
