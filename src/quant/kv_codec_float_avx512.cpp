@@ -16,7 +16,7 @@ namespace {
 
 using kv_simd::lane_mask;
 using kv_simd::load_h16;
-using kv_simd::prefetch_tile;
+using kv_simd::prefetch_line;
 
 // Loads 16 consecutive elements as f32; `post` is a constant factor the load
 // leaves out (E4M3 is widened to fp16 with its exponent bias off by 8).
@@ -65,10 +65,12 @@ struct loader<elem::e5m2> {
   }
 };
 
-// One vector of 16 token lanes of a tile: where its elements start, which
-// lanes are valid, its scale multiplier and where its scores go.
+// One vector of 16 token lanes of a tile: where its elements start, the same
+// place in the tile prefetched meanwhile, which lanes are valid, its scale
+// multiplier and where its scores go.
 struct token_vector {
   const std::uint8_t* k;
+  const std::uint8_t* ahead;
   __mmask16 m;
   __m512 mult;
   float* scores;
@@ -87,6 +89,7 @@ inline void qk_rows(const token_vector* tv, int block_size, int head_dim, const 
   for (int d = 0; d < head_dim; ++d) {
     __m512 kv[NV];
     for (int v = 0; v < NV; ++v) kv[v] = L::load16(tv[v].k + d * row_bytes, tv[v].m);
+    for (int v = 0; v < NV; ++v) prefetch_line(tv[v].ahead + d * row_bytes);
     for (int j = 0; j < NR; ++j) {
       const __m512 qb = _mm512_set1_ps(q[static_cast<std::size_t>(j) * head_dim + d]);
       for (int v = 0; v < NV; ++v) acc[v][j] = _mm512_fmadd_ps(qb, kv[v], acc[v][j]);
@@ -132,15 +135,17 @@ void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   // tokens per broadcast query element, measured no faster.)
   token_vector pending[2];
   int n_pending = 0;
-  for (int i = 0; i * bs < n_tokens; ++i) {
+  const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
+  for (int i = 0; i < n_tiles; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
-    if ((i + 1) * bs < n_tokens) prefetch_tile(tiles[i + 1], ti.bytes);
-    if ((i + kv_simd::k_l2_prefetch_ahead) * bs < n_tokens)
-      kv_simd::prefetch_tile_l2(tiles[i + kv_simd::k_l2_prefetch_ahead], ti.bytes);
+    const std::uint8_t* later = kv_simd::tile_ahead(tiles, i, n_tiles, ahead);
+    // Per-token scales sit after the elements, where the loop does not reach.
+    if (ti.per_token_scales) kv_simd::prefetch_slice(later, ti.data_bytes, ti.bytes);
     const int nt = std::min(bs, n_tokens - i * bs);
     for (int tc = 0; tc < nt; tc += 16) {
       token_vector& v = pending[n_pending++];
       v.k = tile + static_cast<std::size_t>(tc) * L::bytes;
+      v.ahead = later + static_cast<std::size_t>(tc) * L::bytes;
       v.m = lane_mask(nt - tc);
       v.mult = _mm512_set1_ps(hs);
       if (SCALED && ti.per_token_scales)
@@ -155,10 +160,11 @@ void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   if (n_pending == 1) qk_vectors<1, E, SCALED>(pending, bs, hd, q, n_q, ld);
 }
 
-// acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over channels [d0, d0 + 16 * NC).
+// acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over channels [d0, d0 + 16 * NC);
+// the same lines of tile `later` are prefetched.
 template <int NR, int NC, elem E, bool SCALED>
-inline void av_rows(const std::uint8_t* tile, int head_dim, int d0, int nt, const float* w, int ld,
-                    const float* tscale, float* acc) {
+inline void av_rows(const std::uint8_t* tile, const std::uint8_t* later, int head_dim, int d0, int nt,
+                    const float* w, int ld, const float* tscale, float* acc) {
   using L = loader<E>;
   __mmask16 mc[NC];
   for (int c = 0; c < NC; ++c) mc[c] = lane_mask(head_dim - d0 - 16 * c);
@@ -170,6 +176,9 @@ inline void av_rows(const std::uint8_t* tile, int head_dim, int d0, int nt, cons
     const std::uint8_t* v = tile + (static_cast<std::size_t>(t) * head_dim + d0) * L::bytes;
     __m512 vv[NC];
     for (int c = 0; c < NC; ++c) vv[c] = L::load16(v + 16 * c * L::bytes, mc[c]);
+    const std::uint8_t* pv = later + (static_cast<std::size_t>(t) * head_dim + d0) * L::bytes;
+    for (int c = 0; c < NC; ++c)
+      if ((16 * c * L::bytes) % 64 == 0) prefetch_line(pv + 16 * c * L::bytes);  // once per line
     for (int j = 0; j < NR; ++j) {
       float wt = w[static_cast<std::size_t>(j) * ld + t];
       if constexpr (SCALED) wt *= tscale[t];
@@ -183,18 +192,18 @@ inline void av_rows(const std::uint8_t* tile, int head_dim, int d0, int nt, cons
 }
 
 template <int NC, elem E, bool SCALED>
-void av_chunk(const std::uint8_t* tile, int head_dim, int d0, int nt, const float* w, int ld, int n_q,
-              const float* tscale, float* acc) {
+void av_chunk(const std::uint8_t* tile, const std::uint8_t* later, int head_dim, int d0, int nt, const float* w,
+              int ld, int n_q, const float* tscale, float* acc) {
   int r = 0;
   for (; r + 4 <= n_q; r += 4)
-    av_rows<4, NC, E, SCALED>(tile, head_dim, d0, nt, w + static_cast<std::size_t>(r) * ld, ld, tscale,
+    av_rows<4, NC, E, SCALED>(tile, later, head_dim, d0, nt, w + static_cast<std::size_t>(r) * ld, ld, tscale,
                               acc + static_cast<std::size_t>(r) * head_dim);
   const float* wr = w + static_cast<std::size_t>(r) * ld;
   float* ar = acc + static_cast<std::size_t>(r) * head_dim;
   switch (n_q - r) {
-    case 3: av_rows<3, NC, E, SCALED>(tile, head_dim, d0, nt, wr, ld, tscale, ar); break;
-    case 2: av_rows<2, NC, E, SCALED>(tile, head_dim, d0, nt, wr, ld, tscale, ar); break;
-    case 1: av_rows<1, NC, E, SCALED>(tile, head_dim, d0, nt, wr, ld, tscale, ar); break;
+    case 3: av_rows<3, NC, E, SCALED>(tile, later, head_dim, d0, nt, wr, ld, tscale, ar); break;
+    case 2: av_rows<2, NC, E, SCALED>(tile, later, head_dim, d0, nt, wr, ld, tscale, ar); break;
+    case 1: av_rows<1, NC, E, SCALED>(tile, later, head_dim, d0, nt, wr, ld, tscale, ar); break;
     default: break;
   }
 }
@@ -204,11 +213,11 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
             int ld, int n_q, float* acc) {
   const int bs = s.block_size, hd = s.head_dim;
   float tscale[1024];  // block_size <= 1024 (kv_storage)
-  for (int i = 0; i * bs < n_tokens; ++i) {
+  const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
+  for (int i = 0; i < n_tiles; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
-    if ((i + 1) * bs < n_tokens) prefetch_tile(tiles[i + 1], ti.bytes);
-    if ((i + kv_simd::k_l2_prefetch_ahead) * bs < n_tokens)
-      kv_simd::prefetch_tile_l2(tiles[i + kv_simd::k_l2_prefetch_ahead], ti.bytes);
+    const std::uint8_t* later = kv_simd::tile_ahead(tiles, i, n_tiles, ahead);
+    if (ti.per_token_scales) kv_simd::prefetch_slice(later, ti.data_bytes, ti.bytes);
     const int nt = std::min(bs, n_tokens - i * bs);
     if constexpr (SCALED) {
       for (int t = 0; t < nt; ++t) {
@@ -225,10 +234,10 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
     // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
     for (int d0 = 0; d0 < hd; d0 += 64) {
       switch (std::min(4, (hd - d0 + 15) / 16)) {
-        case 4: av_chunk<4, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
-        case 3: av_chunk<3, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
-        case 2: av_chunk<2, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
-        default: av_chunk<1, E, SCALED>(tile, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        case 4: av_chunk<4, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        case 3: av_chunk<3, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        case 2: av_chunk<2, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        default: av_chunk<1, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
       }
     }
   }

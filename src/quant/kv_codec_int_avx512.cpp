@@ -35,7 +35,7 @@ constexpr bool k_qk_lo = BITS == 8 || FOLDED;
 
 using kv_simd::lane_mask;
 using kv_simd::load_h16;
-using kv_simd::prefetch_tile;
+using kv_simd::prefetch_line;
 
 inline int round16(int n) { return (n + 15) & ~15; }
 
@@ -198,6 +198,7 @@ inline __m512 finish_dot(__m512i ah, __m512i al, const operand_rows& ops, int og
 // 16 token lanes of one tile.
 struct token_vector {
   const std::uint8_t* tile;
+  const std::uint8_t* ahead;  // the tile whose same lines are prefetched meanwhile
   int tc;        // first token
   __mmask16 m;   // valid lanes
   float* scores; // scores of row 0, token tc
@@ -221,6 +222,7 @@ void qk_block(const tile_layout& L, kv_tile_shape s, const token_vector* tv, con
       __m512i vec[NV];
       for (int v = 0; v < NV; ++v)
         vec[v] = _mm512_maskz_loadu_epi32(tv[v].m, tv[v].tile + (static_cast<std::size_t>(w) * B + tv[v].tc) * 4);
+      for (int v = 0; v < NV; ++v) prefetch_line(tv[v].ahead + (static_cast<std::size_t>(w) * B + tv[v].tc) * 4);
       accumulate<R, BITS, LO, NV>(vec, base + static_cast<std::size_t>(w) * (8 / BITS) * 2, rowstep, ah, al);
     }
     for (int v = 0; v < NV; ++v) {
@@ -311,18 +313,19 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
     n_pending = 0;
   };
   if (!per_tile) prepare(nullptr);
-  for (int i = 0; i * B < n_tokens; ++i) {
+  const int n_tiles = (n_tokens + B - 1) / B, ahead = kv_simd::prefetch_ahead(L.bytes);
+  for (int i = 0; i < n_tiles; ++i) {
     const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
-    if ((i + 1) * B < n_tokens) prefetch_tile(tiles[i + 1], L.bytes);
-    if ((i + kv_simd::k_l2_prefetch_ahead) * B < n_tokens)
-      kv_simd::prefetch_tile_l2(tiles[i + kv_simd::k_l2_prefetch_ahead], L.bytes);
+    const std::uint8_t* later = kv_simd::tile_ahead(tiles, i, n_tiles, ahead);
+    // Scales and offsets follow the codes, where the loop does not reach.
+    kv_simd::prefetch_slice(later, L.codes_bytes, L.bytes);
     if (per_tile) {
       flush();
       prepare(tile);
     }
     const int nt = std::min(B, n_tokens - i * B);
     for (int tc = 0; tc < nt; tc += 16) {
-      pending[n_pending++] = {tile, tc, lane_mask(nt - tc), scores + static_cast<std::size_t>(i) * B + tc};
+      pending[n_pending++] = {tile, later, tc, lane_mask(nt - tc), scores + static_cast<std::size_t>(i) * B + tc};
       if (n_pending == 2) flush();
     }
   }
@@ -340,9 +343,11 @@ struct group_word {
 };
 
 // The integer sums of av_block over a group's words. A function of its own:
-// inlined into av_block, GCC kept the accumulators on the stack.
+// inlined into av_block, GCC kept the accumulators on the stack. The same
+// channels of the next group's words (n_next of them) are prefetched meanwhile.
 template <int R, int NV, int BITS>
-__attribute__((noinline)) void av_dot(const group_word* words, int n_words, int dc, const __mmask16* mc,
+__attribute__((noinline)) void av_dot(const group_word* words, int n_words, const group_word* next, int n_next,
+                                      int dc, const __mmask16* mc,
                                       const std::int32_t* base, std::size_t rowstep, __m512i (*ah)[R],
                                       __m512i (*al)[R]) {
   __m512i h[NV][R], l[NV][R];
@@ -358,6 +363,11 @@ __attribute__((noinline)) void av_dot(const group_word* words, int n_words, int 
     __m512i vec[NV];
 #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) vec[v] = _mm512_maskz_loadu_epi32(m[v], wp + 64 * v);
+    if (i < n_next) {
+      const std::uint8_t* np = next[i].codes + static_cast<std::size_t>(dc) * 4;
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) prefetch_line(np + 64 * v);
+    }
     accumulate<R, BITS, true, NV>(vec, base + static_cast<std::size_t>(words[i].operand) * 2, rowstep, h, l);
   }
 #pragma GCC unroll 16
@@ -381,13 +391,13 @@ __attribute__((noinline)) void av_dot(const group_word* words, int n_words, int 
 // them); the group's packed words come as one flat list.
 template <int R, int NV, int BITS, bool FOLDED>
 void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* const* tiles,
-              const group_word* words, int n_group_words, int dc, int g, const operand_rows& ops, int r0, int stride,
-              int G, float* acc) {
+              const group_word* words, int n_group_words, const group_word* next, int n_next, int dc, int g,
+              const operand_rows& ops, int r0, int stride, int G, float* acc) {
   const int hd = s.head_dim;
   __mmask16 mc[NV];
   for (int v = 0; v < NV; ++v) mc[v] = lane_mask(hd - dc - 16 * v);
   __m512i ah[NV][R], al[NV][R];
-  av_dot<R, NV, BITS>(words, n_group_words, dc, mc, operand_row(ops, r0 * G + g, stride),
+  av_dot<R, NV, BITS>(words, n_group_words, next, n_next, dc, mc, operand_row(ops, r0 * G + g, stride),
                       static_cast<std::size_t>(G) * (stride / 2), ah, al);
   for (int v = 0; v < NV; ++v) {
     const int d0 = dc + 16 * v;
@@ -416,15 +426,15 @@ void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp,
 
 template <int NV, int BITS, bool FOLDED>
 void av_vectors(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* const* tiles,
-                const group_word* words, int n_group_words, int dc, int g, const operand_rows& ops, int n_q, int stride,
-                int G, float* acc) {
+                const group_word* words, int n_group_words, const group_word* next, int n_next, int dc, int g,
+                const operand_rows& ops, int n_q, int stride, int G, float* acc) {
   int r = 0;
   for (; r + 4 <= n_q; r += 4)
-    av_block<4, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc);
+    av_block<4, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, next, n_next, dc, g, ops, r, stride, G, acc);
   switch (n_q - r) {
-    case 3: av_block<3, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc); break;
-    case 2: av_block<2, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc); break;
-    case 1: av_block<1, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, dc, g, ops, r, stride, G, acc); break;
+    case 3: av_block<3, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, next, n_next, dc, g, ops, r, stride, G, acc); break;
+    case 2: av_block<2, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, next, n_next, dc, g, ops, r, stride, G, acc); break;
+    case 1: av_block<1, NV, BITS, FOLDED>(L, s, sp, tiles, words, n_group_words, next, n_next, dc, g, ops, r, stride, G, acc); break;
     default: break;
   }
 }
@@ -448,7 +458,19 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   int nt[k_group_tokens];
   // A group's words: at most k_group_tokens / 4 + tpg (tiles of whole words,
   // at least 4 tokens per word), or one tile of up to 1024 tokens.
-  group_word words[1024];
+  group_word words[1024], next_words[1024];
+  // The words of the group of tiles from i0 on; returns their number.
+  auto list_words = [&](int i0, group_word* out) {
+    int n = 0;
+    for (int j = 0; j < std::min(tpg, n_tiles - i0); ++j) {
+      const auto* tile = static_cast<const std::uint8_t*>(tiles[i0 + j]);
+      const int ntj = std::min(B, n_tokens - (i0 + j) * B);
+      for (int w = 0; w < (ntj + L.lanes - 1) / L.lanes; ++w)
+        out[n++] = {tile + static_cast<std::size_t>(w) * hd * 4, (j * L.n_outer + w) * (8 / BITS)};
+    }
+    return n;
+  };
+  int n_next_words = list_words(0, next_words);
 
   for (int i0 = 0; i0 < n_tiles; i0 += tpg) {
     const int n_group_tiles = std::min(tpg, n_tiles - i0);
@@ -456,14 +478,13 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
       group[j] = static_cast<const std::uint8_t*>(tiles[i0 + j]);
       nt[j] = std::min(B, n_tokens - (i0 + j) * B);
     }
-    int n_group_words = 0;
-    for (int j = 0; j < n_group_tiles; ++j)
-      for (int w = 0; w < (nt[j] + L.lanes - 1) / L.lanes; ++w)
-        words[n_group_words++] = {group[j] + static_cast<std::size_t>(w) * hd * 4, (j * L.n_outer + w) * (8 / BITS)};
-    // The next group's tiles are asked for a slice per channel step below, so
-    // that the requests spread over the group's work (a burst of them all
-    // stalled the loads of this group).
+    const int n_group_words = n_next_words;
+    std::copy_n(next_words, n_group_words, words);
+    // The next group's codes are prefetched line by line inside av_dot, as its
+    // words mirror this group's; its scales and offsets here.
     const int n_next = std::clamp(n_tiles - (i0 + tpg), 0, tpg);
+    n_next_words = n_next > 0 ? list_words(i0 + tpg, next_words) : 0;
+    for (int j = 0; j < n_next; ++j) kv_simd::prefetch_slice(tiles[i0 + tpg + j], L.codes_bytes, L.bytes);
     const bool dense = P % 16 == 0;
     for (int r = 0; r < n_q; ++r) {
       for (int g = 0; g < G; ++g) {
@@ -523,14 +544,8 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
     for (int dc = 0; dc < hd;) {
       const int g = FOLDED ? 0 : dc / L.group_size;
       const bool pair = dc + 16 < hd && (FOLDED || (dc + 16) / L.group_size == g);
-      const int dc_end = std::min(hd, dc + (pair ? 32 : 16));
-      // Back to front: the scales and offsets at the end of a tile are the
-      // first thing the next group reads.
-      for (int j = 0; j < n_next; ++j)
-        kv_simd::prefetch_slice(tiles[i0 + tpg + j], dc_end == hd ? 0 : L.bytes - L.bytes * dc_end / hd,
-                                L.bytes - L.bytes * dc / hd);
-      if (pair) av_vectors<2, BITS, FOLDED>(L, s, sp, group, words, n_group_words, dc, g, ops, n_q, stride, G, acc);
-      else av_vectors<1, BITS, FOLDED>(L, s, sp, group, words, n_group_words, dc, g, ops, n_q, stride, G, acc);
+      if (pair) av_vectors<2, BITS, FOLDED>(L, s, sp, group, words, n_group_words, next_words, n_next_words, dc, g, ops, n_q, stride, G, acc);
+      else av_vectors<1, BITS, FOLDED>(L, s, sp, group, words, n_group_words, next_words, n_next_words, dc, g, ops, n_q, stride, G, acc);
       dc += pair ? 32 : 16;
     }
   }

@@ -26,22 +26,31 @@ inline void dpbusd(__m512i& acc, __m512i u, __m512i s) { __asm__("vpdpbusd %2, %
 
 // Asks for the next tile while this one is computed: tiles of a run sit at
 // scattered addresses (a block table), where the hardware prefetchers cannot
-// guess the next one.
+// guess the next one. (The ggml-layout kernels; the float and integer ones
+// prefetch line by line inside their loops, see prefetch_ahead.)
 inline void prefetch_tile(const void* tile, std::size_t bytes) {
   const char* p = static_cast<const char*>(tile);
   for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
 }
 
-// Asks for a tile further ahead into L2 only (the L1 prefetch of the next
-// tile then finds it there). Scattered block tables need it: with the next
-// tile alone in flight, f16 decode attention over a shuffled pool ran at 9 GB/s,
-// with this one three tiles ahead as well at 12.7 GB/s (one thread, 32K; the
-// in-order table was unchanged).
-constexpr int k_l2_prefetch_ahead = 3;
-inline void prefetch_tile_l2(const void* tile, std::size_t bytes) {
-  const char* p = static_cast<const char*>(tile);
-  for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+// How many tiles ahead the float and integer kernels prefetch: inside their
+// inner loops, each step asks for the lines it reads, in the tile this many
+// further on (about 16 KiB ahead), so that requests go out at the rate lines are
+// used. A burst of a whole tile per tile (the next one into L1, the third into
+// L2) kept too few lines in flight between bursts and stalled the loads behind
+// them: interleaved A/B at 32K on one thread, f16 15 -> 19-24 GB/s and int8
+// 16 -> 20-22 GB/s (bench/RESULTS.md).
+inline int prefetch_ahead(std::size_t tile_bytes) {
+  return static_cast<int>(std::clamp<std::size_t>((std::size_t{16} << 10) / std::max<std::size_t>(tile_bytes, 1), 1, 64));
 }
+
+// The tile prefetch_ahead(bytes) after tiles[i] of a run of n_tiles, or tiles[i]
+// itself (already in cache, so asking for it again costs a hit) near the end.
+inline const std::uint8_t* tile_ahead(const void* const* tiles, int i, int n_tiles, int ahead) {
+  return static_cast<const std::uint8_t*>(tiles[i + ahead < n_tiles ? i + ahead : i]);
+}
+
+inline void prefetch_line(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
 // Asks for bytes [begin, end) of p (whole lines; a line that straddles begin
 // belongs to the slice before it).
