@@ -131,9 +131,11 @@ void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
             int n_q, float* scores, int ld) {
   using L = loader<E>;
   const int bs = s.block_size, hd = s.head_dim;
-  // Token vectors two at a time, across tile boundaries. (Four at a time, 64
-  // tokens per broadcast query element, measured no faster.)
-  token_vector pending[2];
+  // Token vectors four at a time, across tile boundaries: 16 accumulators for
+  // four rows, twice the FMA latency times its throughput. (Two at a time left
+  // exactly as many chains as FMAs in flight, and any late load stalled them:
+  // in cache 38 -> 42-45 GB/s.)
+  token_vector pending[4];
   int n_pending = 0;
   const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
   for (int i = 0; i < n_tiles; ++i) {
@@ -151,20 +153,37 @@ void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
       if (SCALED && ti.per_token_scales)
         v.mult = _mm512_mul_ps(load_h16(tile + ti.data_bytes + 2 * tc, v.m), _mm512_set1_ps(L::post));
       v.scores = scores + static_cast<std::size_t>(i) * bs + tc;
-      if (n_pending == 2) {
-        qk_vectors<2, E, SCALED>(pending, bs, hd, q, n_q, ld);
+      if (n_pending == 4) {
+        qk_vectors<4, E, SCALED>(pending, bs, hd, q, n_q, ld);
         n_pending = 0;
       }
     }
   }
-  if (n_pending == 1) qk_vectors<1, E, SCALED>(pending, bs, hd, q, n_q, ld);
+  switch (n_pending) {
+    case 3: qk_vectors<3, E, SCALED>(pending, bs, hd, q, n_q, ld); break;
+    case 2: qk_vectors<2, E, SCALED>(pending, bs, hd, q, n_q, ld); break;
+    case 1: qk_vectors<1, E, SCALED>(pending, bs, hd, q, n_q, ld); break;
+    default: break;
+  }
 }
 
-// acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over channels [d0, d0 + 16 * NC);
-// the same lines of tile `later` are prefetched.
+// Up to k_span_tiles consecutive tiles of a run that av_rows sums with its
+// accumulators kept in registers: their elements, the tiles prefetched
+// meanwhile, and their token counts.
+constexpr int k_span_tiles = 8;
+struct av_span {
+  const std::uint8_t* tile[k_span_tiles];
+  const std::uint8_t* later[k_span_tiles];
+  int nt[k_span_tiles];
+  int n = 0;
+};
+
+// acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over the span's tokens t
+// (w and tscale from the span's first token, tiles block_size apart) and
+// channels [d0, d0 + 16 * NC); the same lines of the `later` tiles are prefetched.
 template <int NR, int NC, elem E, bool SCALED>
-inline void av_rows(const std::uint8_t* tile, const std::uint8_t* later, int head_dim, int d0, int nt,
-                    const float* w, int ld, const float* tscale, float* acc) {
+inline void av_rows(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld,
+                    const float* tscale, float* acc) {
   using L = loader<E>;
   __mmask16 mc[NC];
   for (int c = 0; c < NC; ++c) mc[c] = lane_mask(head_dim - d0 - 16 * c);
@@ -172,18 +191,21 @@ inline void av_rows(const std::uint8_t* tile, const std::uint8_t* later, int hea
   for (int j = 0; j < NR; ++j)
     for (int c = 0; c < NC; ++c)
       a[j][c] = _mm512_maskz_loadu_ps(mc[c], acc + static_cast<std::size_t>(j) * head_dim + d0 + 16 * c);
-  for (int t = 0; t < nt; ++t) {
-    const std::uint8_t* v = tile + (static_cast<std::size_t>(t) * head_dim + d0) * L::bytes;
-    __m512 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = L::load16(v + 16 * c * L::bytes, mc[c]);
-    const std::uint8_t* pv = later + (static_cast<std::size_t>(t) * head_dim + d0) * L::bytes;
-    for (int c = 0; c < NC; ++c)
-      if ((16 * c * L::bytes) % 64 == 0) prefetch_line(pv + 16 * c * L::bytes);  // once per line
-    for (int j = 0; j < NR; ++j) {
-      float wt = w[static_cast<std::size_t>(j) * ld + t];
-      if constexpr (SCALED) wt *= tscale[t];
-      __m512 wj = _mm512_set1_ps(wt);
-      for (int c = 0; c < NC; ++c) a[j][c] = _mm512_fmadd_ps(wj, vv[c], a[j][c]);
+  for (int k = 0; k < sp.n; ++k) {
+    const float* wk = w + static_cast<std::size_t>(k) * block_size;
+    const float* sk = tscale + static_cast<std::size_t>(k) * block_size;
+    for (int t = 0; t < sp.nt[k]; ++t) {
+      const std::size_t at = (static_cast<std::size_t>(t) * head_dim + d0) * L::bytes;
+      __m512 vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = L::load16(sp.tile[k] + at + 16 * c * L::bytes, mc[c]);
+      for (int c = 0; c < NC; ++c)
+        if ((16 * c * L::bytes) % 64 == 0) prefetch_line(sp.later[k] + at + 16 * c * L::bytes);  // once per line
+      for (int j = 0; j < NR; ++j) {
+        float wt = wk[static_cast<std::size_t>(j) * ld + t];
+        if constexpr (SCALED) wt *= sk[t];
+        __m512 wj = _mm512_set1_ps(wt);
+        for (int c = 0; c < NC; ++c) a[j][c] = _mm512_fmadd_ps(wj, vv[c], a[j][c]);
+      }
     }
   }
   for (int j = 0; j < NR; ++j)
@@ -192,18 +214,18 @@ inline void av_rows(const std::uint8_t* tile, const std::uint8_t* later, int hea
 }
 
 template <int NC, elem E, bool SCALED>
-void av_chunk(const std::uint8_t* tile, const std::uint8_t* later, int head_dim, int d0, int nt, const float* w,
-              int ld, int n_q, const float* tscale, float* acc) {
+void av_chunk(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
+              const float* tscale, float* acc) {
   int r = 0;
   for (; r + 4 <= n_q; r += 4)
-    av_rows<4, NC, E, SCALED>(tile, later, head_dim, d0, nt, w + static_cast<std::size_t>(r) * ld, ld, tscale,
+    av_rows<4, NC, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
                               acc + static_cast<std::size_t>(r) * head_dim);
   const float* wr = w + static_cast<std::size_t>(r) * ld;
   float* ar = acc + static_cast<std::size_t>(r) * head_dim;
   switch (n_q - r) {
-    case 3: av_rows<3, NC, E, SCALED>(tile, later, head_dim, d0, nt, wr, ld, tscale, ar); break;
-    case 2: av_rows<2, NC, E, SCALED>(tile, later, head_dim, d0, nt, wr, ld, tscale, ar); break;
-    case 1: av_rows<1, NC, E, SCALED>(tile, later, head_dim, d0, nt, wr, ld, tscale, ar); break;
+    case 3: av_rows<3, NC, E, SCALED>(sp, block_size, head_dim, d0, wr, ld, tscale, ar); break;
+    case 2: av_rows<2, NC, E, SCALED>(sp, block_size, head_dim, d0, wr, ld, tscale, ar); break;
+    case 1: av_rows<1, NC, E, SCALED>(sp, block_size, head_dim, d0, wr, ld, tscale, ar); break;
     default: break;
   }
 }
@@ -212,32 +234,41 @@ template <elem E, bool SCALED>
 void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens, const float* w,
             int ld, int n_q, float* acc) {
   const int bs = s.block_size, hd = s.head_dim;
-  float tscale[1024];  // block_size <= 1024 (kv_storage)
+  // Spans of up to 128 tokens (one tile when tiles are larger), so that the
+  // accumulators are not stored and reloaded at every tile boundary.
+  const int span = std::clamp(128 / bs, 1, k_span_tiles);
+  float tscale[1024];  // span * block_size <= max(128, block_size) <= 1024 (kv_storage)
   const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
-  for (int i = 0; i < n_tiles; ++i) {
-    const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
-    const std::uint8_t* later = kv_simd::tile_ahead(tiles, i, n_tiles, ahead);
-    if (ti.per_token_scales) kv_simd::prefetch_slice(later, ti.data_bytes, ti.bytes);
-    const int nt = std::min(bs, n_tokens - i * bs);
-    if constexpr (SCALED) {
-      for (int t = 0; t < nt; ++t) {
-        if (ti.per_token_scales) {
-          fp16_t h;
-          __builtin_memcpy(&h, tile + ti.data_bytes + 2 * t, 2);
-          tscale[t] = _cvtsh_ss(h) * loader<E>::post;
-        } else {
-          tscale[t] = hs;
+  for (int i0 = 0; i0 < n_tiles; i0 += span) {
+    av_span sp;
+    sp.n = std::min(span, n_tiles - i0);
+    for (int k = 0; k < sp.n; ++k) {
+      const int i = i0 + k;
+      sp.tile[k] = static_cast<const std::uint8_t*>(tiles[i]);
+      sp.later[k] = kv_simd::tile_ahead(tiles, i, n_tiles, ahead);
+      sp.nt[k] = std::min(bs, n_tokens - i * bs);
+      if (ti.per_token_scales) kv_simd::prefetch_slice(sp.later[k], ti.data_bytes, ti.bytes);
+      if constexpr (SCALED) {
+        for (int t = 0; t < sp.nt[k]; ++t) {
+          float& ts = tscale[k * bs + t];
+          if (ti.per_token_scales) {
+            fp16_t h;
+            __builtin_memcpy(&h, sp.tile[k] + ti.data_bytes + 2 * t, 2);
+            ts = _cvtsh_ss(h) * loader<E>::post;
+          } else {
+            ts = hs;
+          }
         }
       }
     }
-    const float* wi = w + static_cast<std::size_t>(i) * bs;
+    const float* wi = w + static_cast<std::size_t>(i0) * bs;
     // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
     for (int d0 = 0; d0 < hd; d0 += 64) {
       switch (std::min(4, (hd - d0 + 15) / 16)) {
-        case 4: av_chunk<4, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
-        case 3: av_chunk<3, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
-        case 2: av_chunk<2, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
-        default: av_chunk<1, E, SCALED>(tile, later, hd, d0, nt, wi, ld, n_q, tscale, acc); break;
+        case 4: av_chunk<4, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;
+        case 3: av_chunk<3, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;
+        case 2: av_chunk<2, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;
+        default: av_chunk<1, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;
       }
     }
   }
