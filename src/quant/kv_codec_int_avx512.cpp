@@ -495,8 +495,11 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
         if (dense) {
           // Every 16 operand positions lie in one tile: x is written whole,
           // zeros included, and its max taken on the way.
-          for (int c = 0; c < stride; c += 16) {
-            const int j = c / P, t = c - j * P;
+          for (int c = 0, j = 0, t = 0; c < stride; c += 16, t += 16) {
+            if (t == P) {  // (a division per vector here cost more than the rest of the loop)
+              ++j;
+              t = 0;
+            }
             const __mmask16 m = j < n_group_tiles ? lane_mask(nt[j] - t) : 0;
             const float* wr = w + static_cast<std::size_t>(r) * ld + static_cast<std::size_t>(i0 + j) * B;
             const __m512 wv = _mm512_maskz_loadu_ps(m, wr + t);
