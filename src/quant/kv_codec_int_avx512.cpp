@@ -204,62 +204,92 @@ struct token_vector {
   float* scores; // scores of row 0, token tc
 };
 
-template <int R, int NV, int BITS, bool FOLDED>
-void qk_block(const tile_layout& L, kv_tile_shape s, const token_vector* tv, const operand_rows& ops, int r0,
-              int stride, int G, int words_per_group, int ld) {
-  constexpr bool LO = k_qk_lo<BITS, FOLDED>;
-  const int B = s.block_size;
-  __m512 total[NV][R];
-  for (int v = 0; v < NV; ++v)
-    for (int r = 0; r < R; ++r) total[v][r] = _mm512_setzero_ps();
-  for (int g = 0; g < G; ++g) {
-    __m512i ah[NV][R], al[NV][R];
-    for (int v = 0; v < NV; ++v)
-      for (int r = 0; r < R; ++r) ah[v][r] = al[v][r] = _mm512_setzero_si512();
-    const std::int32_t* base = operand_row(ops, r0 * G + g, stride);
-    const std::size_t rowstep = static_cast<std::size_t>(G) * (stride / 2);
-    for (int w = g * words_per_group; w < (g + 1) * words_per_group; ++w) {
-      __m512i vec[NV];
-      for (int v = 0; v < NV; ++v)
-        vec[v] = _mm512_maskz_loadu_epi32(tv[v].m, tv[v].tile + (static_cast<std::size_t>(w) * B + tv[v].tc) * 4);
-      for (int v = 0; v < NV; ++v) prefetch_line(tv[v].ahead + (static_cast<std::size_t>(w) * B + tv[v].tc) * 4);
-      accumulate<R, BITS, LO, NV>(vec, base + static_cast<std::size_t>(w) * (8 / BITS) * 2, rowstep, ah, al);
-    }
+// h/l[v][r] += the integer sums over n_words packed words of NV token vectors
+// (cp[v], then step bytes further per word; lanes m[v]) with operand words
+// from op on, prefetching the same lines from pp[v] on.
+template <int R, int NV, int BITS, bool LO>
+__attribute__((always_inline)) inline void dot_words(const std::uint8_t** cp, const std::uint8_t** pp,
+                                                     const __mmask16* m, std::size_t step, int n_words,
+                                                     const std::int32_t* op, std::size_t rowstep, __m512i (*h)[R],
+                                                     __m512i (*l)[R]) {
+  for (int w = 0; w < n_words; ++w) {
+    __m512i vec[NV];
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) {
-      __m512 S, M;
-      if constexpr (!FOLDED) {
-        const std::size_t at = (static_cast<std::size_t>(g) * B + tv[v].tc) * 2;
-        S = load_h16(tv[v].tile + L.scale_off + at, tv[v].m);
-        M = load_h16(tv[v].tile + L.offset_off + at, tv[v].m);
-      }
-      for (int r = 0; r < R; ++r) {
-        const int og = (r0 + r) * G + g;
-        __m512 dot = finish_dot<LO>(ah[v][r], al[v][r], ops, og);
-        if constexpr (FOLDED) {
-          dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
-          total[v][r] = _mm512_add_ps(total[v][r], dot);
-        } else {
-          total[v][r] = _mm512_fmadd_ps(S, dot, total[v][r]);
-          total[v][r] = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.extra[og]), total[v][r]);
+      vec[v] = _mm512_maskz_loadu_epi32(m[v], cp[v]);
+      prefetch_line(pp[v]);
+      cp[v] += step;
+      pp[v] += step;
+    }
+    accumulate<R, BITS, LO, NV>(vec, op, rowstep, h, l);
+    op += (8 / BITS) * 2;
+  }
+}
+
+// Scores of R rows (from r0) for a list of token vectors, NV at a time: for each
+// of the G scale groups the integer sums over its words, then the scales. The
+// accumulators go from the sums to the scores without leaving registers, and
+// the per-call work is paid once per list: called per pair of vectors, the
+// call, the hand-over of the sums through memory and the bookkeeping around
+// them took a quarter of int8 q.k.
+template <int R, int NV, int BITS, bool FOLDED>
+__attribute__((noinline)) void qk_list(const tile_layout& L, int block_size, const token_vector* tv, int n_vec,
+                                       const operand_rows& ops, int r0, int stride, int G, int words_per_group,
+                                       int ld) {
+  constexpr bool LO = k_qk_lo<BITS, FOLDED>;
+  const std::size_t step = static_cast<std::size_t>(block_size) * 4;
+  const std::size_t rowstep = static_cast<std::size_t>(G) * (stride / 2);
+  for (int i = 0; i + NV <= n_vec; i += NV) {
+    const token_vector* t = tv + i;
+    const std::uint8_t* cp[NV];
+    const std::uint8_t* pp[NV];
+    __mmask16 m[NV];
+    __m512 total[NV][R];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      m[v] = t[v].m;
+      cp[v] = t[v].tile + static_cast<std::size_t>(t[v].tc) * 4;
+      pp[v] = t[v].ahead + static_cast<std::size_t>(t[v].tc) * 4;
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) total[v][r] = _mm512_setzero_ps();
+    }
+    for (int g = 0; g < G; ++g) {
+      __m512i h[NV][R], l[NV][R];
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) h[v][r] = l[v][r] = _mm512_setzero_si512();
+      // cp and pp walk on through the groups' words.
+      const std::int32_t* op = operand_row(ops, r0 * G + g, stride) +
+                               static_cast<std::size_t>(g) * words_per_group * (8 / BITS) * 2;
+      dot_words<R, NV, BITS, LO>(cp, pp, m, step, words_per_group, op, rowstep, h, l);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) {
+        __m512 S, M;
+        if constexpr (!FOLDED) {
+          const std::size_t at = (static_cast<std::size_t>(g) * block_size + t[v].tc) * 2;
+          S = load_h16(t[v].tile + L.scale_off + at, m[v]);
+          M = load_h16(t[v].tile + L.offset_off + at, m[v]);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const int og = (r0 + r) * G + g;
+          __m512 dot = finish_dot<LO>(h[v][r], l[v][r], ops, og);
+          if constexpr (FOLDED) {
+            dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
+            total[v][r] = _mm512_add_ps(total[v][r], dot);
+          } else {
+            total[v][r] = _mm512_fmadd_ps(S, dot, total[v][r]);
+            total[v][r] = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.extra[og]), total[v][r]);
+          }
         }
       }
     }
-  }
-  for (int v = 0; v < NV; ++v)
-    for (int r = 0; r < R; ++r)
-      _mm512_mask_storeu_ps(tv[v].scores + static_cast<std::size_t>(r0 + r) * ld, tv[v].m, total[v][r]);
-}
-
-template <int NV, int BITS, bool FOLDED>
-void qk_vectors(const tile_layout& L, kv_tile_shape s, const token_vector* tv, const operand_rows& ops, int n_q,
-                int stride, int G, int words_per_group, int ld) {
-  int r = 0;
-  for (; r + 4 <= n_q; r += 4) qk_block<4, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld);
-  switch (n_q - r) {
-    case 3: qk_block<3, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld); break;
-    case 2: qk_block<2, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld); break;
-    case 1: qk_block<1, NV, BITS, FOLDED>(L, s, tv, ops, r, stride, G, words_per_group, ld); break;
-    default: break;
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        _mm512_mask_storeu_ps(t[v].scores + static_cast<std::size_t>(r0 + r) * ld, m[v], total[v][r]);
   }
 }
 
@@ -303,14 +333,28 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
     }
   };
 
-  // Token vectors two at a time (sharing each operand broadcast), across tile
-  // boundaries; one at a time when the operand changes per tile.
-  token_vector pending[2];
-  int n_pending = 0;
-  auto flush = [&] {
-    if (n_pending == 2) qk_vectors<2, BITS, FOLDED>(L, s, pending, ops, n_q, stride, G, words_per_group, ld);
-    else if (n_pending == 1) qk_vectors<1, BITS, FOLDED>(L, s, pending, ops, n_q, stride, G, words_per_group, ld);
-    n_pending = 0;
+  // Token vectors in chunks of up to 16 (eight 16-token tiles), two at a time
+  // within a chunk (sharing each operand broadcast): a chunk's codes stay in
+  // L1 while every block of four rows runs over them. Per-channel scales
+  // change the operand at every tile, which then ends the chunk.
+  constexpr int k_chunk = 16;
+  token_vector chunk[k_chunk];
+  int n_vec = 0;
+  auto run_chunk = [&] {
+    auto rows = [&]<int R>(int r0) {
+      const int even = n_vec & ~1;
+      qk_list<R, 2, BITS, FOLDED>(L, B, chunk, even, ops, r0, stride, G, words_per_group, ld);
+      if (even < n_vec) qk_list<R, 1, BITS, FOLDED>(L, B, chunk + even, 1, ops, r0, stride, G, words_per_group, ld);
+    };
+    int r = 0;
+    for (; r + 4 <= n_q; r += 4) rows.template operator()<4>(r);
+    switch (n_q - r) {
+      case 3: rows.template operator()<3>(r); break;
+      case 2: rows.template operator()<2>(r); break;
+      case 1: rows.template operator()<1>(r); break;
+      default: break;
+    }
+    n_vec = 0;
   };
   if (!per_tile) prepare(nullptr);
   const int n_tiles = (n_tokens + B - 1) / B, ahead = kv_simd::prefetch_ahead(L.bytes);
@@ -320,16 +364,16 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
     // Scales and offsets follow the codes, where the loop does not reach.
     kv_simd::prefetch_slice(later, L.codes_bytes, L.bytes);
     if (per_tile) {
-      flush();
+      if (n_vec > 0) run_chunk();
       prepare(tile);
     }
     const int nt = std::min(B, n_tokens - i * B);
     for (int tc = 0; tc < nt; tc += 16) {
-      pending[n_pending++] = {tile, later, tc, lane_mask(nt - tc), scores + static_cast<std::size_t>(i) * B + tc};
-      if (n_pending == 2) flush();
+      chunk[n_vec++] = {tile, later, tc, lane_mask(nt - tc), scores + static_cast<std::size_t>(i) * B + tc};
+      if (n_vec == k_chunk) run_chunk();
     }
   }
-  flush();
+  if (n_vec > 0) run_chunk();
 }
 
 // ---------------------------------------------------------------------------
