@@ -386,14 +386,27 @@ struct group_word {
   int operand;
 };
 
-// The integer sums of av_block over a group's words. A function of its own:
-// inlined into av_block, GCC kept the accumulators on the stack. The same
-// channels of the next group's words (n_next of them) are prefetched meanwhile.
-template <int R, int NV, int BITS>
+// Per-channel scales and offsets of folded a.v (a tile's fp16 ones, or static
+// f32 ones) and each row's sum of weights.
+struct av_fold {
+  const std::uint8_t* s16 = nullptr;
+  const std::uint8_t* m16 = nullptr;
+  const float* s32 = nullptr;
+  const float* m32 = nullptr;
+  const float* wsum = nullptr;
+};
+
+// acc rows [R][hd] (channels dc .. dc + 16 * NV) += the dot products of a group's
+// words with the R operand rows: the integer sums, then the scales (sc[r *
+// sc_stride], and for FOLDED the per-channel ones in f), on registers. A
+// function of its own: with the sums inlined into a larger one, GCC kept the
+// accumulators on the stack. The same channels of the next group's words
+// (n_next of them) are prefetched meanwhile.
+template <int R, int NV, int BITS, bool FOLDED>
 __attribute__((noinline)) void av_dot(const group_word* words, int n_words, const group_word* next, int n_next,
-                                      int dc, const __mmask16* mc,
-                                      const std::int32_t* base, std::size_t rowstep, __m512i (*ah)[R],
-                                      __m512i (*al)[R]) {
+                                      int dc, const __mmask16* mc, const std::int32_t* base, std::size_t rowstep,
+                                      const float* sc, int sc_stride, const av_fold& f, float* __restrict acc,
+                                      int hd) {
   __m512i h[NV][R], l[NV][R];
 #pragma GCC unroll 16
   for (int v = 0; v < NV; ++v)
@@ -415,12 +428,30 @@ __attribute__((noinline)) void av_dot(const group_word* words, int n_words, cons
     accumulate<R, BITS, true, NV>(vec, base + static_cast<std::size_t>(words[i].operand) * 2, rowstep, h, l);
   }
 #pragma GCC unroll 16
-  for (int v = 0; v < NV; ++v)
+  for (int v = 0; v < NV; ++v) {
+    const int d0 = dc + 16 * v;
+    __m512 S, M;
+    if constexpr (FOLDED) {
+      if (f.s16) {
+        S = load_h16(f.s16 + static_cast<std::size_t>(d0) * 2, m[v]);
+        M = load_h16(f.m16 + static_cast<std::size_t>(d0) * 2, m[v]);
+      } else {
+        S = _mm512_maskz_loadu_ps(m[v], f.s32 + d0);
+        M = _mm512_maskz_loadu_ps(m[v], f.m32 + d0);
+      }
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      ah[v][r] = h[v][r];
-      al[v][r] = l[v][r];
+      __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l[v][r]), _mm512_set1_ps(k_inv254), _mm512_cvtepi32_ps(h[v][r]));
+      dot = _mm512_mul_ps(dot, _mm512_set1_ps(sc[r * sc_stride]));
+      if constexpr (FOLDED) {
+        dot = _mm512_mul_ps(dot, S);
+        dot = _mm512_fmadd_ps(M, _mm512_set1_ps(f.wsum[r]), dot);
+      }
+      float* a = acc + static_cast<std::size_t>(r) * hd + d0;
+      _mm512_mask_storeu_ps(a, m[v], _mm512_add_ps(_mm512_maskz_loadu_ps(m[v], a), dot));
     }
+  }
 }
 
 // FOLDED: per-channel or static scales applied per channel after the dot;
@@ -440,32 +471,20 @@ void av_block(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp,
   const int hd = s.head_dim;
   __mmask16 mc[NV];
   for (int v = 0; v < NV; ++v) mc[v] = lane_mask(hd - dc - 16 * v);
-  __m512i ah[NV][R], al[NV][R];
-  av_dot<R, NV, BITS>(words, n_group_words, next, n_next, dc, mc, operand_row(ops, r0 * G + g, stride),
-                      static_cast<std::size_t>(G) * (stride / 2), ah, al);
-  for (int v = 0; v < NV; ++v) {
-    const int d0 = dc + 16 * v;
-    __m512 S, M;
-    if constexpr (FOLDED) {
-      if (L.mode == kv_scale_mode::per_channel) {
-        S = load_h16(tiles[0] + L.scale_off + static_cast<std::size_t>(d0) * 2, mc[v]);
-        M = load_h16(tiles[0] + L.offset_off + static_cast<std::size_t>(d0) * 2, mc[v]);
-      } else {
-        S = _mm512_maskz_loadu_ps(mc[v], sp->scale + d0);
-        M = _mm512_maskz_loadu_ps(mc[v], sp->offset + d0);
-      }
+  av_fold f;
+  if constexpr (FOLDED) {
+    if (L.mode == kv_scale_mode::per_channel) {
+      f.s16 = tiles[0] + L.scale_off;
+      f.m16 = tiles[0] + L.offset_off;
+    } else {
+      f.s32 = sp->scale;
+      f.m32 = sp->offset;
     }
-    for (int r = 0; r < R; ++r) {
-      const int og = (r0 + r) * G + g;
-      __m512 dot = finish_dot<true>(ah[v][r], al[v][r], ops, og);
-      if constexpr (FOLDED) {
-        dot = _mm512_mul_ps(dot, S);
-        dot = _mm512_fmadd_ps(M, _mm512_set1_ps(ops.wsum[r0 + r]), dot);
-      }
-      float* a = acc + static_cast<std::size_t>(r0 + r) * hd + d0;
-      _mm512_mask_storeu_ps(a, mc[v], _mm512_add_ps(_mm512_maskz_loadu_ps(mc[v], a), dot));
-    }
+    f.wsum = ops.wsum.data() + r0;
   }
+  av_dot<R, NV, BITS, FOLDED>(words, n_group_words, next, n_next, dc, mc, operand_row(ops, r0 * G + g, stride),
+                              static_cast<std::size_t>(G) * (stride / 2), ops.sc.data() + r0 * G + g, G, f,
+                              acc + static_cast<std::size_t>(r0) * hd, hd);
 }
 
 template <int NV, int BITS, bool FOLDED>
