@@ -246,7 +246,8 @@ TEST_P(codec_case, simd_matches_reference) {
     const int hd = std::vector<int>{8, 64, 80, 128, 32, 160, 96}[trial % 7];
     const int n_q = 1 + trial % 7;
     // Every fourth trial a longer run: past the kernels' spans and operand
-    // groups of 128 tokens and their prefetch distance.
+    // groups of 128 tokens, and for 16-token f16 and int8 tiles past their
+    // prefetch distance (32 KiB).
     const int n_tiles = 1 + static_cast<int>(rng() % (trial % 4 == 3 ? 24 : 4));
     const int n_tok = (n_tiles - 1) * bs + 1 + static_cast<int>(rng() % bs);
     kv_tile_shape shape{bs, hd};
