@@ -183,12 +183,12 @@ inline void accumulate(const __m512i* vec, const std::int32_t* wp, std::size_t r
   }
 }
 
-// The dot product of operand og with the codes from its integer halves.
+// The dot product with an operand of scale sc, from its integer halves.
 template <bool LO>
-inline __m512 finish_dot(__m512i ah, __m512i al, const operand_rows& ops, int og) {
-  if constexpr (!LO) return _mm512_mul_ps(_mm512_cvtepi32_ps(ah), _mm512_set1_ps(ops.sc[og]));
+inline __m512 finish_dot(__m512i ah, __m512i al, float sc) {
+  if constexpr (!LO) return _mm512_mul_ps(_mm512_cvtepi32_ps(ah), _mm512_set1_ps(sc));
   __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(al), _mm512_set1_ps(k_inv254), _mm512_cvtepi32_ps(ah));
-  return _mm512_mul_ps(dot, _mm512_set1_ps(ops.sc[og]));
+  return _mm512_mul_ps(dot, _mm512_set1_ps(sc));
 }
 
 // ---------------------------------------------------------------------------
@@ -274,7 +274,7 @@ __attribute__((noinline)) void qk_list(const tile_layout& L, int block_size, con
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const int og = (r0 + r) * G + g;
-          __m512 dot = finish_dot<LO>(h[v][r], l[v][r], ops, og);
+          __m512 dot = finish_dot<LO>(h[v][r], l[v][r], ops.sc[og]);
           if constexpr (FOLDED) {
             dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
             total[v][r] = _mm512_add_ps(total[v][r], dot);
@@ -442,8 +442,7 @@ __attribute__((noinline)) void av_dot(const group_word* words, int n_words, cons
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l[v][r]), _mm512_set1_ps(k_inv254), _mm512_cvtepi32_ps(h[v][r]));
-      dot = _mm512_mul_ps(dot, _mm512_set1_ps(sc[r * sc_stride]));
+      __m512 dot = finish_dot<true>(h[v][r], l[v][r], sc[r * sc_stride]);
       if constexpr (FOLDED) {
         dot = _mm512_mul_ps(dot, S);
         dot = _mm512_fmadd_ps(M, _mm512_set1_ps(f.wsum[r]), dot);
@@ -521,7 +520,9 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   int nt[k_group_tokens];
   // A group's words: at most k_group_tokens / 4 + tpg (tiles of whole words,
   // at least 4 tokens per word), or one tile of up to 1024 tokens.
-  group_word words[1024], next_words[1024];
+  group_word word_lists[2][1024];
+  group_word* words = word_lists[0];
+  group_word* next_words = word_lists[1];
   // The words of the group of tiles from i0 on; returns their number.
   auto list_words = [&](int i0, group_word* out) {
     int n = 0;
@@ -541,8 +542,8 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
       group[j] = static_cast<const std::uint8_t*>(tiles[i0 + j]);
       nt[j] = std::min(B, n_tokens - (i0 + j) * B);
     }
+    std::swap(words, next_words);  // the next group's list becomes this one's
     const int n_group_words = n_next_words;
-    std::copy_n(next_words, n_group_words, words);
     // The next group's codes are prefetched line by line inside av_dot, as its
     // words mirror this group's; its scales and offsets here.
     const int n_next = std::clamp(n_tiles - (i0 + tpg), 0, tpg);
