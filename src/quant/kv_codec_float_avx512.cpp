@@ -217,6 +217,15 @@ template <int NC, elem E, bool SCALED>
 void av_chunk(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
               const float* tscale, float* acc) {
   int r = 0;
+  if constexpr (NC == 8) {  // pairs of rows (av_run)
+    for (; r + 2 <= n_q; r += 2)
+      av_rows<2, NC, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
+                                acc + static_cast<std::size_t>(r) * head_dim);
+    if (r < n_q)
+      av_rows<1, NC, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
+                                acc + static_cast<std::size_t>(r) * head_dim);
+    return;
+  }
   for (; r + 4 <= n_q; r += 4)
     av_rows<4, NC, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
                               acc + static_cast<std::size_t>(r) * head_dim);
@@ -239,6 +248,9 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   const int span = std::clamp(128 / bs, 1, k_span_tiles);
   float tscale[1024];  // span * block_size <= max(128, block_size) <= 1024 (kv_storage)
   const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
+  // Long: 2 MiB or more of this head's values, so that a layer of 8 or more
+  // heads (K and V) outgrows the last-level cache.
+  const bool wide = n_q <= 4 && static_cast<std::size_t>(n_tiles) * ti.bytes >= (std::size_t{2} << 20);
   for (int i0 = 0; i0 < n_tiles; i0 += span) {
     av_span sp;
     sp.n = std::min(span, n_tiles - i0);
@@ -262,8 +274,21 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
       }
     }
     const float* wi = w + static_cast<std::size_t>(i0) * bs;
+    int d0 = 0;
+    // A decode step (a few rows) over a long run reads each span from memory
+    // once: whole token rows in address order, pairs of rows by eight vectors
+    // of channels. By four vectors (and four rows) it came in two strided
+    // passes, the first half of every token row, then the second. At 32K in
+    // attention_bench, f16 went from 70-73% to 76-78% of STREAM with one
+    // thread (bench/RESULTS.md). A run short enough to stay in cache (the
+    // warm 4K figures) is faster the old way, 4 rows by 4 vectors, which
+    // converts each element once per four rows, not once per two; so is
+    // prefill (many rows). Every lane's operations and their order are the
+    // same either way.
+    if (wide)
+      for (; d0 + 128 <= hd; d0 += 128) av_chunk<8, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc);
     // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
-    for (int d0 = 0; d0 < hd; d0 += 64) {
+    for (; d0 < hd; d0 += 64) {
       switch (std::min(4, (hd - d0 + 15) / 16)) {
         case 4: av_chunk<4, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;
         case 3: av_chunk<3, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;

@@ -367,6 +367,49 @@ TEST_P(codec_case, lanes_are_independent) {
   }
 }
 
+// Decode-sized calls (up to four rows) over a long run take their own a.v
+// order in the float kernels (av_run: whole token rows, from 2 MiB of values
+// per head on); each row must still come out bitwise as it does in a call of
+// six rows, which takes the short-run order. 2.5 MiB of tiles here.
+TEST_P(codec_case, long_runs_match_six_row_calls) {
+  level_guard guard;
+  const case_t cs = GetParam();
+  const kv_codec* c = get_kv_codec(cs.type);
+  set_simd_level(simd_level::avx512);
+  std::mt19937 rng(5);
+  for (int hd : {128, 160}) {
+    kv_tile_shape shape{16, hd};
+    kv_format vf = format_of(cs, kv_role::value, hd);
+    if (!c->check(vf, shape).ok()) continue;
+    const std::size_t tb = c->tile_bytes(vf, shape);
+    const int n_tiles = static_cast<int>((std::size_t{5} << 19) / tb) + 1;
+    const int n_tok = n_tiles * 16 - 5;
+    auto xv = kv_data(rng, n_tiles * 16, hd);
+    static_holder sv(c, vf, xv, hd);
+    std::vector<aligned_buffer> vt;
+    std::vector<const void*> vp;
+    for (int i = 0; i < n_tiles; ++i) {
+      vt.emplace_back(tb);
+      c->encode(vf, shape, sv.get(vf), xv.data() + static_cast<std::size_t>(i) * 16 * hd, 0, 16, vt.back().data());
+      vp.push_back(vt.back().data());
+    }
+    const int ld = n_tiles * 16;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> w(static_cast<std::size_t>(6) * ld);
+    for (float& x : w) x = std::exp(nd(rng) - 2.0f);
+    std::vector<float> six(static_cast<std::size_t>(6) * hd, 0.25f);
+    c->av(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, 6, six.data());
+    for (int n_q : {1, 2, 3, 4}) {
+      std::vector<float> few(static_cast<std::size_t>(n_q) * hd, 0.25f);
+      c->av(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, few.data());
+      for (int r = 0; r < n_q; ++r)
+        for (int d = 0; d < hd; ++d)
+          ASSERT_EQ(few[static_cast<std::size_t>(r) * hd + d], six[static_cast<std::size_t>(r) * hd + d])
+              << kv_format_name(vf) << " hd " << hd << " n_q " << n_q << " row " << r << " d " << d;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(codecs, codec_case, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
