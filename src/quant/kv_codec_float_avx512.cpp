@@ -280,11 +280,12 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
     // of channels. By four vectors (and four rows) it came in two strided
     // passes, the first half of every token row, then the second. At 32K in
     // attention_bench, f16 went from 70-73% to 76-78% of STREAM with one
-    // thread (bench/RESULTS.md). A run short enough to stay in cache (the
-    // warm 4K figures) is faster the old way, 4 rows by 4 vectors, which
-    // converts each element once per four rows, not once per two; so is
-    // prefill (many rows). Every lane's operations and their order are the
-    // same either way.
+    // thread in a slow phase, and was level in a fast one (bench/RESULTS.md);
+    // cold 4K-16K runs in a harness gained 4-12 points. A run short enough to
+    // stay in cache (the warm 4K figures) is faster the old way, 4 rows by 4
+    // vectors, which converts each element once per four rows, not once per
+    // two; so is prefill (many rows). Every lane's operations and their order
+    // are the same either way.
     if (wide)
       for (; d0 + 128 <= hd; d0 += 128) av_chunk<8, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc);
     // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
