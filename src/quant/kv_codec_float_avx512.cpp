@@ -217,15 +217,6 @@ template <int NC, elem E, bool SCALED>
 void av_chunk(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
               const float* tscale, float* acc) {
   int r = 0;
-  if constexpr (NC == 8) {  // pairs of rows (av_run)
-    for (; r + 2 <= n_q; r += 2)
-      av_rows<2, NC, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
-                                acc + static_cast<std::size_t>(r) * head_dim);
-    if (r < n_q)
-      av_rows<1, NC, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
-                                acc + static_cast<std::size_t>(r) * head_dim);
-    return;
-  }
   for (; r + 4 <= n_q; r += 4)
     av_rows<4, NC, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
                               acc + static_cast<std::size_t>(r) * head_dim);
@@ -237,6 +228,20 @@ void av_chunk(const av_span& sp, int block_size, int head_dim, int d0, const flo
     case 1: av_rows<1, NC, E, SCALED>(sp, block_size, head_dim, d0, wr, ld, tscale, ar); break;
     default: break;
   }
+}
+
+// Channels [d0, d0 + 128) of every row, two rows at a time by eight vectors:
+// each token row's 128 channels in address order (av_run's long runs).
+template <elem E, bool SCALED>
+void av_pairs(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
+              const float* tscale, float* acc) {
+  int r = 0;
+  for (; r + 2 <= n_q; r += 2)
+    av_rows<2, 8, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
+                             acc + static_cast<std::size_t>(r) * head_dim);
+  if (r < n_q)
+    av_rows<1, 8, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
+                             acc + static_cast<std::size_t>(r) * head_dim);
 }
 
 template <elem E, bool SCALED>
@@ -287,7 +292,7 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
     // two; so is prefill (many rows). Every lane's operations and their order
     // are the same either way.
     if (wide)
-      for (; d0 + 128 <= hd; d0 += 128) av_chunk<8, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc);
+      for (; d0 + 128 <= hd; d0 += 128) av_pairs<E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc);
     // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
     for (; d0 < hd; d0 += 64) {
       switch (std::min(4, (hd - d0 + 15) / 16)) {
