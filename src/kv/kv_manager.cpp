@@ -65,21 +65,40 @@ void kv_manager::hold(block_id b) {
 
 void kv_manager::release(block_id b) {
   pool_.unref(b);
-  if (pool_.ref_count(b) == 0) stored_tokens_in_used_ -= fill_[static_cast<std::size_t>(b.value)];
+  if (pool_.ref_count(b) > 0) return;
+  stored_tokens_in_used_ -= fill_[static_cast<std::size_t>(b.value)];
+  if (!pool_.is_hashed(b)) emit(kv_op{.kind = kv_op_kind::release, .block = b});
 }
 
-void kv_manager::drop_cached(block_id b) {
+void kv_manager::emit(kv_op op) {
+  if (op_listener_) op_listener_(op);
+}
+
+void kv_manager::forget_cached(block_id b) {
+  if (op_listener_) {
+    const auto tokens = index_.tokens_of(b);
+    kv_op op{.kind = kv_op_kind::evict, .block = b, .key = index_.key_of(b), .parent = index_.parent_of(b)};
+    op.tokens.assign(tokens.begin(), tokens.end());
+    op_listener_(op);
+  }
   index_.erase(b);
-  pool_.drop_hash(b);
   ++n_evictions_;
 }
 
-bool kv_manager::can_take(tenant_id t, std::int32_t n) const {
-  if (n <= 0) return true;
-  if (n > pool_.n_takeable()) return false;
-  const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks;
-  return !quota || pool_.n_used(t) + n <= *quota;
+void kv_manager::drop_cached(block_id b) {
+  forget_cached(b);
+  pool_.drop_hash(b);
 }
+
+alloc_blocker kv_manager::take_blocker(tenant_id t, std::int32_t n) const {
+  if (n <= 0) return alloc_blocker::none;
+  const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks;
+  if (quota && pool_.n_used(t) + n > *quota) return alloc_blocker::quota;
+  if (n > pool_.n_takeable()) return alloc_blocker::pool;
+  return alloc_blocker::none;
+}
+
+bool kv_manager::can_take(tenant_id t, std::int32_t n) const { return take_blocker(t, n) == alloc_blocker::none; }
 
 std::vector<block_id> kv_manager::take_blocks(tenant_id t, std::int32_t n) {
   PAGODA_ASSERT(can_take(t, n), "take_blocks({}) without can_take", n);
@@ -95,10 +114,7 @@ std::vector<block_id> kv_manager::take_blocks(tenant_id t, std::int32_t n) {
   for (std::int32_t i = 0; i < n; ++i) {
     const auto got = i < n_own ? pool_.take_cached_of(t) : pool_.take(t);
     PAGODA_ASSERT(got.has_value(), "pool ran dry after can_take (own {}, i {})", n_own, i);
-    if (got->evicted) {
-      index_.erase(got->id);
-      ++n_evictions_;
-    }
+    if (got->evicted) forget_cached(got->id);
     fill_[static_cast<std::size_t>(got->id.value)] = 0;
     out.push_back(got->id);
   }
@@ -131,6 +147,52 @@ block_key kv_manager::chain_key(const sequence& s, std::size_t block_index, bloc
   return hash_block(parent, tokens, extras_of(s, block_index));
 }
 
+std::string kv_manager::first_block_extras(const sequence_options& options) {
+  extra_keys extras;
+  if (!options.tenant.empty()) extras.add(extra_key_kind::tenant, options.tenant);
+  if (!options.cache_salt.empty()) extras.add(extra_key_kind::cache_salt, options.cache_salt);
+  return std::string(extras.bytes());
+}
+
+std::vector<block_key> kv_manager::prompt_keys(std::span<const token_id> prompt, const sequence_options& options) const {
+  const std::string first = first_block_extras(options);
+  const auto bs = static_cast<std::size_t>(block_size_);
+  std::vector<block_key> keys;
+  block_key parent = k_root_parent_key;
+  for (std::size_t i = 0; (i + 1) * bs <= prompt.size(); ++i) {
+    parent = hash_block(parent, prompt.subspan(i * bs, bs), i == 0 ? std::string_view(first) : std::string_view());
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+std::vector<block_id> kv_manager::match_prefix(std::span<const token_id> tokens, std::string_view first_extras,
+                                               tenant_id t, std::size_t max_blocks) const {
+  std::vector<block_id> hits;
+  if (!prefix_caching_) return hits;
+  const auto bs = static_cast<std::size_t>(block_size_);
+  block_key parent = k_root_parent_key;
+  for (std::size_t i = 0; i < max_blocks; ++i) {
+    const auto block_tokens = tokens.subspan(i * bs, bs);
+    const std::string_view extras = i == 0 ? first_extras : std::string_view();
+    const block_key key = hash_block(parent, block_tokens, extras);
+    const auto hit = index_.find(key, parent, block_tokens, extras);
+    // A block of another tenant can only match through a chained collision: a miss.
+    if (!hit || pool_.owner(*hit) != t) break;
+    hits.push_back(*hit);
+    parent = key;
+  }
+  return hits;
+}
+
+std::int32_t kv_manager::n_cached_prompt_blocks(std::span<const token_id> prompt, const sequence_options& options) const {
+  if (prompt.empty()) return 0;
+  const auto t = find_tenant(options.tenant);
+  if (!t) return 0;  // a tenant never seen holds nothing
+  const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
+  return static_cast<std::int32_t>(match_prefix(prompt, first_block_extras(options), *t, n_reusable).size());
+}
+
 result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_id> prompt,
                                               const sequence_options& options) {
   if (contains(seq)) return error(errc::invalid_argument, "sequence {} already exists", seq.value);
@@ -138,32 +200,24 @@ result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_
 
   sequence s;
   s.tenant = tenant(options.tenant);
-  extra_keys extras;
-  if (!options.tenant.empty()) extras.add(extra_key_kind::tenant, options.tenant);
-  if (!options.cache_salt.empty()) extras.add(extra_key_kind::cache_salt, options.cache_salt);
-  s.first_extras = std::string(extras.bytes());
+  s.first_extras = first_block_extras(options);
   s.tokens.assign(prompt.begin(), prompt.end());
 
   if (prefix_caching_) {
     // The last prompt token is always computed (its logits start generation).
     const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
-    block_key parent = k_root_parent_key;
-    for (std::size_t i = 0; i < n_reusable; ++i) {
-      const block_key key = chain_key(s, i, parent);
-      const auto tokens = std::span<const token_id>(s.tokens).subspan(i * static_cast<std::size_t>(block_size_),
-                                                                       static_cast<std::size_t>(block_size_));
-      const auto hit = index_.find(key, parent, tokens, extras_of(s, i));
-      // A block of another tenant can only match through a chained collision: a miss.
-      if (!hit || pool_.owner(*hit) != s.tenant) break;
-      hold(*hit);
-      s.table.push_back(*hit);
-      s.keys.push_back(key);
-      parent = key;
+    for (const block_id b : match_prefix(prompt, s.first_extras, s.tenant, n_reusable)) {
+      hold(b);
+      s.table.push_back(b);
+      s.keys.push_back(index_.key_of(b));
     }
     s.n_stored = static_cast<std::int32_t>(s.table.size()) * block_size_;
     n_query_tokens_ += static_cast<std::int64_t>(prompt.size());
     n_hit_tokens_ += s.n_stored;
   }
+  // Cached blocks were computed at the positions of their slots.
+  s.positions.resize(static_cast<std::size_t>(s.n_stored));
+  for (std::int32_t i = 0; i < s.n_stored; ++i) s.positions[static_cast<std::size_t>(i)] = i;
   const std::int32_t n_cached = s.n_stored;
   seqs_.emplace(seq, std::move(s));
   note_peak();
@@ -172,7 +226,8 @@ result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_
 
 bool kv_manager::needs_cow(const sequence& s, std::int32_t n_new_tokens) const {
   if (n_new_tokens <= 0 || s.n_stored % block_size_ == 0) return false;
-  return pool_.ref_count(s.table[static_cast<std::size_t>(s.n_stored / block_size_)]) > 1;
+  const block_id b = s.table[static_cast<std::size_t>(s.n_stored / block_size_)];
+  return pool_.ref_count(b) > 1 || pool_.is_hashed(b);
 }
 
 std::int32_t kv_manager::n_appended_blocks(const sequence& s, std::int32_t n_new_tokens) const {
@@ -188,6 +243,10 @@ std::int32_t kv_manager::n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) 
 
 bool kv_manager::can_allocate(seq_id seq, std::int32_t n_new_tokens) const {
   return can_take(seq_at(seq).tenant, n_blocks_needed(seq, n_new_tokens));
+}
+
+alloc_blocker kv_manager::allocation_blocker(seq_id seq, std::int32_t n_new_tokens) const {
+  return take_blocker(seq_at(seq).tenant, n_blocks_needed(seq, n_new_tokens));
 }
 
 std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_tokens) {
@@ -208,10 +267,11 @@ std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_to
     const block_id dst = fresh[next++];
     const std::int32_t n_valid = s.n_stored % block_size_;
     a.copies.push_back(block_copy{src, dst, n_valid});
+    emit(kv_op{.kind = kv_op_kind::copy, .block = dst, .src = src, .n_tokens = n_valid});
     fill_[static_cast<std::size_t>(dst.value)] = n_valid;
     stored_tokens_in_used_ += n_valid;
     s.table[index] = dst;
-    release(src);  // ref was > 1: src stays used by the others
+    release(src);  // shared: stays used by the others; cached: stays in the index
     ++n_cow_copies_;
   }
   for (; next < fresh.size(); ++next) s.table.push_back(fresh[next]);
@@ -222,8 +282,22 @@ std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_to
 status kv_manager::commit(seq_id seq, std::span<const token_id> tokens) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return error(errc::not_found, "commit: unknown sequence {}", seq.value);
+  const sequence& s = it->second;
+  const std::int32_t first = s.positions.empty() ? 0 : s.positions.back() + 1;
+  std::vector<std::int32_t> positions(tokens.size());
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = first + static_cast<std::int32_t>(i);
+  return commit(seq, tokens, positions);
+}
+
+status kv_manager::commit(seq_id seq, std::span<const token_id> tokens, std::span<const std::int32_t> positions) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "commit: unknown sequence {}", seq.value);
   sequence& s = it->second;
   const auto n = static_cast<std::int64_t>(tokens.size());
+  if (positions.size() != tokens.size()) {
+    return error(errc::invalid_argument, "commit: sequence {}: {} tokens but {} positions", seq.value, n,
+                 positions.size());
+  }
   if (n == 0) return ok_status();
   const std::int64_t n_slots = static_cast<std::int64_t>(s.table.size()) * block_size_;
   if (s.n_stored + n > n_slots) {
@@ -231,10 +305,15 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens) {
                  s.n_stored + n, n_slots);
   }
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t pos = s.n_stored + i;
-    if (pos < static_cast<std::int64_t>(s.tokens.size()) && s.tokens[static_cast<std::size_t>(pos)] != tokens[i]) {
-      return error(errc::invalid_argument, "commit: sequence {} position {} holds token {}, not {}", seq.value, pos,
-                   s.tokens[static_cast<std::size_t>(pos)], tokens[i]);
+    const std::int64_t slot = s.n_stored + i;
+    if (slot < static_cast<std::int64_t>(s.tokens.size()) && s.tokens[static_cast<std::size_t>(slot)] != tokens[i]) {
+      return error(errc::invalid_argument, "commit: sequence {} slot {} holds token {}, not {}", seq.value, slot,
+                   s.tokens[static_cast<std::size_t>(slot)], tokens[i]);
+    }
+    const std::int32_t prev = i > 0 ? positions[i - 1] : (s.positions.empty() ? -1 : s.positions.back());
+    if (positions[i] <= prev) {
+      return error(errc::invalid_argument, "commit: sequence {} slot {}: position {} does not follow {}", seq.value,
+                   slot, positions[i], prev);
     }
   }
   const std::int32_t first_block = s.n_stored / block_size_;
@@ -242,14 +321,16 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens) {
   for (std::int32_t bi = first_block; bi <= last_block; ++bi) {
     const block_id b = s.table[static_cast<std::size_t>(bi)];
     if (pool_.ref_count(b) != 1 || pool_.is_hashed(b)) {
-      return error(errc::internal, "commit: sequence {} wrote into block {} held by {} tables (allocate skipped)",
-                   seq.value, b.value, pool_.ref_count(b));
+      return error(errc::internal,
+                   "commit: sequence {} wrote into block {} held by {} tables, cached {} (allocate skipped)", seq.value,
+                   b.value, pool_.ref_count(b), pool_.is_hashed(b));
     }
   }
 
   for (std::int64_t i = 0; i < n; ++i) {
     if (s.n_stored + i >= static_cast<std::int64_t>(s.tokens.size())) s.tokens.push_back(tokens[i]);
   }
+  s.positions.insert(s.positions.end(), positions.begin(), positions.end());
   s.n_stored += static_cast<std::int32_t>(n);
   for (std::int32_t bi = first_block; bi <= last_block; ++bi) {
     const std::int32_t filled = std::min(block_size_, s.n_stored - bi * block_size_);
@@ -259,9 +340,13 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens) {
       fill = filled;
     }
   }
-  if (prefix_caching_) {
+  if (prefix_caching_ && !s.off_chain) {
     const auto n_full = static_cast<std::size_t>(s.n_stored / block_size_);
-    for (std::size_t i = s.keys.size(); i < n_full; ++i) {
+    for (std::size_t i = s.keys.size(); i < n_full && !s.off_chain; ++i) {
+      const auto first = i * static_cast<std::size_t>(block_size_);
+      for (std::size_t j = first; j < first + static_cast<std::size_t>(block_size_); ++j)
+        if (s.positions[j] != static_cast<std::int32_t>(j)) s.off_chain = true;
+      if (s.off_chain) break;
       const block_key parent = i == 0 ? k_root_parent_key : s.keys[i - 1];
       const block_key key = chain_key(s, i, parent);
       s.keys.push_back(key);
@@ -271,6 +356,72 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens) {
       if (index_.insert(s.table[i], key, parent, block_tokens, extras_of(s, i))) pool_.set_hashed(s.table[i]);
     }
   }
+  return ok_status();
+}
+
+status kv_manager::drop(seq_id seq, std::span<const std::int32_t> block_indices) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "drop: unknown sequence {}", seq.value);
+  sequence& s = it->second;
+  const std::int32_t n_full = s.n_stored / block_size_;
+  std::vector<std::int32_t> order(block_indices.begin(), block_indices.end());
+  std::sort(order.begin(), order.end());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (order[i] < 0 || order[i] >= n_full) {
+      return error(errc::invalid_argument, "drop: sequence {}: block index {} is not one of its {} full blocks",
+                   seq.value, order[i], n_full);
+    }
+    if (i > 0 && order[i] == order[i - 1])
+      return error(errc::invalid_argument, "drop: sequence {}: block index {} given twice", seq.value, order[i]);
+  }
+  if (order.empty()) return ok_status();
+  // Deepest first, as free_sequence: the tail of a cached chain leaves first.
+  const auto bs = static_cast<std::ptrdiff_t>(block_size_);
+  for (auto i = order.rbegin(); i != order.rend(); ++i) {
+    const auto index = static_cast<std::size_t>(*i);
+    release(s.table[index]);
+    s.table.erase(s.table.begin() + static_cast<std::ptrdiff_t>(index));
+    s.tokens.erase(s.tokens.begin() + *i * bs, s.tokens.begin() + (*i + 1) * bs);
+    s.positions.erase(s.positions.begin() + *i * bs, s.positions.begin() + (*i + 1) * bs);
+  }
+  s.n_stored -= static_cast<std::int32_t>(order.size()) * block_size_;
+  s.keys.resize(std::min(s.keys.size(), static_cast<std::size_t>(order.front())));
+  s.off_chain = true;
+  evict_over_quota(s.tenant);
+  return ok_status();
+}
+
+status kv_manager::truncate(seq_id seq, std::int32_t n_slots) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "truncate: unknown sequence {}", seq.value);
+  sequence& s = it->second;
+  if (n_slots < 0 || n_slots > s.n_stored) {
+    return error(errc::out_of_range, "truncate: sequence {} stores {} slots; cannot keep {}", seq.value, s.n_stored,
+                 n_slots);
+  }
+  const auto n_blocks = static_cast<std::size_t>(ceil_div(n_slots, block_size_));
+  while (s.table.size() > n_blocks) {
+    release(s.table.back());
+    s.table.pop_back();
+  }
+  s.tokens.resize(static_cast<std::size_t>(n_slots));
+  s.positions.resize(static_cast<std::size_t>(n_slots));
+  s.n_stored = n_slots;
+  s.keys.resize(std::min(s.keys.size(), static_cast<std::size_t>(n_slots / block_size_)));
+  const std::int32_t n_kept = n_slots % block_size_;
+  if (n_kept > 0) {
+    const block_id last = s.table.back();
+    // Shared or cached: left intact for its other readers; the next allocate copies it.
+    if (pool_.ref_count(last) == 1 && !pool_.is_hashed(last)) {
+      std::int32_t& fill = fill_[static_cast<std::size_t>(last.value)];
+      if (fill > n_kept) {
+        stored_tokens_in_used_ -= fill - n_kept;
+        fill = n_kept;
+      }
+      emit(kv_op{.kind = kv_op_kind::truncate, .block = last, .n_tokens = n_kept});
+    }
+  }
+  evict_over_quota(s.tenant);
   return ok_status();
 }
 
@@ -313,6 +464,7 @@ status kv_manager::preempt_sequence(seq_id seq) {
 std::span<const block_id> kv_manager::block_table(seq_id seq) const { return seq_at(seq).table; }
 std::int32_t kv_manager::n_stored_tokens(seq_id seq) const { return seq_at(seq).n_stored; }
 std::span<const token_id> kv_manager::tokens(seq_id seq) const { return seq_at(seq).tokens; }
+std::span<const std::int32_t> kv_manager::positions(seq_id seq) const { return seq_at(seq).positions; }
 tenant_id kv_manager::tenant_of(seq_id seq) const { return seq_at(seq).tenant; }
 
 // --- pool-level helpers -----------------------------------------------------------
@@ -417,9 +569,17 @@ status kv_manager::check_invariants() const {
       mv = std::max(mv, static_cast<std::int32_t>(valid));
     }
     const std::size_t n_full = static_cast<std::size_t>(s.n_stored / block_size_);
-    if (prefix_caching_ ? s.keys.size() != n_full : !s.keys.empty()) {
-      return error(errc::internal, "sequence {}: {} block keys for {} full blocks", id.value, s.keys.size(), n_full);
+    const bool keys_ok = !prefix_caching_ ? s.keys.empty() : s.off_chain ? s.keys.size() <= n_full : s.keys.size() == n_full;
+    if (!keys_ok) {
+      return error(errc::internal, "sequence {}: {} block keys for {} full blocks (off chain {})", id.value,
+                   s.keys.size(), n_full, s.off_chain);
     }
+    if (s.positions.size() != static_cast<std::size_t>(s.n_stored))
+      return error(errc::internal, "sequence {}: {} positions for {} slots", id.value, s.positions.size(), s.n_stored);
+    for (std::size_t i = 1; i < s.positions.size(); ++i)
+      if (s.positions[i] <= s.positions[i - 1])
+        return error(errc::internal, "sequence {}: position {} at slot {} after {}", id.value, s.positions[i], i,
+                     s.positions[i - 1]);
     block_key parent = k_root_parent_key;
     for (std::size_t i = 0; i < s.keys.size(); ++i) {
       if (s.keys[i] != chain_key(s, i, parent)) {

@@ -7,9 +7,25 @@
 // A step of one sequence, as the scheduler drives it:
 //   add_sequence(seq, prompt)        -> n tokens served from the prefix cache
 //   allocate(seq, n)                 -> slots for n more tokens, or std::nullopt (preempt someone)
-//   ... perform allocation.copies, then write K/V of n tokens ...
-//   commit(seq, those n token ids)   -> full blocks enter the prefix index
+//   ... perform the block ops (copies, ...), then write K/V of n tokens ...
+//   commit(seq, those n token ids, their positions)
+//                                    -> full blocks enter the prefix index
 //   free_sequence(seq) / preempt_sequence(seq)
+// Commit comes after the K/V are written, never before: a block is shareable
+// through the prefix index only once its K/V exist.
+//
+// Slots and positions. A sequence's KV slots are numbered 0..n_stored-1 in
+// table order (slot i lives in table[i / block_size] at i % block_size). Each
+// stored slot keeps the position its token was computed at (its RoPE
+// position), which is not its slot number once blocks were dropped from the
+// middle (drop()). Positions strictly increase along the slots.
+//
+// Block ops. What the tensors must do follows from bookkeeping here (a
+// copy-on-write, a block reopened by truncate(), a partly filled block freed,
+// a cached block evicted); each is reported, in the order it happened, to the
+// op listener (set_op_listener), which the owner of the tensors applies before
+// its next writes. Evictions all go through one place and are reported with
+// the block's key, parent key and tokens while its bytes are still intact.
 //
 // Invariants (check_invariants() verifies all of them):
 // - Block tables are append-only, with one exception: copy-on-write replaces the
@@ -38,6 +54,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -64,6 +81,26 @@ struct block_copy {
   block_id dst;
   std::int32_t n_tokens = 0;
 };
+
+// A block operation the tensors must perform (see "Block ops" above).
+enum class kv_op_kind : std::uint8_t {
+  copy,      // copy the first n_tokens slots of src into block (copy-on-write)
+  truncate,  // slots [n_tokens, block_size) of block become writable again
+  release,   // block returned to the free pool without a prefix key (drop per-block state)
+  evict,     // block left the prefix cache; key/parent/tokens say what it held
+};
+struct kv_op {
+  kv_op_kind kind = kv_op_kind::copy;
+  block_id block;
+  block_id src;                // copy only
+  std::int32_t n_tokens = 0;   // copy: slots copied; truncate: slots kept
+  block_key key = 0;           // evict only
+  block_key parent = 0;        // evict only
+  std::vector<token_id> tokens;  // evict only: the block's token ids
+};
+
+// Why allocate() could not supply blocks.
+enum class alloc_blocker : std::uint8_t { none, pool, quota };
 
 // What allocate() did. The caller performs every copy before writing into dst.
 struct allocation {
@@ -101,6 +138,9 @@ class kv_manager {
   // REQUIRES (this and the two below): contains(seq), n_new_tokens >= 0.
   std::int32_t n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) const;
   bool can_allocate(seq_id seq, std::int32_t n_new_tokens) const;
+  // What stands in the way of allocate(seq, n_new_tokens): the pool (free +
+  // evictable blocks) or the tenant's quota; none when it would succeed.
+  alloc_blocker allocation_blocker(seq_id seq, std::int32_t n_new_tokens) const;
   // Ensures the table has slots for n_new_tokens tokens beyond the stored ones.
   // Copy-on-write: when n_new_tokens > 0 and the block holding the next write
   // position is partly filled and shared (ref > 1), it is replaced in this table
@@ -109,13 +149,33 @@ class kv_manager {
   // nothing has changed. Call it before every write; it is idempotent once slots
   // exist.
   std::optional<allocation> allocate(seq_id seq, std::int32_t n_new_tokens);
-  // Records that K/V of these tokens are now stored at the next positions
-  // (a prompt chunk, or a sampled token fed back). Blocks that become full are
-  // keyed and registered in the prefix index (unless another block already holds
-  // that key). Errors, with nothing changed: unknown seq, more tokens than
-  // allocated slots, tokens that differ from the prompt at the same positions,
-  // a write into a shared block (allocate() was skipped).
+  // Records that K/V of these tokens are now stored in the next slots, computed
+  // at `positions` (a prompt chunk, a sampled token fed back, or blocks loaded
+  // from elsewhere). Blocks that become full are keyed and registered in the
+  // prefix index, unless another block already holds that key or the sequence
+  // went off chain: after a drop(), or at the first block whose positions are
+  // not its slot numbers (a key names tokens at positions 0, 1, 2, ...). Errors, with nothing changed: unknown seq, more
+  // tokens than allocated slots, tokens that differ from the prompt at the
+  // same slots, positions that do not increase past the last stored one, a
+  // write into a shared or cached block (allocate() was skipped).
+  status commit(seq_id seq, std::span<const token_id> tokens, std::span<const std::int32_t> positions);
+  // The same with consecutive positions after the last stored one (0 for none).
   status commit(seq_id seq, std::span<const token_id> tokens);
+  // Frees whole blocks from anywhere in the table (eviction policies): the
+  // blocks at these table indices leave the table, the slots after them move
+  // up, and their positions stay. Only full blocks may be dropped. Blocks the
+  // sequence fills from now on are not registered in the prefix index: their
+  // K/V were computed without the dropped tokens. Errors, with nothing changed:
+  // unknown seq, an index out of range or repeated, a block not full.
+  status drop(seq_id seq, std::span<const std::int32_t> block_indices);
+  // Rolls the sequence back to its first n_slots stored slots (speculative
+  // decoding, a failed step): blocks past them are released (allocated but
+  // unwritten ones too), and a partly kept last block becomes writable from
+  // slot n_slots again: in place (a truncate op) when only this sequence holds
+  // it, else by copy-on-write at the next allocate (shared or cached blocks are
+  // never written). Errors, with nothing changed: unknown seq, n_slots outside
+  // [0, n_stored].
+  status truncate(seq_id seq, std::int32_t n_slots);
   // For n > 1 completions: child shares every block of parent (ref + 1) and copies
   // its tokens and tenant. The shared partial block is copied on first write.
   // Errors: unknown parent, existing child, parent holding slots past its stored
@@ -133,14 +193,25 @@ class kv_manager {
   // REQUIRES (all four): contains(seq).
   std::span<const block_id> block_table(seq_id seq) const;
   std::int32_t n_stored_tokens(seq_id seq) const;
-  // The prompt, then every committed token past it.
+  // The token of every stored slot, then the prompt tokens not stored yet.
   std::span<const token_id> tokens(seq_id seq) const;
+  // [n_stored_tokens]: the position each stored slot was computed at.
+  std::span<const std::int32_t> positions(seq_id seq) const;
   tenant_id tenant_of(seq_id seq) const;
 
   // --- pool --------------------------------------------------------------------
   // Blocks an allocation could take now: free + evictable cached (vLLM's
   // get_num_free_blocks). Not kv_metrics::n_blocks_free, which excludes cached.
-  std::int32_t n_free_blocks() const { return pool_.n_takeable(); }
+  std::int32_t n_takeable_blocks() const { return pool_.n_takeable(); }
+  // The chained keys of prompt's full blocks for a sequence with these options
+  // (the keys add_sequence looks up): what a scheduler compares to see two
+  // prompts share blocks, and what an external KV source is asked for.
+  std::vector<block_key> prompt_keys(std::span<const token_id> prompt, const sequence_options& options = {}) const;
+  // How many leading blocks of prompt add_sequence would take from the cache
+  // now (at most floor((n_prompt - 1) / block_size)); changes nothing.
+  std::int32_t n_cached_prompt_blocks(std::span<const token_id> prompt, const sequence_options& options = {}) const;
+  // The receiver of block ops (see "Block ops"); none by default.
+  void set_op_listener(std::function<void(const kv_op&)> listener) { op_listener_ = std::move(listener); }
   // Whether a request could ever run: the blocks for n_completions sequences of
   // prompt + max new tokens (full prompt blocks shared) against the pool and the
   // tenant's quota. An error the user can act on when not.
@@ -167,9 +238,15 @@ class kv_manager {
     tenant_id tenant;
     std::string first_extras;       // extra keys of block 0
     std::vector<block_id> table;
-    std::vector<token_id> tokens;   // prompt, then committed tokens past it
-    std::int32_t n_stored = 0;      // tokens whose K/V are stored
-    std::vector<block_key> keys;    // keys of full blocks [0, n_stored / block_size); empty without prefix caching
+    std::vector<token_id> tokens;   // [slot]: stored tokens, then the prompt tokens not stored yet
+    std::vector<std::int32_t> positions;  // [n_stored]
+    std::int32_t n_stored = 0;      // slots whose K/V are stored
+    // Keys of the leading full blocks whose contents the plain chain names:
+    // every full block until the sequence goes off chain; none without prefix caching.
+    std::vector<block_key> keys;
+    // The slots no longer hold what the plain chain of keys names (blocks were
+    // dropped, or a position is not its slot number): keys stop growing.
+    bool off_chain = false;
   };
   struct tenant_state {
     std::string name;
@@ -180,15 +257,24 @@ class kv_manager {
   sequence& seq_at(seq_id seq);
   std::string_view extras_of(const sequence& s, std::size_t block_index) const;
   block_key chain_key(const sequence& s, std::size_t block_index, block_key parent) const;
-  // Whether the next write of s lands in a partly filled block that is shared.
+  static std::string first_block_extras(const sequence_options& options);
+  // Leading blocks of `tokens` (at most max_blocks) found in the index for tenant t.
+  std::vector<block_id> match_prefix(std::span<const token_id> tokens, std::string_view first_extras, tenant_id t,
+                                     std::size_t max_blocks) const;
+  void emit(kv_op op);
+  // Whether the next write of s lands in a partly filled block that it may not
+  // write: shared with another table, or cached under a key (after truncate()).
   bool needs_cow(const sequence& s, std::int32_t n_new_tokens) const;
   std::int32_t n_appended_blocks(const sequence& s, std::int32_t n_new_tokens) const;
   bool can_take(tenant_id t, std::int32_t n) const;
+  alloc_blocker take_blocker(tenant_id t, std::int32_t n) const;
   // REQUIRES: can_take(t, n).
   std::vector<block_id> take_blocks(tenant_id t, std::int32_t n);
   void hold(block_id b);
   void release(block_id b);
   void drop_cached(block_id b);
+  // The one place a cached block leaves the index: reports the eviction, erases, counts.
+  void forget_cached(block_id b);
   void evict_over_quota(tenant_id t);
   void note_peak();
 
@@ -205,6 +291,7 @@ class kv_manager {
   std::vector<std::int32_t> fill_;  // [n_blocks]
   std::int64_t stored_tokens_in_used_ = 0;
 
+  std::function<void(const kv_op&)> op_listener_;
   std::int32_t peak_used_ = 0;
   std::int64_t n_query_tokens_ = 0;
   std::int64_t n_hit_tokens_ = 0;

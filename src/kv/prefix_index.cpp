@@ -78,6 +78,11 @@ block_key prefix_index::key_of(block_id b) const {
   return slot(b).key;
 }
 
+block_key prefix_index::parent_of(block_id b) const {
+  PAGODA_ASSERT(slot(b).registered, "parent_of unregistered block {}", b.value);
+  return slot(b).parent;
+}
+
 std::span<const token_id> prefix_index::tokens_of(block_id b) const {
   PAGODA_ASSERT(slot(b).registered, "tokens_of unregistered block {}", b.value);
   return slot_tokens(b);

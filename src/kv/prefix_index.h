@@ -80,6 +80,8 @@ class prefix_index {
   bool contains(block_id b) const { return slot(b).registered; }
   // The key b is registered under. REQUIRES: contains(b).
   block_key key_of(block_id b) const;
+  // The parent key b is registered with. REQUIRES: contains(b).
+  block_key parent_of(block_id b) const;
   // The token ids b is registered with. REQUIRES: contains(b).
   std::span<const token_id> tokens_of(block_id b) const;
 

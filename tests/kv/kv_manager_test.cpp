@@ -260,7 +260,7 @@ TEST(kv_manager, a_failed_allocate_changes_nothing) {
   ASSERT_TRUE(m.fork(seq_id(2), seq_id(3)).ok());
   ASSERT_TRUE(m.add_sequence(seq_id(4), toks(30, 200)).ok());
   // 2 free + 2 cached takeable; seq 4 needs 8.
-  EXPECT_EQ(m.n_free_blocks(), 4);
+  EXPECT_EQ(m.n_takeable_blocks(), 4);
   EXPECT_EQ(m.n_blocks_needed(seq_id(4), 30), 8);
   EXPECT_FALSE(m.can_allocate(seq_id(4), 30));
   const snapshot before = take_snapshot(m, {2, 3, 4});
@@ -270,7 +270,7 @@ TEST(kv_manager, a_failed_allocate_changes_nothing) {
 
   // A copy-on-write that cannot get its block changes nothing either.
   ASSERT_TRUE(m.allocate(seq_id(4), 16).has_value());  // takes all 4
-  EXPECT_EQ(m.n_free_blocks(), 0);
+  EXPECT_EQ(m.n_takeable_blocks(), 0);
   const snapshot before_cow = take_snapshot(m, {2, 3, 4});
   EXPECT_FALSE(m.can_allocate(seq_id(3), 1));
   EXPECT_FALSE(m.allocate(seq_id(3), 1).has_value());
@@ -385,7 +385,7 @@ TEST(kv_manager, a_tenant_at_its_quota_evicts_only_its_own_cache) {
   const tenant_id ta = *m.find_tenant("a");
   EXPECT_EQ(m.pool().n_cached(ta), 3);
   EXPECT_EQ(m.pool().n_cached(tenant_id(0)), 2);
-  EXPECT_EQ(m.n_free_blocks(), 8);
+  EXPECT_EQ(m.n_takeable_blocks(), 8);
 
   // Free blocks exist, but the tenant is at its quota: it pays with its own
   // deepest cached block, and the default tenant's cache is untouched.
@@ -504,6 +504,160 @@ TEST(kv_manager, evict_cached_blocks_empties_the_cache) {
   EXPECT_EQ(m.index().size(), 3u);  // seq 2's blocks are in use and stay
   EXPECT_EQ(m.metrics().n_blocks_cached, 0);
   EXPECT_EQ(add_and_prefill(m, 3, toks(12)), 0);
+}
+
+TEST(kv_manager, drop_frees_blocks_from_the_middle_and_keeps_positions) {
+  kv_manager m(4, 16);
+  std::vector<kv_op> ops;
+  m.set_op_listener([&](const kv_op& op) { ops.push_back(op); });
+  add_and_prefill(m, 1, toks(14));  // blocks 0..3, the last holding 2 slots
+  const std::vector<block_id> before(m.block_table(seq_id(1)).begin(), m.block_table(seq_id(1)).end());
+  const std::int32_t drop_these[] = {2, 1};
+  ASSERT_TRUE(m.drop(seq_id(1), drop_these).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.n_stored_tokens(seq_id(1)), 6);
+  EXPECT_EQ(ids(m.block_table(seq_id(1))), (std::vector<std::int32_t>{before[0].value, before[3].value}));
+  EXPECT_EQ(std::vector<std::int32_t>(m.positions(seq_id(1)).begin(), m.positions(seq_id(1)).end()),
+            (std::vector<std::int32_t>{0, 1, 2, 3, 12, 13}));
+  // The dropped blocks stay cached (they were full and keyed); nothing was copied.
+  EXPECT_EQ(m.metrics().n_blocks_used, 2);
+  EXPECT_EQ(m.metrics().n_blocks_cached, 2);
+  // Blocks filled after a drop hold K/V computed without the dropped tokens:
+  // they are never registered under the plain chain.
+  ASSERT_TRUE(m.allocate(seq_id(1), 2).has_value());
+  ASSERT_TRUE(m.commit(seq_id(1), toks(2, 500)).ok());
+  expect_ok(m);
+  EXPECT_FALSE(m.index().contains(m.block_table(seq_id(1))[1]));
+  EXPECT_EQ(m.positions(seq_id(1)).back(), 15);
+  // Errors change nothing: a partly filled block, a repeated index, out of range.
+  ASSERT_TRUE(m.allocate(seq_id(1), 1).has_value());
+  ASSERT_TRUE(m.commit(seq_id(1), toks(1, 600)).ok());
+  const std::int32_t partial[] = {2};
+  const std::int32_t twice[] = {0, 0};
+  const std::int32_t outside[] = {-1};
+  EXPECT_FALSE(m.drop(seq_id(1), partial).ok());
+  EXPECT_FALSE(m.drop(seq_id(1), twice).ok());
+  EXPECT_FALSE(m.drop(seq_id(1), outside).ok());
+  EXPECT_FALSE(m.drop(seq_id(9), drop_these).ok());
+  EXPECT_EQ(m.n_stored_tokens(seq_id(1)), 9);
+  expect_ok(m);
+}
+
+TEST(kv_manager, positions_that_are_not_slot_numbers_are_never_shared) {
+  kv_manager m(4, 16);
+  ASSERT_TRUE(m.add_sequence(seq_id(1), toks(9)).ok());
+  ASSERT_TRUE(m.allocate(seq_id(1), 8).has_value());
+  const std::vector<std::int32_t> shifted = {0, 1, 2, 3, 10, 11, 12, 13};
+  ASSERT_TRUE(m.commit(seq_id(1), toks(8), shifted).ok());
+  expect_ok(m);
+  EXPECT_TRUE(m.index().contains(m.block_table(seq_id(1))[0]));
+  EXPECT_FALSE(m.index().contains(m.block_table(seq_id(1))[1]));
+  // Positions must increase.
+  ASSERT_TRUE(m.allocate(seq_id(1), 1).has_value());
+  const token_id one[] = {108};
+  const std::int32_t back[] = {13};
+  EXPECT_FALSE(m.commit(seq_id(1), one, back).ok());
+  EXPECT_EQ(m.n_stored_tokens(seq_id(1)), 8);
+}
+
+TEST(kv_manager, truncate_reopens_a_private_block_in_place) {
+  kv_manager m(4, 16, /*enable_prefix_caching=*/false);
+  std::vector<kv_op> ops;
+  m.set_op_listener([&](const kv_op& op) { ops.push_back(op); });
+  add_and_prefill(m, 1, toks(11));
+  ASSERT_TRUE(m.allocate(seq_id(1), 6).has_value());  // slots past the stored ones, never written
+  const block_id second = m.block_table(seq_id(1))[1];
+  ops.clear();
+  ASSERT_TRUE(m.truncate(seq_id(1), 6).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.n_stored_tokens(seq_id(1)), 6);
+  EXPECT_EQ(m.block_table(seq_id(1)).size(), 2u);
+  EXPECT_EQ(m.metrics().n_stored_tokens, 6);
+  // Blocks 2..4 (one partly written, two never written) went back to the
+  // pool, released; block 1 reopens at slot 2.
+  ASSERT_EQ(ops.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(ops[i].kind, kv_op_kind::release);
+  EXPECT_EQ(ops[3].kind, kv_op_kind::truncate);
+  EXPECT_EQ(ops[3].block, second);
+  EXPECT_EQ(ops[3].n_tokens, 2);
+  // Writing again goes into the same block, no copy.
+  const auto a = m.allocate(seq_id(1), 1);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(a->copies.empty());
+  ASSERT_TRUE(m.commit(seq_id(1), toks(1, 700)).ok());
+  EXPECT_EQ(m.block_table(seq_id(1))[1], second);
+  EXPECT_FALSE(m.truncate(seq_id(1), 8).ok());
+  EXPECT_FALSE(m.truncate(seq_id(1), -1).ok());
+  expect_ok(m);
+}
+
+TEST(kv_manager, truncate_into_a_cached_block_copies_it_on_the_next_write) {
+  kv_manager m(4, 16);
+  std::vector<kv_op> ops;
+  m.set_op_listener([&](const kv_op& op) { ops.push_back(op); });
+  add_and_prefill(m, 1, toks(9));
+  const block_id cached = m.block_table(seq_id(1))[1];
+  ASSERT_TRUE(m.index().contains(cached));
+  ops.clear();
+  ASSERT_TRUE(m.truncate(seq_id(1), 6).ok());
+  expect_ok(m);
+  for (const kv_op& op : ops) EXPECT_NE(op.kind, kv_op_kind::truncate);  // the cached block is never reopened
+  const auto a = m.allocate(seq_id(1), 1);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_EQ(a->copies.size(), 1u);
+  EXPECT_EQ(a->copies[0].src, cached);
+  EXPECT_EQ(a->copies[0].n_tokens, 2);
+  ASSERT_TRUE(m.commit(seq_id(1), toks(1, 800)).ok());
+  expect_ok(m);
+  // The original still serves the prefix to others.
+  EXPECT_TRUE(m.index().contains(cached));
+  EXPECT_EQ(add_and_prefill(m, 2, toks(9)), 8);
+  EXPECT_EQ(m.block_table(seq_id(2))[1], cached);
+}
+
+TEST(kv_manager, evictions_are_reported_with_their_key_and_tokens) {
+  kv_manager m(4, 4);
+  std::vector<kv_op> evicted;
+  m.set_op_listener([&](const kv_op& op) {
+    if (op.kind == kv_op_kind::evict) evicted.push_back(op);
+  });
+  add_and_prefill(m, 1, toks(9));
+  const block_id first = m.block_table(seq_id(1))[0];
+  const block_key key = m.index().key_of(first);
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  EXPECT_EQ(m.evict_cached_blocks(), 2);
+  ASSERT_EQ(evicted.size(), 2u);
+  const auto it = std::find_if(evicted.begin(), evicted.end(), [&](const kv_op& op) { return op.block == first; });
+  ASSERT_NE(it, evicted.end());
+  EXPECT_EQ(it->key, key);
+  EXPECT_EQ(it->parent, k_root_parent_key);
+  EXPECT_EQ(it->tokens, toks(4));
+  EXPECT_EQ(m.metrics().n_evictions, 2);
+}
+
+TEST(kv_manager, allocation_blocker_says_pool_or_quota) {
+  kv_manager m(4, 8);
+  ASSERT_TRUE(m.set_tenant_quota("t", 2).ok());
+  ASSERT_TRUE(m.add_sequence(seq_id(1), toks(5), of_tenant("t")).ok());
+  EXPECT_EQ(m.allocation_blocker(seq_id(1), 8), alloc_blocker::none);
+  EXPECT_EQ(m.allocation_blocker(seq_id(1), 9), alloc_blocker::quota);
+  ASSERT_TRUE(m.add_sequence(seq_id(2), toks(5)).ok());
+  EXPECT_EQ(m.allocation_blocker(seq_id(2), 32), alloc_blocker::none);
+  EXPECT_EQ(m.allocation_blocker(seq_id(2), 33), alloc_blocker::pool);
+}
+
+TEST(kv_manager, prompt_keys_and_cached_prompt_blocks) {
+  kv_manager m(4, 16);
+  const auto keys = m.prompt_keys(toks(9));
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9)), 0);
+  add_and_prefill(m, 1, toks(9));
+  EXPECT_EQ(m.index().key_of(m.block_table(seq_id(1))[0]), keys[0]);
+  EXPECT_EQ(m.index().key_of(m.block_table(seq_id(1))[1]), keys[1]);
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9)), 2);
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(8)), 1);  // the last prompt token is always computed
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9), of_tenant("other")), 0);
+  EXPECT_NE(m.prompt_keys(toks(9), of_tenant("other"))[0], keys[0]);
 }
 
 }  // namespace

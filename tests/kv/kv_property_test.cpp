@@ -1,13 +1,20 @@
 // Property test: long random sequences of operations on one kv_manager (add with
 // shared prefixes, salts and tenants; allocate + commit of prompt chunks and
-// decode tokens; fork; free; preemption and re-add; allocation under pressure,
-// which evicts; quota changes; cache resets), checking after every operation:
+// decode tokens at increasing positions, with gaps; fork; free; preemption and
+// re-add; drop of blocks from the middle; truncate of the tail; allocation
+// under pressure, which evicts; quota changes; cache resets), checking after
+// every operation:
 // - kv_manager::check_invariants() (counts add up, ref counts = table
-//   memberships, tables valid and unique, index <-> hashed blocks, keys chain),
-// - simulated tensors: every stored token of every sequence reads back from the
-//   slot its block table names, and every cached block holds the tokens the
-//   prefix index claims for it (so sharing, reuse and copy-on-write never hand
-//   out wrong KV),
+//   memberships, tables valid and unique, index <-> hashed blocks, keys chain,
+//   positions increase),
+// - simulated tensors, changed only by the writes of committed tokens and by
+//   the block ops the manager reports (copy, truncate, release, evict): every
+//   stored token of every sequence reads back, with its position, from the slot
+//   its block table names, and every cached block holds the tokens the prefix
+//   index claims for it (so sharing, reuse, copy-on-write, drop and truncate
+//   never hand out wrong KV); slots a truncate or release gives up are
+//   poisoned, so a stale read is caught; an evicted block's reported tokens are
+//   the ones its slots still hold (bytes intact when the eviction is reported),
 // - a failed allocate changed nothing,
 // and at the end, with every sequence gone, no block is leaked.
 #include <algorithm>
@@ -48,7 +55,9 @@ class harness {
       : rng_(seed),
         bs_(sc.block_size),
         m_(sc.block_size, sc.n_blocks, sc.prefix_caching),
-        kv_(static_cast<std::size_t>(sc.n_blocks) * static_cast<std::size_t>(sc.block_size), k_no_token) {
+        kv_(static_cast<std::size_t>(sc.n_blocks) * static_cast<std::size_t>(sc.block_size), k_no_token),
+        pos_(kv_.size(), -1) {
+    m_.set_op_listener([this](const kv_op& op) { apply(op); });
     // A few shared prefixes from a tiny vocabulary, so prompts overlap often.
     for (int p = 0; p < 4; ++p) {
       std::vector<token_id> prefix(static_cast<std::size_t>(uniform(0, 4 * bs_ + 2)));
@@ -60,10 +69,14 @@ class harness {
   void run(int n_ops) {
     for (op_ = 0; op_ < n_ops; ++op_) {
       const int r = uniform(0, 99);
-      if (r < 18) {
+      if (r < 16) {
         op_add();
-      } else if (r < 70) {
+      } else if (r < 62) {
         op_step();
+      } else if (r < 66) {
+        op_drop();
+      } else if (r < 70) {
+        op_truncate();
       } else if (r < 78) {
         op_fork();
       } else if (r < 88) {
@@ -91,9 +104,10 @@ class harness {
     EXPECT_EQ(km.n_blocks_used, 0);
     EXPECT_EQ(km.n_stored_tokens, 0);
     EXPECT_EQ(km.n_blocks_free + km.n_blocks_cached, km.n_blocks_total);
-    EXPECT_EQ(m_.n_free_blocks(), km.n_blocks_total);
+    EXPECT_EQ(m_.n_takeable_blocks(), km.n_blocks_total);
     EXPECT_EQ(km.n_preemptions, n_preemptions_);
     EXPECT_EQ(km.n_cow_copies, n_copies_);
+    EXPECT_EQ(km.n_evictions, n_evict_ops_);
     EXPECT_EQ(km.n_prefix_hit_tokens, n_hit_tokens_);
     for (const tenant_kv_usage& t : km.tenants) EXPECT_EQ(t.n_used_blocks, 0) << t.name;
     // The run must have exercised what it claims to.
@@ -104,7 +118,10 @@ class harness {
     }
     if (bs_ > 1) {
       EXPECT_GT(n_copies_, 0);  // a block of one token is never partly filled
+      EXPECT_GT(n_truncate_ops_, 0);
     }
+    EXPECT_GT(n_drops_, 0);
+    EXPECT_GT(n_truncates_, 0);
     ::testing::Test::RecordProperty("allocate_failures", static_cast<int>(n_allocate_failures_));
     ::testing::Test::RecordProperty("preemptions", static_cast<int>(km.n_preemptions));
     ::testing::Test::RecordProperty("evictions", static_cast<int>(km.n_evictions));
@@ -123,8 +140,37 @@ class harness {
     return it->first;
   }
 
-  token_id& slot(block_id b, std::int64_t i) {
-    return kv_[static_cast<std::size_t>(b.value) * static_cast<std::size_t>(bs_) + static_cast<std::size_t>(i)];
+  std::size_t at(block_id b, std::int64_t i) const {
+    return static_cast<std::size_t>(b.value) * static_cast<std::size_t>(bs_) + static_cast<std::size_t>(i);
+  }
+  token_id& slot(block_id b, std::int64_t i) { return kv_[at(b, i)]; }
+
+  // The tensors' side of the block ops.
+  static constexpr token_id k_poison = -7;
+  void apply(const kv_op& op) {
+    switch (op.kind) {
+      case kv_op_kind::copy:
+        ++n_copies_;
+        for (std::int32_t i = 0; i < op.n_tokens; ++i) {
+          kv_[at(op.block, i)] = kv_[at(op.src, i)];
+          pos_[at(op.block, i)] = pos_[at(op.src, i)];
+        }
+        break;
+      case kv_op_kind::truncate:
+        ++n_truncate_ops_;
+        for (std::int32_t i = op.n_tokens; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        break;
+      case kv_op_kind::release:
+        for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        break;
+      case kv_op_kind::evict:
+        ++n_evict_ops_;
+        EXPECT_EQ(op.tokens.size(), static_cast<std::size_t>(bs_));
+        for (std::int32_t i = 0; i < bs_ && i < static_cast<std::int32_t>(op.tokens.size()); ++i)
+          EXPECT_EQ(kv_[at(op.block, i)], op.tokens[static_cast<std::size_t>(i)]) << "evicted block " << op.block.value;
+        for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        break;
+    }
   }
 
   void op_add() {
@@ -193,26 +239,68 @@ class harness {
       if (uniform(0, 1) == 0) op_preempt(random_seq());
       return;
     }
-    // Every block taken is new to the used set (a copy's source stays used by its other holders).
-    ASSERT_EQ(m_.metrics().n_blocks_used - before.n_blocks_used, needed);
+    // Every block taken is new to the used set (a copy's source stays used by
+    // its other holders, or cached). The copy itself arrived as a block op.
+    ASSERT_GE(m_.metrics().n_blocks_used - before.n_blocks_used, needed - 1);
+    ASSERT_LE(m_.metrics().n_blocks_used - before.n_blocks_used, needed);
     ASSERT_EQ(a->n_new_blocks + static_cast<std::int32_t>(a->copies.size()), needed);
     ASSERT_LE(a->copies.size(), 1u);
-    for (const block_copy& c : a->copies) {
-      ++n_copies_;
-      for (std::int32_t i = 0; i < c.n_tokens; ++i) slot(c.dst, i) = slot(c.src, i);
-    }
-    // The model writes K/V of the n tokens at their slots.
+    // The model writes K/V of the n tokens at their slots, at increasing
+    // positions (sometimes with gaps, as after a position shift).
     std::vector<token_id> written;
+    std::vector<std::int32_t> positions;
     const auto table = m_.block_table(*id);
+    const auto stored_pos = m_.positions(*id);
+    std::int32_t next_pos = stored_pos.empty() ? 0 : stored_pos.back() + 1;
+    const bool gaps = uniform(0, 3) == 0;
     for (int i = 0; i < n; ++i) {
-      const std::size_t pos = n_stored + static_cast<std::size_t>(i);
-      const token_id t = pos < n_known ? m_.tokens(*id)[pos] : static_cast<token_id>(uniform(0, 5));
-      slot(table[pos / static_cast<std::size_t>(bs_)], static_cast<std::int64_t>(pos % static_cast<std::size_t>(bs_))) = t;
+      const std::size_t p = n_stored + static_cast<std::size_t>(i);
+      const token_id t = p < n_known ? m_.tokens(*id)[p] : static_cast<token_id>(uniform(0, 5));
+      const block_id b = table[p / static_cast<std::size_t>(bs_)];
+      const auto off = static_cast<std::int64_t>(p % static_cast<std::size_t>(bs_));
+      slot(b, off) = t;
+      pos_[at(b, off)] = next_pos;
       written.push_back(t);
+      positions.push_back(next_pos);
+      next_pos += gaps ? uniform(1, 3) : 1;
     }
-    const status st = m_.commit(*id, written);
+    const status st = gaps ? m_.commit(*id, written, positions) : m_.commit(*id, written);
     ASSERT_TRUE(st.ok()) << st.message();
     (void)s;
+  }
+
+  // A policy frees some full blocks from anywhere in the table.
+  void op_drop() {
+    const auto id = random_seq();
+    if (!id) return;
+    const std::int32_t n_full = m_.n_stored_tokens(*id) / bs_;
+    if (n_full == 0) {
+      const std::int32_t bad[] = {0};
+      ASSERT_FALSE(m_.drop(*id, bad).ok());
+      return;
+    }
+    std::vector<std::int32_t> picked;
+    for (std::int32_t i = 0; i < n_full; ++i)
+      if (uniform(0, 2) == 0) picked.push_back(i);
+    std::shuffle(picked.begin(), picked.end(), rng_);
+    const std::int32_t n_before = m_.n_stored_tokens(*id);
+    const status st = m_.drop(*id, picked);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(m_.n_stored_tokens(*id), n_before - static_cast<std::int32_t>(picked.size()) * bs_);
+    ++n_drops_;
+  }
+
+  // Speculation rolls back its tail (sometimes into a shared or cached block).
+  void op_truncate() {
+    const auto id = random_seq();
+    if (!id) return;
+    const std::int32_t n_stored = m_.n_stored_tokens(*id);
+    ASSERT_FALSE(m_.truncate(*id, n_stored + 1).ok());
+    const std::int32_t keep = std::max(0, n_stored - uniform(0, 2 * bs_));
+    const status st = m_.truncate(*id, keep);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(m_.n_stored_tokens(*id), keep);
+    ++n_truncates_;
   }
 
   void op_fork() {
@@ -245,6 +333,10 @@ class harness {
   void op_preempt(std::optional<seq_id> id) {
     if (!id) return;
     const std::vector<token_id> all(m_.tokens(*id).begin(), m_.tokens(*id).end());
+    if (all.empty()) {  // truncated to nothing: there is no prompt to come back with
+      op_finish_seq(*id);
+      return;
+    }
     live_seq s = seqs_.at(*id);
     seqs_.erase(*id);
     ASSERT_TRUE(m_.preempt_sequence(*id).ok());
@@ -279,10 +371,15 @@ class harness {
     for (const auto& [id, s] : seqs_) {
       const auto table = m_.block_table(id);
       const auto tokens = m_.tokens(id);
+      const auto positions = m_.positions(id);
       const std::int32_t n_stored = m_.n_stored_tokens(id);
+      ASSERT_EQ(positions.size(), static_cast<std::size_t>(n_stored));
       for (std::int32_t p = 0; p < n_stored; ++p) {
-        ASSERT_EQ(slot(table[static_cast<std::size_t>(p / bs_)], p % bs_), tokens[static_cast<std::size_t>(p)])
-            << "op " << op_ << " seq " << id.value << " position " << p;
+        const block_id b = table[static_cast<std::size_t>(p / bs_)];
+        ASSERT_EQ(slot(b, p % bs_), tokens[static_cast<std::size_t>(p)])
+            << "op " << op_ << " seq " << id.value << " slot " << p;
+        ASSERT_EQ(pos_[at(b, p % bs_)], positions[static_cast<std::size_t>(p)])
+            << "op " << op_ << " seq " << id.value << " slot " << p;
       }
     }
     // Every indexed block holds what the index says (cached ones included).
@@ -299,6 +396,7 @@ class harness {
   std::int32_t bs_;
   kv_manager m_;
   std::vector<token_id> kv_;  // simulated tensors: [n_blocks][block_size] token ids
+  std::vector<std::int32_t> pos_;  // [n_blocks][block_size]: the position each slot was written at
   std::vector<std::vector<token_id>> prefixes_;
   std::map<seq_id, live_seq> seqs_;
   std::int64_t next_id_ = 1;
@@ -307,6 +405,10 @@ class harness {
   std::int64_t n_copies_ = 0;
   std::int64_t n_hit_tokens_ = 0;
   std::int64_t n_allocate_failures_ = 0;
+  std::int64_t n_evict_ops_ = 0;
+  std::int64_t n_truncate_ops_ = 0;
+  std::int64_t n_drops_ = 0;
+  std::int64_t n_truncates_ = 0;
 };
 
 class kv_property : public ::testing::TestWithParam<std::uint32_t> {};
