@@ -111,6 +111,7 @@ struct setup {
   std::unique_ptr<kv_storage> kv;
   std::vector<block_id> table;
   std::vector<float> q;  // [32][128]: one decode token
+  std::vector<std::int32_t> pos;  // [n_ctx]: slot i at position i
   std::size_t kv_bytes = 0;
 };
 
@@ -143,6 +144,8 @@ setup& setup_for(const std::string& spec, int n_ctx, bool shuffled) {
     v[i] = nd(rng);
   }
   for (int pos = 0; pos < n_ctx; pos += chunk) s->kv->write(0, s->table, pos, std::min(chunk, n_ctx - pos), k.data(), v.data());
+  s->pos.resize(n_ctx);
+  for (int i = 0; i < n_ctx; ++i) s->pos[i] = i;
   s->q.resize(static_cast<std::size_t>(k_kv_heads) * k_rep * k_head_dim);
   for (float& x : s->q) x = nd(rng);
   const std::size_t full = static_cast<std::size_t>(n_ctx / k_block) * layout.bytes_per_block();
@@ -182,7 +185,9 @@ void bm_decode(benchmark::State& st, std::string spec) {
         t.q = s.q.data();
         t.q_stride = s.q.size();
         t.n_tokens = 1;
-        t.pos0 = n_ctx - 1;
+        t.q_pos = s.pos.data() + n_ctx - 1;
+        t.kv_pos = s.pos.data();
+        t.n_kv = n_ctx;
         t.out = out.data();
         t.out_stride = out.size();
         paged_attention(t, scratch[ith]);

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "kv/kv_storage.h"
+#include "kv/kv_storage.h"
 #include "model/llama.h"
 #include "quant/kv_format_spec.h"
 
@@ -73,7 +74,7 @@ void bm_decode(benchmark::State& st, std::string spec) {
   std::vector<float> logits;
   const std::vector<token_id> token{1};
   for (auto _ : st) {
-    forward_seq s{token, n_ctx, table, false};
+    forward_seq s = forward_seq::consecutive(token, n_ctx, table, false);
     if (auto r = ctx.forward({&s, 1}, logits); !r.ok()) {
       st.SkipWithError(r.message().c_str());
       return;

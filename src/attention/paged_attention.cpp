@@ -16,41 +16,49 @@ namespace {
 // few enough that scores stay in L2 at long contexts.
 constexpr int k_max_rows_per_group = 64;
 
-// The tiles of head h covering tokens [0, n_ctx), minus a staged last block;
-// returns the number of tokens they hold.
-int gather_tiles(const paged_kv_view& v, int h, int n_ctx, std::vector<const void*>& tiles) {
+// The tiles of head h covering slots [b0 * bs, n_ctx), minus a staged last
+// block; returns the number of slots they hold.
+int gather_tiles(const paged_kv_view& v, int h, int b0, int n_ctx, std::vector<const void*>& tiles) {
   const int bs = v.shape.block_size;
   int n_blocks = (n_ctx + bs - 1) / bs;
-  int n_tok = n_ctx;
-  if (n_blocks > 0 && v.is_staged(n_blocks - 1)) {
+  int end = n_ctx;
+  if (n_blocks > b0 && v.is_staged(n_blocks - 1)) {
     --n_blocks;
-    n_tok = n_blocks * bs;
+    end = n_blocks * bs;
   }
-  tiles.resize(n_blocks);
-  for (int b = 0; b < n_blocks; ++b) tiles[b] = v.tile(b, h);
-  return n_tok;
+  tiles.resize(std::max(0, n_blocks - b0));
+  for (int b = b0; b < n_blocks; ++b) tiles[b - b0] = v.tile(b, h);
+  return std::max(0, end - b0 * bs);
 }
 
-void run_qk(const paged_kv_view& k, int h, int n_ctx, const float* q, int rows, float* scores, int ld,
+// scores[r * ld + j] = q_r . k(slot b0 * bs + j) for slots below n_ctx.
+void run_qk(const paged_kv_view& k, int h, int b0, int n_ctx, const float* q, int rows, float* scores, int ld,
             std::vector<const void*>& tiles) {
-  const int n_tok = gather_tiles(k, h, n_ctx, tiles);
+  const int base = b0 * k.shape.block_size;
+  const int n_tok = gather_tiles(k, h, b0, n_ctx, tiles);
   if (n_tok > 0) k.codec->qk(k.format, k.shape, k.params(h), tiles.data(), n_tok, q, rows, scores, ld);
-  if (n_tok < n_ctx) {
+  if (base + n_tok < n_ctx) {
     const void* staged = k.staged_tile(h);
-    k.staged_codec->qk(k.staged_format, k.shape, nullptr, &staged, n_ctx - n_tok, q, rows, scores + n_tok, ld);
+    k.staged_codec->qk(k.staged_format, k.shape, nullptr, &staged, n_ctx - base - n_tok, q, rows, scores + n_tok, ld);
   }
 }
 
-void run_av(const paged_kv_view& v, int h, int n_ctx, const float* w, int ld, int rows, float* acc,
+void run_av(const paged_kv_view& v, int h, int b0, int n_ctx, const float* w, int ld, int rows, float* acc,
             std::vector<const void*>& tiles) {
-  const int n_tok = gather_tiles(v, h, n_ctx, tiles);
+  const int base = b0 * v.shape.block_size;
+  const int n_tok = gather_tiles(v, h, b0, n_ctx, tiles);
   if (n_tok > 0) v.codec->av(v.format, v.shape, v.params(h), tiles.data(), n_tok, w, ld, rows, acc);
-  if (n_tok < n_ctx) {
+  if (base + n_tok < n_ctx) {
     const void* staged = v.staged_tile(h);
-    v.staged_codec->av(v.staged_format, v.shape, nullptr, &staged, n_ctx - n_tok, w + n_tok, ld, rows, acc);
+    v.staged_codec->av(v.staged_format, v.shape, nullptr, &staged, n_ctx - base - n_tok, w + n_tok, ld, rows, acc);
   }
 }
 }  // namespace
+
+void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int window, int& lo, int& hi) {
+  hi = static_cast<int>(std::upper_bound(kv_pos, kv_pos + n_kv, q_pos) - kv_pos);
+  lo = window > 0 ? static_cast<int>(std::upper_bound(kv_pos, kv_pos + hi, q_pos - window) - kv_pos) : 0;
+}
 
 float softmax_unnormalized_ref(float* s, int n) {
   float mx = -INFINITY;
@@ -74,15 +82,26 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
   const int hd = t.head_dim;
   const int bs = k.shape.block_size;
   PAGODA_DASSERT(k.shape.head_dim == hd && v.shape.head_dim == hd && v.shape.block_size == bs);
-  PAGODA_DASSERT(k.n_tokens >= t.pos0 + t.n_tokens);
+  PAGODA_DASSERT(k.n_tokens >= t.n_kv && v.n_tokens >= t.n_kv);
   const int tokens_per_group = std::max(1, k_max_rows_per_group / t.n_rep);
+  sc.lo.resize(t.n_tokens);
+  sc.hi.resize(t.n_tokens);
+  for (int i = 0; i < t.n_tokens; ++i) visible_slots(t.kv_pos, t.n_kv, t.q_pos[i], t.window, sc.lo[i], sc.hi[i]);
+  const int first_window_token = t.n_tokens - t.stats.n_window;
 
   for (int g0 = 0; g0 < t.n_tokens; g0 += tokens_per_group) {
     const int gn = std::min(tokens_per_group, t.n_tokens - g0);
     const int rows = gn * t.n_rep;
-    const int n_ctx = t.pos0 + g0 + gn;
-    const int n_blocks = (n_ctx + bs - 1) / bs;
-    const int ld = n_blocks * bs;
+    // The slots the group sees: from the first block any row sees to the last slot.
+    int lo_min = t.n_kv, n_ctx = 0;
+    for (int i = g0; i < g0 + gn; ++i) {
+      PAGODA_DASSERT(sc.lo[i] < sc.hi[i], "a query sees no KV slot");
+      lo_min = std::min(lo_min, sc.lo[i]);
+      n_ctx = std::max(n_ctx, sc.hi[i]);
+    }
+    const int b0 = lo_min / bs;
+    const int base = b0 * bs;
+    const int ld = (n_ctx + bs - 1) / bs * bs - base;
     sc.q.resize(static_cast<std::size_t>(rows) * hd);
     sc.scores.resize(static_cast<std::size_t>(rows) * ld);
     sc.acc.assign(static_cast<std::size_t>(rows) * hd, 0.0f);
@@ -96,14 +115,28 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
         for (int d = 0; d < hd; ++d) dst[d] = src[d] * t.scale;
       }
 
-    run_qk(k, t.kv_head, n_ctx, sc.q.data(), rows, sc.scores.data(), ld, sc.tiles);
+    run_qk(k, t.kv_head, b0, n_ctx, sc.q.data(), rows, sc.scores.data(), ld, sc.tiles);
     for (int r = 0; r < rows; ++r) {
-      int len = t.pos0 + g0 + r / t.n_rep + 1;
+      const int i = g0 + r / t.n_rep;
+      const int lo = sc.lo[i] - base, hi = sc.hi[i] - base;
       float* s = sc.scores.data() + static_cast<std::size_t>(r) * ld;
-      sc.row_sum[r] = softmax_unnormalized(s, len);
-      std::fill(s + len, s + ld, 0.0f);
+      sc.row_sum[r] = softmax_unnormalized(s + lo, hi - lo);
+      std::fill(s, s + lo, 0.0f);
+      std::fill(s + hi, s + ld, 0.0f);
+      if (t.stats.accumulated || t.stats.window) {
+        const float inv = 1.0f / sc.row_sum[r];
+        float* acc = t.stats.accumulated ? t.stats.accumulated + base : nullptr;
+        float* win = t.stats.window && i >= first_window_token
+                         ? t.stats.window + static_cast<std::size_t>(i - first_window_token) * t.n_kv + base
+                         : nullptr;
+        for (int j = lo; j < hi; ++j) {
+          const float w = s[j] * inv;
+          if (acc) acc[j] += w;
+          if (win) win[j] += w;
+        }
+      }
     }
-    run_av(v, t.kv_head, n_ctx, sc.scores.data(), ld, rows, sc.acc.data(), sc.tiles);
+    run_av(v, t.kv_head, b0, n_ctx, sc.scores.data(), ld, rows, sc.acc.data(), sc.tiles);
     for (int i = 0; i < gn; ++i)
       for (int j = 0; j < t.n_rep; ++j) {
         int r = i * t.n_rep + j;
@@ -121,7 +154,7 @@ void paged_attention_ref(const attention_task& t) {
   const paged_kv_view& v = *t.v;
   const int hd = t.head_dim;
   const int bs = k.shape.block_size;
-  const int n_ctx = t.pos0 + t.n_tokens;
+  const int n_ctx = t.n_kv;
   std::vector<float> keys(static_cast<std::size_t>(n_ctx) * hd), values(static_cast<std::size_t>(n_ctx) * hd);
   for (int p = 0; p < n_ctx; ++p) {
     int b = p / bs, slot = p % bs;
@@ -131,25 +164,35 @@ void paged_attention_ref(const attention_task& t) {
       else x->codec->decode(x->format, x->shape, x->params(t.kv_head), x->tile(b, t.kv_head), slot, 1, dst);
     }
   }
+  const int first_window_token = t.n_tokens - t.stats.n_window;
   std::vector<double> w(n_ctx), o(hd);
   for (int i = 0; i < t.n_tokens; ++i)
     for (int j = 0; j < t.n_rep; ++j) {
       const float* q = t.q + static_cast<std::size_t>(i) * t.q_stride + static_cast<std::size_t>(t.kv_head * t.n_rep + j) * hd;
-      int len = t.pos0 + i + 1;
+      // The mask, spelled out slot by slot from the positions.
+      std::vector<bool> seen(n_ctx);
+      for (int p = 0; p < n_ctx; ++p)
+        seen[p] = t.kv_pos[p] <= t.q_pos[i] && (t.window <= 0 || t.kv_pos[p] > t.q_pos[i] - t.window);
       double mx = -INFINITY;
-      for (int p = 0; p < len; ++p) {
+      for (int p = 0; p < n_ctx; ++p) {
+        if (!seen[p]) continue;
         double s = 0;
         for (int d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[static_cast<std::size_t>(p) * hd + d];
         w[p] = s * t.scale;
         mx = std::max(mx, w[p]);
       }
       double sum = 0;
-      for (int p = 0; p < len; ++p) sum += (w[p] = std::exp(w[p] - mx));
+      for (int p = 0; p < n_ctx; ++p) sum += seen[p] ? (w[p] = std::exp(w[p] - mx)) : (w[p] = 0);
       std::fill(o.begin(), o.end(), 0.0);
-      for (int p = 0; p < len; ++p)
+      for (int p = 0; p < n_ctx; ++p)
         for (int d = 0; d < hd; ++d) o[d] += w[p] / sum * values[static_cast<std::size_t>(p) * hd + d];
       float* dst = t.out + static_cast<std::size_t>(i) * t.out_stride + static_cast<std::size_t>(t.kv_head * t.n_rep + j) * hd;
       for (int d = 0; d < hd; ++d) dst[d] = static_cast<float>(o[d]);
+      for (int p = 0; p < n_ctx; ++p) {
+        if (t.stats.accumulated) t.stats.accumulated[p] += static_cast<float>(w[p] / sum);
+        if (t.stats.window && i >= first_window_token)
+          t.stats.window[static_cast<std::size_t>(i - first_window_token) * n_ctx + p] += static_cast<float>(w[p] / sum);
+      }
     }
 }
 

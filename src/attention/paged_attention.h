@@ -1,25 +1,38 @@
 // Causal attention over paged KV views, on encoded tiles (codec qk/av).
 //
 // Two passes per (sequence, KV head, group of query tokens): scores for every
-// cached position through the key codec, an exact softmax per query row over
-// its own causal range, then the weighted value sum through the value codec.
-// Every KV byte is read once per group. Codecs get the whole run of a head's
-// tiles at once; a staged (f16) last block of a sealed format goes through the
-// f16 codec.
+// KV slot the group can see through the key codec, an exact softmax per query
+// row over its own visible range, then the weighted value sum through the value
+// codec. Every KV byte is read once per group. Codecs get the whole run of a
+// head's tiles at once; a staged (f16) last block of a sealed format goes
+// through the f16 codec.
+//
+// Masking is by stored positions, not by slot number: a query token at
+// position p sees the KV slots whose stored position is <= p and, with a
+// sliding window w > 0, > p - w. Stored positions strictly increase along the
+// slots (kv_manager keeps them so), so what a row sees is one contiguous run of
+// slots, found by binary search. Blocks dropped from the middle of a sequence
+// simply are not there; no slot is masked for being missing.
 //
 // Batch invariance: a query row's output depends only on its own q, its
-// position and the cache contents up to that position, never on which other
-// rows share its group (prefill chunk) or step. Positions a row must not see
-// get weight exactly 0, and the codecs add 0-weighted rows exactly. This holds
-// bitwise for every format that is not sealed; sealed formats (per-channel
-// scales) are deterministic but a query sees its own block as f16 while the
-// block is open and as codes once a later write has sealed it (kv_storage.h).
+// position and the cache contents it sees, never on which other rows share its
+// group (prefill chunk) or step. Slots a row must not see get weight exactly 0,
+// and the codecs add 0-weighted rows exactly. This holds bitwise for every
+// format that is not sealed; sealed formats (per-channel scales) are
+// deterministic but a query sees its own block as f16 while the block is open
+// and as codes once a later write has sealed it (kv_backend.h).
+//
+// Statistics (optional, for eviction policies): the softmax weights a task
+// computed, per KV slot, summed over the query heads of the KV head's group:
+// over every query row of the task (H2O's accumulated attention), and for the
+// last n_window query tokens one row each (SnapKV's observation window).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
-#include "kv/kv_storage.h"
+#include "kv/kv_backend.h"
 
 namespace pagoda {
 
@@ -30,6 +43,14 @@ struct attention_scratch {
   std::vector<float> scores;  // [rows][ld]
   std::vector<float> acc;     // [rows][head_dim]
   std::vector<float> row_sum; // [rows]
+  std::vector<int> lo, hi;    // [tokens]: the slots each query token sees, [lo, hi)
+};
+
+// Where one task adds its statistics; both arrays are indexed by KV slot.
+struct attention_stats_out {
+  float* accumulated = nullptr;  // [n_kv]: += weight, over every query row
+  float* window = nullptr;       // [n_window][n_kv]: += weight of the last n_window query tokens
+  int n_window = 0;
 };
 
 struct attention_task {
@@ -39,23 +60,32 @@ struct attention_task {
   int n_rep = 1;          // query heads per KV head (GQA)
   int head_dim = 0;
   float scale = 1.0f;     // usually 1/sqrt(head_dim)
-  // Queries: n_tokens tokens at positions pos0 .. pos0 + n_tokens - 1; token i,
-  // query head (kv_head * n_rep + j) is at q + i * q_stride + (kv_head * n_rep + j) * head_dim.
+  // Queries: n_tokens tokens; token i, query head (kv_head * n_rep + j) is at
+  // q + i * q_stride + (kv_head * n_rep + j) * head_dim.
   const float* q = nullptr;
   std::size_t q_stride = 0;
   int n_tokens = 0;
-  int pos0 = 0;
+  // Positions: q_pos[n_tokens] of the queries, kv_pos[n_kv] of the KV slots
+  // (strictly increasing). window > 0: a sliding window of that many positions.
+  const std::int32_t* q_pos = nullptr;
+  const std::int32_t* kv_pos = nullptr;
+  int n_kv = 0;
+  int window = 0;
   // Output laid out like q.
   float* out = nullptr;
   std::size_t out_stride = 0;
+  attention_stats_out stats;  // accumulated == window == nullptr: none
 };
 
-// REQUIRES: k and v cover positions [0, pos0 + n_tokens).
+// REQUIRES: k and v cover n_kv slots; every query sees at least one slot.
 void paged_attention(const attention_task& task, attention_scratch& scratch);
 
 // Plain reference twin: decodes each needed key/value with the codec and
-// computes attention in double precision, one query at a time.
+// computes attention (and the statistics) in double precision, one query at a time.
 void paged_attention_ref(const attention_task& task);
+
+// The slots [lo, hi) a query at position q_pos sees (see above).
+void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int window, int& lo, int& hi);
 
 // Softmax of s[0, n) in place, returning the sum of exponentials; the entries are
 // left unnormalised (exp(s - max)). Dispatches on the SIMD level.

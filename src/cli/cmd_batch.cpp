@@ -28,6 +28,7 @@ struct batch_options {
 struct line_result {
   std::string id;
   std::string error;  // non-empty: the line failed
+  std::string error_type = "invalid_request_error";
   struct completion {
     std::string text;
     std::vector<token_id> tokens;
@@ -96,7 +97,7 @@ result<request> parse_line(const json& j, const tokenizer& vocab, std::mt19937_6
   return r;
 }
 
-json summary_json(const engine& eng, double seconds, std::size_t n_requests, std::size_t n_errors,
+json summary_json(const engine_core& eng, double seconds, std::size_t n_requests, std::size_t n_errors,
                   double mean_fragmentation, double peak_usage) {
   const engine_stats& st = eng.stats();
   kv_metrics kv = eng.kv_stats();
@@ -133,9 +134,9 @@ json summary_json(const engine& eng, double seconds, std::size_t n_requests, std
 int batch(const batch_options& o) {
   std::ifstream in(o.input);
   if (!in) return fail(error(errc::not_found, "cannot open {}", o.input));
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.model));
-  PAGODA_ASSIGN_OR_RETURN_CLI(engine_config cfg, make_engine_config(*model, o.engine));
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine::create(*model, cfg));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
+  PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, cfg));
 
   std::vector<line_result> results;
   std::unordered_map<std::string, std::size_t> by_id;
@@ -187,7 +188,7 @@ int batch(const batch_options& o) {
   std::int64_t frag_steps = 0;
   while (eng->has_work()) {
     events.clear();
-    if (auto st = eng->step(events); !st.ok()) return fail(st);
+    eng->step(events);
     kv_metrics kv = eng->kv_stats();
     if (kv.n_blocks_used > 0) {
       frag_sum += kv.fragmentation();
@@ -200,6 +201,11 @@ int batch(const batch_options& o) {
       c.text += e.text;
       c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
       if (!e.finish_reason.empty()) c.finish_reason = e.finish_reason;
+      if (!e.error.empty() && r.error.empty()) {
+        r.error = e.error;
+        r.error_type = "internal_error";
+        ++n_errors;
+      }
       if (e.request_finished) {
         r.usage = e.usage;
         r.done = true;
@@ -218,7 +224,7 @@ int batch(const batch_options& o) {
   for (const line_result& r : results) {
     json j = {{"id", r.id}};
     if (!r.error.empty()) {
-      j["error"] = {{"message", r.error}, {"type", "invalid_request_error"}};
+      j["error"] = {{"message", r.error}, {"type", r.error_type}};
     } else {
       json comps = json::array();
       for (std::size_t i = 0; i < r.completions.size(); ++i)

@@ -18,7 +18,7 @@ namespace pagoda::cli {
 namespace {
 
 struct calibrate_options {
-  model_options model;
+  engine_config model;
   std::string file;
   std::string output;
   std::string separator = "<|endoftext|>";
@@ -59,7 +59,7 @@ int calibrate(const calibrate_options& o) {
   kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, block_size, kv_type::f32, kv_type::f32);
   const int n_blocks = (n_ctx + block_size - 1) / block_size;
   PAGODA_ASSIGN_OR_RETURN_CLI(auto storage, kv_storage::create(layout, n_blocks));
-  llama_context ctx(*model, *storage, o.model.threads);
+  llama_context ctx(*model, *storage, o.model.n_threads);
   std::vector<block_id> table;
   for (int b = 0; b < n_blocks; ++b) table.push_back(block_id(b));
 
@@ -70,7 +70,10 @@ int calibrate(const calibrate_options& o) {
   for (const auto& ids : docs) {
     const int n = static_cast<int>(ids.size());
     for (int pos = 0; pos < n; pos += 2048) {
-      forward_seq s{std::span(ids).subspan(pos, std::min(2048, n - pos)), pos, table, false};
+      forward_seq s;
+      s.tokens = std::span(ids).subspan(pos, std::min(2048, n - pos));
+      s.n_stored = pos;
+      s.blocks = table;
       if (auto st = ctx.forward({&s, 1}, logits); !st.ok()) return fail(st);
     }
     // Read the exact cache back: x[n][n_kv_heads][head_dim] per layer, K and V.
@@ -90,7 +93,7 @@ int calibrate(const calibrate_options& o) {
   }
   bar.finish();
   kv_scales scales = cal.finish();
-  scales.model = hp.name.empty() ? o.model.path : hp.name;
+  scales.model = hp.name.empty() ? o.model.model_path : hp.name;
   if (auto st = save_kv_scales(scales, o.output); !st.ok()) return fail(st);
   std::fprintf(stderr, "pagoda: calibrated K/V ranges of %d layers x %d heads x %d channels on %lld tokens "
                "(%zu documents, clip %s) -> %s\n", hp.n_layer, hp.n_head_kv, hp.head_dim,

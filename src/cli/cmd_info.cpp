@@ -9,8 +9,7 @@ namespace pagoda::cli {
 namespace {
 
 struct info_options {
-  model_options model;
-  kv_options kv;
+  engine_config config;
   bool kv_given = false;  // any KV type option: the configured layout gets its own row
 };
 
@@ -24,10 +23,10 @@ void print_kv_row(const std::string& name, const kv_layout& layout) {
 }
 
 int info(const info_options& o) {
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.model));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.config));
   const llama_hparams& hp = model->hparams();
   const gguf::file& f = model->gguf();
-  std::printf("model:           %s\n", o.model.path.c_str());
+  std::printf("model:           %s\n", o.config.model_path.c_str());
   if (!hp.name.empty()) std::printf("name:            %s\n", hp.name.c_str());
   std::printf("gguf version:    %u, %zu tensors, %zu metadata keys\n", f.version(), f.tensors().size(),
               f.metadata().size());
@@ -49,16 +48,16 @@ int info(const info_options& o) {
   for (const auto& [name, n] : types) std::printf(" %s x%d", name.c_str(), n);
   std::printf("\n\nKV cache per token (2 x %d layers x %d KV heads x %d values, block of %d tokens), scales and\n"
               "padding included; sealed formats (per-channel keys) keep the newest block in an f16 window per sequence:\n",
-              hp.n_layer, hp.n_head_kv, hp.head_dim, o.kv.block_size);
+              hp.n_layer, hp.n_head_kv, hp.head_dim, o.config.block_size);
   std::printf("  %-32s %7s %12s %12s %14s %14s\n", "K+V format", "bits/el", "bytes/token", "f16 window",
               "B/token @1K", "B/token @32K");
   auto row = [&](const std::string& k, const std::string& v) {
-    kv_options opts = o.kv;
-    opts.dtype = k + "+" + v;
-    opts.type_k.clear();
-    opts.type_v.clear();
-    opts.layer_types.clear();
-    opts.scales_path.clear();
+    engine_config opts = o.config;
+    opts.kv_cache_dtype = k + "+" + v;
+    opts.cache_type_k.clear();
+    opts.cache_type_v.clear();
+    opts.kv_layer_types.clear();
+    opts.kv_scales_path.clear();
     auto layout = make_kv_layout(*model, opts);
     if (layout.ok()) print_kv_row(layout->describe(), *layout);
     else std::printf("  %-32s %s\n", (k + "+" + v).c_str(), layout.error().message().c_str());
@@ -72,7 +71,7 @@ int info(const info_options& o) {
                       {"int8", "int2"}})
     row(k, v);
   if (o.kv_given) {
-    PAGODA_ASSIGN_OR_RETURN_CLI(kv_layout configured, make_kv_layout(*model, o.kv));
+    PAGODA_ASSIGN_OR_RETURN_CLI(kv_layout configured, make_kv_layout(*model, o.config));
     std::printf("configured:\n");
     print_kv_row(configured.describe(), configured);
   }
@@ -84,8 +83,8 @@ int info(const info_options& o) {
 void register_info(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<info_options>();
   CLI::App* cmd = app.add_subcommand("info", "describe a model and its KV cost");
-  add_model_options(cmd, opts->model);
-  add_kv_options(cmd, opts->kv);
+  add_model_options(cmd, opts->config);
+  add_kv_options(cmd, opts->config);
   cmd->callback([opts, cmd, &action] {
     for (const char* flag : {"--kv-cache-dtype", "--cache-type-k", "--cache-type-v", "--kv-layer-types", "--kv-scales"})
       opts->kv_given = opts->kv_given || cmd->count(flag) > 0;

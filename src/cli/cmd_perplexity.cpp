@@ -1,11 +1,13 @@
 // pagoda perplexity: mean negative log-likelihood of a text, one document per
-// separator, each BOS-prefixed and truncated at the context length. Documents
-// are scored several at a time in one batched forward step.
+// separator, each BOS-prefixed and truncated at the context length. Each
+// document is one request to the engine (max_tokens 0, prompt logits), so
+// documents are scored several at a time in batched steps, with the engine's
+// KV pool, scheduling and chunked prefill.
 //
-// --kl-divergence scores every step twice in the same run, with an exact (f32)
-// KV cache and with the configured one (same steps, same block tables), and
-// reports the mean KL(exact || configured) of the next-token distributions,
-// how often their top-1 tokens agree, and the perplexity change.
+// --kl-divergence runs a second engine in the same process with an exact (f32)
+// KV cache over the same requests, and reports the mean KL(exact ||
+// configured) of the next-token distributions, how often their top-1 tokens
+// agree, and the perplexity change.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -17,15 +19,16 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/simple_kv.h"
+#include <map>
+
+#include "sched/engine_core.h"
 #include "core/clock.h"
 
 namespace pagoda::cli {
 namespace {
 
 struct ppl_options {
-  model_options model;
-  kv_options kv;
+  engine_config config;
   std::string file;
   std::string separator = "<|endoftext|>";
   int batch_tokens = 2048;  // tokens per forward step, across documents
@@ -79,12 +82,15 @@ struct kl_stats {
   }
 };
 
+// The rows one engine produced, per (document, position), until both sides have them.
+using row_map = std::map<std::pair<int, int>, std::vector<float>>;
+
 int perplexity(const ppl_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(std::vector<std::string> texts, read_documents(o.file, o.separator));
 
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.model));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.config));
   const llama_hparams& hp = model->hparams();
-  const int n_ctx = context_length(o.model, hp);
+  const int n_ctx = context_length(o.config, hp);
   std::vector<std::vector<token_id>> docs;
   std::size_t n_cut = 0;
   for (const std::string& t : texts) {
@@ -96,99 +102,96 @@ int perplexity(const ppl_options& o) {
     if (ids.size() >= 2) docs.push_back(std::move(ids));
   }
 
-  const int budget = std::max(o.batch_tokens, 1);
-  PAGODA_ASSIGN_OR_RETURN_CLI(kv_layout layout, make_kv_layout(*model, o.kv));
-  // Enough blocks for every document in flight, each up to the context.
+  engine_config cfg = o.config;
+  cfg.max_num_seqs = o.max_seqs;
+  cfg.max_num_batched_tokens = std::max(o.batch_tokens, 1);
+  cfg.enable_prefix_caching = false;  // every position is scored, so every position is computed
   const std::int64_t max_live = std::min<std::int64_t>(o.max_seqs, static_cast<std::int64_t>(docs.size()));
-  PAGODA_ASSIGN_OR_RETURN_CLI(std::int64_t n_blocks,
-                              pool_blocks(layout, o.kv, max_live * (n_ctx + layout.block_size), max_live));
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto storage, kv_storage::create(layout, n_blocks, max_live));
-  simple_kv kv(*storage);
-  llama_context ctx(*model, *storage, o.model.threads);
-  // --kl-divergence: an exact twin of the cache with the same block ids.
-  std::unique_ptr<kv_storage> exact_storage;
-  std::unique_ptr<llama_context> exact_ctx;
+  if (cfg.kv_cache_size_mib <= 0 && cfg.max_kv_tokens <= 0) cfg.max_kv_tokens = max_live * (n_ctx + cfg.block_size);
+  PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config core_cfg, make_engine_core_config(*model, cfg));
+  core_cfg.max_model_len = n_ctx;
+  const kv_layout& layout = core_cfg.kv;
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, core_cfg));
+  // --kl-divergence: an exact twin with the same pool and limits, so it schedules the same steps.
+  std::unique_ptr<engine_core> exact;
   if (o.kl_divergence) {
-    kv_layout exact = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, layout.block_size, kv_type::f32, kv_type::f32);
-    PAGODA_ASSIGN_OR_RETURN_CLI(exact_storage, kv_storage::create(exact, n_blocks));
-    exact_ctx = std::make_unique<llama_context>(*model, *exact_storage, o.model.threads);
+    engine_core_config exact_cfg = core_cfg;
+    exact_cfg.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, layout.block_size, kv_type::f32, kv_type::f32);
+    PAGODA_ASSIGN_OR_RETURN_CLI(exact, engine_core::create(*model, exact_cfg));
   }
-  kl_stats kl;
-  std::vector<float> exact_logits;
+  for (std::size_t d = 0; d < docs.size(); ++d)
+    for (engine_core* e : {eng.get(), exact.get()}) {
+      if (!e) continue;
+      request r;
+      r.id = std::to_string(d);
+      r.prompt = docs[d];
+      r.max_tokens = 0;
+      r.prompt_logits = true;
+      if (auto st = e->add_request(std::move(r)); !st.ok()) return fail(st.with_context(fmt::format("document {}", d)));
+    }
 
-  struct live_doc {
-    int doc;
-    int pos;  // tokens already scored into the KV
-  };
-  std::vector<live_doc> live;
-  std::size_t next_doc = 0;
+  kl_stats kl;
+  row_map rows_configured, rows_exact;
   double total_nll = 0;
   std::int64_t n_predicted = 0, n_done_docs = 0, n_tokens_total = 0;
   for (const auto& d : docs) n_tokens_total += static_cast<std::int64_t>(d.size());
-  std::vector<float> logits;
-  std::vector<forward_seq> step;
   progress_bar bar("perplexity", static_cast<std::int64_t>(docs.size()));
-  std::int64_t t0 = now_us();
-
-  while (next_doc < docs.size() || !live.empty()) {
-    // Admit documents while the step has room and the pool has blocks.
-    int planned = 0;
-    for (const live_doc& l : live) planned += std::min<int>(budget, static_cast<int>(docs[l.doc].size()) - l.pos);
-    while (next_doc < docs.size() && planned < budget && static_cast<int>(live.size()) < o.max_seqs &&
-           kv.reserve(static_cast<int>(next_doc), static_cast<int>(docs[next_doc].size()))) {
-      live.push_back({static_cast<int>(next_doc), 0});
-      planned += std::min<int>(budget, static_cast<int>(docs[next_doc].size()));
-      ++next_doc;
-    }
-    if (live.empty())
-      return fail(error(errc::resource_exhausted, "a document of {} tokens does not fit the KV pool of {} blocks",
-                        docs[next_doc].size(), n_blocks));
-    step.clear();
-    std::vector<int> step_docs;
-    int left = budget;
-    for (live_doc& l : live) {
-      if (left <= 0) break;
-      const auto& ids = docs[l.doc];
-      int n = std::min(left, static_cast<int>(ids.size()) - l.pos);
-      step.push_back({std::span(ids).subspan(l.pos, n), l.pos, kv.table(l.doc), true});
-      step_docs.push_back(l.doc);
-      left -= n;
-    }
-    if (auto st = ctx.forward(step, logits); !st.ok()) return fail(st);
-    if (exact_ctx)
-      if (auto st = exact_ctx->forward(step, exact_logits); !st.ok()) return fail(st);
-    std::size_t row = 0;
-    for (std::size_t i = 0; i < step.size(); ++i) {
-      live_doc& l = live[i];
-      const auto& ids = docs[l.doc];
-      for (std::size_t j = 0; j < step[i].tokens.size(); ++j, ++row) {
-        std::size_t target = l.pos + j + 1;
-        if (target >= ids.size()) continue;
-        total_nll += nll(&logits[row * hp.n_vocab], hp.n_vocab, ids[target]);
-        if (exact_ctx) kl.add(&exact_logits[row * hp.n_vocab], &logits[row * hp.n_vocab], hp.n_vocab, ids[target]);
-        ++n_predicted;
+  const std::int64_t t0 = now_us();
+  const std::size_t V = static_cast<std::size_t>(hp.n_vocab);
+  // Appends each scored row of `events` to `rows`; false on an engine error.
+  auto collect = [&](std::vector<engine_event>& events, row_map* rows, bool count) -> status {
+    for (engine_event& e : events) {
+      if (e.finish_reason == "error") return error(errc::internal, "document {}: {}", e.request_id, e.error);
+      const int doc = std::stoi(e.request_id);
+      const auto& ids = docs[static_cast<std::size_t>(doc)];
+      const std::size_t n_rows = e.prompt_logits.size() / V;
+      for (std::size_t j = 0; j < n_rows; ++j) {
+        const int pos = e.first_prompt_position + static_cast<int>(j);
+        if (static_cast<std::size_t>(pos) + 1 >= ids.size()) continue;  // the last token predicts nothing here
+        const float* row = &e.prompt_logits[j * V];
+        if (count) {
+          total_nll += nll(row, hp.n_vocab, ids[static_cast<std::size_t>(pos) + 1]);
+          ++n_predicted;
+        }
+        if (rows) (*rows)[{doc, pos}].assign(row, row + V);
       }
-      l.pos += static_cast<int>(step[i].tokens.size());
+      if (count && e.request_finished) bar.update(++n_done_docs);
     }
-    for (auto it = live.begin(); it != live.end();) {
-      if (it->pos >= static_cast<int>(docs[it->doc].size())) {
-        kv.release(it->doc);
-        ++n_done_docs;
-        it = live.erase(it);
-      } else {
+    return {};
+  };
+  std::vector<engine_event> events, exact_events;
+  while (eng->has_work() || (exact && exact->has_work())) {
+    events.clear();
+    exact_events.clear();
+    eng->step(events);
+    if (auto st = collect(events, exact ? &rows_configured : nullptr, true); !st.ok()) return fail(st);
+    if (!exact) continue;
+    exact->step(exact_events);
+    if (auto st = collect(exact_events, &rows_exact, false); !st.ok()) return fail(st);
+    for (auto it = rows_configured.begin(); it != rows_configured.end();) {
+      auto other = rows_exact.find(it->first);
+      if (other == rows_exact.end()) {
         ++it;
+        continue;
       }
+      const auto& ids = docs[static_cast<std::size_t>(it->first.first)];
+      kl.add(other->second.data(), it->second.data(), hp.n_vocab, ids[static_cast<std::size_t>(it->first.second) + 1]);
+      rows_exact.erase(other);
+      it = rows_configured.erase(it);
     }
-    bar.update(n_done_docs);
   }
+  if (exact && (!rows_configured.empty() || !rows_exact.empty()))
+    return fail(error(errc::internal, "--kl-divergence: {} positions were scored by only one of the two caches",
+                      rows_configured.size() + rows_exact.size()));
   bar.finish();
   const double secs = (now_us() - t0) * 1e-6;
   const double mean = total_nll / std::max<std::int64_t>(n_predicted, 1);
-  const kv_staging_stats staging = storage->staging();
+  const kv_staging_stats staging = eng->storage().staging();
   const double kl_mean = kl.sum_kl / std::max<std::int64_t>(kl.n, 1);
   const double top1 = static_cast<double>(kl.top1_agree) / std::max<std::int64_t>(kl.n, 1);
   const double ppl_exact = std::exp(kl.sum_nll_exact / std::max<std::int64_t>(kl.n, 1));
   const double ppl_change = (std::exp(mean) / ppl_exact - 1.0) * 100.0;
+  const bool exact_ctx = exact != nullptr;
   if (o.json) {
     nlohmann::json j = {{"documents", docs.size()},
                         {"documents_truncated", n_cut},
@@ -206,7 +209,7 @@ int perplexity(const ppl_options& o) {
                                 {"bytes_per_token", layout.bytes_per_token()},
                                 {"staging_bytes_per_sequence", layout.staging_bytes_per_slot()},
                                 {"bytes_per_token_at_context", layout.bytes_per_token_at(n_ctx)},
-                                {"bytes_total", storage->total_bytes()},
+                                {"bytes_total", eng->storage().total_bytes()},
                                 {"staging_slots_peak", staging.peak_slots_in_use}}}};
     if (exact_ctx)
       j["kl_divergence"] = {{"mean_kl", kl_mean},
@@ -239,8 +242,8 @@ int perplexity(const ppl_options& o) {
 void register_perplexity(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<ppl_options>();
   CLI::App* cmd = app.add_subcommand("perplexity", "score a text file: mean NLL and perplexity");
-  add_model_options(cmd, opts->model);
-  add_kv_options(cmd, opts->kv);
+  add_model_options(cmd, opts->config);
+  add_kv_options(cmd, opts->config);
   cmd->add_option("-f,--file", opts->file, "text file")->required();
   cmd->add_option("--separator", opts->separator, "document separator (default <|endoftext|>)");
   cmd->add_option("--batch-tokens", opts->batch_tokens, "tokens per forward step")->check(CLI::Range(1, 1 << 20));

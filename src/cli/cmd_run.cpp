@@ -1,4 +1,5 @@
-// pagoda run: one prompt, one continuation, streamed to stdout.
+// pagoda run: one prompt, one continuation, streamed to stdout. A batch of one
+// through the public engine (pagoda/engine.h), as a library user would run it.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -7,98 +8,85 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/simple_kv.h"
 #include "core/clock.h"
-#include "model/sampler.h"
-#include "model/tokenizer_stream.h"
+#include "pagoda/engine.h"
 
 namespace pagoda::cli {
 namespace {
 
 struct run_options {
-  model_options model;
-  kv_options kv;
+  engine_config config;
   std::string prompt;
   int n_predict = 128;
   sampling_params sampling;
   bool json = false;
-  int ubatch = 512;
 };
 
-int run(const run_options& o) {
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.model));
-  const llama_hparams& hp = model->hparams();
-  const tokenizer& vocab = model->vocab();
+int run(run_options o) {
   if (auto st = o.sampling.validate(); !st.ok()) return fail(st);
+  // One sequence; unless the flags size the pool, it holds one full context.
+  o.config.max_num_seqs = 1;
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine::create(o.config));
+  const engine_info& info = eng->info();
 
-  std::vector<token_id> prompt = vocab.encode(o.prompt, /*add_bos=*/true);
+  std::vector<token_id> prompt = eng->tokenize(o.prompt);
   if (prompt.empty()) return fail(error(errc::invalid_argument, "the prompt is empty and the model has no BOS token"));
-  const int n_ctx = context_length(o.model, hp);
-  if (static_cast<int>(prompt.size()) >= n_ctx)
+  if (static_cast<int>(prompt.size()) >= info.n_ctx)
     return fail(error(errc::out_of_range, "the prompt has {} tokens but the context holds {} (--ctx)", prompt.size(),
-                      n_ctx));
-  const int n_total = std::min<int>(n_ctx, static_cast<int>(prompt.size()) + std::max(0, o.n_predict));
-
-  PAGODA_ASSIGN_OR_RETURN_CLI(kv_layout layout, make_kv_layout(*model, o.kv));
-  PAGODA_ASSIGN_OR_RETURN_CLI(std::int64_t n_blocks, pool_blocks(layout, o.kv, n_total));
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto storage, kv_storage::create(layout, n_blocks));
-  simple_kv kv(*storage);
-  if (!kv.reserve(0, static_cast<int>(prompt.size())))
-    return fail(error(errc::resource_exhausted,
-                      "the prompt needs {} KV blocks of {} tokens but the pool holds {} (raise --kv-cache-size or "
-                      "--max-kv-tokens)",
-                      (prompt.size() + layout.block_size - 1) / layout.block_size, layout.block_size, n_blocks));
-
-  llama_context ctx(*model, *storage, o.model.threads);
-  sampler smp(o.sampling);
-  std::vector<float> logits;
+                      info.n_ctx));
+  request req;
+  req.id = "run";
+  req.prompt = prompt;
+  // Generation stops at the context, as llama.cpp's does.
+  req.max_tokens = std::min(o.n_predict, info.n_ctx - static_cast<int>(prompt.size()));
+  req.sampling = o.sampling;
 
   if (!o.json) {
     std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
     std::fflush(stdout);
   }
-  // Prompt in chunks: matrix-matrix products, causal attention inside each chunk.
-  std::int64_t t0 = now_us();
-  for (std::size_t i = 0; i < prompt.size(); i += o.ubatch) {
-    std::size_t n = std::min<std::size_t>(o.ubatch, prompt.size() - i);
-    forward_seq s{std::span(prompt).subspan(i, n), static_cast<int>(i), kv.table(0), false};
-    if (auto st = ctx.forward({&s, 1}, logits); !st.ok()) return fail(st);
+  const std::int64_t t0 = now_us();
+  if (auto st = eng->add_request(std::move(req)); !st.ok()) {
+    if (st.code() == errc::resource_exhausted)
+      return fail(st.with_context("the KV pool is too small (raise --kv-cache-size or --max-kv-tokens)"));
+    return fail(st);
   }
-  std::int64_t t1 = now_us();
-
-  std::vector<token_id> all = prompt;
   std::vector<token_id> generated;
-  stream_decoder stream(vocab, /*at_text_start=*/prompt.size() <= 1);
   std::string text, stop_reason = "length";
-  while (static_cast<int>(all.size()) < n_total) {
-    token_id next = smp.sample(logits);
-    if (vocab.is_eog(next)) {
-      stop_reason = "eos";
-      break;
+  std::int64_t t1 = -1;
+  std::vector<engine_event> events;
+  while (eng->has_work()) {
+    events.clear();
+    eng->step(events);
+    for (const engine_event& e : events) {
+      if (!e.tokens.empty() && t1 < 0) t1 = now_us();
+      generated.insert(generated.end(), e.tokens.begin(), e.tokens.end());
+      text += e.text;
+      if (!o.json && !e.text.empty()) {
+        std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (e.finish_reason == "error") return fail(error(errc::internal, "{}", e.error));
+      if (!e.finish_reason.empty()) stop_reason = e.finish_reason;
     }
-    generated.push_back(next);
-    all.push_back(next);
-    std::string piece = stream.push(next);
-    text += piece;
-    if (!o.json && !piece.empty()) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-    }
-    if (static_cast<int>(all.size()) >= n_total) break;
-    if (!kv.reserve(0, static_cast<int>(all.size()))) {
-      stop_reason = "kv_pool_full";
-      std::fprintf(stderr, "\npagoda: KV pool full after %zu tokens; stopping (raise --kv-cache-size)\n", all.size());
-      break;
-    }
-    forward_seq s{std::span(all).subspan(all.size() - 1, 1), static_cast<int>(all.size()) - 1, kv.table(0), false};
-    if (auto st = ctx.forward({&s, 1}, logits); !st.ok()) return fail(st);
   }
-  std::string tail = stream.flush();
-  text += tail;
-  std::int64_t t2 = now_us();
+  const std::int64_t t2 = now_us();
+  if (t1 < 0) t1 = t2;
+  // The end-of-generation token ends the text; it is not part of it.
+  if (stop_reason == "stop" && !generated.empty() && eng->is_end_of_generation(generated.back())) {
+    generated.pop_back();
+    stop_reason = "eos";
+  }
 
   const double prompt_s = (t1 - t0) * 1e-6, gen_s = (t2 - t1) * 1e-6;
-  const std::size_t kv_used = kv.blocks_used() * layout.bytes_per_block();
+  // The first token comes with the prompt's step; the rest are generation.
+  const double gen_tps = generated.size() > 1 ? (generated.size() - 1) / std::max(gen_s, 1e-9) : 0.0;
+  const kv_usage kv = eng->usage();
+  const std::size_t kv_used = static_cast<std::size_t>(kv.n_blocks_used_peak) * info.kv_bytes_per_block;
+  const std::string type_k = info.kv_layout.substr(0, info.kv_layout.find_first_of("+/:,"));
+  const std::size_t plus = info.kv_layout.find('+');
+  const std::string type_v =
+      plus == std::string::npos ? type_k : info.kv_layout.substr(plus + 1, info.kv_layout.find_first_of("/,", plus + 1) - plus - 1);
   if (o.json) {
     nlohmann::json j;
     j["prompt"] = o.prompt;
@@ -109,29 +97,28 @@ int run(const run_options& o) {
     j["timings"] = {{"prompt_ms", prompt_s * 1e3},
                     {"prompt_tokens_per_s", prompt.size() / std::max(prompt_s, 1e-9)},
                     {"generation_ms", gen_s * 1e3},
-                    {"generation_tokens_per_s", generated.size() / std::max(gen_s, 1e-9)}};
-    j["kv"] = {{"type_k", kv_type_name(layout.k_formats[0].type)},
-               {"type_v", kv_type_name(layout.v_formats[0].type)},
-               {"block_size", layout.block_size},
-               {"blocks_used", kv.blocks_used()},
-               {"blocks_total", n_blocks},
+                    {"generation_tokens_per_s", gen_tps}};
+    j["kv"] = {{"layout", info.kv_layout},
+               {"type_k", type_k},
+               {"type_v", type_v},
+               {"block_size", info.kv_block_size},
+               {"blocks_used", kv.n_blocks_used_peak},
+               {"blocks_total", info.kv_blocks},
                {"bytes_used", kv_used},
-               {"bytes_total", storage->total_bytes()},
-               {"bytes_per_token", layout.bytes_per_token()}};
+               {"bytes_total", info.kv_bytes_total},
+               {"bytes_per_token", info.kv_bytes_per_token}};
     std::string out = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", out.c_str());
   } else {
-    if (!tail.empty()) std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::printf("\n");
   }
   std::fprintf(stderr,
                "pagoda: prompt %zu tokens in %.1f ms (%.1f tok/s), generated %zu tokens in %.1f ms (%.1f tok/s)\n"
-               "pagoda: KV %s used (%zu blocks of %d tokens, %s/token, %s/%s K/V) of a %s pool\n",
+               "pagoda: KV %s used (%d blocks of %d tokens, %s/token, %s) of a %s pool\n",
                prompt.size(), prompt_s * 1e3, prompt.size() / std::max(prompt_s, 1e-9), generated.size(), gen_s * 1e3,
-               generated.size() / std::max(gen_s, 1e-9), human_bytes(static_cast<double>(kv_used)).c_str(),
-               kv.blocks_used(), layout.block_size, human_bytes(layout.bytes_per_token()).c_str(),
-               kv_type_name(layout.k_formats[0].type), kv_type_name(layout.v_formats[0].type),
-               human_bytes(static_cast<double>(storage->total_bytes())).c_str());
+               gen_tps, human_bytes(static_cast<double>(kv_used)).c_str(), kv.n_blocks_used_peak, info.kv_block_size,
+               human_bytes(info.kv_bytes_per_token).c_str(), info.kv_layout.c_str(),
+               human_bytes(static_cast<double>(info.kv_bytes_total)).c_str());
   return 0;
 }
 
@@ -140,8 +127,8 @@ int run(const run_options& o) {
 void register_run(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<run_options>();
   CLI::App* cmd = app.add_subcommand("run", "generate a continuation of a prompt");
-  add_model_options(cmd, opts->model);
-  add_kv_options(cmd, opts->kv);
+  add_model_options(cmd, opts->config);
+  add_kv_options(cmd, opts->config);
   cmd->add_option("-p,--prompt", opts->prompt, "prompt text")->required();
   cmd->add_option("-n,--n-predict", opts->n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--temp,--temperature", opts->sampling.temperature, "temperature (0 = greedy)");
@@ -149,7 +136,9 @@ void register_run(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--top-p", opts->sampling.top_p, "top-p (1 = off)");
   cmd->add_option("--min-p", opts->sampling.min_p, "min-p (0 = off)");
   cmd->add_option("-s,--seed", opts->sampling.seed, "random seed");
-  cmd->add_option("-b,--ubatch", opts->ubatch, "prompt tokens per forward step")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("-b,--ubatch,--max-num-batched-tokens", opts->config.max_num_batched_tokens,
+                  "prompt tokens per forward step")
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
   cmd->callback([opts, &action] { action = [opts] { return run(*opts); }; });
 }

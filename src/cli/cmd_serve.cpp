@@ -38,8 +38,8 @@ struct serve_options {
 };
 
 int serve(const serve_options& o) {
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.model));
-  PAGODA_ASSIGN_OR_RETURN_CLI(engine_config cfg, make_engine_config(*model, o.engine));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
+  PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
   cfg.max_waiting = o.max_waiting;
 
   server::key_store keys;
@@ -60,7 +60,7 @@ int serve(const serve_options& o) {
   }
 
   server::api_options aopts;
-  aopts.model_path = o.engine.model.path;
+  aopts.model_path = o.engine.config.model_path;
   aopts.served_model_name = o.served_model_name;
   aopts.chat_template = o.chat_template;
   aopts.max_prompt_tokens = o.max_prompt_tokens;
@@ -75,7 +75,7 @@ int serve(const serve_options& o) {
   sopts.port = o.port;
   sopts.max_body_bytes = o.max_body_bytes;
   sopts.n_http_threads =
-      o.http_threads > 0 ? o.http_threads : std::min(1024, o.engine.max_num_seqs + o.max_waiting + 16);
+      o.http_threads > 0 ? o.http_threads : std::min(1024, o.engine.config.max_num_seqs + o.max_waiting + 16);
 
   // Signals go to one waiting thread; block them before any thread starts so
   // every thread inherits the mask.
@@ -87,7 +87,7 @@ int serve(const serve_options& o) {
   signal(SIGPIPE, SIG_IGN);
 
   const bool auth_required = keys.enabled();
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine::create(*model, cfg));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, cfg));
   const kv_metrics kv = eng->kv_stats();
   engine_loop loop(std::move(eng), o.max_waiting);
   server::http_server http(sopts, ctx, std::move(keys), loop);
@@ -96,7 +96,7 @@ int serve(const serve_options& o) {
   std::fprintf(stderr,
                "pagoda serve: model '%s' (%s), context %d, KV pool %d blocks of %d tokens, chat template %s, "
                "%s, %d HTTP threads\n",
-               ctx.model_names.front().c_str(), o.engine.model.path.c_str(), cfg.max_model_len, kv.n_blocks_total,
+               ctx.model_names.front().c_str(), o.engine.config.model_path.c_str(), cfg.max_model_len, kv.n_blocks_total,
                kv.block_size_tokens, server::chat_format_name(ctx.chat),
                auth_required ? "API keys required" : "no API key",
                sopts.n_http_threads);

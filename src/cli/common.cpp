@@ -9,106 +9,32 @@
 #include <sstream>
 #include <vector>
 
-#include "quant/kv_format_spec.h"
-#include "quant/kv_scales.h"
 
 namespace pagoda::cli {
 
-void add_model_options(CLI::App* app, model_options& opts) {
-  app->add_option("-m,--model", opts.path, "GGUF model file")->required();
-  app->add_option("-t,--threads", opts.threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app->add_option("-c,--ctx", opts.ctx, "context length in tokens (default: the model's)")->check(CLI::Range(0, 1 << 24));
+void add_model_options(CLI::App* app, engine_config& opts) {
+  app->add_option("-m,--model", opts.model_path, "GGUF model file")->required();
+  app->add_option("-t,--threads", opts.n_threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
+  app->add_option("-c,--ctx", opts.n_ctx, "context length in tokens (default: the model's)")->check(CLI::Range(0, 1 << 24));
 }
 
-void add_kv_options(CLI::App* app, kv_options& opts) {
-  app->add_option("--kv-cache-dtype", opts.dtype,
+void add_kv_options(CLI::App* app, engine_config& opts) {
+  app->add_option("--kv-cache-dtype", opts.kv_cache_dtype,
                   "KV cache type for K and V: auto (the model's float type), f32, f16, bf16, fp8 (fp8_e4m3), "
                   "fp8_e5m2, int8, int4, int2, q8_0, q4_0; TYPE/MODE picks the scale granularity (token, "
                   "channel, gN, static, none); pairs: k8v4 or int8+int4/token");
-  app->add_option("--cache-type-k", opts.type_k, "KV cache type for keys (also -ctk)");
-  app->add_option("--cache-type-v", opts.type_v, "KV cache type for values (also -ctv)");
-  app->add_option("--kv-layer-types", opts.layer_types,
+  app->add_option("--cache-type-k", opts.cache_type_k, "KV cache type for keys (also -ctk)");
+  app->add_option("--cache-type-v", opts.cache_type_v, "KV cache type for values (also -ctv)");
+  app->add_option("--kv-layer-types", opts.kv_layer_types,
                   "per-layer KV types, later rules win: e.g. \"0-1:f16,2-:int4\" or \"0:k8v8,1-:k4v2\"");
-  app->add_option("--kv-scales", opts.scales_path,
+  app->add_option("--kv-scales", opts.kv_scales_path,
                   "calibrated KV ranges (pagoda calibrate); quantized types without a mode use them");
   app->add_option("--block-size", opts.block_size, "tokens per KV block")->check(CLI::Range(1, 1024));
-  app->add_option("--kv-cache-size", opts.cache_size_mib, "KV pool size in MiB")->check(CLI::PositiveNumber);
+  app->add_option("--kv-cache-size", opts.kv_cache_size_mib, "KV pool size in MiB")->check(CLI::PositiveNumber);
   app->add_option("--max-kv-tokens", opts.max_kv_tokens, "KV pool size in tokens")->check(CLI::PositiveNumber);
 }
 
-result<std::unique_ptr<llama_model>> load_model(const model_options& opts) { return llama_model::load(opts.path); }
-
-int context_length(const model_options& opts, const llama_hparams& hp) {
-  return opts.ctx > 0 ? opts.ctx : hp.n_ctx_train;
-}
-
-result<kv_layout> make_kv_layout(const llama_model& model, const kv_options& opts) {
-  const llama_hparams& hp = model.hparams();
-  // "auto" follows the weights, as vLLM's "auto" does: an f32 model keeps an f32
-  // cache (bitwise reproducible); anything else gets f16 (vLLM's and llama.cpp's default).
-  const kv_type auto_type = model.layers().front().wq.type == gguf::tensor_type::f32 ? kv_type::f32 : kv_type::f16;
-  auto spec_of = [&](const std::string& text, const char* what) -> result<kv_format_spec> {
-    if (text == "auto") return kv_format_spec{auto_type, std::nullopt, 0};
-    auto s = parse_kv_format_spec(text);
-    if (!s.ok()) return s.error().with_context(what);
-    return s;
-  };
-  kv_pair_spec base;
-  if (opts.dtype == "auto") {
-    base.k = base.v = kv_format_spec{auto_type, std::nullopt, 0};
-  } else {
-    auto p = parse_kv_pair_spec(opts.dtype);
-    if (!p.ok()) return p.error().with_context("--kv-cache-dtype");
-    base = *p;
-  }
-  if (!opts.type_k.empty()) {
-    PAGODA_ASSIGN_OR_RETURN(base.k, spec_of(opts.type_k, "--cache-type-k"));
-  }
-  if (!opts.type_v.empty()) {
-    PAGODA_ASSIGN_OR_RETURN(base.v, spec_of(opts.type_v, "--cache-type-v"));
-  }
-  std::vector<kv_pair_spec> per_layer(hp.n_layer, base);
-  if (!opts.layer_types.empty()) {
-    PAGODA_ASSIGN_OR_RETURN(std::vector<kv_layer_rule> rules, parse_kv_layer_rules(opts.layer_types));
-    for (const kv_layer_rule& r : rules) {
-      int last = r.last < 0 ? hp.n_layer - 1 : r.last;
-      if (r.first >= hp.n_layer || last >= hp.n_layer)
-        return error(errc::invalid_argument, "--kv-layer-types: layer range {}-{} is past the model's {} layers",
-                     r.first, last, hp.n_layer);
-      for (int l = r.first; l <= last; ++l) per_layer[l] = r.spec;
-    }
-  }
-  kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, opts.block_size, kv_type::f32, kv_type::f32);
-  if (!opts.scales_path.empty()) {
-    PAGODA_ASSIGN_OR_RETURN(kv_scales scales, load_kv_scales(opts.scales_path));
-    PAGODA_RETURN_IF_ERROR(scales.check_shape(hp.n_layer, hp.n_head_kv, hp.head_dim).with_context(opts.scales_path));
-    layout.scales = std::make_shared<const kv_scales>(std::move(scales));
-  }
-  for (int l = 0; l < hp.n_layer; ++l) {
-    layout.k_formats[l] = per_layer[l].k.resolve(kv_role::key, layout.scales != nullptr);
-    layout.v_formats[l] = per_layer[l].v.resolve(kv_role::value, layout.scales != nullptr);
-  }
-  PAGODA_RETURN_IF_ERROR(layout.check());
-  return layout;
-}
-
-result<std::int64_t> pool_blocks(const kv_layout& layout, const kv_options& opts, std::int64_t default_tokens,
-                                 std::int64_t n_seqs) {
-  std::int64_t blocks;
-  if (opts.cache_size_mib > 0) {
-    double bytes = opts.cache_size_mib * 1024.0 * 1024.0 -
-                   static_cast<double>(layout.staging_bytes_per_slot()) * std::max<std::int64_t>(n_seqs, 1) -
-                   static_cast<double>(layout.static_bytes());
-    blocks = static_cast<std::int64_t>(std::max(bytes, 0.0) / static_cast<double>(layout.bytes_per_block()));
-    if (blocks < 1)
-      return error(errc::invalid_argument, "--kv-cache-size {} MiB is smaller than one KV block ({})",
-                   opts.cache_size_mib, human_bytes(static_cast<double>(layout.bytes_per_block())));
-  } else {
-    std::int64_t tokens = opts.max_kv_tokens > 0 ? opts.max_kv_tokens : default_tokens;
-    blocks = (tokens + layout.block_size - 1) / layout.block_size;
-  }
-  return blocks;
-}
+result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) { return llama_model::load(opts.model_path); }
 
 std::vector<std::string> split_documents(const std::string& text, const std::string& sep) {
   std::vector<std::string> docs;

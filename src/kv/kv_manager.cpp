@@ -186,7 +186,7 @@ std::vector<block_id> kv_manager::match_prefix(std::span<const token_id> tokens,
 }
 
 std::int32_t kv_manager::n_cached_prompt_blocks(std::span<const token_id> prompt, const sequence_options& options) const {
-  if (prompt.empty()) return 0;
+  if (prompt.empty() || !options.lookup) return 0;
   const auto t = find_tenant(options.tenant);
   if (!t) return 0;  // a tenant never seen holds nothing
   const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
@@ -205,7 +205,8 @@ result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_
 
   if (prefix_caching_) {
     // The last prompt token is always computed (its logits start generation).
-    const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
+    const std::size_t n_reusable =
+        options.lookup ? (prompt.size() - 1) / static_cast<std::size_t>(block_size_) : std::size_t{0};
     for (const block_id b : match_prefix(prompt, s.first_extras, s.tenant, n_reusable)) {
       hold(b);
       s.table.push_back(b);

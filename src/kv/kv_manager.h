@@ -73,6 +73,7 @@ namespace pagoda {
 struct sequence_options {
   std::string_view tenant;      // "" is the default tenant, which shares the global cache
   std::string_view cache_salt;  // vLLM's cache_salt; "" for none
+  bool lookup = true;           // take cached blocks of the prompt (false: compute it all, e.g. to score it)
 };
 
 // Copy the first n_tokens token slots of src into dst, every layer, K and V.

@@ -12,12 +12,6 @@
 namespace pagoda {
 namespace {
 
-kv_format staged_format_for(kv_role role) { return default_kv_format(kv_type::f16, role); }
-
-std::size_t staged_tile_bytes_for(kv_tile_shape shape) {
-  return get_kv_codec(kv_type::f16)->tile_bytes(staged_format_for(kv_role::key), shape);
-}
-
 // Anonymous, lazily zeroed memory, backed by huge pages where the kernel allows
 // (attention reads tiles at scattered addresses: one TLB entry per 2 MiB
 // instead of per 4 KiB tile). The advice is a hint; failing it changes nothing.
@@ -31,99 +25,6 @@ void* map_zeroed(std::size_t bytes) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// kv_layout
-
-kv_layout kv_layout::uniform(int n_layers, int n_kv_heads, int head_dim, int block_size, kv_type k_type,
-                             kv_type v_type) {
-  kv_layout l;
-  l.n_layers = n_layers;
-  l.n_kv_heads = n_kv_heads;
-  l.head_dim = head_dim;
-  l.block_size = block_size;
-  l.k_formats.assign(n_layers, default_kv_format(k_type, kv_role::key));
-  l.v_formats.assign(n_layers, default_kv_format(v_type, kv_role::value));
-  return l;
-}
-
-status kv_layout::check() const {
-  if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
-    return error(errc::invalid_argument, "KV layout needs positive layers, KV heads and head_dim");
-  if (block_size <= 0 || block_size > 1024)
-    return error(errc::invalid_argument, "block size {} out of range (1..1024)", block_size);
-  if (static_cast<int>(k_formats.size()) != n_layers || static_cast<int>(v_formats.size()) != n_layers)
-    return error(errc::invalid_argument, "KV layout needs one K and one V format per layer");
-  for (int l = 0; l < n_layers; ++l)
-    for (const kv_format* f : {&k_formats[l], &v_formats[l]}) {
-      const char* what = f->role == kv_role::key ? "K" : "V";
-      const kv_codec* c = get_kv_codec(f->type);
-      if (!c) return error(errc::unsupported, "KV cache type {} has no codec", kv_type_name(f->type));
-      if (status st = c->check(*f, tile_shape()); !st.ok()) return st.with_context(fmt::format("layer {} {}", l, what));
-      if (f->scale_mode == kv_scale_mode::static_scales) {
-        if (!c->make_static)
-          return error(errc::invalid_argument, "layer {} {}: {} has no static scales", l, what, kv_type_name(f->type));
-        if (!scales)
-          return error(errc::invalid_argument,
-                       "layer {} {}: {} needs calibrated scales (--kv-scales FILE, made by pagoda calibrate)", l, what,
-                       kv_format_name(*f));
-        PAGODA_RETURN_IF_ERROR(scales->check_shape(n_layers, n_kv_heads, head_dim));
-      }
-    }
-  return {};
-}
-
-std::size_t kv_layout::bytes_per_block() const {
-  const kv_tile_shape shape = tile_shape();
-  std::size_t total = 0;
-  for (int l = 0; l < n_layers; ++l) {
-    total += get_kv_codec(k_formats[l].type)->tile_bytes(k_formats[l], shape) * n_kv_heads;
-    total += get_kv_codec(v_formats[l].type)->tile_bytes(v_formats[l], shape) * n_kv_heads;
-  }
-  return total;
-}
-
-double kv_layout::bytes_per_token() const { return static_cast<double>(bytes_per_block()) / block_size; }
-
-std::size_t kv_layout::staging_bytes_per_slot() const {
-  std::size_t n_sealed = 0;
-  for (int l = 0; l < n_layers; ++l) n_sealed += kv_format_sealed(k_formats[l]) + kv_format_sealed(v_formats[l]);
-  return n_sealed * n_kv_heads * staged_tile_bytes_for(tile_shape());
-}
-
-std::size_t kv_layout::static_bytes() const {
-  std::size_t n = 0;
-  for (int l = 0; l < n_layers; ++l)
-    n += (k_formats[l].scale_mode == kv_scale_mode::static_scales) + (v_formats[l].scale_mode == kv_scale_mode::static_scales);
-  return n * 2 * sizeof(float) * n_kv_heads * head_dim;
-}
-
-double kv_layout::bytes_per_token_at(std::int64_t n_tokens) const {
-  if (n_tokens <= 0) return 0;
-  std::int64_t blocks = (n_tokens + block_size - 1) / block_size;
-  return (static_cast<double>(blocks) * bytes_per_block() + staging_bytes_per_slot()) / static_cast<double>(n_tokens);
-}
-
-double kv_layout::bits_per_element() const {
-  return 8.0 * bytes_per_token() / (2.0 * n_layers * n_kv_heads * head_dim);
-}
-
-std::string kv_layout::describe() const {
-  auto pair = [&](int l) { return kv_format_name(k_formats[l]) + "+" + kv_format_name(v_formats[l]); };
-  std::string out;
-  int start = 0;
-  for (int l = 1; l <= n_layers; ++l) {
-    if (l < n_layers && pair(l) == pair(start)) continue;
-    if (start == 0 && l == n_layers) return pair(0);
-    if (!out.empty()) out += ",";
-    out += l - 1 == start ? fmt::format("{}:{}", start, pair(start)) : fmt::format("{}-{}:{}", start, l - 1, pair(start));
-    start = l;
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------
-// kv_storage
 
 result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, std::int64_t n_blocks,
                                                        std::int64_t n_staging_slots) {
@@ -141,13 +42,25 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
   }
   s->gather_.resize(static_cast<std::size_t>(layout.block_size) * layout.head_dim);
   if (s->n_sealed_ > 0) {
-    s->staged_tile_bytes_ = staged_tile_bytes_for(layout.tile_shape());
+    s->staged_tile_bytes_ = kv_staged_tile_bytes(layout.tile_shape());
     s->slot_bytes_ = static_cast<std::size_t>(s->n_sealed_) * layout.n_kv_heads * s->staged_tile_bytes_;
     s->block_slot_.assign(n_blocks, -1);
-    s->slots_per_chunk_ = std::clamp<std::int64_t>(n_staging_slots, 1, n_blocks);
-    if (!s->map_staging_chunk())
-      return error(errc::resource_exhausted, "cannot map {} bytes of KV staging: {}",
-                   s->slot_bytes_ * s->slots_per_chunk_, std::strerror(errno));
+    s->n_slots_ = std::clamp<std::int64_t>(n_staging_slots, 1, n_blocks);
+    s->staging_ = static_cast<std::byte*>(map_zeroed(s->slot_bytes_ * s->n_slots_));
+    if (!s->staging_)
+      return error(errc::resource_exhausted, "cannot map {} bytes of KV staging: {}", s->slot_bytes_ * s->n_slots_,
+                   std::strerror(errno));
+    s->slot_block_.assign(s->n_slots_, -1);
+    s->slot_fill_.assign(s->n_slots_ * s->n_sealed_, 0);
+    for (std::int64_t i = s->n_slots_ - 1; i >= 0; --i) s->free_slots_.push_back(static_cast<std::int32_t>(i));
+  }
+  if (layout.key_summaries) {
+    s->summaries_bytes_ = layout.summary_bytes_per_block() * static_cast<std::size_t>(n_blocks);
+    s->summaries_ = static_cast<float*>(map_zeroed(s->summaries_bytes_));
+    if (!s->summaries_)
+      return error(errc::resource_exhausted, "cannot map {} bytes of key summaries: {}", s->summaries_bytes_,
+                   std::strerror(errno));
+    s->summarized_.assign(static_cast<std::size_t>(n_blocks) * layout.n_layers, 0);
   }
   return s;
 }
@@ -182,11 +95,12 @@ kv_storage::~kv_storage() {
   for (auto* tensors : {&k_, &v_})
     for (tensor& t : *tensors)
       if (t.data) munmap(t.data, t.size_bytes);
-  for (std::byte* c : staging_chunks_) munmap(c, slot_bytes_ * slots_per_chunk_);
+  if (staging_) munmap(staging_, slot_bytes_ * n_slots_);
+  if (summaries_) munmap(summaries_, summaries_bytes_);
 }
 
 std::size_t kv_storage::total_bytes() const {
-  std::size_t total = staging_chunks_.size() * slot_bytes_ * slots_per_chunk_;
+  std::size_t total = slot_bytes_ * static_cast<std::size_t>(n_slots_) + summaries_bytes_;
   for (auto* tensors : {&k_, &v_})
     for (const tensor& t : *tensors) total += t.size_bytes + t.static_values.size() * sizeof(float);
   return total;
@@ -194,26 +108,21 @@ std::size_t kv_storage::total_bytes() const {
 
 kv_staging_stats kv_storage::staging() const {
   kv_staging_stats s;
-  s.slots_mapped = static_cast<std::int64_t>(staging_chunks_.size()) * slots_per_chunk_;
+  s.slots_mapped = n_slots_;
   s.slots_in_use = slots_in_use_;
   s.peak_slots_in_use = peak_slots_in_use_;
-  s.bytes_mapped = staging_chunks_.size() * slot_bytes_ * slots_per_chunk_;
+  s.bytes_mapped = slot_bytes_ * static_cast<std::size_t>(n_slots_);
   return s;
 }
 
-bool kv_storage::map_staging_chunk() {
-  auto* p = static_cast<std::byte*>(map_zeroed(slot_bytes_ * slots_per_chunk_));
-  if (!p) return false;
-  const auto first = static_cast<std::int32_t>(staging_chunks_.size() * slots_per_chunk_);
-  staging_chunks_.push_back(p);
-  slot_block_.resize(slot_block_.size() + slots_per_chunk_, -1);
-  slot_fill_.resize(slot_fill_.size() + slots_per_chunk_ * n_sealed_, 0);
-  for (std::int64_t i = slots_per_chunk_ - 1; i >= 0; --i) free_slots_.push_back(first + static_cast<std::int32_t>(i));
-  return true;
+std::byte* kv_storage::tile(const tensor& t, block_id b, int head) const {
+  return t.data + (static_cast<std::size_t>(head) * n_blocks_ + static_cast<std::size_t>(b.value)) * t.tile_bytes;
 }
 
+// --- staging slots -----------------------------------------------------------
+
 std::byte* kv_storage::slot_data(std::int32_t slot) const {
-  return staging_chunks_[slot / slots_per_chunk_] + static_cast<std::size_t>(slot % slots_per_chunk_) * slot_bytes_;
+  return staging_ + static_cast<std::size_t>(slot) * slot_bytes_;
 }
 
 std::byte* kv_storage::staged_tile(std::int32_t slot, int sealed_index, int head) const {
@@ -221,9 +130,10 @@ std::byte* kv_storage::staged_tile(std::int32_t slot, int sealed_index, int head
 }
 
 std::int32_t kv_storage::acquire_slot(block_id b) {
-  if (free_slots_.empty())
-    PAGODA_ASSERT(map_staging_chunk(), "cannot map {} more bytes of KV staging: {}", slot_bytes_ * slots_per_chunk_,
-                  std::strerror(errno));
+  PAGODA_ASSERT(!free_slots_.empty(),
+                "all {} KV staging slots are in use: more partly filled blocks of a sealed KV format than sequences "
+                "the storage was sized for",
+                n_slots_);
   std::int32_t slot = free_slots_.back();
   free_slots_.pop_back();
   slot_block_[slot] = b.value;
@@ -240,84 +150,145 @@ void kv_storage::release_slot(std::int32_t slot) {
   --slots_in_use_;
 }
 
-void kv_storage::release_block(block_id b) {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
-  if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+void kv_storage::stage_from_tile(tensor& t, block_id b, std::int32_t slot, int n) {
+  const kv_tile_shape shape = layout_.tile_shape();
+  const kv_codec* f16 = get_kv_codec(kv_type::f16);
+  const kv_format staged_fmt = kv_staged_format(t.format.role);
+  for (int h = 0; h < layout_.n_kv_heads; ++h) {
+    if (n > 0) {
+      t.codec->decode(t.format, shape, nullptr, tile(t, b, h), 0, n, gather_.data());
+      f16->encode(staged_fmt, shape, nullptr, gather_.data(), 0, n, staged_tile(slot, t.sealed_index, h));
+    }
+  }
+  slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + t.sealed_index] = n;
 }
 
-void kv_storage::write_tensor(tensor& a, std::span<const block_id> blocks, int pos, int n, const float* x) {
+// --- key summaries -----------------------------------------------------------
+
+float* kv_storage::summary(block_id b, int layer, int head) const {
+  const std::size_t per_head = 3 * static_cast<std::size_t>(layout_.head_dim);
+  return summaries_ + ((static_cast<std::size_t>(b.value) * layout_.n_layers + layer) * layout_.n_kv_heads + head) * per_head;
+}
+
+void kv_storage::summarize(int layer, block_id b) {
+  if (!summaries_) return;
+  const tensor& t = k_[layer];
+  const int bs = layout_.block_size, hd = layout_.head_dim;
+  for (int h = 0; h < layout_.n_kv_heads; ++h) {
+    t.codec->decode(t.format, layout_.tile_shape(), t.static_params.empty() ? nullptr : &t.static_params[h],
+                    tile(t, b, h), 0, bs, gather_.data());
+    float* mn = summary(b, layer, h);
+    float* mx = mn + hd;
+    float* mean = mx + hd;
+    for (int d = 0; d < hd; ++d) {
+      float lo = gather_[d], hi = gather_[d];
+      double sum = 0;
+      for (int i = 0; i < bs; ++i) {
+        const float x = gather_[static_cast<std::size_t>(i) * hd + d];
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+        sum += x;
+      }
+      mn[d] = lo;
+      mx[d] = hi;
+      mean[d] = static_cast<float>(sum / bs);
+    }
+  }
+  summarized_[static_cast<std::size_t>(b.value) * layout_.n_layers + layer] = 1;
+}
+
+void kv_storage::forget_summaries(block_id b) {
+  if (!summaries_) return;
+  std::fill_n(summarized_.begin() + static_cast<std::ptrdiff_t>(b.value) * layout_.n_layers, layout_.n_layers, 0);
+}
+
+std::optional<key_summary> kv_storage::key_summary_of(block_id b, int layer, int head) const {
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout_.n_layers && head >= 0 &&
+                head < layout_.n_kv_heads);
+  if (!summaries_ || !summarized_[static_cast<std::size_t>(b.value) * layout_.n_layers + layer]) return std::nullopt;
+  const float* s = summary(b, layer, head);
+  const int hd = layout_.head_dim;
+  return key_summary{s, s + hd, s + 2 * hd};
+}
+
+// --- writes and views ---------------------------------------------------------
+
+void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, const float* x) {
   const int bs = layout_.block_size;
   const int hd = layout_.head_dim;
   const int n_heads = layout_.n_kv_heads;
   const kv_tile_shape shape = layout_.tile_shape();
   const std::size_t row = static_cast<std::size_t>(n_heads) * hd;
   const kv_codec* f16 = get_kv_codec(kv_type::f16);
-  const kv_format staged_fmt = staged_format_for(a.format.role);
+  const kv_format staged_fmt = kv_staged_format(a.format.role);
   float* gather = gather_.data();
-  int i = 0;
-  while (i < n) {
-    const int p = pos + i;
-    const int b = p / bs, t0 = p % bs;
-    const int run = std::min(n - i, bs - t0);
-    PAGODA_ASSERT(b < static_cast<int>(blocks.size()), "position {} has no block (table holds {})", p, blocks.size());
-    const block_id id = blocks[b];
-    PAGODA_ASSERT(id.value >= 0 && id.value < n_blocks_, "block id {} out of range", id.value);
-    // x rows are [token][head][hd]; a tile wants [token][hd] for one head.
-    auto gather_head = [&](int h) {
-      for (int j = 0; j < run; ++j)
-        std::memcpy(gather + static_cast<std::size_t>(j) * hd, x + (i + j) * row + static_cast<std::size_t>(h) * hd,
-                    sizeof(float) * hd);
-    };
-    auto tile_of = [&](int h) {
-      return a.data + (static_cast<std::size_t>(h) * n_blocks_ + id.value) * a.tile_bytes;
-    };
-    if (a.sealed_index < 0) {
+  const bool is_key = a.format.role == kv_role::key;
+  // x rows are [token][head][hd]; a tile wants [token][hd] for one head.
+  auto gather_head = [&](int h) {
+    for (int j = 0; j < run; ++j)
+      std::memcpy(gather + static_cast<std::size_t>(j) * hd, x + j * row + static_cast<std::size_t>(h) * hd,
+                  sizeof(float) * hd);
+  };
+  if (is_key && summaries_ && t0 == 0) summarized_[static_cast<std::size_t>(id.value) * layout_.n_layers + layer] = 0;
+  if (a.sealed_index < 0) {
+    for (int h = 0; h < n_heads; ++h) {
+      gather_head(h);
+      a.codec->encode(a.format, shape, a.static_params.empty() ? nullptr : &a.static_params[h], gather, t0, run,
+                      tile(a, id, h));
+    }
+  } else {
+    std::int32_t slot = block_slot_[id.value];
+    if (t0 == 0 && run == bs) {
+      // The whole block at once: encode directly, through f16 as if staged.
       for (int h = 0; h < n_heads; ++h) {
         gather_head(h);
-        a.codec->encode(a.format, shape, a.static_params.empty() ? nullptr : &a.static_params[h], gather, t0, run,
-                        tile_of(h));
+        for (std::size_t j = 0; j < static_cast<std::size_t>(bs) * hd; ++j) gather[j] = fp16_to_f32(f32_to_fp16(gather[j]));
+        a.codec->encode(a.format, shape, nullptr, gather, 0, bs, tile(a, id, h));
       }
+      if (slot >= 0) slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index] = bs;
     } else {
-      std::int32_t slot = block_slot_[id.value];
-      if (t0 == 0 && run == bs) {
-        // The whole block at once: encode directly, through f16 as if staged.
-        for (int h = 0; h < n_heads; ++h) {
-          gather_head(h);
-          for (std::size_t j = 0; j < static_cast<std::size_t>(bs) * hd; ++j) gather[j] = fp16_to_f32(f32_to_fp16(gather[j]));
-          a.codec->encode(a.format, shape, nullptr, gather, 0, bs, tile_of(h));
-        }
-        if (slot >= 0) slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index] = bs;
-      } else {
-        if (slot < 0) {
-          PAGODA_ASSERT(t0 == 0, "block {} is written at slot {} but its first slots were never staged", id.value, t0);
-          slot = acquire_slot(id);
-        }
-        std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index];
-        PAGODA_ASSERT(t0 == 0 || fill == t0, "block {}: write at slot {} but {} tokens are staged", id.value, t0, fill);
-        for (int h = 0; h < n_heads; ++h) {
-          gather_head(h);
-          f16->encode(staged_fmt, shape, nullptr, gather, t0, run, staged_tile(slot, a.sealed_index, h));
-        }
-        fill = t0 + run;
-        if (fill == bs)  // seal: encode the staged block
-          for (int h = 0; h < n_heads; ++h) {
-            f16->decode(staged_fmt, shape, nullptr, staged_tile(slot, a.sealed_index, h), 0, bs, gather);
-            a.codec->encode(a.format, shape, nullptr, gather, 0, bs, tile_of(h));
-          }
+      if (slot < 0) {
+        PAGODA_ASSERT(t0 == 0, "block {} is written at slot {} but its first slots were never staged", id.value, t0);
+        slot = acquire_slot(id);
       }
-      if (slot >= 0) {
-        const std::int32_t* fills = &slot_fill_[static_cast<std::size_t>(slot) * n_sealed_];
-        if (std::all_of(fills, fills + n_sealed_, [&](std::int32_t f) { return f == bs; })) release_slot(slot);
+      std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index];
+      PAGODA_ASSERT(t0 == 0 || fill == t0, "block {}: write at slot {} but {} tokens are staged", id.value, t0, fill);
+      for (int h = 0; h < n_heads; ++h) {
+        gather_head(h);
+        f16->encode(staged_fmt, shape, nullptr, gather, t0, run, staged_tile(slot, a.sealed_index, h));
       }
+      fill = t0 + run;
+      if (fill == bs)  // seal: encode the staged block
+        for (int h = 0; h < n_heads; ++h) {
+          f16->decode(staged_fmt, shape, nullptr, staged_tile(slot, a.sealed_index, h), 0, bs, gather);
+          a.codec->encode(a.format, shape, nullptr, gather, 0, bs, tile(a, id, h));
+        }
     }
-    i += run;
+    if (slot >= 0) {
+      const std::int32_t* fills = &slot_fill_[static_cast<std::size_t>(slot) * n_sealed_];
+      if (std::all_of(fills, fills + n_sealed_, [&](std::int32_t f) { return f == bs; })) release_slot(slot);
+    }
   }
+  if (is_key && t0 + run == bs) summarize(layer, id);
 }
 
-void kv_storage::write(int layer, std::span<const block_id> blocks, int pos, int n, const float* k, const float* v) {
+void kv_storage::write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v) {
   PAGODA_ASSERT(layer >= 0 && layer < layout_.n_layers);
-  write_tensor(k_[layer], blocks, pos, n, k);
-  write_tensor(v_[layer], blocks, pos, n, v);
+  const int bs = layout_.block_size;
+  const std::size_t row = static_cast<std::size_t>(layout_.n_kv_heads) * layout_.head_dim;
+  // Block by block, K then V: a block's staging slot is released once every
+  // sealed tensor of it is sealed, before the next block takes one.
+  for (int i = 0; i < n;) {
+    const int p = slot + i;
+    const int b = p / bs, t0 = p % bs;
+    const int run = std::min(n - i, bs - t0);
+    PAGODA_ASSERT(b < static_cast<int>(blocks.size()), "slot {} has no block (table holds {})", p, blocks.size());
+    const block_id id = blocks[b];
+    PAGODA_ASSERT(id.value >= 0 && id.value < n_blocks_, "block id {} out of range", id.value);
+    write_run(k_[layer], layer, id, t0, run, k + static_cast<std::size_t>(i) * row);
+    write_run(v_[layer], layer, id, t0, run, v + static_cast<std::size_t>(i) * row);
+    i += run;
+  }
 }
 
 paged_kv_view kv_storage::view(const tensor& a, std::span<const block_id> blocks, int n_tokens) const {
@@ -342,39 +313,122 @@ paged_kv_view kv_storage::view(const tensor& a, std::span<const block_id> blocks
       view.staged = staged_tile(slot, a.sealed_index, 0);
       view.staged_tile_bytes = staged_tile_bytes_;
       view.staged_codec = get_kv_codec(kv_type::f16);
-      view.staged_format = staged_format_for(a.format.role);
+      view.staged_format = kv_staged_format(a.format.role);
     }
   }
   return view;
 }
 
-paged_kv_view kv_storage::k_view(int layer, std::span<const block_id> blocks, int n_tokens) const {
-  return view(k_[layer], blocks, n_tokens);
+paged_kv_view kv_storage::k_view(int layer, std::span<const block_id> blocks, int n_slots) const {
+  return view(k_[layer], blocks, n_slots);
 }
 
-paged_kv_view kv_storage::v_view(int layer, std::span<const block_id> blocks, int n_tokens) const {
-  return view(v_[layer], blocks, n_tokens);
+paged_kv_view kv_storage::v_view(int layer, std::span<const block_id> blocks, int n_slots) const {
+  return view(v_[layer], blocks, n_slots);
 }
 
-void kv_storage::copy_block(block_id src, block_id dst) {
-  PAGODA_ASSERT(src.value >= 0 && src.value < n_blocks_ && dst.value >= 0 && dst.value < n_blocks_);
+// --- block ops ------------------------------------------------------------------
+
+void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
+  PAGODA_ASSERT(src.value >= 0 && src.value < n_blocks_ && dst.value >= 0 && dst.value < n_blocks_ && src != dst);
+  PAGODA_ASSERT(n_tokens >= 0 && n_tokens <= layout_.block_size, "copy of {} tokens", n_tokens);
+  const int bs = layout_.block_size;
+  const std::int32_t from = n_sealed_ > 0 ? block_slot_[src.value] : -1;
+  std::int32_t to = n_sealed_ > 0 ? block_slot_[dst.value] : -1;
+  // Tiles are copied whole: slots past n_tokens hold garbage until written.
   for (auto* tensors : {&k_, &v_})
     for (tensor& t : *tensors)
-      for (int h = 0; h < layout_.n_kv_heads; ++h) {
-        std::byte* head = t.data + t.tile_bytes * static_cast<std::size_t>(h) * n_blocks_;
-        std::memcpy(head + t.tile_bytes * dst.value, head + t.tile_bytes * src.value, t.tile_bytes);
+      for (int h = 0; h < layout_.n_kv_heads; ++h) std::memcpy(tile(t, dst, h), tile(t, src, h), t.tile_bytes);
+  if (n_tokens == bs && from < 0) {
+    // A whole sealed block: dst needs no staging.
+    if (to >= 0) release_slot(to);
+  } else if (n_sealed_ > 0) {
+    if (to < 0) to = acquire_slot(dst);
+    for (auto* tensors : {&k_, &v_})
+      for (tensor& t : *tensors) {
+        if (t.sealed_index < 0) continue;
+        const std::size_t at = static_cast<std::size_t>(to) * n_sealed_ + t.sealed_index;
+        if (from >= 0) {
+          // Staged in src: copy the staged f16 tokens.
+          const std::int32_t src_fill = slot_fill_[static_cast<std::size_t>(from) * n_sealed_ + t.sealed_index];
+          for (int h = 0; h < layout_.n_kv_heads; ++h)
+            std::memcpy(staged_tile(to, t.sealed_index, h), staged_tile(from, t.sealed_index, h), staged_tile_bytes_);
+          slot_fill_[at] = std::min(src_fill, n_tokens);
+          if (src_fill == bs && n_tokens < bs) stage_from_tile(t, dst, to, n_tokens);  // sealed in src's tile
+        } else {
+          stage_from_tile(t, dst, to, n_tokens);  // reopen part of a sealed block
+        }
       }
-  if (n_sealed_ == 0) return;
-  const std::int32_t from = block_slot_[src.value];
-  if (from < 0) {
-    release_block(dst);  // dst's old slot, if any, is stale
+  }
+  if (summaries_) {
+    const auto at_src = static_cast<std::size_t>(src.value) * layout_.n_layers;
+    const auto at_dst = static_cast<std::size_t>(dst.value) * layout_.n_layers;
+    for (int l = 0; l < layout_.n_layers; ++l) {
+      const bool keep = n_tokens == bs && summarized_[at_src + l];
+      summarized_[at_dst + l] = keep;
+      if (keep)
+        std::memcpy(summary(dst, l, 0), summary(src, l, 0),
+                    sizeof(float) * 3 * static_cast<std::size_t>(layout_.head_dim) * layout_.n_kv_heads);
+    }
+  }
+}
+
+void kv_storage::truncate_block(block_id b, int n_tokens) {
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_);
+  PAGODA_ASSERT(n_tokens >= 0 && n_tokens < layout_.block_size, "truncate to {} tokens", n_tokens);
+  forget_summaries(b);
+  if (n_sealed_ == 0) return;  // codes of other formats are per token: later writes just overwrite
+  std::int32_t slot = block_slot_[b.value];
+  if (n_tokens == 0) {
+    if (slot >= 0) release_slot(slot);
     return;
   }
-  std::int32_t to = block_slot_[dst.value];
-  if (to < 0) to = acquire_slot(dst);
-  std::memcpy(slot_data(to), slot_data(from), slot_bytes_);
-  std::copy_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(from) * n_sealed_, n_sealed_,
-              slot_fill_.begin() + static_cast<std::ptrdiff_t>(to) * n_sealed_);
+  const bool sealed = slot < 0;  // no slot: every sealed tensor of b is encoded in its tile
+  if (sealed) slot = acquire_slot(b);
+  for (auto* tensors : {&k_, &v_})
+    for (tensor& t : *tensors) {
+      if (t.sealed_index < 0) continue;
+      std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + t.sealed_index];
+      if (sealed || fill == layout_.block_size) stage_from_tile(t, b, slot, n_tokens);  // back to staging
+      else fill = std::min(fill, n_tokens);
+    }
+}
+
+void kv_storage::release_block(block_id b) {
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
+  if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+  forget_summaries(b);
+}
+
+void kv_storage::read_block(block_id b, std::span<std::byte> out) const {
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
+  PAGODA_ASSERT(out.size() == layout_.tile_bytes_per_block(), "read_block into {} bytes, block has {}", out.size(),
+                layout_.tile_bytes_per_block());
+  PAGODA_ASSERT(n_sealed_ == 0 || block_slot_[b.value] < 0, "read_block of block {}, which is still staged", b.value);
+  std::byte* dst = out.data();
+  for (int l = 0; l < layout_.n_layers; ++l)
+    for (const tensor* t : {&k_[l], &v_[l]})
+      for (int h = 0; h < layout_.n_kv_heads; ++h) {
+        std::memcpy(dst, tile(*t, b, h), t->tile_bytes);
+        dst += t->tile_bytes;
+      }
+}
+
+status kv_storage::write_block(block_id b, std::span<const std::byte> in) {
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
+  if (in.size() != layout_.tile_bytes_per_block())
+    return error(errc::invalid_argument, "a KV block of this layout ({}) has {} bytes, not {}", layout_.describe(),
+                 layout_.tile_bytes_per_block(), in.size());
+  if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+  const std::byte* src = in.data();
+  for (int l = 0; l < layout_.n_layers; ++l)
+    for (const tensor* t : {&k_[l], &v_[l]})
+      for (int h = 0; h < layout_.n_kv_heads; ++h) {
+        std::memcpy(tile(*t, b, h), src, t->tile_bytes);
+        src += t->tile_bytes;
+      }
+  for (int l = 0; l < layout_.n_layers; ++l) summarize(l, b);
+  return {};
 }
 
 }  // namespace pagoda

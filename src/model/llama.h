@@ -8,10 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_stats.h"
 #include "attention/paged_attention.h"
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
-#include "kv/kv_storage.h"
+#include "kv/kv_backend.h"
 #include "model/gguf.h"
 #include "model/matmul.h"
 #include "model/tokenizer.h"
@@ -81,16 +82,37 @@ class llama_model {
 
 // One sequence's share of a forward step.
 struct forward_seq {
-  std::span<const token_id> tokens;  // new tokens, stored at positions n_past ..
-  int n_past = 0;                    // tokens already in this sequence's KV
-  std::span<const block_id> blocks;  // block table covering n_past + tokens.size() tokens
+  std::span<const token_id> tokens;  // new tokens; their K/V go to KV slots n_stored ..
+  // [tokens]: the position of each new token (its RoPE angle and what it may
+  // see). Empty: n_stored, n_stored + 1, ...
+  std::span<const std::int32_t> positions;
+  int n_stored = 0;                  // KV slots of this sequence already stored
+  // [n_stored]: the position each stored slot was computed at. Empty: its slot number.
+  std::span<const std::int32_t> stored_positions;
+  std::span<const block_id> blocks;  // block table covering n_stored + tokens.size() slots
   bool all_logits = false;           // logits for every new token (scoring) or only the last
+  // Optional: the step's attention statistics of this sequence, reset to
+  // [layers][kv heads][n_stored + tokens] with a window of stats_window rows.
+  attention_stats* stats = nullptr;
+  int stats_window = 0;
+
+  // Tokens at consecutive positions right after n_stored stored slots (whose
+  // positions are their slot numbers): a sequence nothing was dropped from.
+  static forward_seq consecutive(std::span<const token_id> tokens, int n_stored, std::span<const block_id> blocks,
+                                 bool all_logits) {
+    forward_seq f;
+    f.tokens = tokens;
+    f.n_stored = n_stored;
+    f.blocks = blocks;
+    f.all_logits = all_logits;
+    return f;
+  }
 };
 
-// Scratch and threads for forward passes of one model over one KV storage.
+// Scratch and threads for forward passes of one model over one KV backend.
 class llama_context {
  public:
-  llama_context(const llama_model& model, kv_storage& kv, int n_threads);
+  llama_context(const llama_model& model, kv_backend& kv, int n_threads);
 
   // Runs one step for all seqs at once (weights read once per step). Writes K/V
   // of every new token, then fills logits: for each seq in order, one row per
@@ -98,19 +120,21 @@ class llama_context {
   status forward(std::span<const forward_seq> seqs, std::vector<float>& logits);
 
   const llama_model& model() const { return model_; }
-  kv_storage& kv() { return kv_; }
+  kv_backend& kv() { return kv_; }
   thread_pool& pool() { return pool_; }
 
  private:
   void ensure_capacity(int n_tokens);
 
   const llama_model& model_;
-  kv_storage& kv_;
+  kv_backend& kv_;
   thread_pool pool_;
   matmul_scratch mm_scratch_;
   std::vector<attention_scratch> attn_scratch_;  // one per thread
   int capacity_ = 0;
   aligned_buffer x_, xn_, q_, k_, v_, attn_out_, tmp_, gate_, up_;
+  std::vector<std::int32_t> positions_;  // [new tokens of the step]
+  std::vector<std::int32_t> kv_positions_;  // per seq: [stored + new slots], concatenated
 };
 
 // KV bytes per token by the usual formula 2 x n_layers x n_kv_heads x head_dim x bytes.

@@ -41,7 +41,7 @@ void rope_table(int pos, int rope_dim, float base, float* cos_t, float* sin_t) {
 
 }  // namespace
 
-llama_context::llama_context(const llama_model& model, kv_storage& kv, int n_threads)
+llama_context::llama_context(const llama_model& model, kv_backend& kv, int n_threads)
     : model_(model), kv_(kv), pool_(n_threads) {
   attn_scratch_.resize(pool_.size());
 }
@@ -69,12 +69,18 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     return error(errc::invalid_argument, "KV storage layout does not match the model");
 
   int n_tok = 0, n_rows = 0;
+  std::size_t n_kv_total = 0;
   for (const forward_seq& s : seqs) {
     if (s.tokens.empty()) return error(errc::invalid_argument, "a sequence in the step has no tokens");
-    std::int64_t end = static_cast<std::int64_t>(s.n_past) + static_cast<std::int64_t>(s.tokens.size());
-    if (s.n_past < 0 || end > static_cast<std::int64_t>(s.blocks.size()) * layout.block_size)
+    std::int64_t end = static_cast<std::int64_t>(s.n_stored) + static_cast<std::int64_t>(s.tokens.size());
+    if (s.n_stored < 0 || end > static_cast<std::int64_t>(s.blocks.size()) * layout.block_size)
       return error(errc::out_of_range, "sequence needs {} KV slots but its block table holds {}", end,
                    s.blocks.size() * layout.block_size);
+    if (!s.positions.empty() && s.positions.size() != s.tokens.size())
+      return error(errc::invalid_argument, "{} new tokens but {} positions", s.tokens.size(), s.positions.size());
+    if (!s.stored_positions.empty() && s.stored_positions.size() != static_cast<std::size_t>(s.n_stored))
+      return error(errc::invalid_argument, "{} stored slots but {} stored positions", s.n_stored,
+                   s.stored_positions.size());
     for (block_id b : s.blocks)
       if (b.value < 0 || b.value >= kv_.n_blocks())
         return error(errc::invalid_argument, "block id {} is outside the pool of {}", b.value, kv_.n_blocks());
@@ -82,6 +88,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       if (t < 0 || t >= hp.n_vocab) return error(errc::invalid_argument, "token id {} outside the vocabulary of {}", t, hp.n_vocab);
     n_tok += static_cast<int>(s.tokens.size());
     n_rows += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
+    n_kv_total += static_cast<std::size_t>(end);
   }
   if (n_tok == 0) {
     logits.clear();
@@ -100,19 +107,37 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   float* gate = gate_.as<float>();
   float* up = up_.as<float>();
 
-  // Embeddings and positions.
-  std::vector<int> pos(n_tok);
+  // Positions: of every new token (RoPE, masks), and per sequence of every KV
+  // slot it sees (stored, then new), strictly increasing.
+  positions_.resize(n_tok);
+  kv_positions_.resize(n_kv_total);
+  std::vector<std::size_t> kv_pos_at(seqs.size());
   {
     int i = 0;
-    for (const forward_seq& s : seqs)
+    std::size_t at = 0;
+    for (std::size_t si = 0; si < seqs.size(); ++si) {
+      const forward_seq& s = seqs[si];
+      kv_pos_at[si] = at;
+      for (int j = 0; j < s.n_stored; ++j) kv_positions_[at++] = s.stored_positions.empty() ? j : s.stored_positions[j];
       for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i) {
-        dequantize_row(model_.token_embd(), s.tokens[j], x + static_cast<std::size_t>(i) * E);
-        pos[i] = s.n_past + static_cast<int>(j);
+        positions_[i] = s.positions.empty() ? s.n_stored + static_cast<int>(j) : s.positions[j];
+        kv_positions_[at++] = positions_[i];
       }
+      for (std::size_t j = kv_pos_at[si] + 1; j < at; ++j)
+        if (kv_positions_[j] <= kv_positions_[j - 1])
+          return error(errc::invalid_argument, "KV positions must increase: {} follows {}", kv_positions_[j],
+                       kv_positions_[j - 1]);
+      if (s.stats) s.stats->reset(hp.n_layer, hp.n_head_kv, static_cast<int>(at - kv_pos_at[si]),
+                                  std::clamp(s.stats_window, 0, static_cast<int>(s.tokens.size())));
+    }
+    i = 0;
+    for (const forward_seq& s : seqs)
+      for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i)
+        dequantize_row(model_.token_embd(), s.tokens[j], x + static_cast<std::size_t>(i) * E);
   }
   std::vector<float> cos_t(static_cast<std::size_t>(n_tok) * hp.rope_dim / 2), sin_t(cos_t.size());
   for (int i = 0; i < n_tok; ++i)
-    rope_table(pos[i], hp.rope_dim, hp.rope_base, &cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2],
+    rope_table(positions_[i], hp.rope_dim, hp.rope_base, &cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2],
                &sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2]);
 
   // Attention work items: (sequence, KV head), split statically over threads.
@@ -132,7 +157,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   std::vector<paged_kv_view> k_views(seqs.size()), v_views(seqs.size());
   double attn_flops = 0;
   for (const forward_seq& s : seqs)
-    attn_flops += 4.0 * s.tokens.size() * (s.n_past + s.tokens.size()) * hp.n_head * hp.head_dim;
+    attn_flops += 4.0 * s.tokens.size() * (s.n_stored + s.tokens.size()) * hp.n_head * hp.head_dim;
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(HD));
 
   for (int l = 0; l < hp.n_layer; ++l) {
@@ -158,10 +183,10 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       for (std::size_t si = 0; si < seqs.size(); ++si) {
         const forward_seq& s = seqs[si];
         int n = static_cast<int>(s.tokens.size());
-        kv_.write(l, s.blocks, s.n_past, n, k + static_cast<std::size_t>(row0) * KVD,
+        kv_.write(l, s.blocks, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
                   v + static_cast<std::size_t>(row0) * KVD);
-        k_views[si] = kv_.k_view(l, s.blocks, s.n_past + n);
-        v_views[si] = kv_.v_view(l, s.blocks, s.n_past + n);
+        k_views[si] = kv_.k_view(l, s.blocks, s.n_stored + n);
+        v_views[si] = kv_.v_view(l, s.blocks, s.n_stored + n);
         row0 += n;
       }
     }
@@ -181,9 +206,12 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.q = q + static_cast<std::size_t>(a.row0) * QD;
         t.q_stride = QD;
         t.n_tokens = static_cast<int>(s.tokens.size());
-        t.pos0 = s.n_past;
+        t.q_pos = positions_.data() + a.row0;
+        t.kv_pos = kv_positions_.data() + kv_pos_at[a.seq];
+        t.n_kv = s.n_stored + t.n_tokens;
         t.out = attn + static_cast<std::size_t>(a.row0) * QD;
         t.out_stride = QD;
+        if (s.stats) t.stats = s.stats->out(l, a.head);
         paged_attention(t, attn_scratch_[ith]);
       }
     };

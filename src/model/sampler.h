@@ -1,10 +1,5 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p, seeded.
-//
-// Order (as vLLM): temperature scales the logits, then top-k keeps the k most
-// likely, top-p the smallest set whose probability reaches p, min-p drops tokens
-// below min_p x the most likely one's probability; a seeded draw picks from what
-// remains. temperature <= 0 is greedy (argmax, lowest id on ties) and ignores
-// the rest.
+// Token sampling: greedy, temperature, top-k, top-p, min-p, seeded
+// (sampling_params, in pagoda/request.h, says in which order).
 #pragma once
 
 #include <cstdint>
@@ -12,23 +7,11 @@
 #include <span>
 #include <vector>
 
+#include "pagoda/request.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
 
 namespace pagoda {
-
-struct sampling_params {
-  float temperature = 0.8f;
-  int top_k = 40;        // <= 0: disabled
-  float top_p = 0.95f;   // >= 1: disabled
-  float min_p = 0.05f;   // <= 0: disabled
-  std::uint64_t seed = 0;
-
-  static sampling_params greedy() { return {0.0f, 0, 1.0f, 0.0f, 0}; }
-  bool is_greedy() const { return temperature <= 0.0f; }
-  // A clear error for values outside their domain (negative temperature, top_p outside (0, 1], ...).
-  status validate() const;
-};
 
 token_id argmax(std::span<const float> logits);
 

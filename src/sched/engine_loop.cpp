@@ -49,7 +49,7 @@ histogram_snapshot snapshot_of(const histogram& h) {
 
 }  // namespace
 
-engine_loop::engine_loop(std::unique_ptr<engine> eng, int max_waiting)
+engine_loop::engine_loop(std::unique_ptr<engine_core> eng, int max_waiting)
     : engine_(std::move(eng)), max_waiting_(max_waiting) {
   PAGODA_ASSERT(engine_ != nullptr, "engine_loop needs an engine");
   publish();
@@ -184,9 +184,23 @@ void engine_loop::run() {
     }
     flush_pending_ = false;
     events.clear();
-    status st = engine_->step(events);
+    bool computed = false;
+    status failed;
+    try {
+      computed = engine_->step(events);
+    } catch (const std::exception& e) {
+      // The bookkeeping itself failed (std::bad_alloc outside the runner, whose
+      // failures only end the step's own requests): end every request in
+      // flight with an error and keep serving new ones.
+      failed = error(errc::internal, "engine step: {}", e.what());
+    }
     dispatch(events);
-    if (!st.ok()) fail_all(st.with_context("engine step"));
+    if (!failed.ok()) fail_all(failed);
+    if (!computed && engine_->has_work()) {
+      // Nothing could run (every waiting request waits on something): do not spin.
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(5), [&] { return !tasks_.empty() || stopping_; });
+    }
   }
   // Shutting down: abort what is left, hand out the abort events, then answer
   // every task posted before stop() took the lock (submits see stopping_).
@@ -194,9 +208,8 @@ void engine_loop::run() {
   for (const auto& [id, ch] : channels_) ids.push_back(id);
   for (const std::string& id : ids) engine_->abort_request(id);
   events.clear();
-  status st = engine_->step(events);  // with nothing running, only flushes the aborts
+  engine_->step(events);  // with nothing running, only flushes the aborts
   dispatch(events);
-  if (!st.ok()) fail_all(st);
   for (auto& [id, ch] : channels_) ch->fail(error(errc::cancelled, "the server is shutting down"));
   channels_.clear();
   publish();

@@ -23,7 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "sched/engine.h"
+#include "sched/engine_core.h"
 
 namespace pagoda {
 
@@ -33,7 +33,9 @@ class request_channel {
  public:
   // Engine thread.
   void push(engine_event e);
-  // Engine thread: the engine failed; no more events come for these requests.
+  // Engine thread: the engine thread failed (an exception in its bookkeeping);
+  // no more events come for these requests. A failed STEP is not this: its
+  // requests end with "error" events.
   void fail(status st);
 
   // Client thread: appends what is queued to `out`; when nothing is, waits up
@@ -78,7 +80,7 @@ class engine_loop {
  public:
   // Starts the engine thread. max_waiting caps the requests queued in the
   // engine at once (submit() answers errc::resource_exhausted beyond it).
-  engine_loop(std::unique_ptr<engine> eng, int max_waiting);
+  engine_loop(std::unique_ptr<engine_core> eng, int max_waiting);
   ~engine_loop();  // stop()
 
   engine_loop(const engine_loop&) = delete;
@@ -111,7 +113,7 @@ class engine_loop {
   void publish();  // engine thread: refreshes snapshot_
   void fail_all(const status& st);
 
-  std::unique_ptr<engine> engine_;
+  std::unique_ptr<engine_core> engine_;
   const int max_waiting_;
 
   std::mutex mu_;

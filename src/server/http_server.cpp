@@ -171,6 +171,11 @@ void http_server::impl::handle_generate(const httplib::Request& req, httplib::Re
       return;
     }
     for (const engine_event& e : events) {
+      if (e.finish_reason == "error") {  // the engine step failed: the whole call fails
+        loop.cancel(ids.ids);
+        reply_error(res, from_status(error(errc::internal, "{}", e.error)));
+        return;
+      }
       builder.add(ids.prompt_index(e.request_id), e);
       if (e.request_finished) ++n_finished;
     }
@@ -203,13 +208,24 @@ bool http_server::impl::pump(stream_state& s, httplib::DataSink& sink) {
       break;
     }
     chunks.clear();
+    bool failed = false;
     for (const engine_event& e : events) {
+      if (e.finish_reason == "error") {  // the engine step failed: say so in the stream and end it
+        out += sse_event(error_body(from_status(error(errc::internal, "{}", e.error))));
+        failed = true;
+        break;
+      }
       const int p = s.call.prompt_index(e.request_id);
       s.builder.add(p, e);
       s.builder.chunks_for(p, e, chunks);
       if (e.request_finished) ++s.n_finished;
     }
     for (const json& j : chunks) out += sse_event(j);
+    if (failed) {
+      loop.cancel(s.call.ids);
+      s.n_finished = s.call.ids.size();
+      break;
+    }
     if (!flush() || (s.n_finished < s.call.ids.size() && s.probe.peer_gone())) {
       loop.cancel(s.call.ids);
       s.complete = true;

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer.h"
-#include "sched/engine.h"
+#include "sched/engine_core.h"
 #include "server/api_error.h"
 #include "server/chat_template.h"
 

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer.h"
-#include "sched/engine.h"
+#include "sched/engine_core.h"
 #include "server/openai_request.h"
 
 namespace pagoda::server {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu.h"
+#include "kv/kv_storage.h"
 #include "quant/kv_format_spec.h"
 
 namespace pagoda {
@@ -19,6 +20,7 @@ struct fixture {
   std::vector<block_id> table;
   std::vector<float> q;  // [n_ctx][n_kv_heads * n_rep * head_dim]
   std::vector<float> k, v;  // [n_ctx][n_kv_heads][head_dim], as written
+  std::vector<std::int32_t> pos;  // [n_ctx]: slot i holds position i
 
   // spec: a K/V pair as the CLI spells it ("f32", "k8v4", "int4/token+int2").
   fixture(const std::string& spec, int n_kv_heads_, int n_rep_, int head_dim_, int block_size_, int n_ctx_,
@@ -50,9 +52,33 @@ struct fixture {
     }
     q.resize(static_cast<std::size_t>(n_ctx) * n_kv_heads * n_rep * head_dim);
     for (float& x : q) x = nd(rng) * 2.0f;
+    pos.resize(n_ctx);
+    std::iota(pos.begin(), pos.end(), 0);
   }
 
   std::size_t q_stride() const { return static_cast<std::size_t>(n_kv_heads) * n_rep * head_dim; }
+
+  // A task for KV head h: n query tokens from query token `first` at
+  // positions q_pos, over n_kv slots at positions kv_pos.
+  attention_task task(const paged_kv_view& k, const paged_kv_view& v, int h, int first, int n,
+                      const std::int32_t* q_pos, const std::int32_t* kv_pos, int n_kv, float* out) const {
+    attention_task t;
+    t.k = &k;
+    t.v = &v;
+    t.kv_head = h;
+    t.n_rep = n_rep;
+    t.head_dim = head_dim;
+    t.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    t.q = q.data() + static_cast<std::size_t>(first) * q_stride();
+    t.q_stride = q_stride();
+    t.n_tokens = n;
+    t.q_pos = q_pos;
+    t.kv_pos = kv_pos;
+    t.n_kv = n_kv;
+    t.out = out;
+    t.out_stride = q_stride();
+    return t;
+  }
 
   // Attention for query tokens [first, first + n) over positions [0, first + n).
   std::vector<float> run(int first, int n, bool reference) {
@@ -61,19 +87,7 @@ struct fixture {
     paged_kv_view vview = kv->v_view(0, table, first + n);
     attention_scratch scratch;
     for (int h = 0; h < n_kv_heads; ++h) {
-      attention_task t;
-      t.k = &kview;
-      t.v = &vview;
-      t.kv_head = h;
-      t.n_rep = n_rep;
-      t.head_dim = head_dim;
-      t.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      t.q = q.data() + static_cast<std::size_t>(first) * q_stride();
-      t.q_stride = q_stride();
-      t.n_tokens = n;
-      t.pos0 = first;
-      t.out = out.data();
-      t.out_stride = q_stride();
+      attention_task t = task(kview, vview, h, first, n, pos.data() + first, pos.data(), first + n, out.data());
       if (reference) paged_attention_ref(t);
       else paged_attention(t, scratch);
     }
@@ -258,6 +272,133 @@ TEST(softmax, simd_matches_reference) {
     EXPECT_NEAR(sb, sa, 1e-5 * sa);
     // Each exp within 4 ulp-ish (relative 5e-7) of std::exp.
     for (int i = 0; i < n; ++i) ASSERT_NEAR(b[i], a[i], 5e-7 * a[i] + 1e-30) << n << " " << i;
+  }
+}
+
+// Masking follows stored positions, not slot numbers. With blocks dropped from
+// the middle (the table skips them; the kept slots keep their positions) and
+// gaps in the query positions, the fast path must match the reference, which
+// spells the mask out slot by slot from the positions; and a query sees
+// exactly the slots at or before its position: moving the query past more
+// slots changes its output, while a query at a position before a slot never
+// reads that slot (its output equals the one computed without it).
+TEST(paged_attention_positions, masks_by_stored_positions_after_a_drop) {
+  const int H = 2, R = 2, D = 16, B = 4, N = 40;
+  fixture f("f32", H, R, D, B, N, 3);
+  // Drop blocks 2 and 5 (slots 8..11 and 20..23): a shorter table, positions kept.
+  std::vector<block_id> table;
+  std::vector<std::int32_t> kv_pos;
+  for (int b = 0; b < N / B; ++b) {
+    if (b == 2 || b == 5) continue;
+    table.push_back(f.table[b]);
+    for (int i = 0; i < B; ++i) kv_pos.push_back(b * B + i);
+  }
+  const int n_kv = static_cast<int>(kv_pos.size());
+  // Queries at positions that fall before, inside and after the holes.
+  const std::vector<std::int32_t> q_pos = {3, 9, 10, 21, 30, 39};
+  const int n = static_cast<int>(q_pos.size());
+  paged_kv_view kview = f.kv->k_view(0, table, n_kv), vview = f.kv->v_view(0, table, n_kv);
+  std::vector<float> fast(static_cast<std::size_t>(n) * f.q_stride()), ref(fast.size());
+  attention_scratch scratch;
+  for (int h = 0; h < H; ++h)
+    for (bool reference : {false, true}) {
+      attention_task t = f.task(kview, vview, h, 0, n, q_pos.data(), kv_pos.data(), n_kv,
+                                reference ? ref.data() : fast.data());
+      if (reference) paged_attention_ref(t);
+      else paged_attention(t, scratch);
+    }
+  for (std::size_t i = 0; i < fast.size(); ++i) ASSERT_NEAR(fast[i], ref[i], 2e-5) << i;
+  // The query at position 9 sees slots of positions 0..7 only (8 and 9 were
+  // dropped), exactly as the query at position 7 would on the full table.
+  int lo = -1, hi = -1;
+  visible_slots(kv_pos.data(), n_kv, 9, 0, lo, hi);
+  EXPECT_EQ(lo, 0);
+  EXPECT_EQ(hi, 8);
+  visible_slots(kv_pos.data(), n_kv, 30, 8, lo, hi);  // a window of 8 positions: 23..30
+  EXPECT_EQ(kv_pos[lo], 24);  // 23 was dropped
+  EXPECT_EQ(kv_pos[hi - 1], 30);
+}
+
+// A sliding window (position p sees p - w + 1 .. p) against the reference, and
+// batch invariance under it: a chunk's rows equal the same rows computed alone.
+TEST(paged_attention_positions, sliding_window_matches_reference_and_is_batch_invariant) {
+  const int H = 2, R = 4, D = 32, B = 16, N = 100, W = 21;
+  fixture f("f16", H, R, D, B, N, 9);
+  auto run = [&](int first, int n, bool reference) {
+    std::vector<float> out(static_cast<std::size_t>(n) * f.q_stride());
+    paged_kv_view kview = f.kv->k_view(0, f.table, first + n), vview = f.kv->v_view(0, f.table, first + n);
+    attention_scratch scratch;
+    for (int h = 0; h < H; ++h) {
+      attention_task t = f.task(kview, vview, h, first, n, f.pos.data() + first, f.pos.data(), first + n, out.data());
+      t.window = W;
+      if (reference) paged_attention_ref(t);
+      else paged_attention(t, scratch);
+    }
+    return out;
+  };
+  auto whole = run(0, N, false);
+  auto ref = run(0, N, true);
+  for (std::size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(whole[i], ref[i], 2e-5) << i;
+  for (int p : {0, 20, 21, 50, 99}) {
+    auto one = run(p, 1, false);
+    for (std::size_t i = 0; i < one.size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(one[i]), std::bit_cast<std::uint32_t>(whole[p * f.q_stride() + i]))
+          << "position " << p;
+  }
+  // The window matters: without it the last row differs.
+  fixture g("f16", H, R, D, B, N, 9);
+  auto full = g.run(0, N, false);
+  double diff = 0;
+  for (std::size_t i = (N - 1) * f.q_stride(); i < whole.size(); ++i) diff += std::fabs(whole[i] - full[i]);
+  EXPECT_GT(diff, 1e-3);
+}
+
+// The statistics sink against its reference twin: per KV slot, the softmax
+// weights summed over every query row of the task (each row's weights sum to
+// 1, so the total is n_tokens x n_rep), and one row per token of the last
+// n_window. Bound: with f32 KV each weight is a float ratio of float
+// exponentials (relative error ~1e-6) and a slot sums at most n_tokens x n_rep
+// of them, so 1e-5 absolute. The integer kernels move scores by up to about
+// 1e-3 (int8) and 1.3e-2 (int4 with 8-bit queries; see simd_tolerance), which
+// moves a weight by that much relatively (d w / w = d s - sum w d s), so there
+// the bound is 1e-5 + rel x reference with rel = 4e-3 and 6e-2.
+TEST(paged_attention_stats, match_the_reference_twin) {
+  for (const char* spec : {"f32", "int8", "int4"}) {
+    const double rel = std::string(spec) == "f32" ? 0.0 : std::string(spec) == "int8" ? 4e-3 : 6e-2;
+    const int H = 2, R = 4, D = 64, B = 16, N = 90, first = 30, W = 8;
+    fixture f(spec, H, R, D, B, N, 17);
+    const int n = N - first;
+    paged_kv_view kview = f.kv->k_view(0, f.table, N), vview = f.kv->v_view(0, f.table, N);
+    std::vector<float> out(static_cast<std::size_t>(n) * f.q_stride());
+    attention_scratch scratch;
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> acc_fast(N, 0.0f), win_fast(static_cast<std::size_t>(W) * N, 0.0f);
+      std::vector<float> acc_ref = acc_fast, win_ref = win_fast;
+      for (bool reference : {false, true}) {
+        attention_task t = f.task(kview, vview, h, first, n, f.pos.data() + first, f.pos.data(), N, out.data());
+        t.stats = reference ? attention_stats_out{acc_ref.data(), win_ref.data(), W}
+                            : attention_stats_out{acc_fast.data(), win_fast.data(), W};
+        if (reference) paged_attention_ref(t);
+        else paged_attention(t, scratch);
+      }
+      double total = 0;
+      for (int p = 0; p < N; ++p) {
+        ASSERT_NEAR(acc_fast[p], acc_ref[p], 1e-5 + rel * acc_ref[p]) << spec << " slot " << p;
+        total += acc_fast[p];
+      }
+      EXPECT_NEAR(total, static_cast<double>(n) * R, 1e-3) << spec;
+      for (int r = 0; r < W; ++r) {
+        double row_total = 0;
+        for (int p = 0; p < N; ++p) {
+          const std::size_t at = static_cast<std::size_t>(r) * N + p;
+          ASSERT_NEAR(win_fast[at], win_ref[at], 1e-5 + rel * win_ref[at]) << spec << " window row " << r << " slot " << p;
+          row_total += win_fast[at];
+          // Causal: window row r is query position first + n - W + r.
+          if (p > first + n - W + r) EXPECT_EQ(win_fast[at], 0.0f);
+        }
+        EXPECT_NEAR(row_total, R, 1e-4) << spec;
+      }
+    }
   }
 }
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/stories.h"
-#include "sched/engine.h"
+#include "sched/engine_core.h"
 
 namespace pagoda::test {
 

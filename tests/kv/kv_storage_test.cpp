@@ -83,7 +83,7 @@ TEST(kv_storage, write_view_and_copy_block) {
   EXPECT_EQ(out[3], 513.0f);
   vv.codec->decode(vv.format, vv.shape, nullptr, vv.tile(0, 0), 2, 1, out);  // token 2, head 0
   EXPECT_EQ(out[1], -201.0f);
-  s->copy_block(block_id(2), block_id(7));
+  s->copy_block(block_id(2), block_id(7), 2);
   std::vector<block_id> copy{block_id(5), block_id(7)};
   auto kc = s->k_view(1, copy, 6);
   kc.codec->decode(kc.format, kc.shape, nullptr, kc.tile(1, 1), 1, 1, out);
@@ -162,12 +162,12 @@ TEST(kv_storage, sealed_tiles_do_not_depend_on_write_chunks) {
 // Copy-on-write of a partly filled block copies its staged tokens into a slot
 // of its own; writes after the copy do not leak across.
 TEST(kv_storage, copy_block_copies_staged_tokens) {
-  sealed_fixture f(8, 1);
+  sealed_fixture f(8, 2);
   std::vector<block_id> parent{block_id(4)}, child{block_id(5)};
   f.write(parent, 0, 2);
-  f.s->copy_block(block_id(4), block_id(5));
+  f.s->copy_block(block_id(4), block_id(5), 2);
   EXPECT_EQ(f.s->staging().slots_in_use, 2);
-  EXPECT_EQ(f.s->staging().slots_mapped, 2) << "one more slot mapped on demand";
+  EXPECT_EQ(f.s->staging().slots_mapped, 2);
   EXPECT_EQ(f.s->total_bytes(), 16 * f.layout.bytes_per_block() + 2 * f.layout.staging_bytes_per_slot());
   // The child continues with other tokens (2..3 of a different stream).
   std::vector<float> k2(f.k.begin() + 4 * 16, f.k.end()), v2(f.v.begin() + 4 * 16, f.v.end());
@@ -199,21 +199,149 @@ TEST(kv_storage, staging_slots_are_released_and_reclaimed) {
   EXPECT_EQ(f.s->staging().peak_slots_in_use, 1);
 }
 
-// By default one staging slot is mapped up front; more are mapped one at a
-// time as open blocks need them, and total_bytes() counts what is mapped.
-TEST(kv_storage, staging_grows_one_slot_at_a_time_from_one) {
-  sealed_fixture f(8);
-  f.s = std::move(*kv_storage::create(f.layout, 16));
+// Staging slots are all mapped at create(), counted in total_bytes(), and
+// never grow: a write never maps memory. Running out means more open blocks
+// than the storage was sized for (the engine sizes it for --max-num-seqs
+// sequences, each with at most one open block): a broken invariant, stated.
+TEST(kv_storage, staging_slots_are_mapped_up_front) {
+  sealed_fixture f(8, 3);
   const std::size_t base = 16 * f.layout.bytes_per_block(), slot = f.layout.staging_bytes_per_slot();
-  EXPECT_EQ(f.s->staging().slots_mapped, 1);
-  EXPECT_EQ(f.s->total_bytes(), base + slot);
-  std::vector<block_id> a{block_id(0)}, b{block_id(1)}, c{block_id(2)};
-  f.write(a, 0, 1);
-  EXPECT_EQ(f.s->staging().slots_mapped, 1);
-  f.write(b, 0, 1);
-  f.write(c, 0, 1);
   EXPECT_EQ(f.s->staging().slots_mapped, 3);
   EXPECT_EQ(f.s->total_bytes(), base + 3 * slot);
+  std::vector<block_id> a{block_id(0)}, b{block_id(1)}, c{block_id(2)}, d{block_id(3)};
+  f.write(a, 0, 1);
+  f.write(b, 0, 1);
+  f.write(c, 0, 1);
+  EXPECT_EQ(f.s->staging().slots_in_use, 3);
+  EXPECT_EQ(f.s->staging().slots_mapped, 3);
+  EXPECT_DEATH(f.write(d, 0, 1), "staging slots are in use");
+  // A chunk that fills its open block and opens the next holds two slots
+  // until its later layers seal the first: two per sequence at most.
+  sealed_fixture g(8, 2);
+  std::vector<block_id> two{block_id(0), block_id(1)};
+  g.write(two, 0, 3);
+  g.write(two, 3, 3);
+  EXPECT_EQ(g.s->staging().peak_slots_in_use, 2);
+  EXPECT_EQ(g.s->staging().slots_in_use, 1);
+}
+
+// Truncating into a sealed block reopens it: the kept tokens go back to f16
+// staging (decoded from their codes) and writing continues from there.
+TEST(kv_storage, truncate_block_reopens_a_sealed_block) {
+  sealed_fixture f(8, 2);
+  std::vector<block_id> t{block_id(6), block_id(7)};
+  f.write(t, 0, 6);  // block 6 sealed, block 7 staged with 2
+  const auto before = read_token(f.s->k_view(0, t, 6), 1, 1);
+  f.s->truncate_block(block_id(6), 2);
+  f.s->release_block(block_id(7));
+  EXPECT_EQ(f.s->staging().slots_in_use, 1);
+  auto kv = f.s->k_view(0, t, 2);
+  EXPECT_TRUE(kv.is_staged(0));
+  const auto after = read_token(kv, 1, 1);
+  for (int d = 0; d < 8; ++d) EXPECT_EQ(after[d], fp16_to_f32(f32_to_fp16(before[d])));
+  // New tokens 2..3 seal it again.
+  f.write(t, 2, 2);
+  EXPECT_EQ(f.s->staging().slots_in_use, 0);
+  EXPECT_FALSE(f.s->k_view(0, t, 4).is_staged(0));
+  EXPECT_NEAR(read_token(f.s->k_view(0, t, 4), 3, 0)[2], f.key(3, 0, 2), 0.6);
+  // A staged block truncates in place.
+  f.write(t, 4, 3);
+  f.s->truncate_block(block_id(7), 1);
+  f.write(t, 5, 1);
+  EXPECT_EQ(read_token(f.s->k_view(0, t, 6), 5, 0)[0], fp16_to_f32(f32_to_fp16(f.key(5, 0, 0))));
+}
+
+// Copying part of a sealed block (copy-on-write after a truncate into a cached
+// block) stages the copied tokens in the destination.
+TEST(kv_storage, partial_copy_of_a_sealed_block_stages_the_tokens) {
+  sealed_fixture f(8, 2);
+  std::vector<block_id> src{block_id(2)}, dst{block_id(3)};
+  f.write(src, 0, 4);
+  f.s->copy_block(block_id(2), block_id(3), 3);
+  auto kd = f.s->k_view(1, dst, 3), ks = f.s->k_view(1, src, 4);
+  EXPECT_TRUE(kd.is_staged(0));
+  for (int p = 0; p < 3; ++p) {
+    const auto a = read_token(kd, p, 0), b = read_token(ks, p, 0);
+    for (int d = 0; d < 8; ++d) EXPECT_EQ(a[d], fp16_to_f32(f32_to_fp16(b[d])));
+  }
+  // A whole copy needs no staging.
+  f.s->copy_block(block_id(2), block_id(4), 4);
+  EXPECT_EQ(f.s->staging().slots_in_use, 1);
+}
+
+// A full block leaves as bytes and comes back in another storage of the same
+// layout with the same contents; a wrong size is an error, not a crash.
+TEST(kv_storage, whole_blocks_round_trip_as_bytes) {
+  for (kv_type type : {kv_type::f16, kv_type::int4, kv_type::q8_0}) {
+    auto layout = kv_layout::uniform(2, 2, 32, 4, type, type);
+    auto a = *kv_storage::create(layout, 4, 2), b = *kv_storage::create(layout, 4, 2);
+    std::vector<float> k(4 * 2 * 32), v(k.size());
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd;
+    for (float& x : k) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    std::vector<block_id> ta{block_id(1)}, tb{block_id(3)};
+    for (int l = 0; l < 2; ++l) a->write(l, ta, 0, 4, k.data(), v.data());
+    std::vector<std::byte> bytes(layout.tile_bytes_per_block());
+    a->read_block(block_id(1), bytes);
+    ASSERT_TRUE(b->write_block(block_id(3), bytes).ok());
+    for (int l = 0; l < 2; ++l)
+      for (int p = 0; p < 4; ++p)
+        for (int h = 0; h < 2; ++h) {
+          EXPECT_EQ(read_token(a->k_view(l, ta, 4), p, h), read_token(b->k_view(l, tb, 4), p, h));
+          EXPECT_EQ(read_token(a->v_view(l, ta, 4), p, h), read_token(b->v_view(l, tb, 4), p, h));
+        }
+    std::vector<std::byte> short_bytes(bytes.size() - 1);
+    EXPECT_EQ(b->write_block(block_id(0), short_bytes).code(), errc::invalid_argument);
+  }
+}
+
+// Key summaries: written when a block's keys are full, from the stored
+// (decoded) keys; gone when the block is reopened or released; recomputed for
+// a block that arrives as bytes.
+TEST(kv_storage, key_summaries_bound_the_stored_keys) {
+  for (kv_type type : {kv_type::f32, kv_type::int4}) {
+    auto layout = kv_layout::uniform(2, 2, 16, 8, type, type);
+    layout.key_summaries = true;
+    EXPECT_EQ(layout.summary_bytes_per_block(), 3u * 4 * 2 * 2 * 16);
+    auto s = *kv_storage::create(layout, 4, 2);
+    std::vector<float> k(12 * 2 * 16), v(k.size());
+    std::mt19937 rng(8);
+    std::normal_distribution<float> nd;
+    for (float& x : k) x = nd(rng);
+    std::vector<block_id> t{block_id(2), block_id(0)};
+    for (int l = 0; l < 2; ++l) s->write(l, t, 0, 5, k.data(), v.data());
+    EXPECT_FALSE(s->key_summary_of(block_id(2), 1, 0).has_value()) << "not full yet";
+    for (int l = 0; l < 2; ++l) s->write(l, t, 5, 7, &k[5 * 32], &v[5 * 32]);
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h) {
+        const auto sum = s->key_summary_of(block_id(2), l, h);
+        ASSERT_TRUE(sum.has_value());
+        paged_kv_view kv = s->k_view(l, t, 12);
+        for (int d = 0; d < 16; ++d) {
+          float lo = INFINITY, hi = -INFINITY;
+          double mean = 0;
+          for (int p = 0; p < 8; ++p) {
+            const float x = read_token(kv, p, h)[d];
+            lo = std::min(lo, x);
+            hi = std::max(hi, x);
+            mean += x / 8.0;
+          }
+          EXPECT_EQ(sum->min[d], lo);
+          EXPECT_EQ(sum->max[d], hi);
+          EXPECT_NEAR(sum->mean[d], mean, 1e-6);
+        }
+      }
+    EXPECT_FALSE(s->key_summary_of(block_id(0), 0, 0).has_value()) << "block 0 holds 4 of 8";
+    std::vector<std::byte> bytes(layout.tile_bytes_per_block());
+    s->read_block(block_id(2), bytes);
+    s->truncate_block(block_id(2), 3);
+    EXPECT_FALSE(s->key_summary_of(block_id(2), 0, 1).has_value());
+    ASSERT_TRUE(s->write_block(block_id(3), bytes).ok());
+    EXPECT_TRUE(s->key_summary_of(block_id(3), 1, 1).has_value());
+    s->release_block(block_id(3));
+    EXPECT_FALSE(s->key_summary_of(block_id(3), 1, 1).has_value());
+  }
 }
 
 // Layers may differ; each layer's tiles use its own format.

@@ -1,5 +1,6 @@
 // The forward pass against the independent references in tests/data, and the
 // batch-invariance property the scheduler relies on.
+#include "kv/kv_storage.h"
 #include "model/llama.h"
 
 #include <bit>
@@ -71,13 +72,13 @@ TEST(llama, greedy_matches_reference_token_ids) {
   auto blocks = harness::table(0, 32);
   std::vector<token_id> all = prompt;
   std::vector<float> logits;
-  forward_seq s{all, 0, blocks, false};
+  forward_seq s = forward_seq::consecutive(all, 0, blocks, false);
   ASSERT_TRUE(h.ctx->forward({&s, 1}, logits).ok());
   for (std::size_t i = 0; i < expected.size(); ++i) {
     token_id next = argmax(logits);
     ASSERT_EQ(next, expected[i]) << "at generated token " << i;
     all.push_back(next);
-    forward_seq d{std::span(all).subspan(all.size() - 1), static_cast<int>(all.size()) - 1, blocks, false};
+    forward_seq d = forward_seq::consecutive(std::span(all).subspan(all.size() - 1), static_cast<int>(all.size()) - 1, blocks, false);
     ASSERT_TRUE(h.ctx->forward({&d, 1}, logits).ok());
   }
 }
@@ -100,13 +101,13 @@ TEST(llama, prefill_chunking_is_bitwise_invariant) {
   auto ids = story_tokens(*h.model, 100);
   auto blocks = harness::table(0, 8);
   std::vector<float> whole, logits;
-  forward_seq s{ids, 0, blocks, true};
+  forward_seq s = forward_seq::consecutive(ids, 0, blocks, true);
   ASSERT_TRUE(h.ctx->forward({&s, 1}, whole).ok());
   const int V = h.model->hparams().n_vocab;
   for (int chunk : {1, 7, 16, 33}) {
     for (int pos = 0; pos < 100; pos += chunk) {
       int n = std::min(chunk, 100 - pos);
-      forward_seq c{std::span(ids).subspan(pos, n), pos, blocks, true};
+      forward_seq c = forward_seq::consecutive(std::span(ids).subspan(pos, n), pos, blocks, true);
       ASSERT_TRUE(h.ctx->forward({&c, 1}, logits).ok());
       ASSERT_TRUE(bitwise_equal(logits, std::span(whole).subspan(static_cast<std::size_t>(pos) * V,
                                                                  static_cast<std::size_t>(n) * V)))
@@ -124,17 +125,17 @@ TEST(llama, batch_composition_is_bitwise_invariant) {
     // Alone: a 40-token prompt at blocks 0..
     auto t_alone = harness::table(0, 8);
     std::vector<float> alone;
-    forward_seq a{std::span(ids).subspan(0, 40), 0, t_alone, true};
+    forward_seq a = forward_seq::consecutive(std::span(ids).subspan(0, 40), 0, t_alone, true);
     ASSERT_TRUE(h.ctx->forward({&a, 1}, alone).ok());
     // Together with two other sequences (one mid-decode), in other blocks.
     auto t1 = harness::table(20, 8), t2 = harness::table(40, 8), t3 = harness::table(60, 8);
     std::vector<float> warm;
-    forward_seq w{std::span(ids).subspan(40, 70), 0, t3, false};
+    forward_seq w = forward_seq::consecutive(std::span(ids).subspan(40, 70), 0, t3, false);
     ASSERT_TRUE(h.ctx->forward({&w, 1}, warm).ok());
     std::vector<float> mixed;
-    std::vector<forward_seq> step{{std::span(ids).subspan(50, 17), 0, t2, true},
-                                  {std::span(ids).subspan(0, 40), 0, t1, true},
-                                  {std::span(ids).subspan(110, 1), 70, t3, false}};
+    std::vector<forward_seq> step{forward_seq::consecutive(std::span(ids).subspan(50, 17), 0, t2, true),
+                                  forward_seq::consecutive(std::span(ids).subspan(0, 40), 0, t1, true),
+                                  forward_seq::consecutive(std::span(ids).subspan(110, 1), 70, t3, false)};
     ASSERT_TRUE(h.ctx->forward(step, mixed).ok());
     ASSERT_TRUE(bitwise_equal(alone, std::span(mixed).subspan(17 * static_cast<std::size_t>(V), 40 * static_cast<std::size_t>(V))))
         << "threads " << threads;
@@ -146,14 +147,14 @@ TEST(llama, rejects_bad_steps) {
   auto blocks = harness::table(0, 1);
   std::vector<float> logits;
   std::vector<token_id> bad{1, 9999};
-  forward_seq s{bad, 0, blocks, false};
+  forward_seq s = forward_seq::consecutive(bad, 0, blocks, false);
   EXPECT_EQ(h.ctx->forward({&s, 1}, logits).code(), errc::invalid_argument);
   std::vector<token_id> many(17, 5);
-  forward_seq too_long{many, 0, blocks, false};
+  forward_seq too_long = forward_seq::consecutive(many, 0, blocks, false);
   EXPECT_EQ(h.ctx->forward({&too_long, 1}, logits).code(), errc::out_of_range);
   std::vector<block_id> outside{block_id(100000)};
   std::vector<token_id> one{1};
-  forward_seq oob{one, 0, outside, false};
+  forward_seq oob = forward_seq::consecutive(one, 0, outside, false);
   EXPECT_EQ(h.ctx->forward({&oob, 1}, logits).code(), errc::invalid_argument);
 }
 
@@ -163,7 +164,7 @@ TEST(llama, f16_kv_close_to_f32) {
   auto ids = story_tokens(*a.model, 200);
   auto blocks = harness::table(0, 16);
   std::vector<float> la, lb;
-  forward_seq s{ids, 0, blocks, true};
+  forward_seq s = forward_seq::consecutive(ids, 0, blocks, true);
   ASSERT_TRUE(a.ctx->forward({&s, 1}, la).ok());
   ASSERT_TRUE(b.ctx->forward({&s, 1}, lb).ok());
   double max_diff = 0;

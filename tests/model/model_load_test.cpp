@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "model/gguf_writer.h"
+#include "kv/kv_storage.h"
 #include "model/llama.h"
 #include "model/synth.h"
 
@@ -196,7 +197,7 @@ TEST(model_load, qwen2_with_biases) {
     llama_context ctx(**m, *kv, 1);
     std::vector<token_id> ids{1, 300, 301, 302};
     std::vector<block_id> table{block_id(0)};
-    forward_seq s{ids, 0, table, false};
+    forward_seq s = forward_seq::consecutive(ids, 0, table, false);
     std::vector<float> out;
     ASSERT_TRUE(ctx.forward({&s, 1}, out).ok());
     for (float x : out) ASSERT_TRUE(std::isfinite(x));

@@ -15,10 +15,10 @@ using test::stories;
 
 using test::greedy_request;
 
-std::unique_ptr<engine> make_engine(std::int64_t n_blocks = 256, int max_seqs = 64, int ctx = 512) {
-  engine_config cfg = test::engine_config_for(stories(), n_blocks, max_seqs);
+std::unique_ptr<engine_core> make_engine(std::int64_t n_blocks = 256, int max_seqs = 64, int ctx = 512) {
+  engine_core_config cfg = test::engine_config_for(stories(), n_blocks, max_seqs);
   cfg.max_model_len = ctx;
-  auto e = engine::create(stories(), cfg);
+  auto e = engine_core::create(stories(), cfg);
   EXPECT_TRUE(e.ok());
   return std::move(*e);
 }
@@ -50,7 +50,7 @@ TEST(engine_loop, results_match_the_engine_run_directly) {
   std::vector<engine_event> ev;
   while (ref->has_work()) {
     ev.clear();
-    ASSERT_TRUE(ref->step(ev).ok());
+    ref->step(ev);
     for (auto& e : ev) expected += e.text;
   }
 

@@ -95,9 +95,9 @@ std::unique_ptr<llama_model> stories_with_chat_template(const std::string& jinja
   return std::move(*model);
 }
 
-engine_config engine_config_for(const llama_model& model, std::int64_t n_blocks, int max_seqs) {
+engine_core_config engine_config_for(const llama_model& model, std::int64_t n_blocks, int max_seqs) {
   const llama_hparams& hp = model.hparams();
-  engine_config c;
+  engine_core_config c;
   c.n_threads = 1;
   c.max_model_len = 512;
   c.max_num_seqs = max_seqs;
@@ -120,7 +120,7 @@ server_setup default_setup() {
 
 test_server::test_server(server_setup setup, const llama_model& model) {
   setup.engine.max_waiting = setup.max_waiting;
-  auto eng = engine::create(model, setup.engine);
+  auto eng = engine_core::create(model, setup.engine);
   if (!eng.ok()) {
     ADD_FAILURE() << eng.error().message();
     return;

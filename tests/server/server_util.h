@@ -28,7 +28,7 @@ using nlohmann::json;
 std::unique_ptr<llama_model> stories_with_chat_template(const std::string& jinja);
 
 struct server_setup {
-  engine_config engine;        // from engine_config_for(); adjust before starting
+  engine_core_config engine;        // from engine_config_for(); adjust before starting
   server::api_options api;     // model_path = stories_path()
   server::server_options http; // host 127.0.0.1, port 0
   server::key_store keys;
@@ -36,7 +36,7 @@ struct server_setup {
 };
 
 // f32 KV (batch-invariant greedy results), 1 thread, context 512.
-engine_config engine_config_for(const llama_model& model, std::int64_t n_blocks = 1024, int max_seqs = 64);
+engine_core_config engine_config_for(const llama_model& model, std::int64_t n_blocks = 1024, int max_seqs = 64);
 server_setup default_setup();
 
 class test_server {

@@ -1,0 +1,40 @@
+// How to open an engine: the model, the KV cache and the scheduler's limits,
+// in the words of the command line (every `pagoda` command that runs a model
+// fills one of these from its flags). Part of Pagoda's public API (engine.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace pagoda {
+
+struct engine_config {
+  // --- model -------------------------------------------------------------
+  std::string model_path;            // a GGUF file
+  int n_threads = 0;                 // 0: every core
+  int n_ctx = 0;                     // tokens per sequence; 0: the model's trained context
+
+  // --- KV cache ----------------------------------------------------------
+  // Types: "auto" (the model's float type), f32, f16, bf16, fp8 (fp8_e4m3),
+  // fp8_e5m2, int8, int4, int2, q8_0, q4_0; TYPE/MODE picks the scale
+  // granularity (token, channel, gN, static, none); K/V pairs as "k8v4" or
+  // "int8+int4/token".
+  std::string kv_cache_dtype = "auto";
+  std::string cache_type_k;          // overrides kv_cache_dtype for K
+  std::string cache_type_v;          // overrides kv_cache_dtype for V
+  std::string kv_layer_types;        // per layer ranges, later rules win: "0-1:f16,2-:int4"
+  std::string kv_scales_path;        // calibrated ranges (pagoda calibrate) for static scales
+  int block_size = 16;               // tokens per KV block
+  double kv_cache_size_mib = 0;      // pool size in MiB, or
+  std::int64_t max_kv_tokens = 0;    // pool size in tokens; neither: max_num_seqs full contexts, at most 4 GiB
+  bool enable_prefix_caching = true;
+  std::map<std::string, std::int32_t> tenant_quota_blocks;  // tenant -> most KV blocks it may hold
+
+  // --- scheduling --------------------------------------------------------
+  int max_num_seqs = 64;             // sequences running at once
+  int max_num_batched_tokens = 2048; // tokens per step (decode + prompt chunks)
+  int max_waiting = 1 << 20;         // requests queued at once
+};
+
+}  // namespace pagoda

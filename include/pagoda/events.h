@@ -1,0 +1,42 @@
+// What the engine reports back, step by step. Part of Pagoda's public API (engine.h).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pagoda/types.h"
+
+namespace pagoda {
+
+struct token_logprob {
+  token_id token;
+  float logprob;
+  std::vector<std::pair<token_id, float>> top;  // the k most likely, best first
+};
+
+struct request_usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;  // over all n completions
+  int cached_tokens = 0;      // prompt tokens served from the prefix cache (or loaded from a KV source)
+};
+
+// What one step produced for one completion of one request.
+struct engine_event {
+  std::string request_id;
+  int index = 0;                        // completion index, 0 .. n-1
+  std::vector<token_id> tokens;         // tokens sampled this step (0 or 1)
+  std::string text;                     // text released this step (stop strings held back)
+  std::vector<token_logprob> logprobs;  // one per token, when asked for
+  // With request::prompt_logits: rows [n][n_vocab] for prompt positions
+  // first_prompt_position .. + n - 1; row p holds the logits after prompt[0..p].
+  std::vector<float> prompt_logits;
+  int first_prompt_position = 0;
+  // "" while running; "stop", "length", "abort", or "error" (then `error` says why).
+  std::string finish_reason;
+  std::string error;
+  bool request_finished = false;        // the last completion of the request finished
+  request_usage usage;                  // valid when request_finished
+};
+
+}  // namespace pagoda

@@ -1,0 +1,115 @@
+// The KV backend: what the model and the runner need from KV storage, and
+// nothing about where the bytes live (DESIGN.md: the model never sees the block
+// pool). kv_storage is the CPU implementation; a GPU one would be another.
+//
+// The model writes a sequence's K/V into KV slots of its block table
+// (write), and attention reads them through paged_kv_view (k_view, v_view).
+// The runner applies the block ops the KV manager reports (copy_block,
+// truncate_block, release_block) before a step's writes, and moves whole blocks
+// in and out as bytes (read_block, write_block) for eviction hooks and
+// external KV sources.
+//
+// Sealing and staging. A sealed format (per-channel scales: KIVI keys) can only
+// encode a whole block. While a block of such a format is partly filled, its
+// tokens live in an f16 STAGING SLOT (KIVI's residual window); the write that
+// fills the block seals it: the staged tokens are encoded into the tile and the
+// slot is released. Views read the sealed tiles plus, for a partly filled last
+// block, the staged f16 tile. For sealed formats the stored codes are
+// independent of how writes were split (inputs are rounded to f16 whether or
+// not they pass through staging), but attention results are not batch
+// invariant: a query reads its own block as f16 while the block is open and as
+// codes once it is sealed. They are deterministic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "kv/kv_layout.h"
+#include "pagoda/status.h"
+#include "pagoda/types.h"
+
+namespace pagoda {
+
+// One layer's K or V as one sequence sees it: its block table and length.
+struct paged_kv_view {
+  const kv_codec* codec = nullptr;
+  kv_format format;
+  kv_tile_shape shape;
+  const std::byte* base = nullptr;
+  std::size_t tile_bytes = 0;
+  std::size_t head_stride = 0;  // n_blocks * tile_bytes
+  std::span<const block_id> blocks;
+  int n_tokens = 0;  // KV slots covered
+  // [n_kv_heads] static parameters, or nullptr.
+  const kv_static_params* static_params = nullptr;
+  // A partly filled last block of a sealed format, staged in f16: head h's tile
+  // is staged + h * staged_tile_bytes, read with staged_codec / staged_format.
+  const std::byte* staged = nullptr;
+  std::size_t staged_tile_bytes = 0;
+  const kv_codec* staged_codec = nullptr;
+  kv_format staged_format;
+
+  const void* tile(int block_index, int head) const {
+    return base + static_cast<std::size_t>(head) * head_stride +
+           static_cast<std::size_t>(blocks[block_index].value) * tile_bytes;
+  }
+  const kv_static_params* params(int head) const { return static_params ? static_params + head : nullptr; }
+  // Whether block_index is read from staging rather than from its tile.
+  bool is_staged(int block_index) const {
+    return staged != nullptr && block_index == (n_tokens - 1) / shape.block_size;
+  }
+  const void* staged_tile(int head) const { return staged + static_cast<std::size_t>(head) * staged_tile_bytes; }
+};
+
+// What one sealed block's keys look like for one layer and KV head, channel by
+// channel, over its block_size tokens as stored (decoded from the tile, so a
+// bound holds for the keys attention reads). Each pointer is [head_dim].
+struct key_summary {
+  const float* min = nullptr;
+  const float* max = nullptr;
+  const float* mean = nullptr;
+};
+
+class kv_backend {
+ public:
+  virtual ~kv_backend() = default;
+
+  virtual const kv_layout& layout() const = 0;
+  virtual std::int64_t n_blocks() const = 0;
+
+  // Stores K and V of n consecutive tokens of one sequence into KV slots
+  // [slot, slot + n) of its table. k and v are [n][n_kv_heads][head_dim].
+  // REQUIRES: blocks covers slot + n - 1; slots of a block are written in
+  // order (a block's first write starts at its first slot, or where
+  // truncate_block / copy_block left it).
+  virtual void write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k,
+                     const float* v) = 0;
+  // The first n_slots KV slots of the table, for one layer.
+  virtual paged_kv_view k_view(int layer, std::span<const block_id> blocks, int n_slots) const = 0;
+  virtual paged_kv_view v_view(int layer, std::span<const block_id> blocks, int n_slots) const = 0;
+
+  // Block ops (kv_manager.h). copy_block: the first n_tokens slots of src, every
+  // layer, K and V, into dst, which may be written from slot n_tokens on.
+  virtual void copy_block(block_id src, block_id dst, int n_tokens) = 0;
+  // Slots [n_tokens, block_size) of b become writable again; the first
+  // n_tokens keep what they hold (a sealed block is reopened in staging).
+  virtual void truncate_block(block_id b, int n_tokens) = 0;
+  // b went back to the free pool: drop whatever per-block state it holds.
+  virtual void release_block(block_id b) = 0;
+
+  // A whole FULL block as bytes: every layer's K and V tiles, scales included,
+  // in a fixed order; layout().tile_bytes_per_block() bytes. Meaningful only
+  // to a backend with the same layout. REQUIRES: every slot of b was written.
+  virtual void read_block(block_id b, std::span<std::byte> out) const = 0;
+  // The inverse: b then holds a full block with these bytes (key summaries
+  // are recomputed). Errors: a size that is not tile_bytes_per_block().
+  virtual status write_block(block_id b, std::span<const std::byte> in) = 0;
+
+  // The key summary of a sealed block for (layer, KV head); std::nullopt when
+  // the layout keeps none or b is not full.
+  virtual std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const = 0;
+};
+
+}  // namespace pagoda

@@ -1,0 +1,100 @@
+#include "kv/kv_layout.h"
+
+#include <algorithm>
+
+namespace pagoda {
+
+kv_layout kv_layout::uniform(int n_layers, int n_kv_heads, int head_dim, int block_size, kv_type k_type,
+                             kv_type v_type) {
+  kv_layout l;
+  l.n_layers = n_layers;
+  l.n_kv_heads = n_kv_heads;
+  l.head_dim = head_dim;
+  l.block_size = block_size;
+  l.k_formats.assign(n_layers, default_kv_format(k_type, kv_role::key));
+  l.v_formats.assign(n_layers, default_kv_format(v_type, kv_role::value));
+  return l;
+}
+
+status kv_layout::check() const {
+  if (n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0)
+    return error(errc::invalid_argument, "KV layout needs positive layers, KV heads and head_dim");
+  if (block_size <= 0 || block_size > 1024)
+    return error(errc::invalid_argument, "block size {} out of range (1..1024)", block_size);
+  if (static_cast<int>(k_formats.size()) != n_layers || static_cast<int>(v_formats.size()) != n_layers)
+    return error(errc::invalid_argument, "KV layout needs one K and one V format per layer");
+  for (int l = 0; l < n_layers; ++l)
+    for (const kv_format* f : {&k_formats[l], &v_formats[l]}) {
+      const char* what = f->role == kv_role::key ? "K" : "V";
+      const kv_codec* c = get_kv_codec(f->type);
+      if (!c) return error(errc::unsupported, "KV cache type {} has no codec", kv_type_name(f->type));
+      if (status st = c->check(*f, tile_shape()); !st.ok()) return st.with_context(fmt::format("layer {} {}", l, what));
+      if (f->scale_mode == kv_scale_mode::static_scales) {
+        if (!c->make_static)
+          return error(errc::invalid_argument, "layer {} {}: {} has no static scales", l, what, kv_type_name(f->type));
+        if (!scales)
+          return error(errc::invalid_argument,
+                       "layer {} {}: {} needs calibrated scales (--kv-scales FILE, made by pagoda calibrate)", l, what,
+                       kv_format_name(*f));
+        PAGODA_RETURN_IF_ERROR(scales->check_shape(n_layers, n_kv_heads, head_dim));
+      }
+    }
+  return {};
+}
+
+std::size_t kv_layout::bytes_per_block() const { return tile_bytes_per_block() + summary_bytes_per_block(); }
+
+std::size_t kv_layout::summary_bytes_per_block() const {
+  return key_summaries ? 3 * sizeof(float) * static_cast<std::size_t>(n_layers) * n_kv_heads * head_dim : 0;
+}
+
+std::size_t kv_layout::tile_bytes_per_block() const {
+  const kv_tile_shape shape = tile_shape();
+  std::size_t total = 0;
+  for (int l = 0; l < n_layers; ++l) {
+    total += get_kv_codec(k_formats[l].type)->tile_bytes(k_formats[l], shape) * n_kv_heads;
+    total += get_kv_codec(v_formats[l].type)->tile_bytes(v_formats[l], shape) * n_kv_heads;
+  }
+  return total;
+}
+
+double kv_layout::bytes_per_token() const { return static_cast<double>(bytes_per_block()) / block_size; }
+
+std::size_t kv_layout::staging_bytes_per_slot() const {
+  std::size_t n_sealed = 0;
+  for (int l = 0; l < n_layers; ++l) n_sealed += kv_format_sealed(k_formats[l]) + kv_format_sealed(v_formats[l]);
+  return n_sealed * n_kv_heads * kv_staged_tile_bytes(tile_shape());
+}
+
+std::size_t kv_layout::static_bytes() const {
+  std::size_t n = 0;
+  for (int l = 0; l < n_layers; ++l)
+    n += (k_formats[l].scale_mode == kv_scale_mode::static_scales) + (v_formats[l].scale_mode == kv_scale_mode::static_scales);
+  return n * 2 * sizeof(float) * n_kv_heads * head_dim;
+}
+
+double kv_layout::bytes_per_token_at(std::int64_t n_tokens) const {
+  if (n_tokens <= 0) return 0;
+  std::int64_t blocks = (n_tokens + block_size - 1) / block_size;
+  return (static_cast<double>(blocks) * bytes_per_block() + staging_bytes_per_slot()) / static_cast<double>(n_tokens);
+}
+
+double kv_layout::bits_per_element() const {
+  return 8.0 * bytes_per_token() / (2.0 * n_layers * n_kv_heads * head_dim);
+}
+
+std::string kv_layout::describe() const {
+  auto pair = [&](int l) { return kv_format_name(k_formats[l]) + "+" + kv_format_name(v_formats[l]); };
+  std::string out;
+  int start = 0;
+  for (int l = 1; l <= n_layers; ++l) {
+    if (l < n_layers && pair(l) == pair(start)) continue;
+    if (start == 0 && l == n_layers) return pair(0);
+    if (!out.empty()) out += ",";
+    out += l - 1 == start ? fmt::format("{}:{}", start, pair(start)) : fmt::format("{}-{}:{}", start, l - 1, pair(start));
+    start = l;
+  }
+  return out;
+}
+
+}  // namespace pagoda

@@ -1,0 +1,72 @@
+// How KV is laid out in memory: the model's KV shape, tokens per block, the
+// format of every layer's K and V, calibrated scales and optional per-block key
+// summaries. Plain data, shared by the KV backend, the engine and the tools
+// that size pools (bytes per block, per token, per element).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagoda/status.h"
+#include "quant/kv_codec.h"
+#include "quant/kv_scales.h"
+
+namespace pagoda {
+
+// Sealed formats stage a partly filled block in f16 (kv_backend.h).
+inline kv_format kv_staged_format(kv_role role) { return default_kv_format(kv_type::f16, role); }
+inline std::size_t kv_staged_tile_bytes(kv_tile_shape shape) {
+  return get_kv_codec(kv_type::f16)->tile_bytes(kv_staged_format(kv_role::key), shape);
+}
+
+struct kv_layout {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;
+  std::vector<kv_format> k_formats;  // [n_layers]
+  std::vector<kv_format> v_formats;  // [n_layers]
+  // Calibrated ranges for static_scales formats; null when none is static.
+  std::shared_ptr<const kv_scales> scales;
+  // Keep a key summary per sealed block (kv_backend::key_summary): per layer
+  // and KV head, the per-channel min, max and mean of its keys, in f32. For
+  // policies that read them (query-aware sparsity); off by default, as it
+  // costs 3 x 4 bytes per key channel per block.
+  bool key_summaries = false;
+
+  // Every layer K and V of the given types, in their default formats.
+  static kv_layout uniform(int n_layers, int n_kv_heads, int head_dim, int block_size, kv_type k_type,
+                           kv_type v_type);
+  // Every format valid for the shape; scales present (and of this shape) when a format is static.
+  status check() const;
+
+  kv_tile_shape tile_shape() const { return {block_size, head_dim}; }
+  // Bytes one block takes over all layers, K and V, in-tile scales and key
+  // summaries included.
+  std::size_t bytes_per_block() const;
+  // Bytes of one block's tiles alone (kv_backend::read_block's size).
+  std::size_t tile_bytes_per_block() const;
+  // Bytes of one block's key summaries (0 unless key_summaries).
+  std::size_t summary_bytes_per_block() const;
+  // Bytes per token (bytes_per_block / block_size), as a real number: the cost of
+  // sealed blocks, without the staging window.
+  double bytes_per_token() const;
+  // Bytes of one f16 staging slot (one block of every sealed tensor); 0 when no
+  // format is sealed.
+  std::size_t staging_bytes_per_slot() const;
+  bool has_sealed() const { return staging_bytes_per_slot() > 0; }
+  // Bytes of the static per-head parameters (two floats per channel per static tensor).
+  std::size_t static_bytes() const;
+  // What one sequence of n_tokens costs per token: its blocks plus one staging
+  // slot (its f16 window) when a format is sealed.
+  double bytes_per_token_at(std::int64_t n_tokens) const;
+  // Stored bits per K/V element, scales and padding included (window excluded).
+  double bits_per_element() const;
+  // "int8/token+int4/token", or per layer ranges when layers differ.
+  std::string describe() const;
+};
+
+}  // namespace pagoda

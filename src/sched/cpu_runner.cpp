@@ -1,0 +1,58 @@
+#include "sched/cpu_runner.h"
+
+#include "core/assert.h"
+
+namespace pagoda {
+
+cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads)
+    : kv_(kv), ctx_(model, kv, n_threads), block_buf_(kv.layout().tile_bytes_per_block()) {}
+
+void cpu_runner::apply(const kv_op& op) {
+  switch (op.kind) {
+    case kv_op_kind::copy: kv_.copy_block(op.src, op.block, op.n_tokens); break;
+    case kv_op_kind::truncate: kv_.truncate_block(op.block, op.n_tokens); break;
+    case kv_op_kind::release: kv_.release_block(op.block); break;
+    case kv_op_kind::evict:
+      if (on_evict_) {
+        kv_.read_block(op.block, block_buf_);
+        on_evict_(evicted_block{op.key, op.parent, op.tokens, block_buf_});
+      }
+      kv_.release_block(op.block);
+      break;
+  }
+}
+
+void cpu_runner::execute(const step_plan& plan, step_output& out) {
+  out.result = ok_status();
+  out.logits.clear();
+  for (const kv_op& op : plan.ops) apply(op);
+
+  out.loaded.assign(plan.loads.size(), 0);
+  for (std::size_t i = 0; i < plan.loads.size(); ++i) {
+    const block_load& l = plan.loads[i];
+    if (!source_ || !source_->read(l.key, block_buf_)) continue;
+    out.loaded[i] = kv_.write_block(l.block, block_buf_).ok();
+  }
+
+  if (plan.seqs.empty()) return;
+  batch_.clear();
+  out.stats.resize(plan.seqs.size());
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const scheduled_seq& q = plan.seqs[i];
+    forward_seq f;
+    f.tokens = q.tokens;
+    f.positions = q.positions;
+    f.n_stored = q.n_stored;
+    f.stored_positions = q.stored_positions;
+    f.blocks = q.blocks;
+    f.all_logits = q.all_logits;
+    if (q.stats_window >= 0) {
+      f.stats = &out.stats[i];
+      f.stats_window = q.stats_window;
+    }
+    batch_.push_back(f);
+  }
+  out.result = ctx_.forward(batch_, out.logits);
+}
+
+}  // namespace pagoda

@@ -1,0 +1,41 @@
+// The CPU runner: executes step plans with the Llama forward pass over a KV
+// backend (kv_storage). The seam a GPU runner would plug into is model_runner
+// (step_plan.h); nothing else in the engine knows which runner it has.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "kv/kv_backend.h"
+#include "model/llama.h"
+#include "sched/step_plan.h"
+
+namespace pagoda {
+
+class cpu_runner final : public model_runner {
+ public:
+  // REQUIRES: model and kv outlive the runner; kv's layout matches the model.
+  cpu_runner(const llama_model& model, kv_backend& kv, int n_threads);
+
+  // The eviction hook (step_plan.h): called for each evicted block, with its
+  // bytes, while the plan's ops run, before anything can overwrite it.
+  void set_eviction_hook(eviction_hook hook) { on_evict_ = std::move(hook); }
+  // Where loads read from; nullptr: every load fails (the blocks are computed).
+  void set_kv_source(kv_block_source* source) { source_ = source; }
+
+  void execute(const step_plan& plan, step_output& out) override;
+
+  const llama_context& context() const { return ctx_; }
+
+ private:
+  void apply(const kv_op& op);
+
+  kv_backend& kv_;
+  llama_context ctx_;
+  eviction_hook on_evict_;
+  kv_block_source* source_ = nullptr;
+  std::vector<std::byte> block_buf_;  // one block's bytes
+  std::vector<forward_seq> batch_;
+};
+
+}  // namespace pagoda

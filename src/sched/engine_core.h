@@ -1,0 +1,98 @@
+// The engine core: one model, one KV backend, a scheduler and a runner, and
+// the step that joins them (DESIGN.md):
+//
+//   plan = scheduler.schedule()       which sequences, how many tokens, which block ops
+//   runner.execute(plan, out)         block ops, loads, one batched forward pass
+//   scheduler.update(plan, out, ...)  commit what was computed, sample, finish, stream
+//
+// One thread owns an engine core (no locks inside); engine_loop puts it on a
+// thread of its own for servers. `pagoda run`, `perplexity`, `batch` and
+// `serve` all drive this same core.
+//
+// Batch invariance: with f32 KV a sequence's logits do not depend on what else
+// shares its steps, so greedy results under any load equal those of running it
+// alone (the forward pass and attention keep every row independent).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/kv_storage.h"
+#include "model/llama.h"
+#include "pagoda/events.h"
+#include "pagoda/request.h"
+#include "pagoda/status.h"
+#include "sched/cpu_runner.h"
+#include "sched/scheduler.h"
+
+namespace pagoda {
+
+struct engine_core_config {
+  int n_threads = 0;                  // 0: every core
+  int max_model_len = 0;              // 0: the model's trained context
+  int max_num_seqs = 64;              // sequences running at once (also the staging slots of sealed KV formats)
+  int max_num_batched_tokens = 2048;  // tokens per step (decode + prompt chunks)
+  bool enable_prefix_caching = true;
+  kv_layout kv;                       // types and block size (n_layers etc. must match the model)
+  std::int64_t n_blocks = 0;          // pool size in blocks
+  std::map<std::string, std::int32_t> tenant_quota_blocks;
+  int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)
+  int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
+};
+
+class engine_core {
+ public:
+  static result<std::unique_ptr<engine_core>> create(const llama_model& model, const engine_core_config& config);
+  ~engine_core();
+
+  // See scheduler::add_request / abort_request.
+  status add_request(request req) { return sched_.add_request(std::move(req)); }
+  bool abort_request(const std::string& id) { return sched_.abort_request(id); }
+  bool has_work() const { return sched_.has_work(); }
+
+  // Runs one step and appends what it produced. A runner failure (an error
+  // status or an exception such as std::bad_alloc) fails the requests of that
+  // step with "error" events; the engine stays usable. Returns whether the
+  // step computed anything (false: nothing could run, e.g. everything is pending).
+  bool step(std::vector<engine_event>& events);
+
+  // Hooks (step_plan.h): the eviction hook gets every block evicted from the
+  // prefix cache with its bytes; the source feeds the load path.
+  void set_eviction_hook(eviction_hook hook) { cpu_->set_eviction_hook(std::move(hook)); }
+  void set_kv_source(kv_block_source* source) {
+    sched_.set_kv_source(source);
+    cpu_->set_kv_source(source);
+  }
+  // Puts another runner in front of the CPU one (failure injection in tests,
+  // instrumentation): `wrap` receives the current runner and returns its replacement.
+  void wrap_runner(const std::function<std::unique_ptr<model_runner>(std::unique_ptr<model_runner>)>& wrap) {
+    runner_ = wrap(std::move(runner_));
+  }
+
+  kv_metrics kv_stats() const { return sched_.kv().metrics(); }
+  const engine_stats& stats() const { return sched_.stats(); }
+  const engine_core_config& config() const { return config_; }
+  const llama_model& model() const { return model_; }
+  const kv_storage& storage() const { return *storage_; }
+  kv_manager& kv() { return sched_.kv(); }
+  scheduler& sched() { return sched_; }
+
+ private:
+  engine_core(const llama_model& model, const engine_core_config& config, std::unique_ptr<kv_storage> storage);
+
+  const llama_model& model_;
+  engine_core_config config_;
+  std::unique_ptr<kv_storage> storage_;
+  scheduler sched_;
+  cpu_runner* cpu_ = nullptr;           // owned by runner_ (or by a wrapper of it)
+  std::unique_ptr<model_runner> runner_;
+};
+
+// The scheduler's view of an engine configuration.
+scheduler_config scheduler_config_of(const engine_core_config& config);
+
+}  // namespace pagoda

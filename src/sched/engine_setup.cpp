@@ -1,0 +1,114 @@
+#include "sched/engine_setup.h"
+
+#include <charconv>
+#include <cmath>
+
+#include "quant/kv_format_spec.h"
+#include "quant/kv_scales.h"
+
+namespace pagoda {
+
+int context_length(const engine_config& opts, const llama_hparams& hp) {
+  return opts.n_ctx > 0 ? opts.n_ctx : hp.n_ctx_train;
+}
+
+result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& opts) {
+  const llama_hparams& hp = model.hparams();
+  // "auto" follows the weights, as vLLM's "auto" does: an f32 model keeps an f32
+  // cache (bitwise reproducible); anything else gets f16 (vLLM's and llama.cpp's default).
+  const kv_type auto_type = model.layers().front().wq.type == gguf::tensor_type::f32 ? kv_type::f32 : kv_type::f16;
+  auto spec_of = [&](const std::string& text, const char* what) -> result<kv_format_spec> {
+    if (text == "auto") return kv_format_spec{auto_type, std::nullopt, 0};
+    auto s = parse_kv_format_spec(text);
+    if (!s.ok()) return s.error().with_context(what);
+    return s;
+  };
+  kv_pair_spec base;
+  if (opts.kv_cache_dtype == "auto") {
+    base.k = base.v = kv_format_spec{auto_type, std::nullopt, 0};
+  } else {
+    auto p = parse_kv_pair_spec(opts.kv_cache_dtype);
+    if (!p.ok()) return p.error().with_context("--kv-cache-dtype");
+    base = *p;
+  }
+  if (!opts.cache_type_k.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(base.k, spec_of(opts.cache_type_k, "--cache-type-k"));
+  }
+  if (!opts.cache_type_v.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(base.v, spec_of(opts.cache_type_v, "--cache-type-v"));
+  }
+  std::vector<kv_pair_spec> per_layer(hp.n_layer, base);
+  if (!opts.kv_layer_types.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(std::vector<kv_layer_rule> rules, parse_kv_layer_rules(opts.kv_layer_types));
+    for (const kv_layer_rule& r : rules) {
+      int last = r.last < 0 ? hp.n_layer - 1 : r.last;
+      if (r.first >= hp.n_layer || last >= hp.n_layer)
+        return error(errc::invalid_argument, "--kv-layer-types: layer range {}-{} is past the model's {} layers",
+                     r.first, last, hp.n_layer);
+      for (int l = r.first; l <= last; ++l) per_layer[l] = r.spec;
+    }
+  }
+  kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, opts.block_size, kv_type::f32, kv_type::f32);
+  if (!opts.kv_scales_path.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(kv_scales scales, load_kv_scales(opts.kv_scales_path));
+    PAGODA_RETURN_IF_ERROR(scales.check_shape(hp.n_layer, hp.n_head_kv, hp.head_dim).with_context(opts.kv_scales_path));
+    layout.scales = std::make_shared<const kv_scales>(std::move(scales));
+  }
+  for (int l = 0; l < hp.n_layer; ++l) {
+    layout.k_formats[l] = per_layer[l].k.resolve(kv_role::key, layout.scales != nullptr);
+    layout.v_formats[l] = per_layer[l].v.resolve(kv_role::value, layout.scales != nullptr);
+  }
+  PAGODA_RETURN_IF_ERROR(layout.check());
+  return layout;
+}
+
+result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& opts, std::int64_t default_tokens,
+                                 std::int64_t n_slots) {
+  std::int64_t blocks;
+  if (opts.kv_cache_size_mib > 0) {
+    double bytes = opts.kv_cache_size_mib * 1024.0 * 1024.0 -
+                   static_cast<double>(layout.staging_bytes_per_slot()) * std::max<std::int64_t>(n_slots, 1) -
+                   static_cast<double>(layout.static_bytes());
+    blocks = static_cast<std::int64_t>(std::max(bytes, 0.0) / static_cast<double>(layout.bytes_per_block()));
+    if (blocks < 1)
+      return error(errc::invalid_argument, "--kv-cache-size {} MiB is smaller than one KV block ({})",
+                   opts.kv_cache_size_mib, fmt::format("{} bytes", layout.bytes_per_block()));
+  } else {
+    std::int64_t tokens = opts.max_kv_tokens > 0 ? opts.max_kv_tokens : default_tokens;
+    blocks = (tokens + layout.block_size - 1) / layout.block_size;
+  }
+  return blocks;
+}
+
+status add_tenant_quota(engine_config& config, const std::string& q) {
+  const std::size_t eq = q.rfind('=');
+  std::int32_t blocks = 0;
+  const char* end = q.data() + q.size();
+  if (eq == std::string::npos || eq == 0) return error(errc::invalid_argument, "--tenant-quota '{}': expected NAME=BLOCKS", q);
+  const auto [ptr, ec] = std::from_chars(q.data() + eq + 1, end, blocks);
+  if (ec != std::errc() || ptr != end || blocks < 0)
+    return error(errc::invalid_argument, "--tenant-quota '{}': expected NAME=BLOCKS with BLOCKS a whole number >= 0", q);
+  config.tenant_quota_blocks[q.substr(0, eq)] = blocks;
+  return {};
+}
+
+result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& opts) {
+  engine_core_config cfg;
+  cfg.n_threads = opts.n_threads;
+  cfg.max_model_len = context_length(opts, model.hparams());
+  cfg.max_num_seqs = opts.max_num_seqs;
+  cfg.max_num_batched_tokens = opts.max_num_batched_tokens;
+  cfg.enable_prefix_caching = opts.enable_prefix_caching;
+  cfg.tenant_quota_blocks = opts.tenant_quota_blocks;
+  cfg.max_waiting = opts.max_waiting;
+  PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
+  const double k_default_cap_bytes = 4.0 * 1024 * 1024 * 1024;
+  std::int64_t default_tokens = static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len;
+  default_tokens = std::min<std::int64_t>(default_tokens,
+                                          static_cast<std::int64_t>(k_default_cap_bytes / cfg.kv.bytes_per_token()));
+  PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, opts, default_tokens,
+                                                    k_staging_slots_per_sequence * opts.max_num_seqs));
+  return cfg;
+}
+
+}  // namespace pagoda

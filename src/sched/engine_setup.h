@@ -1,0 +1,38 @@
+// From a public engine_config (strings, as on the command line) to what the
+// engine core runs with: the KV layout, the pool size, the context length.
+// Shared by the library's engine (engine.h) and every CLI command.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kv/kv_layout.h"
+#include "model/llama.h"
+#include "pagoda/config.h"
+#include "pagoda/status.h"
+#include "kv/kv_storage.h"
+#include "sched/engine_core.h"
+
+namespace pagoda {
+
+// The context length to use: config.n_ctx, else the model's trained context.
+int context_length(const engine_config& config, const llama_hparams& hp);
+
+// The KV layout the config's KV types describe for this model. Errors name the
+// option at fault ("--kv-layer-types: layer range 3-9 is past the model's 5 layers").
+result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& config);
+
+// Blocks in the pool: from kv_cache_size_mib or max_kv_tokens, else enough for
+// default_tokens. A MiB budget also pays for n_slots staging slots (the f16
+// window of sealed formats) and static scales, so the pool's real bytes stay within it.
+result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& config, std::int64_t default_tokens,
+                                 std::int64_t n_slots = 1);
+
+// "NAME=BLOCKS" (--tenant-quota) into config.tenant_quota_blocks.
+status add_tenant_quota(engine_config& config, const std::string& spec);
+
+// Everything engine_core::create needs. The default pool holds max_num_seqs
+// full contexts, capped at 4 GiB.
+result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& config);
+
+}  // namespace pagoda

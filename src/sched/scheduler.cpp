@@ -1,0 +1,635 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/assert.h"
+#include "core/clock.h"
+
+namespace pagoda {
+
+struct scheduler::request_state {
+  request req;
+  std::int64_t arrival = 0;     // order of arrival
+  std::int64_t arrival_us = 0;  // wall clock of arrival
+  std::vector<std::unique_ptr<sequence>> seqs;  // [completion index]; 0 runs the prompt
+  bool forked = false;          // children created (n > 1)
+  bool first_token_seen = false;
+  int n_finished = 0;
+  int cached_tokens = -1;       // prompt tokens from the prefix cache (or loaded) at first admission
+  int completion_tokens = 0;
+};
+
+struct scheduler::sequence {
+  request_state* req = nullptr;
+  int index = 0;
+  seq_id id;
+  std::vector<token_id> tokens;  // prompt, then generated; token i is computed at position i
+  int n_prompt = 0;
+  int n_computed = 0;            // leading tokens whose K/V were computed (some may be dropped since)
+  int n_generated = 0;
+  seq_phase phase = seq_phase::waiting;
+  std::int64_t start_order = -1; // >= 0 while running or loading
+  bool in_kv = false;            // registered with the KV manager
+  std::int64_t last_token_us = 0;
+  std::vector<block_key> keys;   // chained keys of the full blocks of `tokens` (prefix caching)
+  std::size_t keys_for = 0;      // tokens.size() when keys were computed
+  std::vector<float> totals;     // [n_stored][n_layers * n_kv_heads]: accumulated attention
+  std::unique_ptr<attention_stats> window;  // the last step's statistics (window rows)
+  sampler smp;
+  stream_decoder decoder;
+  stop_matcher stops;
+
+  sequence(request_state* r, int idx, seq_id sid, const tokenizer& vocab, std::uint64_t seed)
+      : req(r), index(idx), id(sid), tokens(r->req.prompt), n_prompt(static_cast<int>(r->req.prompt.size())),
+        smp([&] {
+          sampling_params p = r->req.sampling;
+          p.seed = seed;
+          return p;
+        }()),
+        decoder(vocab, /*at_text_start=*/false),
+        stops(r->req.stop) {}
+};
+
+scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
+    : config_(config),
+      vocab_(vocab),
+      kv_(config.block_size, static_cast<std::int32_t>(std::clamp<std::int64_t>(config.n_blocks, 0, INT32_MAX)),
+          config.enable_prefix_caching) {
+  if (config_.max_num_seqs < 1) config_status_ = error(errc::invalid_argument, "--max-num-seqs must be at least 1");
+  if (config_.max_num_batched_tokens < 1)
+    config_status_ = error(errc::invalid_argument, "--max-num-batched-tokens must be at least 1");
+  if (config_.n_blocks < 1 || config_.n_blocks > (1ll << 30))
+    config_status_ = error(errc::invalid_argument, "KV pool of {} blocks is out of range", config_.n_blocks);
+  for (const auto& [tenant, quota] : config_.tenant_quota_blocks)
+    if (status st = kv_.set_tenant_quota(tenant, quota); !st.ok()) config_status_ = st;
+  kv_.set_op_listener([this](const kv_op& op) { pending_ops_.push_back(op); });
+}
+
+scheduler::~scheduler() = default;
+
+// --- requests ------------------------------------------------------------------
+
+status scheduler::add_request(request req) {
+  const int n_vocab = vocab_.n_vocab();
+  if (req.id.empty()) return error(errc::invalid_argument, "request id is empty");
+  if (requests_.contains(req.id)) return error(errc::invalid_argument, "request id '{}' is already in use", req.id);
+  if (req.prompt.empty()) return error(errc::invalid_argument, "request '{}': the prompt is empty", req.id);
+  for (token_id t : req.prompt)
+    if (t < 0 || t >= n_vocab)
+      return error(errc::invalid_argument, "request '{}': token id {} outside the vocabulary of {}", req.id, t, n_vocab);
+  if (req.n < 1 || req.n > 128) return error(errc::invalid_argument, "request '{}': n must be in [1, 128], got {}", req.id, req.n);
+  if (req.n > config_.max_num_seqs)
+    return error(errc::invalid_argument,
+                 "request '{}': n = {} completions can never run at once with --max-num-seqs {}; lower n or raise "
+                 "--max-num-seqs",
+                 req.id, req.n, config_.max_num_seqs);
+  if (req.max_tokens < 0)
+    return error(errc::invalid_argument, "request '{}': max_tokens must not be negative, got {}", req.id, req.max_tokens);
+  if (req.prompt_logits && req.n != 1)
+    return error(errc::invalid_argument, "request '{}': prompt logits are returned for n = 1 only", req.id);
+  if (auto st = req.sampling.validate(); !st.ok()) return st.with_context(fmt::format("request '{}'", req.id));
+  const std::int64_t total = static_cast<std::int64_t>(req.prompt.size()) + req.max_tokens;
+  if (total > config_.max_model_len)
+    return error(errc::out_of_range,
+                 "request '{}': prompt ({} tokens) plus max_tokens ({}) is {} tokens, beyond the context of {}", req.id,
+                 req.prompt.size(), req.max_tokens, total, config_.max_model_len);
+  if (auto st = kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()), req.max_tokens, req.tenant, req.n);
+      !st.ok())
+    return st.with_context(fmt::format("request '{}'", req.id));
+  if (static_cast<int>(waiting_.size()) >= config_.max_waiting)
+    return error(errc::resource_exhausted, "the request queue is full ({} waiting)", waiting_.size());
+
+  auto r = std::make_unique<request_state>();
+  r->req = std::move(req);
+  r->arrival = next_arrival_++;
+  r->arrival_us = now_us();
+  // Completion i draws from seed + i, so completion 0 equals an n = 1 request.
+  r->seqs.push_back(std::make_unique<sequence>(r.get(), 0, seq_id(next_seq_++), vocab_, r->req.sampling.seed));
+  sequence* s = r->seqs[0].get();
+  seqs_.emplace(s->id, s);
+  // Waiting order: priority, then arrival; preempted sequences stay at the front.
+  auto pos = waiting_.end();
+  while (pos != waiting_.begin()) {
+    const sequence* prev = *(pos - 1);
+    if (prev->n_generated == 0 && prev->n_computed == 0 && prev->req->req.priority > r->req.priority) --pos;
+    else break;
+  }
+  waiting_.insert(pos, s);
+  stats_.n_prompt_tokens += static_cast<std::int64_t>(r->req.prompt.size());
+  requests_.emplace(r->req.id, std::move(r));
+  refresh_counts();
+  return {};
+}
+
+bool scheduler::abort_request(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  request_state* r = it->second.get();
+  if (r->n_finished >= (r->forked ? r->req.n : 1)) return false;
+  for (auto& s : r->seqs)
+    if (s->phase != seq_phase::finished) finish(s.get(), "abort", pending_events_);
+  refresh_counts();
+  return true;
+}
+
+void scheduler::take_events(std::vector<engine_event>& events) {
+  for (engine_event& e : pending_events_) events.push_back(std::move(e));
+  pending_events_.clear();
+}
+
+scheduler::sequence* scheduler::by_id(seq_id id) const {
+  const auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second;
+}
+
+std::optional<seq_id> scheduler::find_sequence(const std::string& id, int index) const {
+  const auto it = requests_.find(id);
+  if (it == requests_.end() || index < 0 || index >= static_cast<int>(it->second->seqs.size())) return std::nullopt;
+  const sequence* s = it->second->seqs[index].get();
+  if (!s->in_kv) return std::nullopt;
+  return s->id;
+}
+
+sequence_options scheduler::kv_options(const sequence& s) const {
+  sequence_options o;
+  o.tenant = s.req->req.tenant;
+  o.cache_salt = s.req->req.cache_salt;
+  o.lookup = !s.req->req.prompt_logits;
+  return o;
+}
+
+const std::vector<block_key>& scheduler::prompt_keys_of(sequence* s) {
+  if (s->keys_for != s->tokens.size()) {
+    s->keys = kv_.prompt_keys(s->tokens, kv_options(*s));
+    s->keys_for = s->tokens.size();
+  }
+  return s->keys;
+}
+
+void scheduler::refresh_counts() {
+  stats_.n_running = static_cast<int>(running_.size());
+  stats_.n_waiting = static_cast<int>(waiting_.size());
+  stats_.peak_running = std::max<std::int64_t>(stats_.peak_running, stats_.n_running);
+}
+
+// --- planning --------------------------------------------------------------------
+
+void scheduler::remove_from_running(sequence* s) {
+  auto it = std::find(running_.begin(), running_.end(), s);
+  if (it != running_.end()) running_.erase(it);
+  s->start_order = -1;
+}
+
+scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why) const {
+  // Lowest priority (largest value) first, then the most recently started;
+  // only the blocked tenant's own sequences when its quota is what blocks.
+  sequence* victim = nullptr;
+  for (sequence* c : running_) {
+    if (why == alloc_blocker::quota && c->req->req.tenant != s.req->req.tenant) continue;
+    if (!victim || c->req->req.priority > victim->req->req.priority ||
+        (c->req->req.priority == victim->req->req.priority && c->start_order > victim->start_order))
+      victim = c;
+  }
+  PAGODA_ASSERT(victim != nullptr, "no sequence to preempt (the blocked one runs)");
+  return victim;
+}
+
+void scheduler::preempt(sequence* s) {
+  status st = kv_.preempt_sequence(s->id);
+  PAGODA_ASSERT(st.ok(), "preempting a running sequence: {}", st.message());
+  s->in_kv = false;
+  s->n_computed = 0;
+  s->totals.clear();
+  s->window.reset();
+  s->phase = seq_phase::waiting;
+  remove_from_running(s);
+  waiting_.push_front(s);
+}
+
+void scheduler::unplan(std::vector<planned>& plan, int& budget, const sequence* s) const {
+  for (auto p = plan.begin(); p != plan.end(); ++p)
+    if (p->s == s) {
+      budget += p->n;
+      plan.erase(p);
+      return;
+    }
+}
+
+std::unordered_set<block_key> scheduler::blocks_in_flight() const {
+  // Full prompt blocks a running (or loading) sequence is computing and has not committed yet.
+  std::unordered_set<block_key> keys;
+  if (!config_.enable_prefix_caching) return keys;
+  const auto bs = static_cast<std::size_t>(config_.block_size);
+  for (const sequence* s : running_)
+    for (std::size_t b = static_cast<std::size_t>(s->n_computed) / bs; b < s->keys.size(); ++b) keys.insert(s->keys[b]);
+  return keys;
+}
+
+bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
+                      const std::unordered_set<block_key>& in_flight, bool& stop) {
+  request_state* r = s->req;
+  const int slots = (s->index == 0 && !r->forked) ? r->req.n : 1;
+  if (static_cast<int>(running_.size()) + slots > config_.max_num_seqs || kv_.n_takeable_blocks() == 0) {
+    stop = true;
+    return false;
+  }
+  const auto bs = config_.block_size;
+  const bool sharing = config_.enable_prefix_caching && !r->req.prompt_logits;
+  const sequence_options opts = kv_options(*s);
+  const int n_reusable = (static_cast<int>(s->tokens.size()) - 1) / bs;
+  if (sharing) prompt_keys_of(s);
+  if (!s->in_kv) {
+    // Pending: the block after the cached prefix is being computed by a
+    // running sequence right now; wait for it to be committed.
+    if (sharing && !in_flight.empty()) {
+      const std::int32_t m = kv_.n_cached_prompt_blocks(s->tokens, opts);
+      if (m < n_reusable && in_flight.contains(s->keys[static_cast<std::size_t>(m)])) return false;
+    }
+    auto cached = kv_.add_sequence(s->id, s->tokens, opts);
+    PAGODA_ASSERT(cached.ok(), "add_sequence: {}", cached.error().message());
+    s->in_kv = true;
+    s->n_computed = *cached;
+    if (r->cached_tokens < 0) r->cached_tokens = std::min(*cached, s->n_prompt);
+  }
+  // Loading: the prompt continues in the external KV source.
+  const int first = s->n_computed / bs;
+  if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
+    const auto keys = std::span<const block_key>(s->keys).subspan(static_cast<std::size_t>(first),
+                                                                   static_cast<std::size_t>(n_reusable - first));
+    const int n_load = std::clamp(source_->n_available(keys), 0, n_reusable - first);
+    if (n_load > 0 && kv_.allocate(s->id, n_load * bs)) {
+      const auto table = kv_.block_table(s->id);
+      for (int j = 0; j < n_load; ++j)
+        out.loads.push_back({s->id, table[static_cast<std::size_t>(first + j)], keys[static_cast<std::size_t>(j)]});
+      s->phase = seq_phase::loading;
+      s->start_order = next_start_++;
+      running_.push_back(s);
+      return true;
+    }
+  }
+  const int n = std::min<int>(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+  if (!kv_.allocate(s->id, n)) {
+    const alloc_blocker why = kv_.allocation_blocker(s->id, n);
+    status st = kv_.free_sequence(s->id);
+    PAGODA_ASSERT(st.ok(), "free: {}", st.message());
+    s->in_kv = false;
+    s->n_computed = 0;
+    // The pool is short for everyone (first come, first served); a quota only for this tenant.
+    stop = why != alloc_blocker::quota;
+    return false;
+  }
+  s->phase = seq_phase::running;
+  s->start_order = next_start_++;
+  running_.push_back(s);
+  plan.push_back({s, n});
+  budget -= n;
+  return true;
+}
+
+step_plan scheduler::schedule() {
+  for (const std::string& id : finished_requests_) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    for (const auto& s : it->second->seqs) seqs_.erase(s->id);
+    requests_.erase(it);
+  }
+  finished_requests_.clear();
+
+  step_plan out;
+  std::vector<planned> plan;
+  int budget = config_.max_num_batched_tokens;
+  bool preempted = false;
+
+  // 1. Running sequences, oldest first: their next decode token or prompt chunk.
+  const std::vector<sequence*> order = running_;
+  for (sequence* s : order) {
+    if (budget <= 0) break;
+    if (s->phase != seq_phase::running) continue;  // preempted earlier in this step
+    const int n = std::min<int>(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+    PAGODA_ASSERT(n > 0, "a running sequence has nothing to compute");
+    for (;;) {
+      if (kv_.allocate(s->id, n)) {
+        plan.push_back({s, n});
+        budget -= n;
+        break;
+      }
+      sequence* victim = victim_for(*s, kv_.allocation_blocker(s->id, n));
+      unplan(plan, budget, victim);
+      preempt(victim);
+      preempted = true;
+      if (victim == s) break;
+    }
+  }
+
+  // 2. Waiting sequences, in order, while the budget, the sequence cap and the
+  // pool allow (none after a preemption: the pool is already short).
+  if (!preempted) {
+    std::unordered_set<block_key> in_flight = blocks_in_flight();
+    const auto bs = static_cast<std::size_t>(config_.block_size);
+    for (std::size_t i = 0; i < waiting_.size() && budget > 0;) {
+      bool stop = false;
+      sequence* s = waiting_[i];
+      if (admit(s, budget, plan, out, in_flight, stop)) {
+        // What it computes (or loads) from now on is in flight for those behind it.
+        for (std::size_t b = static_cast<std::size_t>(s->n_computed) / bs; b < s->keys.size(); ++b)
+          in_flight.insert(s->keys[b]);
+        waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      if (stop) break;
+      ++i;
+    }
+  }
+  refresh_counts();
+
+  // 3. The plan: views into the KV manager are taken last, when tables no longer change.
+  for (const planned& p : plan) {
+    sequence* s = p.s;
+    scheduled_seq q;
+    q.seq = s->id;
+    q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + p.n);
+    q.positions.resize(static_cast<std::size_t>(p.n));
+    for (int i = 0; i < p.n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i;
+    q.n_stored = kv_.n_stored_tokens(s->id);
+    q.stored_positions = kv_.positions(s->id);
+    q.blocks = kv_.block_table(s->id);
+    q.all_logits = s->req->req.prompt_logits && s->n_computed < s->n_prompt;
+    q.stats_window = config_.attention_stats_window;
+    out.seqs.push_back(std::move(q));
+  }
+  out.ops = std::move(pending_ops_);
+  pending_ops_.clear();
+  return out;
+}
+
+// --- committing --------------------------------------------------------------------
+
+void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
+  // Per sequence, the leading run of filled blocks counts as computed; a block
+  // that failed and everything after it are computed instead (their slots
+  // stay allocated).
+  std::size_t i = 0;
+  while (i < plan.loads.size()) {
+    sequence* s = by_id(plan.loads[i].seq);
+    PAGODA_ASSERT(s && s->phase == seq_phase::loading, "a load for a sequence that is not loading");
+    std::size_t end = i;
+    while (end < plan.loads.size() && plan.loads[end].seq == s->id) ++end;
+    std::size_t n_ok = 0;
+    while (i + n_ok < end && i + n_ok < out.loaded.size() && out.loaded[i + n_ok]) ++n_ok;
+    const int n_tokens = static_cast<int>(n_ok) * config_.block_size;
+    if (n_tokens > 0) {
+      std::vector<std::int32_t> positions(static_cast<std::size_t>(n_tokens));
+      for (int j = 0; j < n_tokens; ++j) positions[static_cast<std::size_t>(j)] = s->n_computed + j;
+      status st = kv_.commit(s->id, std::span(s->tokens).subspan(static_cast<std::size_t>(s->n_computed),
+                                                                  static_cast<std::size_t>(n_tokens)),
+                             positions);
+      PAGODA_ASSERT(st.ok(), "commit of loaded blocks: {}", st.message());
+      s->n_computed += n_tokens;
+      stats_.n_loaded_tokens += n_tokens;
+      if (!s->req->first_token_seen)
+        s->req->cached_tokens = std::min(std::max(s->req->cached_tokens, 0) + n_tokens, s->n_prompt);
+    }
+    s->phase = seq_phase::running;
+    i = end;
+  }
+}
+
+void scheduler::fail_step(const step_plan& plan, const status& st, std::vector<engine_event>& events) {
+  ++stats_.n_failed_steps;
+  std::vector<request_state*> affected;
+  auto note = [&](seq_id id) {
+    if (sequence* s = by_id(id); s && std::find(affected.begin(), affected.end(), s->req) == affected.end())
+      affected.push_back(s->req);
+  };
+  for (const scheduled_seq& q : plan.seqs) note(q.seq);
+  for (const block_load& l : plan.loads) note(l.seq);
+  const std::string why = fmt::format("the engine step failed: {}", st.message());
+  for (request_state* r : affected)
+    for (auto& s : r->seqs)
+      if (s->phase != seq_phase::finished) finish(s.get(), "error", events, why);
+  refresh_counts();
+}
+
+void scheduler::update(const step_plan& plan, step_output& out, std::vector<engine_event>& events) {
+  take_events(events);
+  if (plan.seqs.empty() && plan.loads.empty()) return;
+  const int V = vocab_.n_vocab();
+  std::size_t n_rows = 0;
+  for (const scheduled_seq& q : plan.seqs) n_rows += q.all_logits ? q.tokens.size() : 1;
+  if (out.result.ok() && out.logits.size() < n_rows * static_cast<std::size_t>(V))
+    out.result = error(errc::internal, "the runner returned {} logits for {} rows of {}", out.logits.size(), n_rows, V);
+  if (!out.result.ok()) {
+    fail_step(plan, out.result, events);
+    return;
+  }
+  ++stats_.n_steps;
+  commit_loads(plan, out);
+
+  std::size_t row = 0;
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const scheduled_seq& q = plan.seqs[i];
+    sequence* s = by_id(q.seq);
+    PAGODA_ASSERT(s && s->phase == seq_phase::running, "a planned sequence left the running set before update");
+    const int n = static_cast<int>(q.tokens.size());
+    status st = kv_.commit(s->id, q.tokens, q.positions);
+    PAGODA_ASSERT(st.ok(), "commit: {}", st.message());
+    if (q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0) {
+      attention_stats& a = out.stats[i];
+      const std::size_t per_slot = static_cast<std::size_t>(a.n_layers) * a.n_kv_heads;
+      s->totals.resize(static_cast<std::size_t>(a.n_kv) * per_slot, 0.0f);
+      for (int l = 0; l < a.n_layers; ++l)
+        for (int h = 0; h < a.n_kv_heads; ++h) {
+          const float* w = a.accumulated_at(l, h);
+          for (int slot = 0; slot < a.n_kv; ++slot)
+            s->totals[static_cast<std::size_t>(slot) * per_slot + static_cast<std::size_t>(l) * a.n_kv_heads + h] += w[slot];
+        }
+      s->window = std::make_unique<attention_stats>(std::move(a));
+    }
+    const std::size_t rows = q.all_logits ? static_cast<std::size_t>(n) : 1;
+    std::span<const float> logits(&out.logits[row * V], rows * V);
+    row += rows;
+    if (s->n_computed < s->n_prompt) stats_.n_computed_prompt_tokens += std::min(n, s->n_prompt - s->n_computed);
+    const int first = s->n_computed;
+    s->n_computed += n;
+    if (q.all_logits) {
+      engine_event e;
+      e.request_id = s->req->req.id;
+      e.index = s->index;
+      e.first_prompt_position = first;
+      e.prompt_logits.assign(logits.begin(), logits.end());
+      events.push_back(std::move(e));
+    }
+    if (s->n_computed < static_cast<int>(s->tokens.size())) continue;  // prompt chunk, more to come
+    if (s->req->req.max_tokens == 0) {  // the prompt only (scoring)
+      finish(s, "length", events);
+      continue;
+    }
+    const std::span<const float> last = logits.subspan((rows - 1) * V, V);
+    if (s->index == 0 && s->req->req.n > 1 && !s->req->forked) {
+      fork_children(s);
+      for (auto& c : s->req->seqs)
+        if (c.get() != s) sample_next(c.get(), last, events);
+    }
+    sample_next(s, last, events);
+  }
+  refresh_counts();
+}
+
+void scheduler::fork_children(sequence* parent) {
+  request_state* r = parent->req;
+  r->forked = true;
+  for (int i = 1; i < r->req.n; ++i) {
+    auto child = std::make_unique<sequence>(r, i, seq_id(next_seq_++), vocab_, r->req.sampling.seed + i);
+    status st = kv_.fork(parent->id, child->id);
+    PAGODA_ASSERT(st.ok(), "fork: {}", st.message());
+    child->tokens = parent->tokens;
+    child->n_computed = parent->n_computed;
+    child->in_kv = true;
+    child->phase = seq_phase::running;
+    child->start_order = next_start_++;
+    running_.push_back(child.get());
+    seqs_.emplace(child->id, child.get());
+    r->seqs.push_back(std::move(child));
+  }
+}
+
+void scheduler::finish(sequence* s, const std::string& reason, std::vector<engine_event>& events,
+                       const std::string& why) {
+  request_state* r = s->req;
+  if (s->in_kv) {
+    status st = kv_.free_sequence(s->id);
+    PAGODA_ASSERT(st.ok(), "free: {}", st.message());
+    s->in_kv = false;
+  }
+  if (s->start_order >= 0) remove_from_running(s);
+  else if (auto it = std::find(waiting_.begin(), waiting_.end(), s); it != waiting_.end()) waiting_.erase(it);
+  s->phase = seq_phase::finished;
+  s->totals.clear();
+  s->window.reset();
+  ++r->n_finished;
+  if (events.empty() || events.back().request_id != r->req.id || events.back().index != s->index ||
+      !events.back().finish_reason.empty() || !events.back().prompt_logits.empty()) {
+    engine_event e;
+    e.request_id = r->req.id;
+    e.index = s->index;
+    events.push_back(std::move(e));
+  }
+  engine_event& e = events.back();
+  e.finish_reason = reason;
+  e.error = why;
+  // Before the prompt is computed (only an abort or an error can end it then)
+  // the children of an n > 1 request are not born yet.
+  const int expected = r->forked ? r->req.n : 1;
+  if (r->n_finished >= expected) {
+    e.request_finished = true;
+    e.usage.prompt_tokens = static_cast<int>(r->req.prompt.size());
+    e.usage.completion_tokens = r->completion_tokens;
+    e.usage.cached_tokens = std::max(r->cached_tokens, 0);
+    stats_.e2e_seconds.observe((now_us() - r->arrival_us) * 1e-6);
+    ++stats_.n_requests_finished;
+    finished_requests_.push_back(r->req.id);
+  }
+}
+
+void scheduler::sample_next(sequence* s, std::span<const float> logits, std::vector<engine_event>& events) {
+  request_state* r = s->req;
+  token_id tok = s->smp.sample(logits);
+  engine_event e;
+  e.request_id = r->req.id;
+  e.index = s->index;
+  e.tokens.push_back(tok);
+  if (r->req.logprobs >= 0) {
+    token_logprob lp;
+    lp.token = tok;
+    lp.logprob = sampler::log_prob(logits, tok);
+    if (r->req.logprobs > 0) lp.top = sampler::top_log_probs(logits, r->req.logprobs);
+    e.logprobs.push_back(std::move(lp));
+  }
+  std::int64_t now = now_us();
+  if (!r->first_token_seen) {
+    r->first_token_seen = true;
+    stats_.ttft_seconds.observe((now - r->arrival_us) * 1e-6);
+  } else if (s->last_token_us > 0) {
+    stats_.itl_seconds.observe((now - s->last_token_us) * 1e-6);
+  }
+  s->last_token_us = now;
+  s->tokens.push_back(tok);
+  ++s->n_generated;
+  ++r->completion_tokens;
+  ++stats_.n_generated_tokens;
+
+  std::string reason;
+  const bool stop_token =
+      std::find(r->req.stop_token_ids.begin(), r->req.stop_token_ids.end(), tok) != r->req.stop_token_ids.end();
+  if ((!r->req.ignore_eos && vocab_.is_eog(tok)) || stop_token) {
+    reason = "stop";
+    e.text = s->stops.flush();
+  } else {
+    e.text = s->stops.push(s->decoder.push(tok));
+    if (s->stops.stopped()) reason = "stop";
+  }
+  if (reason.empty() && (s->n_generated >= r->req.max_tokens ||
+                         static_cast<int>(s->tokens.size()) >= config_.max_model_len)) {
+    reason = "length";
+    e.text += s->stops.push(s->decoder.flush());
+    e.text += s->stops.flush();
+  }
+  events.push_back(std::move(e));
+  if (!reason.empty()) finish(s, reason, events);
+}
+
+// --- hooks ------------------------------------------------------------------------
+
+status scheduler::drop_blocks(seq_id seq, std::span<const std::int32_t> block_indices) {
+  sequence* s = by_id(seq);
+  if (!s || !s->in_kv || s->phase != seq_phase::running)
+    return error(errc::not_found, "drop: sequence {} is not running", seq.value);
+  PAGODA_RETURN_IF_ERROR(kv_.drop(seq, block_indices));
+  if (!s->totals.empty() && s->window) {
+    const std::size_t per_slot = static_cast<std::size_t>(s->window->n_layers) * s->window->n_kv_heads;
+    const auto bs = static_cast<std::size_t>(config_.block_size);
+    std::vector<std::int32_t> order(block_indices.begin(), block_indices.end());
+    std::sort(order.rbegin(), order.rend());
+    for (const std::int32_t b : order)
+      s->totals.erase(s->totals.begin() + static_cast<std::ptrdiff_t>(b * bs * per_slot),
+                      s->totals.begin() + static_cast<std::ptrdiff_t>((b + 1) * bs * per_slot));
+    s->window.reset();  // its slots no longer line up
+  }
+  return {};
+}
+
+status scheduler::truncate(seq_id seq, int n_tokens) {
+  sequence* s = by_id(seq);
+  if (!s || !s->in_kv || s->phase != seq_phase::running)
+    return error(errc::not_found, "truncate: sequence {} is not running", seq.value);
+  if (n_tokens < 1 || n_tokens > static_cast<int>(s->tokens.size()))
+    return error(errc::out_of_range, "truncate: sequence {} has {} tokens; cannot keep {}", seq.value, s->tokens.size(),
+                 n_tokens);
+  // The last kept token is computed again: its logits choose what comes next.
+  const int n_computed = std::min(s->n_computed, n_tokens - 1);
+  const auto positions = kv_.positions(seq);
+  const auto n_slots = static_cast<std::int32_t>(std::lower_bound(positions.begin(), positions.end(), n_computed) -
+                                                 positions.begin());
+  PAGODA_RETURN_IF_ERROR(kv_.truncate(seq, n_slots));
+  s->tokens.resize(static_cast<std::size_t>(n_tokens));
+  s->n_computed = n_computed;
+  s->n_generated = std::max(0, n_tokens - s->n_prompt);
+  if (!s->totals.empty() && s->window) {
+    s->totals.resize(static_cast<std::size_t>(n_slots) * s->window->n_layers * s->window->n_kv_heads);
+    s->window.reset();
+  }
+  return {};
+}
+
+const std::vector<float>* scheduler::attention_totals(seq_id seq) const {
+  const sequence* s = by_id(seq);
+  return s && !s->totals.empty() ? &s->totals : nullptr;
+}
+
+const attention_stats* scheduler::last_attention_window(seq_id seq) const {
+  const sequence* s = by_id(seq);
+  return s ? s->window.get() : nullptr;
+}
+
+}  // namespace pagoda

@@ -1,0 +1,195 @@
+// The scheduler: pure bookkeeping over requests, sequences and the KV manager
+// (DESIGN.md). It never touches a tensor or the model, so it is tested with a
+// fake runner.
+//
+//   plan = schedule()            which sequences run this step and how many
+//                                tokens each, under a token budget and a
+//                                sequence cap; the block ops to perform, the
+//                                blocks to load from an external KV source
+//   runner.execute(plan, out)    (elsewhere)
+//   update(plan, out, events)    commit what was computed, sample, finish, stream
+//
+// A step is a list of (sequence, tokens): a prompt chunk and a decode token
+// are the same thing to it (chunked prefill, vLLM v1). Each step:
+//   1. Running sequences, oldest first, get their next chunk or decode token.
+//      When the pool cannot supply a sequence's blocks, a victim is preempted
+//      (its blocks freed, it goes back to the front of the queue; the prefix
+//      cache makes recomputing cheap): the lowest priority, most recently
+//      started running sequence; when the sequence's TENANT QUOTA is what
+//      blocks it, the victim is one of that tenant's own sequences, never
+//      another tenant's.
+//   2. Waiting sequences are admitted in order (priority, then arrival) while
+//      the budget, the sequence cap and the pool allow (none after a
+//      preemption: the pool is short). A request held back by its tenant's
+//      quota does not hold back the others. A request whose next prompt block
+//      is being computed right now by a running sequence is PENDING: it stays
+//      in the queue and is admitted once that block is committed, as a
+//      prefix-cache hit, instead of computing it twice or reading it early.
+//      A request whose prompt continues in the external KV source (after what
+//      the pool holds) enters LOADING: its blocks are filled from the source
+//      during the step, and it runs from the next step with them cached.
+//
+// Commit after execution: tokens enter the KV manager (and full blocks the
+// prefix index) in update(), only when the runner says the step succeeded. If
+// it failed, every request with a sequence in the step ends with an "error"
+// event and its blocks are freed; nothing the step wrote is ever shared.
+//
+// Positions: token i of a sequence (prompt, then generated) is computed at
+// position i. KV slots keep their positions when blocks are dropped
+// (drop_blocks), so RoPE and masks stay right.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/histogram.h"
+#include "kv/kv_manager.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "model/tokenizer_stream.h"
+#include "pagoda/events.h"
+#include "pagoda/request.h"
+#include "sched/step_plan.h"
+#include "sched/stop_matcher.h"
+
+namespace pagoda {
+
+struct scheduler_config {
+  int max_model_len = 2048;           // prompt + generated tokens of one sequence
+  int max_num_seqs = 64;              // sequences running at once
+  int max_num_batched_tokens = 2048;  // tokens per step (decode + prompt chunks)
+  bool enable_prefix_caching = true;
+  std::int32_t block_size = 16;
+  std::int64_t n_blocks = 0;          // KV pool size in blocks
+  std::map<std::string, std::int32_t> tenant_quota_blocks;
+  int max_waiting = 1 << 20;          // requests queued at once
+  // >= 0: every sequence collects attention statistics (attention_totals),
+  // keeping the weights of its last `attention_stats_window` query tokens.
+  int attention_stats_window = -1;
+};
+
+struct engine_stats {
+  std::int64_t n_steps = 0;
+  std::int64_t n_failed_steps = 0;
+  std::int64_t n_requests_finished = 0;
+  std::int64_t n_prompt_tokens = 0;           // admitted prompt tokens
+  std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model (cache misses, recomputation)
+  std::int64_t n_loaded_tokens = 0;           // prompt tokens loaded from the external KV source
+  std::int64_t n_generated_tokens = 0;
+  int n_running = 0;
+  int n_waiting = 0;
+  histogram ttft_seconds{latency_buckets_seconds()};
+  histogram itl_seconds{latency_buckets_seconds()};
+  histogram e2e_seconds{latency_buckets_seconds()};
+  std::int64_t peak_running = 0;
+};
+
+// Where a sequence is in its life.
+enum class seq_phase : std::uint8_t { waiting, loading, running, finished };
+
+class scheduler {
+ public:
+  // REQUIRES: vocab outlives the scheduler.
+  scheduler(const scheduler_config& config, const tokenizer& vocab);
+  ~scheduler();
+  scheduler(const scheduler&) = delete;
+  scheduler& operator=(const scheduler&) = delete;
+  // Errors in the config (an impossible quota): the scheduler refuses to start.
+  status check() const { return config_status_; }
+
+  // Queues a request. Rejected at once, with a clear error, when it could never
+  // run: empty or out-of-vocabulary prompt, prompt + max_tokens beyond the
+  // context, n above the sequence cap, more blocks than the pool (or the
+  // tenant's quota) holds, bad sampling values, a duplicate id, or a full
+  // queue (resource_exhausted).
+  status add_request(request req);
+  // Frees the request's blocks at once; emits its completions as "abort".
+  // Returns false for an unknown (or finished) id.
+  bool abort_request(const std::string& id);
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+
+  // Plans the next step (an empty plan when nothing can run). Events made
+  // outside a step (aborts) are handed out by the next update() or take_events().
+  step_plan schedule();
+  // Commits the step's results (or fails its requests when out.result is an
+  // error) and appends what it produced to `events`.
+  void update(const step_plan& plan, step_output& out, std::vector<engine_event>& events);
+  // Events produced outside a step (aborts), handed out once.
+  void take_events(std::vector<engine_event>& events);
+
+  // --- hooks for policies and speculation ----------------------------------
+  // The sequence of completion `index` of request `id`, while it holds KV.
+  std::optional<seq_id> find_sequence(const std::string& id, int index = 0) const;
+  // Frees whole blocks (table indices) of a running sequence's KV; the
+  // sequence goes on without them (kv_manager::drop).
+  status drop_blocks(seq_id seq, std::span<const std::int32_t> block_indices);
+  // Rolls a running sequence back to its first n_tokens tokens (prompt
+  // included): later tokens, their KV and their statistics are forgotten.
+  // Tokens already handed out in events are not taken back (a speculative
+  // decoder reports tokens only once verified). REQUIRES n_tokens >= 1.
+  status truncate(seq_id seq, int n_tokens);
+  // The attention statistics collected so far (attention_stats_window >= 0):
+  // [n_stored][n_layers * n_kv_heads] accumulated weights, slot by slot; and
+  // the last step's window rows. nullptr before any.
+  const std::vector<float>* attention_totals(seq_id seq) const;
+  const attention_stats* last_attention_window(seq_id seq) const;
+  // The external KV source for the load path; nullptr for none.
+  void set_kv_source(kv_block_source* source) { source_ = source; }
+
+  const engine_stats& stats() const { return stats_; }
+  const scheduler_config& config() const { return config_; }
+  kv_manager& kv() { return kv_; }
+  const kv_manager& kv() const { return kv_; }
+
+ private:
+  struct request_state;
+  struct sequence;
+  struct planned {
+    sequence* s;
+    int n;
+  };
+
+  sequence* victim_for(const sequence& s, alloc_blocker why) const;
+  void preempt(sequence* s);
+  void unplan(std::vector<planned>& plan, int& budget, const sequence* s) const;
+  bool admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
+             const std::unordered_set<block_key>& in_flight, bool& stop);
+  std::unordered_set<block_key> blocks_in_flight() const;
+  const std::vector<block_key>& prompt_keys_of(sequence* s);
+  sequence_options kv_options(const sequence& s) const;
+  void commit_loads(const step_plan& plan, const step_output& out);
+  void fail_step(const step_plan& plan, const status& st, std::vector<engine_event>& events);
+  void finish(sequence* s, const std::string& reason, std::vector<engine_event>& events, const std::string& why = {});
+  void sample_next(sequence* s, std::span<const float> logits, std::vector<engine_event>& events);
+  void fork_children(sequence* parent);
+  void remove_from_running(sequence* s);
+  void refresh_counts();
+  sequence* by_id(seq_id id) const;
+
+  scheduler_config config_;
+  status config_status_;
+  const tokenizer& vocab_;
+  kv_manager kv_;
+  kv_block_source* source_ = nullptr;
+  std::vector<kv_op> pending_ops_;  // reported by the KV manager, not yet planned
+
+  std::unordered_map<std::string, std::unique_ptr<request_state>> requests_;
+  std::unordered_map<seq_id, sequence*> seqs_;  // every live sequence
+  std::vector<sequence*> running_;  // in start order (loading ones included)
+  std::deque<sequence*> waiting_;   // by (priority, arrival); preempted ones first
+  std::int64_t next_seq_ = 0;
+  std::int64_t next_arrival_ = 0;
+  std::int64_t next_start_ = 0;
+  engine_stats stats_;
+  std::vector<engine_event> pending_events_;   // produced outside a step (aborts)
+  std::vector<std::string> finished_requests_; // erased at the next step
+};
+
+}  // namespace pagoda

@@ -1,0 +1,87 @@
+// The data between the scheduler and a runner (DESIGN.md): the scheduler plans
+// a step (step_plan), a runner executes it (step_output), and the scheduler
+// commits what was computed (scheduler::update). Plain data, so any runner
+// (the CPU one today, a GPU one later) can execute a plan, and tests can fake
+// one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "attention/attention_stats.h"
+#include "kv/kv_manager.h"
+#include "pagoda/status.h"
+#include "pagoda/types.h"
+
+namespace pagoda {
+
+// One sequence's share of a step: compute K/V (and logits) of `tokens`.
+struct scheduled_seq {
+  seq_id seq;
+  std::vector<token_id> tokens;          // new tokens; their K/V go to KV slots n_stored ..
+  std::vector<std::int32_t> positions;   // [tokens]: their positions
+  std::int32_t n_stored = 0;             // KV slots stored before this step
+  // Views into the scheduler's KV manager, valid until update():
+  std::span<const std::int32_t> stored_positions;  // [n_stored]
+  std::span<const block_id> blocks;      // block table covering n_stored + tokens.size() slots
+  bool all_logits = false;               // one logits row per new token (prompt scoring), else one
+  int stats_window = -1;                 // >= 0: collect attention statistics, this many window rows
+};
+
+// Fill `block` from an external KV source with the block stored under `key`.
+struct block_load {
+  seq_id seq;
+  block_id block;
+  block_key key;
+};
+
+struct step_plan {
+  std::vector<kv_op> ops;             // first, in order: evictions, copies, truncations, releases
+  std::vector<block_load> loads;      // then these
+  std::vector<scheduled_seq> seqs;    // then one forward pass over these
+  bool empty() const { return ops.empty() && loads.empty() && seqs.empty(); }
+};
+
+struct step_output {
+  // Not ok: the step failed part way; nothing of it may be committed.
+  status result;
+  // One row per seq (all_logits: one per token), in plan order; [rows][n_vocab].
+  std::vector<float> logits;
+  std::vector<std::uint8_t> loaded;     // [plan.loads]: 1 when the block was filled
+  std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
+};
+
+// An evicted block as the eviction hook sees it, before its bytes are reused.
+struct evicted_block {
+  block_key key = 0;
+  block_key parent = 0;
+  std::span<const token_id> tokens;    // its block_size token ids
+  std::span<const std::byte> bytes;    // kv_backend::read_block's bytes
+};
+using eviction_hook = std::function<void(const evicted_block&)>;
+
+// Somewhere KV blocks can come from instead of being computed (a disk or
+// remote tier): the load path. Keys are kv_manager's chained block keys.
+class kv_block_source {
+ public:
+  virtual ~kv_block_source() = default;
+  // How many of `keys`, from the first on, this source holds now.
+  virtual int n_available(std::span<const block_key> keys) = 0;
+  // The bytes stored under key (kv_backend::write_block's format) into `out`;
+  // false when it cannot (the block is then computed instead).
+  virtual bool read(block_key key, std::span<std::byte> out) = 0;
+};
+
+// Executes plans. Implementations: cpu_runner; fakes in tests.
+class model_runner {
+ public:
+  virtual ~model_runner() = default;
+  // Performs plan.ops, then plan.loads, then the forward pass of plan.seqs,
+  // and fills `out` (out.result says whether it all happened).
+  virtual void execute(const step_plan& plan, step_output& out) = 0;
+};
+
+}  // namespace pagoda
