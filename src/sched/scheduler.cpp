@@ -34,8 +34,9 @@ struct scheduler::sequence {
   std::int64_t last_token_us = 0;
   std::vector<block_key> keys;   // chained keys of the full blocks of `tokens` (prefix caching)
   std::size_t keys_for = 0;      // tokens.size() when keys were computed
-  std::vector<float> totals;     // [n_stored][n_layers * n_kv_heads]: accumulated attention
-  std::unique_ptr<attention_stats> window;  // the last step's statistics (window rows)
+  std::vector<float> totals;     // [n_stored][totals_width]: accumulated attention
+  std::size_t totals_width = 0;  // n_layers * n_kv_heads
+  std::unique_ptr<attention_stats> window;  // the last step's window rows
   sampler smp;
   stream_decoder decoder;
   stop_matcher stops;
@@ -437,6 +438,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     if (q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0) {
       attention_stats& a = out.stats[i];
       const std::size_t per_slot = static_cast<std::size_t>(a.n_layers) * a.n_kv_heads;
+      s->totals_width = per_slot;
       s->totals.resize(static_cast<std::size_t>(a.n_kv) * per_slot, 0.0f);
       for (int l = 0; l < a.n_layers; ++l)
         for (int h = 0; h < a.n_kv_heads; ++h) {
@@ -444,6 +446,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
           for (int slot = 0; slot < a.n_kv; ++slot)
             s->totals[static_cast<std::size_t>(slot) * per_slot + static_cast<std::size_t>(l) * a.n_kv_heads + h] += w[slot];
         }
+      std::vector<float>().swap(a.accumulated);  // kept in totals; the window rows stay
       s->window = std::make_unique<attention_stats>(std::move(a));
     }
     const std::size_t rows = q.all_logits ? static_cast<std::size_t>(n) : 1;
@@ -586,8 +589,8 @@ status scheduler::drop_blocks(seq_id seq, std::span<const std::int32_t> block_in
   if (!s || !s->in_kv || s->phase != seq_phase::running)
     return error(errc::not_found, "drop: sequence {} is not running", seq.value);
   PAGODA_RETURN_IF_ERROR(kv_.drop(seq, block_indices));
-  if (!s->totals.empty() && s->window) {
-    const std::size_t per_slot = static_cast<std::size_t>(s->window->n_layers) * s->window->n_kv_heads;
+  if (!s->totals.empty()) {
+    const std::size_t per_slot = s->totals_width;
     const auto bs = static_cast<std::size_t>(config_.block_size);
     std::vector<std::int32_t> order(block_indices.begin(), block_indices.end());
     std::sort(order.rbegin(), order.rend());
@@ -615,8 +618,8 @@ status scheduler::truncate(seq_id seq, int n_tokens) {
   s->tokens.resize(static_cast<std::size_t>(n_tokens));
   s->n_computed = n_computed;
   s->n_generated = std::max(0, n_tokens - s->n_prompt);
-  if (!s->totals.empty() && s->window) {
-    s->totals.resize(static_cast<std::size_t>(n_slots) * s->window->n_layers * s->window->n_kv_heads);
+  if (!s->totals.empty()) {
+    s->totals.resize(static_cast<std::size_t>(n_slots) * s->totals_width);
     s->window.reset();
   }
   return {};

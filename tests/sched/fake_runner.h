@@ -1,0 +1,158 @@
+// A runner without a model, for scheduler tests. It keeps its own simulated
+// KV (a token id and a position per slot of every block), changed only by the
+// block ops, loads and writes the plans ask for, and its "model" reads that KV
+// back: the logits of a query row are one-hot on a hash of every (token,
+// position) the row can see through its block table. So any bookkeeping slip
+// (a wrong table, a stale or unwritten block shared, a position off by one)
+// changes the generated tokens, and results can be compared with a run of the
+// same request alone.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "sched/step_plan.h"
+
+namespace pagoda::test {
+
+// The fake model: the next token after seeing `visible` (token, position) pairs.
+inline token_id fake_next(const std::vector<std::pair<token_id, std::int32_t>>& visible, int n_vocab) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& [t, p] : visible) {
+    h ^= static_cast<std::uint64_t>(t) * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(p);
+    h *= 1099511628211ull;
+  }
+  return static_cast<token_id>(3 + h % static_cast<std::uint64_t>(n_vocab - 3));  // never BOS/EOS/unk
+}
+
+class fake_runner final : public model_runner {
+ public:
+  static constexpr token_id k_poison = -7;
+
+  fake_runner(std::int32_t n_blocks, std::int32_t block_size, int n_vocab)
+      : bs_(block_size), n_vocab_(n_vocab), kv_(static_cast<std::size_t>(n_blocks) * block_size, {k_poison, -1}) {}
+
+  // The step (counted from 0) that fails part way: its sequences' K/V are
+  // written, then the step reports an error.
+  std::optional<int> fail_at;
+  // What the external source holds: key -> the block's slots.
+  std::map<block_key, std::vector<std::pair<token_id, std::int32_t>>> source;
+  // Evicted blocks, as the eviction hook would store them.
+  std::map<block_key, std::vector<std::pair<token_id, std::int32_t>>> evicted;
+  std::vector<step_plan> plans;  // every plan executed, for inspection (spans not kept valid)
+  int n_steps = 0;
+  // Attention statistics to report: every visible slot gets this weight per row.
+  int stats_layers = 1, stats_heads = 1;
+
+  std::pair<token_id, std::int32_t>& slot(block_id b, int i) {
+    return kv_[static_cast<std::size_t>(b.value) * bs_ + static_cast<std::size_t>(i)];
+  }
+
+  void execute(const step_plan& plan, step_output& out) override {
+    const int step = n_steps++;
+    plans.push_back(plan);
+    out.result = ok_status();
+    out.logits.clear();
+    for (const kv_op& op : plan.ops) apply(op);
+    out.loaded.assign(plan.loads.size(), 0);
+    for (std::size_t i = 0; i < plan.loads.size(); ++i) {
+      const auto it = source.find(plan.loads[i].key);
+      if (it == source.end()) continue;
+      for (int j = 0; j < bs_; ++j) slot(plan.loads[i].block, j) = it->second[static_cast<std::size_t>(j)];
+      out.loaded[i] = 1;
+    }
+    out.stats.resize(plan.seqs.size());
+    for (std::size_t si = 0; si < plan.seqs.size(); ++si) {
+      const scheduled_seq& q = plan.seqs[si];
+      for (std::size_t j = 0; j < q.tokens.size(); ++j) {
+        const std::size_t at = static_cast<std::size_t>(q.n_stored) + j;
+        slot(q.blocks[at / bs_], static_cast<int>(at % bs_)) = {q.tokens[j], q.positions[j]};
+      }
+    }
+    if (fail_at && step == *fail_at) {
+      out.result = error(errc::internal, "injected failure at step {}", step);
+      return;
+    }
+    for (std::size_t si = 0; si < plan.seqs.size(); ++si) {
+      const scheduled_seq& q = plan.seqs[si];
+      const int n_kv = q.n_stored + static_cast<int>(q.tokens.size());
+      if (q.stats_window >= 0) out.stats[si].reset(stats_layers, stats_heads, n_kv, 0);
+      const std::size_t first_row = q.all_logits ? 0 : q.tokens.size() - 1;
+      for (std::size_t j = first_row; j < q.tokens.size(); ++j) {
+        std::vector<std::pair<token_id, std::int32_t>> visible;
+        for (int s = 0; s < n_kv; ++s) {
+          const auto& v = slot(q.blocks[static_cast<std::size_t>(s / bs_)], s % bs_);
+          if (v.second <= q.positions[j]) {
+            visible.push_back(v);
+            if (q.stats_window >= 0)
+              for (int l = 0; l < stats_layers; ++l)
+                for (int h = 0; h < stats_heads; ++h) out.stats[si].accumulated_at(l, h)[s] += 1.0f;
+          }
+        }
+        std::vector<float> row(static_cast<std::size_t>(n_vocab_), 0.0f);
+        row[static_cast<std::size_t>(fake_next(visible, n_vocab_))] = 10.0f;
+        out.logits.insert(out.logits.end(), row.begin(), row.end());
+      }
+    }
+  }
+
+ private:
+  void apply(const kv_op& op) {
+    switch (op.kind) {
+      case kv_op_kind::copy:
+        for (int i = 0; i < op.n_tokens; ++i) slot(op.block, i) = slot(op.src, i);
+        break;
+      case kv_op_kind::truncate:
+        for (int i = op.n_tokens; i < bs_; ++i) slot(op.block, i) = {k_poison, -1};
+        break;
+      case kv_op_kind::release:
+        for (int i = 0; i < bs_; ++i) slot(op.block, i) = {k_poison, -1};
+        break;
+      case kv_op_kind::evict: {
+        auto& saved = evicted[op.key];
+        saved.clear();
+        for (int i = 0; i < bs_; ++i) {
+          // The bytes are intact when the eviction is reported.
+          if (slot(op.block, i).first != op.tokens[static_cast<std::size_t>(i)]) bytes_intact = false;
+          saved.push_back(slot(op.block, i));
+        }
+        for (int i = 0; i < bs_; ++i) slot(op.block, i) = {k_poison, -1};
+        break;
+      }
+    }
+  }
+
+ public:
+  bool bytes_intact = true;
+
+ private:
+  std::int32_t bs_;
+  int n_vocab_;
+  std::vector<std::pair<token_id, std::int32_t>> kv_;  // [n_blocks][block_size]
+};
+
+// An external KV source over a fake runner's `source` map (the runner reads
+// the blocks itself); `claimed` keys are announced even when the map lacks them.
+class fake_source final : public kv_block_source {
+ public:
+  explicit fake_source(const fake_runner& r) : r_(r) {}
+  int n_available(std::span<const block_key> keys) override {
+    int n = 0;
+    while (n < static_cast<int>(keys.size()) && (r_.source.contains(keys[static_cast<std::size_t>(n)]) ||
+                                                 claimed.contains(keys[static_cast<std::size_t>(n)])))
+      ++n;
+    ++n_lookups;
+    return n;
+  }
+  std::set<block_key> claimed;
+  bool read(block_key, std::span<std::byte>) override { return false; }  // the fake runner reads the map itself
+  int n_lookups = 0;
+
+ private:
+  const fake_runner& r_;
+};
+
+}  // namespace pagoda::test

@@ -1,0 +1,438 @@
+// The scheduler alone, with a fake runner and no model (fake_runner.h): the
+// tokenizer of stories260K gives it a vocabulary, nothing more. Every test
+// checks the KV manager's invariants after every step, and compares generated
+// tokens with the same request run alone, so a bookkeeping slip shows up as
+// different tokens.
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "model/gguf.h"
+#include "sched/fake_runner.h"
+
+namespace pagoda {
+namespace {
+
+using test::fake_runner;
+using test::fake_source;
+
+const tokenizer& vocab() {
+  static std::unique_ptr<tokenizer> tok = [] {
+    auto file = gguf::file::open(std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf");
+    EXPECT_TRUE(file.ok());
+    auto t = tokenizer::from_gguf(**file);
+    EXPECT_TRUE(t.ok());
+    return std::move(*t);
+  }();
+  return *tok;
+}
+
+scheduler_config config(std::int64_t n_blocks, int max_seqs = 16, int budget = 64, int block_size = 4) {
+  scheduler_config c;
+  c.max_model_len = 256;
+  c.max_num_seqs = max_seqs;
+  c.max_num_batched_tokens = budget;
+  c.block_size = block_size;
+  c.n_blocks = n_blocks;
+  return c;
+}
+
+std::vector<token_id> prompt_of(int n, int salt = 0) {
+  std::vector<token_id> p(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = 3 + (i * 7 + salt * 13) % 400;
+  return p;
+}
+
+request req(const std::string& id, std::vector<token_id> prompt, int max_tokens, const std::string& tenant = "") {
+  request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.tenant = tenant;
+  return r;
+}
+
+struct result_of {
+  std::vector<token_id> tokens;
+  std::string finish;
+  std::string error;
+  request_usage usage;
+};
+
+struct harness {
+  scheduler_config cfg;
+  scheduler s;
+  fake_runner runner;
+  std::map<std::string, result_of> results;
+  std::vector<step_plan> plans;  // what schedule() returned, in order (its spans dangle after update)
+  std::vector<block_id> last_blocks;  // every block the last plan's sequences write into, copied
+
+  explicit harness(const scheduler_config& c)
+      : cfg(c), s(c, vocab()), runner(static_cast<std::int32_t>(c.n_blocks), c.block_size, vocab().n_vocab()) {
+    EXPECT_TRUE(s.check().ok()) << s.check().message();
+  }
+
+  void add(request r) {
+    const std::string id = r.id;
+    const status st = s.add_request(std::move(r));
+    ASSERT_TRUE(st.ok()) << st.message();
+    results[id];
+  }
+
+  // One step; returns the plan.
+  const step_plan& step() {
+    step_plan plan = s.schedule();
+    step_output out;
+    if (!plan.empty()) runner.execute(plan, out);
+    last_blocks.clear();
+    for (const scheduled_seq& q : plan.seqs) last_blocks.insert(last_blocks.end(), q.blocks.begin(), q.blocks.end());
+    std::vector<engine_event> events;
+    s.update(plan, out, events);
+    for (const engine_event& e : events) {
+      result_of& r = results[e.request_id];
+      r.tokens.insert(r.tokens.end(), e.tokens.begin(), e.tokens.end());
+      if (!e.finish_reason.empty()) r.finish = e.finish_reason;
+      if (!e.error.empty()) r.error = e.error;
+      if (e.request_finished) r.usage = e.usage;
+    }
+    const status st = s.kv().check_invariants();
+    EXPECT_TRUE(st.ok()) << st.message();
+    plans.push_back(std::move(plan));
+    return plans.back();
+  }
+
+  void run(int max_steps = 10000) {
+    for (int i = 0; i < max_steps && s.has_work(); ++i) step();
+    EXPECT_FALSE(s.has_work());
+    step();  // hands out anything left (aborts)
+  }
+
+  static bool planned(const step_plan& p, seq_id id) {
+    return std::any_of(p.seqs.begin(), p.seqs.end(), [&](const scheduled_seq& q) { return q.seq == id; });
+  }
+};
+
+// Each request alone in a big pool: the reference tokens.
+std::vector<token_id> alone(const request& r) {
+  harness h(config(1024, 4, 512));
+  h.add(r);
+  h.run();
+  return h.results[r.id].tokens;
+}
+
+TEST(scheduler, chunked_prefill_under_the_token_budget) {
+  harness h(config(64, 4, 8));
+  h.add(req("a", prompt_of(19), 3));
+  // 19 prompt tokens at 8 a step: 8, 8, 3 (the last chunk samples), then 2 decode tokens.
+  std::vector<std::size_t> sizes;
+  while (h.s.has_work()) {
+    const step_plan& p = h.step();
+    ASSERT_EQ(p.seqs.size(), 1u);
+    sizes.push_back(p.seqs[0].tokens.size());
+    EXPECT_EQ(p.seqs[0].positions.front(), static_cast<int>(std::accumulate(sizes.begin(), sizes.end() - 1, 0)));
+  }
+  EXPECT_EQ(sizes, (std::vector<std::size_t>{8, 8, 3, 1, 1}));
+  EXPECT_EQ(h.results["a"].tokens, alone(req("a", prompt_of(19), 3)));
+  EXPECT_EQ(h.results["a"].finish, "length");
+}
+
+TEST(scheduler, continuous_batching_matches_each_request_alone) {
+  harness h(config(256, 8, 24));
+  std::vector<request> reqs;
+  for (int i = 0; i < 20; ++i) reqs.push_back(req("r" + std::to_string(i), prompt_of(5 + i % 13, i), 4 + i % 7));
+  for (const request& r : reqs) h.add(r);
+  h.run();
+  for (const request& r : reqs) EXPECT_EQ(h.results[r.id].tokens, alone(r)) << r.id;
+  // Decode tokens and prompt chunks shared steps, under the budget and the cap.
+  bool mixed = false;
+  for (const step_plan& p : h.plans) {
+    int tokens = 0;
+    bool prefill = false, decode = false;
+    for (const scheduled_seq& q : p.seqs) {
+      tokens += static_cast<int>(q.tokens.size());
+      (q.tokens.size() > 1 ? prefill : decode) = true;
+    }
+    EXPECT_LE(tokens, 24);
+    EXPECT_LE(p.seqs.size(), 8u);
+    mixed = mixed || (prefill && decode);
+  }
+  EXPECT_TRUE(mixed);
+}
+
+TEST(scheduler, preemption_under_a_small_pool_still_matches) {
+  harness h(config(14, 8, 64));
+  std::vector<request> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(req("r" + std::to_string(i), prompt_of(9, i), 14));
+  for (const request& r : reqs) h.add(r);
+  h.run();
+  EXPECT_GT(h.s.kv().metrics().n_preemptions, 0);
+  for (const request& r : reqs) EXPECT_EQ(h.results[r.id].tokens, alone(r)) << r.id;
+  EXPECT_EQ(h.s.kv().metrics().n_blocks_used, 0);
+}
+
+// Under quota pressure every request still finishes with its own tokens.
+TEST(scheduler, quota_pressure_preempts_and_everyone_still_matches) {
+  scheduler_config c = config(64, 8, 64);
+  c.tenant_quota_blocks["small"] = 8;
+  harness h(c);
+  h.add(req("s1", prompt_of(8, 1), 20, "small"));
+  h.add(req("s2", prompt_of(8, 2), 20, "small"));
+  h.add(req("b1", prompt_of(8, 3), 20, "big"));
+  h.run();
+  EXPECT_GT(h.s.kv().metrics().n_preemptions, 0) << "the quota never bit";
+  EXPECT_EQ(h.results["b1"].tokens, alone(req("b1", prompt_of(8, 3), 20, "big")));
+  EXPECT_EQ(h.results["s1"].tokens, alone(req("s1", prompt_of(8, 1), 20, "small")));
+  EXPECT_EQ(h.results["s2"].tokens, alone(req("s2", prompt_of(8, 2), 20, "small")));
+  for (const tenant_kv_usage& t : h.s.kv().metrics().tenants) EXPECT_EQ(t.n_used_blocks, 0);
+}
+
+// A tenant at its quota preempts only its own sequences: the other tenant's
+// sequence keeps its KV from admission to the end (its stored slots never fall).
+TEST(scheduler, only_the_tenant_over_its_quota_is_preempted) {
+  scheduler_config c = config(64, 8, 64);
+  c.tenant_quota_blocks["small"] = 8;
+  harness h(c);
+  // "big" starts last, so a victim chosen without regard to tenants (the most
+  // recently started) would be its sequence.
+  h.add(req("s1", prompt_of(8, 1), 20, "small"));
+  h.add(req("s2", prompt_of(8, 2), 20, "small"));
+  h.add(req("b1", prompt_of(8, 3), 40, "big"));
+  // Once admitted, b1 holds KV until it finishes; losing it means a preemption.
+  bool big_admitted = false, big_preempted = false;
+  while (h.s.has_work()) {
+    h.step();
+    const bool in_kv = h.s.find_sequence("b1").has_value();
+    if (big_admitted && !in_kv && h.results["b1"].finish.empty()) big_preempted = true;
+    big_admitted = big_admitted || in_kv;
+  }
+  EXPECT_TRUE(big_admitted);
+  EXPECT_GT(h.s.kv().metrics().n_preemptions, 0);
+  EXPECT_FALSE(big_preempted) << "the big tenant was preempted for the small tenant's quota";
+}
+
+TEST(scheduler, a_quota_blocked_request_does_not_block_other_tenants) {
+  scheduler_config c = config(64, 8, 64);
+  c.tenant_quota_blocks["t"] = 6;
+  harness h(c);
+  h.add(req("t1", prompt_of(16, 1), 8, "t"));  // 6 blocks: the tenant's whole quota
+  h.step();
+  h.add(req("t2", prompt_of(16, 2), 8, "t"));  // waits for t1
+  h.add(req("o1", prompt_of(8, 3), 4, "other"));
+  const step_plan& p = h.step();
+  const auto o1 = h.s.find_sequence("o1");
+  ASSERT_TRUE(o1.has_value()) << "o1 was held back behind t2";
+  EXPECT_TRUE(harness::planned(p, *o1));
+  EXPECT_FALSE(h.s.find_sequence("t2").has_value());
+  h.run();
+  EXPECT_EQ(h.results["t2"].tokens, alone(req("t2", prompt_of(16, 2), 8, "t")));
+}
+
+// Two requests arrive together with a shared 3-block prefix: the second waits
+// (pending) while the first computes it, then takes it from the cache.
+TEST(scheduler, a_shared_prefix_in_flight_is_waited_for_not_recomputed) {
+  harness h(config(64, 8, 64));
+  std::vector<token_id> shared = prompt_of(12, 5), a = shared, b = shared;
+  a.push_back(77);
+  b.push_back(88);
+  h.add(req("a", a, 4));
+  h.add(req("b", b, 4));
+  const step_plan& first = h.step();
+  ASSERT_EQ(first.seqs.size(), 1u) << "b must not run with a's prefix uncommitted";
+  h.run();
+  EXPECT_EQ(h.results["b"].usage.cached_tokens, 12);
+  EXPECT_EQ(h.results["a"].usage.cached_tokens, 0);
+  EXPECT_EQ(h.results["a"].tokens, alone(req("a", a, 4)));
+  EXPECT_EQ(h.results["b"].tokens, alone(req("b", b, 4)));
+  // Computed once: 13 + 1 prompt tokens through the model, not 26.
+  EXPECT_EQ(h.s.stats().n_computed_prompt_tokens, 14);
+}
+
+// A failure in the middle of a step: its requests end with an error, no block
+// it wrote is in the prefix index, and later requests get the right tokens.
+TEST(scheduler, a_failed_step_commits_nothing_and_fails_its_requests) {
+  harness h(config(64, 8, 64));
+  h.runner.fail_at = 0;
+  h.add(req("a", prompt_of(12, 1), 4));
+  h.add(req("b", prompt_of(9, 2), 4));
+  const step_plan& failed = h.step();
+  ASSERT_EQ(failed.seqs.size(), 2u);
+  ASSERT_EQ(h.last_blocks.size(), 3u + 3u);
+  for (const block_id b : h.last_blocks) EXPECT_FALSE(h.s.kv().index().contains(b)) << "block " << b.value;
+  EXPECT_EQ(h.s.kv().index().size(), 0u);
+  EXPECT_EQ(h.results["a"].finish, "error");
+  EXPECT_EQ(h.results["b"].finish, "error");
+  EXPECT_NE(h.results["a"].error.find("injected failure"), std::string::npos) << h.results["a"].error;
+  EXPECT_EQ(h.s.kv().metrics().n_blocks_used, 0);
+  EXPECT_FALSE(h.s.has_work());
+  // The same prompts again: correct tokens, nothing stale served from the cache.
+  h.add(req("a2", prompt_of(12, 1), 4));
+  h.run();
+  EXPECT_EQ(h.results["a2"].usage.cached_tokens, 0);
+  EXPECT_EQ(h.results["a2"].tokens, alone(req("a2", prompt_of(12, 1), 4)));
+  EXPECT_EQ(h.s.stats().n_failed_steps, 1);
+}
+
+// drop_blocks frees blocks from the middle: the pool's usage falls, the
+// sequence goes on with its remaining slots at their original positions, and
+// what it generates is what the model computes over exactly those slots.
+TEST(scheduler, drop_frees_blocks_and_keeps_positions) {
+  harness h(config(64, 8, 64));
+  h.add(req("a", prompt_of(17, 4), 6));
+  h.step();  // the prompt: 4 full blocks + 1 slot, and the first token
+  const seq_id a = *h.s.find_sequence("a");
+  const std::int32_t used = h.s.kv().metrics().n_blocks_used;
+  const std::int32_t drop[] = {1, 2};
+  ASSERT_TRUE(h.s.drop_blocks(a, drop).ok());
+  EXPECT_EQ(h.s.kv().metrics().n_blocks_used, used - 2);
+  EXPECT_EQ(h.s.kv().n_stored_tokens(a), 17 - 8);
+  const step_plan& next = h.step();
+  ASSERT_EQ(next.seqs.size(), 1u);
+  EXPECT_EQ(next.seqs[0].n_stored, 9);
+  EXPECT_EQ(next.seqs[0].positions[0], 17) << "the new token keeps its logical position";
+  // The model saw slots of positions 0..3, 12..16 and the new token.
+  std::vector<std::pair<token_id, std::int32_t>> visible;
+  std::vector<token_id> all = prompt_of(17, 4);
+  all.push_back(h.results["a"].tokens[0]);
+  for (int p = 0; p <= 17; ++p)
+    if (p < 4 || p >= 12) visible.push_back({all[static_cast<std::size_t>(p)], p});
+  EXPECT_EQ(h.results["a"].tokens[1], test::fake_next(visible, vocab().n_vocab()));
+  EXPECT_FALSE(h.s.drop_blocks(a, std::vector<std::int32_t>{9}).ok());
+  h.run();
+  EXPECT_EQ(h.results["a"].tokens.size(), 6u);
+  // Blocks completed after the drop hold K/V computed without the dropped
+  // tokens: none of them may be shared. Only the prompt's 4 blocks are indexed.
+  EXPECT_EQ(h.s.kv().index().size(), 4u);
+}
+
+// truncate rolls back the tail (speculation): generating again from there
+// gives exactly the tokens an uninterrupted run gives.
+TEST(scheduler, truncate_rolls_back_and_regenerates_the_same_tokens) {
+  const request r = req("a", prompt_of(10, 6), 12);
+  const std::vector<token_id> want = alone(r);
+  harness h(config(64, 8, 64));
+  h.add(r);
+  for (int i = 0; i < 7; ++i) h.step();  // prompt + 7 tokens
+  const seq_id a = *h.s.find_sequence("a");
+  ASSERT_EQ(h.results["a"].tokens.size(), 7u);
+  // Keep the prompt and 3 generated tokens; the rest is forgotten.
+  ASSERT_TRUE(h.s.truncate(a, 13).ok());
+  EXPECT_EQ(h.s.kv().n_stored_tokens(a), 12);
+  h.results["a"].tokens.resize(3);
+  h.run();
+  EXPECT_EQ(h.results["a"].tokens, want);
+  EXPECT_FALSE(h.s.truncate(a, 5).ok()) << "finished";
+}
+
+// The load path: a prompt whose blocks the pool lacks but an external source
+// holds is LOADING for a step (no forward pass), then runs with them cached.
+TEST(scheduler, a_prompt_found_in_the_kv_source_is_loaded_not_computed) {
+  const std::vector<token_id> p = prompt_of(14, 8);
+  const std::vector<token_id> want = alone(req("a", p, 5));
+  // Fill the source: run once, evict everything, keep what the hook saw.
+  harness first(config(64, 8, 64));
+  first.add(req("a", p, 5));
+  first.run();
+  // 14 prompt + 5 generated tokens: 4 full blocks cached, 3 of them the prompt's.
+  EXPECT_EQ(first.s.kv().evict_cached_blocks(), 4);
+  first.step();  // the eviction ops reach the runner
+  ASSERT_EQ(first.runner.evicted.size(), 4u);
+  EXPECT_TRUE(first.runner.bytes_intact);
+
+  harness h(config(64, 8, 64));
+  h.runner.source = first.runner.evicted;
+  fake_source source(h.runner);
+  h.s.set_kv_source(&source);
+  h.add(req("a", p, 5));
+  const step_plan& load = h.step();
+  EXPECT_EQ(load.loads.size(), 3u);
+  EXPECT_TRUE(load.seqs.empty()) << "a loading sequence computes nothing";
+  const step_plan& run = h.step();
+  ASSERT_EQ(run.seqs.size(), 1u);
+  EXPECT_EQ(run.seqs[0].n_stored, 12);
+  EXPECT_EQ(run.seqs[0].tokens.size(), 2u);
+  h.run();
+  EXPECT_EQ(h.results["a"].tokens, want);
+  EXPECT_EQ(h.results["a"].usage.cached_tokens, 12);
+  EXPECT_EQ(h.s.stats().n_loaded_tokens, 12);
+  // Blocks the source announces but cannot deliver (the second of three) are
+  // computed instead: the first is kept, the rest recomputed, same tokens.
+  harness partial(config(64, 8, 64));
+  fake_source src2(partial.runner);
+  for (const auto& [key, slots] : first.runner.evicted) src2.claimed.insert(key);
+  const auto keys = partial.s.kv().prompt_keys(p);
+  partial.runner.source[keys[0]] = first.runner.evicted.at(keys[0]);
+  partial.runner.source[keys[2]] = first.runner.evicted.at(keys[2]);
+  partial.s.set_kv_source(&src2);
+  partial.add(req("b", p, 5));
+  const step_plan& l2 = partial.step();
+  ASSERT_EQ(l2.loads.size(), 3u);
+  partial.run();
+  EXPECT_EQ(partial.results["b"].tokens, want);
+  EXPECT_EQ(partial.results["b"].usage.cached_tokens, 4);
+  EXPECT_EQ(partial.s.stats().n_loaded_tokens, 4);
+}
+
+TEST(scheduler, attention_totals_accumulate_and_follow_drops) {
+  scheduler_config c = config(64, 8, 64);
+  c.attention_stats_window = 0;
+  harness h(c);
+  h.runner.stats_layers = 2;
+  h.runner.stats_heads = 3;
+  h.add(req("a", prompt_of(12, 9), 4));
+  h.step();  // prompt: the last row sees 12 slots (the fake reports the last row only)
+  h.step();  // one decode token sees 13
+  const seq_id a = *h.s.find_sequence("a");
+  const std::vector<float>* totals = h.s.attention_totals(a);
+  ASSERT_NE(totals, nullptr);
+  ASSERT_EQ(totals->size(), 13u * 6);
+  EXPECT_EQ((*totals)[0], 2.0f);       // slot 0, layer 0, head 0: seen twice
+  EXPECT_EQ((*totals)[12 * 6 + 5], 1.0f);  // slot 12 only by its own row
+  const std::int32_t drop[] = {0};
+  ASSERT_TRUE(h.s.drop_blocks(a, drop).ok());
+  ASSERT_EQ(h.s.attention_totals(a)->size(), 9u * 6);
+  EXPECT_EQ((*h.s.attention_totals(a))[8 * 6], 1.0f);  // what was slot 12
+}
+
+TEST(scheduler, rejects_what_could_never_run) {
+  harness h(config(8, 4, 64));
+  EXPECT_EQ(h.s.add_request(req("n", prompt_of(4), 4)).code(), errc::ok);
+  request many = req("many", prompt_of(4), 4);
+  many.n = 5;  // above --max-num-seqs 4: it would wait forever
+  const status st = h.s.add_request(many);
+  EXPECT_EQ(st.code(), errc::invalid_argument);
+  EXPECT_NE(st.message().find("max-num-seqs"), std::string::npos) << st.message();
+  EXPECT_EQ(h.s.add_request(req("big", prompt_of(30), 10)).code(), errc::resource_exhausted);
+  EXPECT_EQ(h.s.add_request(req("n", prompt_of(4), 4)).code(), errc::invalid_argument);  // duplicate
+  h.run();
+}
+
+TEST(scheduler, prompt_logits_score_every_position) {
+  harness h(config(64, 4, 8));
+  request r = req("s", prompt_of(19, 3), 0);
+  r.prompt_logits = true;
+  h.add(r);
+  int rows = 0, next_first = 0;
+  while (h.s.has_work()) {
+    step_plan plan = h.s.schedule();
+    step_output out;
+    h.runner.execute(plan, out);
+    std::vector<engine_event> events;
+    h.s.update(plan, out, events);
+    for (const engine_event& e : events) {
+      if (e.prompt_logits.empty()) continue;
+      EXPECT_EQ(e.first_prompt_position, next_first);
+      const int n = static_cast<int>(e.prompt_logits.size()) / vocab().n_vocab();
+      next_first += n;
+      rows += n;
+    }
+  }
+  EXPECT_EQ(rows, 19);
+}
+
+}  // namespace
+}  // namespace pagoda
