@@ -74,7 +74,14 @@ scheduler::~scheduler() = default;
 status scheduler::add_request(request req) {
   const int n_vocab = vocab_.n_vocab();
   if (req.id.empty()) return error(errc::invalid_argument, "request id is empty");
-  if (requests_.contains(req.id)) return error(errc::invalid_argument, "request id '{}' is already in use", req.id);
+  if (auto it = requests_.find(req.id); it != requests_.end()) {
+    const request_state& old = *it->second;
+    if (old.n_finished < (old.forked ? old.req.n : 1))
+      return error(errc::invalid_argument, "request id '{}' is already in use", req.id);
+    // Finished, only not yet forgotten (that happens at the next schedule()): forget it now.
+    for (const auto& s : old.seqs) seqs_.erase(s->id);
+    requests_.erase(it);
+  }
   if (req.prompt.empty()) return error(errc::invalid_argument, "request '{}': the prompt is empty", req.id);
   for (token_id t : req.prompt)
     if (t < 0 || t >= n_vocab)
@@ -291,7 +298,8 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
 step_plan scheduler::schedule() {
   for (const std::string& id : finished_requests_) {
     auto it = requests_.find(id);
-    if (it == requests_.end()) continue;
+    // Gone, or already replaced by a new request with the same id (add_request).
+    if (it == requests_.end() || it->second->n_finished < (it->second->forked ? it->second->req.n : 1)) continue;
     for (const auto& s : it->second->seqs) seqs_.erase(s->id);
     requests_.erase(it);
   }

@@ -89,6 +89,20 @@ TEST(cli_batch, greedy_batch_equals_run) {
   }
 }
 
+// n above --max-num-seqs could never be admitted: it used to be accepted, and
+// the engine then spun forever. Now that line is an error and the rest run.
+TEST(cli_batch, n_above_the_sequence_cap_is_an_error_not_a_hang) {
+  std::string in = write_temp("n.jsonl", R"({"id": "big", "prompt": "Once upon a time", "max_tokens": 4, "n": 5})" "\n"
+                                         R"({"id": "ok", "prompt": "Once upon a time", "max_tokens": 4, "n": 4})" "\n");
+  auto r = run_cli("batch -m " + model_path() + " -i " + in + " --max-num-seqs 4");
+  std::remove(in.c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = parse_lines(r.out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0]["error"]["message"].get<std::string>().find("max-num-seqs"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[1]["completions"].size(), 4u);
+}
+
 TEST(cli_batch, missing_input_is_a_clear_error) {
   auto r = run_cli("batch -m " + model_path() + " -i /nonexistent/requests.jsonl");
   EXPECT_EQ(r.exit_code, 1);

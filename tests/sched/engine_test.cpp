@@ -4,10 +4,15 @@
 
 #include <fstream>
 #include <map>
+#include <new>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include <gtest/gtest.h>
 
 #include "common/requests.h"
+#include "sched/step_plan.h"
 
 namespace pagoda {
 namespace {
@@ -260,6 +265,182 @@ TEST(engine, priority_orders_admission) {
   }
   ASSERT_EQ(finished.size(), 2u);
   EXPECT_EQ(finished[0], "high");
+}
+
+// --- failures, hooks and the load path with the real model -------------------
+
+// The greedy continuation of "Once upon a time" (tests/data/reference).
+std::vector<token_id> reference_continuation(std::size_t n) {
+  std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/reference/once_upon_a_time.greedy.json");
+  auto ids = nlohmann::json::parse(in)["generated_tokens"].get<std::vector<token_id>>();
+  ids.resize(std::min(n, ids.size()));
+  return ids;
+}
+
+// Runs the CPU runner, then, at the chosen step, reports a failure (its K/V
+// are written by then: the worst case) or throws.
+class failing_runner final : public model_runner {
+ public:
+  failing_runner(std::unique_ptr<model_runner> inner, int fail_at, bool throw_bad_alloc)
+      : inner_(std::move(inner)), fail_at_(fail_at), throw_(throw_bad_alloc) {}
+  void execute(const step_plan& plan, step_output& out) override {
+    const int step = n_++;
+    if (step == fail_at_ && throw_) throw std::bad_alloc();
+    inner_->execute(plan, out);
+    if (step == fail_at_) {
+      for (const scheduled_seq& q : plan.seqs) written.insert(q.blocks.begin(), q.blocks.end());
+      out.result = error(errc::internal, "injected failure after the forward pass");
+    }
+  }
+  std::set<block_id> written;
+
+ private:
+  std::unique_ptr<model_runner> inner_;
+  int n_ = 0;
+  int fail_at_;
+  bool throw_;
+};
+
+TEST(engine, a_runner_failing_mid_step_shares_nothing_and_later_requests_are_right) {
+  for (bool throws : {false, true}) {
+    auto e = *engine_core::create(stories(), config(256));
+    failing_runner* fr = nullptr;
+    e->wrap_runner([&](std::unique_ptr<model_runner> inner) {
+      auto r = std::make_unique<failing_runner>(std::move(inner), 1, throws);
+      fr = r.get();
+      return r;
+    });
+    // Step 0 computes a's prompt; step 1 (which fails) computes b's prompt of
+    // 3 full blocks and a's next token.
+    ASSERT_TRUE(e->add_request(greedy_request("a", "Once upon a time", 20)).ok());
+    std::vector<engine_event> ev;
+    e->step(ev);
+    std::string text;
+    for (const std::string& t : story_openings(3)) text += t + " ";
+    request b = greedy_request("b", text, 5);
+    ASSERT_GE(b.prompt.size(), 33u);
+    ASSERT_TRUE(e->add_request(b).ok());
+    ev.clear();
+    e->step(ev);
+    std::map<std::string, std::string> finish, why;
+    for (const engine_event& x : ev)
+      if (!x.finish_reason.empty()) {
+        finish[x.request_id] = x.finish_reason;
+        why[x.request_id] = x.error;
+      }
+    EXPECT_EQ(finish["a"], "error");
+    EXPECT_EQ(finish["b"], "error");
+    EXPECT_NE(why["b"].find(throws ? "bad_alloc" : "injected failure"), std::string::npos) << why["b"];
+    EXPECT_FALSE(e->has_work());
+    EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+    ASSERT_TRUE(e->kv().check_invariants().ok());
+    // Nothing the failed step wrote is findable: b's prompt blocks are not cached.
+    for (const block_id blk : fr->written) EXPECT_FALSE(e->kv().index().contains(blk)) << blk.value;
+    EXPECT_EQ(e->kv().n_cached_prompt_blocks(b.prompt), 0);
+    // The engine goes on, and gets the reference tokens.
+    outcome o = run_all(*e, {greedy_request("a2", "Once upon a time", 40), b});
+    EXPECT_EQ(o.tokens["a2"][0], reference_continuation(40));
+    EXPECT_EQ(o.usage["b"].cached_tokens, 0);
+    auto alone = *engine_core::create(stories(), config(256));
+    EXPECT_EQ(o.tokens["b"], run_all(*alone, {b}).tokens["b"]);
+  }
+}
+
+// The eviction hook receives every block leaving the prefix cache with its
+// bytes before they are reused; an external source built from them feeds the
+// load path, and a request whose prefix is only there loads instead of
+// computing, with the same tokens.
+class map_source final : public kv_block_source {
+ public:
+  std::map<block_key, std::vector<std::byte>> blocks;
+  int n_available(std::span<const block_key> keys) override {
+    int n = 0;
+    while (n < static_cast<int>(keys.size()) && blocks.contains(keys[static_cast<std::size_t>(n)])) ++n;
+    return n;
+  }
+  bool read(block_key key, std::span<std::byte> out) override {
+    const auto it = blocks.find(key);
+    if (it == blocks.end() || it->second.size() != out.size()) return false;
+    std::copy(it->second.begin(), it->second.end(), out.begin());
+    return true;
+  }
+};
+
+TEST(engine, evicted_blocks_come_back_through_the_load_path) {
+  for (kv_type type : {kv_type::f32, kv_type::int4}) {
+    const request r = greedy_request("a", story_openings(3)[2] + " and then", 30);
+    map_source store;
+    auto e = *engine_core::create(stories(), config(256, 64, 2048, type));
+    int n_hook = 0;
+    e->set_eviction_hook([&](const evicted_block& b) {
+      ++n_hook;
+      EXPECT_EQ(b.tokens.size(), 16u);
+      store.blocks[b.key].assign(b.bytes.begin(), b.bytes.end());
+    });
+    const outcome first = run_all(*e, {r});
+    const std::int32_t n_cached = e->kv_stats().n_blocks_cached;
+    ASSERT_GT(n_cached, 2);
+    EXPECT_EQ(e->kv().evict_cached_blocks(), n_cached);
+    std::vector<engine_event> ev;
+    e->step(ev);  // the eviction ops run: the hook reads the bytes
+    EXPECT_EQ(n_hook, n_cached);
+    // A fresh engine (an empty pool) with the store as its source.
+    auto fresh = *engine_core::create(stories(), config(256, 64, 2048, type));
+    fresh->set_kv_source(&store);
+    request again = r;
+    again.id = "b";
+    const outcome second = run_all(*fresh, {again});
+    EXPECT_EQ(second.tokens.at("b"), first.tokens.at("a")) << kv_type_name(type);
+    const int n_prompt_blocks = static_cast<int>((r.prompt.size() - 1) / 16);
+    EXPECT_EQ(second.usage.at("b").cached_tokens, n_prompt_blocks * 16);
+    EXPECT_EQ(fresh->stats().n_loaded_tokens, n_prompt_blocks * 16);
+    EXPECT_EQ(fresh->stats().n_computed_prompt_tokens, static_cast<std::int64_t>(r.prompt.size()) - n_prompt_blocks * 16);
+  }
+}
+
+// Attention statistics through the whole model: every query row's weights sum
+// to 1 per query head, so per (layer, KV head) the slots' totals add up to
+// (tokens computed) x (query heads per KV head); and the window holds the last
+// rows of the latest step.
+TEST(engine, attention_statistics_add_up_over_the_model) {
+  engine_core_config c = config(256);
+  c.attention_stats_window = 3;
+  auto e = *engine_core::create(stories(), c);
+  ASSERT_TRUE(e->add_request(greedy_request("a", "Once upon a time there was", 6)).ok());
+  std::vector<engine_event> ev;
+  e->step(ev);
+  e->step(ev);
+  const seq_id a = *e->sched().find_sequence("a");
+  const std::vector<float>* totals = e->sched().attention_totals(a);
+  ASSERT_NE(totals, nullptr);
+  const llama_hparams& hp = stories().hparams();
+  const std::size_t width = static_cast<std::size_t>(hp.n_layer) * hp.n_head_kv;
+  const std::size_t n_slots = totals->size() / width;
+  EXPECT_EQ(n_slots, static_cast<std::size_t>(e->kv().n_stored_tokens(a)));
+  for (std::size_t lh = 0; lh < width; ++lh) {
+    double sum = 0;
+    for (std::size_t s = 0; s < n_slots; ++s) sum += (*totals)[s * width + lh];
+    EXPECT_NEAR(sum, static_cast<double>(n_slots) * hp.n_rep(), 1e-3);
+  }
+  const attention_stats* w = e->sched().last_attention_window(a);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->n_window, 1) << "a decode step has one query token";
+  while (e->has_work()) e->step(ev);
+}
+
+// Sealed formats stage partly filled blocks in f16 slots, mapped up front and
+// counted: never more than two per sequence, all returned at the end.
+TEST(engine, staging_slots_stay_within_the_sequence_cap) {
+  auto e = *engine_core::create(stories(), config(512, 6, 96, kv_type::int4));
+  std::vector<request> reqs;
+  auto texts = story_openings(12);
+  for (int i = 0; i < 12; ++i) reqs.push_back(greedy_request("r" + std::to_string(i), texts[i], 20 + i));
+  run_all(*e, reqs);
+  const kv_staging_stats st = e->storage().staging();
+  EXPECT_EQ(st.slots_mapped, 12);
+  EXPECT_LE(st.peak_slots_in_use, 12);
+  EXPECT_GT(st.peak_slots_in_use, 1);
+  EXPECT_EQ(st.slots_in_use, 0);
 }
 
 }  // namespace

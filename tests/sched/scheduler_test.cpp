@@ -434,5 +434,17 @@ TEST(scheduler, prompt_logits_score_every_position) {
   EXPECT_EQ(rows, 19);
 }
 
+// A finished request's id can be used again at once (its state is forgotten
+// lazily, and must not take the new request with it).
+TEST(scheduler, an_id_is_free_again_once_its_request_finished) {
+  harness h(config(64, 4, 64));
+  h.add(req("a", prompt_of(6, 1), 2));
+  while (h.results["a"].finish.empty()) h.step();
+  h.add(req("a", prompt_of(7, 2), 3));
+  h.results["a"] = {};
+  h.run();
+  EXPECT_EQ(h.results["a"].tokens, alone(req("a", prompt_of(7, 2), 3)));
+}
+
 }  // namespace
 }  // namespace pagoda

@@ -3,6 +3,8 @@
 // all or none, and stop() answers every channel.
 #include "sched/engine_loop.h"
 
+#include <new>
+
 #include <gtest/gtest.h>
 
 #include "common/requests.h"
@@ -165,6 +167,43 @@ TEST(engine_loop, many_threads_submit_at_once) {
   engine_snapshot s = loop.snapshot();
   EXPECT_EQ(s.kv.n_blocks_used, 0);
   EXPECT_EQ(s.n_finished_by_reason["length"], 80);
+}
+
+// std::bad_alloc thrown while a step runs used to end the engine thread (and
+// the server): now the step's requests end with an error and the next are served.
+class throwing_runner final : public model_runner {
+ public:
+  explicit throwing_runner(std::unique_ptr<model_runner> inner) : inner_(std::move(inner)) {}
+  void execute(const step_plan& plan, step_output& out) override {
+    if (n_++ == 0) throw std::bad_alloc();
+    inner_->execute(plan, out);
+  }
+
+ private:
+  std::unique_ptr<model_runner> inner_;
+  int n_ = 0;
+};
+
+TEST(engine_loop, an_exception_in_a_step_fails_its_requests_and_serving_goes_on) {
+  auto e = make_engine();
+  e->wrap_runner([](std::unique_ptr<model_runner> inner) { return std::make_unique<throwing_runner>(std::move(inner)); });
+  engine_loop loop(std::move(e), 16);
+  auto ch = std::make_shared<request_channel>();
+  std::vector<request> first;
+  first.push_back(greedy_request("x", "Once upon a time", 8));
+  ASSERT_TRUE(loop.submit(std::move(first), ch).ok());
+  std::map<std::string, std::string> reasons;
+  drain(*ch, 1, &reasons);
+  EXPECT_EQ(reasons["x"], "error");
+  auto ch2 = std::make_shared<request_channel>();
+  std::vector<request> second;
+  second.push_back(greedy_request("y", "Once upon a time", 8));
+  ASSERT_TRUE(loop.submit(std::move(second), ch2).ok());
+  std::map<std::string, std::string> reasons2;
+  auto text = drain(*ch2, 1, &reasons2);
+  EXPECT_EQ(reasons2["y"], "length");
+  EXPECT_FALSE(text["y"].empty());
+  EXPECT_EQ(loop.snapshot().kv.n_blocks_used, 0);
 }
 
 }  // namespace
