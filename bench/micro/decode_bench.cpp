@@ -23,7 +23,6 @@
 #include <fmt/format.h>
 
 #include "kv/kv_storage.h"
-#include "kv/kv_storage.h"
 #include "model/llama.h"
 #include "quant/kv_format_spec.h"
 

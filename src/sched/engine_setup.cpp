@@ -70,9 +70,15 @@ result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& o
                    static_cast<double>(layout.staging_bytes_per_slot()) * std::max<std::int64_t>(n_slots, 1) -
                    static_cast<double>(layout.static_bytes());
     blocks = static_cast<std::int64_t>(std::max(bytes, 0.0) / static_cast<double>(layout.bytes_per_block()));
-    if (blocks < 1)
-      return error(errc::invalid_argument, "--kv-cache-size {} MiB is smaller than one KV block ({})",
-                   opts.kv_cache_size_mib, fmt::format("{} bytes", layout.bytes_per_block()));
+    if (blocks < 1) {
+      const std::size_t fixed = layout.staging_bytes_per_slot() * static_cast<std::size_t>(std::max<std::int64_t>(n_slots, 1)) +
+                                layout.static_bytes();
+      return error(errc::invalid_argument,
+                   "--kv-cache-size {} MiB holds no KV block: one block takes {} bytes, and {} bytes go to {} f16 "
+                   "staging slots and static scales first; raise --kv-cache-size or lower --max-num-seqs",
+                   opts.kv_cache_size_mib, layout.bytes_per_block(), fixed,
+                   layout.staging_bytes_per_slot() > 0 ? n_slots : 0);
+    }
   } else {
     std::int64_t tokens = opts.max_kv_tokens > 0 ? opts.max_kv_tokens : default_tokens;
     blocks = (tokens + layout.block_size - 1) / layout.block_size;

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/requests.h"
+#include "sched/engine_setup.h"
 #include "sched/step_plan.h"
 
 namespace pagoda {
@@ -441,6 +442,34 @@ TEST(engine, staging_slots_stay_within_the_sequence_cap) {
   EXPECT_LE(st.peak_slots_in_use, 12);
   EXPECT_GT(st.peak_slots_in_use, 1);
   EXPECT_EQ(st.slots_in_use, 0);
+}
+
+// --kv-cache-size is what the KV cache maps, staging slots of sealed formats
+// and static scales included, for any --max-num-seqs.
+TEST(engine, the_kv_cache_size_includes_the_staging_slots) {
+  for (int max_seqs : {1, 16, 64}) {
+    engine_config c;
+    c.model_path = test::stories_path();
+    c.kv_cache_dtype = "int4";  // per-channel keys: sealed, staged in f16
+    c.kv_cache_size_mib = 2;
+    c.max_num_seqs = max_seqs;
+    auto core_config = make_engine_core_config(stories(), c);
+    ASSERT_TRUE(core_config.ok()) << core_config.error().message();
+    auto e = engine_core::create(stories(), *core_config);
+    ASSERT_TRUE(e.ok()) << e.error().message();
+    EXPECT_EQ((*e)->storage().staging().slots_mapped, 2 * max_seqs);
+    EXPECT_LE((*e)->storage().total_bytes(), 2.0 * 1024 * 1024) << max_seqs;
+    EXPECT_GT((*e)->storage().total_bytes(), 1.99 * 1024 * 1024) << max_seqs;
+  }
+  // A budget the staging alone exceeds is an error that says so.
+  engine_config c;
+  c.model_path = test::stories_path();
+  c.kv_cache_dtype = "int4";
+  c.kv_cache_size_mib = 0.25;
+  c.max_num_seqs = 64;
+  auto bad = make_engine_core_config(stories(), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("--kv-cache-size"), std::string::npos) << bad.error().message();
 }
 
 }  // namespace
