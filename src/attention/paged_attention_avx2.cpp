@@ -4,13 +4,13 @@
 
 #include <cmath>
 
+#include "quant/kv_simd_avx2.h"
+
 namespace pagoda {
 namespace {
 
-// The first n of 8 lanes (n may be >= 8).
-inline __m256i lane_mask8(int n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+using kv_simd::hsum8;
+using kv_simd::lane_mask8;
 
 // exp(x) for 8 floats, as core/simd_math_avx512.h's exp_ps: range reduction by
 // ln 2, a degree-6 Taylor polynomial on |r| <= ln2/2 (truncation error below
@@ -45,13 +45,6 @@ inline float hmax8(__m256 v) {
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
   return _mm_cvtss_f32(m);
-}
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 }  // namespace
