@@ -4,16 +4,21 @@
 //
 // A test that compares a SIMD kernel with its reference twin is parameterised
 // over simd_levels_under_test() and starts with PAGODA_USE_SIMD_LEVEL(level):
-// that sets the level, records it (the gtest property "simd_level" and a line on
-// stdout) and fails the test when the level did not take effect. So a level can
-// never pass vacuously by silently running another one:
-//   - without PAGODA_SIMD, the list holds the levels this CPU runs;
-//   - with PAGODA_SIMD=name (CI's per-level ctest entries, tests/CMakeLists.txt),
-//     it holds exactly that level, and a CPU without it fails.
+// that sets the level, records it (the gtest property "simd_level" and a line
+// on stdout) and fails the test when the level did not take effect. So a level
+// never passes vacuously by silently running another one:
+//   - the list holds the levels this CPU runs, plus the one PAGODA_SIMD names
+//     (CI's per-level ctest entries, tests/CMakeLists.txt): a CPU without the
+//     named level fails its tests;
+//   - with PAGODA_SIMD set, the tests of the other levels are skipped (shown
+//     as skipped, not passed), since that run is about the named level.
+// Tests that loop over levels instead iterate simd_levels_to_run().
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,15 +28,31 @@
 
 namespace pagoda::test {
 
-inline std::vector<simd_level> simd_levels_under_test() {
-  if (const char* env = std::getenv("PAGODA_SIMD")) {
-    // An unknown name keeps a level that use_simd_level then rejects.
-    if (auto l = parse_simd_level(env)) return {*l};
-    return {simd_level::avx512};
-  }
+// The level PAGODA_SIMD names; nullopt when it is unset. An unknown name
+// counts as avx512 here, and use_simd_level rejects it.
+inline std::optional<simd_level> env_simd_level() {
+  const char* env = std::getenv("PAGODA_SIMD");
+  if (!env) return std::nullopt;
+  return parse_simd_level(env).value_or(simd_level::avx512);
+}
+
+inline std::vector<simd_level> cpu_simd_levels() {
   std::vector<simd_level> levels;
   for (int l = 0; l <= static_cast<int>(best_simd_level(detect_cpu())); ++l) levels.push_back(static_cast<simd_level>(l));
   return levels;
+}
+
+// For parameter lists: the CPU's levels and PAGODA_SIMD's.
+inline std::vector<simd_level> simd_levels_under_test() {
+  std::vector<simd_level> levels = cpu_simd_levels();
+  if (auto e = env_simd_level(); e && std::find(levels.begin(), levels.end(), *e) == levels.end()) levels.push_back(*e);
+  return levels;
+}
+
+// For loops inside one test: PAGODA_SIMD's level alone when it is set, else the CPU's.
+inline std::vector<simd_level> simd_levels_to_run() {
+  if (auto e = env_simd_level()) return {*e};
+  return cpu_simd_levels();
 }
 
 // For parameterised test names: "scalar", "avx2", "avx512".
@@ -51,10 +72,11 @@ class simd_level_guard {
   simd_level saved_;
 };
 
-// Use through PAGODA_USE_SIMD_LEVEL, which stops the test on failure.
+// Use through PAGODA_USE_SIMD_LEVEL, which stops the test on failure or skip.
 inline void use_simd_level(simd_level level) {
   if (const char* env = std::getenv("PAGODA_SIMD")) {
     ASSERT_TRUE(parse_simd_level(env).has_value()) << "PAGODA_SIMD=" << env << " names no level (scalar, avx2, avx512)";
+    if (*parse_simd_level(env) != level) GTEST_SKIP() << "PAGODA_SIMD=" << env << " runs that level only";
   }
   set_simd_level(level);
   ::testing::Test::RecordProperty("simd_level", simd_level_name(level));
@@ -66,4 +88,8 @@ inline void use_simd_level(simd_level level) {
 
 }  // namespace pagoda::test
 
-#define PAGODA_USE_SIMD_LEVEL(level) ASSERT_NO_FATAL_FAILURE(::pagoda::test::use_simd_level(level))
+#define PAGODA_USE_SIMD_LEVEL(level)                                   \
+  do {                                                                 \
+    ASSERT_NO_FATAL_FAILURE(::pagoda::test::use_simd_level(level));    \
+    if (::testing::Test::IsSkipped()) return;                          \
+  } while (0)

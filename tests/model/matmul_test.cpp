@@ -22,10 +22,10 @@ using gguf::tensor_type;
 
 constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::bf16, tensor_type::q8_0,
                                    tensor_type::q4_0};
-// The levels under test (core/simd_levels.h): every level this CPU runs, or
-// the one PAGODA_SIMD names. PAGODA_USE_SIMD_LEVEL fails a test whose level
-// did not take effect, rather than skipping it.
-const std::vector<simd_level> k_levels = test::simd_levels_under_test();
+// The levels to run (core/simd_levels.h): every level this CPU runs, or the
+// one PAGODA_SIMD names. PAGODA_USE_SIMD_LEVEL fails a test whose level did
+// not take effect, rather than skipping it.
+const std::vector<simd_level> k_levels = test::simd_levels_to_run();
 
 const char* type_name(tensor_type t) { return gguf::tensor_type_name(t); }
 

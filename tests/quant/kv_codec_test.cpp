@@ -8,7 +8,10 @@
 // - check() enforces the block-size limit each codec's kernels need.
 // The kernel tests run at every SIMD level under test (core/simd_levels.h).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -22,6 +25,27 @@
 #include "quant/kv_codec.h"
 #include "quant/kv_codec_float.h"
 #include "quant/kv_codec_int.h"
+
+// Counts heap allocations made on this thread while t_count_allocations is set
+// (kernels_allocate_nothing_per_call). Replaces the global operator new of
+// test_quant; every other allocation goes through unchanged.
+namespace {
+thread_local bool t_count_allocations = false;
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+// GCC sees operator new's malloc paired with operator delete's free and warns
+// of a mismatch that the replacement makes deliberate.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  if (t_count_allocations) ++g_allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace pagoda {
 namespace {
@@ -507,6 +531,48 @@ TEST_P(codec_level, lanes_are_independent) {
     c->av(vf, shape, sv.get(vf), vp.data(), 48, w.data(), 48, 6, acc_all.data());
     c->av(vf, shape, sv.get(vf), vp.data(), 24, w.data() + 3 * 48, 48, 1, acc_one.data());
     for (int d = 0; d < 64; ++d) ASSERT_EQ(acc_one[d], acc_all[3 * 64 + d]) << " d " << d;
+  }
+}
+
+// The scalar level (the references) and the AVX2 kernels allocate nothing,
+// whatever the shape (head_dim past the references' 64-channel chunk, odd
+// block sizes); the AVX-512 integer kernels keep grow-only per-thread operand
+// buffers, so at every level a second call of the same shape allocates nothing.
+TEST_P(codec_level, kernels_allocate_nothing_per_call) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const case_t cs = this->cs();
+  const kv_codec* c = get_kv_codec(cs.type);
+  std::mt19937 rng(17);
+  for (kv_tile_shape shape : {kv_tile_shape{16, 160}, kv_tile_shape{17, 40}}) {
+    kv_format kf = format_of(cs, kv_role::key, shape.head_dim), vf = format_of(cs, kv_role::value, shape.head_dim);
+    if (!c->check(kf, shape).ok()) continue;
+    const int n_tiles = 3, n_tok = 2 * shape.block_size + 5, n_q = 5, ld = n_tiles * shape.block_size;
+    auto xk = kv_data(rng, ld, shape.head_dim), xv = kv_data(rng, ld, shape.head_dim);
+    static_holder sk(c, kf, xk, shape.head_dim), sv(c, vf, xv, shape.head_dim);
+    std::vector<aligned_buffer> tiles;
+    std::vector<const void*> kp, vp;
+    for (int i = 0; i < n_tiles; ++i) {
+      const std::size_t at = static_cast<std::size_t>(i) * shape.block_size * shape.head_dim;
+      tiles.emplace_back(c->tile_bytes(kf, shape));
+      c->encode(kf, shape, sk.get(kf), xk.data() + at, 0, shape.block_size, tiles.back().data());
+      kp.push_back(tiles.back().data());
+      tiles.emplace_back(c->tile_bytes(vf, shape));
+      c->encode(vf, shape, sv.get(vf), xv.data() + at, 0, shape.block_size, tiles.back().data());
+      vp.push_back(tiles.back().data());
+    }
+    std::vector<float> q(static_cast<std::size_t>(n_q) * shape.head_dim, 0.5f), w(static_cast<std::size_t>(n_q) * ld, 0.25f);
+    std::vector<float> scores(static_cast<std::size_t>(n_q) * ld), acc(static_cast<std::size_t>(n_q) * shape.head_dim);
+    for (int call = 0; call < 2; ++call) {
+      g_allocations = 0;
+      t_count_allocations = true;
+      c->qk(kf, shape, sk.get(kf), kp.data(), n_tok, q.data(), n_q, scores.data(), ld);
+      c->av(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, acc.data());
+      t_count_allocations = false;
+      if (call == 1 || level() != simd_level::avx512) {
+        EXPECT_EQ(g_allocations.load(), 0) << kv_format_name(kf) << " block " << shape.block_size << " head_dim "
+                                            << shape.head_dim << " call " << call;
+      }
+    }
   }
 }
 
