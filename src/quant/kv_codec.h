@@ -20,8 +20,8 @@
 //   - integer (int8/int4/int2) and ggml (q8_0/q4_0) codecs fit scales and
 //     offsets to the finite elements of each scale group only, store NaN as the
 //     code of 0 (int: the code nearest 0 in the group's range) and saturate
-//     +inf / -inf to the largest / smallest code. A group with no finite element
-//     decodes to zeros.
+//     +inf / -inf to the group's largest / smallest representable value. A
+//     group with no finite element decodes to zeros.
 // So one bad activation never spreads into the other values of its scale group.
 #pragma once
 
