@@ -60,8 +60,9 @@ using namespace pagoda;
 constexpr int k_head_dim = 128, k_kv_heads = 8, k_rep = 4, k_block = 16;
 
 // --- STREAM-like read bandwidth -------------------------------------------
-// Each thread sums its share of a 1 GiB buffer with 512-bit loads (four
-// accumulators, so the adds never limit); the best of several passes.
+// Each thread sums its share of a 1 GiB buffer with 512-bit loads (256-bit
+// without AVX-512; four accumulators, so the adds never limit); the best of
+// several passes.
 constexpr std::size_t k_stream_bytes = std::size_t{1} << 30;
 
 // Mapped like the KV pool (kv_storage.cpp: anonymous memory with huge pages
@@ -79,7 +80,7 @@ const float* stream_buffer() {
   return buf;
 }
 
-__attribute__((target("avx512f"))) float read_sum(const float* p, std::size_t n) {
+__attribute__((target("avx512f"))) float read_sum_avx512(const float* p, std::size_t n) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (std::size_t i = 0; i + 64 <= n; i += 64) {
     a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
@@ -90,6 +91,26 @@ __attribute__((target("avx512f"))) float read_sum(const float* p, std::size_t n)
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
   return std::accumulate(lanes, lanes + 16, 0.0f);
+}
+
+// The same pass with 256-bit loads, for CPUs without AVX-512 (the 512-bit one
+// stopped the bench there with an illegal instruction).
+__attribute__((target("avx"))) float read_sum_avx(const float* p, std::size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return std::accumulate(lanes, lanes + 8, 0.0f);
+}
+
+float read_sum(const float* p, std::size_t n) {
+  static const bool avx512 = pagoda::detect_cpu().avx512f;
+  return avx512 ? read_sum_avx512(p, n) : read_sum_avx(p, n);
 }
 
 double stream_pass(thread_pool& pool) {
