@@ -20,6 +20,13 @@
 //
 //   build/bench/attention_bench --benchmark_filter='ctx:32768'   (etc.)
 //   build/bench/attention_bench --benchmark_filter='stream'      (bandwidth only)
+//
+// Kernels run at the process's SIMD level (the CPU's best, lowered by
+// PAGODA_SIMD=scalar|avx2). To compare levels in one run, name them:
+//   build/bench/attention_bench --simd_levels=scalar,avx2,avx512 --benchmark_filter='decode/f16/'
+// registers decode/SPEC/LEVEL for each, the levels of one (spec, ctx, threads,
+// shuffled) next to each other on the same pool, so the ratios between them
+// come from the same minute of this shared machine.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 #include <immintrin.h>
@@ -31,14 +38,17 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "attention/paged_attention.h"
+#include "core/cpu.h"
 #include "core/thread_pool.h"
 #include "kv/kv_storage.h"
 #include "quant/kv_format_spec.h"
@@ -50,8 +60,9 @@ using namespace pagoda;
 constexpr int k_head_dim = 128, k_kv_heads = 8, k_rep = 4, k_block = 16;
 
 // --- STREAM-like read bandwidth -------------------------------------------
-// Each thread sums its share of a 1 GiB buffer with 512-bit loads (four
-// accumulators, so the adds never limit); the best of several passes.
+// Each thread sums its share of a 1 GiB buffer with 512-bit loads (256-bit
+// without AVX-512; four accumulators, so the adds never limit); the best of
+// several passes.
 constexpr std::size_t k_stream_bytes = std::size_t{1} << 30;
 
 // Mapped like the KV pool (kv_storage.cpp: anonymous memory with huge pages
@@ -69,7 +80,7 @@ const float* stream_buffer() {
   return buf;
 }
 
-__attribute__((target("avx512f"))) float read_sum(const float* p, std::size_t n) {
+__attribute__((target("avx512f"))) float read_sum_avx512(const float* p, std::size_t n) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (std::size_t i = 0; i + 64 <= n; i += 64) {
     a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
@@ -80,6 +91,26 @@ __attribute__((target("avx512f"))) float read_sum(const float* p, std::size_t n)
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
   return std::accumulate(lanes, lanes + 16, 0.0f);
+}
+
+// The same pass with 256-bit loads, for CPUs without AVX-512 (the 512-bit one
+// stopped the bench there with an illegal instruction).
+__attribute__((target("avx"))) float read_sum_avx(const float* p, std::size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return std::accumulate(lanes, lanes + 8, 0.0f);
+}
+
+float read_sum(const float* p, std::size_t n) {
+  static const bool avx512 = pagoda::detect_cpu().avx512f;
+  return avx512 ? read_sum_avx512(p, n) : read_sum_avx(p, n);
 }
 
 double stream_pass(thread_pool& pool) {
@@ -160,7 +191,15 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-void bm_decode(benchmark::State& st, std::string spec) {
+// level: the SIMD level to run at, or nullopt for the process's level.
+void bm_decode(benchmark::State& st, std::string spec, std::optional<simd_level> level) {
+  if (level) {
+    set_simd_level(*level);
+    if (active_simd_level() != *level) {
+      st.SkipWithError(fmt::format("this CPU has no {} level", simd_level_name(*level)).c_str());
+      return;
+    }
+  }
   const int n_ctx = static_cast<int>(st.range(0));
   const int threads = static_cast<int>(st.range(1));
   const bool shuffled = st.range(2) != 0;
@@ -223,26 +262,67 @@ void bm_decode(benchmark::State& st, std::string spec) {
   st.counters["steps/s"] = 1.0 / median(step_s);
   st.counters["stream_GB/s"] = stream;
   st.counters["KV_MiB"] = static_cast<double>(s.kv_bytes) / (1 << 20);
-  st.SetLabel(s.kv->layout().describe());
+  st.SetLabel(s.kv->layout().describe() + " simd " + simd_level_name(active_simd_level()));
 }
 
-void register_all() {
+void register_all(const std::vector<simd_level>& levels) {
   for (int threads : {1, 2})
     benchmark::RegisterBenchmark("stream_read", bm_stream)->Arg(threads)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
   const char* specs[] = {"f32",  "f16",          "bf16", "fp8",  "fp8_e5m2", "int8", "int8/channel",
                          "k8v4", "int4/token",   "int4", "k4v2", "int2",     "q8_0", "q4_0"};
   for (const char* spec : specs) {
-    auto* b = benchmark::RegisterBenchmark(fmt::format("decode/{}", spec).c_str(), bm_decode, std::string(spec));
+    if (levels.empty()) {
+      auto* b = benchmark::RegisterBenchmark(fmt::format("decode/{}", spec).c_str(), bm_decode, std::string(spec),
+                                             std::nullopt);
+      for (int shuffled : {0, 1})
+        for (int ctx : {1024, 4096, 16384, 32768})
+          for (int threads : {1, 2}) b->Args({ctx, threads, shuffled});
+      b->ArgNames({"ctx", "threads", "shuffled"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+      continue;
+    }
     for (int shuffled : {0, 1})
       for (int ctx : {1024, 4096, 16384, 32768})
-        for (int threads : {1, 2}) b->Args({ctx, threads, shuffled});
-    b->ArgNames({"ctx", "threads", "shuffled"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+        for (int threads : {1, 2})
+          for (simd_level level : levels)
+            benchmark::RegisterBenchmark(fmt::format("decode/{}/{}", spec, simd_level_name(level)).c_str(), bm_decode,
+                                         std::string(spec), std::optional<simd_level>(level))
+                ->Args({ctx, threads, shuffled})
+                ->ArgNames({"ctx", "threads", "shuffled"})
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
   }
 }
 
-// Registered before main runs, so the stock benchmark main serves.
-const bool registered = (register_all(), true);
+// --simd_levels=a,b,c (removed from argv before Google Benchmark reads it).
+std::vector<simd_level> take_simd_levels(int& argc, char** argv) {
+  std::vector<simd_level> levels;
+  const std::string_view flag = "--simd_levels=";
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a.substr(0, flag.size()) != flag) {
+      argv[out++] = argv[i];
+      continue;
+    }
+    a.remove_prefix(flag.size());
+    while (!a.empty()) {
+      const std::string_view name = a.substr(0, a.find(','));
+      a.remove_prefix(std::min(a.size(), name.size() + 1));
+      if (auto l = parse_simd_level(name)) levels.push_back(*l);
+      else fmt::print(stderr, "attention_bench: unknown SIMD level '{}' (scalar, avx2, avx512)\n", name);
+    }
+  }
+  argc = out;
+  return levels;
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  register_all(take_simd_levels(argc, argv));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -9,6 +9,7 @@
 
 namespace pagoda {
 
+float softmax_unnormalized_avx2(float* s, int n);    // paged_attention_avx2.cpp
 float softmax_unnormalized_avx512(float* s, int n);  // paged_attention_avx512.cpp
 
 namespace {
@@ -72,7 +73,11 @@ float softmax_unnormalized_ref(float* s, int n) {
 }
 
 float softmax_unnormalized(float* s, int n) {
-  if (active_simd_level() == simd_level::avx512) return softmax_unnormalized_avx512(s, n);
+  switch (active_simd_level()) {
+    case simd_level::avx512: return softmax_unnormalized_avx512(s, n);
+    case simd_level::avx2: return softmax_unnormalized_avx2(s, n);
+    case simd_level::scalar: break;
+  }
   return softmax_unnormalized_ref(s, n);
 }
 

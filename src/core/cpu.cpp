@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include <cpuid.h>
 
@@ -29,28 +28,15 @@ cpu_features probe() {
   f.avx512vl = zmm_ok && (b & bit_AVX512VL);
   f.avx512dq = zmm_ok && (b & bit_AVX512DQ);
   f.avx512vnni = zmm_ok && (c & bit_AVX512VNNI);
-  unsigned a1, b1, c1, d1;
-  if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) f.avx512bf16 = zmm_ok && (a1 & (1u << 5));
   if (!ymm_ok) f.fma = f.f16c = false;
   return f;
 }
 
-simd_level best_level(const cpu_features& f) {
-  if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni && f.avx512bf16 &&
-      f.fma && f.f16c && f.bmi2)
-    return simd_level::avx512;
-  if (f.avx2 && f.fma && f.f16c && f.bmi2) return simd_level::avx2;
-  return simd_level::scalar;
-}
-
 simd_level initial_level() {
-  simd_level best = best_level(detect_cpu());
+  simd_level best = best_simd_level(detect_cpu());
   const char* env = std::getenv("PAGODA_SIMD");
   if (!env) return best;
-  simd_level want = best;
-  if (std::strcmp(env, "scalar") == 0) want = simd_level::scalar;
-  else if (std::strcmp(env, "avx2") == 0) want = simd_level::avx2;
-  else if (std::strcmp(env, "avx512") == 0) want = simd_level::avx512;
+  const simd_level want = parse_simd_level(env).value_or(best);
   return want < best ? want : best;
 }
 
@@ -61,6 +47,13 @@ std::atomic<int>& level_slot() {
 
 }  // namespace
 
+simd_level best_simd_level(const cpu_features& f) {
+  const bool avx2 = f.avx2 && f.fma && f.f16c && f.bmi2;
+  if (avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.avx512vnni) return simd_level::avx512;
+  if (avx2) return simd_level::avx2;
+  return simd_level::scalar;
+}
+
 const cpu_features& detect_cpu() {
   static const cpu_features f = probe();
   return f;
@@ -69,7 +62,7 @@ const cpu_features& detect_cpu() {
 simd_level active_simd_level() { return static_cast<simd_level>(level_slot().load(std::memory_order_relaxed)); }
 
 void set_simd_level(simd_level level) {
-  simd_level best = best_level(detect_cpu());
+  simd_level best = best_simd_level(detect_cpu());
   level_slot().store(static_cast<int>(level < best ? level : best), std::memory_order_relaxed);
 }
 
@@ -80,6 +73,12 @@ const char* simd_level_name(simd_level level) {
     case simd_level::avx512: return "avx512";
   }
   return "?";
+}
+
+std::optional<simd_level> parse_simd_level(std::string_view name) {
+  for (simd_level l : {simd_level::scalar, simd_level::avx2, simd_level::avx512})
+    if (name == simd_level_name(l)) return l;
+  return std::nullopt;
 }
 
 }  // namespace pagoda

@@ -14,6 +14,14 @@ const kv_codec* get_kv_codec(kv_type type) {
   return kv_codec_table()[i];
 }
 
+status check_tile_shape(const kv_format& fmt, kv_tile_shape shape, int max_block_size) {
+  if (shape.block_size < 1 || shape.block_size > max_block_size)
+    return error(errc::invalid_argument, "{}: block size {} out of range (1..{})", kv_format_name(fmt), shape.block_size,
+                 max_block_size);
+  if (shape.head_dim < 1) return error(errc::invalid_argument, "{}: head_dim {} must be positive", kv_format_name(fmt), shape.head_dim);
+  return {};
+}
+
 const char* kv_type_name(kv_type type) {
   switch (type) {
     case kv_type::f32: return "f32";

@@ -11,6 +11,18 @@
 //
 // Roles: a tile holds either keys (read by qk) or values (read by av). The role
 // is part of the format because layouts and scale granularity differ.
+//
+// Non-finite input to encode is defined behaviour, never undefined:
+//   - f32, f16, bf16 store it as it is (NaN stays NaN, +-inf stays +-inf; f16
+//     rounds magnitudes past 65504 to inf); fp8 keeps NaN as NaN and saturates
+//     +-inf to its largest finite magnitude, and a per-token fp8 scale is fitted
+//     to the token's finite elements only;
+//   - integer (int8/int4/int2) and ggml (q8_0/q4_0) codecs fit scales and
+//     offsets to the finite elements of each scale group only, store NaN as the
+//     code of 0 (int: the code nearest 0 in the group's range) and saturate
+//     +inf / -inf to the group's largest / smallest representable value. A
+//     group with no finite element decodes to zeros.
+// So one bad activation never spreads into the other values of its scale group.
 #pragma once
 
 #include <cstddef>
@@ -105,6 +117,11 @@ struct kv_codec {
   void (*make_static)(const kv_format& fmt, int head_dim, const float* lo, const float* hi, float* scale,
                       float* offset);
 };
+
+// For codecs' check(): OK when 1 <= block_size <= max_block_size and head_dim >= 1.
+// Each codec passes the limit its own kernels' stack arrays need, so that it is
+// safe whoever calls it (kv_layout::check has a limit of its own).
+status check_tile_shape(const kv_format& fmt, kv_tile_shape shape, int max_block_size);
 
 // nullptr when the type has no codec.
 const kv_codec* get_kv_codec(kv_type type);

@@ -96,6 +96,7 @@ float value(const kv_format& fmt, kv_tile_shape s, const tile_info& ti, float hs
 }
 
 status check(const kv_format& fmt, kv_tile_shape s) {
+  PAGODA_RETURN_IF_ERROR(check_tile_shape(fmt, s, k_max_block_size));
   bool fp8 = fmt.type == kv_type::fp8_e4m3 || fmt.type == kv_type::fp8_e5m2;
   bool ok = fmt.scale_mode == kv_scale_mode::none ||
             (fp8 && (fmt.scale_mode == kv_scale_mode::per_token || fmt.scale_mode == kv_scale_mode::static_scales));
@@ -117,9 +118,10 @@ void encode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
     const float* row = x + static_cast<std::size_t>(i) * s.head_dim;
     const int t = t0 + i;
     float inv = 1.0f / hs;
-    if (ti.per_token_scales) {
+    if (ti.per_token_scales) {  // fitted to the finite elements (kv_codec.h)
       float amax = 0;
-      for (int d = 0; d < s.head_dim; ++d) amax = std::max(amax, std::fabs(row[d]));
+      for (int d = 0; d < s.head_dim; ++d)
+        if (std::isfinite(row[d])) amax = std::max(amax, std::fabs(row[d]));
       fp16_t h = f32_to_fp16(amax / fp8_max(ti.e));
       std::memcpy(tile + ti.data_bytes + 2 * static_cast<std::size_t>(t), &h, 2);
       float sc = fp16_to_f32(h);
@@ -170,14 +172,20 @@ void av_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
 
 void qk(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
         const float* q, int n_q, float* scores, int ld) {
-  if (active_simd_level() == simd_level::avx512) return qk_avx512(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
-  qk_ref(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+  switch (active_simd_level()) {
+    case simd_level::avx512: return qk_avx512(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+    case simd_level::avx2: return qk_avx2(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+    case simd_level::scalar: return qk_ref(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+  }
 }
 
 void av(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
         const float* w, int ld, int n_q, float* acc) {
-  if (active_simd_level() == simd_level::avx512) return av_avx512(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
-  av_ref(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+  switch (active_simd_level()) {
+    case simd_level::avx512: return av_avx512(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+    case simd_level::avx2: return av_avx2(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+    case simd_level::scalar: return av_ref(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+  }
 }
 
 // One scale per head (vLLM's per-head k_scale / v_scale): the head's largest

@@ -19,6 +19,11 @@ namespace pagoda::float_kv {
 
 enum class elem { f32, f16, bf16, e4m3, e5m2 };
 
+// The largest block_size the kernels take (check() enforces it): the SIMD a.v
+// kernels keep one span's token scales (at most max(128, block_size) tokens)
+// in a stack array of this many entries.
+inline constexpr int k_max_block_size = 1024;
+
 struct tile_info {
   elem e = elem::f32;
   int elem_bytes = 4;
@@ -33,6 +38,26 @@ tile_info info_of(const kv_format& fmt, kv_tile_shape shape);
 inline float head_scale(const kv_format& fmt, const kv_static_params* sp) {
   return fmt.scale_mode == kv_scale_mode::static_scales && sp ? sp->scale[0] : 1.0f;
 }
+
+// Calls f.template operator()<E>(hs) for element type e, where hs is the
+// head's scale with the factor the SIMD loaders leave out folded in (E4M3 is
+// widened with its exponent bias off by 8: x 256).
+template <class F>
+void with_elem(elem e, float head_scale, F&& f) {
+  switch (e) {
+    case elem::f32: return f.template operator()<elem::f32>(head_scale);
+    case elem::f16: return f.template operator()<elem::f16>(head_scale);
+    case elem::bf16: return f.template operator()<elem::bf16>(head_scale);
+    case elem::e4m3: return f.template operator()<elem::e4m3>(head_scale * 256.0f);
+    case elem::e5m2: return f.template operator()<elem::e5m2>(head_scale);
+  }
+}
+
+// AVX2 kernels (kv_codec_float_avx2.cpp). Same contracts as kv_codec::qk / av.
+void qk_avx2(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+             int n_tokens, const float* q, int n_q, float* scores, int ld);
+void av_avx2(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+             int n_tokens, const float* w, int ld, int n_q, float* acc);
 
 // AVX-512 kernels (kv_codec_float_avx512.cpp). Same contracts as kv_codec::qk / av.
 void qk_avx512(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,

@@ -167,22 +167,13 @@ void qk_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   }
 }
 
-// Up to k_span_tiles consecutive tiles of a run that av_rows sums with its
-// accumulators kept in registers: their elements, the tiles prefetched
-// meanwhile, and their token counts.
-constexpr int k_span_tiles = 8;
-struct av_span {
-  const std::uint8_t* tile[k_span_tiles];
-  const std::uint8_t* later[k_span_tiles];
-  int nt[k_span_tiles];
-  int n = 0;
-};
+using kv_simd::tile_span;
 
 // acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over the span's tokens t
 // (w and tscale from the span's first token, tiles block_size apart) and
 // channels [d0, d0 + 16 * NC); the same lines of the `later` tiles are prefetched.
 template <int NR, int NC, elem E, bool SCALED>
-inline void av_rows(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld,
+inline void av_rows(const tile_span& sp, int block_size, int head_dim, int d0, const float* w, int ld,
                     const float* tscale, float* acc) {
   using L = loader<E>;
   __mmask16 mc[NC];
@@ -214,7 +205,7 @@ inline void av_rows(const av_span& sp, int block_size, int head_dim, int d0, con
 }
 
 template <int NC, elem E, bool SCALED>
-void av_chunk(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
+void av_chunk(const tile_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
               const float* tscale, float* acc) {
   int r = 0;
   for (; r + 4 <= n_q; r += 4)
@@ -233,7 +224,7 @@ void av_chunk(const av_span& sp, int block_size, int head_dim, int d0, const flo
 // Channels [d0, d0 + 128) of every row, two rows at a time by eight vectors:
 // each token row's 128 channels in address order (av_run's long runs).
 template <elem E, bool SCALED>
-void av_pairs(const av_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
+void av_pairs(const tile_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
               const float* tscale, float* acc) {
   int r = 0;
   for (; r + 2 <= n_q; r += 2)
@@ -250,20 +241,15 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   const int bs = s.block_size, hd = s.head_dim;
   // Spans of up to 128 tokens (one tile when tiles are larger), so that the
   // accumulators are not stored and reloaded at every tile boundary.
-  const int span = std::clamp(128 / bs, 1, k_span_tiles);
-  float tscale[1024];  // span * block_size <= max(128, block_size) <= 1024 (kv_storage)
+  const int span = kv_simd::span_tiles(bs);
+  float tscale[k_max_block_size];  // span * block_size <= max(128, block_size) (check())
   const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
   // Long: 2 MiB or more of this head's values, so that a layer of 8 or more
   // heads (K and V) outgrows the last-level cache.
   const bool wide = n_q <= 4 && static_cast<std::size_t>(n_tiles) * ti.bytes >= (std::size_t{2} << 20);
   for (int i0 = 0; i0 < n_tiles; i0 += span) {
-    av_span sp;
-    sp.n = std::min(span, n_tiles - i0);
+    const tile_span sp(tiles, i0, span, n_tiles, n_tokens, bs, ahead);
     for (int k = 0; k < sp.n; ++k) {
-      const int i = i0 + k;
-      sp.tile[k] = static_cast<const std::uint8_t*>(tiles[i]);
-      sp.later[k] = kv_simd::tile_ahead(tiles, i, n_tiles, ahead);
-      sp.nt[k] = std::min(bs, n_tokens - i * bs);
       if (ti.per_token_scales) kv_simd::prefetch_slice(sp.later[k], ti.data_bytes, ti.bytes);
       if constexpr (SCALED) {
         for (int t = 0; t < sp.nt[k]; ++t) {
@@ -305,46 +291,24 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   }
 }
 
-template <elem E>
-void qk_dispatch(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens,
-                 const float* q, int n_q, float* scores, int ld) {
-  if (ti.per_token_scales || hs != 1.0f) qk_run<E, true>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
-  else qk_run<E, false>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
-}
-
-template <elem E>
-void av_dispatch(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens,
-                 const float* w, int ld, int n_q, float* acc) {
-  if (ti.per_token_scales || hs != 1.0f) av_run<E, true>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
-  else av_run<E, false>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
-}
-
 }  // namespace
 
 void qk_avx512(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
                int n_tokens, const float* q, int n_q, float* scores, int ld) {
   const tile_info ti = info_of(fmt, s);
-  const float hs = head_scale(fmt, sp);
-  switch (ti.e) {
-    case elem::f32: return qk_dispatch<elem::f32>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
-    case elem::f16: return qk_dispatch<elem::f16>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
-    case elem::bf16: return qk_dispatch<elem::bf16>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
-    case elem::e4m3: return qk_dispatch<elem::e4m3>(ti, hs * 256.0f, s, tiles, n_tokens, q, n_q, scores, ld);
-    case elem::e5m2: return qk_dispatch<elem::e5m2>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
-  }
+  with_elem(ti.e, head_scale(fmt, sp), [&]<elem E>(float hs) {
+    if (ti.per_token_scales || hs != 1.0f) qk_run<E, true>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+    else qk_run<E, false>(ti, hs, s, tiles, n_tokens, q, n_q, scores, ld);
+  });
 }
 
 void av_avx512(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
                int n_tokens, const float* w, int ld, int n_q, float* acc) {
   const tile_info ti = info_of(fmt, s);
-  const float hs = head_scale(fmt, sp);
-  switch (ti.e) {
-    case elem::f32: return av_dispatch<elem::f32>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
-    case elem::f16: return av_dispatch<elem::f16>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
-    case elem::bf16: return av_dispatch<elem::bf16>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
-    case elem::e4m3: return av_dispatch<elem::e4m3>(ti, hs * 256.0f, s, tiles, n_tokens, w, ld, n_q, acc);
-    case elem::e5m2: return av_dispatch<elem::e5m2>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
-  }
+  with_elem(ti.e, head_scale(fmt, sp), [&]<elem E>(float hs) {
+    if (ti.per_token_scales || hs != 1.0f) av_run<E, true>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+    else av_run<E, false>(ti, hs, s, tiles, n_tokens, w, ld, n_q, acc);
+  });
 }
 
 }  // namespace pagoda::float_kv

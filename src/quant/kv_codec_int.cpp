@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "core/assert.h"
 #include "core/cpu.h"
@@ -65,14 +64,19 @@ inline fp16_t load_h(const std::uint8_t* p, std::size_t i) {
 }
 inline void store_h(std::uint8_t* p, std::size_t i, fp16_t h) { std::memcpy(p + 2 * i, &h, 2); }
 
-// Scale and offset of one scale group, rounded to their fp16 storage.
+// Scale and offset of one scale group, rounded to their fp16 storage, fitted to
+// the group's finite elements only (kv_codec.h: non-finite input); a group with
+// none gets scale 0 and offset 0.
 qparam fit(const tile_layout& L, const float* x, std::size_t stride, int n, fp16_t& s16, fp16_t& m16) {
   qparam p;
-  float lo = x[0], hi = x[0];
-  for (int i = 1; i < n; ++i) {
-    lo = std::min(lo, x[i * stride]);
-    hi = std::max(hi, x[i * stride]);
+  float lo = INFINITY, hi = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    const float v = x[i * stride];
+    if (!std::isfinite(v)) continue;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
   }
+  if (lo > hi) lo = hi = 0.0f;
   s16 = f32_to_fp16((hi - lo) / static_cast<float>(L.u_max()));
   m16 = f32_to_fp16(lo);
   p.scale = fp16_to_f32(s16);
@@ -80,9 +84,14 @@ qparam fit(const tile_layout& L, const float* x, std::size_t stride, int n, fp16
   return p;
 }
 
+// The code of x: NaN is taken as 0 and, like +-inf and any value outside the
+// range, clamps to the nearest end (kv_codec.h: non-finite input). The clamp
+// happens in float, before the conversion to int, which is then always defined.
 inline int quantize(const tile_layout& L, float x, qparam p) {
   if (!(p.scale > 0) || !std::isfinite(p.scale)) return 0;
+  if (std::isnan(x)) x = 0.0f;
   float u = std::nearbyint((x - p.offset) / p.scale);
+  if (std::isnan(u)) u = 0.0f;  // inf - inf: an infinite offset (static scales)
   return static_cast<int>(std::clamp(u, 0.0f, static_cast<float>(L.u_max())));
 }
 
@@ -117,6 +126,7 @@ inline qparam param_at(const tile_layout& L, kv_tile_shape s, const kv_static_pa
 }
 
 status check(const kv_format& fmt, kv_tile_shape s) {
+  PAGODA_RETURN_IF_ERROR(check_tile_shape(fmt, s, k_max_block_size));
   switch (fmt.scale_mode) {
     case kv_scale_mode::per_token:
     case kv_scale_mode::per_channel:
@@ -183,30 +193,44 @@ void encode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
   }
 }
 
-void decode_token(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* tile, int t,
-                  float* out) {
-  for (int d = 0; d < s.head_dim; ++d) out[d] = dequantize(get_code(L, s, tile, t, d), param_at(L, s, sp, tile, t, d));
+// Channels [d0, d0 + n) of token t into out[n].
+void decode_channels(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const std::uint8_t* tile,
+                     int t, int d0, int n, float* out) {
+  for (int i = 0; i < n; ++i)
+    out[i] = dequantize(get_code(L, s, tile, t, d0 + i), param_at(L, s, sp, tile, t, d0 + i));
 }
 
 void decode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* tile, int t0, int n,
             float* out) {
   const tile_layout L = layout_of(fmt, s);
   for (int i = 0; i < n; ++i)
-    decode_token(L, s, sp, static_cast<const std::uint8_t*>(tile), t0 + i, out + static_cast<std::size_t>(i) * s.head_dim);
+    decode_channels(L, s, sp, static_cast<const std::uint8_t*>(tile), t0 + i, 0, s.head_dim,
+                    out + static_cast<std::size_t>(i) * s.head_dim);
 }
 
-// The references decode one token at a time into a small buffer and use exact
-// float arithmetic on the decoded values.
+// The references (also the scalar level's kernels, and every level's for
+// formats without SIMD kernels there) decode k_ref_chunk channels of a token at
+// a time into a stack buffer, so they allocate nothing whatever head_dim is,
+// and use exact float arithmetic on the decoded values: a score is summed over
+// the channels in order, through scores[] between chunks.
+constexpr int k_ref_chunk = 64;
+
 void qk_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
             int n_tokens, const float* q, int n_q, float* scores, int ld) {
   const tile_layout L = layout_of(fmt, s);
-  std::vector<float> k(s.head_dim);
+  float k[k_ref_chunk];
   for (int t = 0; t < n_tokens; ++t) {
-    decode_token(L, s, sp, static_cast<const std::uint8_t*>(tiles[t / s.block_size]), t % s.block_size, k.data());
-    for (int r = 0; r < n_q; ++r) {
-      float sum = 0.0f;
-      for (int d = 0; d < s.head_dim; ++d) sum += q[static_cast<std::size_t>(r) * s.head_dim + d] * k[d];
-      scores[static_cast<std::size_t>(r) * ld + t] = sum;
+    const auto* tile = static_cast<const std::uint8_t*>(tiles[t / s.block_size]);
+    for (int d0 = 0; d0 < s.head_dim; d0 += k_ref_chunk) {
+      const int n = std::min(k_ref_chunk, s.head_dim - d0);
+      decode_channels(L, s, sp, tile, t % s.block_size, d0, n, k);
+      for (int r = 0; r < n_q; ++r) {
+        const float* qr = q + static_cast<std::size_t>(r) * s.head_dim + d0;
+        float& out = scores[static_cast<std::size_t>(r) * ld + t];
+        float sum = d0 == 0 ? 0.0f : out;
+        for (int d = 0; d < n; ++d) sum += qr[d] * k[d];
+        out = sum;
+      }
     }
   }
 }
@@ -214,27 +238,38 @@ void qk_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
 void av_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
             int n_tokens, const float* w, int ld, int n_q, float* acc) {
   const tile_layout L = layout_of(fmt, s);
-  std::vector<float> v(s.head_dim);
+  float v[k_ref_chunk];
   for (int t = 0; t < n_tokens; ++t) {
-    decode_token(L, s, sp, static_cast<const std::uint8_t*>(tiles[t / s.block_size]), t % s.block_size, v.data());
-    for (int r = 0; r < n_q; ++r) {
-      float wt = w[static_cast<std::size_t>(r) * ld + t];
-      for (int d = 0; d < s.head_dim; ++d) acc[static_cast<std::size_t>(r) * s.head_dim + d] += wt * v[d];
+    const auto* tile = static_cast<const std::uint8_t*>(tiles[t / s.block_size]);
+    for (int d0 = 0; d0 < s.head_dim; d0 += k_ref_chunk) {
+      const int n = std::min(k_ref_chunk, s.head_dim - d0);
+      decode_channels(L, s, sp, tile, t % s.block_size, d0, n, v);
+      for (int r = 0; r < n_q; ++r) {
+        const float wt = w[static_cast<std::size_t>(r) * ld + t];
+        float* a = acc + static_cast<std::size_t>(r) * s.head_dim + d0;
+        for (int d = 0; d < n; ++d) a[d] += wt * v[d];
+      }
     }
   }
 }
 
 void qk(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
         const float* q, int n_q, float* scores, int ld) {
-  if (active_simd_level() == simd_level::avx512 && simd_supported(layout_of(fmt, s), s))
+  const simd_level level = active_simd_level();
+  if (level == simd_level::avx512 && simd_supported(layout_of(fmt, s), s))
     return qk_avx512(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+  if (level == simd_level::avx2 && avx2_supported(layout_of(fmt, s), s))
+    return qk_avx2(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
   qk_ref(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
 }
 
 void av(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
         const float* w, int ld, int n_q, float* acc) {
-  if (active_simd_level() == simd_level::avx512 && simd_supported(layout_of(fmt, s), s))
+  const simd_level level = active_simd_level();
+  if (level == simd_level::avx512 && simd_supported(layout_of(fmt, s), s))
     return av_avx512(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+  if (level == simd_level::avx2 && avx2_supported(layout_of(fmt, s), s))
+    return av_avx2(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
   av_ref(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
 }
 

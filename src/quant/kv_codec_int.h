@@ -30,6 +30,12 @@
 
 namespace pagoda::int_kv {
 
+// The largest block_size the kernels take (check() enforces it): the AVX-512
+// a.v keeps up to one tile's packed words in a stack array of this many
+// entries (word_lists in kv_codec_int_avx512.cpp), the AVX2 a.v the token
+// scales of one span (at most max(128, block_size) tokens).
+inline constexpr int k_max_block_size = 1024;
+
 struct tile_layout {
   int bits = 8;
   int cpb = 1;            // codes per byte
@@ -92,6 +98,15 @@ inline double operand_error(const tile_layout& L) {
 // Whether the AVX-512 kernels handle this format (others use the reference):
 // scale groups must align with the packed words (keys) or 16-channel vectors (values).
 bool simd_supported(const tile_layout& L, kv_tile_shape shape);
+
+// Whether the AVX2 kernels handle this format (others use the reference at
+// that level): per-token scales, or groups whose key words lie in one group.
+bool avx2_supported(const tile_layout& L, kv_tile_shape shape);
+
+void qk_avx2(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+             int n_tokens, const float* q, int n_q, float* scores, int ld);
+void av_avx2(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
+             int n_tokens, const float* w, int ld, int n_q, float* acc);
 
 void qk_avx512(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
                int n_tokens, const float* q, int n_q, float* scores, int ld);

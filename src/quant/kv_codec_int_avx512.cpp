@@ -519,8 +519,9 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   const std::uint8_t* group[k_group_tokens];  // tpg <= k_group_tokens
   int nt[k_group_tokens];
   // A group's words: at most k_group_tokens / 4 + tpg (tiles of whole words,
-  // at least 4 tokens per word), or one tile of up to 1024 tokens.
-  group_word word_lists[2][1024];
+  // at least 4 tokens per word), or one tile of up to k_max_block_size tokens
+  // (check()), ceil(block_size / 4) words.
+  group_word word_lists[2][k_max_block_size];
   group_word* words = word_lists[0];
   group_word* next_words = word_lists[1];
   // The words of the group of tiles from i0 on; returns their number.

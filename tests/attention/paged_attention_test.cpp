@@ -9,6 +9,7 @@
 
 #include "core/cpu.h"
 #include "kv/kv_storage.h"
+#include "core/simd_levels.h"
 #include "quant/kv_format_spec.h"
 
 namespace pagoda {
@@ -100,8 +101,9 @@ struct params {
   int n_kv_heads, n_rep, head_dim, block_size, n_ctx;
 };
 
-// Tolerance of the AVX-512 path against the double reference (see matches_reference).
-double simd_tolerance(const std::string& spec) {
+// Tolerance of a level's path against the double reference (see matches_reference).
+double simd_tolerance(const std::string& spec, simd_level level) {
+  if (level != simd_level::avx512) return 2e-5;
   kv_pair_spec p = *parse_kv_pair_spec(spec);
   const kv_format k = p.k.resolve(kv_role::key, false);
   if ((k.type == kv_type::int4 || k.type == kv_type::int2) &&
@@ -112,12 +114,19 @@ double simd_tolerance(const std::string& spec) {
   return 2e-5;
 }
 
-class paged_attention_p : public ::testing::TestWithParam<params> {};
+// One shape and KV format at one SIMD level (core/simd_levels.h).
+class paged_attention_p : public ::testing::TestWithParam<std::tuple<params, simd_level>> {
+ protected:
+  const params& p() const { return std::get<0>(GetParam()); }
+  simd_level level() const { return std::get<1>(GetParam()); }
+  test::simd_level_guard guard_;
+};
 
-// Against a double-precision reference on decoded K/V: the fast path rounds in
+// Against a double-precision reference on decoded K/V: every level rounds in
 // float (scores, exp, sums over up to n_ctx terms), so we allow 2e-5 absolute on
 // outputs whose magnitude is O(1) (values ~ N(0,1), weights summing to 1). The
-// integer kernels also split q and the weights into two int8 halves (1.6e-5 of
+// AVX2 integer kernels apply scales and offsets after f32 code sums, which
+// stays within that. The AVX-512 integer kernels also split q and the weights into two int8 halves (1.6e-5 of
 // each row's largest element): scores move by up to ~1e-3 at head_dim 128, so
 // there we allow 2e-3. For 4- and 2-bit keys with per-token or group scales q is
 // rounded to 8 bits only (max|q|
@@ -125,23 +134,21 @@ class paged_attention_p : public ::testing::TestWithParam<params> {};
 // ~0.013 standard deviation, a twelfth of what int4 codes themselves cost
 // (~0.15); outputs move by up to ~0.03, so we allow 5e-2.
 TEST_P(paged_attention_p, matches_reference) {
-  const params& p = GetParam();
-  for (simd_level level : {simd_level::scalar, simd_level::avx512}) {
-    set_simd_level(level);
-    fixture f(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 11);
-    auto ref = f.run(0, p.n_ctx, true);
-    auto got = f.run(0, p.n_ctx, false);
-    const double tol = level == simd_level::avx512 ? simd_tolerance(p.spec) : 2e-5;
-    for (std::size_t i = 0; i < ref.size(); ++i)
-      ASSERT_NEAR(got[i], ref[i], tol) << "i=" << i << " level " << simd_level_name(level);
-  }
-  set_simd_level(simd_level::avx512);
+  PAGODA_USE_SIMD_LEVEL(level());
+  const params& p = this->p();
+  fixture f(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 11);
+  auto ref = f.run(0, p.n_ctx, true);
+  auto got = f.run(0, p.n_ctx, false);
+  const double tol = simd_tolerance(p.spec, level());
+  for (std::size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << "i=" << i;
 }
 
 // The batch-invariance property: a query row computed inside a prefill chunk of
-// any size equals, bit for bit, the same row computed alone as a decode step.
+// any size equals, bit for bit, the same row computed alone as a decode step,
+// at every level.
 TEST_P(paged_attention_p, chunked_equals_token_by_token_bitwise) {
-  const params& p = GetParam();
+  PAGODA_USE_SIMD_LEVEL(level());
+  const params& p = this->p();
   fixture f(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 5);
   auto whole = f.run(0, p.n_ctx, false);
   std::size_t stride = f.q_stride();
@@ -159,7 +166,7 @@ TEST_P(paged_attention_p, chunked_equals_token_by_token_bitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(shapes, paged_attention_p,
-                         ::testing::Values(params{"f32", 4, 2, 8, 16, 70},      // stories260K-like
+                         ::testing::Combine(::testing::Values(params{"f32", 4, 2, 8, 16, 70},      // stories260K-like
                                            params{"f16", 4, 2, 8, 16, 70},
                                            params{"f32", 2, 4, 128, 16, 150},   // llama3-like GQA
                                            params{"f16", 2, 4, 128, 16, 150},
@@ -181,12 +188,14 @@ INSTANTIATE_TEST_SUITE_P(shapes, paged_attention_p,
                                            params{"int4+f16", 2, 4, 64, 16, 90},
                                            params{"q8_0", 4, 2, 8, 16, 70},     // head_dim zero-padded to 32
                                            params{"q4_0", 2, 4, 128, 16, 150}),
+                                            ::testing::ValuesIn(test::simd_levels_under_test())),
                          [](const auto& info) {
-                           std::string n = info.param.spec;
+                           const params& p = std::get<0>(info.param);
+                           std::string n = p.spec;
                            for (char& c : n)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n + "_hd" + std::to_string(info.param.head_dim) + "_bs" +
-                                  std::to_string(info.param.block_size);
+                           return n + "_hd" + std::to_string(p.head_dim) + "_bs" + std::to_string(p.block_size) + "_" +
+                                  simd_level_name(std::get<1>(info.param));
                          });
 
 // Quantized attention against exact (f32 KV) attention on the same data, with a
@@ -259,21 +268,30 @@ INSTANTIATE_TEST_SUITE_P(codecs, quantized_vs_exact,
                            return n;
                          });
 
-TEST(softmax, simd_matches_reference) {
+class softmax_level : public ::testing::TestWithParam<simd_level> {
+ protected:
+  test::simd_level_guard guard_;
+};
+
+// The dispatched softmax at each level (the reference itself at scalar).
+TEST_P(softmax_level, simd_matches_reference) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.0f, 5.0f);
-  for (int n : {1, 3, 16, 17, 100, 1000}) {
+  for (int n : {1, 3, 7, 8, 9, 16, 17, 23, 100, 1000}) {
     std::vector<float> a(n), b;
     for (float& x : a) x = nd(rng);
     b = a;
     float sa = softmax_unnormalized_ref(a.data(), n);
-    set_simd_level(simd_level::avx512);
     float sb = softmax_unnormalized(b.data(), n);
     EXPECT_NEAR(sb, sa, 1e-5 * sa);
     // Each exp within 4 ulp-ish (relative 5e-7) of std::exp.
     for (int i = 0; i < n; ++i) ASSERT_NEAR(b[i], a[i], 5e-7 * a[i] + 1e-30) << n << " " << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(levels, softmax_level, ::testing::ValuesIn(test::simd_levels_under_test()),
+                         test::level_param_name);
 
 // Masking follows stored positions, not slot numbers. With blocks dropped from
 // the middle (the table skips them; the kept slots keep their positions) and

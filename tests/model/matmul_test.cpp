@@ -12,6 +12,7 @@
 #include "core/cpu.h"
 #include "core/ggml_blocks.h"
 #include "core/half.h"
+#include "core/simd_levels.h"
 #include "model/matmul_internal.h"
 
 namespace pagoda {
@@ -21,27 +22,16 @@ using gguf::tensor_type;
 
 constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::bf16, tensor_type::q8_0,
                                    tensor_type::q4_0};
-constexpr simd_level k_levels[] = {simd_level::scalar, simd_level::avx2, simd_level::avx512};
+// The levels to run (core/simd_levels.h): every level this CPU runs, or the
+// one PAGODA_SIMD names. PAGODA_USE_SIMD_LEVEL fails a test whose level did
+// not take effect, rather than skipping it.
+const std::vector<simd_level> k_levels = test::simd_levels_to_run();
 
 const char* type_name(tensor_type t) { return gguf::tensor_type_name(t); }
 
 bool is_q(tensor_type t) { return t == tensor_type::q8_0 || t == tensor_type::q4_0; }
 
-// Restores the process-wide SIMD level when a test ends.
-class level_guard {
- public:
-  level_guard() : saved_(active_simd_level()) {}
-  ~level_guard() { set_simd_level(saved_); }
-
- private:
-  simd_level saved_;
-};
-
-// Sets `level`; false when this CPU cannot run it (the test then skips it).
-bool use_level(simd_level level) {
-  set_simd_level(level);
-  return active_simd_level() == level;
-}
+using level_guard = test::simd_level_guard;
 
 // A weight matrix owning its bytes. row_bytes may exceed the dense row size
 // (padding between rows), which the kernels must honour.
@@ -159,7 +149,7 @@ TEST(Matmul, EveryLevelMatchesReferenceOnRandomShapes) {
   const std::int64_t n_outs[] = {1, 7, 33, 172};
   const std::int64_t ms[] = {1, 5, 13};
   for (simd_level level : k_levels) {
-    if (!use_level(level)) continue;
+    PAGODA_USE_SIMD_LEVEL(level);
     for (tensor_type t : k_types) {
       for (std::int64_t n_in : is_q(t) ? q_n_in : f_n_in) {
         for (std::int64_t n_out : n_outs) {
@@ -177,7 +167,7 @@ TEST(Matmul, StoriesShapesAndPaddedRows) {
   std::mt19937 rng(99);
   thread_pool pool(2);
   for (simd_level level : k_levels) {
-    if (!use_level(level)) continue;
+    PAGODA_USE_SIMD_LEVEL(level);
     for (tensor_type t : k_types) {
       check_against_ref(t, 1, 64, 64, pool, rng);
       check_against_ref(t, 1, 64, 172, pool, rng);
@@ -196,7 +186,7 @@ TEST(Matmul, BatchInvariantBitwise) {
   constexpr std::int64_t k_rows = 40, n_out = 37;
   thread_pool pools[] = {thread_pool(1), thread_pool(2), thread_pool(3)};
   for (simd_level level : k_levels) {
-    if (!use_level(level)) continue;
+    PAGODA_USE_SIMD_LEVEL(level);
     for (tensor_type t : k_types) {
       const std::int64_t n_in = is_q(t) ? 928 : 100;  // 29 blocks: a partial group; a tail chunk
       SCOPED_TRACE(testing::Message() << type_name(t) << " level " << simd_level_name(level));
@@ -231,8 +221,9 @@ TEST(Matmul, ColumnTileShapeDoesNotChangeResults) {
   std::mt19937 rng(21);
   constexpr std::int64_t n_out = 23, m = 7;
   const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
-  for (int level = 0; level < 3; ++level) {
-    if (!use_level(static_cast<simd_level>(level))) continue;  // the CPU lacks it
+  for (simd_level lv : k_levels) {
+    PAGODA_USE_SIMD_LEVEL(lv);
+    const int level = static_cast<int>(lv);
     const kernel_set& ks = *sets[level];
     for (tensor_type t : k_types) {
       const std::int64_t n_in = is_q(t) ? 96 : 37;
@@ -294,7 +285,7 @@ TEST(Matmul, ExactOnSmallIntegers) {
     for (std::int64_t i = 0; i < m * n_out; ++i)
       ASSERT_EQ(y_ref[i], exact[i]) << type_name(t) << " reference, output " << i;
     for (simd_level level : k_levels) {
-      if (!use_level(level)) continue;
+      PAGODA_USE_SIMD_LEVEL(level);
       std::vector<float> y(static_cast<std::size_t>(m * n_out), NAN);
       matmul_scratch scratch;
       matmul(w.view, x.data(), m, y.data(), pool, scratch);
@@ -407,8 +398,9 @@ TEST(Quantize, SimdActivationQuantizersAreBitExact) {
 
   for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0}) {
     const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
-    for (int level = 0; level < 3; ++level) {
-      if (!use_level(static_cast<simd_level>(level))) continue;  // the CPU lacks it
+    for (simd_level lv : k_levels) {
+      PAGODA_USE_SIMD_LEVEL(lv);
+      const int level = static_cast<int>(lv);
       const kernel_set& ks = *sets[level];
       const std::size_t row_bytes = ks.act_row_bytes(t, n);
       aligned_buffer act(row_bytes * m);

@@ -3,9 +3,15 @@
 //
 // - round trip: decoded values within the codec's own rounding bound of the input;
 // - SIMD vs reference on random shapes and runs of tiles;
-// - lanes independent (the batch-invariance property attention relies on).
+// - lanes independent (the batch-invariance property attention relies on);
+// - non-finite input: defined and contained in its element (kv_codec.h);
+// - check() enforces the block-size limit each codec's kernels need.
+// The kernel tests run at every SIMD level under test (core/simd_levels.h).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -15,16 +21,36 @@
 #include "core/aligned_buffer.h"
 #include "core/cpu.h"
 #include "core/half.h"
+#include "core/simd_levels.h"
 #include "quant/kv_codec.h"
+#include "quant/kv_codec_float.h"
 #include "quant/kv_codec_int.h"
+
+// Counts heap allocations made on this thread while t_count_allocations is set
+// (kernels_allocate_nothing_per_call). Replaces the global operator new of
+// test_quant; every other allocation goes through unchanged.
+namespace {
+thread_local bool t_count_allocations = false;
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+// GCC sees operator new's malloc paired with operator delete's free and warns
+// of a mismatch that the replacement makes deliberate.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  if (t_count_allocations) ++g_allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace pagoda {
 namespace {
 
-struct level_guard {
-  simd_level saved = active_simd_level();
-  ~level_guard() { set_simd_level(saved); }
-};
+using test::simd_level_guard;
 
 // A codec configuration under test; group_size -1 picks one that divides head_dim.
 struct case_t {
@@ -79,29 +105,41 @@ struct static_holder {
   }
 };
 
-// The largest error decoding may show for element (t, d) of block x[B][D]: half
-// a quantization step of the scale group that holds it, plus the fp16 rounding
-// of the group's scale and offset.
-double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D, int t, int d,
-                   const static_holder& st) {
-  auto at = [&](int tt, int dd) { return static_cast<double>(x[static_cast<std::size_t>(tt) * D + dd]); };
-  std::vector<double> group;  // values sharing a scale with (t, d)
+// The positions (t', d') that share a scale with element (t, d) of a block
+// [B][D] (its scale group; for modes without one, its token).
+std::vector<std::pair<int, int>> scale_group(const kv_format& f, int B, int D, int t, int d) {
+  std::vector<std::pair<int, int>> g;
+  if (f.type == kv_type::q8_0 || f.type == kv_type::q4_0) {
+    for (int dd = d / 32 * 32; dd < std::min(D, d / 32 * 32 + 32); ++dd) g.emplace_back(t, dd);
+    return g;
+  }
   switch (f.scale_mode) {
-    case kv_scale_mode::per_token:
-    case kv_scale_mode::none:
-      for (int dd = 0; dd < D; ++dd) group.push_back(at(t, dd));
-      break;
     case kv_scale_mode::group: {
       int g0 = d / f.group_size * f.group_size;
-      for (int dd = g0; dd < std::min(D, g0 + f.group_size); ++dd) group.push_back(at(t, dd));
+      for (int dd = g0; dd < std::min(D, g0 + f.group_size); ++dd) g.emplace_back(t, dd);
       break;
     }
     case kv_scale_mode::per_channel:
-      for (int tt = 0; tt < B; ++tt) group.push_back(at(tt, d));
-      break;
     case kv_scale_mode::static_scales:
+      for (int tt = 0; tt < B; ++tt) g.emplace_back(tt, d);
+      break;
+    default:
+      for (int dd = 0; dd < D; ++dd) g.emplace_back(t, dd);
       break;
   }
+  return g;
+}
+
+// The largest error decoding may show for element (t, d) of block x[B][D]: half
+// a quantization step of the scale group that holds it, plus the fp16 rounding
+// of the group's scale and offset. Scales are fitted to finite values only.
+double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D, int t, int d,
+                   const static_holder& st) {
+  auto at = [&](int tt, int dd) { return static_cast<double>(x[static_cast<std::size_t>(tt) * D + dd]); };
+  std::vector<double> group;  // finite values sharing a scale with (t, d)
+  if (f.scale_mode != kv_scale_mode::static_scales)
+    for (auto [tt, dd] : scale_group(f, B, D, t, d))
+      if (std::isfinite(at(tt, dd))) group.push_back(at(tt, dd));
   const double v = std::fabs(at(t, d));
   double lo = 0, hi = 0, amax = 0;
   if (!group.empty()) {
@@ -134,9 +172,7 @@ double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D
     }
     case kv_type::q8_0:
     case kv_type::q4_0: {
-      int g0 = d / 32 * 32;
-      double a = 0;
-      for (int dd = g0; dd < std::min(D, g0 + 32); ++dd) a = std::max(a, std::fabs(at(t, dd)));
+      const double a = amax;
       // q8_0: half a step of amax/127; q4_0: the positive end saturates at 7 of 8 steps.
       return f.type == kv_type::q8_0 ? 0.5 * a / 127.0 + a * 0x1p-10 : a / 8.0 + a * 0x1p-10;
     }
@@ -149,6 +185,7 @@ double error_bound(const kv_format& f, const std::vector<float>& x, int B, int D
 struct int_terms {
   double scale = 0;
   double code = 0;
+  double offset = 0;
 };
 int_terms int_element(const kv_format& f, kv_tile_shape s, const kv_static_params* sp, const void* tile, int t, int d) {
   const int_kv::tile_layout L = int_kv::layout_of(f, s);
@@ -160,10 +197,13 @@ int_terms int_element(const kv_format& f, kv_tile_shape s, const kv_static_param
   it.code = u;
   if (f.scale_mode == kv_scale_mode::static_scales) {
     it.scale = sp->scale[d];
+    it.offset = sp->offset[d];
   } else {
     fp16_t h;
     std::memcpy(&h, b + L.scale_off + 2 * int_kv::scale_index(L, s, t, d), 2);
     it.scale = fp16_to_f32(h);
+    std::memcpy(&h, b + L.offset_off + 2 * int_kv::scale_index(L, s, t, d), 2);
+    it.offset = fp16_to_f32(h);
   }
   return it;
 }
@@ -185,6 +225,14 @@ std::vector<case_t> all_cases() {
 }
 
 class codec_case : public ::testing::TestWithParam<case_t> {};
+
+// The kernel tests: one codec configuration at one SIMD level.
+class codec_level : public ::testing::TestWithParam<std::tuple<case_t, simd_level>> {
+ protected:
+  case_t cs() const { return std::get<0>(GetParam()); }
+  simd_level level() const { return std::get<1>(GetParam()); }
+  simd_level_guard guard_;
+};
 
 // Writes x[B][D] into a tile the way the pool does: whole for sealed formats,
 // otherwise in three pieces (as a sequence fills a block over several steps).
@@ -230,15 +278,130 @@ TEST_P(codec_case, decode_is_within_the_rounding_bound) {
     }
 }
 
-// SIMD vs reference on random shapes and runs of tiles. The float-like kernels
-// differ from the reference only by fused rounding (1e-5 of sum |q_d k_d|). The
-// integer kernels also round their f32 operand to int8 (int_kv::operand_error),
-// so on top we allow eps * max(|x| * S) * sum |u - z| from the stored terms.
-TEST_P(codec_case, simd_matches_reference) {
-  level_guard guard;
+// Non-finite input (kv_codec.h): encoding is defined (this test runs under
+// UBSan with float-cast-overflow in the asan preset), and a NaN or inf stays in
+// its element: every finite element decodes within the bound of its scale group
+// taken over the group's finite values. The bad elements themselves: float
+// types keep NaN and inf (fp8 saturates inf to its largest finite magnitude);
+// quantized types store NaN as the code nearest 0 (exactly 0 for q8_0/q4_0,
+// whose range holds 0) and saturate +-inf to the group's largest / smallest
+// value. A token that is NaN throughout decodes to zeros where its scale
+// group is the token.
+TEST_P(codec_case, non_finite_input_is_defined_and_contained) {
   const case_t cs = GetParam();
   const kv_codec* c = get_kv_codec(cs.type);
+  const bool floats = cs.type == kv_type::f32 || cs.type == kv_type::f16 || cs.type == kv_type::bf16;
+  const bool fp8 = cs.type == kv_type::fp8_e4m3 || cs.type == kv_type::fp8_e5m2;
+  std::mt19937 rng(13);
+  for (kv_role role : {kv_role::key, kv_role::value}) {
+    const kv_tile_shape shape{16, 64};
+    const int B = shape.block_size, D = shape.head_dim;
+    kv_format f = format_of(cs, role, D);
+    auto clean = kv_data(rng, B, D);
+    static_holder st(c, f, clean, D);  // static ranges from the finite data
+    auto x = clean;
+    auto at = [&](int t, int d) -> float& { return x[static_cast<std::size_t>(t) * D + d]; };
+    at(1, 5) = NAN;
+    at(2, 9) = INFINITY;
+    at(3, 20) = -INFINITY;
+    at(5, 40) = NAN;
+    at(5, 41) = INFINITY;
+    for (int d = 0; d < D; ++d) at(7, d) = NAN;  // a whole token
+    aligned_buffer tile(c->tile_bytes(f, shape));
+    encode_block(c, f, shape, st.get(f), x, tile.data());
+    std::vector<float> y(x.size());
+    c->decode(f, shape, st.get(f), tile.data(), 0, B, y.data());
+    auto got = [&](int t, int d) { return y[static_cast<std::size_t>(t) * D + d]; };
+    const std::string name = kv_format_name(f);
+    for (int t = 0; t < B; ++t)
+      for (int d = 0; d < D; ++d) {
+        const float v = at(t, d);
+        if (std::isfinite(v)) {
+          ASSERT_LE(std::fabs(got(t, d) - v), error_bound(f, x, B, D, t, d, st)) << name << " t " << t << " d " << d;
+          continue;
+        }
+        if (floats || fp8) {
+          if (std::isnan(v)) {
+            EXPECT_TRUE(std::isnan(got(t, d))) << name << " t " << t << " d " << d;
+          } else if (floats) {
+            EXPECT_EQ(got(t, d), v) << name << " t " << t << " d " << d;
+          } else {  // fp8 saturates: finite, same sign, at least every finite magnitude of its token
+            EXPECT_TRUE(std::isfinite(got(t, d))) << name;
+            EXPECT_EQ(std::signbit(got(t, d)), std::signbit(v)) << name;
+            for (int dd = 0; dd < D; ++dd)
+              if (std::isfinite(at(t, dd))) {
+                EXPECT_GE(std::fabs(got(t, d)), std::fabs(got(t, dd))) << name;
+              }
+          }
+          continue;
+        }
+        // Quantized: the group's decoded values of finite inputs bound it.
+        ASSERT_TRUE(std::isfinite(got(t, d))) << name << " t " << t << " d " << d;
+        float lo = INFINITY, hi = -INFINITY;
+        for (auto [tt, dd] : scale_group(f, B, D, t, d))
+          if (std::isfinite(at(tt, dd))) {
+            lo = std::min(lo, got(tt, dd));
+            hi = std::max(hi, got(tt, dd));
+          }
+        if (lo > hi) {  // no finite element in the group
+          EXPECT_EQ(got(t, d), 0.0f) << name << " t " << t << " d " << d;
+        } else if (std::isnan(v)) {
+          if (cs.type == kv_type::q8_0 || cs.type == kv_type::q4_0) {
+            EXPECT_EQ(got(t, d), 0.0f) << name;
+          }
+          // The code nearest 0: within the group's decoded range, and no
+          // further from 0 than half a step past the nearest end.
+          const double levels = cs.type == kv_type::int8 ? 255 : cs.type == kv_type::int4 ? 15 : 3;
+          const double step = f.scale_mode == kv_scale_mode::static_scales ? st.scale[d] : (hi - lo) / levels;
+          EXPECT_LE(std::fabs(got(t, d) - std::clamp(0.0f, lo, hi)), 0.5 * step + 1e-5) << name << " t " << t;
+        } else if (v > 0) {
+          EXPECT_GE(got(t, d), hi) << name << " t " << t << " d " << d;
+        } else {
+          EXPECT_LE(got(t, d), lo) << name << " t " << t << " d " << d;
+        }
+      }
+    if (!floats && !fp8 && (f.scale_mode == kv_scale_mode::per_token || f.scale_mode == kv_scale_mode::group)) {
+      for (int d = 0; d < D; ++d) EXPECT_EQ(got(7, d), 0.0f) << name << " all-NaN token, d " << d;
+    }
+  }
+}
+
+// Each codec's check() enforces the block-size limit its own kernels' stack
+// arrays need, whoever calls it, and rejects empty shapes.
+TEST(kv_codec, check_enforces_each_codecs_block_size_limit) {
+  for (int i = 0; i < k_n_kv_types; ++i) {
+    const kv_type type = static_cast<kv_type>(i);
+    const kv_codec* c = get_kv_codec(type);
+    const kv_format f = default_kv_format(type, kv_role::value);
+    const bool is_float = type == kv_type::f32 || type == kv_type::f16 || type == kv_type::bf16 ||
+                          type == kv_type::fp8_e4m3 || type == kv_type::fp8_e5m2;
+    const bool is_int = type == kv_type::int8 || type == kv_type::int4 || type == kv_type::int2;
+    const int limit = is_float ? float_kv::k_max_block_size : is_int ? int_kv::k_max_block_size : 1 << 20;
+    EXPECT_TRUE(c->check(f, {limit, 64}).ok()) << kv_type_name(type);
+    status over = c->check(f, {limit + 1, 64});
+    ASSERT_FALSE(over.ok()) << kv_type_name(type);
+    EXPECT_NE(over.message().find("block size"), std::string::npos) << over.message();
+    EXPECT_FALSE(c->check(f, {0, 64}).ok()) << kv_type_name(type);
+    EXPECT_FALSE(c->check(f, {16, 0}).ok()) << kv_type_name(type);
+  }
+}
+
+// The dispatched kernels (whatever runs at the level) vs the reference twins on
+// random shapes and runs of tiles. At the scalar level the dispatched kernel is
+// the reference: bitwise equal. The float-like kernels differ from the
+// reference only by fused rounding (1e-5 of sum |q_d k_d|). The AVX2 integer
+// kernels sum codes times the f32 operand in f32 and apply scales and offsets
+// after, so their rounding is relative to the expanded terms
+// sum |q_d| (S_d u_d + |M_d|). The AVX-512 integer kernels also round their f32
+// operand to int8 (int_kv::operand_error), so on top we allow
+// eps * max(|x| * S) * sum |u - z| from the stored terms.
+TEST_P(codec_level, simd_matches_reference) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const case_t cs = this->cs();
+  const kv_codec* c = get_kv_codec(cs.type);
   const bool integer = cs.type == kv_type::int8 || cs.type == kv_type::int4 || cs.type == kv_type::int2;
+  const bool exact = level() == simd_level::scalar;
+  const bool operand_rounding = integer && level() == simd_level::avx512;
   std::mt19937 rng(7);
   for (int trial = 0; trial < 48; ++trial) {
     const int bs = std::vector<int>{1, 8, 16, 32, 16, 17}[trial % 6];
@@ -281,14 +444,17 @@ TEST_P(codec_case, simd_matches_reference) {
     std::vector<float> a_ref(n_q * hd, 0.5f), a_simd(n_q * hd, 0.5f);
     c->qk_ref(kf, shape, sk.get(kf), kp.data(), n_tok, q.data(), n_q, s_ref.data(), ld);
     c->av_ref(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, a_ref.data());
-    set_simd_level(simd_level::avx512);
     c->qk(kf, shape, sk.get(kf), kp.data(), n_tok, q.data(), n_q, s_simd.data(), ld);
     c->av(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, a_simd.data());
-    set_simd_level(simd_level::scalar);
+    if (exact) {
+      ASSERT_EQ(s_simd, s_ref) << kv_format_name(kf) << " trial " << trial;
+      ASSERT_EQ(a_simd, a_ref) << kv_format_name(vf) << " trial " << trial;
+      continue;
+    }
     auto k_terms = [&](int t, int d) { return int_element(kf, shape, sk.get(kf), kp[t / bs], t % bs, d); };
     auto v_terms = [&](int t, int d) { return int_element(vf, shape, sv.get(vf), vp[t / bs], t % bs, d); };
-    const double k_eps = integer ? int_kv::operand_error(int_kv::layout_of(kf, shape)) : 0;
-    const double v_eps = integer ? int_kv::operand_error(int_kv::layout_of(vf, shape)) : 0;
+    const double k_eps = operand_rounding ? int_kv::operand_error(int_kv::layout_of(kf, shape)) : 0;
+    const double v_eps = operand_rounding ? int_kv::operand_error(int_kv::layout_of(vf, shape)) : 0;
     for (int r = 0; r < n_q; ++r) {
       const float* qr = &q[static_cast<std::size_t>(r) * hd];
       for (int t = 0; t < n_tok; ++t) {
@@ -300,6 +466,7 @@ TEST_P(codec_case, simd_matches_reference) {
             int_terms it = k_terms(t, d);
             xs_max = std::max(xs_max, std::fabs(qr[d]) * it.scale);
             codes += it.code;
+            mag += std::fabs(qr[d]) * (it.scale * it.code + std::fabs(it.offset));
           }
         }
         double tol = 1e-5 * mag + 1e-6 + k_eps * xs_max * codes * 1.001;
@@ -314,6 +481,7 @@ TEST_P(codec_case, simd_matches_reference) {
             int_terms it = v_terms(t, d);
             xs_max = std::max(xs_max, std::fabs(w[r * ld + t]) * it.scale);
             codes += it.code;
+            mag += std::fabs(w[r * ld + t]) * (it.scale * it.code + std::fabs(it.offset));
           }
         }
         double tol = 1e-5 * mag + v_eps * xs_max * codes * 1.001;
@@ -326,12 +494,11 @@ TEST_P(codec_case, simd_matches_reference) {
 // A score or value sum of one query row is bitwise the same whether computed
 // alone or with other rows, whatever the number of valid tokens after it, and
 // zero weights leave the sum exactly as if their tokens were not there.
-TEST_P(codec_case, lanes_are_independent) {
-  level_guard guard;
-  const case_t cs = GetParam();
+TEST_P(codec_level, lanes_are_independent) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const case_t cs = this->cs();
   const kv_codec* c = get_kv_codec(cs.type);
-  for (simd_level level : {simd_level::scalar, simd_level::avx512}) {
-    set_simd_level(level);
+  {
     std::mt19937 rng(3);
     kv_tile_shape shape{16, 64};
     kv_format kf = format_of(cs, kv_role::key, 64), vf = format_of(cs, kv_role::value, 64);
@@ -363,19 +530,61 @@ TEST_P(codec_case, lanes_are_independent) {
     std::vector<float> acc_all(6 * 64, 0.25f), acc_one(64, 0.25f);
     c->av(vf, shape, sv.get(vf), vp.data(), 48, w.data(), 48, 6, acc_all.data());
     c->av(vf, shape, sv.get(vf), vp.data(), 24, w.data() + 3 * 48, 48, 1, acc_one.data());
-    for (int d = 0; d < 64; ++d) ASSERT_EQ(acc_one[d], acc_all[3 * 64 + d]) << simd_level_name(level) << " d " << d;
+    for (int d = 0; d < 64; ++d) ASSERT_EQ(acc_one[d], acc_all[3 * 64 + d]) << " d " << d;
+  }
+}
+
+// The scalar level (the references) and the AVX2 kernels allocate nothing,
+// whatever the shape (head_dim past the references' 64-channel chunk, odd
+// block sizes); the AVX-512 integer kernels keep grow-only per-thread operand
+// buffers, so at every level a second call of the same shape allocates nothing.
+TEST_P(codec_level, kernels_allocate_nothing_per_call) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const case_t cs = this->cs();
+  const kv_codec* c = get_kv_codec(cs.type);
+  std::mt19937 rng(17);
+  for (kv_tile_shape shape : {kv_tile_shape{16, 160}, kv_tile_shape{17, 40}}) {
+    kv_format kf = format_of(cs, kv_role::key, shape.head_dim), vf = format_of(cs, kv_role::value, shape.head_dim);
+    if (!c->check(kf, shape).ok()) continue;
+    const int n_tiles = 3, n_tok = 2 * shape.block_size + 5, n_q = 5, ld = n_tiles * shape.block_size;
+    auto xk = kv_data(rng, ld, shape.head_dim), xv = kv_data(rng, ld, shape.head_dim);
+    static_holder sk(c, kf, xk, shape.head_dim), sv(c, vf, xv, shape.head_dim);
+    std::vector<aligned_buffer> tiles;
+    std::vector<const void*> kp, vp;
+    for (int i = 0; i < n_tiles; ++i) {
+      const std::size_t at = static_cast<std::size_t>(i) * shape.block_size * shape.head_dim;
+      tiles.emplace_back(c->tile_bytes(kf, shape));
+      c->encode(kf, shape, sk.get(kf), xk.data() + at, 0, shape.block_size, tiles.back().data());
+      kp.push_back(tiles.back().data());
+      tiles.emplace_back(c->tile_bytes(vf, shape));
+      c->encode(vf, shape, sv.get(vf), xv.data() + at, 0, shape.block_size, tiles.back().data());
+      vp.push_back(tiles.back().data());
+    }
+    std::vector<float> q(static_cast<std::size_t>(n_q) * shape.head_dim, 0.5f), w(static_cast<std::size_t>(n_q) * ld, 0.25f);
+    std::vector<float> scores(static_cast<std::size_t>(n_q) * ld), acc(static_cast<std::size_t>(n_q) * shape.head_dim);
+    for (int call = 0; call < 2; ++call) {
+      g_allocations = 0;
+      t_count_allocations = true;
+      c->qk(kf, shape, sk.get(kf), kp.data(), n_tok, q.data(), n_q, scores.data(), ld);
+      c->av(vf, shape, sv.get(vf), vp.data(), n_tok, w.data(), ld, n_q, acc.data());
+      t_count_allocations = false;
+      if (call == 1 || level() != simd_level::avx512) {
+        EXPECT_EQ(g_allocations.load(), 0) << kv_format_name(kf) << " block " << shape.block_size << " head_dim "
+                                            << shape.head_dim << " call " << call;
+      }
+    }
   }
 }
 
 // Decode-sized calls (up to four rows) over a long run take their own a.v
-// order in the float kernels (av_run: whole token rows, from 2 MiB of values
-// per head on); each row must still come out bitwise as it does in a call of
-// six rows, which takes the short-run order. 2.5 MiB of tiles here.
-TEST_P(codec_case, long_runs_match_six_row_calls) {
-  level_guard guard;
-  const case_t cs = GetParam();
+// order in the AVX-512 float kernels (av_run: whole token rows, from 2 MiB of
+// values per head on); each row must still come out bitwise as it does in a
+// call of six rows, which takes the short-run order. 2.5 MiB of tiles here.
+// Every level keeps the property.
+TEST_P(codec_level, long_runs_match_six_row_calls) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const case_t cs = this->cs();
   const kv_codec* c = get_kv_codec(cs.type);
-  set_simd_level(simd_level::avx512);
   std::mt19937 rng(5);
   for (int hd : {128, 160}) {
     kv_tile_shape shape{16, hd};
@@ -412,6 +621,12 @@ TEST_P(codec_case, long_runs_match_six_row_calls) {
 
 INSTANTIATE_TEST_SUITE_P(codecs, codec_case, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(codecs, codec_level,
+                         ::testing::Combine(::testing::ValuesIn(all_cases()),
+                                            ::testing::ValuesIn(test::simd_levels_under_test())),
+                         [](const auto& info) {
+                           return case_name(std::get<0>(info.param)) + "_" + simd_level_name(std::get<1>(info.param));
+                         });
 
 TEST(kv_codec, every_type_has_a_codec_and_a_default_format) {
   for (int i = 0; i < k_n_kv_types; ++i) {

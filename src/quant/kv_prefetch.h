@@ -1,0 +1,75 @@
+// How the SIMD KV kernels of every level walk a run of tiles: software
+// prefetch (SSE's prefetch instruction, which every x86-64 has) and spans of
+// consecutive tiles summed with accumulators kept in registers.
+#pragma once
+
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace pagoda::kv_simd {
+
+// Asks for the next tile while this one is computed: tiles of a run sit at
+// scattered addresses (a block table), where the hardware prefetchers cannot
+// guess the next one. (The ggml-layout kernels; the float and integer ones
+// prefetch line by line inside their loops, see prefetch_ahead.)
+inline void prefetch_tile(const void* tile, std::size_t bytes) {
+  const char* p = static_cast<const char*>(tile);
+  for (std::size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
+// How many tiles ahead the float and integer kernels prefetch: inside their
+// inner loops, each step asks for the lines it reads, in the tile this many
+// further on (about 32 KiB ahead), so that requests go out at the rate lines are
+// used. A burst of a whole tile per tile (the next one into L1, the third into
+// L2) kept too few lines in flight between bursts and stalled the loads behind
+// them: interleaved A/B at 32K on one thread, f16 15 -> 19-24 GB/s and int8
+// 16 -> 20-22 GB/s (bench/RESULTS.md). 32 KiB rather than 16: 2-8% more f16
+// steps/s in 10 of 12 interleaved pairs, int8 and K8V4 level to slightly up.
+inline int prefetch_ahead(std::size_t tile_bytes) {
+  return static_cast<int>(std::clamp<std::size_t>((std::size_t{32} << 10) / std::max<std::size_t>(tile_bytes, 1), 1, 64));
+}
+
+// The tile prefetch_ahead(bytes) after tiles[i] of a run of n_tiles, or tiles[i]
+// itself (already in cache, so asking for it again costs a hit) near the end.
+inline const std::uint8_t* tile_ahead(const void* const* tiles, int i, int n_tiles, int ahead) {
+  return static_cast<const std::uint8_t*>(tiles[i + ahead < n_tiles ? i + ahead : i]);
+}
+
+inline void prefetch_line(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+// Asks for bytes [begin, end) of p (whole lines; a line that straddles begin
+// belongs to the slice before it).
+inline void prefetch_slice(const void* p, std::size_t begin, std::size_t end) {
+  const char* c = static_cast<const char*>(p);
+  for (std::size_t i = (begin + 63) & ~std::size_t{63}; i < end; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+}
+
+// Up to k_span_tiles consecutive tiles of a run (from tile i0 on), the tile
+// prefetch_ahead after each, and their valid token counts: what an a.v kernel
+// sums before storing its accumulators. A span holds at most max(128,
+// block_size) tokens when made with span_tiles().
+inline constexpr int k_span_tiles = 8;
+struct tile_span {
+  const std::uint8_t* tile[k_span_tiles];
+  const std::uint8_t* later[k_span_tiles];
+  int nt[k_span_tiles];
+  int n = 0;
+
+  tile_span(const void* const* tiles, int i0, int n_span, int n_tiles, int n_tokens, int block_size, int ahead) {
+    n = std::min(n_span, n_tiles - i0);
+    for (int k = 0; k < n; ++k) {
+      const int i = i0 + k;
+      tile[k] = static_cast<const std::uint8_t*>(tiles[i]);
+      later[k] = tile_ahead(tiles, i, n_tiles, ahead);
+      nt[k] = std::min(block_size, n_tokens - i * block_size);
+    }
+  }
+};
+
+// Tiles per span: 128 tokens' worth (one tile when tiles are larger).
+inline int span_tiles(int block_size) { return std::clamp(128 / block_size, 1, k_span_tiles); }
+
+}  // namespace pagoda::kv_simd
