@@ -69,7 +69,8 @@ std::size_t scalar_act_row_bytes(tensor_type t, std::int64_t n_in) {
 
 void scalar_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                     std::size_t row_bytes) {
-  prepare_plain(act_format_of(t), x, m, n_in, act, row_bytes, quantize_block_q8);
+  prepare_plain(act_format_of(t), x, m, n_in, act, row_bytes, quantize_block_q8,
+                [](const float* xb, block_q8_k& out) { quantize_row_q8_k(xb, k_qk_k, &out); });
 }
 
 std::size_t scalar_pack_bytes(tensor_type t, std::int64_t n_in) {

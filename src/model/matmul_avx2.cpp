@@ -136,7 +136,7 @@ std::size_t avx2_act_row_bytes(tensor_type t, std::int64_t n_in) {
 
 void avx2_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                   std::size_t row_bytes) {
-  prepare_plain(act_format_of(t), x, m, n_in, act, row_bytes, quantize_block);
+  prepare_plain(act_format_of(t), x, m, n_in, act, row_bytes, quantize_block, quantize_q8_k_avx2);
 }
 
 // ---------------------------------------------------------------------------

@@ -88,6 +88,8 @@ std::int64_t kq_col_tile_avx512(tensor_type t);
 int kq_act_element_avx512(tensor_type t, int p);
 void kq_cols_avx512(const job& j, std::int64_t col_begin, std::int64_t col_end);
 bool has_kq_kernel_avx2(tensor_type t);
+// One q8_K super-block, bit-exact with quantize_row_q8_k, at the AVX2 level.
+void quantize_q8_k_avx2(const float* x, block_q8_k& out);
 void kq_cols_avx2(const job& j, std::int64_t col_begin, std::int64_t col_end);
 
 // The helpers below are included by files compiled with different ISA flags
@@ -137,11 +139,12 @@ inline std::size_t plain_act_row_bytes(act_format a, std::int64_t n_in) { return
 
 // Fills m rows of the plain layout for activation format a. For q8_0 / q8_1,
 // quantize(x, q, &d_f32) quantizes one block of 32 floats into q and returns
-// its fp16 scale (bit-exact with quantize_block_q8); q8_K blocks go through
-// quantize_row_q8_k.
-template <typename Q>
+// its fp16 scale (bit-exact with quantize_block_q8); for q8_K,
+// quantize_k(x, block) quantizes one super-block of 256 (bit-exact with
+// quantize_row_q8_k).
+template <typename Q, typename QK>
 inline void prepare_plain(act_format a, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
-                          std::size_t row_bytes, Q&& quantize) {
+                          std::size_t row_bytes, Q&& quantize, QK&& quantize_k) {
   const plain_layout l = plain_layout_of(a, n_in);
   for (std::int64_t i = 0; i < m; ++i) {
     std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
@@ -152,7 +155,7 @@ inline void prepare_plain(act_format a, const float* x, std::int64_t m, std::int
       auto* bsums = reinterpret_cast<std::int16_t*>(row + l.bsums_off);
       block_q8_k blk;
       for (std::int64_t b = 0; b < n_in / k_qk_k; ++b) {
-        quantize_row_q8_k(xr + b * k_qk_k, k_qk_k, &blk);
+        quantize_k(xr + b * k_qk_k, blk);
         d[b] = blk.d;
         std::memcpy(qs + b * k_qk_k, blk.qs, k_qk_k);
         std::memcpy(bsums + b * 16, blk.bsums, sizeof blk.bsums);
@@ -172,7 +175,6 @@ inline void prepare_plain(act_format a, const float* x, std::int64_t m, std::int
     }
   }
 }
-
 
 // ---------------------------------------------------------------------------
 // Grouped activation layout (AVX-512 level, block-32 formats), built for
@@ -310,7 +312,6 @@ void kq_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
   const auto* wbase = static_cast<const std::byte*>(w.data);
   const std::int64_t nsb = w.n_in / k_qk_k;
   for_each_tile<R, C>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
-    prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
     const kq_act_rows a{jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes, jb.act_row_bytes, l.d_off,
                         l.bsums_off};
     tiles<K, R, C>.at(nr, nc)(a, wbase + static_cast<std::size_t>(c0) * w.row_bytes, w.row_bytes, nsb,

@@ -125,7 +125,12 @@ struct kq_tile {
       for (std::int64_t b = 0; b < nsb; ++b) {
         typename F::col cs[C];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) F::load(w + c * w_stride + static_cast<std::size_t>(b) * F::bytes, cs[c]);
+        for (int c = 0; c < C; ++c) {
+          const std::byte* p = w + c * w_stride + static_cast<std::size_t>(b) * F::bytes;
+          for (std::size_t o = 0; o < F::bytes; o += 64)  // the same super-block one tile ahead
+            _mm_prefetch(reinterpret_cast<const char*>(p + C * w_stride + o), _MM_HINT_T0);
+          F::load(p, cs[c]);
+        }
         __m256i s[R][C];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
@@ -162,6 +167,53 @@ struct kq_tile {
 
 
 }  // namespace
+
+// The element of largest magnitude (the first on ties) sets iscale = -127 / m;
+// q = round-half-even(clamp(iscale * x, -127, 127)) (the clamp changes nothing
+// for finite x), d = 1 / iscale, bsums from the int32 values.
+void quantize_q8_k_avx2(const float* x, block_q8_k& out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps();
+  for (int j = 0; j < 32; ++j) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * j)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float top = _mm_cvtss_f32(m4);
+  if (top == 0.0f) {
+    std::memset(&out, 0, sizeof out);
+    return;
+  }
+  int first = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int hit = _mm256_movemask_ps(
+        _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * j)), _mm256_set1_ps(top), _CMP_EQ_OQ));
+    if (hit) {
+      first = 8 * j + __builtin_ctz(static_cast<unsigned>(hit));
+      break;
+    }
+  }
+  const float iscale = -127.0f / x[first];
+  const __m256 vs = _mm256_set1_ps(iscale), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  for (int g = 0; g < 16; g += 2) {  // 32 values: two groups of 16
+    __m256i qi[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g + 8 * j), vs), lo), hi);
+      qi[j] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i s8 = _mm256_add_epi32(qi[2 * h], qi[2 * h + 1]);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+      out.bsums[g + h] = static_cast<std::int16_t>(_mm_cvtsi128_si32(s4));
+    }
+    // packs interleave 128-bit lanes; the dword permute restores element order.
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs + 16 * g),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  out.d = 1.0f / iscale;
+}
 
 bool has_kq_kernel_avx2(tensor_type t) { return t == tensor_type::q4_k || t == tensor_type::q6_k; }
 

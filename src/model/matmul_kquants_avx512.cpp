@@ -5,8 +5,8 @@
 // A super-block of 256 weights is decoded in registers in four k-steps of 64
 // bytes. Each format's bytes unpack most cheaply into some fixed order of its
 // elements (q4_K's low nibbles of 64 bytes are elements 0..31 and 64..95, for
-// instance), so the activations are stored in that order instead: at prepare
-// time each q8_K super-block's 256 values are permuted (perm_of), once per row,
+// instance), so the activations are stored in that order instead: the q8_K
+// quantizer writes each super-block's 256 values there (perm_of), once per row,
 // and the weight bytes need no shuffling. Per pair and super-block:
 //
 //   s = 0; for k < 4: s = dpwssd(s, maddubs(u_k, x_k), sc_k)       (exact int32)
@@ -25,9 +25,15 @@
 // dpwssd. iq4_xs's table values (-127..113) do not fit that bound as u + 128,
 // so it multiplies |w| by x with w's signs (one masked subtract per pair).
 //
-// Bounds: per lane and super-block |s| <= 8 x 2 x 64 x 127 x 128 < 2^24 before
-// the bsums term, so the int32 sums are exact. Every pair's sequence is fixed
-// by n_in alone (batch invariance, model/matmul.h).
+// Bounds: per lane and super-block, four dpwssd steps of two products each,
+// |s| <= 4 x 2 x (2 x 63 x 127) x 128 < 2^24 (q6_K, the largest), so the int32
+// sums never overflow and convert to f32 exactly before the bsums term. Every
+// pair's sequence is fixed by n_in alone (batch invariance, model/matmul.h):
+// tile shapes and threads only decide which pairs run side by side.
+//
+// Decode reads every weight once: each column's next super-block one tile
+// ahead is prefetched into L1 as it goes, and q4_K / q6_K run at 85-95% of the
+// machine's read bandwidth (bench/RESULTS.md).
 #include <immintrin.h>
 
 #include <cstring>
@@ -38,8 +44,14 @@
 namespace pagoda::matmul_detail {
 namespace {
 
-constexpr int k_kr = 3;  // rows per tile
-constexpr int k_kc = 2;  // columns per tile
+// Tile shapes: one row by four columns for decode (m < 3: the decoding of
+// weights dominates, so more columns give more independent work; in L2 this
+// ran q4_K twice as fast as 1 x 2), three rows by two columns for batches
+// (weights decoded once for three rows). Threads split columns on multiples of
+// four, so both shapes keep whole tiles.
+constexpr int k_decode_rows = 1, k_decode_cols = 4;
+constexpr int k_batch_rows = 3, k_batch_cols = 2;
+constexpr int k_col_tile = 4;
 
 // ---------------------------------------------------------------------------
 // Activation permutations: byte 64k + i of a prepared super-block holds value
@@ -67,18 +79,6 @@ constexpr int permuted_element(perm_kind kind, int p) {
     default: return p;
   }
 }
-
-struct perm_table {
-  std::uint8_t src[k_qk_k];
-};
-constexpr perm_table make_perm(perm_kind kind) {
-  perm_table t{};
-  for (int p = 0; p < k_qk_k; ++p) t.src[p] = static_cast<std::uint8_t>(permuted_element(kind, p));
-  return t;
-}
-constexpr perm_table k_perm_k4 = make_perm(perm_kind::k4);
-constexpr perm_table k_perm_k23 = make_perm(perm_kind::k23);
-constexpr perm_table k_perm_xs = make_perm(perm_kind::xs);
 
 // ---------------------------------------------------------------------------
 // Shared pieces
@@ -131,6 +131,8 @@ constexpr lane_map k_map_k23 = make_map([](int k, int t) { return 8 * (t / 16) +
 constexpr lane_map k_map_natural16 = make_map([](int k, int t) { return 4 * k + t / 8; });
 constexpr lane_map k_map_xs = make_map([](int k, int t) { return 4 * (k / 2) + t / 8; });
 constexpr lane_map k_map_natural32 = make_map([](int k, int t) { return 2 * k + t / 16; });
+// Group g (of 16) -> lane 8 + g / 2, where k4_scales keeps the mins.
+constexpr lane_map k_map_k4_mins = make_map([](int, int t) { return t < 16 ? 8 + t / 2 : 0; });
 // Group g (of 16) -> its sub-block g / 2, for expanding 8 per-32 values to 16 lanes.
 constexpr lane_map k_map_pairs = make_map([](int, int t) { return t < 16 ? t / 2 : 0; });
 
@@ -193,16 +195,27 @@ struct fmt_q3_k {
   static __m512i scales(const col_state& c, int k) { return _mm512_permutexvar_epi16(map_vec(k_map_k23, k), c.sc); }
 };
 
-// q4_K / q5_K scales and mins (ggml's get_scale_min_k4, eight at a time).
+// q4_K / q5_K scales and mins (ggml's get_scale_min_k4) in one xmm: with b
+// the 12 scale bytes, scale j is b[j] & 63 (j < 4) or (b[j + 4] & 15) |
+// (b[j - 4] >> 6) << 4, min j is b[j + 4] & 63 (j < 4) or (b[j + 4] >> 4) |
+// (b[j] >> 6) << 4. Lanes 0..7 of c.sc get the scales, 8..15 the mins; c.g16
+// has each group of 16's min.
 inline void k4_scales(const std::byte* p, col_state& c) {
-  const std::uint32_t w0 = load_u32(p + 4), w1 = load_u32(p + 8), w2 = load_u32(p + 12);
-  const std::uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  const std::uint64_t sc = (w0 & m6) | static_cast<std::uint64_t>((w2 & m4) | ((w0 >> 6) & m2) << 4) << 32;
-  const std::uint64_t mn = (w1 & m6) | static_cast<std::uint64_t>(((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4) << 32;
-  c.sc = bytes8_to_i16(sc);
-  c.g16 = expand_pairs(bytes8_to_i16(mn));
-  c.d = load_half(p);
-  c.dmin = load_half(p + 2);
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));  // d, dmin, b[0..11]
+  // low bits: b[j] / b[j + 4] (6 bits) or the nibble of b[j + 4]
+  const __m128i lo_src = _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m128i lo = _mm_shuffle_epi8(v, lo_src);
+  const __m128i low6 = _mm_and_si128(lo, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+  const __m128i high_nib = _mm_and_si128(_mm_srli_epi16(lo, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+  // high 2 bits from b[j - 4] (scales 4..7) and b[j] (mins 4..7), moved to bits 4..5
+  const __m128i hi_src = _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(_mm_shuffle_epi8(v, hi_src), 2), _mm_set1_epi8(0x30));
+  const __m128i bytes = _mm_or_si128(_mm_or_si128(low6, high_nib), hi);
+  c.sc = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(bytes));
+  c.g16 = _mm512_maskz_permutexvar_epi16(0xffff, map_vec(k_map_k4_mins, 0), c.sc);
+  const __m128 dm = _mm_cvtph_ps(v);  // d, dmin
+  c.d = _mm_cvtss_f32(dm);
+  c.dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
 }
 
 struct fmt_q4_k {
@@ -323,7 +336,16 @@ void kq_tile<F>::shape<R, C>::run(const kq_act_rows& a, const std::byte* w, std:
   for (std::int64_t b = 0; b < nsb; ++b) {
     col_state cs[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) cs[c] = F::load(w + c * w_stride + static_cast<std::size_t>(b) * F::bytes);
+    for (int c = 0; c < C; ++c) {
+      const std::byte* p = w + c * w_stride + static_cast<std::size_t>(b) * F::bytes;
+      // The same super-block one tile ahead: the tiles of a column range are
+      // consecutive rows, so this streams the next tile into L1 while this one
+      // computes (where it ran one tile ahead into L2 at the tile's start,
+      // q6_K decode reached half the read bandwidth; with this, about all of it).
+      for (std::size_t o = 0; o < F::bytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + C * w_stride + o), _MM_HINT_T0);
+      cs[c] = F::load(p);
+    }
     __m512i s[R][C];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -371,43 +393,102 @@ void kq_tile<F>::shape<R, C>::run(const kq_act_rows& a, const std::byte* w, std:
 }
 
 
+// Where each group of 16 natural values starts in the permuted order (every
+// order above moves groups of 16 whole, onto 16 consecutive bytes).
+struct group_starts {
+  int dst[16];
+};
+constexpr group_starts make_group_starts(perm_kind kind) {
+  group_starts out{};
+  for (int p = 0; p < k_qk_k; ++p)
+    if (permuted_element(kind, p) % 16 == 0) out.dst[permuted_element(kind, p) / 16] = p;
+  return out;
+}
+constexpr group_starts k_starts[] = {make_group_starts(perm_kind::natural), make_group_starts(perm_kind::k4),
+                                     make_group_starts(perm_kind::k23), make_group_starts(perm_kind::xs)};
+
+// One q8_K super-block, bit-exact with quantize_row_q8_k: the element of
+// largest magnitude (the first on ties) sets iscale = -127 / m; q =
+// round-half-even(clamp(iscale * x, -127, 127)) (the clamp changes nothing for
+// finite x), d = 1 / iscale. Group g's 16 values go to qs + dst[g].
+void quantize_q8_k(const float* x, std::int8_t* qs, const int* dst, float* d, std::int16_t* bsums) {
+  __m512 v[16];
+  __m512 amax = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int g = 0; g < 16; ++g) {
+    v[g] = _mm512_loadu_ps(x + 16 * g);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v[g]));
+  }
+  const float top = _mm512_reduce_max_ps(amax);
+  if (top == 0.0f) {
+    for (int g = 0; g < 16; ++g) _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + dst[g]), _mm_setzero_si128());
+    *d = 0.0f;
+    std::memset(bsums, 0, 16 * sizeof(std::int16_t));
+    return;
+  }
+  int first = 0;
+  for (int g = 0; g < 16; ++g) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(v[g]), _mm512_set1_ps(top), _CMP_EQ_OQ);
+    if (hit) {
+      first = 16 * g + __builtin_ctz(hit);
+      break;
+    }
+  }
+  const float iscale = -127.0f / x[first];
+  const __m512 vs = _mm512_set1_ps(iscale), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  alignas(64) std::int32_t sums[16];
+#pragma GCC unroll 16
+  for (int g = 0; g < 16; ++g) {
+    __m512 s = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v[g], vs), lo), hi);
+    s = _mm512_roundscale_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i q = _mm512_cvttps_epi32(s);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + dst[g]), _mm512_cvtsepi32_epi8(q));
+    sums[g] = _mm512_reduce_add_epi32(q);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(bsums), _mm512_cvtepi32_epi16(_mm512_load_si512(sums)));
+  *d = 1.0f / iscale;
+}
+
+template <typename F>
+void run_cols(const job& jb, std::int64_t c0, std::int64_t c1) {
+  if (jb.m < k_batch_rows) return kq_cols<kq_tile<F>::template shape, k_decode_rows, k_decode_cols>(jb, c0, c1);
+  kq_cols<kq_tile<F>::template shape, k_batch_rows, k_batch_cols>(jb, c0, c1);
+}
+
 }  // namespace
 
 std::size_t kq_act_row_bytes_avx512(tensor_type, std::int64_t n_in) {
   return plain_act_row_bytes(act_format::q8_k, n_in);
 }
 
-// The plain q8_K layout, then each super-block's values in the format's order.
+// The plain q8_K layout with each super-block's values in the format's order,
+// written there directly by the quantizer.
 void kq_prepare_avx512(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                        std::size_t row_bytes) {
-  prepare_plain(act_format::q8_k, x, m, n_in, act, row_bytes, quantize_block_q8);
-  const perm_kind kind = perm_of(t);
-  if (kind == perm_kind::natural) return;
-  const perm_table& perm = kind == perm_kind::k4 ? k_perm_k4 : kind == perm_kind::k23 ? k_perm_k23 : k_perm_xs;
-  std::int8_t natural[k_qk_k];
+  const plain_layout l = plain_layout_of(act_format::q8_k, n_in);
+  const int* dst = k_starts[static_cast<int>(perm_of(t))].dst;
   for (std::int64_t i = 0; i < m; ++i) {
-    auto* qs = reinterpret_cast<std::int8_t*>(act + static_cast<std::size_t>(i) * row_bytes);
-    for (std::int64_t b = 0; b < n_in / k_qk_k; ++b) {
-      std::int8_t* sb = qs + b * k_qk_k;
-      std::memcpy(natural, sb, k_qk_k);
-      for (int p = 0; p < k_qk_k; ++p) sb[p] = natural[perm.src[p]];
-    }
+    std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
+    for (std::int64_t b = 0; b < n_in / k_qk_k; ++b)
+      quantize_q8_k(x + i * n_in + b * k_qk_k, reinterpret_cast<std::int8_t*>(row) + b * k_qk_k, dst,
+                    reinterpret_cast<float*>(row + l.d_off) + b,
+                    reinterpret_cast<std::int16_t*>(row + l.bsums_off) + 16 * b);
   }
 }
 
-std::int64_t kq_col_tile_avx512(tensor_type) { return k_kc; }
+std::int64_t kq_col_tile_avx512(tensor_type) { return k_col_tile; }
 
 int kq_act_element_avx512(tensor_type t, int p) { return permuted_element(perm_of(t), p); }
 
 void kq_cols_avx512(const job& jb, std::int64_t c0, std::int64_t c1) {
   switch (jb.w->type) {
-    case tensor_type::q2_k: return kq_cols<kq_tile<fmt_q2_k>::template shape, k_kr, k_kc>(jb, c0, c1);
-    case tensor_type::q3_k: return kq_cols<kq_tile<fmt_q3_k>::template shape, k_kr, k_kc>(jb, c0, c1);
-    case tensor_type::q4_k: return kq_cols<kq_tile<fmt_q4_k>::template shape, k_kr, k_kc>(jb, c0, c1);
-    case tensor_type::q5_k: return kq_cols<kq_tile<fmt_q5_k>::template shape, k_kr, k_kc>(jb, c0, c1);
-    case tensor_type::q6_k: return kq_cols<kq_tile<fmt_q6_k>::template shape, k_kr, k_kc>(jb, c0, c1);
-    case tensor_type::iq4_xs: return kq_cols<kq_tile<fmt_iq4_xs>::template shape, k_kr, k_kc>(jb, c0, c1);
-    case tensor_type::iq3_s: return kq_cols<kq_tile<fmt_iq3_s>::template shape, k_kr, k_kc>(jb, c0, c1);
+    case tensor_type::q2_k: return run_cols<fmt_q2_k>(jb, c0, c1);
+    case tensor_type::q3_k: return run_cols<fmt_q3_k>(jb, c0, c1);
+    case tensor_type::q4_k: return run_cols<fmt_q4_k>(jb, c0, c1);
+    case tensor_type::q5_k: return run_cols<fmt_q5_k>(jb, c0, c1);
+    case tensor_type::q6_k: return run_cols<fmt_q6_k>(jb, c0, c1);
+    case tensor_type::iq4_xs: return run_cols<fmt_iq4_xs>(jb, c0, c1);
+    case tensor_type::iq3_s: return run_cols<fmt_iq3_s>(jb, c0, c1);
     default: return;  // avx512_cols sends only these here
   }
 }
