@@ -105,12 +105,15 @@ const kernel_set k_scalar_kernels{scalar_col_tile, scalar_act_row_bytes, scalar_
 // and n_in only (never on m or threads), so it cannot break batch invariance.
 // AVX-512 kernels for block-32 formats work on groups of 16 blocks; when padding
 // the last group would add more than a quarter to the work (n_in < 512 and the
-// like, e.g. tiny models), the AVX2 level, which needs no padding, is faster.
+// like, e.g. tiny models), the AVX2 kernels of q8_0 and q4_0, which need no
+// padding, are faster. The other block-32 formats have no AVX2 kernel, and
+// padded groups still beat the portable one.
 const kernel_set& kernels_for(simd_level level, tensor_type t, std::int64_t n_in) {
   switch (level) {
     case simd_level::avx512: {
       const std::int64_t nb = n_in / k_block, padded = n_groups(n_in) * k_group_blocks;
-      if (uses_groups(t) && 4 * padded > 5 * nb && detect_cpu().avx2) return kernels_avx2();
+      const bool avx2_kernel = t == tensor_type::q8_0 || t == tensor_type::q4_0;
+      if (avx2_kernel && 4 * padded > 5 * nb && detect_cpu().avx2) return kernels_avx2();
       return kernels_avx512();
     }
     case simd_level::avx2: return kernels_avx2();

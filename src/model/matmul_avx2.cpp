@@ -140,7 +140,7 @@ void avx2_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_
 }
 
 // ---------------------------------------------------------------------------
-// q8_0 / q4_0 tiles
+// q8_0 / q4_0 tiles (plain layout)
 // ---------------------------------------------------------------------------
 
 template <tensor_type T>

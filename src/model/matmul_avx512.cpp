@@ -44,7 +44,6 @@ constexpr int k_qc = 4;  // q tile: columns
 constexpr std::size_t group_pack_bytes(bool has_min) { return has_min ? 640 : 576; }
 constexpr bool has_min(tensor_type t) { return t == tensor_type::q4_1 || t == tensor_type::q5_1; }
 
-
 // ---------------------------------------------------------------------------
 // Float weights
 // ---------------------------------------------------------------------------
