@@ -1,7 +1,8 @@
 // Weight matmul throughput: Y[m][n_out] = X[m][n_in] · Wᵀ per weight type, at
 // Llama-3-8B shapes (4096x4096 attention, 14336x4096 FFN up/gate), m = 1, 8, 32,
 // 64 rows and 1-2 threads, plus stories260K shapes and the machine's read
-// bandwidth measured in the same run.
+// bandwidth measured in the same run. The formats/ group compares q4_K, q6_K
+// and q8_0 at AVX-512 and AVX2 on one layer's shapes.
 //
 // Counters: weight_GB/s (bytes of W per second: decode is bound by it),
 // GFLOP/s (2 m n_out n_in per call) and rows/s (rows of X per second; the ratio
@@ -70,6 +71,8 @@ weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bo
     }
     if (t == tensor_type::q8_0) pagoda::quantize_row_q8_0(src.data(), n_in, dst);
     if (t == tensor_type::q4_0) pagoda::quantize_row_q4_0(src.data(), n_in, dst);
+    if (t == tensor_type::q4_k) pagoda::quantize_row_q4_k(src.data(), n_in, dst);
+    if (t == tensor_type::q6_k) pagoda::quantize_row_q6_k(src.data(), n_in, dst);
   }
   for (std::size_t c = 1; c < n_copies; ++c) {
     ws.copies.emplace_back(ws.bytes, false);
@@ -81,6 +84,10 @@ weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bo
 
 void bm_matmul(benchmark::State& st, tensor_type t, std::int64_t n_out, std::int64_t n_in, std::int64_t m,
                int threads, bool rotate) {
+  if (pagoda::is_quantized_weight(t) && n_in % pagoda::weight_block_elems(t) != 0) {
+    st.SkipWithError("n_in is not a multiple of the block size");
+    return;
+  }
   weight_set& ws = weights_for(t, n_out, n_in, rotate);
   pagoda::thread_pool pool(threads);
   pagoda::matmul_scratch scratch;
@@ -128,6 +135,20 @@ void bm_read_bandwidth(benchmark::State& st, int threads) {
                                            benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The same call at a forced SIMD level (the level is restored afterwards), so
+// the AVX-512 and AVX2 kernels of a format are compared in one run.
+void bm_matmul_at(benchmark::State& st, pagoda::simd_level level, tensor_type t, std::int64_t n_out,
+                  std::int64_t n_in, std::int64_t m, int threads, bool rotate) {
+  const pagoda::simd_level saved = pagoda::active_simd_level();
+  pagoda::set_simd_level(level);
+  if (pagoda::active_simd_level() != level) {
+    st.SkipWithError("this CPU lacks the level");
+  } else {
+    bm_matmul(st, t, n_out, n_in, m, threads, rotate);
+  }
+  pagoda::set_simd_level(saved);
+}
+
 void register_all() {
   for (int threads : {1, 2})
     benchmark::RegisterBenchmark(fmt::format("read_bandwidth/threads:{}", threads).c_str(), bm_read_bandwidth,
@@ -146,6 +167,31 @@ void register_all() {
               bm_matmul, t, n_out, n_in, m, threads, true)
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
+  // Weight formats at one Llama-3-8B layer's shapes (q/o, gate/up, down), decode
+  // and batched, AVX-512 against AVX2 in the same run: q4_K and q6_K (Q4_K_M's
+  // types) and q8_0 for comparison.
+  const std::pair<std::int64_t, std::int64_t> layer[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+  for (tensor_type t : {tensor_type::q4_k, tensor_type::q6_k, tensor_type::q8_0})
+    for (auto [n_out, n_in] : layer)
+      for (std::int64_t m : {1, 8, 32})
+        for (int threads : {1, 2})
+          for (pagoda::simd_level level : {pagoda::simd_level::avx512, pagoda::simd_level::avx2})
+            benchmark::RegisterBenchmark(fmt::format("formats/{}/{}x{}/m:{}/threads:{}/{}", pagoda::gguf::tensor_type_name(t),
+                                                     n_out, n_in, m, threads, pagoda::simd_level_name(level))
+                                             .c_str(),
+                                         bm_matmul_at, level, t, n_out, n_in, m, threads, true)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+  // The same kernels on 128 rows that stay in L2: their arithmetic alone.
+  for (tensor_type t : {tensor_type::q4_k, tensor_type::q6_k, tensor_type::q8_0})
+    for (std::int64_t m : {1, 8, 32})
+      for (pagoda::simd_level level : {pagoda::simd_level::avx512, pagoda::simd_level::avx2})
+        benchmark::RegisterBenchmark(fmt::format("formats_in_l2/{}/128x4096/m:{}/threads:1/{}",
+                                                 pagoda::gguf::tensor_type_name(t), m, pagoda::simd_level_name(level))
+                                         .c_str(),
+                                     bm_matmul_at, level, t, 128, 4096, m, 1, false)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   // stories260K (dim 64, hidden 172, 512-token vocabulary, f32 weights): one
   // decode token's projections must cost little more than their arithmetic.
   const std::pair<std::int64_t, std::int64_t> tiny[] = {{64, 64}, {172, 64}, {64, 172}, {512, 64}};

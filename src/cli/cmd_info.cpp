@@ -22,6 +22,32 @@ void print_kv_row(const std::string& name, const kv_layout& layout) {
               layout.bytes_per_token_at(1024), layout.bytes_per_token_at(32768));
 }
 
+// Tensor types with their counts and bytes, and where the weights live: every
+// matrix is used in place from the file's mapping in its stored layout (no
+// format is repacked at load), and only the small f32 vectors (norms, biases)
+// are copied. Mixed files (Q4_K_M and the like) show each type they hold.
+void print_weight_memory(const llama_model& model) {
+  std::map<std::string, std::pair<int, std::uint64_t>> types;
+  std::uint64_t mapped = 0;
+  for (const gguf::tensor_info& t : model.gguf().tensors()) {
+    auto& [n, bytes] = types[gguf::tensor_type_name(t.type)];
+    ++n;
+    bytes += t.size_bytes;
+    mapped += t.size_bytes;
+  }
+  std::printf("tensor types:   ");
+  for (const auto& [name, nb] : types)
+    std::printf(" %s x%d (%s)", name.c_str(), nb.first, human_bytes(static_cast<double>(nb.second)).c_str());
+  std::size_t copied = model.output_norm().size();
+  for (const llama_layer& l : model.layers())
+    copied += l.attn_norm.size() + l.ffn_norm.size() + l.bq.size() + l.bk.size() + l.bv.size();
+  copied *= sizeof(float);
+  std::printf("\nweights:         %s of tensor data, used in place from the file's mapping (0 bytes repacked at load)\n",
+              human_bytes(static_cast<double>(mapped)).c_str());
+  std::printf("resident:        %s mapped (paged in as used) + %s copied at load (f32 norms and biases)\n",
+              human_bytes(static_cast<double>(mapped)).c_str(), human_bytes(static_cast<double>(copied)).c_str());
+}
+
 int info(const info_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.config));
   const llama_hparams& hp = model->hparams();
@@ -42,11 +68,8 @@ int info(const info_options& o) {
   std::printf("rope:            base %g, %d dims, %s\n", hp.rope_base, hp.rope_dim, hp.rope_neox ? "neox" : "normal");
   std::printf("rms epsilon:     %g\n", hp.rms_eps);
   std::printf("output:          %s\n", hp.tied_output ? "tied to token embeddings" : "separate");
-  std::map<std::string, int> types;
-  for (const gguf::tensor_info& t : f.tensors()) ++types[gguf::tensor_type_name(t.type)];
-  std::printf("tensor types:   ");
-  for (const auto& [name, n] : types) std::printf(" %s x%d", name.c_str(), n);
-  std::printf("\n\nKV cache per token (2 x %d layers x %d KV heads x %d values, block of %d tokens), scales and\n"
+  print_weight_memory(*model);
+  std::printf("\nKV cache per token (2 x %d layers x %d KV heads x %d values, block of %d tokens), scales and\n"
               "padding included; sealed formats (per-channel keys) keep the newest block in an f16 window per sequence:\n",
               hp.n_layer, hp.n_head_kv, hp.head_dim, o.config.block_size);
   std::printf("  %-32s %7s %12s %12s %14s %14s\n", "K+V format", "bits/el", "bytes/token", "f16 window",

@@ -41,16 +41,16 @@ struct type_entry {
 };
 constexpr type_entry k_types[] = {
     {0, {"f32", 1, 4, true}},        {1, {"f16", 1, 2, true}},
-    {2, {"q4_0", 32, 18, true}},     {3, {"q4_1", 32, 20, false}},
-    {6, {"q5_0", 32, 22, false}},    {7, {"q5_1", 32, 24, false}},
+    {2, {"q4_0", 32, 18, true}},     {3, {"q4_1", 32, 20, true}},
+    {6, {"q5_0", 32, 22, true}},    {7, {"q5_1", 32, 24, true}},
     {8, {"q8_0", 32, 34, true}},     {9, {"q8_1", 32, 36, false}},
-    {10, {"q2_K", 256, 84, false}},  {11, {"q3_K", 256, 110, false}},
-    {12, {"q4_K", 256, 144, false}}, {13, {"q5_K", 256, 176, false}},
-    {14, {"q6_K", 256, 210, false}}, {15, {"q8_K", 256, 292, false}},
+    {10, {"q2_K", 256, 84, true}},  {11, {"q3_K", 256, 110, true}},
+    {12, {"q4_K", 256, 144, true}}, {13, {"q5_K", 256, 176, true}},
+    {14, {"q6_K", 256, 210, true}}, {15, {"q8_K", 256, 292, false}},
     {16, {"iq2_xxs", 256, 66, false}}, {17, {"iq2_xs", 256, 74, false}},
     {18, {"iq3_xxs", 256, 98, false}}, {19, {"iq1_s", 256, 50, false}},
-    {20, {"iq4_nl", 32, 18, false}},  {21, {"iq3_s", 256, 110, false}},
-    {22, {"iq2_s", 256, 82, false}},  {23, {"iq4_xs", 256, 136, false}},
+    {20, {"iq4_nl", 32, 18, true}},  {21, {"iq3_s", 256, 110, true}},
+    {22, {"iq2_s", 256, 82, false}},  {23, {"iq4_xs", 256, 136, true}},
     {24, {"i8", 1, 1, false}},        {25, {"i16", 1, 2, false}},
     {26, {"i32", 1, 4, false}},       {27, {"i64", 1, 8, false}},
     {28, {"f64", 1, 8, false}},       {29, {"iq1_m", 256, 56, false}},
@@ -463,7 +463,7 @@ status file::parse_tensor_infos(byte_cursor& c, std::uint64_t n_tensors) {
     if (!tr) return error(errc::corrupt, "{}: unknown tensor type {}", where(), type);
     if (!tr->supported) {
       return error(errc::unsupported, "{}: tensor type {} is not supported (Pagoda computes with f32, f16, bf16, "
-                   "q8_0 and q4_0)", where(), tr->name);
+                   "q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs and iq3_s)", where(), tr->name);
     }
     t.type = static_cast<tensor_type>(type);
     if (t.ne[0] % tr->block_size != 0) {

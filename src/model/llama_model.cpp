@@ -48,16 +48,8 @@ struct loader {
   result<weight_view> matrix(const std::string& name, std::int64_t n_in, std::int64_t n_out, bool required = true) {
     PAGODA_ASSIGN_OR_RETURN(const gguf::tensor_info* t, tensor(name, n_in, n_out, required));
     if (!t) return weight_view{};
-    switch (t->type) {
-      case gguf::tensor_type::f32:
-      case gguf::tensor_type::f16:
-      case gguf::tensor_type::bf16:
-      case gguf::tensor_type::q8_0:
-      case gguf::tensor_type::q4_0: break;
-      default:
-        return error(errc::unsupported, "tensor {} has type {}, which Pagoda cannot compute with (F32, F16, BF16, Q8_0, Q4_0)",
-                     name, gguf::tensor_type_name(t->type));
-    }
+    // Every type the reader accepts has kernels (it refuses the others, naming
+    // the tensor and the type), so mixed files load tensor by tensor as they are.
     const gguf::tensor_type_traits* tr = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(t->type));
     if (n_in % tr->block_size != 0)
       return error(errc::corrupt, "tensor {}: row length {} is not a multiple of the {} block size {}", name, n_in,

@@ -1,5 +1,6 @@
-// Weight matmul: dispatch, the reference twin, the portable (scalar) level, and
-// ggml's row quantizers. SIMD levels live in matmul_avx2.cpp / matmul_avx512.cpp.
+// Weight matmul: dispatch, the reference twin and the portable (scalar) level.
+// SIMD levels live in matmul_avx2.cpp / matmul_avx512.cpp and the matmul_k*
+// files; formats and activation quantizers in model/quants.cpp.
 #include "model/matmul.h"
 
 #include <cmath>
@@ -17,62 +18,11 @@ using namespace matmul_detail;
 
 std::size_t row_size_bytes(tensor_type t, std::int64_t n) {
   PAGODA_ASSERT(n >= 0, "negative row length {}", n);
-  const auto un = static_cast<std::size_t>(n);
-  switch (t) {
-    case tensor_type::f32: return un * 4;
-    case tensor_type::f16:
-    case tensor_type::bf16: return un * 2;
-    case tensor_type::q8_0:
-      PAGODA_ASSERT(n % k_qk8_0 == 0, "q8_0 row of {} elements is not a multiple of 32", n);
-      return un / k_qk8_0 * sizeof(block_q8_0);
-    case tensor_type::q4_0:
-      PAGODA_ASSERT(n % k_qk4_0 == 0, "q4_0 row of {} elements is not a multiple of 32", n);
-      return un / k_qk4_0 * sizeof(block_q4_0);
-    default: break;
-  }
-  PAGODA_ASSERT(false, "row_size_bytes: unsupported tensor type {}", static_cast<unsigned>(t));
-  return 0;
-}
-
-// ---------------------------------------------------------------------------
-// ggml row quantizers and dequantization
-// ---------------------------------------------------------------------------
-
-void quantize_row_q8_0(const float* x, std::int64_t n, void* out) {
-  PAGODA_ASSERT(n % k_qk8_0 == 0, "quantize_row_q8_0: n = {} is not a multiple of 32", n);
-  auto* y = static_cast<block_q8_0*>(out);
-  for (std::int64_t b = 0; b < n / k_qk8_0; ++b) y[b].d = quantize_block_q8_0(x + b * k_qk8_0, y[b].qs);
-}
-
-// ggml's quantize_row_q4_0_ref: the element of largest magnitude (first one on
-// ties) maps to -8 exactly, d = max / -8, q = min(15, trunc(x/d + 8.5)). Values
-// are clamped before the integer conversion so NaN/inf cannot be undefined
-// behaviour; finite inputs give ggml's bytes.
-void quantize_row_q4_0(const float* x, std::int64_t n, void* out) {
-  PAGODA_ASSERT(n % k_qk4_0 == 0, "quantize_row_q4_0: n = {} is not a multiple of 32", n);
-  auto* y = static_cast<block_q4_0*>(out);
-  for (std::int64_t b = 0; b < n / k_qk4_0; ++b) {
-    const float* xb = x + b * k_qk4_0;
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < k_qk4_0; ++j) {
-      if (amax < std::fabs(xb[j])) {
-        amax = std::fabs(xb[j]);
-        max = xb[j];
-      }
-    }
-    const float d = max / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = f32_to_fp16(d);
-    for (int j = 0; j < k_qk4_0 / 2; ++j) {
-      auto nib = [&](float v) {
-        float t = v * id + 8.5f;
-        t = t > 0.0f ? t : 0.0f;
-        t = t < 15.0f ? t : 15.0f;
-        return static_cast<std::uint8_t>(t);  // truncation, as ggml's (int8_t) cast
-      };
-      y[b].qs[j] = static_cast<std::uint8_t>(nib(xb[j]) | nib(xb[j + k_qk4_0 / 2]) << 4);
-    }
-  }
+  const gguf::tensor_type_traits* tr = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(t));
+  PAGODA_ASSERT(tr && tr->supported, "row_size_bytes: unsupported tensor type {}", static_cast<unsigned>(t));
+  PAGODA_ASSERT(n % tr->block_size == 0, "{} row of {} elements is not a multiple of its block size {}", tr->name, n,
+                tr->block_size);
+  return static_cast<std::size_t>(n) / tr->block_size * tr->block_bytes;
 }
 
 void dequantize_row(const weight_view& w, std::int64_t r, float* out) {
@@ -91,28 +41,9 @@ void dequantize_row(const weight_view& w, std::int64_t r, float* out) {
       for (std::int64_t k = 0; k < n; ++k) out[k] = bf16_to_f32(h[k]);
       return;
     }
-    case tensor_type::q8_0: {
-      const auto* b = reinterpret_cast<const block_q8_0*>(row);
-      for (std::int64_t i = 0; i < n / k_qk8_0; ++i) {
-        const float d = fp16_to_f32(b[i].d);
-        for (int j = 0; j < k_qk8_0; ++j) out[i * k_qk8_0 + j] = d * static_cast<float>(b[i].qs[j]);
-      }
-      return;
-    }
-    case tensor_type::q4_0: {
-      const auto* b = reinterpret_cast<const block_q4_0*>(row);
-      for (std::int64_t i = 0; i < n / k_qk4_0; ++i) {
-        const float d = fp16_to_f32(b[i].d);
-        for (int j = 0; j < k_qk4_0 / 2; ++j) {
-          out[i * k_qk4_0 + j] = d * static_cast<float>((b[i].qs[j] & 15) - 8);
-          out[i * k_qk4_0 + j + k_qk4_0 / 2] = d * static_cast<float>((b[i].qs[j] >> 4) - 8);
-        }
-      }
-      return;
-    }
     default: break;
   }
-  PAGODA_ASSERT(false, "dequantize_row: unsupported tensor type {}", static_cast<unsigned>(w.type));
+  dequantize_quantized_row(w.type, row, n, out);
 }
 
 namespace {
@@ -125,42 +56,25 @@ void check_view(const weight_view& w, std::int64_t m) {
                 w.row_bytes, row_size_bytes(w.type, w.n_in), w.n_in);
 }
 
-// Integer dot of one 32-element block: q8 activations against the weight block.
-int block_dot_q8_0(const std::int8_t* xq, const block_q8_0& b) {
-  int s = 0;
-  for (int j = 0; j < k_qk8_0; ++j) s += xq[j] * b.qs[j];
-  return s;
-}
-int block_dot_q4_0(const std::int8_t* xq, const block_q4_0& b) {
-  int s = 0;
-  for (int j = 0; j < k_qk4_0 / 2; ++j) {
-    s += xq[j] * ((b.qs[j] & 15) - 8);
-    s += xq[j + k_qk4_0 / 2] * ((b.qs[j] >> 4) - 8);
-  }
-  return s;
-}
-
 // ---------------------------------------------------------------------------
-// Scalar level. Each column's weights are first unpacked into this thread's
-// buffer (f32 for float types; int8 + float scales for q types), then dotted
-// against every row. Per-pair sequences:
-//   float types: 8 lanes, lane l accumulates k = l, l+8, ... (acc = acc + x*w),
-//                then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
-//   q types:     acc = acc + (dx_b * dw_b) * float(isum_b), blocks in order.
+// Scalar level. Float weights: each column is converted to f32 in this
+// thread's buffer, then dotted against every row: 8 lanes, lane l accumulates
+// k = l, l+8, ... (acc = acc + x*w), then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+// Quantized weights: generic_quant_cols (matmul_internal.h).
 // ---------------------------------------------------------------------------
 
 std::size_t scalar_act_row_bytes(tensor_type t, std::int64_t n_in) {
-  return is_quantized(t) ? plain_act_row_bytes(n_in) : 0;
+  return is_quantized(t) ? plain_act_row_bytes(act_format_of(t), n_in) : 0;
 }
 
-void scalar_prepare(tensor_type, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+void scalar_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                     std::size_t row_bytes) {
-  prepare_plain(x, m, n_in, act, row_bytes,
-                [](const float* xb, std::int8_t* q) { return fp16_to_f32(quantize_block_q8_0(xb, q)); });
+  prepare_plain(act_format_of(t), x, m, n_in, act, row_bytes, quantize_block_q8,
+                [](const float* xb, block_q8_k& out) { quantize_row_q8_k(xb, k_qk_k, &out); });
 }
 
 std::size_t scalar_pack_bytes(tensor_type t, std::int64_t n_in) {
-  return is_quantized(t) ? plain_act_row_bytes(n_in) : static_cast<std::size_t>(n_in) * sizeof(float);
+  return is_quantized(t) ? generic_pack_bytes(t, n_in) : static_cast<std::size_t>(n_in) * sizeof(float);
 }
 
 float dot_f32_lanes(const float* x, const float* w, std::int64_t n) {
@@ -174,46 +88,12 @@ float dot_f32_lanes(const float* x, const float* w, std::int64_t n) {
 
 void scalar_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack) {
   const weight_view& w = *jb.w;
-  const std::int64_t n = w.n_in, nb = n / k_block;
+  if (is_quantized(w.type)) return generic_quant_cols(jb, c0, c1, pack);
+  const std::int64_t n = w.n_in;
+  auto* wf = reinterpret_cast<float*>(pack);
   for (std::int64_t c = c0; c < c1; ++c) {
-    const std::byte* row = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(c) * w.row_bytes;
-    if (!is_quantized(w.type)) {
-      auto* wf = reinterpret_cast<float*>(pack);
-      weight_view one = w;
-      one.data = row;
-      one.n_out = 1;
-      dequantize_row(one, 0, wf);
-      for (std::int64_t i = 0; i < jb.m; ++i) jb.y[i * w.n_out + c] = dot_f32_lanes(jb.x + i * n, wf, n);
-      continue;
-    }
-    auto* wq = reinterpret_cast<std::int8_t*>(pack);
-    auto* wd = reinterpret_cast<float*>(pack + plain_qs_bytes(n));
-    for (std::int64_t b = 0; b < nb; ++b) {
-      if (w.type == tensor_type::q8_0) {
-        const auto& blk = reinterpret_cast<const block_q8_0*>(row)[b];
-        wd[b] = fp16_to_f32(blk.d);
-        std::memcpy(wq + b * k_block, blk.qs, k_block);
-      } else {
-        const auto& blk = reinterpret_cast<const block_q4_0*>(row)[b];
-        wd[b] = fp16_to_f32(blk.d);
-        for (int j = 0; j < 16; ++j) {
-          wq[b * k_block + j] = static_cast<std::int8_t>((blk.qs[j] & 15) - 8);
-          wq[b * k_block + j + 16] = static_cast<std::int8_t>((blk.qs[j] >> 4) - 8);
-        }
-      }
-    }
-    for (std::int64_t i = 0; i < jb.m; ++i) {
-      const std::byte* arow = jb.act + static_cast<std::size_t>(i) * jb.act_row_bytes;
-      const auto* xq = reinterpret_cast<const std::int8_t*>(arow);
-      const auto* xd = reinterpret_cast<const float*>(arow + plain_qs_bytes(n));
-      float acc = 0.0f;
-      for (std::int64_t b = 0; b < nb; ++b) {
-        int s = 0;
-        for (int j = 0; j < k_block; ++j) s += xq[b * k_block + j] * wq[b * k_block + j];
-        acc = acc + (xd[b] * wd[b]) * static_cast<float>(s);
-      }
-      jb.y[i * w.n_out + c] = acc;
-    }
+    dequantize_row(w, c, wf);
+    for (std::int64_t i = 0; i < jb.m; ++i) jb.y[i * w.n_out + c] = dot_f32_lanes(jb.x + i * n, wf, n);
   }
 }
 
@@ -223,14 +103,17 @@ const kernel_set k_scalar_kernels{scalar_col_tile, scalar_act_row_bytes, scalar_
 
 // The kernels for one weight matrix. The choice depends on the level, the type
 // and n_in only (never on m or threads), so it cannot break batch invariance.
-// AVX-512 q kernels work on groups of 16 blocks; when padding the last group
-// would add more than a quarter to the work (n_in < 512 and the like, e.g. tiny
-// models), the AVX2 kernels, which need no padding, are faster.
+// AVX-512 kernels for block-32 formats work on groups of 16 blocks; when padding
+// the last group would add more than a quarter to the work (n_in < 512 and the
+// like, e.g. tiny models), the AVX2 kernels of q8_0 and q4_0, which need no
+// padding, are faster. The other block-32 formats have no AVX2 kernel, and
+// padded groups still beat the portable one.
 const kernel_set& kernels_for(simd_level level, tensor_type t, std::int64_t n_in) {
   switch (level) {
     case simd_level::avx512: {
       const std::int64_t nb = n_in / k_block, padded = n_groups(n_in) * k_group_blocks;
-      if (is_quantized(t) && 4 * padded > 5 * nb && detect_cpu().avx2) return kernels_avx2();
+      const bool avx2_kernel = t == tensor_type::q8_0 || t == tensor_type::q4_0;
+      if (avx2_kernel && 4 * padded > 5 * nb && detect_cpu().avx2) return kernels_avx2();
       return kernels_avx512();
     }
     case simd_level::avx2: return kernels_avx2();
@@ -254,7 +137,96 @@ struct run_ctx {
 }  // namespace
 
 namespace matmul_detail {
+
 const kernel_set& kernels_scalar() { return k_scalar_kernels; }
+
+namespace {
+
+// One column decoded to integer form, in a thread's pack buffer.
+struct generic_pack {
+  std::int8_t* q;    // [n_in]
+  std::int16_t* sc;  // [n_in / 16]
+  std::int16_t* mn;  // [n_in / 16]
+  float* da;         // [n_in / block]
+  float* db;         // [n_in / block]
+};
+
+// Byte offsets of generic_pack's arrays after q; `total` is the buffer size.
+struct generic_offsets {
+  std::size_t sc, mn, da, db, total;
+};
+
+generic_offsets generic_offsets_of(std::int64_t n_in, std::int64_t n_blocks) {
+  const auto n = static_cast<std::size_t>(n_in), groups = round_up(n / 16 * sizeof(std::int16_t), 64);
+  const std::size_t blocks = round_up(static_cast<std::size_t>(n_blocks) * sizeof(float), 64);
+  generic_offsets o;
+  o.sc = round_up(n, 64);
+  o.mn = o.sc + groups;
+  o.da = o.mn + groups;
+  o.db = o.da + blocks;
+  o.total = o.db + blocks;
+  return o;
+}
+
+generic_pack generic_pack_at(std::byte* pack, std::int64_t n_in, std::int64_t n_blocks) {
+  const generic_offsets o = generic_offsets_of(n_in, n_blocks);
+  return {reinterpret_cast<std::int8_t*>(pack), reinterpret_cast<std::int16_t*>(pack + o.sc),
+          reinterpret_cast<std::int16_t*>(pack + o.mn), reinterpret_cast<float*>(pack + o.da),
+          reinterpret_cast<float*>(pack + o.db)};
+}
+
+}  // namespace
+
+std::size_t generic_pack_bytes(tensor_type t, std::int64_t n_in) {
+  return generic_offsets_of(n_in, n_in / weight_block_elems(t)).total;
+}
+
+void generic_quant_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack) {
+  const weight_view& w = *jb.w;
+  const act_format af = act_format_of(w.type);
+  const std::int64_t n = w.n_in, be = weight_block_elems(w.type), nb = n / be, ng = be / 16;
+  const std::size_t block_bytes = row_size_bytes(w.type, be);
+  const plain_layout al = plain_layout_of(af, n);
+  const generic_pack p = generic_pack_at(pack, n, nb);
+  int_block ib;
+  for (std::int64_t c = c0; c < c1; ++c) {
+    const std::byte* row = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(c) * w.row_bytes;
+    for (std::int64_t b = 0; b < nb; ++b) {
+      decode_int_block(w.type, row + static_cast<std::size_t>(b) * block_bytes, ib);
+      std::memcpy(p.q + b * be, ib.q, static_cast<std::size_t>(be));
+      std::memcpy(p.sc + b * ng, ib.sc, static_cast<std::size_t>(ng) * sizeof(std::int16_t));
+      std::memcpy(p.mn + b * ng, ib.mn, static_cast<std::size_t>(ng) * sizeof(std::int16_t));
+      p.da[b] = ib.da;
+      p.db[b] = ib.db;
+    }
+    for (std::int64_t i = 0; i < jb.m; ++i) {
+      const std::byte* arow = jb.act + static_cast<std::size_t>(i) * jb.act_row_bytes;
+      const auto* xq = reinterpret_cast<const std::int8_t*>(arow);
+      const auto* xd = reinterpret_cast<const float*>(arow + al.d_off);
+      const auto* xs = reinterpret_cast<const float*>(arow + al.s_off);
+      const auto* bsums = reinterpret_cast<const std::int16_t*>(arow + al.bsums_off);
+      float acc = 0.0f;
+      for (std::int64_t b = 0; b < nb; ++b) {
+        std::int32_t sum = 0, mins = 0;
+        for (std::int64_t g = b * ng; g < (b + 1) * ng; ++g) {
+          std::int32_t isum = 0;
+          for (std::int64_t e = 16 * g; e < 16 * g + 16; ++e) isum += p.q[e] * xq[e];
+          sum += p.sc[g] * isum;
+          if (af == act_format::q8_k) mins += p.mn[g] * bsums[g];
+        }
+        switch (af) {
+          case act_format::q8_0: acc = acc + (xd[b] * p.da[b]) * static_cast<float>(sum); break;
+          case act_format::q8_1: acc = acc + ((xd[b] * p.da[b]) * static_cast<float>(sum) - p.db[b] * xs[b]); break;
+          default:
+            acc = acc + xd[b] * (p.da[b] * static_cast<float>(sum) - p.db[b] * static_cast<float>(mins));
+            break;
+        }
+      }
+      jb.y[i * w.n_out + c] = acc;
+    }
+  }
+}
+
 }  // namespace matmul_detail
 
 void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thread_pool& pool,
@@ -290,41 +262,98 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
 }
 
 // ---------------------------------------------------------------------------
-// Reference twin: one pair at a time, accumulation in double. For q types the
-// activations go through quantize_row_q8_0 (the same quantization the fast path
-// uses), each block's integer dot is exact, and the terms dx * dw * isum are
-// summed in double.
+// Reference twin: one pair at a time, accumulation in double. Quantized
+// weights: each row of x goes through quantize_row_q8_0 / _q8_1 / _q8_k (the
+// quantization every level reproduces), each weight block through
+// decode_int_block, the block's integer sums S and M are exact, and the terms
+// dx * (da * S - db * M) (q8_1: dx * da * S - db * s) are summed in double.
 // ---------------------------------------------------------------------------
+namespace {
+
+// One activation block as the reference sees it: values, scale, and the sums
+// the min terms use (per 16 values; q8_1's stored s).
+struct ref_act_block {
+  const std::int8_t* q;
+  double d;
+  double s;                   // q8_1 only
+  const std::int16_t* bsums;  // q8_K only
+};
+
+std::vector<std::byte> quantize_ref_rows(act_format af, const float* x, std::int64_t m, std::int64_t n) {
+  const std::size_t block_bytes = af == act_format::q8_k   ? sizeof(block_q8_k)
+                                  : af == act_format::q8_1 ? sizeof(block_q8_1)
+                                                           : sizeof(block_q8_0);
+  const std::int64_t nb = n / act_block_elems(af);
+  std::vector<std::byte> out(static_cast<std::size_t>(m * nb) * block_bytes);
+  for (std::int64_t i = 0; i < m; ++i) {
+    std::byte* dst = out.data() + static_cast<std::size_t>(i * nb) * block_bytes;
+    if (af == act_format::q8_k) quantize_row_q8_k(x + i * n, n, dst);
+    else if (af == act_format::q8_1) quantize_row_q8_1(x + i * n, n, dst);
+    else quantize_row_q8_0(x + i * n, n, dst);
+  }
+  return out;
+}
+
+ref_act_block ref_act_at(act_format af, const std::vector<std::byte>& rows, std::int64_t index) {
+  const std::byte* p = rows.data();
+  switch (af) {
+    case act_format::q8_k: {
+      const auto& b = reinterpret_cast<const block_q8_k*>(p)[index];
+      return {b.qs, b.d, 0, b.bsums};
+    }
+    case act_format::q8_1: {
+      const auto& b = reinterpret_cast<const block_q8_1*>(p)[index];
+      return {b.qs, fp16_to_f32(b.d), fp16_to_f32(b.s), nullptr};
+    }
+    default: {
+      const auto& b = reinterpret_cast<const block_q8_0*>(p)[index];
+      return {b.qs, fp16_to_f32(b.d), 0, nullptr};
+    }
+  }
+}
+
+double ref_block_dot(act_format af, const int_block& w, const ref_act_block& a) {
+  std::int64_t sum = 0, mins = 0;
+  for (int g = 0; g < w.n / 16; ++g) {
+    std::int64_t isum = 0;
+    for (int e = 16 * g; e < 16 * g + 16; ++e) isum += w.q[e] * a.q[e];
+    sum += w.sc[g] * isum;
+    if (af == act_format::q8_k) mins += static_cast<std::int64_t>(w.mn[g]) * a.bsums[g];
+  }
+  const double main = a.d * static_cast<double>(w.da) * static_cast<double>(sum);
+  if (af == act_format::q8_1) return main - static_cast<double>(w.db) * a.s;
+  return main - a.d * static_cast<double>(w.db) * static_cast<double>(mins);
+}
+
+}  // namespace
+
 void matmul_ref(const weight_view& w, const float* x, std::int64_t m, float* y) {
   check_view(w, m);
   const std::int64_t n = w.n_in;
-  std::vector<float> wf(static_cast<std::size_t>(n));
-  std::vector<block_q8_0> xq;
-  if (is_quantized(w.type)) xq.resize(static_cast<std::size_t>(m * (n / k_qk8_0)));
-  for (std::int64_t i = 0; is_quantized(w.type) && i < m; ++i) quantize_row_q8_0(x + i * n, n, &xq[i * (n / k_qk8_0)]);
+  if (!is_quantized(w.type)) {
+    std::vector<float> wf(static_cast<std::size_t>(n));
+    for (std::int64_t j = 0; j < w.n_out; ++j) {
+      dequantize_row(w, j, wf.data());
+      for (std::int64_t i = 0; i < m; ++i) {
+        double acc = 0.0;
+        for (std::int64_t k = 0; k < n; ++k) acc += static_cast<double>(x[i * n + k]) * wf[k];
+        y[i * w.n_out + j] = static_cast<float>(acc);
+      }
+    }
+    return;
+  }
+  const act_format af = act_format_of(w.type);
+  const std::int64_t be = weight_block_elems(w.type), nb = n / be;
+  const std::size_t block_bytes = row_size_bytes(w.type, be);
+  const std::vector<std::byte> xq = quantize_ref_rows(af, x, m, n);
+  int_block ib;
   for (std::int64_t j = 0; j < w.n_out; ++j) {
     const std::byte* row = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(j) * w.row_bytes;
-    if (!is_quantized(w.type)) dequantize_row(w, j, wf.data());
     for (std::int64_t i = 0; i < m; ++i) {
       double acc = 0.0;
-      if (!is_quantized(w.type)) {
-        for (std::int64_t k = 0; k < n; ++k) acc += static_cast<double>(x[i * n + k]) * wf[k];
-      } else {
-        for (std::int64_t b = 0; b < n / k_qk8_0; ++b) {
-          const block_q8_0& xb = xq[i * (n / k_qk8_0) + b];
-          int s;
-          double dw;
-          if (w.type == tensor_type::q8_0) {
-            const auto& wb = reinterpret_cast<const block_q8_0*>(row)[b];
-            s = block_dot_q8_0(xb.qs, wb);
-            dw = fp16_to_f32(wb.d);
-          } else {
-            const auto& wb = reinterpret_cast<const block_q4_0*>(row)[b];
-            s = block_dot_q4_0(xb.qs, wb);
-            dw = fp16_to_f32(wb.d);
-          }
-          acc += static_cast<double>(fp16_to_f32(xb.d)) * dw * s;
-        }
+      for (std::int64_t b = 0; b < nb; ++b) {
+        decode_int_block(w.type, row + static_cast<std::size_t>(b) * block_bytes, ib);
+        acc += ref_block_dot(af, ib, ref_act_at(af, xq, i * nb + b));
       }
       y[i * w.n_out + j] = static_cast<float>(acc);
     }

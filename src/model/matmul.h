@@ -14,6 +14,7 @@
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 #include "model/gguf.h"
+#include "model/quants.h"
 
 namespace pagoda {
 
@@ -26,10 +27,12 @@ struct weight_view {
   std::size_t row_bytes = 0;  // bytes of one row of n_in elements
 };
 
-// Bytes of one row of n elements of type t (n must be a multiple of the block size).
+// Bytes of one row of n elements of type t (n must be a multiple of the block size;
+// t one Pagoda computes with).
 std::size_t row_size_bytes(gguf::tensor_type t, std::int64_t n);
 
-// Reusable scratch for activation quantization (q8_0 copies of X for q8_0/q4_0 W).
+// Reusable scratch for activation quantization (quantized copies of X) and
+// per-thread weight packing.
 struct matmul_scratch {
   aligned_buffer buf;
   void* reserve(std::size_t size_bytes) {
@@ -41,24 +44,22 @@ struct matmul_scratch {
 // y[m][w.n_out] = x[m][w.n_in] · Wᵀ. x and y are f32, row-major, dense.
 // Dispatches on active_simd_level(); parallel over columns of Y, except jobs
 // under about 2^18 multiply-adds (e.g. stories260K at m = 1), which run on the
-// calling thread. q8_0/q4_0 weights: x is first quantized to q8_0 into `scratch`
-// (ggml's activation quantization), then dot products run on integers.
-// `scratch` grows to the largest call it has served and is reused: no
-// allocation in steady state. REQUIRES: w.n_in a multiple of 32 for q types;
-// y does not overlap x; not called from inside a job of `pool`.
+// calling thread. Quantized weights: x is first quantized into `scratch` to
+// the weight type's activation format (ggml's vec_dot_type: q8_0, q8_1 or q8_K,
+// see model/quants.h), then dot products run on integers. Weights are read in
+// the file's layout (nothing is repacked at load). `scratch` grows to the
+// largest call it has served and is reused: no allocation in steady state.
+// REQUIRES: w.n_in a multiple of the type's block size; y does not overlap x;
+// not called from inside a job of `pool`.
 void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thread_pool& pool,
             matmul_scratch& scratch);
 
-// Plain reference twin: f32 (or f64) loops, no SIMD, single thread. Same
-// activation quantization as the fast path for q8_0/q4_0, so the two agree to
-// float rounding.
+// Plain reference twin: f64 accumulation, no SIMD, single thread. Same
+// activation quantization as the fast path for quantized weights (the exact
+// integer sums of model/quants.h), so the two agree to float rounding.
 void matmul_ref(const weight_view& w, const float* x, std::int64_t m, float* y);
 
 // Converts row r of W to f32 (embedding lookup, tests).
 void dequantize_row(const weight_view& w, std::int64_t r, float* out);
-
-// Quantizes n floats (n % 32 == 0) to q8_0 blocks as ggml does (d = amax/127, round).
-void quantize_row_q8_0(const float* x, std::int64_t n, void* out);
-void quantize_row_q4_0(const float* x, std::int64_t n, void* out);
 
 }  // namespace pagoda

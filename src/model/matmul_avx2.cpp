@@ -5,7 +5,8 @@
 // with zeros, then hsum8.
 //
 // q8_0 / q4_0 weights: activations quantized to q8_0 in the plain layout
-// (matmul_internal.h). Per pair and block (32 elements), eight exact int32 lane
+// (matmul_internal.h). q4_K and q6_K: matmul_kquants_avx2.cpp. Other quantized
+// formats run the portable generic_quant_cols on the same layout. Per pair and block (32 elements), eight exact int32 lane
 // sums, then acc = fma(float(s) * dw, dx, acc), blocks in order, then hsum8:
 //   q8_0: s = madd(maddubs(|w|, sign(x, w)), 1): |w| <= 128 and |x| <= 127, so
 //         each int16 pair sum is at most 2 * 128 * 127 = 32512, never saturating.
@@ -16,6 +17,7 @@
 #include <cstring>
 
 #include "model/matmul_internal.h"
+#include "model/matmul_simd_avx2.h"
 
 namespace pagoda::matmul_detail {
 namespace {
@@ -23,14 +25,6 @@ namespace {
 constexpr int k_fr = 3;  // float tile rows
 constexpr int k_qr = 2;  // q tile rows
 constexpr int k_tc = 4;  // columns per tile; also the threads' split grain
-
-// The per-pair horizontal reduction, fixed: halves, then pairs of the rest.
-inline float hsum8(__m256 v) {
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
-  return _mm_cvtss_f32(d);
-}
 
 // ---------------------------------------------------------------------------
 // Float weights
@@ -106,14 +100,9 @@ void f_tile<T>::shape<R, C>::run(const float* x, std::int64_t ldx, const std::by
 // Activation quantization (plain layout), bit-exact with quantize_block_q8_0
 // ---------------------------------------------------------------------------
 
-// Round half away from zero for |v| < 2^23: trunc(v) + trunc(2 * frac(v)), exact.
-inline __m256 round_away(__m256 v) {
-  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(v, t);
-  return _mm256_add_ps(t, _mm256_round_ps(_mm256_add_ps(f, f), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-}
-
-inline fp16_t quantize_block(const float* x, std::int8_t* q) {
+// One block of 32 floats, bit-exact with quantize_block_q8 (ggml's x86 q8_0:
+// id = 127 / amax, round half to even).
+inline fp16_t quantize_block(const float* x, std::int8_t* q, float* d_f32) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   __m256 amax = _mm256_setzero_ps();
@@ -124,32 +113,34 @@ inline fp16_t quantize_block(const float* x, std::int8_t* q) {
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  const float d = _mm_cvtss_f32(m4) / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float max = _mm_cvtss_f32(m4);
+  const float d = max / 127.0f;
+  const float id = max != 0.0f ? 127.0f / max : 0.0f;
   const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   __m256i qi[4];
   for (int j = 0; j < 4; ++j) {
     __m256 s = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], vid), lo), hi);
-    qi[j] = _mm256_cvttps_epi32(round_away(s));
+    qi[j] = _mm256_cvtps_epi32(_mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   // packs interleave 128-bit lanes; the dword permute restores element order.
   const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
   const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), ordered);
+  *d_f32 = d;
   return _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
 std::size_t avx2_act_row_bytes(tensor_type t, std::int64_t n_in) {
-  return is_quantized(t) ? plain_act_row_bytes(n_in) : 0;
+  return is_quantized(t) ? plain_act_row_bytes(act_format_of(t), n_in) : 0;
 }
 
-void avx2_prepare(tensor_type, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+void avx2_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                   std::size_t row_bytes) {
-  prepare_plain(x, m, n_in, act, row_bytes, [](const float* xb, std::int8_t* q) { return _cvtsh_ss(quantize_block(xb, q)); });
+  prepare_plain(act_format_of(t), x, m, n_in, act, row_bytes, quantize_block, quantize_q8_k_avx2);
 }
 
 // ---------------------------------------------------------------------------
-// q8_0 / q4_0 tiles
+// q8_0 / q4_0 tiles (plain layout)
 // ---------------------------------------------------------------------------
 
 template <tensor_type T>
@@ -226,16 +217,25 @@ void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
   });
 }
 
-std::size_t avx2_pack_bytes(tensor_type, std::int64_t) { return 0; }
+// Formats with an AVX2 kernel; the others run generic_quant_cols.
+bool has_avx2_kernel(tensor_type t) {
+  return !is_quantized(t) || t == tensor_type::q8_0 || t == tensor_type::q4_0 || has_kq_kernel_avx2(t);
+}
 
-void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte*) {
+std::size_t avx2_pack_bytes(tensor_type t, std::int64_t n_in) {
+  return has_avx2_kernel(t) ? 0 : generic_pack_bytes(t, n_in);
+}
+
+void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack) {
   switch (jb.w->type) {
     case tensor_type::f32: return float_cols<f_tile<tensor_type::f32>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::f16: return float_cols<f_tile<tensor_type::f16>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::q8_0: return quant_cols<tensor_type::q8_0>(jb, c0, c1);
     case tensor_type::q4_0: return quant_cols<tensor_type::q4_0>(jb, c0, c1);
-    default: return;  // matmul() accepts only the types above
+    case tensor_type::q4_k:
+    case tensor_type::q6_k: return kq_cols_avx2(jb, c0, c1);
+    default: return generic_quant_cols(jb, c0, c1, pack);
   }
 }
 

@@ -5,7 +5,8 @@
 // row of the tile. Per pair: 16 lanes, lane l accumulates k = l, l+16, ... with
 // fma(x, w, acc), the tail chunk zero-padded by masked loads, then hsum16.
 //
-// q8_0 / q4_0 weights: activations are quantized to q8_0 in the grouped layout
+// Block-32 formats (q8_0, q4_0, q5_0, iq4_nl with q8_0 activations; q4_1, q5_1
+// with q8_1): activations are quantized in the grouped layout
 // (matmul_internal.h), each column tile of weights is packed into the same
 // layout (16 blocks per group, one int32 lane per block), and a group costs each
 // pair eight vpdpbusd (unsigned weight bytes x signed activation bytes, the
@@ -13,9 +14,12 @@
 // one multiply by the weight scales and one FMA with the activation scales:
 //   s   = init_x; s = dpbusd(s, w'_j, x'_j) for j = 0..7     (exact integers)
 //   acc = fma((float(s) * dw), dx, acc)                       (per lane)
-// then hsum16. Unsigned weight bytes are w ^ 0x80 = w + 128 for q8_0 and the raw
-// nibble = w + 8 for q4_0; init_x = -128 * sum(x) or -8 * sum(x) over the
-// block cancels the offsets exactly. vpdpbusd and FMA share two ports on Zen 5,
+//   acc = fma(mw, sx, acc)                                    (q4_1, q5_1: the min)
+// then hsum16. Unsigned weight bytes are w + C: w ^ 0x80 for q8_0, the raw
+// nibble (w + 8) for q4_0, the raw 5-bit value (w + 16) for q5_0, table value +
+// 128 for iq4_nl, the value itself (C = 0) for q4_1/q5_1; init_x = -C * sum(x)
+// over the block cancels the offset exactly. K-quant formats live in
+// matmul_kquants_avx512.cpp. vpdpbusd and FMA share two ports on Zen 5,
 // so a group is 10 port slots (5 cycles) for 512 multiply-adds per pair; the
 // 3x4 tile measures about 5.7 cycles from L1 (a layout with 8 blocks per group
 // needs 12 slots for 512 and measured 6.4).
@@ -24,6 +28,7 @@
 #include <cstring>
 
 #include "model/matmul_internal.h"
+#include "model/matmul_simd_avx512.h"
 
 namespace pagoda::matmul_detail {
 namespace {
@@ -34,16 +39,10 @@ constexpr int k_fr = 5;  // float tile: rows
 constexpr int k_fc = 5;  // float tile: columns
 constexpr int k_qr = 3;  // q tile: rows
 constexpr int k_qc = 4;  // q tile: columns
-constexpr std::size_t k_group_pack_bytes = 576;  // w'[8][64] u8 + dw[16] f32
 
-// The per-pair horizontal reduction, fixed: halves, then quarters, then pairs.
-inline float hsum16(__m512 v) {
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
-  return _mm_cvtss_f32(d);
-}
+// Packed weight group: w'[8][64] u8 + dw[16] f32 (+ mw[16] f32 for q4_1 / q5_1).
+constexpr std::size_t group_pack_bytes(bool has_min) { return has_min ? 640 : 576; }
+constexpr bool has_min(tensor_type t) { return t == tensor_type::q4_1 || t == tensor_type::q5_1; }
 
 // ---------------------------------------------------------------------------
 // Float weights
@@ -134,40 +133,35 @@ inline void transpose_group(const __m256i b[16], __m512i out[8]) {
   }
 }
 
-// Round half away from zero (std::round) for values with |v| < 2^23:
-// trunc(v) + trunc(2 * frac(v)); both steps are exact.
-inline __m512 round_away(__m512 v) {
-  const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(v, t);
-  return _mm512_add_ps(t, _mm512_roundscale_ps(_mm512_add_ps(f, f), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-}
-
-// One block of 32 floats -> 32 int8 (as a ymm) and the fp16 scale, bit-exact
-// with quantize_block_q8_0.
-inline __m256i quantize_block(const float* x, fp16_t& d16) {
+// One block of 32 floats -> 32 int8 (as a ymm), the fp16 scale and the f32
+// scale before rounding, bit-exact with quantize_block_q8 (ggml's x86 q8_0).
+inline __m256i quantize_block(const float* x, fp16_t& d16, float& d_f32) {
   const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  d16 = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  d_f32 = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  d16 = _cvtss_sh(d_f32, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 vid = _mm512_set1_ps(id), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   auto q = [&](__m512 v) {
     v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, vid), lo), hi);
-    return _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(round_away(v)));
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(v));
   };
   return _mm256_inserti128_si256(_mm256_castsi128_si256(q(v0)), q(v1), 1);
 }
 
-std::size_t avx512_act_row_bytes(tensor_type t, std::int64_t n_in) {
-  return is_quantized(t) ? static_cast<std::size_t>(n_groups(n_in)) * k_group_act_bytes : 0;
+std::size_t grouped_act_row_bytes(tensor_type t, std::int64_t n_in) {
+  return static_cast<std::size_t>(n_groups(n_in)) * group_act_bytes(act_format_of(t));
 }
 
-// Quantizes 16 blocks (512 floats) into one group of the grouped layout.
-inline void prepare_group(const float* x, int offset_shift, std::byte* out) {
+// Quantizes 16 blocks (512 floats) into one group of the grouped layout for
+// weight offset C (init = -C * sum), with sx when with_s (q8_1).
+inline void prepare_group(const float* x, int offset, bool with_s, std::byte* out) {
   __m256i blk[16];
   fp16_t d16[16];
+  alignas(64) float dfl[16];
 #pragma GCC unroll 16
-  for (int p = 0; p < 16; ++p) blk[p] = quantize_block(x + p * k_block, d16[p]);
+  for (int p = 0; p < 16; ++p) blk[p] = quantize_block(x + p * k_block, d16[p], dfl[p]);
   __m512i xq[8];
   transpose_group(blk, xq);
   const __m512i ones = _mm512_set1_epi8(1);
@@ -176,56 +170,94 @@ inline void prepare_group(const float* x, int offset_shift, std::byte* out) {
     _mm512_store_si512(out + 64 * j, xq[j]);
     s = _mm512_dpbusd_epi32(s, ones, xq[j]);  // lane p: the sum of block p
   }
-  _mm512_store_si512(out + 512, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, offset_shift)));
+  _mm512_store_si512(out + k_group_init_off, _mm512_mullo_epi32(s, _mm512_set1_epi32(-offset)));
   const __m256i d = _mm256_setr_epi16(
       static_cast<short>(d16[0]), static_cast<short>(d16[1]), static_cast<short>(d16[2]), static_cast<short>(d16[3]),
       static_cast<short>(d16[4]), static_cast<short>(d16[5]), static_cast<short>(d16[6]), static_cast<short>(d16[7]),
       static_cast<short>(d16[8]), static_cast<short>(d16[9]), static_cast<short>(d16[10]), static_cast<short>(d16[11]),
       static_cast<short>(d16[12]), static_cast<short>(d16[13]), static_cast<short>(d16[14]),
       static_cast<short>(d16[15]));
-  _mm512_store_ps(out + 576, _mm512_cvtph_ps(d));
+  _mm512_store_ps(out + k_group_d_off, _mm512_cvtph_ps(d));
+  if (with_s) {  // s = fp16(d * sum), as f32
+    const __m512 ds = _mm512_mul_ps(_mm512_load_ps(dfl), _mm512_cvtepi32_ps(s));
+    _mm512_store_ps(out + k_group_s_off,
+                    _mm512_cvtph_ps(_mm512_cvtps_ph(ds, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+  }
 }
 
-void avx512_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
-                    std::size_t row_bytes) {
+void grouped_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+                     std::size_t row_bytes) {
   const std::int64_t nb = n_in / k_block, full = nb / k_group_blocks;
-  const int offset_shift = t == tensor_type::q8_0 ? 7 : 3;  // weight offset 128 or 8
+  const int offset = group_weight_offset(t);
+  const act_format af = act_format_of(t);
+  const bool with_s = af == act_format::q8_1;
+  const std::size_t gb = group_act_bytes(af);
   for (std::int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * n_in;
     std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
     for (std::int64_t g = 0; g < full; ++g)
-      prepare_group(xr + g * k_group_blocks * k_block, offset_shift, row + g * k_group_act_bytes);
+      prepare_group(xr + g * k_group_blocks * k_block, offset, with_s, row + g * gb);
     if (full * k_group_blocks < nb) {  // last group: zero blocks quantize to q = 0, d = 0
       float tail[k_group_blocks * k_block] = {};
       std::memcpy(tail, xr + full * k_group_blocks * k_block,
                   static_cast<std::size_t>(n_in - full * k_group_blocks * k_block) * sizeof(float));
-      prepare_group(tail, offset_shift, row + full * k_group_act_bytes);
+      prepare_group(tail, offset, with_s, row + full * gb);
     }
   }
 }
 
 // ---------------------------------------------------------------------------
-// Weight packing: one column (weight row) into ng groups of k_group_pack_bytes.
+// Weight packing: one column (weight row) into ng groups of group_pack_bytes.
 // ---------------------------------------------------------------------------
 
 template <tensor_type T>
-inline __m256i load_weight_block(const std::byte* row, std::int64_t b) {
-  if constexpr (T == tensor_type::q8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * sizeof(block_q8_0) + 2));
-  } else {
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * sizeof(block_q4_0) + 2));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);  // nibbles = w + 8
+constexpr std::size_t weight_block_bytes() {
+  switch (T) {
+    case tensor_type::q8_0: return sizeof(block_q8_0);
+    case tensor_type::q4_0: return sizeof(block_q4_0);
+    case tensor_type::q4_1: return sizeof(block_q4_1);
+    case tensor_type::q5_0: return sizeof(block_q5_0);
+    case tensor_type::q5_1: return sizeof(block_q5_1);
+    default: return sizeof(block_iq4_nl);
   }
 }
 
-template <tensor_type T>
-constexpr std::size_t weight_block_bytes() {
-  return T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+// The 16 nibbles at p as 32 bytes in element order: low nibbles, then high.
+inline __m256i unpack_nibbles(const std::byte* p) {
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
 }
 
-// Packs the 16 blocks of weights at `blocks` (ggml layout) into one group.
+// Block b's 32 weights as unsigned bytes w + C (group_weight_offset), except
+// q8_0, whose signed bytes are flipped by pack_group.
+template <tensor_type T>
+inline __m256i load_weight_block(const std::byte* row, std::int64_t b) {
+  const std::byte* blk = row + b * weight_block_bytes<T>();
+  if constexpr (T == tensor_type::q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else if constexpr (T == tensor_type::q4_0) {
+    return unpack_nibbles(blk + 2);  // w + 8
+  } else if constexpr (T == tensor_type::q4_1) {
+    return unpack_nibbles(blk + 4);  // w
+  } else if constexpr (T == tensor_type::q5_0 || T == tensor_type::q5_1) {
+    constexpr int qh_off = T == tensor_type::q5_0 ? 2 : 4;
+    std::uint32_t qh;
+    std::memcpy(&qh, blk + qh_off, 4);  // bit e: the fifth bit of element e
+    const __m256i lo4 = unpack_nibbles(blk + qh_off + 4);
+    return _mm256_mask_add_epi8(lo4, static_cast<__mmask32>(qh), lo4, _mm256_set1_epi8(16));  // w (+ 16 for q5_0)
+  } else {  // iq4_nl: table value + 128
+    const __m128i table = _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, static_cast<char>(129), static_cast<char>(141),
+                                        static_cast<char>(153), static_cast<char>(166), static_cast<char>(181),
+                                        static_cast<char>(197), static_cast<char>(217), static_cast<char>(241));
+    const __m256i nib = unpack_nibbles(blk + 2);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nib);
+  }
+}
+
+// Packs the 16 blocks of weights at `blocks` (ggml layout) into one group:
+// w'[8][64], dw[16] and, for q4_1 / q5_1, mw[16].
 template <tensor_type T>
 inline void pack_group(const std::byte* blocks, std::byte* out) {
   constexpr int stride = static_cast<int>(weight_block_bytes<T>());
@@ -236,12 +268,13 @@ inline void pack_group(const std::byte* blocks, std::byte* out) {
   transpose_group(blk, wq);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == tensor_type::q8_0 ? 0x80 : 0));
   for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, _mm512_xor_si512(wq[j], flip));
-  // The fp16 scales sit at the start of each block: gather the dwords there and
-  // keep their low halves.
+  // The fp16 scale (and min) sit at the start of each block: gather the dwords
+  // there and keep their low (high) halves.
   const __m512i offsets = _mm512_mullo_epi32(
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride));
-  const __m512i d32 = _mm512_i32gather_epi32(offsets, blocks, 1);
-  _mm512_store_ps(out + 512, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32)));
+  const __m512i dm = _mm512_i32gather_epi32(offsets, blocks, 1);
+  _mm512_store_ps(out + 512, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+  if constexpr (has_min(T)) _mm512_store_ps(out + 576, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
 }
 
 // Packs one weight row. `prefetch_row` (may be null) is the row the next column
@@ -251,41 +284,47 @@ template <tensor_type T>
 void pack_column(const std::byte* row, std::int64_t nb, std::int64_t ng, std::byte* out,
                  const std::byte* prefetch_row) {
   constexpr std::size_t group_bytes = k_group_blocks * weight_block_bytes<T>();
+  constexpr std::size_t pack_bytes = group_pack_bytes(has_min(T));
   const std::int64_t full = nb / k_group_blocks;
   for (std::int64_t g = 0; g < full; ++g) {
     if (prefetch_row)
       for (std::size_t o = 0; o < group_bytes; o += 64)
         _mm_prefetch(reinterpret_cast<const char*>(prefetch_row + g * group_bytes + o), _MM_HINT_T1);
-    pack_group<T>(row + g * group_bytes, out + g * k_group_pack_bytes);
+    pack_group<T>(row + g * group_bytes, out + g * pack_bytes);
   }
   if (full < ng) {  // last group: the missing blocks are zero (d = 0, and zero activations face them)
     alignas(64) std::byte tail[group_bytes + 64] = {};
     std::memcpy(tail, row + full * group_bytes, static_cast<std::size_t>(nb - full * k_group_blocks) * weight_block_bytes<T>());
-    pack_group<T>(tail, out + full * k_group_pack_bytes);
+    pack_group<T>(tail, out + full * pack_bytes);
   }
 }
 
 // y[r][c] for r < R, c < C from prepared activation rows (act + r * act_stride)
-// and packed columns (wpack + c * ng * k_group_pack_bytes).
-template <int R, int C>
+// and packed columns (wpack + c * ng * group_pack_bytes(MIN)).
+template <bool MIN>
 struct q_tile {
-  static void run(const std::byte* act, std::size_t act_stride, const std::byte* wpack, std::int64_t ng, float* y,
-                  std::int64_t ldy);
+  template <int R, int C>
+  struct shape {
+    static void run(const std::byte* act, std::size_t act_stride, const std::byte* wpack, std::int64_t ng, float* y,
+                    std::int64_t ldy);
+  };
 };
 
+template <bool MIN>
 template <int R, int C>
-void q_tile<R, C>::run(const std::byte* act, std::size_t act_stride, const std::byte* wpack, std::int64_t ng,
-                       float* y, std::int64_t ldy) {
+void q_tile<MIN>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, const std::byte* wpack,
+                                   std::int64_t ng, float* y, std::int64_t ldy) {
+  constexpr std::size_t act_bytes = MIN ? 704 : 640, pack_bytes = group_pack_bytes(MIN);
   __m512 acc[R][C];
   zero_tile(acc, _mm512_setzero_ps());
   for (std::int64_t g = 0; g < ng; ++g) {
-    const std::byte* xg = act + g * k_group_act_bytes;
-    const std::byte* wg = wpack + g * k_group_pack_bytes;
-    const std::size_t w_stride = static_cast<std::size_t>(ng) * k_group_pack_bytes;
+    const std::byte* xg = act + g * act_bytes;
+    const std::byte* wg = wpack + g * pack_bytes;
+    const std::size_t w_stride = static_cast<std::size_t>(ng) * pack_bytes;
     __m512i s[R][C];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512i init = _mm512_load_si512(xg + r * act_stride + 512);
+      const __m512i init = _mm512_load_si512(xg + r * act_stride + k_group_init_off);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) s[r][c] = init;
     }
@@ -303,11 +342,14 @@ void q_tile<R, C>::run(const std::byte* act, std::size_t act_stride, const std::
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 dx = _mm512_load_ps(xg + r * act_stride + 576);
+      const __m512 dx = _mm512_load_ps(xg + r * act_stride + k_group_d_off);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s[r][c]), _mm512_load_ps(wg + c * w_stride + 512));
         acc[r][c] = _mm512_fmadd_ps(f, dx, acc[r][c]);
+        if constexpr (MIN)
+          acc[r][c] = _mm512_fmadd_ps(_mm512_load_ps(wg + c * w_stride + 576),
+                                      _mm512_load_ps(xg + r * act_stride + k_group_s_off), acc[r][c]);
       }
     }
   }
@@ -316,6 +358,7 @@ void q_tile<R, C>::run(const std::byte* act, std::size_t act_stride, const std::
 
 template <tensor_type T>
 void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end, std::byte* pack) {
+  constexpr std::size_t pack_bytes = group_pack_bytes(has_min(T));
   const weight_view& w = *jb.w;
   const std::int64_t nb = w.n_in / k_block, ng = n_groups(w.n_in);
   const auto* wbase = static_cast<const std::byte*>(w.data);
@@ -323,17 +366,29 @@ void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end, std
     if (r0 == 0)  // a new column tile: pack its weights once for all row tiles
       for (int c = 0; c < nc; ++c) {
         const std::int64_t next = c0 + k_qc + c;
-        pack_column<T>(wbase + static_cast<std::size_t>(c0 + c) * w.row_bytes, nb, ng,
-                       pack + c * ng * k_group_pack_bytes,
+        pack_column<T>(wbase + static_cast<std::size_t>(c0 + c) * w.row_bytes, nb, ng, pack + c * ng * pack_bytes,
                        next < col_end ? wbase + static_cast<std::size_t>(next) * w.row_bytes : nullptr);
       }
-    tiles<q_tile, k_qr, k_qc>.at(nr, nc)(jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes,
-                                         jb.act_row_bytes, pack, ng, jb.y + r0 * w.n_out + c0, w.n_out);
+    tiles<q_tile<has_min(T)>::template shape, k_qr, k_qc>.at(nr, nc)(
+        jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes, jb.act_row_bytes, pack, ng,
+        jb.y + r0 * w.n_out + c0, w.n_out);
   });
 }
 
+std::size_t avx512_act_row_bytes(tensor_type t, std::int64_t n_in) {
+  if (uses_groups(t)) return grouped_act_row_bytes(t, n_in);
+  return is_quantized(t) ? kq_act_row_bytes_avx512(t, n_in) : 0;
+}
+
+void avx512_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+                    std::size_t row_bytes) {
+  if (uses_groups(t)) return grouped_prepare(t, x, m, n_in, act, row_bytes);
+  kq_prepare_avx512(t, x, m, n_in, act, row_bytes);
+}
+
 std::size_t avx512_pack_bytes(tensor_type t, std::int64_t n_in) {
-  return is_quantized(t) ? static_cast<std::size_t>(k_qc * n_groups(n_in)) * k_group_pack_bytes : 0;
+  if (uses_groups(t)) return static_cast<std::size_t>(k_qc * n_groups(n_in)) * group_pack_bytes(has_min(t));
+  return 0;
 }
 
 void avx512_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack) {
@@ -343,11 +398,18 @@ void avx512_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pac
     case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_fc>(jb, c0, c1);
     case tensor_type::q8_0: return quant_cols<tensor_type::q8_0>(jb, c0, c1, pack);
     case tensor_type::q4_0: return quant_cols<tensor_type::q4_0>(jb, c0, c1, pack);
-    default: return;  // matmul() accepts only the types above
+    case tensor_type::q4_1: return quant_cols<tensor_type::q4_1>(jb, c0, c1, pack);
+    case tensor_type::q5_0: return quant_cols<tensor_type::q5_0>(jb, c0, c1, pack);
+    case tensor_type::q5_1: return quant_cols<tensor_type::q5_1>(jb, c0, c1, pack);
+    case tensor_type::iq4_nl: return quant_cols<tensor_type::iq4_nl>(jb, c0, c1, pack);
+    default: return kq_cols_avx512(jb, c0, c1);
   }
 }
 
-std::int64_t avx512_col_tile(tensor_type t) { return is_quantized(t) ? k_qc : k_fc; }
+std::int64_t avx512_col_tile(tensor_type t) {
+  if (!is_quantized(t)) return k_fc;
+  return uses_groups(t) ? k_qc : kq_col_tile_avx512(t);
+}
 
 const kernel_set k_avx512_kernels{avx512_col_tile, avx512_act_row_bytes, avx512_prepare, avx512_pack_bytes, avx512_cols};
 

@@ -18,11 +18,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "core/ggml_blocks.h"
 #include "core/half.h"
 #include "model/matmul.h"
+#include "model/quants.h"
 
 namespace pagoda::matmul_detail {
 
@@ -32,7 +34,7 @@ using gguf::tensor_type;
 struct job {
   const weight_view* w = nullptr;
   const float* x = nullptr;        // [m][n_in] f32: read directly for float weights
-  const std::byte* act = nullptr;  // quantized rows of x (q8_0/q4_0 weights), level's layout
+  const std::byte* act = nullptr;  // quantized rows of x (quantized weights), the level's layout
   std::size_t act_row_bytes = 0;   // stride of `act` between rows
   std::int64_t m = 0;
   float* y = nullptr;  // [m][n_out]
@@ -45,7 +47,8 @@ struct kernel_set {
   std::int64_t (*col_tile)(tensor_type t);
   // Bytes of one prepared activation row (0 for float weights, which read x).
   std::size_t (*act_row_bytes)(tensor_type t, std::int64_t n_in);
-  // Quantizes m rows of x into `act` (stride act_row_bytes). Only for q8_0/q4_0.
+  // Quantizes m rows of x into `act` (stride act_row_bytes) in the activation
+  // format of t (act_format_of). Only for quantized weights.
   void (*prepare)(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                   std::size_t act_row_bytes);
   // Per-thread packing buffer for one column tile (0 when the level packs nothing).
@@ -59,6 +62,36 @@ const kernel_set& kernels_scalar();
 const kernel_set& kernels_avx2();
 const kernel_set& kernels_avx512();
 
+// ---------------------------------------------------------------------------
+// The portable quantized kernel (scalar level, and the AVX2 level for formats
+// without an AVX2 kernel). Each column's weights are decoded once into this
+// thread's pack buffer in integer form (model/quants.h: q, group scales and
+// mins, per-block da, db), then dotted against every prepared row:
+//   S = sum_g sc[g] * isum_g, M = sum_g mn[g] * bsums[g]   (exact integers)
+//   q8_0: acc = acc + (dx * da) * float(S)
+//   q8_1: acc = acc + ((dx * da) * float(S) - db * s)
+//   q8_K: acc = acc + dx * (da * float(S) - db * float(M))
+// blocks in order. Plain activation layout.
+// ---------------------------------------------------------------------------
+std::size_t generic_pack_bytes(tensor_type t, std::int64_t n_in);
+void generic_quant_cols(const job& j, std::int64_t col_begin, std::int64_t col_end, std::byte* pack);
+
+// Super-block formats (q8_K activations) at the AVX-512 level
+// (matmul_kquants_avx512.cpp) and Q4_K / Q6_K at the AVX2 level
+// (matmul_kquants_avx2.cpp); the kernel_set entries of those levels call them.
+std::size_t kq_act_row_bytes_avx512(tensor_type t, std::int64_t n_in);
+void kq_prepare_avx512(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+                       std::size_t row_bytes);
+std::int64_t kq_col_tile_avx512(tensor_type t);
+// The natural index of the value stored at byte p (p < 256) of a prepared
+// super-block (tests). REQUIRES: the CPU runs the AVX-512 level.
+int kq_act_element_avx512(tensor_type t, int p);
+void kq_cols_avx512(const job& j, std::int64_t col_begin, std::int64_t col_end);
+bool has_kq_kernel_avx2(tensor_type t);
+// One q8_K super-block, bit-exact with quantize_row_q8_k, at the AVX2 level.
+void quantize_q8_k_avx2(const float* x, block_q8_k& out);
+void kq_cols_avx2(const job& j, std::int64_t col_begin, std::int64_t col_end);
+
 // The helpers below are included by files compiled with different ISA flags
 // (baseline, -mavx2, -mavx512*). An inline function with external linkage could
 // be emitted by an AVX-512 file and picked by the linker for a baseline caller,
@@ -66,80 +99,112 @@ const kernel_set& kernels_avx512();
 // files avoid code that instantiates shared templates (fmt, std containers).
 namespace {
 
-inline constexpr std::int64_t k_block = 32;  // elements per q8_0 / q4_0 block
+inline constexpr std::int64_t k_block = 32;  // elements per block-32 activation block (q8_0, q8_1)
 
-inline bool is_quantized(tensor_type t) { return t == tensor_type::q8_0 || t == tensor_type::q4_0; }
+inline bool is_quantized(tensor_type t) { return is_quantized_weight(t); }
+
+// Formats whose AVX-512 kernel uses the grouped layout below (block-32 activations).
+inline bool uses_groups(tensor_type t) {
+  const act_format a = act_format_of(t);
+  return a == act_format::q8_0 || a == act_format::q8_1;
+}
 
 inline std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-
 // ---------------------------------------------------------------------------
-// Activation quantization to q8_0, exactly as ggml's quantize_row_q8_0_ref:
-// d = amax / 127, q = round-half-away(x / d) computed as x * (1/d), d stored as
-// fp16. One difference, for inputs ggml leaves undefined: the scaled value is
-// clamped to [-127, 127] before rounding (NaN becomes -127), so a NaN or inf in
-// x gives garbage, not undefined behaviour. The clamp is written as SIMD max/min
-// behave ((v > lo) ? v : lo, then (v < hi) ? v : hi) so every level agrees.
-// Every SIMD quantizer must produce these exact bytes.
+// Plain activation layout (scalar and AVX2 levels). One row, each section
+// starting on a 64-byte boundary:
+//   int8  qs[n_in]          quantized values, natural order
+//   float d[n_in / B]       the scale of each activation block (B = 32 for q8_0
+//                           and q8_1, 256 for q8_K), fp16 scales as f32
+//   float s[n_in / 32]      q8_1 only: each block's stored fp16 s, as f32
+//   int16 bsums[n_in / 16]  q8_K only: sums of 16 values
+// The bytes are those of quantize_row_q8_0/_1/_k (model/quants.h): every
+// level's quantizer must produce them exactly.
 // ---------------------------------------------------------------------------
-inline fp16_t quantize_block_q8_0(const float* x, std::int8_t* q) {
-  float amax = 0.0f;
-  for (int j = 0; j < k_block; ++j) {
-    float a = std::fabs(x[j]);
-    amax = a > amax ? a : amax;
-  }
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
-  for (int j = 0; j < k_block; ++j) {
-    float v = x[j] * id;
-    v = v > -127.0f ? v : -127.0f;
-    v = v < 127.0f ? v : 127.0f;
-    q[j] = static_cast<std::int8_t>(std::round(v));
-  }
-  return f32_to_fp16(d);
-}
-
-// ---------------------------------------------------------------------------
-// Plain activation layout (scalar and AVX2 levels). One row:
-//   int8  qs[n_in]            quantized values, natural order
-//   (padding to 64 bytes)
-//   float d[n_blocks]         fp16_to_f32 of each block's stored scale
-// ---------------------------------------------------------------------------
+struct plain_layout {
+  std::size_t d_off = 0, s_off = 0, bsums_off = 0, row_bytes = 0;
+};
 inline std::size_t plain_qs_bytes(std::int64_t n_in) { return round_up(static_cast<std::size_t>(n_in), 64); }
-inline std::size_t plain_act_row_bytes(std::int64_t n_in) {
-  return plain_qs_bytes(n_in) + round_up(static_cast<std::size_t>(n_in / k_block) * sizeof(float), 64);
+inline plain_layout plain_layout_of(act_format a, std::int64_t n_in) {
+  const auto n = static_cast<std::size_t>(n_in);
+  plain_layout l;
+  l.d_off = plain_qs_bytes(n_in);
+  l.s_off = l.d_off + round_up(n / static_cast<std::size_t>(act_block_elems(a)) * sizeof(float), 64);
+  l.bsums_off = l.s_off + (a == act_format::q8_1 ? round_up(n / 32 * sizeof(float), 64) : 0);
+  l.row_bytes = l.bsums_off + (a == act_format::q8_k ? round_up(n / 16 * sizeof(std::int16_t), 64) : 0);
+  return l;
 }
+inline std::size_t plain_act_row_bytes(act_format a, std::int64_t n_in) { return plain_layout_of(a, n_in).row_bytes; }
 
-// Fills m rows of the plain layout. quantize(x, q) quantizes one block of 32
-// floats into q and returns its scale as stored (fp16 converted to f32).
-template <typename Q>
-inline void prepare_plain(const float* x, std::int64_t m, std::int64_t n_in, std::byte* act, std::size_t row_bytes,
-                          Q&& quantize) {
+// Fills m rows of the plain layout for activation format a. For q8_0 / q8_1,
+// quantize(x, q, &d_f32) quantizes one block of 32 floats into q and returns
+// its fp16 scale (bit-exact with quantize_block_q8); for q8_K,
+// quantize_k(x, block) quantizes one super-block of 256 (bit-exact with
+// quantize_row_q8_k).
+template <typename Q, typename QK>
+inline void prepare_plain(act_format a, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
+                          std::size_t row_bytes, Q&& quantize, QK&& quantize_k) {
+  const plain_layout l = plain_layout_of(a, n_in);
   for (std::int64_t i = 0; i < m; ++i) {
     std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
     auto* qs = reinterpret_cast<std::int8_t*>(row);
-    auto* d = reinterpret_cast<float*>(row + plain_qs_bytes(n_in));
-    for (std::int64_t b = 0; b < n_in / k_block; ++b) d[b] = quantize(x + i * n_in + b * k_block, qs + b * k_block);
+    auto* d = reinterpret_cast<float*>(row + l.d_off);
+    const float* xr = x + i * n_in;
+    if (a == act_format::q8_k) {
+      auto* bsums = reinterpret_cast<std::int16_t*>(row + l.bsums_off);
+      block_q8_k blk;
+      for (std::int64_t b = 0; b < n_in / k_qk_k; ++b) {
+        quantize_k(xr + b * k_qk_k, blk);
+        d[b] = blk.d;
+        std::memcpy(qs + b * k_qk_k, blk.qs, k_qk_k);
+        std::memcpy(bsums + b * 16, blk.bsums, sizeof blk.bsums);
+      }
+      continue;
+    }
+    auto* s = reinterpret_cast<float*>(row + l.s_off);
+    for (std::int64_t b = 0; b < n_in / k_block; ++b) {
+      float d_f32;
+      const fp16_t d16 = quantize(xr + b * k_block, qs + b * k_block, &d_f32);
+      d[b] = fp16_to_f32(d16);
+      if (a == act_format::q8_1) {
+        int sum = 0;
+        for (int j = 0; j < k_block; ++j) sum += qs[b * k_block + j];
+        s[b] = fp16_to_f32(f32_to_fp16(d_f32 * static_cast<float>(sum)));
+      }
+    }
   }
 }
 
 // ---------------------------------------------------------------------------
-// Grouped activation layout (AVX-512 level), built for vpdpbusd. Blocks go in
-// groups of 16 (the last group padded with zero blocks, d = 0), one int32 lane
-// per block. One group, 640 bytes:
+// Grouped activation layout (AVX-512 level, block-32 formats), built for
+// vpdpbusd. Blocks go in groups of 16 (the last group padded with zero blocks,
+// d = 0), one int32 lane per block. One group, 640 bytes (704 for q8_1):
 //   int8  xq[8][64]   xq[j][4p + i] = q of block p, element 4j + i (j < 8, p < 16,
 //                     i < 4): int32 lane p of vector j is the j-th 4-byte slice of
 //                     block p, so eight vpdpbusd steps sum a whole block per lane
 //                     and the scales are applied once per 16 blocks.
 //   int32 init[16]    -C * (sum of block p's 32 values), where C is the offset of
-//                     the unsigned weight operand (128 for q8_0: w ^ 0x80; 8 for
-//                     q4_0: the raw nibble), so that starting the integer
-//                     accumulator at init cancels the offset exactly.
+//                     the unsigned weight operand (group_weight_offset: 128 for
+//                     q8_0 as w ^ 0x80, 8 for q4_0's raw nibble, ...), so that
+//                     starting the integer accumulator at init cancels it exactly.
 //   float dx[16]      lane p = scale of block p.
+//   float sx[16]      q8_1 only: lane p = block p's stored s (fp16 as f32).
 // Weights are packed per column tile into the same shape (see matmul_avx512.cpp).
 // ---------------------------------------------------------------------------
 inline constexpr std::int64_t k_group_blocks = 16;
-inline constexpr std::size_t k_group_act_bytes = 640;
+inline constexpr std::size_t k_group_init_off = 512, k_group_d_off = 576, k_group_s_off = 640;
+inline std::size_t group_act_bytes(act_format a) { return a == act_format::q8_1 ? 704 : 640; }
+// C above: the unsigned weight byte the grouped kernel multiplies is w + C.
+inline int group_weight_offset(tensor_type t) {
+  switch (t) {
+    case tensor_type::q8_0:
+    case tensor_type::iq4_nl: return 128;
+    case tensor_type::q4_0: return 8;
+    case tensor_type::q5_0: return 16;
+    default: return 0;  // q4_1, q5_1: unsigned values and a separate min
+  }
+}
 inline std::int64_t n_groups(std::int64_t n_in) {
   return (n_in / k_block + k_group_blocks - 1) / k_group_blocks;
 }
@@ -220,6 +285,37 @@ void float_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
     prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
     tiles<K, R, C>.at(nr, nc)(jb.x + r0 * w.n_in, w.n_in, wbase + static_cast<std::size_t>(c0) * w.row_bytes,
                               w.row_bytes, w.n_in, jb.y + r0 * w.n_out + c0, w.n_out);
+  });
+}
+
+// Prepared q8_K activation rows as the super-block kernels read them (plain
+// layout, matmul_internal.h; AVX-512 permutes each super-block's values).
+struct kq_act_rows {
+  const std::byte* base;  // row 0 of the tile
+  std::size_t stride;     // bytes between rows
+  std::size_t d_off, bsums_off;
+  const std::byte* qs(int r, std::int64_t b, int offset) const {
+    return base + r * stride + static_cast<std::size_t>(b) * k_qk_k + offset;
+  }
+  const std::byte* bsums(int r, std::int64_t b) const { return base + r * stride + bsums_off + static_cast<std::size_t>(b) * 32; }
+  float dx(int r, std::int64_t b) const { return reinterpret_cast<const float*>(base + r * stride + d_off)[b]; }
+};
+
+// Column kernel for super-block weights, every level the same: tiles of at
+// most R x C, each running K<nr, nc>::run(rows, weight rows, row stride,
+// super-blocks, y, ldy) straight from the file's bytes, the next tile's rows
+// prefetched meanwhile.
+template <template <int, int> class K, int R, int C>
+void kq_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
+  const weight_view& w = *jb.w;
+  const plain_layout l = plain_layout_of(act_format::q8_k, w.n_in);
+  const auto* wbase = static_cast<const std::byte*>(w.data);
+  const std::int64_t nsb = w.n_in / k_qk_k;
+  for_each_tile<R, C>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
+    const kq_act_rows a{jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes, jb.act_row_bytes, l.d_off,
+                        l.bsums_off};
+    tiles<K, R, C>.at(nr, nc)(a, wbase + static_cast<std::size_t>(c0) * w.row_bytes, w.row_bytes, nsb,
+                              jb.y + r0 * w.n_out + c0, w.n_out);
   });
 }
 

@@ -1,5 +1,7 @@
 #include "model/synth.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -12,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "model/gguf_writer.h"
 #include "model/matmul.h"
+#include "model/quants.h"
 
 namespace pagoda {
 
@@ -26,7 +29,12 @@ constexpr synth_shape k_presets[] = {
     {"mistral-7b", "llama", 4096, 32, 8, 128, 14336, 32, 32768, 32000, 1000000.0f, 1e-5f, false},
     {"qwen2-7b", "qwen2", 3584, 28, 4, 128, 18944, 28, 32768, 152064, 1000000.0f, 1e-6f, true},
     {"tiny", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f, false},
+    {"tiny256", "llama", 256, 4, 2, 64, 512, 2, 2048, 512, 10000.0f, 1e-5f, false},
 };
+
+// Weight types synth can write (those with an encoder in encode_row).
+constexpr tensor_type k_writable_types[] = {tensor_type::f16,  tensor_type::q8_0, tensor_type::q4_0, tensor_type::q4_k,
+                                            tensor_type::q6_k, tensor_type::f32,  tensor_type::bf16};
 
 constexpr int k_n_special_tokens = 3;  // <unk> <s> </s>
 constexpr int k_n_byte_tokens = 256;
@@ -45,6 +53,8 @@ std::uint32_t file_type_of(tensor_type t) {
     case tensor_type::f16: return 1;
     case tensor_type::q4_0: return 2;
     case tensor_type::q8_0: return 7;
+    case tensor_type::q4_k: return 14;  // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix q4_K
+    case tensor_type::q6_k: return 18;
     case tensor_type::bf16: return 32;
     default: return 0;
   }
@@ -89,6 +99,8 @@ void encode_row(tensor_type t, const float* x, std::int64_t n, std::byte* out) {
     }
     case tensor_type::q8_0: quantize_row_q8_0(x, n, out); return;
     case tensor_type::q4_0: quantize_row_q4_0(x, n, out); return;
+    case tensor_type::q4_k: quantize_row_q4_k(x, n, out); return;
+    case tensor_type::q6_k: quantize_row_q6_k(x, n, out); return;
     default: PAGODA_ASSERT(false, "synth: no encoder for {}", gguf::tensor_type_name(t));
   }
 }
@@ -240,11 +252,26 @@ const synth_shape* find_synth_preset(std::string_view name) {
   return nullptr;
 }
 
+namespace {
+
+std::string writable_type_names() {
+  std::string names;
+  for (tensor_type t : k_writable_types) names += fmt::format("{}{}", names.empty() ? "" : ", ", gguf::tensor_type_name(t));
+  return names;
+}
+
+bool same_ignoring_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+}  // namespace
+
 result<tensor_type> parse_synth_weight_type(std::string_view name) {
-  for (tensor_type t : {tensor_type::f16, tensor_type::q8_0, tensor_type::q4_0, tensor_type::f32, tensor_type::bf16}) {
-    if (name == gguf::tensor_type_name(t)) return t;
-  }
-  return error(errc::invalid_argument, "unknown weight type '{}' (f16, q8_0, q4_0, f32, bf16)", name);
+  for (tensor_type t : k_writable_types)
+    if (same_ignoring_case(name, gguf::tensor_type_name(t))) return t;
+  return error(errc::invalid_argument, "unknown weight type '{}' ({})", name, writable_type_names());
 }
 
 result<synth_shape> resolve_synth_shape(const synth_options& o) {
@@ -268,9 +295,10 @@ result<synth_shape> resolve_synth_shape(const synth_options& o) {
                  s.n_vocab, k_min_vocab);
   }
   const auto* traits = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(o.weight_type));
-  if (!traits || !traits->supported) {
-    return error(errc::invalid_argument, "weight type {} is not one Pagoda computes with",
-                 gguf::tensor_type_name(o.weight_type));
+  if (!traits || std::find(std::begin(k_writable_types), std::end(k_writable_types), o.weight_type) ==
+                     std::end(k_writable_types)) {
+    return error(errc::invalid_argument, "synth cannot write weight type {} (it writes {})",
+                 gguf::tensor_type_name(o.weight_type), writable_type_names());
   }
   const std::int64_t block = traits->block_size;
   const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;

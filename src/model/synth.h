@@ -39,8 +39,9 @@ struct synth_shape {
   bool qkv_bias = false;     // qwen2: attn_q/k/v biases
 };
 
-// Every preset: llama3-8b, llama3-70b, mistral-7b, qwen2-7b, and tiny (a small
-// llama for tests and smoke runs).
+// Every preset: llama3-8b, llama3-70b, mistral-7b, qwen2-7b, tiny (a small
+// llama for tests and smoke runs) and tiny256 (the same with rows of 256 and
+// 512, so the super-block formats q4_K and q6_K fit).
 std::span<const synth_shape> synth_presets();
 // nullptr when no preset has that name.
 const synth_shape* find_synth_preset(std::string_view name);
@@ -53,7 +54,9 @@ struct synth_options {
   // Vocabulary size; 0 means the preset's real one. At least 260 (specials,
   // 256 byte tokens, one piece).
   int n_vocab = 512;
-  // Matrix type: f16, q8_0 or q4_0 (f32 and bf16 also work). Norms and biases stay F32.
+  // Matrix type: f16, q8_0, q4_0, q4_K or q6_K (f32 and bf16 also work). Norms
+  // and biases stay F32. q4_K / q6_K use simple min/max quantizers (valid files,
+  // not llama-quantize's bytes) and need rows that are multiples of 256.
   gguf::tensor_type weight_type = gguf::tensor_type::q8_0;
   std::uint64_t seed = 42;
   // Threads generating weights; <= 0 means every hardware thread. The file is
@@ -61,7 +64,8 @@ struct synth_options {
   int n_threads = 0;
 };
 
-// "f16", "q8_0", "q4_0", "f32", "bf16" -> the tensor type; errc::invalid_argument otherwise.
+// "f16", "q8_0", "q4_0", "q4_K", "q6_K", "f32", "bf16" (any case) -> the tensor
+// type; errc::invalid_argument otherwise.
 result<gguf::tensor_type> parse_synth_weight_type(std::string_view name);
 
 // The preset with the options' overrides applied, validated (unknown preset,

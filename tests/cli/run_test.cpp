@@ -120,5 +120,17 @@ TEST(cli_info, reports_shape_and_kv_cost) {
   EXPECT_NE(r.out.find("640.0"), std::string::npos) << r.out;
 }
 
+// A llama-quantize Q4_K_M file (tests/data/oracle) mixes q4_K and q6_K: info
+// lists both, and every matrix is used from the mapping as stored.
+TEST(cli_info, reports_mixed_weight_types_and_resident_bytes) {
+  auto r = run_cli("info -m " + data_path("oracle/gguf/synth-llama-Q4_K_M.gguf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("q4_K x13"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("q6_K x3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("f32 x5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 bytes repacked at load"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resident:"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace pagoda::test

@@ -345,7 +345,19 @@ TEST(gguf_round_trip, tensors_of_every_supported_type) {
         {"t.bf16", tensor_type::bf16, {2, 3, 4, 1}, 3},
         {"t.q8_0", tensor_type::q8_0, {64, 3, 1, 1}, 2},
         {"t.q4_0", tensor_type::q4_0, {32, 2, 2, 2}, 4},
+        {"t.q4_1", tensor_type::q4_1, {32, 2, 1, 1}, 2},
+        {"t.q5_0", tensor_type::q5_0, {64, 1, 1, 1}, 1},
+        {"t.q5_1", tensor_type::q5_1, {32, 3, 1, 1}, 2},
+        {"t.iq4_nl", tensor_type::iq4_nl, {96, 1, 1, 1}, 1},
+        {"t.q2_K", tensor_type::q2_k, {256, 2, 1, 1}, 2},
+        {"t.q3_K", tensor_type::q3_k, {512, 1, 1, 1}, 1},
+        {"t.q4_K", tensor_type::q4_k, {256, 3, 1, 1}, 2},
+        {"t.q5_K", tensor_type::q5_k, {256, 1, 2, 1}, 3},
+        {"t.q6_K", tensor_type::q6_k, {256, 2, 1, 1}, 2},
+        {"t.iq4_xs", tensor_type::iq4_xs, {256, 1, 1, 1}, 1},
+        {"t.iq3_s", tensor_type::iq3_s, {256, 2, 1, 1}, 2},
     };
+    constexpr std::size_t n_specs = sizeof(specs) / sizeof(specs[0]);
     std::vector<bytes_t> datas;
     std::uint32_t seed = 1;
     for (const auto& s : specs) {
@@ -365,10 +377,21 @@ TEST(gguf_round_trip, tensors_of_every_supported_type) {
     EXPECT_EQ(f.alignment(), alignment);
     EXPECT_EQ(f.data_offset(), lay.data_start);
     EXPECT_EQ(f.data_offset() % alignment, 0u);
-    ASSERT_EQ(f.tensors().size(), 5u);
-    EXPECT_EQ(f.tensors()[3].size_bytes, 6u * 34u);  // 6 q8_0 blocks
-    EXPECT_EQ(f.tensors()[4].size_bytes, 8u * 18u);  // 8 q4_0 blocks
-    for (std::size_t k = 0; k < 5; ++k) {
+    ASSERT_EQ(f.tensors().size(), n_specs);
+    EXPECT_EQ(f.tensors()[3].size_bytes, 6u * 34u);   // 6 q8_0 blocks
+    EXPECT_EQ(f.tensors()[4].size_bytes, 8u * 18u);   // 8 q4_0 blocks
+    EXPECT_EQ(f.tensors()[5].size_bytes, 2u * 20u);   // 2 q4_1 blocks
+    EXPECT_EQ(f.tensors()[6].size_bytes, 2u * 22u);   // 2 q5_0 blocks
+    EXPECT_EQ(f.tensors()[7].size_bytes, 3u * 24u);   // 3 q5_1 blocks
+    EXPECT_EQ(f.tensors()[8].size_bytes, 3u * 18u);   // 3 iq4_nl blocks
+    EXPECT_EQ(f.tensors()[9].size_bytes, 2u * 84u);   // 2 q2_K super-blocks
+    EXPECT_EQ(f.tensors()[10].size_bytes, 2u * 110u); // 2 q3_K
+    EXPECT_EQ(f.tensors()[11].size_bytes, 3u * 144u); // 3 q4_K
+    EXPECT_EQ(f.tensors()[12].size_bytes, 2u * 176u); // 2 q5_K
+    EXPECT_EQ(f.tensors()[13].size_bytes, 2u * 210u); // 2 q6_K
+    EXPECT_EQ(f.tensors()[14].size_bytes, 1u * 136u); // 1 iq4_xs
+    EXPECT_EQ(f.tensors()[15].size_bytes, 2u * 110u); // 2 iq3_s
+    for (std::size_t k = 0; k < n_specs; ++k) {
       const tensor_info& t = f.tensors()[k];
       EXPECT_EQ(t.name, specs[k].name);
       EXPECT_EQ(t.type, specs[k].type);
@@ -446,7 +469,9 @@ TEST(gguf_round_trip, tensor_size_bytes_rules) {
   EXPECT_FALSE(tensor_size_bytes(99, ok_q8).has_value());
   EXPECT_STREQ(tensor_type_name(tensor_type::q4_k), "q4_K");
   EXPECT_TRUE(get_tensor_type_traits(30)->supported);
-  EXPECT_FALSE(get_tensor_type_traits(12)->supported);
+  EXPECT_TRUE(get_tensor_type_traits(12)->supported);   // q4_K
+  EXPECT_FALSE(get_tensor_type_traits(16)->supported);  // iq2_xxs
+  EXPECT_FALSE(get_tensor_type_traits(15)->supported);  // q8_K: an activation format, never a weight
   EXPECT_EQ(get_tensor_type_traits(4), nullptr);
 }
 
@@ -647,11 +672,11 @@ TEST(gguf_malformed, unknown_tensor_type) {
 
 TEST(gguf_malformed, unsupported_tensor_type_is_named) {
   auto base = make_base_file();
-  patch<std::uint32_t>(base.bytes, base.layout.tensors[1].type_pos, 12);
+  patch<std::uint32_t>(base.bytes, base.layout.tensors[1].type_pos, 16);
   expect_error(base.bytes, errc::unsupported, "tensor 'b'");
-  expect_error(base.bytes, errc::unsupported, "tensor type q4_K is not supported");
-  patch<std::uint32_t>(base.bytes, base.layout.tensors[1].type_pos, 3);
-  expect_error(base.bytes, errc::unsupported, "tensor type q4_1 is not supported");
+  expect_error(base.bytes, errc::unsupported, "tensor type iq2_xxs is not supported");
+  patch<std::uint32_t>(base.bytes, base.layout.tensors[1].type_pos, 39);
+  expect_error(base.bytes, errc::unsupported, "tensor type mxfp4 is not supported");
 }
 
 TEST(gguf_malformed, duplicate_key) {

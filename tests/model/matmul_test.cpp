@@ -1,9 +1,11 @@
-// Weight matmul: every SIMD level against the reference twin, batch invariance
-// (bitwise), ggml quantizers, round-trip bounds and exact integer cases.
+// Weight matmul: every SIMD level against the reference twin for every weight
+// format, batch invariance (bitwise), exact integer cases, and the activation
+// quantizers every level must reproduce byte for byte.
 #include "model/matmul.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -12,26 +14,35 @@
 #include "core/cpu.h"
 #include "core/ggml_blocks.h"
 #include "core/half.h"
-#include "core/simd_levels.h"
 #include "model/matmul_internal.h"
+#include "model/simd_level_util.h"
 
 namespace pagoda {
 namespace {
 
 using gguf::tensor_type;
 
-constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::bf16, tensor_type::q8_0,
-                                   tensor_type::q4_0};
+constexpr tensor_type k_float_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::bf16};
+constexpr tensor_type k_quant_types[] = {tensor_type::q8_0, tensor_type::q4_0,   tensor_type::q4_1, tensor_type::q5_0,
+                                         tensor_type::q5_1, tensor_type::iq4_nl, tensor_type::q2_k, tensor_type::q3_k,
+                                         tensor_type::q4_k, tensor_type::q5_k,   tensor_type::q6_k, tensor_type::iq4_xs,
+                                         tensor_type::iq3_s};
 // The levels to run (core/simd_levels.h): every level this CPU runs, or the
-// one PAGODA_SIMD names. PAGODA_USE_SIMD_LEVEL fails a test whose level did
-// not take effect, rather than skipping it.
+// one PAGODA_SIMD names; use_level fails a test whose level did not take effect.
 const std::vector<simd_level> k_levels = test::simd_levels_to_run();
 
+std::vector<tensor_type> all_types() {
+  std::vector<tensor_type> v(std::begin(k_float_types), std::end(k_float_types));
+  v.insert(v.end(), std::begin(k_quant_types), std::end(k_quant_types));
+  return v;
+}
+
 const char* type_name(tensor_type t) { return gguf::tensor_type_name(t); }
+bool is_q(tensor_type t) { return is_quantized_weight(t); }
+bool is_k(tensor_type t) { return act_format_of(t) == act_format::q8_k; }
 
-bool is_q(tensor_type t) { return t == tensor_type::q8_0 || t == tensor_type::q4_0; }
-
-using level_guard = test::simd_level_guard;
+using test::level_guard;
+using test::use_level;
 
 // A weight matrix owning its bytes. row_bytes may exceed the dense row size
 // (padding between rows), which the kernels must honour.
@@ -40,11 +51,54 @@ struct weights {
   weight_view view;
 };
 
-weights encode(tensor_type t, const std::vector<float>& w, std::int64_t n_out, std::int64_t n_in,
-               std::size_t pad_bytes = 0) {
+std::vector<float> random_floats(std::mt19937& rng, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& f : v) f = dist(rng);
+  return v;
+}
+
+// Byte offsets of the fp16 scale fields of one block (d first, then m / dmin).
+std::vector<int> scale_fields(tensor_type t) {
+  switch (t) {
+    case tensor_type::q4_1:
+    case tensor_type::q5_1:
+    case tensor_type::q4_k:
+    case tensor_type::q5_k: return {0, 2};
+    case tensor_type::q2_k: return {80, 82};
+    case tensor_type::q3_k: return {108};
+    case tensor_type::q6_k: return {208};
+    default: return {0};
+  }
+}
+
+std::size_t block_bytes(tensor_type t) { return row_size_bytes(t, weight_block_elems(t)); }
+
+// Overwrites every block's fp16 scales with `value(rng)`.
+template <typename F>
+void set_scales(weights& w, std::mt19937& rng, F&& value) {
+  const std::int64_t be = weight_block_elems(w.view.type);
+  const std::size_t bb = block_bytes(w.view.type);
+  for (std::int64_t j = 0; j < w.view.n_out; ++j)
+    for (std::int64_t b = 0; b < w.view.n_in / be; ++b)
+      for (int off : scale_fields(w.view.type)) {
+        const fp16_t h = f32_to_fp16(value(rng));
+        std::memcpy(w.bytes.data() + w.view.row_bytes * j + bb * b + off, &h, 2);
+      }
+}
+
+// Float types and q8_0 / q4_0 are encoded from random floats; the other
+// formats are random bytes (every bit pattern of values, scales, mins, high
+// bits, signs and grid indices is a valid block) with fp16 scales of random
+// sign and magnitude 2^-8 .. 2^-4, so every decoding path is exercised.
+weights make_weights(tensor_type t, std::int64_t n_out, std::int64_t n_in, std::mt19937& rng,
+                     std::size_t pad_bytes = 0) {
   weights out;
   const std::size_t dense = row_size_bytes(t, n_in), stride = dense + pad_bytes;
   out.bytes.assign(stride * static_cast<std::size_t>(n_out) + 64, std::byte{0x5a});
+  out.view = weight_view{t, out.bytes.data(), n_in, n_out, stride};
+  const std::vector<float> w = random_floats(rng, static_cast<std::size_t>(n_out * n_in));
+  std::uniform_int_distribution<int> byte(0, 255);
   for (std::int64_t j = 0; j < n_out; ++j) {
     std::byte* row = out.bytes.data() + stride * static_cast<std::size_t>(j);
     const float* src = w.data() + j * n_in;
@@ -64,67 +118,91 @@ weights encode(tensor_type t, const std::vector<float>& w, std::int64_t n_out, s
         break;
       case tensor_type::q8_0: quantize_row_q8_0(src, n_in, row); break;
       case tensor_type::q4_0: quantize_row_q4_0(src, n_in, row); break;
-      default: ADD_FAILURE();
+      default:
+        for (std::size_t k = 0; k < dense; ++k) row[k] = static_cast<std::byte>(byte(rng));
     }
   }
-  out.view = weight_view{t, out.bytes.data(), n_in, n_out, stride};
+  if (is_q(t) && t != tensor_type::q8_0 && t != tensor_type::q4_0) {
+    std::uniform_real_distribution<float> mant(0.5f, 1.0f);
+    std::uniform_int_distribution<int> expo(4, 8), sign(0, 1);
+    set_scales(out, rng, [&](std::mt19937&) { return (sign(rng) ? -1.0f : 1.0f) * std::ldexp(mant(rng), -expo(rng)); });
+  }
   return out;
 }
 
-std::vector<float> random_floats(std::mt19937& rng, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& f : v) f = dist(rng);
+// The activation row as the kernels see it: dequantized q8_0 / q8_1 / q8_K for
+// quantized weight types. Also returns each block's q8_1 s (for the tolerance).
+std::vector<float> effective_x(tensor_type t, const float* x, std::int64_t n, std::vector<float>* s = nullptr) {
+  std::vector<float> v(x, x + n);
+  const act_format af = act_format_of(t);
+  if (af == act_format::q8_0 || af == act_format::q8_1) {
+    std::vector<block_q8_1> q(static_cast<std::size_t>(n / 32));
+    quantize_row_q8_1(x, n, q.data());
+    for (std::int64_t b = 0; b < n / 32; ++b) {
+      for (int e = 0; e < 32; ++e) v[b * 32 + e] = fp16_to_f32(q[b].d) * static_cast<float>(q[b].qs[e]);
+      if (s) s->push_back(fp16_to_f32(q[b].s));
+    }
+  } else if (af == act_format::q8_k) {
+    std::vector<block_q8_k> q(static_cast<std::size_t>(n / 256));
+    quantize_row_q8_k(x, n, q.data());
+    for (std::int64_t b = 0; b < n / 256; ++b)
+      for (int e = 0; e < 256; ++e) v[b * 256 + e] = q[b].d * static_cast<float>(q[b].qs[e]);
+  }
   return v;
 }
 
 // Error bound for one output. Every level sums each lane's terms in a fixed
-// order: float types at least 8 lanes of ceil(n_in / 8) products each; q types
-// at most n_blocks terms per lane (the scalar level uses one lane), each term
-// float(isum) * dw * dx with two roundings. Then a reduction tree of depth <= 4.
-// The classic recursive-summation bound gives |y - exact| <= gamma_(n + 6) *
-// sum|terms| with n the terms per lane and gamma_k ~ k * 2^-24; the double
-// reference is within 2^-24 * |y| of exact. So
-//   |y - y_ref| <= (n + 8) * 2^-24 * S,  S = sum_k |x_k * w_k|,
-// with x the (quantized, for q types) activations and w the dequantized weights.
-// This is far below what a real bug moves: dropping one of 4096 terms costs about
-// S / 4096 = 2.4e-4 S against a bound of 3.1e-5 S.
-float tolerance(tensor_type t, const std::vector<float>& xr, const std::vector<float>& wr) {
-  double s = 0;
-  for (std::size_t k = 0; k < xr.size(); ++k) s += std::fabs(static_cast<double>(xr[k]) * wr[k]);
-  const double n_terms = is_q(t) ? static_cast<double>(xr.size() / 32) : std::ceil(xr.size() / 8.0);
-  return static_cast<float>((n_terms + 8) * std::ldexp(1.0, -24) * s + 1e-30);
-}
-
-// The activation row as the kernels see it: dequantized q8_0 for q weight types.
-std::vector<float> effective_x(tensor_type t, const float* x, std::int64_t n) {
-  std::vector<float> v(x, x + n);
-  if (!is_q(t)) return v;
-  std::vector<block_q8_0> q(static_cast<std::size_t>(n / 32));
-  quantize_row_q8_0(x, n, q.data());
-  weight_view wv{tensor_type::q8_0, q.data(), n, 1, row_size_bytes(tensor_type::q8_0, n)};
-  dequantize_row(wv, 0, v.data());
-  return v;
+// order: float types at least 8 lanes of ceil(n_in / 8) products each;
+// quantized types at most one term per block per lane (the scalar level uses
+// one lane), each term dx * (da * S - db * M) with S, M exact integers and a
+// few roundings (int to float, products, the difference). Then a reduction
+// tree of depth <= 4. The classic recursive-summation bound gives |y - exact|
+// <= gamma_(n + 6) * T with n the terms per lane, gamma_k ~ k * 2^-24 and T the
+// sum of the terms' magnitudes; the double reference is within 2^-24 |y| of
+// exact. So |y - y_ref| <= (n + 8) * 2^-24 * T, where
+//   T = sum_e |x_e| (|da sc_e q_e| + |db mn_e|)  (+ |m * s| per q8_1 block)
+// with x the effective activations. This is far below what a real bug moves:
+// dropping one of 16 blocks costs about T / 16 against a bound of 1.4e-6 T.
+float tolerance(tensor_type t, const float* x, const weight_view& w, std::int64_t row) {
+  const std::int64_t n = w.n_in;
+  std::vector<float> s;
+  const std::vector<float> xe = effective_x(t, x, n, &s);
+  double total = 0, n_terms;
+  if (!is_q(t)) {
+    std::vector<float> wr(static_cast<std::size_t>(n));
+    dequantize_row(w, row, wr.data());
+    for (std::int64_t k = 0; k < n; ++k) total += std::fabs(static_cast<double>(xe[k]) * wr[k]);
+    n_terms = std::ceil(n / 8.0);
+  } else {
+    const std::int64_t be = weight_block_elems(t);
+    const std::byte* p = static_cast<const std::byte*>(w.data) + w.row_bytes * static_cast<std::size_t>(row);
+    int_block ib;
+    for (std::int64_t b = 0; b < n / be; ++b) {
+      decode_int_block(t, p + block_bytes(t) * static_cast<std::size_t>(b), ib);
+      for (std::int64_t e = 0; e < be; ++e)
+        total += std::fabs(xe[b * be + e]) * (std::fabs(static_cast<double>(ib.da) * ib.sc[e / 16] * ib.q[e]) +
+                                              std::fabs(static_cast<double>(ib.db) * ib.mn[e / 16]));
+      if (act_format_of(t) == act_format::q8_1) total += std::fabs(static_cast<double>(ib.db) * s[b]);
+    }
+    n_terms = static_cast<double>(n / be);
+  }
+  return static_cast<float>((n_terms + 8) * std::ldexp(1.0, -24) * total + 1e-30);
 }
 
 void check_against_ref(tensor_type t, std::int64_t m, std::int64_t n_in, std::int64_t n_out, thread_pool& pool,
                        std::mt19937& rng, std::size_t pad = 0) {
   SCOPED_TRACE(testing::Message() << type_name(t) << " m=" << m << " n_in=" << n_in << " n_out=" << n_out
                                   << " level=" << simd_level_name(active_simd_level()) << " pad=" << pad);
-  const std::vector<float> wf = random_floats(rng, static_cast<std::size_t>(n_out * n_in));
+  weights w = make_weights(t, n_out, n_in, rng, pad);
   const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(m * n_in), -2.0f, 2.0f);
-  weights w = encode(t, wf, n_out, n_in, pad);
   std::vector<float> y(static_cast<std::size_t>(m * n_out), NAN), y_ref(y.size(), NAN);
   matmul_scratch scratch;
   matmul(w.view, x.data(), m, y.data(), pool, scratch);
   matmul_ref(w.view, x.data(), m, y_ref.data());
-  std::vector<float> wrow(static_cast<std::size_t>(n_in));
   int failures = 0;
   for (std::int64_t i = 0; i < m; ++i) {
-    const std::vector<float> xr = effective_x(t, x.data() + i * n_in, n_in);
     for (std::int64_t j = 0; j < n_out; ++j) {
-      dequantize_row(w.view, j, wrow.data());
-      const float tol = tolerance(t, xr, wrow);
+      const float tol = tolerance(t, x.data() + i * n_in, w.view, j);
       const float got = y[i * n_out + j], want = y_ref[i * n_out + j];
       if (!(std::fabs(got - want) <= tol) && failures++ < 5)
         ADD_FAILURE() << "y[" << i << "][" << j << "] = " << got << ", reference " << want << ", tolerance " << tol;
@@ -138,20 +216,42 @@ TEST(Matmul, RowSizes) {
   EXPECT_EQ(row_size_bytes(tensor_type::bf16, 172), 344u);
   EXPECT_EQ(row_size_bytes(tensor_type::q8_0, 4096), 4096u / 32 * 34);
   EXPECT_EQ(row_size_bytes(tensor_type::q4_0, 4096), 4096u / 32 * 18);
+  EXPECT_EQ(row_size_bytes(tensor_type::q4_1, 4096), 4096u / 32 * 20);
+  EXPECT_EQ(row_size_bytes(tensor_type::q5_0, 4096), 4096u / 32 * 22);
+  EXPECT_EQ(row_size_bytes(tensor_type::q5_1, 4096), 4096u / 32 * 24);
+  EXPECT_EQ(row_size_bytes(tensor_type::iq4_nl, 4096), 4096u / 32 * 18);
+  EXPECT_EQ(row_size_bytes(tensor_type::q2_k, 4096), 4096u / 256 * 84);
+  EXPECT_EQ(row_size_bytes(tensor_type::q3_k, 4096), 4096u / 256 * 110);
+  EXPECT_EQ(row_size_bytes(tensor_type::q4_k, 4096), 4096u / 256 * 144);
+  EXPECT_EQ(row_size_bytes(tensor_type::q5_k, 4096), 4096u / 256 * 176);
+  EXPECT_EQ(row_size_bytes(tensor_type::q6_k, 4096), 4096u / 256 * 210);
+  EXPECT_EQ(row_size_bytes(tensor_type::iq4_xs, 4096), 4096u / 256 * 136);
+  EXPECT_EQ(row_size_bytes(tensor_type::iq3_s, 4096), 4096u / 256 * 110);
+}
+
+TEST(Matmul, ActivationFormatsAreGgmlVecDotTypes) {
+  for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0, tensor_type::q5_0, tensor_type::iq4_nl})
+    EXPECT_EQ(act_format_of(t), act_format::q8_0) << type_name(t);
+  for (tensor_type t : {tensor_type::q4_1, tensor_type::q5_1}) EXPECT_EQ(act_format_of(t), act_format::q8_1) << type_name(t);
+  for (tensor_type t : {tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k,
+                        tensor_type::iq4_xs, tensor_type::iq3_s})
+    EXPECT_EQ(act_format_of(t), act_format::q8_k) << type_name(t);
+  for (tensor_type t : k_float_types) EXPECT_EQ(act_format_of(t), act_format::f32) << type_name(t);
 }
 
 TEST(Matmul, EveryLevelMatchesReferenceOnRandomShapes) {
   level_guard guard;
   std::mt19937 rng(1234);
   thread_pool pool1(1), pool2(2);
-  const std::vector<std::int64_t> q_n_in = {32, 64, 96, 256, 288, 544, 992, 1024, 4096};
+  const std::vector<std::int64_t> legacy_n_in = {32, 64, 96, 256, 288, 544, 992, 1024, 4096};
+  const std::vector<std::int64_t> k_n_in = {256, 512, 768, 1024, 2304, 4096};
   const std::vector<std::int64_t> f_n_in = {1, 7, 64, 100, 172, 256, 1000, 4096};
   const std::int64_t n_outs[] = {1, 7, 33, 172};
   const std::int64_t ms[] = {1, 5, 13};
   for (simd_level level : k_levels) {
-    PAGODA_USE_SIMD_LEVEL(level);
-    for (tensor_type t : k_types) {
-      for (std::int64_t n_in : is_q(t) ? q_n_in : f_n_in) {
+    if (!use_level(level)) continue;
+    for (tensor_type t : all_types()) {
+      for (std::int64_t n_in : !is_q(t) ? f_n_in : is_k(t) ? k_n_in : legacy_n_in) {
         for (std::int64_t n_out : n_outs) {
           const std::int64_t m = ms[(n_in + n_out) % 3];
           if (n_in == 4096 && n_out > 33) continue;  // keeps the double reference quick
@@ -167,12 +267,13 @@ TEST(Matmul, StoriesShapesAndPaddedRows) {
   std::mt19937 rng(99);
   thread_pool pool(2);
   for (simd_level level : k_levels) {
-    PAGODA_USE_SIMD_LEVEL(level);
-    for (tensor_type t : k_types) {
-      check_against_ref(t, 1, 64, 64, pool, rng);
-      check_against_ref(t, 1, 64, 172, pool, rng);
-      check_against_ref(t, 1, 64, 512, pool, rng);
-      check_against_ref(t, 7, 64, 172, pool, rng, 6);  // rows 6 bytes apart from dense
+    if (!use_level(level)) continue;
+    for (tensor_type t : all_types()) {
+      const std::int64_t n = is_k(t) ? 256 : 64;
+      check_against_ref(t, 1, n, 64, pool, rng);
+      check_against_ref(t, 1, n, 172, pool, rng);
+      check_against_ref(t, 1, n, 512, pool, rng);
+      check_against_ref(t, 7, n, 172, pool, rng, 6);  // rows 6 bytes apart from dense
       if (!is_q(t)) check_against_ref(t, 3, 172, 64, pool, rng, 2);
     }
   }
@@ -186,11 +287,12 @@ TEST(Matmul, BatchInvariantBitwise) {
   constexpr std::int64_t k_rows = 40, n_out = 37;
   thread_pool pools[] = {thread_pool(1), thread_pool(2), thread_pool(3)};
   for (simd_level level : k_levels) {
-    PAGODA_USE_SIMD_LEVEL(level);
-    for (tensor_type t : k_types) {
-      const std::int64_t n_in = is_q(t) ? 928 : 100;  // 29 blocks: a partial group; a tail chunk
+    if (!use_level(level)) continue;
+    for (tensor_type t : all_types()) {
+      // 29 blocks: a partial group of 16 at AVX-512; 3 super-blocks; a tail chunk.
+      const std::int64_t n_in = !is_q(t) ? 100 : is_k(t) ? 768 : 928;
       SCOPED_TRACE(testing::Message() << type_name(t) << " level " << simd_level_name(level));
-      weights w = encode(t, random_floats(rng, static_cast<std::size_t>(n_out * n_in)), n_out, n_in);
+      weights w = make_weights(t, n_out, n_in, rng);
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(2 * k_rows * n_in), -3.0f, 3.0f);
       matmul_scratch scratch;
       std::vector<float> alone(static_cast<std::size_t>(2 * k_rows * n_out));
@@ -222,15 +324,15 @@ TEST(Matmul, ColumnTileShapeDoesNotChangeResults) {
   constexpr std::int64_t n_out = 23, m = 7;
   const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
   for (simd_level lv : k_levels) {
-    PAGODA_USE_SIMD_LEVEL(lv);
     const int level = static_cast<int>(lv);
+    if (!use_level(lv)) continue;
     const kernel_set& ks = *sets[level];
-    for (tensor_type t : k_types) {
-      const std::int64_t n_in = is_q(t) ? 96 : 37;
-      weights w = encode(t, random_floats(rng, static_cast<std::size_t>(n_out * n_in)), n_out, n_in);
+    for (tensor_type t : all_types()) {
+      const std::int64_t n_in = !is_q(t) ? 37 : is_k(t) ? 512 : 96;
+      weights w = make_weights(t, n_out, n_in, rng);
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(m * n_in));
       const std::size_t row_bytes = is_q(t) ? ks.act_row_bytes(t, n_in) : 0;
-      aligned_buffer act(row_bytes * m + 64), pack(ks.pack_bytes(t, n_in) + 64);
+      aligned_buffer act(row_bytes * m + 64), pack(ks.pack_bytes(t, n_in) * 4 + 64);
       if (is_q(t)) ks.prepare(t, x.data(), m, n_in, act.data(), row_bytes);
       std::vector<float> whole(static_cast<std::size_t>(m * n_out)), part(whole.size());
       const job jw{&w.view, x.data(), act.data(), row_bytes, m, whole.data()};
@@ -246,6 +348,18 @@ TEST(Matmul, ColumnTileShapeDoesNotChangeResults) {
                 << "]";
       }
     }
+  }
+}
+
+// Every level's matmul of w and x equals `exact` (every output, bitwise).
+void expect_every_level_exact(const weights& w, const std::vector<float>& x, std::int64_t m,
+                              const std::vector<double>& exact, thread_pool& pool) {
+  for (simd_level level : k_levels) {
+    if (!use_level(level)) continue;
+    std::vector<float> y(static_cast<std::size_t>(m * w.view.n_out), NAN);
+    matmul_scratch scratch;
+    matmul(w.view, x.data(), m, y.data(), pool, scratch);
+    for (std::size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], exact[i]) << simd_level_name(level) << ", output " << i;
   }
 }
 
@@ -267,55 +381,154 @@ TEST(Matmul, ExactOnSmallIntegers) {
       for (std::int64_t k = 0; k < n_in; ++k) s += static_cast<double>(x[i * n_in + k]) * wf[j * n_in + k];
       exact[i * n_out + j] = s;
     }
-  for (tensor_type t : k_types) {
+  for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0}) {
     // q4_0 blocks whose extreme is -8 get d = 1 exactly. q8_0 would need +-127 for
     // d = 1, so its blocks are written directly: d = 1, qs = w.
-    weights w = encode(t, wf, n_out, n_in);
-    if (t == tensor_type::q8_0) {
-      for (std::int64_t j = 0; j < n_out; ++j) {
-        auto* b = reinterpret_cast<block_q8_0*>(w.bytes.data() + w.view.row_bytes * j);
-        for (std::int64_t q = 0; q < n_in / 32; ++q) {
-          b[q].d = f32_to_fp16(1.0f);
-          for (int e = 0; e < 32; ++e) b[q].qs[e] = static_cast<std::int8_t>(wf[j * n_in + q * 32 + e]);
-        }
+    weights w;
+    w.bytes.assign(row_size_bytes(t, n_in) * n_out, std::byte{0});
+    w.view = weight_view{t, w.bytes.data(), n_in, n_out, row_size_bytes(t, n_in)};
+    for (std::int64_t j = 0; j < n_out; ++j) {
+      std::byte* row = w.bytes.data() + w.view.row_bytes * j;
+      if (t == tensor_type::q4_0) {
+        quantize_row_q4_0(wf.data() + j * n_in, n_in, row);
+        continue;
+      }
+      auto* b = reinterpret_cast<block_q8_0*>(row);
+      for (std::int64_t q = 0; q < n_in / 32; ++q) {
+        b[q].d = f32_to_fp16(1.0f);
+        for (int e = 0; e < 32; ++e) b[q].qs[e] = static_cast<std::int8_t>(wf[j * n_in + q * 32 + e]);
       }
     }
     std::vector<float> y_ref(static_cast<std::size_t>(m * n_out));
     matmul_ref(w.view, x.data(), m, y_ref.data());
     for (std::int64_t i = 0; i < m * n_out; ++i)
       ASSERT_EQ(y_ref[i], exact[i]) << type_name(t) << " reference, output " << i;
-    for (simd_level level : k_levels) {
-      PAGODA_USE_SIMD_LEVEL(level);
-      std::vector<float> y(static_cast<std::size_t>(m * n_out), NAN);
-      matmul_scratch scratch;
-      matmul(w.view, x.data(), m, y.data(), pool, scratch);
-      for (std::int64_t i = 0; i < m * n_out; ++i)
-        ASSERT_EQ(y[i], exact[i]) << type_name(t) << " " << simd_level_name(level) << ", output " << i;
+    SCOPED_TRACE(type_name(t));
+    expect_every_level_exact(w, x, m, exact, pool);
+  }
+}
+
+// Every format with its fp16 scales set to 1 (d, dmin, m) and activations that
+// quantize with scale +-1 (integers, the block's first value 127, the rest
+// within +-15, so q8_1's s stays exact in fp16): every level's result and the
+// reference are sum_e w[e] x[e] exactly, with w = sc * q - mn from the block.
+TEST(Matmul, ExactForEveryFormatWhenAllArithmeticIsInteger) {
+  level_guard guard;
+  std::mt19937 rng(55);
+  std::uniform_int_distribution<int> xi(-15, 15);
+  constexpr std::int64_t n_out = 11, m = 5;
+  thread_pool pool(2);
+  for (tensor_type t : k_quant_types) {
+    const std::int64_t n_in = is_k(t) ? 256 : 512, ab = act_block_elems(act_format_of(t));
+    SCOPED_TRACE(type_name(t));
+    weights w = make_weights(t, n_out, n_in, rng);
+    set_scales(w, rng, [](std::mt19937&) { return 1.0f; });
+    std::vector<float> x(static_cast<std::size_t>(m * n_in));
+    for (std::int64_t i = 0; i < m * n_in; ++i) x[i] = static_cast<float>(i % ab == 0 ? 127 : xi(rng));
+    std::vector<double> exact(static_cast<std::size_t>(m * n_out));
+    std::vector<float> wr(static_cast<std::size_t>(n_in));
+    for (std::int64_t j = 0; j < n_out; ++j) {
+      dequantize_row(w.view, j, wr.data());
+      for (std::int64_t i = 0; i < m; ++i) {
+        double s = 0;
+        for (std::int64_t k = 0; k < n_in; ++k) s += static_cast<double>(x[i * n_in + k]) * wr[k];
+        ASSERT_LT(std::fabs(s), 1 << 24);
+        exact[i * n_out + j] = s;
+      }
     }
+    std::vector<float> y_ref(static_cast<std::size_t>(m * n_out));
+    matmul_ref(w.view, x.data(), m, y_ref.data());
+    for (std::int64_t i = 0; i < m * n_out; ++i) ASSERT_EQ(y_ref[i], exact[i]) << "reference, output " << i;
+    expect_every_level_exact(w, x, m, exact, pool);
   }
 }
 
 // ---------------------------------------------------------------------------
-// Quantizers
+// Activation quantizers
 // ---------------------------------------------------------------------------
 
-TEST(Quantize, Q8_0MatchesGgmlOnAKnownBlock) {
+// ggml's x86 q8_0 (what llama.cpp runs on this machine; its C reference
+// differs): d = amax / 127, q = round-half-even(x * (127 / amax)), the
+// multiplier 127 / amax rather than 1 / d.
+TEST(Quantize, Q8_0MatchesGgmlX86OnKnownBlocks) {
   float x[32];
   for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j) - 12.0f;  // amax 19
   block_q8_0 b;
   quantize_row_q8_0(x, 32, &b);
   EXPECT_EQ(b.d, f32_to_fp16(19.0f / 127.0f));
-  for (int j = 0; j < 32; ++j) EXPECT_EQ(b.qs[j], static_cast<int>(std::lround((j - 12.0) * 127.0 / 19.0))) << j;
-  // Exact halves round away from zero (roundf), not to even: with amax = 127,
-  // d = 1 and 2.5 -> 3, -2.5 -> -3, 0.5 -> 1.
-  float h[32] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 1.5f};
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(b.qs[j], static_cast<int>(std::nearbyint(x[j] * (127.0f / 19.0f)))) << j;
+  // Exact halves round to even (x86's _mm256_round_ps), not away from zero:
+  // with amax = 127 the multiplier is 1, and 2.5 -> 2, -2.5 -> -2, 0.5 -> 0.
+  float h[32] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 1.5f, -3.5f};
   quantize_row_q8_0(h, 32, &b);
+  EXPECT_EQ(b.d, f32_to_fp16(1.0f));
   EXPECT_EQ(b.qs[0], 127);
-  EXPECT_EQ(b.qs[1], 3);
-  EXPECT_EQ(b.qs[2], -3);
-  EXPECT_EQ(b.qs[3], 1);
-  EXPECT_EQ(b.qs[4], -1);
+  EXPECT_EQ(b.qs[1], 2);
+  EXPECT_EQ(b.qs[2], -2);
+  EXPECT_EQ(b.qs[3], 0);
+  EXPECT_EQ(b.qs[4], 0);
   EXPECT_EQ(b.qs[5], 2);
+  EXPECT_EQ(b.qs[6], -4);
+  // A zero block: d = 0 and q = 0.
+  float z[32] = {};
+  quantize_row_q8_0(z, 32, &b);
+  EXPECT_EQ(b.d, 0);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(b.qs[j], 0);
+}
+
+// q8_1 = q8_0 plus s = fp16(d * sum(q)) with d the f32 scale before rounding.
+TEST(Quantize, Q8_1StoresTheScaledSum) {
+  float x[64];
+  for (int j = 0; j < 64; ++j) x[j] = std::sin(0.37f * static_cast<float>(j)) * (j < 32 ? 3.0f : 0.01f);
+  block_q8_1 b[2];
+  block_q8_0 r[2];
+  quantize_row_q8_1(x, 64, b);
+  quantize_row_q8_0(x, 64, r);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(b[k].d, r[k].d);
+    EXPECT_EQ(0, std::memcmp(b[k].qs, r[k].qs, 32));
+    float amax = 0;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * k + j])), sum += b[k].qs[j];
+    EXPECT_EQ(b[k].s, f32_to_fp16(amax / 127.0f * static_cast<float>(sum))) << k;
+  }
+}
+
+// q8_K: the largest-magnitude element, the first one on ties, sets the scale
+// -127 / m, so it quantizes to -127 exactly whatever its sign; d = 1 / iscale.
+TEST(Quantize, Q8_KMatchesGgmlOnAKnownBlock) {
+  std::vector<float> x(256, 0.0f);
+  for (int j = 0; j < 256; ++j) x[j] = static_cast<float>((j * 37) % 101 - 50) / 10.0f;  // within +-5
+  x[3] = 5.5f;
+  x[200] = -5.5f;  // same magnitude, later: x[3] decides the sign
+  block_q8_k b;
+  quantize_row_q8_k(x.data(), 256, &b);
+  const float iscale = -127.0f / 5.5f;
+  EXPECT_EQ(b.d, 1.0f / iscale);
+  EXPECT_EQ(b.qs[3], -127);
+  EXPECT_EQ(b.qs[200], 127);
+  for (int j = 0; j < 256; ++j) EXPECT_EQ(b.qs[j], static_cast<int>(std::nearbyint(iscale * x[j]))) << j;
+  for (int g = 0; g < 16; ++g) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += b.qs[16 * g + j];
+    EXPECT_EQ(b.bsums[g], sum) << g;
+  }
+  // Ties round to even: with m = -127 the scale is 1.
+  std::vector<float> h(256, 0.0f);
+  h[0] = -127.0f;
+  h[1] = 2.5f;
+  h[2] = -0.5f;
+  h[3] = 3.5f;
+  quantize_row_q8_k(h.data(), 256, &b);
+  EXPECT_EQ(b.d, 1.0f);
+  EXPECT_EQ(b.qs[0], -127);
+  EXPECT_EQ(b.qs[1], 2);
+  EXPECT_EQ(b.qs[2], 0);
+  EXPECT_EQ(b.qs[3], 4);
+  std::vector<float> z(256, 0.0f);
+  quantize_row_q8_k(z.data(), 256, &b);
+  EXPECT_EQ(b.d, 0.0f);
+  for (int g = 0; g < 16; ++g) EXPECT_EQ(b.bsums[g], 0);
 }
 
 TEST(Quantize, Q4_0MatchesGgmlOnAKnownBlock) {
@@ -333,7 +546,7 @@ TEST(Quantize, Q4_0MatchesGgmlOnAKnownBlock) {
 }
 
 // |x - x'| per element. q8_0: the rounding step costs d/2, computing x/d as
-// x * (1/d) can move a value across a .5 boundary by 2 * 127 * 2^-24 d, and
+// x * (127/amax) can move a value across a .5 boundary by 2 * 127 * 2^-24 d, and
 // storing d as fp16 costs 127 * |d - fp16(d)|. q4_0 (ggml): d = max / -8 maps
 // the extreme to -8 exactly, so the opposite side reaches at most 7 * |d| and an
 // element beyond 7.5 |d| is clipped (error up to |d|); the others are within
@@ -383,53 +596,102 @@ TEST(Quantize, DequantizeFloatTypesIsExact) {
   }
 }
 
-// Every level's activation quantizer must give quantize_row_q8_0's bytes and
-// scales (the reference twin quantizes with it), including exact .5 ties.
+// Every level's activation quantizer must give the reference quantizers'
+// bytes and scales (the reference twin quantizes with them), including exact
+// .5 ties, for each activation format and the layout that level uses.
 TEST(Quantize, SimdActivationQuantizersAreBitExact) {
   using namespace matmul_detail;
   level_guard guard;
   std::mt19937 rng(11);
-  constexpr std::int64_t n = 32 * 19, m = 3;  // 19 blocks: one full group of 16 and a partial one
-  std::vector<float> x = random_floats(rng, m * n, -5.0f, 5.0f);
-  for (int j = 0; j < 32; ++j) x[j] = (j == 0) ? 127.0f : static_cast<float>(j % 9) - 4.5f;  // d = 1, ties
-  for (int j = 32; j < 64; ++j) x[j] = 0.0f;                                                  // d = 0
-  std::vector<block_q8_0> want(static_cast<std::size_t>(m * n / 32));
-  for (std::int64_t i = 0; i < m; ++i) quantize_row_q8_0(x.data() + i * n, n, want.data() + i * (n / 32));
-
-  for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0}) {
-    const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
+  constexpr std::int64_t m = 3;
+  const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
+  for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0, tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q4_1,
+                        tensor_type::q5_1, tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k,
+                        tensor_type::q6_k, tensor_type::iq4_xs, tensor_type::iq3_s}) {
+    const act_format af = act_format_of(t);
+    // 19 blocks of 32: one full group of 16 and a partial one; 3 super-blocks.
+    const std::int64_t n = af == act_format::q8_k ? 768 : 32 * 19;
+    std::vector<float> x = random_floats(rng, m * n, -5.0f, 5.0f);
+    for (int j = 0; j < 32; ++j) x[j] = (j == 0) ? 127.0f : static_cast<float>(j % 9) - 4.5f;  // scale 1, ties
+    for (int j = 32; j < 64; ++j) x[j] = 0.0f;
+    if (af == act_format::q8_k)
+      for (int j = 256; j < 512; ++j) x[j] = 0.0f;  // a zero super-block
+    // The reference bytes, as block_q8_1 (a superset of q8_0) or block_q8_k.
+    std::vector<block_q8_1> want1(static_cast<std::size_t>(m * n / 32));
+    std::vector<block_q8_k> wantk(static_cast<std::size_t>(m * n / 256 + 1));
+    for (std::int64_t i = 0; i < m; ++i) {
+      if (af == act_format::q8_k) quantize_row_q8_k(x.data() + i * n, n, wantk.data() + i * (n / 256));
+      else quantize_row_q8_1(x.data() + i * n, n, want1.data() + i * (n / 32));
+    }
     for (simd_level lv : k_levels) {
-      PAGODA_USE_SIMD_LEVEL(lv);
       const int level = static_cast<int>(lv);
+      if (!use_level(lv)) continue;
+      SCOPED_TRACE(testing::Message() << type_name(t) << " level " << level);
       const kernel_set& ks = *sets[level];
       const std::size_t row_bytes = ks.act_row_bytes(t, n);
       aligned_buffer act(row_bytes * m);
       ks.prepare(t, x.data(), m, n, act.data(), row_bytes);
       for (std::int64_t i = 0; i < m; ++i) {
         const std::byte* row = act.data() + i * row_bytes;
+        if (af == act_format::q8_k) {
+          const plain_layout l = plain_layout_of(af, n);
+          for (std::int64_t b = 0; b < n / 256; ++b) {
+            const block_q8_k& wb = wantk[i * (n / 256) + b];
+            float d;
+            std::memcpy(&d, row + l.d_off + 4 * b, 4);
+            EXPECT_EQ(d, wb.d) << "row " << i << " super-block " << b;
+            EXPECT_EQ(0, std::memcmp(row + l.bsums_off + 32 * b, wb.bsums, 32)) << "row " << i << " super-block " << b;
+            // AVX-512 stores each super-block's values in the format's order.
+            for (int p = 0; p < 256; ++p) {
+              const int e = level == 2 ? kq_act_element_avx512(t, p) : p;
+              ASSERT_EQ(static_cast<std::int8_t>(row[256 * b + p]), wb.qs[e]) << "row " << i << " byte " << p;
+            }
+          }
+          continue;
+        }
+        const bool grouped = level == 2 && uses_groups(t);
         for (std::int64_t b = 0; b < n / 32; ++b) {
-          const block_q8_0& wb = want[i * (n / 32) + b];
+          const block_q8_1& wb = want1[i * (n / 32) + b];
           std::int8_t q[32];
-          float d;
-          if (level < 2) {  // plain layout
+          float d, s = 0;
+          if (!grouped) {  // plain layout
+            const plain_layout l = plain_layout_of(af, n);
             std::memcpy(q, row + b * 32, 32);
-            std::memcpy(&d, row + plain_qs_bytes(n) + b * 4, 4);
+            std::memcpy(&d, row + l.d_off + b * 4, 4);
+            if (af == act_format::q8_1) std::memcpy(&s, row + l.s_off + b * 4, 4);
           } else {  // grouped layout: one int32 lane per block
-            const std::byte* g = row + (b / k_group_blocks) * k_group_act_bytes;
+            const std::byte* g = row + (b / k_group_blocks) * group_act_bytes(af);
             const int p = static_cast<int>(b % k_group_blocks);
             for (int j = 0; j < 8; ++j) std::memcpy(q + 4 * j, g + 64 * j + 4 * p, 4);
-            std::memcpy(&d, g + 576 + 4 * p, 4);
+            std::memcpy(&d, g + k_group_d_off + 4 * p, 4);
+            if (af == act_format::q8_1) std::memcpy(&s, g + k_group_s_off + 4 * p, 4);
             std::int32_t init;
-            std::memcpy(&init, g + 512 + 4 * p, 4);
-            int s = 0;
-            for (int e = 0; e < 32; ++e) s += wb.qs[e];
-            EXPECT_EQ(init, -(t == tensor_type::q8_0 ? 128 : 8) * s) << "block " << b;
+            std::memcpy(&init, g + k_group_init_off + 4 * p, 4);
+            int sum = 0;
+            for (int e = 0; e < 32; ++e) sum += wb.qs[e];
+            EXPECT_EQ(init, -group_weight_offset(t) * sum) << "block " << b;
           }
-          EXPECT_EQ(d, fp16_to_f32(wb.d)) << "level " << level << " row " << i << " block " << b;
-          EXPECT_EQ(0, std::memcmp(q, wb.qs, 32)) << "level " << level << " row " << i << " block " << b;
+          EXPECT_EQ(d, fp16_to_f32(wb.d)) << "row " << i << " block " << b;
+          if (af == act_format::q8_1) EXPECT_EQ(s, fp16_to_f32(wb.s)) << "row " << i << " block " << b;
+          EXPECT_EQ(0, std::memcmp(q, wb.qs, 32)) << "row " << i << " block " << b;
         }
       }
     }
+  }
+}
+
+// The AVX-512 super-block kernels read activations in a per-format order: each
+// must be a permutation of the 256 values.
+TEST(Quantize, SuperBlockActivationOrdersArePermutations) {
+  level_guard guard;
+  // A property of the AVX-512 code's tables, whatever level this run is about.
+  if (best_simd_level(detect_cpu()) < simd_level::avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  set_simd_level(simd_level::avx512);
+  for (tensor_type t : {tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k,
+                        tensor_type::iq4_xs, tensor_type::iq3_s}) {
+    std::vector<int> seen(256, 0);
+    for (int p = 0; p < 256; ++p) ++seen[matmul_detail::kq_act_element_avx512(t, p)];
+    for (int e = 0; e < 256; ++e) EXPECT_EQ(seen[e], 1) << type_name(t) << " element " << e;
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "model/gguf_writer.h"
 #include "kv/kv_storage.h"
+#include "model/gguf_util.h"
 #include "model/llama.h"
 #include "model/synth.h"
 
@@ -42,39 +43,6 @@ struct edits {
   std::function<void(gguf::writer&)> add_tensors;
 };
 
-void copy_value(gguf::writer& w, const std::string& key, const gguf::value& v) {
-  using vt = gguf::value_type;
-  switch (v.type) {
-    case vt::u8: w.add_u8(key, static_cast<std::uint8_t>(v.u)); break;
-    case vt::i8: w.add_i8(key, static_cast<std::int8_t>(v.i)); break;
-    case vt::u16: w.add_u16(key, static_cast<std::uint16_t>(v.u)); break;
-    case vt::i16: w.add_i16(key, static_cast<std::int16_t>(v.i)); break;
-    case vt::u32: w.add_u32(key, static_cast<std::uint32_t>(v.u)); break;
-    case vt::i32: w.add_i32(key, static_cast<std::int32_t>(v.i)); break;
-    case vt::u64: w.add_u64(key, v.u); break;
-    case vt::i64: w.add_i64(key, v.i); break;
-    case vt::f32: w.add_f32(key, static_cast<float>(v.f)); break;
-    case vt::f64: w.add_f64(key, v.f); break;
-    case vt::boolean: w.add_bool(key, v.u != 0); break;
-    case vt::string: w.add_string(key, v.str); break;
-    case vt::array:
-      if (v.array_type == vt::string) {
-        w.add_string_array(key, std::span<const std::string_view>(v.array_strings));
-      } else {
-        std::size_t elem = gguf::value_type_size(v.array_type);
-        std::vector<std::byte> raw(8 + 4 + 8 + elem * v.array_size);
-        std::uint32_t t = static_cast<std::uint32_t>(v.array_type);
-        std::uint64_t n = v.array_size;
-        std::memcpy(raw.data(), &t, 4);
-        std::memcpy(raw.data() + 4, &n, 8);
-        std::memcpy(raw.data() + 12, v.array_data, elem * v.array_size);
-        raw.resize(12 + elem * v.array_size);
-        w.add_raw(key, static_cast<std::uint32_t>(vt::array), raw);
-      }
-      break;
-  }
-}
-
 std::string rewrite(const std::string& name, const edits& e) {
   auto f = gguf::file::open(tiny_model());
   EXPECT_TRUE(f.ok());
@@ -87,7 +55,7 @@ std::string rewrite(const std::string& name, const edits& e) {
       if (!k) continue;
       key = *k;
     }
-    copy_value(w, key, m.val);
+    test::copy_value(w, key, m.val);
   }
   if (e.add_metadata) e.add_metadata(w);
   for (const gguf::tensor_info& t : (*f)->tensors()) {

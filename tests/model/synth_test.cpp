@@ -18,6 +18,7 @@
 #include "core/ggml_blocks.h"
 #include "core/half.h"
 #include "model/gguf.h"
+#include "model/quants.h"
 
 namespace pagoda {
 namespace {
@@ -329,6 +330,61 @@ TEST(synth_file, quantized_weights_match_the_f32_weights) {
   }
 }
 
+TEST(synth_file, k_quant_weights_match_the_f32_weights) {
+  // q4_K: per sub-block of 32 with range [lo, hi] (lo <= 0), step s = (hi - lo) / 15
+  // and 6-bit scales and mins under d and dmin: a value is off by at most s / 2
+  // plus the scale's and min's rounding (s - d * ls <= d / 2 over 15 steps,
+  // dmin / 2), so |x - x'| <= s / 2 + 8 d + dmin / 2. q6_K: per group of 16,
+  // step s = max |x| / 31 under d, |x - x'| <= s / 2 + 16 d. A wrong nibble,
+  // scale or min moves values by whole steps of the largest sub-block.
+  synth_options o;
+  o.preset = "tiny256";
+  o.n_layer = 1;
+  o.weight_type = tensor_type::f32;
+  auto ref = write_and_open(o, "synth_k_ref.gguf");
+  o.weight_type = tensor_type::q4_k;
+  auto q4 = write_and_open(o, "synth_q4k.gguf");
+  o.weight_type = tensor_type::q6_k;
+  auto q6 = write_and_open(o, "synth_q6k.gguf");
+  ASSERT_TRUE(ref && q4 && q6);
+  EXPECT_EQ(*q4->get_uint("general.file_type"), 14u);
+  EXPECT_EQ(*q6->get_uint("general.file_type"), 18u);
+  for (const char* name : {"token_embd.weight", "output.weight", "blk.0.attn_q.weight", "blk.0.ffn_down.weight"}) {
+    const gguf::tensor_info* tr = ref->find_tensor(name);
+    const gguf::tensor_info* t4 = q4->find_tensor(name);
+    const gguf::tensor_info* t6 = q6->find_tensor(name);
+    ASSERT_TRUE(tr && t4 && t6) << name;
+    ASSERT_EQ(t4->type, tensor_type::q4_k);
+    ASSERT_EQ(t6->type, tensor_type::q6_k);
+    const std::int64_t n = tr->ne[0];
+    for (std::int64_t r : {0, 5, 63}) {
+      const std::vector<float> x = decode_row(*tr, r);
+      std::vector<float> x4(x.size()), x6(x.size());
+      const std::size_t rb4 = t4->size_bytes / static_cast<std::size_t>(tr->ne[1]);
+      const std::size_t rb6 = t6->size_bytes / static_cast<std::size_t>(tr->ne[1]);
+      dequantize_quantized_row(tensor_type::q4_k, t4->data + rb4 * r, n, x4.data());
+      dequantize_quantized_row(tensor_type::q6_k, t6->data + rb6 * r, n, x6.data());
+      for (std::int64_t b = 0; b < n / 256; ++b) {
+        const auto& blk4 = reinterpret_cast<const block_q4_k*>(t4->data + rb4 * r)[b];
+        const auto& blk6 = reinterpret_cast<const block_q6_k*>(t6->data + rb6 * r)[b];
+        const float d4 = fp16_to_f32(blk4.d), dmin4 = fp16_to_f32(blk4.dmin), d6 = fp16_to_f32(blk6.d);
+        for (std::int64_t i = 256 * b; i < 256 * (b + 1); i += 32) {
+          float lo = 0, hi = x[i];
+          for (std::int64_t k = i; k < i + 32; ++k) lo = std::min(lo, x[k]), hi = std::max(hi, x[k]);
+          const float bound = (hi - lo) / 15 / 2 + 8 * d4 + dmin4 / 2 + 1e-6f;
+          for (std::int64_t k = i; k < i + 32; ++k) EXPECT_NEAR(x4[k], x[k], bound) << name << " row " << r << " i " << k;
+        }
+        for (std::int64_t i = 256 * b; i < 256 * (b + 1); i += 16) {
+          float amax = 0;
+          for (std::int64_t k = i; k < i + 16; ++k) amax = std::max(amax, std::fabs(x[k]));
+          const float bound = amax / 31 / 2 + 16 * d6 + 1e-6f;
+          for (std::int64_t k = i; k < i + 16; ++k) EXPECT_NEAR(x6[k], x[k], bound) << name << " row " << r << " i " << k;
+        }
+      }
+    }
+  }
+}
+
 std::vector<char> read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -378,12 +434,19 @@ TEST(synth_options_errors, are_values_with_clear_messages) {
   o.n_layer = 0;
   EXPECT_EQ(resolve_synth_shape(o).error().code(), errc::invalid_argument);
   o = synth_options{};
+  o.weight_type = tensor_type::iq3_s;  // computed with, but synth has no encoder for it
+  EXPECT_THAT(resolve_synth_shape(o).error().message(), HasSubstr("synth cannot write weight type iq3_s"));
   o.weight_type = tensor_type::q4_k;
-  EXPECT_THAT(resolve_synth_shape(o).error().message(), HasSubstr("q4_K"));
+  EXPECT_TRUE(resolve_synth_shape(o).ok());
+  o.preset = "tiny";  // n_embd 128: no whole super-block of 256
+  EXPECT_THAT(resolve_synth_shape(o).error().message(),
+              HasSubstr("embedding width 128 is not a multiple of the q4_K block size 256"));
 
   EXPECT_EQ(*parse_synth_weight_type("f16"), tensor_type::f16);
   EXPECT_EQ(*parse_synth_weight_type("q8_0"), tensor_type::q8_0);
   EXPECT_EQ(*parse_synth_weight_type("q4_0"), tensor_type::q4_0);
+  EXPECT_EQ(*parse_synth_weight_type("q4_k"), tensor_type::q4_k);
+  EXPECT_EQ(*parse_synth_weight_type("Q6_K"), tensor_type::q6_k);
   EXPECT_THAT(parse_synth_weight_type("q5_k").error().message(), HasSubstr("unknown weight type 'q5_k'"));
 
   o = synth_options{};

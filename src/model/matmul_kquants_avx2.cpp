@@ -1,0 +1,225 @@
+// AVX2 kernels for the two most common super-block formats, q4_K and q6_K,
+// against q8_K activations in the plain layout (natural order). The other
+// super-block formats run generic_quant_cols at this level.
+//
+// Per pair and super-block, with 32-byte vectors of unsigned weight values u
+// (q4_K: the nibble 0..15; q6_K: the 6-bit value 0..63, i.e. w + 32) and the
+// int16 group scale of each lane (one per 32 values for q4_K, per 16 for q6_K):
+//   s = sum over the 8 vectors of madd(maddubs(u, x), sc)        (exact int32)
+//   q6_K: s -= 32 * madd(bsums, sc16)                             (the offset)
+//   f = float(s) * d
+//   q4_K: f = fnmadd(float(madd(bsums, mins16)), dmin, f)
+//   acc = fma(f, dx, acc)
+// then hsum8. maddubs cannot saturate (2 x 63 x 127 < 2^15) and the int32
+// sums stay below 2^26. Every pair's sequence is fixed by n_in alone.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "model/matmul_internal.h"
+#include "model/matmul_simd_avx2.h"
+
+namespace pagoda::matmul_detail {
+namespace {
+
+constexpr int k_kr = 2;  // rows per tile
+constexpr int k_kc = 2;  // columns per tile
+
+inline __m256i load256(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+
+// Formats. Each provides the per-column state of one super-block (col, load),
+// the 32 unsigned values and int16 lane scales of vector v < 8 (values(),
+// scales(), elements offset(v) .. offset(v) + 31 of the natural order), and
+// fold(): the f32 term of the super-block from its integer sum s and the row's
+// bsums.
+
+// q4_K: vector v is chunk v / 2, low (v even) or high nibbles: sub-block v.
+struct fmt_q4_k {
+  static constexpr std::size_t bytes = sizeof(block_q4_k);
+  struct col {
+    const std::byte* qs;
+    alignas(32) std::int16_t sc[8];
+    __m256i mins16;  // the min of each group of 16 (each sub-block's twice)
+    float d, dmin;
+  };
+  static void load(const std::byte* p, col& c) {
+    std::uint32_t w0, w1, w2;
+    std::memcpy(&w0, p + 4, 4);
+    std::memcpy(&w1, p + 8, 4);
+    std::memcpy(&w2, p + 12, 4);
+    const std::uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const std::uint64_t sc = (w0 & m6) | static_cast<std::uint64_t>((w2 & m4) | ((w0 >> 6) & m2) << 4) << 32;
+    const std::uint64_t mn = (w1 & m6) | static_cast<std::uint64_t>(((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4) << 32;
+    _mm_store_si128(reinterpret_cast<__m128i*>(c.sc), _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    const __m128i m8 = _mm_cvtsi64_si128(static_cast<long long>(mn));
+    c.mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    c.qs = p + 16;
+    c.d = load_half(p);
+    c.dmin = load_half(p + 2);
+  }
+  static int offset(int v) { return 32 * v; }
+  static __m256i values(const col& c, int v) {
+    __m256i q = load256(c.qs + 32 * (v / 2));
+    if (v % 2) q = _mm256_srli_epi16(q, 4);
+    return _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+  }
+  static __m256i scales(const col& c, int v) { return _mm256_set1_epi16(c.sc[v]); }
+  static __m256 fold(__m256i s, __m256i bsums, const col& c) {
+    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.d));
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, c.mins16)), _mm256_set1_ps(c.dmin), f);
+  }
+};
+
+// q6_K: vector v = 4n + i holds elements 128n + 32i .. of half n, the 6-bit
+// value w + 32; lanes 0..7 belong to group 2v, 8..15 to group 2v + 1.
+struct fmt_q6_k {
+  static constexpr std::size_t bytes = sizeof(block_q6_k);
+  struct col {
+    const std::byte* p;
+    __m256i sv[8];
+    __m256i sc16;  // the 16 group scales, for the offset term
+    float d;
+  };
+  static void load(const std::byte* p, col& c) {
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+    for (int v = 0; v < 8; ++v) {
+      const __m128i pick =
+          _mm_unpacklo_epi64(_mm_set1_epi8(static_cast<char>(2 * v)), _mm_set1_epi8(static_cast<char>(2 * v + 1)));
+      c.sv[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick));
+    }
+    c.sc16 = _mm256_cvtepi8_epi16(sc);
+    c.p = p;
+    c.d = load_half(p + 208);
+  }
+  static int offset(int v) { return 32 * v; }
+  static __m256i values(const col& c, int v) {
+    const int n = v / 4, i = v % 4;
+    __m256i lo = load256(c.p + 64 * n + 32 * (i % 2));
+    if (i >= 2) lo = _mm256_srli_epi16(lo, 4);
+    __m256i qh = load256(c.p + 128 + 32 * n);  // bits 2i..2i+1 -> 4..5
+    switch (i) {
+      case 0: qh = _mm256_slli_epi16(qh, 4); break;
+      case 1: qh = _mm256_slli_epi16(qh, 2); break;
+      case 3: qh = _mm256_srli_epi16(qh, 2); break;
+      default: break;
+    }
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0f)), _mm256_and_si256(qh, _mm256_set1_epi8(0x30)));
+  }
+  static __m256i scales(const col& c, int v) { return c.sv[v]; }
+  static __m256 fold(__m256i s, __m256i bsums, const col& c) {
+    const __m256i sum = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(bsums, c.sc16), 5));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(c.d));
+  }
+};
+
+// y[r][c] for r < R, c < C.
+template <typename F>
+struct kq_tile {
+  template <int R, int C>
+  struct shape {
+    static void run(const kq_act_rows& a, const std::byte* w, std::size_t w_stride, std::int64_t nsb, float* y,
+                    std::int64_t ldy) {
+      __m256 acc[R][C];
+      zero_tile(acc, _mm256_setzero_ps());
+      for (std::int64_t b = 0; b < nsb; ++b) {
+        typename F::col cs[C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          const std::byte* p = w + c * w_stride + static_cast<std::size_t>(b) * F::bytes;
+          for (std::size_t o = 0; o < F::bytes; o += 64)  // the same super-block one tile ahead
+            _mm_prefetch(reinterpret_cast<const char*>(p + C * w_stride + o), _MM_HINT_T0);
+          F::load(p, cs[c]);
+        }
+        __m256i s[R][C];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) s[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; ++v) {
+          __m256i wv[C], sv[C];
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) {
+            wv[c] = F::values(cs[c], v);
+            sv[c] = F::scales(cs[c], v);
+          }
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs(r, b, F::offset(v))));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; ++c)
+              s[r][c] = _mm256_add_epi32(s[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], x), sv[c]));
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256i bsums = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.bsums(r, b)));
+          const __m256 dx = _mm256_set1_ps(a.dx(r, b));
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(F::fold(s[r][c], bsums, cs[c]), dx, acc[r][c]);
+        }
+      }
+      store_tile(acc, y, ldy, hsum8);
+    }
+  };
+};
+
+
+}  // namespace
+
+// The element of largest magnitude (the first on ties) sets iscale = -127 / m;
+// q = round-half-even(clamp(iscale * x, -127, 127)) (the clamp changes nothing
+// for finite x), d = 1 / iscale, bsums from the int32 values.
+void quantize_q8_k_avx2(const float* x, block_q8_k& out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps();
+  for (int j = 0; j < 32; ++j) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * j)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float top = _mm_cvtss_f32(m4);
+  if (top == 0.0f) {
+    std::memset(&out, 0, sizeof out);
+    return;
+  }
+  int first = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int hit = _mm256_movemask_ps(
+        _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * j)), _mm256_set1_ps(top), _CMP_EQ_OQ));
+    if (hit) {
+      first = 8 * j + __builtin_ctz(static_cast<unsigned>(hit));
+      break;
+    }
+  }
+  const float iscale = -127.0f / x[first];
+  const __m256 vs = _mm256_set1_ps(iscale), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  for (int g = 0; g < 16; g += 2) {  // 32 values: two groups of 16
+    __m256i qi[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * g + 8 * j), vs), lo), hi);
+      qi[j] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i s8 = _mm256_add_epi32(qi[2 * h], qi[2 * h + 1]);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+      out.bsums[g + h] = static_cast<std::int16_t>(_mm_cvtsi128_si32(s4));
+    }
+    // packs interleave 128-bit lanes; the dword permute restores element order.
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.qs + 16 * g),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+  out.d = 1.0f / iscale;
+}
+
+bool has_kq_kernel_avx2(tensor_type t) { return t == tensor_type::q4_k || t == tensor_type::q6_k; }
+
+void kq_cols_avx2(const job& jb, std::int64_t c0, std::int64_t c1) {
+  if (jb.w->type == tensor_type::q4_k) return kq_cols<kq_tile<fmt_q4_k>::template shape, k_kr, k_kc>(jb, c0, c1);
+  kq_cols<kq_tile<fmt_q6_k>::template shape, k_kr, k_kc>(jb, c0, c1);
+}
+
+}  // namespace pagoda::matmul_detail

@@ -1,0 +1,42 @@
+// Helpers for tests that rewrite GGUF files.
+#include "model/gguf_util.h"
+
+#include <cstring>
+#include <vector>
+
+namespace pagoda::test {
+
+void copy_value(gguf::writer& w, const std::string& key, const gguf::value& v) {
+  using vt = gguf::value_type;
+  switch (v.type) {
+    case vt::u8: w.add_u8(key, static_cast<std::uint8_t>(v.u)); break;
+    case vt::i8: w.add_i8(key, static_cast<std::int8_t>(v.i)); break;
+    case vt::u16: w.add_u16(key, static_cast<std::uint16_t>(v.u)); break;
+    case vt::i16: w.add_i16(key, static_cast<std::int16_t>(v.i)); break;
+    case vt::u32: w.add_u32(key, static_cast<std::uint32_t>(v.u)); break;
+    case vt::i32: w.add_i32(key, static_cast<std::int32_t>(v.i)); break;
+    case vt::u64: w.add_u64(key, v.u); break;
+    case vt::i64: w.add_i64(key, v.i); break;
+    case vt::f32: w.add_f32(key, static_cast<float>(v.f)); break;
+    case vt::f64: w.add_f64(key, v.f); break;
+    case vt::boolean: w.add_bool(key, v.u != 0); break;
+    case vt::string: w.add_string(key, v.str); break;
+    case vt::array:
+      if (v.array_type == vt::string) {
+        w.add_string_array(key, std::span<const std::string_view>(v.array_strings));
+      } else {
+        std::size_t elem = gguf::value_type_size(v.array_type);
+        std::vector<std::byte> raw(8 + 4 + 8 + elem * v.array_size);
+        std::uint32_t t = static_cast<std::uint32_t>(v.array_type);
+        std::uint64_t n = v.array_size;
+        std::memcpy(raw.data(), &t, 4);
+        std::memcpy(raw.data() + 4, &n, 8);
+        std::memcpy(raw.data() + 12, v.array_data, elem * v.array_size);
+        raw.resize(12 + elem * v.array_size);
+        w.add_raw(key, static_cast<std::uint32_t>(vt::array), raw);
+      }
+      break;
+  }
+}
+
+}  // namespace pagoda::test
