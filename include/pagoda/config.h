@@ -31,6 +31,12 @@ struct engine_config {
   bool enable_prefix_caching = true;
   std::map<std::string, std::int32_t> tenant_quota_blocks;  // tenant -> most KV blocks it may hold
 
+  // --- KV warehouse (persistent tiers behind the pool) ---------------------
+  std::string kv_store_path;         // local disk tier directory (LMDB); "" = none
+  double kv_store_size_gib = 8;      // its size cap
+  std::string kv_store_remote;       // "redis://host:port", shared between servers; "" = none
+  std::int64_t kv_store_ttl_s = 0;   // entries unused this long are dropped; 0 = no expiry
+
   // --- scheduling --------------------------------------------------------
   int max_num_seqs = 64;             // sequences running at once
   int max_num_batched_tokens = 2048; // tokens per step (decode + prompt chunks)

@@ -79,6 +79,7 @@ void kv_manager::forget_cached(block_id b) {
     const auto tokens = index_.tokens_of(b);
     kv_op op{.kind = kv_op_kind::evict, .block = b, .key = index_.key_of(b), .parent = index_.parent_of(b)};
     op.tokens.assign(tokens.begin(), tokens.end());
+    op.tenant = tenant_name(pool_.owner(b));
     op_listener_(op);
   }
   index_.erase(b);
@@ -354,7 +355,14 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens, std::spa
       const auto block_tokens = std::span<const token_id>(s.tokens).subspan(i * static_cast<std::size_t>(block_size_),
                                                                              static_cast<std::size_t>(block_size_));
       // Already cached by another block: keep ours (tables are append-only), register nothing.
-      if (index_.insert(s.table[i], key, parent, block_tokens, extras_of(s, i))) pool_.set_hashed(s.table[i]);
+      if (!index_.insert(s.table[i], key, parent, block_tokens, extras_of(s, i))) continue;
+      pool_.set_hashed(s.table[i]);
+      if (op_listener_) {
+        kv_op op{.kind = kv_op_kind::cache, .block = s.table[i], .key = key, .parent = parent};
+        op.tokens.assign(block_tokens.begin(), block_tokens.end());
+        op.tenant = tenant_name(s.tenant);
+        op_listener_(op);
+      }
     }
   }
   return ok_status();

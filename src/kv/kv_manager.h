@@ -22,10 +22,11 @@
 //
 // Block ops. What the tensors must do follows from bookkeeping here (a
 // copy-on-write, a block reopened by truncate(), a partly filled block freed,
-// a cached block evicted); each is reported, in the order it happened, to the
-// op listener (set_op_listener), which the owner of the tensors applies before
-// its next writes. Evictions all go through one place and are reported with
-// the block's key, parent key and tokens while its bytes are still intact.
+// a cached block evicted, a block entering the cache); each is reported, in
+// the order it happened, to the op listener (set_op_listener), which the owner
+// of the tensors applies before its next writes. Evictions all go through one
+// place and are reported with the block's key, parent key and tokens while its
+// bytes are still intact.
 //
 // Invariants (check_invariants() verifies all of them):
 // - Block tables are append-only, with one exception: copy-on-write replaces the
@@ -89,15 +90,17 @@ enum class kv_op_kind : std::uint8_t {
   truncate,  // slots [n_tokens, block_size) of block become writable again
   release,   // block returned to the free pool without a prefix key (drop per-block state)
   evict,     // block left the prefix cache; key/parent/tokens say what it held
+  cache,     // block entered the prefix cache (its K/V are written): key/parent/tokens
 };
 struct kv_op {
   kv_op_kind kind = kv_op_kind::copy;
   block_id block;
   block_id src;                // copy only
   std::int32_t n_tokens = 0;   // copy: slots copied; truncate: slots kept
-  block_key key = 0;           // evict only
-  block_key parent = 0;        // evict only
-  std::vector<token_id> tokens;  // evict only: the block's token ids
+  block_key key = 0;             // evict, cache
+  block_key parent = 0;          // evict, cache
+  std::vector<token_id> tokens;  // evict, cache: the block's token ids
+  std::string tenant;            // evict, cache: its owner's tenant name
 };
 
 // Why allocate() could not supply blocks.
@@ -122,6 +125,7 @@ class kv_manager {
   // The id of a tenant, registered on first use. "" is tenant 0, the default.
   tenant_id tenant(std::string_view name);
   std::optional<tenant_id> find_tenant(std::string_view name) const;
+  const std::string& tenant_name(tenant_id t) const { return tenants_[static_cast<std::size_t>(t.value)].name; }
   // Limits the tenant's footprint (used + cached blocks) to max_blocks; std::nullopt
   // lifts the limit. Cached blocks beyond a lowered quota are evicted at once.
   status set_tenant_quota(std::string_view name, std::optional<std::int32_t> max_blocks);

@@ -15,9 +15,15 @@ void cpu_runner::apply(const kv_op& op) {
     case kv_op_kind::evict:
       if (on_evict_) {
         kv_.read_block(op.block, block_buf_);
-        on_evict_(evicted_block{op.key, op.parent, op.tokens, block_buf_});
+        on_evict_(evicted_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
       }
       kv_.release_block(op.block);
+      break;
+    case kv_op_kind::cache:
+      if (on_cache_) {
+        kv_.read_block(op.block, block_buf_);
+        on_cache_(cached_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
+      }
       break;
   }
 }
@@ -30,7 +36,7 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.loaded.assign(plan.loads.size(), 0);
   for (std::size_t i = 0; i < plan.loads.size(); ++i) {
     const block_load& l = plan.loads[i];
-    if (!source_ || !source_->read(l.key, block_buf_)) continue;
+    if (!source_ || !source_->read(l.tenant, l.key, block_buf_)) continue;
     out.loaded[i] = kv_.write_block(l.block, block_buf_).ok();
   }
 

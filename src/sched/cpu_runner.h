@@ -20,6 +20,9 @@ class cpu_runner final : public model_runner {
   // The eviction hook (step_plan.h): called for each evicted block, with its
   // bytes, while the plan's ops run, before anything can overwrite it.
   void set_eviction_hook(eviction_hook hook) { on_evict_ = std::move(hook); }
+  // The commit hook: called for each block that entered the prefix cache, with
+  // its bytes, at the start of the next step (before anything can evict it).
+  void set_commit_hook(commit_hook hook) { on_cache_ = std::move(hook); }
   // Where loads read from; nullptr: every load fails (the blocks are computed).
   void set_kv_source(kv_block_source* source) { source_ = source; }
 
@@ -33,6 +36,7 @@ class cpu_runner final : public model_runner {
   kv_backend& kv_;
   llama_context ctx_;
   eviction_hook on_evict_;
+  commit_hook on_cache_;
   kv_block_source* source_ = nullptr;
   std::vector<std::byte> block_buf_;  // one block's bytes
   std::vector<forward_seq> batch_;

@@ -8,6 +8,7 @@ namespace pagoda {
 
 struct engine::impl {
   std::unique_ptr<llama_model> model;
+  std::unique_ptr<kv_warehouse> warehouse;  // before core: the core uses it until it goes
   std::unique_ptr<engine_core> core;
   engine_info info;
 };
@@ -17,6 +18,11 @@ result<std::unique_ptr<engine>> engine::create(const engine_config& config) {
   PAGODA_ASSIGN_OR_RETURN(p->model, llama_model::load(config.model_path));
   PAGODA_ASSIGN_OR_RETURN(engine_core_config core_config, make_engine_core_config(*p->model, config));
   PAGODA_ASSIGN_OR_RETURN(p->core, engine_core::create(*p->model, core_config));
+  PAGODA_ASSIGN_OR_RETURN(p->warehouse, make_warehouse(config, *p->model, core_config.kv));
+  if (kv_warehouse* w = p->warehouse.get()) {
+    p->core->set_kv_source(w);
+    p->core->set_commit_hook([w](const cached_block& b) { w->write(b); });
+  }
   const llama_hparams& hp = p->model->hparams();
   engine_info& i = p->info;
   i.model_path = config.model_path;

@@ -63,6 +63,7 @@ class engine_core {
   // Hooks (step_plan.h): the eviction hook gets every block evicted from the
   // prefix cache with its bytes; the source feeds the load path.
   void set_eviction_hook(eviction_hook hook) { cpu_->set_eviction_hook(std::move(hook)); }
+  void set_commit_hook(commit_hook hook) { cpu_->set_commit_hook(std::move(hook)); }
   void set_kv_source(kv_block_source* source) {
     sched_.set_kv_source(source);
     cpu_->set_kv_source(source);

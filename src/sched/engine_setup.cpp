@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "core/hash.h"
 #include "quant/kv_format_spec.h"
 #include "quant/kv_scales.h"
 
@@ -96,6 +97,57 @@ status add_tenant_quota(engine_config& config, const std::string& q) {
     return error(errc::invalid_argument, "--tenant-quota '{}': expected NAME=BLOCKS with BLOCKS a whole number >= 0", q);
   config.tenant_quota_blocks[q.substr(0, eq)] = blocks;
   return {};
+}
+
+std::uint64_t model_fingerprint(const llama_model& model) {
+  const gguf::file& f = model.gguf();
+  hasher h(0xf1a9e7);
+  for (const gguf::metadata_entry& e : f.metadata()) {
+    h.update(e.key.data(), e.key.size());
+    h.update_pod(e.val.u).update_pod(e.val.i).update_pod(e.val.f).update_pod(e.val.array_size);
+    h.update(e.val.str.data(), e.val.str.size());
+    for (const std::string_view s : e.val.array_strings) h.update(s.data(), s.size());
+    if (e.val.array_data) h.update(e.val.array_data, e.val.array_size * gguf::value_type_size(e.val.array_type));
+  }
+  constexpr std::uint64_t k_span = 4096, k_samples = 8;
+  for (const gguf::tensor_info& t : f.tensors()) {
+    h.update(t.name.data(), t.name.size());
+    h.update_pod(t.type).update(t.ne, sizeof(t.ne)).update_pod(t.size_bytes);
+    if (t.size_bytes <= k_span * k_samples) {
+      h.update(t.data, t.size_bytes);
+      continue;
+    }
+    for (std::uint64_t i = 0; i < k_samples; ++i) h.update(t.data + (t.size_bytes - k_span) / (k_samples - 1) * i, k_span);
+  }
+  return h.digest();
+}
+
+result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config, const llama_model& model,
+                                                     const kv_layout& layout) {
+  std::vector<std::unique_ptr<block_store>> tiers;
+  if (!config.kv_store_path.empty()) {
+    if (!(config.kv_store_size_gib > 0) || config.kv_store_size_gib > (1 << 20))
+      return error(errc::invalid_argument, "--kv-store size {} GiB: expected a size above 0", config.kv_store_size_gib);
+    disk_store_options d;
+    d.path = config.kv_store_path;
+    d.capacity_bytes = static_cast<std::int64_t>(config.kv_store_size_gib * (1 << 30));
+    d.ttl_seconds = config.kv_store_ttl_s;
+    PAGODA_ASSIGN_OR_RETURN(auto disk, make_disk_store(d));
+    tiers.push_back(std::move(disk));
+  }
+  if (!config.kv_store_remote.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(redis_store_options r, parse_redis_url(config.kv_store_remote));
+    r.ttl_seconds = config.kv_store_ttl_s;
+    // A server that is down now is not fatal: the tier counts errors and
+    // reconnects later, and serving goes on from the pool and the disk.
+    auto redis = make_redis_store(r, /*require_connection=*/false);
+    if (!redis.ok()) return redis.error().with_context("--kv-store-remote");
+    tiers.push_back(std::move(*redis));
+  }
+  if (tiers.empty()) return std::unique_ptr<kv_warehouse>();
+  warehouse_options o;
+  o.space = {model_fingerprint(model), layout_fingerprint(layout)};
+  return std::make_unique<kv_warehouse>(std::move(tiers), o);
 }
 
 result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& opts) {

@@ -12,6 +12,7 @@
 #include "pagoda/status.h"
 #include "kv/kv_storage.h"
 #include "sched/engine_core.h"
+#include "store/warehouse.h"
 
 namespace pagoda {
 
@@ -30,6 +31,17 @@ result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& c
 
 // "NAME=BLOCKS" (--tenant-quota) into config.tenant_quota_blocks.
 status add_tenant_quota(engine_config& config, const std::string& spec);
+
+// What the model's KV bytes depend on: its metadata (hyper-parameters,
+// tokenizer, tensor names, types and shapes) and samples of every tensor's
+// data (8 spans of 4 KiB, so a 4 GB file costs milliseconds): two files that
+// differ only in their weights (fine-tunes) get different fingerprints.
+std::uint64_t model_fingerprint(const llama_model& model);
+
+// The KV warehouse the config asks for (disk and/or Redis tiers), keyed for
+// this model and layout; nullptr when it asks for none. Errors name the tier.
+result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config, const llama_model& model,
+                                                     const kv_layout& layout);
 
 // Everything engine_core::create needs. The default pool holds max_num_seqs
 // full contexts, capped at 4 GiB.

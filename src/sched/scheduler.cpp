@@ -37,6 +37,10 @@ struct scheduler::sequence {
   std::vector<float> totals;     // [n_stored][totals_width]: accumulated attention
   std::size_t totals_width = 0;  // n_layers * n_kv_heads
   std::unique_ptr<attention_stats> window;  // the last step's window rows
+  // Loading: table entries [load_first, load_first + load_count) wait for the
+  // source; load_planned once they are in a plan.
+  int load_first = 0, load_count = 0;
+  bool load_planned = false;
   sampler smp;
   stream_decoder decoder;
   stop_matcher stops;
@@ -203,6 +207,21 @@ scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why)
   return victim;
 }
 
+std::span<const block_key> scheduler::load_keys(const sequence& s) const {
+  return std::span<const block_key>(s.keys).subspan(static_cast<std::size_t>(s.load_first),
+                                                     static_cast<std::size_t>(s.load_count));
+}
+
+void scheduler::plan_loads_if_settled(sequence* s, step_plan& out) {
+  const auto keys = load_keys(*s);
+  if (!source_->settled(s->req->req.tenant, keys)) return;
+  const auto table = kv_.block_table(s->id);
+  for (int j = 0; j < s->load_count; ++j)
+    out.loads.push_back({s->id, table[static_cast<std::size_t>(s->load_first + j)], keys[static_cast<std::size_t>(j)],
+                         s->req->req.tenant});
+  s->load_planned = true;
+}
+
 void scheduler::preempt(sequence* s) {
   status st = kv_.preempt_sequence(s->id);
   PAGODA_ASSERT(st.ok(), "preempting a running sequence: {}", st.message());
@@ -210,6 +229,8 @@ void scheduler::preempt(sequence* s) {
   s->n_computed = 0;
   s->totals.clear();
   s->window.reset();
+  s->load_count = 0;
+  s->load_planned = false;
   s->phase = seq_phase::waiting;
   remove_from_running(s);
   waiting_.push_front(s);
@@ -265,12 +286,14 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
     const auto keys = std::span<const block_key>(s->keys).subspan(static_cast<std::size_t>(first),
                                                                    static_cast<std::size_t>(n_reusable - first));
-    const int n_load = std::clamp(source_->n_available(keys), 0, n_reusable - first);
+    const int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
     if (n_load > 0 && kv_.allocate(s->id, n_load * bs)) {
-      const auto table = kv_.block_table(s->id);
-      for (int j = 0; j < n_load; ++j)
-        out.loads.push_back({s->id, table[static_cast<std::size_t>(first + j)], keys[static_cast<std::size_t>(j)]});
       s->phase = seq_phase::loading;
+      s->load_first = first;
+      s->load_count = n_load;
+      s->load_planned = false;
+      source_->prefetch(r->req.tenant, load_keys(*s));
+      plan_loads_if_settled(s, out);
       s->start_order = next_start_++;
       running_.push_back(s);
       return true;
@@ -330,6 +353,10 @@ step_plan scheduler::schedule() {
       if (victim == s) break;
     }
   }
+
+  // Loading sequences whose blocks the source has fetched are filled this step.
+  for (sequence* s : running_)
+    if (s->phase == seq_phase::loading && !s->load_planned) plan_loads_if_settled(s, out);
 
   // 2. Waiting sequences, in order, while the budget, the sequence cap and the
   // pool allow (none after a preemption: the pool is already short).
@@ -400,6 +427,8 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
         s->req->cached_tokens = std::min(std::max(s->req->cached_tokens, 0) + n_tokens, s->n_prompt);
     }
     s->phase = seq_phase::running;
+    s->load_count = 0;
+    s->load_planned = false;
     i = end;
   }
 }

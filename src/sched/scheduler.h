@@ -162,6 +162,9 @@ class scheduler {
   bool admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
              const std::unordered_set<block_key>& in_flight, bool& stop);
   std::unordered_set<block_key> blocks_in_flight() const;
+  std::span<const block_key> load_keys(const sequence& s) const;
+  // A loading sequence's blocks go into the plan once the source has them.
+  void plan_loads_if_settled(sequence* s, step_plan& out);
   const std::vector<block_key>& prompt_keys_of(sequence* s);
   sequence_options kv_options(const sequence& s) const;
   void commit_loads(const step_plan& plan, const step_output& out);

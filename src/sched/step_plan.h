@@ -9,9 +9,11 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "attention/attention_stats.h"
+#include "kv/kv_hooks.h"
 #include "kv/kv_manager.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
@@ -31,11 +33,13 @@ struct scheduled_seq {
   int stats_window = -1;                 // >= 0: collect attention statistics, this many window rows
 };
 
-// Fill `block` from an external KV source with the block stored under `key`.
+// Fill `block` from an external KV source with the block stored under `key`
+// (for `tenant`).
 struct block_load {
   seq_id seq;
   block_id block;
   block_key key;
+  std::string tenant;
 };
 
 struct step_plan {
@@ -52,27 +56,6 @@ struct step_output {
   std::vector<float> logits;
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 1 when the block was filled
   std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
-};
-
-// An evicted block as the eviction hook sees it, before its bytes are reused.
-struct evicted_block {
-  block_key key = 0;
-  block_key parent = 0;
-  std::span<const token_id> tokens;    // its block_size token ids
-  std::span<const std::byte> bytes;    // kv_backend::read_block's bytes
-};
-using eviction_hook = std::function<void(const evicted_block&)>;
-
-// Somewhere KV blocks can come from instead of being computed (a disk or
-// remote tier): the load path. Keys are kv_manager's chained block keys.
-class kv_block_source {
- public:
-  virtual ~kv_block_source() = default;
-  // How many of `keys`, from the first on, this source holds now.
-  virtual int n_available(std::span<const block_key> keys) = 0;
-  // The bytes stored under key (kv_backend::write_block's format) into `out`;
-  // false when it cannot (the block is then computed instead).
-  virtual bool read(block_key key, std::span<std::byte> out) = 0;
 };
 
 // Executes plans. Implementations: cpu_runner; fakes in tests.

@@ -354,12 +354,12 @@ TEST(engine, a_runner_failing_mid_step_shares_nothing_and_later_requests_are_rig
 class map_source final : public kv_block_source {
  public:
   std::map<block_key, std::vector<std::byte>> blocks;
-  int n_available(std::span<const block_key> keys) override {
+  int n_available(std::string_view, std::span<const block_key> keys) override {
     int n = 0;
     while (n < static_cast<int>(keys.size()) && blocks.contains(keys[static_cast<std::size_t>(n)])) ++n;
     return n;
   }
-  bool read(block_key key, std::span<std::byte> out) override {
+  bool read(std::string_view, block_key key, std::span<std::byte> out) override {
     const auto it = blocks.find(key);
     if (it == blocks.end() || it->second.size() != out.size()) return false;
     std::copy(it->second.begin(), it->second.end(), out.begin());

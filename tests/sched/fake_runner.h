@@ -139,7 +139,7 @@ class fake_runner final : public model_runner {
 class fake_source final : public kv_block_source {
  public:
   explicit fake_source(const fake_runner& r) : r_(r) {}
-  int n_available(std::span<const block_key> keys) override {
+  int n_available(std::string_view, std::span<const block_key> keys) override {
     int n = 0;
     while (n < static_cast<int>(keys.size()) && (r_.source.contains(keys[static_cast<std::size_t>(n)]) ||
                                                  claimed.contains(keys[static_cast<std::size_t>(n)])))
@@ -148,11 +148,20 @@ class fake_source final : public kv_block_source {
     return n;
   }
   std::set<block_key> claimed;
-  bool read(block_key, std::span<std::byte>) override { return false; }  // the fake runner reads the map itself
+  // settled() answers false this many times after each prefetch (a slow tier).
+  int settle_after = 0;
+  int n_prefetches = 0;
+  void prefetch(std::string_view, std::span<const block_key>) override {
+    ++n_prefetches;
+    pending_ = settle_after;
+  }
+  bool settled(std::string_view, std::span<const block_key>) override { return pending_-- <= 0; }
+  bool read(std::string_view, block_key, std::span<std::byte>) override { return false; }  // the fake runner reads the map itself
   int n_lookups = 0;
 
  private:
   const fake_runner& r_;
+  int pending_ = 0;
 };
 
 }  // namespace pagoda::test

@@ -446,5 +446,39 @@ TEST(scheduler, an_id_is_free_again_once_its_request_finished) {
   EXPECT_EQ(h.results["a"].tokens, alone(req("a", prompt_of(7, 2), 3)));
 }
 
+// A slow source: the loading sequence waits (holding its blocks, computing
+// nothing) while others run, and runs once its blocks arrived.
+TEST(scheduler, a_loading_sequence_waits_for_a_slow_source_while_others_run) {
+  const std::vector<token_id> p = prompt_of(14, 8);
+  harness first(config(64, 8, 64));
+  first.add(req("a", p, 5));
+  first.run();
+  first.s.kv().evict_cached_blocks();
+  first.step();
+
+  harness h(config(64, 8, 64));
+  h.runner.source = first.runner.evicted;
+  fake_source source(h.runner);
+  source.settle_after = 3;
+  h.s.set_kv_source(&source);
+  h.add(req("other", prompt_of(9, 1), 6));
+  h.add(req("a", p, 5));
+  int waited = 0;
+  for (int i = 0; i < 10; ++i) {
+    const step_plan& plan = h.step();
+    if (!plan.loads.empty()) break;
+    const auto a = h.s.find_sequence("a");
+    ASSERT_TRUE(a.has_value());
+    EXPECT_FALSE(harness::planned(plan, *a)) << "a loading sequence computed";
+    ++waited;
+  }
+  EXPECT_EQ(waited, 3);
+  EXPECT_EQ(source.n_prefetches, 1);
+  EXPECT_GE(h.results["other"].tokens.size(), 2u) << "the other request was held up";
+  h.run();
+  EXPECT_EQ(h.results["a"].tokens, alone(req("a", p, 5)));
+  EXPECT_EQ(h.results["a"].usage.cached_tokens, 12);
+}
+
 }  // namespace
 }  // namespace pagoda

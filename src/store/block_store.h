@@ -1,0 +1,90 @@
+// One tier of the KV warehouse: stored blocks by store key (DESIGN.md: a small
+// get/put/contains interface, so every tier passes the same tests). Values are
+// encoded block records (block_record.h); a tier stores bytes and never
+// interprets them, and a reader verifies what it gets.
+//
+// Implementations: memory_store (tests), disk_store (LMDB, the local default),
+// redis_store (shared between server replicas). All are safe to call from
+// several threads (the engine thread reads, the write-back thread writes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagoda/status.h"
+#include "store/store_key.h"
+
+namespace pagoda {
+
+struct store_tier_stats {
+  std::string tier;                  // "memory", "disk", "redis"
+  std::int64_t entries = -1;         // -1: unknown (a tier shared with others)
+  std::int64_t bytes = -1;           // stored value bytes; -1: unknown
+  std::int64_t capacity_bytes = 0;   // 0: no cap of its own
+  std::int64_t hits = 0;             // gets that found the key
+  std::int64_t misses = 0;           // gets that did not
+  std::int64_t errors = 0;           // calls the tier failed (down, I/O, full)
+  std::int64_t writes = 0;           // entries put
+  std::int64_t evictions = 0;        // entries dropped for capacity or age
+};
+
+class block_store {
+ public:
+  virtual ~block_store() = default;
+  virtual const char* tier() const = 0;
+
+  // The value under key; std::nullopt when absent. An error means the tier
+  // failed (callers count it and treat it as a miss).
+  virtual result<std::optional<std::vector<std::byte>>> get(const store_key& key) = 0;
+  // How many of keys, from the first, are present.
+  virtual result<std::size_t> count_present(std::span<const store_key> keys) = 0;
+  // Stores value under key (an existing value is kept: same key, same bytes).
+  virtual status put(const store_key& key, std::span<const std::byte> value) = 0;
+  virtual status erase(const store_key& key) = 0;
+  // Erases every entry of one tenant (tenant_hash); returns how many.
+  virtual result<std::size_t> erase_tenant(std::uint64_t tenant) = 0;
+  // Calls fn for every entry in key order until it returns false (offline
+  // tools: ls, verify, export).
+  virtual status for_each(const std::function<bool(const store_key&, std::span<const std::byte>)>& fn) = 0;
+  virtual store_tier_stats stats() = 0;
+};
+
+// An in-memory tier: the reference the other tiers are tested against.
+std::unique_ptr<block_store> make_memory_store();
+
+// The local disk tier: an LMDB environment in directory `path` (created if
+// missing) holding at most capacity_bytes of values. Over the cap, entries with
+// the lowest aged hit count go first (frequency-aware, not plain LRU: a block
+// read often keeps its place over one written once); with ttl_seconds > 0,
+// entries unused that long are misses and are dropped.
+struct disk_store_options {
+  std::string path;
+  std::int64_t capacity_bytes = std::int64_t{8} << 30;
+  std::int64_t ttl_seconds = 0;
+};
+result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& options);
+
+// A tier in a Redis server shared by any number of `pagoda serve` processes.
+// Keys are "pagoda:kv:<32 hex digits>"; capacity is Redis's own (run it with
+// maxmemory and maxmemory-policy allkeys-lfu: frequency-aware); ttl_seconds > 0
+// sets an expiry on every entry. A server that is down or goes down makes calls
+// fail fast (counted errors); the connection is retried at most once a second.
+struct redis_store_options {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::int64_t ttl_seconds = 0;
+  int timeout_ms = 500;
+};
+// require_connection: fail when the server cannot be reached now; otherwise
+// the tier starts down and connects when the server answers.
+result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options, bool require_connection = true);
+// "redis://host:port" into options; errors name what is wrong.
+result<redis_store_options> parse_redis_url(const std::string& url);
+
+}  // namespace pagoda

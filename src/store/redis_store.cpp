@@ -1,0 +1,242 @@
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <charconv>
+#include <cstring>
+#include <mutex>
+
+#include "store/block_store.h"
+
+namespace pagoda {
+namespace {
+
+constexpr char k_prefix[] = "pagoda:kv:";
+
+std::string redis_key(const store_key& k) { return k_prefix + k.hex(); }
+
+bool parse_redis_key(const char* s, std::size_t n, store_key& out) {
+  const std::size_t p = sizeof(k_prefix) - 1;
+  if (n != p + 32 || std::memcmp(s, k_prefix, p) != 0) return false;
+  std::byte b[16];
+  for (int i = 0; i < 16; ++i) {
+    unsigned v = 0;
+    if (std::from_chars(s + p + 2 * i, s + p + 2 * i + 2, v, 16).ec != std::errc()) return false;
+    b[i] = static_cast<std::byte>(v);
+  }
+  out = store_key::from_bytes(b);
+  return true;
+}
+
+struct reply_deleter {
+  void operator()(redisReply* r) const {
+    if (r) freeReplyObject(r);
+  }
+};
+using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
+
+class redis_store final : public block_store {
+ public:
+  explicit redis_store(redis_store_options o) : o_(std::move(o)) {}
+  ~redis_store() override {
+    if (ctx_) redisFree(ctx_);
+  }
+
+  const char* tier() const override { return "redis"; }
+
+  status connect_now() {
+    std::lock_guard lock(mu_);
+    return connect_locked();
+  }
+
+  result<std::optional<std::vector<std::byte>>> get(const store_key& key) override {
+    std::lock_guard lock(mu_);
+    const std::string k = redis_key(key);
+    PAGODA_ASSIGN_OR_RETURN(reply_ptr r, command_locked("GET %b", k.data(), k.size()));
+    if (r->type == REDIS_REPLY_NIL) {
+      ++stats_.misses;
+      return std::optional<std::vector<std::byte>>();
+    }
+    if (r->type != REDIS_REPLY_STRING) return fail_locked("GET answered something other than a string").error();
+    ++stats_.hits;
+    const auto* p = reinterpret_cast<const std::byte*>(r->str);
+    return std::optional<std::vector<std::byte>>(std::vector<std::byte>(p, p + r->len));
+  }
+
+  result<std::size_t> count_present(std::span<const store_key> keys) override {
+    std::lock_guard lock(mu_);
+    if (keys.empty()) return std::size_t{0};
+    PAGODA_RETURN_IF_ERROR(ensure_connected_locked());
+    // One round trip for the whole run.
+    for (const store_key& key : keys) {
+      const std::string k = redis_key(key);
+      redisAppendCommand(ctx_, "EXISTS %b", k.data(), k.size());
+    }
+    std::size_t n = 0;
+    bool run = true;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      redisReply* raw = nullptr;
+      if (redisGetReply(ctx_, reinterpret_cast<void**>(&raw)) != REDIS_OK) return drop_locked();
+      reply_ptr r(raw);
+      if (run && r->type == REDIS_REPLY_INTEGER && r->integer == 1) ++n;
+      else run = false;
+    }
+    return n;
+  }
+
+  status put(const store_key& key, std::span<const std::byte> value) override {
+    std::lock_guard lock(mu_);
+    const std::string k = redis_key(key);
+    result<reply_ptr> r = o_.ttl_seconds > 0
+                              ? command_locked("SET %b %b NX EX %lld", k.data(), k.size(), value.data(), value.size(),
+                                               static_cast<long long>(o_.ttl_seconds))
+                              : command_locked("SET %b %b NX", k.data(), k.size(), value.data(), value.size());
+    if (!r.ok()) return r.error();
+    if ((*r)->type == REDIS_REPLY_ERROR) return fail_locked(std::string("SET: ") + (*r)->str).error();
+    if ((*r)->type == REDIS_REPLY_STATUS) ++stats_.writes;  // NIL: already there
+    return {};
+  }
+
+  status erase(const store_key& key) override {
+    std::lock_guard lock(mu_);
+    const std::string k = redis_key(key);
+    auto r = command_locked("UNLINK %b", k.data(), k.size());
+    return r.ok() ? status{} : r.error();
+  }
+
+  result<std::size_t> erase_tenant(std::uint64_t tenant) override {
+    std::lock_guard lock(mu_);
+    const std::string pattern = std::string(k_prefix) + store_key{tenant, 0}.hex().substr(0, 16) + "*";
+    std::size_t n = 0;
+    PAGODA_RETURN_IF_ERROR(scan_locked(pattern, [&](const char* key, std::size_t len) {
+      auto r = command_locked("UNLINK %b", key, len);
+      if (r.ok() && (*r)->type == REDIS_REPLY_INTEGER) n += static_cast<std::size_t>((*r)->integer);
+      return r.ok();
+    }));
+    return n;
+  }
+
+  status for_each(const std::function<bool(const store_key&, std::span<const std::byte>)>& fn) override {
+    std::lock_guard lock(mu_);
+    return scan_locked(std::string(k_prefix) + "*", [&](const char* key, std::size_t len) {
+      store_key k;
+      if (!parse_redis_key(key, len, k)) return true;
+      auto r = command_locked("GET %b", key, len);
+      if (!r.ok()) return false;
+      if ((*r)->type != REDIS_REPLY_STRING) return true;
+      return fn(k, std::span<const std::byte>(reinterpret_cast<const std::byte*>((*r)->str), (*r)->len));
+    });
+  }
+
+  store_tier_stats stats() override {
+    std::lock_guard lock(mu_);
+    store_tier_stats s = stats_;
+    s.tier = tier();
+    return s;
+  }
+
+ private:
+  status connect_locked() {
+    if (ctx_) {
+      redisFree(ctx_);
+      ctx_ = nullptr;
+    }
+    last_attempt_ = std::chrono::steady_clock::now();
+    const timeval tv{o_.timeout_ms / 1000, (o_.timeout_ms % 1000) * 1000};
+    ctx_ = redisConnectWithTimeout(o_.host.c_str(), o_.port, tv);
+    if (!ctx_ || ctx_->err) {
+      std::string why = ctx_ ? ctx_->errstr : "cannot allocate a connection";
+      if (ctx_) redisFree(ctx_);
+      ctx_ = nullptr;
+      return error(errc::io_error, "Redis {}:{}: {}", o_.host, o_.port, why);
+    }
+    redisSetTimeout(ctx_, tv);
+    return {};
+  }
+
+  status ensure_connected_locked() {
+    if (ctx_) return {};
+    // Down: retry at most once a second, so a dead server costs nothing per call.
+    if (std::chrono::steady_clock::now() - last_attempt_ < std::chrono::seconds(1)) {
+      ++stats_.errors;
+      return error(errc::io_error, "Redis {}:{} is unreachable", o_.host, o_.port);
+    }
+    status st = connect_locked();
+    if (!st.ok()) ++stats_.errors;
+    return st;
+  }
+
+  status drop_locked() {
+    const std::string why = ctx_ && ctx_->errstr[0] ? ctx_->errstr : "connection lost";
+    if (ctx_) redisFree(ctx_);
+    ctx_ = nullptr;
+    ++stats_.errors;
+    return error(errc::io_error, "Redis {}:{}: {}", o_.host, o_.port, why);
+  }
+
+  result<reply_ptr> fail_locked(const std::string& why) {
+    ++stats_.errors;
+    return error(errc::io_error, "Redis {}:{}: {}", o_.host, o_.port, why);
+  }
+
+  template <typename... A>
+  result<reply_ptr> command_locked(const char* format, A... args) {
+    PAGODA_RETURN_IF_ERROR(ensure_connected_locked());
+    reply_ptr r(static_cast<redisReply*>(redisCommand(ctx_, format, args...)));
+    if (!r) return drop_locked();
+    return r;
+  }
+
+  template <typename F>
+  status scan_locked(const std::string& pattern, F&& on_key) {
+    std::string cursor = "0";
+    do {
+      PAGODA_ASSIGN_OR_RETURN(reply_ptr r, command_locked("SCAN %s MATCH %b COUNT 512", cursor.c_str(), pattern.data(),
+                                                           pattern.size()));
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) return fail_locked("SCAN answered something unexpected").error();
+      cursor.assign(r->element[0]->str, r->element[0]->len);
+      const redisReply* keys = r->element[1];
+      for (std::size_t i = 0; i < keys->elements; ++i)
+        if (!on_key(keys->element[i]->str, keys->element[i]->len)) return {};
+    } while (cursor != "0");
+    return {};
+  }
+
+  redis_store_options o_;
+  std::mutex mu_;
+  redisContext* ctx_ = nullptr;
+  std::chrono::steady_clock::time_point last_attempt_{};
+  store_tier_stats stats_;
+};
+
+}  // namespace
+
+result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options, bool require_connection) {
+  auto s = std::make_unique<redis_store>(options);
+  status st = s->connect_now();
+  if (!st.ok() && require_connection) return st;
+  return std::unique_ptr<block_store>(std::move(s));
+}
+
+result<redis_store_options> parse_redis_url(const std::string& url) {
+  constexpr std::string_view scheme = "redis://";
+  if (url.rfind(scheme, 0) != 0) return error(errc::invalid_argument, "'{}': expected redis://HOST:PORT", url);
+  const std::string rest = url.substr(scheme.size());
+  const std::size_t colon = rest.rfind(':');
+  redis_store_options o;
+  if (colon == std::string::npos) {
+    o.host = rest;
+  } else {
+    o.host = rest.substr(0, colon);
+    int port = 0;
+    const char* b = rest.data() + colon + 1;
+    const char* e = rest.data() + rest.size();
+    const auto [p, ec] = std::from_chars(b, e, port);
+    if (ec != std::errc() || p != e || port < 1 || port > 65535)
+      return error(errc::invalid_argument, "'{}': the port must be a number in 1..65535", url);
+    o.port = port;
+  }
+  if (o.host.empty()) return error(errc::invalid_argument, "'{}': no host", url);
+  return o;
+}
+
+}  // namespace pagoda
