@@ -19,6 +19,9 @@ struct request_usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;  // over all n completions
   int cached_tokens = 0;      // prompt tokens served from the prefix cache (or loaded from a KV source)
+  // Of cached_tokens, those loaded from each tier of the KV source (the
+  // warehouse: disk, then Redis); the rest came from memory. Empty: none loaded.
+  std::vector<int> loaded_tokens_by_tier;
 };
 
 // What one step produced for one completion of one request.

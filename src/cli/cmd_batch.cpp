@@ -135,8 +135,8 @@ int batch(const batch_options& o) {
   std::ifstream in(o.input);
   if (!in) return fail(error(errc::not_found, "cannot open {}", o.input));
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
-  PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, cfg));
+  PAGODA_ASSIGN_OR_RETURN_CLI(engine_stack stack, open_engine(*model, o.engine));
+  engine_core* eng = stack.core.get();
 
   std::vector<line_result> results;
   std::unordered_map<std::string, std::size_t> by_id;
@@ -221,6 +221,7 @@ int batch(const batch_options& o) {
     out = std::fopen(o.output.c_str(), "w");
     if (!out) return fail(error(errc::io_error, "cannot write {}", o.output));
   }
+  const std::vector<std::string> tier_names = stack.warehouse ? stack.warehouse->tier_names() : std::vector<std::string>{};
   for (const line_result& r : results) {
     json j = {{"id", r.id}};
     if (!r.error.empty()) {
@@ -237,6 +238,11 @@ int batch(const batch_options& o) {
                     {"completion_tokens", r.usage.completion_tokens},
                     {"total_tokens", r.usage.prompt_tokens + r.usage.completion_tokens},
                     {"cached_tokens", r.usage.cached_tokens}};
+      if (stack.warehouse) {
+        json tiers = json::object();
+        for (const auto& [tier, n] : cached_tokens_by_tier(r.usage, tier_names)) tiers[tier] = n;
+        j["usage"]["cached_tokens_by_tier"] = tiers;
+      }
     }
     std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
     std::fprintf(out, "%s\n", s.c_str());

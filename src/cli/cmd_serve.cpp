@@ -35,9 +35,15 @@ struct serve_options {
   int max_tokens_limit = 0;   // 0: the context
   int max_n = 16;
   int http_threads = 0;       // 0: enough for every running and waiting request
+  bool no_kv_store = false;   // no disk tier (else --kv-store, or the per-user default)
 };
 
-int serve(const serve_options& o) {
+int serve(serve_options o) {
+  if (o.no_kv_store) {
+    if (!o.engine.kv_store.empty()) return fail(error(errc::invalid_argument, "--kv-store and --no-kv-store conflict"));
+  } else if (o.engine.kv_store.empty()) {
+    o.engine.kv_store = default_kv_store_dir();
+  }
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
   cfg.max_waiting = o.max_waiting;
@@ -88,6 +94,11 @@ int serve(const serve_options& o) {
 
   const bool auth_required = keys.enabled();
   PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, cfg));
+  // Declared before the loop: the engine thread writes to it until the loop
+  // stops; its destructor then drains the write-back queue.
+  PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<kv_warehouse> warehouse, open_warehouse(*model, o.engine, cfg));
+  if (warehouse) attach_warehouse(*eng, *warehouse);
+  if (warehouse) ctx.store_tiers = warehouse->tier_names();
   const kv_metrics kv = eng->kv_stats();
   engine_loop loop(std::move(eng), o.max_waiting);
   server::http_server http(sopts, ctx, std::move(keys), loop);
@@ -100,6 +111,12 @@ int serve(const serve_options& o) {
                kv.block_size_tokens, server::chat_format_name(ctx.chat),
                auth_required ? "API keys required" : "no API key",
                sopts.n_http_threads);
+  if (warehouse) {
+    std::string tiers;
+    for (const auto& t : warehouse->tiers()) tiers += std::string(tiers.empty() ? "" : " -> ") + t->tier();
+    std::fprintf(stderr, "pagoda serve: KV store %s%s%s (--no-kv-store turns it off)\n", tiers.c_str(),
+                 o.engine.kv_store.empty() ? "" : " at ", o.engine.kv_store.c_str());
+  }
   // One line on stdout that scripts and tests wait for (with --port 0 it names the port).
   std::printf("pagoda serve: listening on http://%s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
@@ -152,6 +169,9 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--max-n", opts->max_n, "most choices per request, n x prompts (default 16)")->check(CLI::Range(1, 128));
   cmd->add_option("--http-threads", opts->http_threads, "HTTP connections served at once (default: max-num-seqs + max-waiting + 16)")
       ->check(CLI::Range(0, 4096));
+  cmd->add_flag("--no-kv-store", opts->no_kv_store,
+                "keep KV blocks in memory only (default: a disk store at $XDG_CACHE_HOME/pagoda/kv or ~/.cache/pagoda/kv, "
+                "8 GiB; --kv-store picks another)");
   cmd->callback([opts, &action] { action = [opts] { return serve(*opts); }; });
 }
 

@@ -13,6 +13,12 @@
   auto tmp = (expr);                                     \
   if (!tmp.ok()) return ::pagoda::cli::fail(tmp.error()); \
   lhs = std::move(tmp).value()
+// In a subcommand returning int: print a failed status and return 1.
+#define PAGODA_RETURN_IF_ERROR_CLI(expr)                               \
+  do {                                                                 \
+    if (::pagoda::status pagoda_cli_st = (expr); !pagoda_cli_st.ok()) \
+      return ::pagoda::cli::fail(pagoda_cli_st);                       \
+  } while (0)
 
 namespace pagoda::cli {
 
@@ -24,5 +30,6 @@ void register_calibrate(CLI::App& app, std::function<int()>& action);
 void register_synth(CLI::App& app, std::function<int()>& action);
 void register_batch(CLI::App& app, std::function<int()>& action);
 void register_serve(CLI::App& app, std::function<int()>& action);
+void register_kv(CLI::App& app, std::function<int()>& action);
 
 }  // namespace pagoda::cli

@@ -1,5 +1,7 @@
 #include "cli/engine_options.h"
 
+#include <cstdlib>
+
 namespace pagoda::cli {
 
 void add_engine_options(CLI::App* app, engine_options& opts) {
@@ -11,11 +13,51 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts.config.enable_prefix_caching,
                 "reuse cached KV blocks of shared prompt prefixes (default on)");
   app->add_option("--tenant-quota", opts.tenant_quotas, "NAME=BLOCKS: cap a tenant's KV blocks (repeatable)");
+  app->add_option("--kv-store", opts.kv_store,
+                  "PATH[,size=GiB]: keep KV blocks on disk (LMDB) across restarts, default size 8 GiB");
+  app->add_option("--kv-store-remote", opts.config.kv_store_remote,
+                  "redis://HOST:PORT: share KV blocks with other servers through Redis");
+  app->add_option("--kv-store-ttl", opts.config.kv_store_ttl_s, "drop stored KV blocks unused this many seconds (0: never)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+status finish_engine_options(engine_options& opts) {
+  for (const std::string& q : opts.tenant_quotas) PAGODA_RETURN_IF_ERROR(add_tenant_quota(opts.config, q));
+  if (!opts.kv_store.empty()) PAGODA_RETURN_IF_ERROR(parse_kv_store_option(opts.config, opts.kv_store));
+  return {};
 }
 
 result<engine_core_config> make_engine_config(const llama_model& model, engine_options opts) {
-  for (const std::string& q : opts.tenant_quotas) PAGODA_RETURN_IF_ERROR(add_tenant_quota(opts.config, q));
+  PAGODA_RETURN_IF_ERROR(finish_engine_options(opts));
   return make_engine_core_config(model, opts.config);
+}
+
+engine_stack::~engine_stack() {
+  if (!core) return;
+  std::vector<engine_event> events;
+  core->flush(events);
+}
+
+result<engine_stack> open_engine(const llama_model& model, engine_options opts) {
+  PAGODA_RETURN_IF_ERROR(finish_engine_options(opts));
+  PAGODA_ASSIGN_OR_RETURN(engine_core_config cfg, make_engine_core_config(model, opts.config));
+  engine_stack s;
+  PAGODA_ASSIGN_OR_RETURN(s.warehouse, make_warehouse(opts.config, model, cfg.kv));
+  PAGODA_ASSIGN_OR_RETURN(s.core, engine_core::create(model, cfg));
+  if (s.warehouse) attach_warehouse(*s.core, *s.warehouse);
+  return s;
+}
+
+result<std::unique_ptr<kv_warehouse>> open_warehouse(const llama_model& model, engine_options opts,
+                                                     const engine_core_config& core_config) {
+  PAGODA_RETURN_IF_ERROR(finish_engine_options(opts));
+  return make_warehouse(opts.config, model, core_config.kv);
+}
+
+std::string default_kv_store_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/pagoda/kv";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/pagoda/kv";
+  return "";
 }
 
 }  // namespace pagoda::cli

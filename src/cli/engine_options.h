@@ -14,11 +14,38 @@ namespace pagoda::cli {
 struct engine_options {
   engine_config config;
   std::vector<std::string> tenant_quotas;  // NAME=BLOCKS
+  std::string kv_store;                    // PATH[,size=GiB]
 };
 
 void add_engine_options(CLI::App* app, engine_options& opts);
 
-// The engine core configuration for a loaded model (tenant quotas parsed).
+// Parses what the flags left as text (tenant quotas, --kv-store) into opts.config.
+status finish_engine_options(engine_options& opts);
+
+// The engine core configuration for a loaded model.
 result<engine_core_config> make_engine_config(const llama_model& model, engine_options opts);
+
+// An engine core with the KV warehouse the flags ask for, attached. The
+// warehouse is declared first, so it outlives the core.
+// Destroying it applies the ops the last step left, so the warehouse has
+// every block the run cached.
+struct engine_stack {
+  std::unique_ptr<kv_warehouse> warehouse;  // null: no persistent tier
+  std::unique_ptr<engine_core> core;
+  engine_stack() = default;
+  engine_stack(engine_stack&&) = default;
+  engine_stack& operator=(engine_stack&&) = default;
+  ~engine_stack();
+};
+result<engine_stack> open_engine(const llama_model& model, engine_options opts);
+
+// The warehouse the flags ask for (null without --kv-store/--kv-store-remote),
+// for a core made from `core_config`.
+result<std::unique_ptr<kv_warehouse>> open_warehouse(const llama_model& model, engine_options opts,
+                                                     const engine_core_config& core_config);
+
+// Where `serve` keeps KV blocks unless told otherwise: $XDG_CACHE_HOME/pagoda/kv,
+// else ~/.cache/pagoda/kv; "" when neither variable is set.
+std::string default_kv_store_dir();
 
 }  // namespace pagoda::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   register_synth(app, action);
   register_batch(app, action);
   register_serve(app, action);
+  register_kv(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

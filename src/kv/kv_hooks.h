@@ -34,6 +34,8 @@ using commit_hook = std::function<void(const cached_block&)>;
 // is LOADING: its blocks are allocated, prefetch() is called, and once
 // settled() the runner read()s them into the pool; then the sequence runs.
 // The defaults suit a source that answers at once.
+inline constexpr int k_max_source_tiers = 4;
+
 class kv_block_source {
  public:
   virtual ~kv_block_source() = default;
@@ -43,9 +45,11 @@ class kv_block_source {
   virtual void prefetch(std::string_view tenant, std::span<const block_key> keys) {}
   // Whether every block of `keys` is fetched or failed, so read() answers at once.
   virtual bool settled(std::string_view tenant, std::span<const block_key> keys) { return true; }
-  // The bytes stored under key (kv_backend::write_block's format) into `out`;
-  // false when it cannot (the block is then computed instead).
-  virtual bool read(std::string_view tenant, block_key key, std::span<std::byte> out) = 0;
+  // The bytes stored under key (kv_backend::write_block's format) into `out`.
+  // Returns the tier the block came from (0 for a source of one tier; tiers
+  // are the source's own, in its lookup order, up to k_max_source_tiers), or
+  // -1 when it cannot deliver (the block is then computed instead).
+  virtual int read(std::string_view tenant, block_key key, std::span<std::byte> out) = 0;
 };
 
 }  // namespace pagoda

@@ -36,8 +36,9 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.loaded.assign(plan.loads.size(), 0);
   for (std::size_t i = 0; i < plan.loads.size(); ++i) {
     const block_load& l = plan.loads[i];
-    if (!source_ || !source_->read(l.tenant, l.key, block_buf_)) continue;
-    out.loaded[i] = kv_.write_block(l.block, block_buf_).ok();
+    const int tier = source_ ? source_->read(l.tenant, l.key, block_buf_) : -1;
+    if (tier < 0 || tier >= k_max_source_tiers) continue;
+    if (kv_.write_block(l.block, block_buf_).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);
   }
 
   if (plan.seqs.empty()) return;

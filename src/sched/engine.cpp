@@ -19,10 +19,7 @@ result<std::unique_ptr<engine>> engine::create(const engine_config& config) {
   PAGODA_ASSIGN_OR_RETURN(engine_core_config core_config, make_engine_core_config(*p->model, config));
   PAGODA_ASSIGN_OR_RETURN(p->core, engine_core::create(*p->model, core_config));
   PAGODA_ASSIGN_OR_RETURN(p->warehouse, make_warehouse(config, *p->model, core_config.kv));
-  if (kv_warehouse* w = p->warehouse.get()) {
-    p->core->set_kv_source(w);
-    p->core->set_commit_hook([w](const cached_block& b) { w->write(b); });
-  }
+  if (p->warehouse) attach_warehouse(*p->core, *p->warehouse);
   const llama_hparams& hp = p->model->hparams();
   engine_info& i = p->info;
   i.model_path = config.model_path;
@@ -41,7 +38,11 @@ result<std::unique_ptr<engine>> engine::create(const engine_config& config) {
 }
 
 engine::engine(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
-engine::~engine() = default;
+engine::~engine() {
+  // The last step's cached blocks reach the warehouse before it closes.
+  std::vector<engine_event> events;
+  if (impl_->core) impl_->core->flush(events);
+}
 
 std::vector<token_id> engine::tokenize(std::string_view text, bool add_bos) const {
   return impl_->model->vocab().encode(text, add_bos && impl_->model->vocab().add_bos_default());

@@ -61,4 +61,10 @@ bool engine_core::step(std::vector<engine_event>& events) {
   return !plan.seqs.empty() || !plan.loads.empty();
 }
 
+void engine_core::flush(std::vector<engine_event>& events) {
+  // Bounded: an ops-only step plans no sequence, so it cannot make new ops
+  // unless a request arrived in between (then has_work() is true again).
+  for (int i = 0; i < 4 && !has_work() && has_pending_ops(); ++i) step(events);
+}
+
 }  // namespace pagoda

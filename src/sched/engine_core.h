@@ -53,6 +53,11 @@ class engine_core {
   status add_request(request req) { return sched_.add_request(std::move(req)); }
   bool abort_request(const std::string& id) { return sched_.abort_request(id); }
   bool has_work() const { return sched_.has_work(); }
+  bool has_pending_ops() const { return sched_.has_pending_ops(); }
+  // Applies the block ops a finished run left (see scheduler::has_pending_ops),
+  // so that the commit hook has seen every cached block. Call it when has_work()
+  // turns false and before tearing down a warehouse.
+  void flush(std::vector<engine_event>& events);
 
   // Runs one step and appends what it produced. A runner failure (an error
   // status or an exception such as std::bad_alloc) fails the requests of that

@@ -172,13 +172,15 @@ void engine_loop::run() {
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !tasks_.empty() || stopping_ || engine_->has_work() || flush_pending_; });
+      cv_.wait(lock, [&] {
+        return !tasks_.empty() || stopping_ || engine_->has_work() || engine_->has_pending_ops() || flush_pending_;
+      });
       batch.swap(tasks_);
     }
     for (auto& task : batch) task();
     batch.clear();
     if (stopping_) break;
-    if (!engine_->has_work() && !flush_pending_) {
+    if (!engine_->has_work() && !engine_->has_pending_ops() && !flush_pending_) {
       publish();  // the tasks may have changed what the engine holds
       continue;
     }

@@ -150,6 +150,29 @@ result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config
   return std::make_unique<kv_warehouse>(std::move(tiers), o);
 }
 
+void attach_warehouse(engine_core& core, kv_warehouse& w) {
+  core.set_kv_source(&w);
+  core.set_commit_hook([&w](const cached_block& b) { w.write(b); });
+}
+
+status parse_kv_store_option(engine_config& config, const std::string& spec) {
+  const std::size_t comma = spec.find(',');
+  config.kv_store_path = spec.substr(0, comma);
+  if (config.kv_store_path.empty()) return error(errc::invalid_argument, "--kv-store '{}': no directory", spec);
+  if (comma == std::string::npos) return {};
+  const std::string opt = spec.substr(comma + 1);
+  constexpr std::string_view k_size = "size=";
+  if (opt.rfind(k_size, 0) != 0)
+    return error(errc::invalid_argument, "--kv-store '{}': expected PATH or PATH,size=GiB", spec);
+  const std::string v = opt.substr(k_size.size());
+  double gib = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), gib);
+  if (ec != std::errc() || p != v.data() + v.size() || !(gib > 0) || !std::isfinite(gib))
+    return error(errc::invalid_argument, "--kv-store '{}': size must be a positive number of GiB", spec);
+  config.kv_store_size_gib = gib;
+  return {};
+}
+
 result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& opts) {
   engine_core_config cfg;
   cfg.n_threads = opts.n_threads;

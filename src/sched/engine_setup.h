@@ -43,6 +43,13 @@ std::uint64_t model_fingerprint(const llama_model& model);
 result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config, const llama_model& model,
                                                      const kv_layout& layout);
 
+// Makes the warehouse the engine's KV source and the receiver of its commits.
+// REQUIRES: the warehouse outlives the engine's use of it.
+void attach_warehouse(engine_core& core, kv_warehouse& warehouse);
+
+// "PATH" or "PATH,size=GiB" (--kv-store) into config.kv_store_path / kv_store_size_gib.
+status parse_kv_store_option(engine_config& config, const std::string& spec);
+
 // Everything engine_core::create needs. The default pool holds max_num_seqs
 // full contexts, capped at 4 GiB.
 result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& config);

@@ -17,6 +17,7 @@ struct scheduler::request_state {
   bool first_token_seen = false;
   int n_finished = 0;
   int cached_tokens = -1;       // prompt tokens from the prefix cache (or loaded) at first admission
+  std::vector<int> loaded_by_tier;  // of those, loaded from each tier of the KV source
   int completion_tokens = 0;
 };
 
@@ -423,8 +424,15 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
       PAGODA_ASSERT(st.ok(), "commit of loaded blocks: {}", st.message());
       s->n_computed += n_tokens;
       stats_.n_loaded_tokens += n_tokens;
-      if (!s->req->first_token_seen)
+      if (!s->req->first_token_seen) {
         s->req->cached_tokens = std::min(std::max(s->req->cached_tokens, 0) + n_tokens, s->n_prompt);
+        std::vector<int>& by_tier = s->req->loaded_by_tier;
+        for (std::size_t j = i; j < i + n_ok; ++j) {
+          const std::size_t tier = out.loaded[j] - 1u;
+          if (by_tier.size() <= tier) by_tier.resize(tier + 1, 0);
+          by_tier[tier] += config_.block_size;
+        }
+      }
     }
     s->phase = seq_phase::running;
     s->load_count = 0;
@@ -566,6 +574,7 @@ void scheduler::finish(sequence* s, const std::string& reason, std::vector<engin
     e.usage.prompt_tokens = static_cast<int>(r->req.prompt.size());
     e.usage.completion_tokens = r->completion_tokens;
     e.usage.cached_tokens = std::max(r->cached_tokens, 0);
+    e.usage.loaded_tokens_by_tier = r->loaded_by_tier;
     stats_.e2e_seconds.observe((now_us() - r->arrival_us) * 1e-6);
     ++stats_.n_requests_finished;
     finished_requests_.push_back(r->req.id);

@@ -114,6 +114,10 @@ class scheduler {
   // Returns false for an unknown (or finished) id.
   bool abort_request(const std::string& id);
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // Block ops the tensors have not applied yet: the last step of a run leaves
+  // some (the blocks it sealed enter the prefix cache, which feeds the commit
+  // hook); one more step() applies them. engine_core::flush() does that.
+  bool has_pending_ops() const { return !pending_ops_.empty(); }
 
   // Plans the next step (an empty plan when nothing can run). Events made
   // outside a step (aborts) are handed out by the next update() or take_events().

@@ -54,7 +54,7 @@ struct step_output {
   status result;
   // One row per seq (all_logits: one per token), in plan order; [rows][n_vocab].
   std::vector<float> logits;
-  std::vector<std::uint8_t> loaded;     // [plan.loads]: 1 when the block was filled
+  std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from
   std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
 };
 

@@ -141,6 +141,7 @@ void http_server::impl::handle_generate(const httplib::Request& req, httplib::Re
     ids.ids.push_back(call.requests[i].id);
   }
   response_builder builder(call, id, ctx.model_names.front(), unix_seconds(), *ctx.vocab);
+  builder.set_store_tiers(ctx.store_tiers);
   // Found before submitting: the descriptor is this handler's until it returns.
   connection_probe probe = connection_probe::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   auto channel = std::make_shared<request_channel>();

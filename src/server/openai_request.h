@@ -43,6 +43,9 @@ struct api_context {
   chat_format chat = chat_format::plain;
   chat_special_tokens chat_tokens;
   api_limits limits;
+  // The KV warehouse's tiers in lookup order ("disk", "redis"); empty without
+  // one. Usage then says where cached tokens came from.
+  std::vector<std::string> store_tiers;
 };
 
 enum class api_kind { completion, chat };

@@ -1,5 +1,7 @@
 #include "server/openai_response.h"
 
+#include "store/warehouse.h"
+
 namespace pagoda::server {
 
 using nlohmann::json;
@@ -29,14 +31,24 @@ void response_builder::add(int prompt_index, const engine_event& e) {
     usage_.prompt_tokens += e.usage.prompt_tokens;
     usage_.completion_tokens += e.usage.completion_tokens;
     usage_.cached_tokens += e.usage.cached_tokens;
+    std::vector<int>& by_tier = usage_.loaded_tokens_by_tier;
+    if (by_tier.size() < e.usage.loaded_tokens_by_tier.size()) by_tier.resize(e.usage.loaded_tokens_by_tier.size(), 0);
+    for (std::size_t t = 0; t < e.usage.loaded_tokens_by_tier.size(); ++t) by_tier[t] += e.usage.loaded_tokens_by_tier[t];
   }
 }
 
 json response_builder::usage_json() const {
-  return {{"prompt_tokens", usage_.prompt_tokens},
-          {"completion_tokens", usage_.completion_tokens},
-          {"total_tokens", usage_.prompt_tokens + usage_.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens}}}};
+  json u = {{"prompt_tokens", usage_.prompt_tokens},
+            {"completion_tokens", usage_.completion_tokens},
+            {"total_tokens", usage_.prompt_tokens + usage_.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens}}}};
+  if (!store_tiers_.empty()) {
+    // An extension field (OpenAI clients ignore it): where the cached tokens came from.
+    json by_tier = json::object();
+    for (const auto& [tier, n] : cached_tokens_by_tier(usage_, store_tiers_)) by_tier[tier] = n;
+    u["prompt_tokens_details"]["cached_tokens_by_tier"] = by_tier;
+  }
+  return u;
 }
 
 json response_builder::logprobs_json(const std::vector<token_logprob>& lps, std::size_t& offset) const {

@@ -25,6 +25,10 @@ class response_builder {
   response_builder(const api_call& call, std::string id, std::string model, std::int64_t created_unix_s,
                    const tokenizer& vocab);
 
+  // The KV warehouse's tiers in lookup order ("disk", "redis"): usage then
+  // also says where cached tokens came from (prompt_tokens_details.cached_tokens_by_tier).
+  void set_store_tiers(std::vector<std::string> tiers) { store_tiers_ = std::move(tiers); }
+
   // Records an event of the engine request for prompt `prompt_index`.
   void add(int prompt_index, const engine_event& e);
 
@@ -65,6 +69,7 @@ class response_builder {
   const tokenizer& vocab_;
   std::vector<choice> choices_;
   request_usage usage_;
+  std::vector<std::string> store_tiers_;
 };
 
 // "data: {json}\n\n", invalid UTF-8 replaced.

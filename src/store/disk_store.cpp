@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <tuple>
 #include <mutex>
@@ -53,8 +54,9 @@ class disk_store final : public block_store {
   }
 
   status open() {
-    if (::mkdir(o_.path.c_str(), 0755) != 0 && errno != EEXIST)
-      return error(errc::io_error, "KV store {}: cannot create the directory: {}", o_.path, std::strerror(errno));
+    std::error_code ec;
+    std::filesystem::create_directories(o_.path, ec);  // a per-user cache dir may not exist yet
+    if (ec) return error(errc::io_error, "KV store {}: cannot create the directory: {}", o_.path, ec.message());
     int rc = mdb_env_create(&env_);
     if (rc) return lmdb_error(rc, "create", o_.path);
     mdb_env_set_maxdbs(env_, 2);

@@ -108,7 +108,7 @@ int kv_warehouse::n_available(std::string_view tenant, std::span<const block_key
   return static_cast<int>(n);
 }
 
-bool kv_warehouse::fetch_one(const store_key& key, std::vector<std::byte>& out) {
+int kv_warehouse::fetch_one(const store_key& key, std::vector<std::byte>& out) {
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
     auto got = tiers_[t]->get(key);
     if (!got.ok() || !got->has_value()) continue;  // a failed tier is a miss, counted by the tier
@@ -126,9 +126,9 @@ bool kv_warehouse::fetch_one(const store_key& key, std::vector<std::byte>& out) 
     }
     std::lock_guard lock(mu_);
     ++c_.loads_by_tier[t];
-    return true;
+    return static_cast<int>(t);
   }
-  return false;
+  return -1;
 }
 
 void kv_warehouse::prefetch(std::string_view tenant, std::span<const block_key> keys) {
@@ -160,10 +160,10 @@ void kv_warehouse::fetch_loop() {
     const std::int64_t t0 = now_us();
     for (const store_key& k : batch) {
       std::vector<std::byte> bytes;
-      const bool ok = fetch_one(k, bytes);
+      const int tier = fetch_one(k, bytes);
       std::lock_guard lock(mu_);
       fetched& f = fetched_[k];
-      f.ok = ok;
+      f.tier = tier;
       f.bytes = std::move(bytes);
       f.done = true;
     }
@@ -181,31 +181,32 @@ bool kv_warehouse::settled(std::string_view tenant, std::span<const block_key> k
   return true;
 }
 
-bool kv_warehouse::read(std::string_view tenant, block_key key, std::span<std::byte> out) {
+int kv_warehouse::read(std::string_view tenant, block_key key, std::span<std::byte> out) {
   const store_key sk = make_store_key(o_.space, tenant, key);
   std::vector<std::byte> bytes;
-  bool ok = false;
+  int tier = -1;
+  bool fetch_now = false;
   {
     std::lock_guard lock(mu_);
     const auto it = fetched_.find(sk);
     if (it != fetched_.end() && it->second.done) {
-      ok = it->second.ok;
+      tier = it->second.tier;
       bytes = std::move(it->second.bytes);
       fetched_.erase(it);
     } else if (it == fetched_.end()) {
-      ok = true;  // not prefetched: fetch now, below
+      fetch_now = true;  // not prefetched: fetch now, below
     }
   }
-  if (ok && bytes.empty()) ok = fetch_one(sk, bytes);
-  ok = ok && bytes.size() == out.size();
+  if (fetch_now) tier = fetch_one(sk, bytes);
+  if (bytes.size() != out.size()) tier = -1;
   std::lock_guard lock(mu_);
-  if (!ok) {
+  if (tier < 0) {
     ++c_.load_misses;
-    return false;
+    return -1;
   }
   std::copy(bytes.begin(), bytes.end(), out.begin());
   ++c_.loads;
-  return true;
+  return tier;
 }
 
 // --- admin -----------------------------------------------------------------------
@@ -229,6 +230,24 @@ std::vector<store_tier_stats> kv_warehouse::tier_stats() {
 warehouse_counters kv_warehouse::counters() {
   std::lock_guard lock(mu_);
   return c_;
+}
+
+std::vector<std::string> kv_warehouse::tier_names() const {
+  std::vector<std::string> names;
+  for (const auto& t : tiers_) names.emplace_back(t->tier());
+  return names;
+}
+
+std::vector<std::pair<std::string, int>> cached_tokens_by_tier(const request_usage& usage,
+                                                               const std::vector<std::string>& tier_names) {
+  std::vector<std::pair<std::string, int>> out{{"memory", usage.cached_tokens}};
+  for (std::size_t t = 0; t < tier_names.size(); ++t) {
+    const int n = t < usage.loaded_tokens_by_tier.size() ? usage.loaded_tokens_by_tier[t] : 0;
+    out.emplace_back(tier_names[t], n);
+    out.front().second -= n;
+  }
+  out.front().second = std::max(out.front().second, 0);
+  return out;
 }
 
 }  // namespace pagoda

@@ -34,6 +34,7 @@
 
 #include "core/histogram.h"
 #include "kv/kv_hooks.h"
+#include "pagoda/events.h"
 #include "store/block_record.h"
 #include "store/block_store.h"
 #include "store/store_key.h"
@@ -81,7 +82,7 @@ class kv_warehouse final : public kv_block_source {
   int n_available(std::string_view tenant, std::span<const block_key> keys) override;
   void prefetch(std::string_view tenant, std::span<const block_key> keys) override;
   bool settled(std::string_view tenant, std::span<const block_key> keys) override;
-  bool read(std::string_view tenant, block_key key, std::span<std::byte> out) override;
+  int read(std::string_view tenant, block_key key, std::span<std::byte> out) override;
 
   // Erases a tenant's entries from every tier; returns how many.
   result<std::size_t> erase_tenant(std::string_view tenant);
@@ -90,17 +91,18 @@ class kv_warehouse final : public kv_block_source {
   warehouse_counters counters();
   const histogram& load_seconds() const { return load_seconds_; }  // one observation per prefetch batch
   const std::vector<std::unique_ptr<block_store>>& tiers() const { return tiers_; }
+  std::vector<std::string> tier_names() const;
   const kv_space& space() const { return o_.space; }
 
  private:
   struct fetched {
     bool done = false;
-    bool ok = false;
+    int tier = -1;  // where it was found; -1: nowhere
     std::vector<std::byte> bytes;
   };
   void write_loop();
   void fetch_loop();
-  bool fetch_one(const store_key& key, std::vector<std::byte>& out);
+  int fetch_one(const store_key& key, std::vector<std::byte>& out);  // the tier, or -1
 
   std::vector<std::unique_ptr<block_store>> tiers_;
   warehouse_options o_;
@@ -117,5 +119,10 @@ class kv_warehouse final : public kv_block_source {
   histogram load_seconds_{latency_buckets_seconds()};
   std::thread writer_, fetcher_;
 };
+
+// Where a request's cached prompt tokens came from: ("memory", n) first, then
+// one entry per warehouse tier (tier_names: "disk", "redis", in lookup order).
+std::vector<std::pair<std::string, int>> cached_tokens_by_tier(const request_usage& usage,
+                                                               const std::vector<std::string>& tier_names);
 
 }  // namespace pagoda

@@ -359,11 +359,11 @@ class map_source final : public kv_block_source {
     while (n < static_cast<int>(keys.size()) && blocks.contains(keys[static_cast<std::size_t>(n)])) ++n;
     return n;
   }
-  bool read(std::string_view, block_key key, std::span<std::byte> out) override {
+  int read(std::string_view, block_key key, std::span<std::byte> out) override {
     const auto it = blocks.find(key);
-    if (it == blocks.end() || it->second.size() != out.size()) return false;
+    if (it == blocks.end() || it->second.size() != out.size()) return -1;
     std::copy(it->second.begin(), it->second.end(), out.begin());
-    return true;
+    return 0;
   }
 };
 

@@ -156,7 +156,7 @@ class fake_source final : public kv_block_source {
     pending_ = settle_after;
   }
   bool settled(std::string_view, std::span<const block_key>) override { return pending_-- <= 0; }
-  bool read(std::string_view, block_key, std::span<std::byte>) override { return false; }  // the fake runner reads the map itself
+  int read(std::string_view, block_key, std::span<std::byte>) override { return -1; }  // the fake runner reads the map itself
   int n_lookups = 0;
 
  private:

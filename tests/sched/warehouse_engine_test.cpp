@@ -37,11 +37,7 @@ struct node {
     EXPECT_TRUE(w.ok()) << w.error().message();
     warehouse = std::move(*w);
     core = std::move(*engine_core::create(stories(), *cc));
-    if (warehouse) {
-      kv_warehouse* wp = warehouse.get();
-      core->set_kv_source(wp);
-      core->set_commit_hook([wp](const cached_block& b) { wp->write(b); });
-    }
+    if (warehouse) attach_warehouse(*core, *warehouse);
   }
   ~node() {
     core.reset();

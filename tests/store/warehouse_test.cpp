@@ -86,10 +86,10 @@ TEST(warehouse, writes_through_and_reads_back_verified) {
   ASSERT_TRUE(w.settled("t", std::span(keys).first(5)));
   std::vector<std::byte> out(4096);
   for (const block_data& b : blocks) {
-    ASSERT_TRUE(w.read("t", b.key, out));
+    ASSERT_EQ(w.read("t", b.key, out), 0);  // the first tier has it
     EXPECT_EQ(out, b.bytes);
   }
-  EXPECT_FALSE(w.read("t", 99, out));
+  EXPECT_EQ(w.read("t", 99, out), -1);
   EXPECT_EQ(w.counters().loads, 5);
   EXPECT_EQ(w.counters().load_misses, 1);
   // Writing what is stored everywhere is skipped.
@@ -111,7 +111,7 @@ TEST(warehouse, tenants_never_see_each_others_blocks_and_erase_reaches_every_tie
   EXPECT_EQ(w.n_available("alice", ka), 1);
   EXPECT_EQ(w.n_available("bob", ka), 0);
   std::vector<std::byte> out(4096);
-  EXPECT_FALSE(w.read("bob", 7, out));
+  EXPECT_EQ(w.read("bob", 7, out), -1);
   EXPECT_EQ(*w.erase_tenant("alice"), 2u);  // one entry in each tier
   EXPECT_EQ(w.n_available("alice", ka), 0);
   EXPECT_EQ(w.n_available("bob", kb), 1);
@@ -133,7 +133,7 @@ TEST(warehouse, a_corrupt_entry_is_a_miss_and_the_next_tier_answers) {
   ASSERT_TRUE(w.tiers()[0]->erase(sk).ok());
   ASSERT_TRUE(w.tiers()[0]->put(sk, stored).ok());
   std::vector<std::byte> out(4096);
-  ASSERT_TRUE(w.read("", 3, out));
+  ASSERT_EQ(w.read("", 3, out), 1);  // from the second tier
   EXPECT_EQ(out, b.bytes);
   EXPECT_EQ(w.counters().corrupt, 1);
   EXPECT_EQ(w.counters().loads_by_tier[1], 1);
@@ -144,7 +144,7 @@ TEST(warehouse, a_corrupt_entry_is_a_miss_and_the_next_tier_answers) {
     ASSERT_TRUE(t->erase(sk).ok());
     ASSERT_TRUE(t->put(sk, stored).ok());
   }
-  EXPECT_FALSE(w.read("", 3, out));
+  EXPECT_EQ(w.read("", 3, out), -1);
   EXPECT_EQ(w.counters().corrupt, 3);
 }
 
@@ -190,7 +190,7 @@ TEST(warehouse, a_refusing_tier_counts_errors_and_the_others_still_store) {
   EXPECT_EQ(w.counters().write_errors, 1);
   EXPECT_EQ(w.counters().written, 1);
   std::vector<std::byte> out(4096);
-  EXPECT_TRUE(w.read("", 5, out));
+  EXPECT_EQ(w.read("", 5, out), 1);  // the refusing first tier has nothing
 }
 
 }  // namespace

@@ -38,7 +38,8 @@ function startServer() {
     ],
   }));
   const args = ['serve', '-m', modelPath, '--host', '127.0.0.1', '--port', '0', '--ctx', '512', '--threads', '1',
-    '--kv-cache-dtype', 'f32', '--max-kv-tokens', '32768', '--api-key', GLOBAL_KEY, '--tenants', tenants];
+    '--kv-cache-dtype', 'f32', '--max-kv-tokens', '32768', '--api-key', GLOBAL_KEY, '--tenants', tenants,
+    '--kv-store', join(dir, 'kv')];  // hermetic: not the per-user default store
   server = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   server.stderr.on('data', (d) => { serverLog += d; });
   return new Promise((resolve, reject) => {

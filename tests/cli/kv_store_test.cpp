@@ -1,0 +1,170 @@
+// The disk KV store end to end through the CLI: a batch fills it, a second
+// process hits it (same greedy tokens, prompt tokens counted as cached), and
+// `pagoda kv` lists, counts, verifies, exports, imports and prunes it.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_util.h"
+
+namespace pagoda::test {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& name)
+      : path(fs::temp_directory_path() / ("pagoda_kvcli_" + std::to_string(getpid()) + "_" + name)) {
+    fs::remove_all(path);
+  }
+  ~temp_dir() { fs::remove_all(path); }
+  std::string str() const { return path.string(); }
+};
+
+// A prompt long enough for several full blocks of 16 tokens.
+std::string long_prompt() {
+  return "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. "
+         "One day, she saw a big red ball in the park. She ran to the ball and kicked it very high. "
+         "The ball flew over the trees and";
+}
+
+std::string batch_file(const fs::path& dir, const std::string& tenant_field) {
+  const fs::path p = dir / "in.jsonl";
+  fs::create_directories(dir);
+  json line = {{"id", "a"}, {"prompt", long_prompt()}, {"max_tokens", 12}, {"temperature", 0}};
+  if (!tenant_field.empty()) line["cache_salt"] = tenant_field;
+  std::ofstream(p) << line.dump() << "\n";
+  return p.string();
+}
+
+json first_line(const std::string& out) { return json::parse(out.substr(0, out.find('\n'))); }
+
+TEST(cli_kv_store, a_second_process_hits_the_disk_store_and_kv_tools_manage_it) {
+  temp_dir dir("store");
+  temp_dir work("work");
+  const std::string store = (dir.path / "kv").string();
+  const std::string in = batch_file(work.path, "");
+  const std::string common = "batch -m " + model_path() + " -i " + in + " --block-size 16 --kv-store " + store;
+
+  auto cold = run_cli(common);
+  ASSERT_EQ(cold.exit_code, 0) << cold.err;
+  const json a = first_line(cold.out);
+  EXPECT_EQ(a["usage"]["cached_tokens"], 0);
+  const int prompt_tokens = a["usage"]["prompt_tokens"];
+  ASSERT_GE(prompt_tokens, 48);
+
+  // A new process has an empty pool: the prefix comes from the disk store.
+  auto warm = run_cli(common);
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  const json b = first_line(warm.out);
+  EXPECT_EQ(b["completions"][0]["token_ids"], a["completions"][0]["token_ids"]);
+  // Every full block of the prompt except one that holds the last token.
+  EXPECT_EQ(b["usage"]["cached_tokens"], (prompt_tokens - 1) / 16 * 16) << b;
+  EXPECT_EQ(b["usage"]["cached_tokens_by_tier"]["disk"], b["usage"]["cached_tokens"]) << b;
+  EXPECT_EQ(b["usage"]["cached_tokens_by_tier"]["memory"], 0) << b;
+
+  auto ls = run_cli("kv ls --store " + store);
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  // Header + one line per stored block: the prompt's and the completion's full blocks.
+  const auto n_lines = std::count(ls.out.begin(), ls.out.end(), '\n');
+  EXPECT_GE(n_lines, 1 + (prompt_tokens - 1) / 16) << ls.out;
+
+  auto stats = run_cli("kv stats --store " + store);
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_NE(stats.out.find("total"), std::string::npos) << stats.out;
+  EXPECT_NE(stats.out.find("0 unreadable"), std::string::npos) << stats.out;
+
+  auto verify = run_cli("kv verify --store " + store);
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+  EXPECT_NE(verify.out.find(" 0 failed"), std::string::npos) << verify.out;
+
+  // Export, import into a new store, and a new process hits that one too.
+  const std::string exported = (work.path / "kv.pgkx").string();
+  auto ex = run_cli("kv export --store " + store + " -o " + exported);
+  ASSERT_EQ(ex.exit_code, 0) << ex.err;
+  const std::string store2 = (dir.path / "kv2").string();
+  auto im = run_cli("kv import --store " + store2 + " -i " + exported);
+  ASSERT_EQ(im.exit_code, 0) << im.out << im.err;
+  auto verify2 = run_cli("kv verify --store " + store2);
+  EXPECT_EQ(verify2.exit_code, 0) << verify2.out;
+  auto from_import = run_cli("batch -m " + model_path() + " -i " + in + " --block-size 16 --kv-store " + store2);
+  ASSERT_EQ(from_import.exit_code, 0) << from_import.err;
+  EXPECT_EQ(first_line(from_import.out)["usage"]["cached_tokens"], b["usage"]["cached_tokens"]);
+
+  // A damaged export is refused whole.
+  {
+    std::fstream f(exported, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x5a');
+  }
+  auto bad = run_cli("kv import --store " + (dir.path / "kv3").string() + " -i " + exported);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("checksum"), std::string::npos) << bad.err;
+
+  // Prune everything: the next process computes the prompt again.
+  auto prune = run_cli("kv prune --store " + store + " --all");
+  ASSERT_EQ(prune.exit_code, 0) << prune.err;
+  auto after = run_cli(common);
+  ASSERT_EQ(after.exit_code, 0);
+  EXPECT_EQ(first_line(after.out)["usage"]["cached_tokens"], 0);
+}
+
+TEST(cli_kv_store, a_flipped_byte_on_disk_is_found_by_verify_and_never_served) {
+  temp_dir dir("corrupt");
+  const std::string store = (dir.path / "kv").string();
+  const std::string in = batch_file(dir.path / "w", "");
+  const std::string common = "batch -m " + model_path() + " -i " + in + " --block-size 16 --kv-store " + store;
+  auto cold = run_cli(common);
+  ASSERT_EQ(cold.exit_code, 0) << cold.err;
+  const json a = first_line(cold.out);
+
+  // Flip one byte in every stored value: LMDB keeps values in its data file,
+  // so a byte pattern unique to record payloads (the "PGKB" magic) locates them.
+  const fs::path data = fs::path(store) / "data.mdb";
+  std::string bytes;
+  {
+    std::ifstream f(data, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  int flipped = 0;
+  for (std::size_t p = bytes.find("PGKB"); p != std::string::npos; p = bytes.find("PGKB", p + 4)) {
+    bytes[p + 40] = static_cast<char>(bytes[p + 40] ^ 0x01);  // inside the record, past the magic
+    ++flipped;
+  }
+  ASSERT_GT(flipped, 0);
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << bytes;
+
+  auto verify = run_cli("kv verify --store " + store);
+  EXPECT_EQ(verify.exit_code, 1) << verify.out;
+  EXPECT_NE(verify.out.find("failed"), std::string::npos);
+
+  // Served requests never see the damaged blocks: recomputed, same tokens.
+  auto again = run_cli(common);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  const json b = first_line(again.out);
+  EXPECT_EQ(b["usage"]["cached_tokens"], 0);
+  EXPECT_EQ(b["completions"][0]["token_ids"], a["completions"][0]["token_ids"]);
+
+  auto repair = run_cli("kv verify --store " + store + " --delete-corrupt");
+  EXPECT_EQ(repair.exit_code, 0) << repair.out;
+  auto clean = run_cli("kv verify --store " + store);
+  EXPECT_EQ(clean.exit_code, 0) << clean.out;
+}
+
+TEST(cli_kv_store, bad_store_arguments_are_one_line_errors) {
+  auto missing = run_cli("kv ls --store /nonexistent/pagoda-kv");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("no KV store"), std::string::npos) << missing.err;
+  auto prune = run_cli("kv prune --store /tmp");
+  EXPECT_NE(prune.exit_code, 0);
+  auto size = run_cli("batch -m " + model_path() + " -i /dev/null --kv-store /tmp/x,size=-1");
+  EXPECT_NE(size.exit_code, 0);
+  EXPECT_NE(size.err.find("size"), std::string::npos) << size.err;
+}
+
+}  // namespace
+}  // namespace pagoda::test

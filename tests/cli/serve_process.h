@@ -1,0 +1,86 @@
+// A real `pagoda serve` process for end-to-end tests: started with --port 0,
+// its port read from the line it prints on stdout, stopped with SIGTERM (a
+// graceful shutdown) or SIGKILL (a crash).
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace pagoda::test {
+
+class serve_process {
+ public:
+  // args: everything after `pagoda serve` (--port 0 is added).
+  explicit serve_process(std::vector<std::string> args) : args_(std::move(args)) { start(); }
+  ~serve_process() { stop(SIGKILL); }
+  serve_process(const serve_process&) = delete;
+  serve_process& operator=(const serve_process&) = delete;
+
+  int port() const { return port_; }
+  bool running() const { return pid_ > 0; }
+
+  void start() {
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 2);
+      ::close(out[0]);
+      std::vector<std::string> all = {PAGODA_CLI, "serve", "--port", "0"};
+      all.insert(all.end(), args_.begin(), args_.end());
+      std::vector<char*> argv;
+      for (std::string& a : all) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    out_fd_ = out[0];
+    // "pagoda serve: listening on http://127.0.0.1:PORT"
+    std::string text;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (text.find('\n', text.find("listening on")) == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      char buf[512];
+      const ssize_t n = ::read(out_fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      text.append(buf, static_cast<std::size_t>(n));
+    }
+    const std::size_t at = text.find("listening on http://");
+    ASSERT_NE(at, std::string::npos) << "pagoda serve did not start: " << text;
+    const std::size_t colon = text.find(':', at + 20);
+    port_ = std::stoi(text.substr(colon + 1));
+  }
+
+  // SIGTERM waits for the graceful shutdown (write-back drained); SIGKILL is a crash.
+  void stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+    if (out_fd_ >= 0) ::close(out_fd_);
+    out_fd_ = -1;
+  }
+
+ private:
+  std::vector<std::string> args_;
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace pagoda::test
