@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+  nlohmann-json3-dev libboost-dev libcpp-httplib-dev libcli11-dev
   libfmt-dev libspdlog-dev libxxhash-dev libzstd-dev liblmdb-dev
   libpcre2-dev libhnswlib-dev libhiredis-dev redis-server
   clang libclang-rt-14-dev
@@ -20,17 +20,19 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
-
-echo "install-deps: installing ${missing[*]}" >&2
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 # Debian's own nodejs ships npm as a separate package; NodeSource's bundles it.
 if ! command -v npm >/dev/null 2>&1; then
   $sudo apt-get install -y -qq --no-install-recommends npm >/dev/null
 fi
+
+# The npm packages of the OpenAI SDK test (tests/server/openai_sdk_test.cpp),
+# exactly as package-lock.json pins them; tests never reach the registry.
+"$(dirname "$0")/install-node-test-deps.sh"

@@ -1,12 +1,14 @@
 // pagoda serve: the OpenAI-compatible HTTP server (src/server) on one model.
 //
-// The engine runs on its own thread (engine_loop); the HTTP threads parse,
-// submit and stream. SIGINT / SIGTERM stop the engine (in-flight requests end
-// with finish_reason "abort") and then the server.
+// The engine runs on its own thread (engine_loop); one or a few I/O threads
+// serve every connection and a small worker pool parses and tokenizes
+// (server/http_server.h). SIGINT / SIGTERM stop the engine (in-flight requests
+// end with finish_reason "abort") and then the server.
 #include <pthread.h>
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -26,17 +28,106 @@ struct serve_options {
   std::string host = "127.0.0.1";
   int port = 8080;
   std::vector<std::string> api_keys;
+  std::string api_key_file;
   std::string tenants_file;
+  bool no_auth = false;
   std::string chat_template;  // "" = from the model
   std::string served_model_name;
   int max_waiting = 128;
-  std::size_t max_body_bytes = 4u << 20;
   int max_prompt_tokens = 0;  // 0: the context
   int max_tokens_limit = 0;   // 0: the context
   int max_n = 16;
-  int http_threads = 0;       // 0: enough for every running and waiting request
   bool no_kv_store = false;   // no disk tier (else --kv-store, or the per-user default)
+  server::http_limits limits;
+  double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 75, send_timeout_s = 60;
+  int io_threads = 1;
+  int workers = 2;
+  double stats_interval_s = 10;
+  bool no_access_log = false;
 };
+
+// The keys from --api-key, $PAGODA_API_KEY, --api-key-file and --tenants; the
+// tenants' quotas go into cfg. A key source that yields no key is an error
+// unless --no-auth says that an open server is meant.
+result<server::key_store> load_keys(const serve_options& o, engine_core_config& cfg) {
+  server::key_store keys;
+  for (const std::string& k : o.api_keys) PAGODA_RETURN_IF_ERROR(keys.add(k, "").with_context("--api-key"));
+  if (const char* env = std::getenv("PAGODA_API_KEY"); env && *env)
+    PAGODA_RETURN_IF_ERROR(keys.add(env, "").with_context("PAGODA_API_KEY"));
+  if (!o.api_key_file.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(std::vector<std::string> file_keys, server::load_api_key_file(o.api_key_file));
+    for (std::string& k : file_keys) PAGODA_RETURN_IF_ERROR(keys.add(std::move(k), "").with_context(o.api_key_file));
+  }
+  if (!o.tenants_file.empty()) {
+    PAGODA_ASSIGN_OR_RETURN(auto tenants, server::load_tenants_file(o.tenants_file));
+    if (tenants.empty() && !o.no_auth)
+      return error(errc::invalid_argument,
+                   "{} lists no tenant, so no request could authenticate; add one, or pass --no-auth to serve "
+                   "without API keys", o.tenants_file);
+    PAGODA_RETURN_IF_ERROR(keys.add_tenants(tenants).with_context(o.tenants_file));
+    for (const server::tenant_spec& t : tenants) {
+      if (!t.quota_blocks) continue;
+      if (cfg.tenant_quota_blocks.contains(t.name))
+        return error(errc::invalid_argument, "tenant '{}' has a quota both in {} and in --tenant-quota", t.name,
+                     o.tenants_file);
+      cfg.tenant_quota_blocks[t.name] = *t.quota_blocks;
+    }
+  }
+  if (o.no_auth && keys.enabled())
+    return error(errc::invalid_argument, "--no-auth conflicts with the API keys given (--api-key, $PAGODA_API_KEY, "
+                                         "--api-key-file, --tenants)");
+  return keys;
+}
+
+server::server_options http_options(const serve_options& o) {
+  using ms = std::chrono::milliseconds;
+  auto millis = [](double s) { return ms(static_cast<std::int64_t>(s * 1000.0)); };
+  server::server_options s;
+  s.host = o.host;
+  s.port = o.port;
+  s.limits = o.limits;
+  s.limits.header_timeout = millis(o.header_timeout_s);
+  s.limits.body_timeout = millis(o.body_timeout_s);
+  s.limits.idle_timeout = millis(o.idle_timeout_s);
+  s.limits.send_timeout = millis(o.send_timeout_s);
+  s.n_io_threads = o.io_threads;
+  s.n_workers = o.workers;
+  s.access_log = !o.no_access_log;
+  s.stats_interval = millis(o.stats_interval_s);
+  s.version = PAGODA_VERSION_STRING;
+  // Every connection is a descriptor: keep some for the model, the store and logs.
+  constexpr int k_reserved_fds = 256;
+  const int fds = server::raise_open_file_limit();
+  if (fds > 0 && s.limits.max_connections > fds - k_reserved_fds) {
+    const int cap = std::max(16, fds - k_reserved_fds);
+    std::fprintf(stderr, "pagoda serve: warning: --max-connections %d is above what %d open files allow; using %d\n",
+                 s.limits.max_connections, fds, cap);
+    s.limits.max_connections = cap;
+  }
+  return s;
+}
+
+void print_startup(const serve_options& o, const server::api_context& ctx, const engine_core_config& cfg,
+                   const kv_metrics& kv, const server::server_options& sopts, bool auth_required) {
+  const double pool_bytes = static_cast<double>(cfg.kv.bytes_per_block()) * kv.n_blocks_total;
+  const std::int64_t pool_tokens = static_cast<std::int64_t>(kv.n_blocks_total) * kv.block_size_tokens;
+  std::fprintf(stderr,
+               "pagoda serve: model '%s' (%s), context %d, KV %s, pool %s = %d blocks of %d tokens (%lld tokens: "
+               "%lld full-context sequences), chat template %s, %s\n",
+               ctx.model_names.front().c_str(), o.engine.config.model_path.c_str(), cfg.max_model_len,
+               cfg.kv.describe().c_str(), human_bytes(pool_bytes).c_str(), kv.n_blocks_total, kv.block_size_tokens,
+               static_cast<long long>(pool_tokens), static_cast<long long>(pool_tokens / std::max(1, cfg.max_model_len)),
+               server::chat_format_name(ctx.chat), auth_required ? "API keys required" : "no API key");
+  std::fprintf(stderr,
+               "pagoda serve: HTTP: %d I/O thread(s), %d worker(s), at most %d connections, header %zu bytes / %d "
+               "fields / %.0f s, body %zu bytes / %.0f s, idle %.0f s\n",
+               sopts.n_io_threads, sopts.n_workers, sopts.limits.max_connections, sopts.limits.max_header_bytes,
+               sopts.limits.max_header_count, o.header_timeout_s, sopts.limits.max_body_bytes, o.body_timeout_s,
+               o.idle_timeout_s);
+  if (!auth_required && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1")
+    std::fprintf(stderr, "pagoda serve: warning: listening on %s without API keys: anyone who reaches it can use it\n",
+                 o.host.c_str());
+}
 
 int serve(serve_options o) {
   if (o.no_kv_store) {
@@ -47,23 +138,7 @@ int serve(serve_options o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
   cfg.max_waiting = o.max_waiting;
-
-  server::key_store keys;
-  for (const std::string& k : o.api_keys)
-    if (auto st = keys.add(k, ""); !st.ok()) return fail(st.with_context("--api-key"));
-  if (const char* env = std::getenv("PAGODA_API_KEY"); env && *env)
-    if (auto st = keys.add(env, ""); !st.ok()) return fail(st.with_context("PAGODA_API_KEY"));
-  if (!o.tenants_file.empty()) {
-    PAGODA_ASSIGN_OR_RETURN_CLI(auto tenants, server::load_tenants_file(o.tenants_file));
-    if (auto st = keys.add_tenants(tenants); !st.ok()) return fail(st.with_context(o.tenants_file));
-    for (const server::tenant_spec& t : tenants) {
-      if (!t.quota_blocks) continue;
-      if (cfg.tenant_quota_blocks.contains(t.name))
-        return fail(error(errc::invalid_argument, "tenant '{}' has a quota both in {} and in --tenant-quota", t.name,
-                          o.tenants_file));
-      cfg.tenant_quota_blocks[t.name] = *t.quota_blocks;
-    }
-  }
+  PAGODA_ASSIGN_OR_RETURN_CLI(server::key_store keys, load_keys(o, cfg));
 
   server::api_options aopts;
   aopts.model_path = o.engine.config.model_path;
@@ -75,13 +150,7 @@ int serve(serve_options o) {
   std::string warning;
   PAGODA_ASSIGN_OR_RETURN_CLI(server::api_context ctx, server::make_api_context(*model, cfg.max_model_len, aopts, &warning));
   if (!warning.empty()) std::fprintf(stderr, "pagoda serve: warning: %s\n", warning.c_str());
-
-  server::server_options sopts;
-  sopts.host = o.host;
-  sopts.port = o.port;
-  sopts.max_body_bytes = o.max_body_bytes;
-  sopts.n_http_threads =
-      o.http_threads > 0 ? o.http_threads : std::min(1024, o.engine.config.max_num_seqs + o.max_waiting + 16);
+  const server::server_options sopts = http_options(o);
 
   // Signals go to one waiting thread; block them before any thread starts so
   // every thread inherits the mask.
@@ -104,13 +173,7 @@ int serve(serve_options o) {
   server::http_server http(sopts, ctx, std::move(keys), loop);
   PAGODA_ASSIGN_OR_RETURN_CLI(int port, http.bind());
 
-  std::fprintf(stderr,
-               "pagoda serve: model '%s' (%s), context %d, KV pool %d blocks of %d tokens, chat template %s, "
-               "%s, %d HTTP threads\n",
-               ctx.model_names.front().c_str(), o.engine.config.model_path.c_str(), cfg.max_model_len, kv.n_blocks_total,
-               kv.block_size_tokens, server::chat_format_name(ctx.chat),
-               auth_required ? "API keys required" : "no API key",
-               sopts.n_http_threads);
+  print_startup(o, ctx, cfg, kv, sopts, auth_required);
   if (warehouse) {
     std::string tiers;
     for (const auto& t : warehouse->tiers()) tiers += std::string(tiers.empty() ? "" : " -> ") + t->tier();
@@ -123,7 +186,7 @@ int serve(serve_options o) {
   std::fprintf(stderr,
                "pagoda serve: try: curl http://%s:%d/v1/completions -H 'Content-Type: application/json'%s "
                "-d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 32}'\n",
-               o.host.c_str(), port, auth_required ? " -H 'Authorization: Bearer $KEY'" : "");
+               o.host.c_str(), port, auth_required ? " -H \"Authorization: Bearer $KEY\"" : "");
 
   std::atomic<bool> served{false};
   std::thread signal_waiter([&] {
@@ -145,6 +208,47 @@ int serve(serve_options o) {
 
 }  // namespace
 
+// The HTTP limits (server/http_limits.h says where each default comes from).
+void add_http_options(CLI::App* cmd, serve_options& o) {
+  server::http_limits& l = o.limits;
+  const auto positive = CLI::PositiveNumber;
+  cmd->add_option("--max-body-bytes", l.max_body_bytes, "largest request body, however framed; larger gets 413 (default 4 MiB)")
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 30));
+  cmd->add_option("--max-body-memory", l.max_body_memory_bytes,
+                  "request bodies held at once by all connections; beyond it 503 (default 128 MiB)")
+      ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40));
+  cmd->add_option("--max-header-bytes", l.max_header_bytes, "largest request header; larger gets 431 (default 32 KiB)")
+      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 20));
+  cmd->add_option("--max-header-count", l.max_header_count, "most header fields in a request; more gets 431 (default 100)")
+      ->check(CLI::Range(8, 10000));
+  cmd->add_option("--max-connections", l.max_connections, "connections open at once; beyond it 503 (default 8192)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-json-depth", l.json.max_depth, "deepest JSON nesting in a body; deeper gets 400 (default 64)")
+      ->check(CLI::Range(4, 10000));
+  cmd->add_option("--max-json-values", l.json.max_values, "most JSON values in a body; more gets 400 (default 262144)")
+      ->check(CLI::Range(std::size_t{16}, std::size_t{1} << 30));
+  cmd->add_option("--max-json-string-bytes", l.json.max_string_bytes,
+                  "longest JSON string or key in a body; longer gets 400 (default 2 MiB)")
+      ->check(CLI::Range(std::size_t{64}, std::size_t{1} << 30));
+  cmd->add_option("--http-header-timeout", o.header_timeout_s,
+                  "seconds for a request header to arrive (from accept or its first byte); then 408 (default 10)")
+      ->check(positive);
+  cmd->add_option("--http-body-timeout", o.body_timeout_s, "seconds for a request body to arrive; then 408 (default 60)")
+      ->check(positive);
+  cmd->add_option("--http-idle-timeout", o.idle_timeout_s, "seconds a keep-alive connection may idle between requests (default 75)")
+      ->check(positive);
+  cmd->add_option("--http-send-timeout", o.send_timeout_s,
+                  "seconds a write to a client may stall before the connection closes (default 60)")
+      ->check(positive);
+  cmd->add_option("--http-threads", o.io_threads, "I/O threads serving every connection (default 1)")->check(CLI::Range(1, 64));
+  cmd->add_option("--http-workers", o.workers, "threads parsing and tokenizing request bodies (default 2)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--log-stats-interval", o.stats_interval_s,
+                  "seconds between engine stats lines while busy; 0: none (default 10)")
+      ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_flag("--no-access-log", o.no_access_log, "no per-request access lines on stderr");
+}
+
 void register_serve(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<serve_options>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)");
@@ -153,22 +257,23 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--port", opts->port, "port to listen on; 0 picks a free one (default 8080)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", opts->api_keys,
                   "require 'Authorization: Bearer KEY' on /v1 (repeatable; also $PAGODA_API_KEY)");
+  cmd->add_option("--api-key-file", opts->api_key_file,
+                  "file of API keys of the global tenant, one a line (keeps keys out of `ps`)");
   cmd->add_option("--tenants", opts->tenants_file, "JSON file mapping API keys to tenants and their block quotas");
+  cmd->add_flag("--no-auth", opts->no_auth,
+                "serve without API keys even when --tenants lists none (an empty key source is otherwise an error)");
   cmd->add_option("--chat-template", opts->chat_template,
                   "chat format: plain, chatml, llama2, llama3, mistral, gemma, phi3, zephyr, deepseek, deepseek3 "
                   "(default: recognised from the model)");
   cmd->add_option("--served-model-name", opts->served_model_name, "the model's name in the API (default: file name)");
   cmd->add_option("--max-waiting", opts->max_waiting, "requests queued at once before 429 (default 128)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--max-body-bytes", opts->max_body_bytes, "largest request body; larger gets 413 (default 4 MiB)")
-      ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 30));
   cmd->add_option("--max-prompt-tokens", opts->max_prompt_tokens, "longest prompt accepted (default: the context)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--max-tokens-limit", opts->max_tokens_limit, "largest max_tokens a request may ask (default: the context)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--max-n", opts->max_n, "most choices per request, n x prompts (default 16)")->check(CLI::Range(1, 128));
-  cmd->add_option("--http-threads", opts->http_threads, "HTTP connections served at once (default: max-num-seqs + max-waiting + 16)")
-      ->check(CLI::Range(0, 4096));
+  add_http_options(cmd, *opts);
   cmd->add_flag("--no-kv-store", opts->no_kv_store,
                 "keep KV blocks in memory only (default: a disk store at $XDG_CACHE_HOME/pagoda/kv or ~/.cache/pagoda/kv, "
                 "8 GiB; --kv-store picks another)");

@@ -14,6 +14,7 @@ void request_channel::push(engine_event e) {
     queue_.push_back(std::move(e));
   }
   cv_.notify_all();
+  notify();
 }
 
 void request_channel::fail(status st) {
@@ -23,6 +24,7 @@ void request_channel::fail(status st) {
     failure_ = std::move(st);
   }
   cv_.notify_all();
+  notify();
 }
 
 bool request_channel::wait(std::vector<engine_event>& out, std::chrono::milliseconds timeout) {
@@ -59,47 +61,54 @@ engine_loop::engine_loop(std::unique_ptr<engine_core> eng, int max_waiting)
 engine_loop::~engine_loop() { stop(); }
 
 status engine_loop::submit(std::vector<request> reqs, std::shared_ptr<request_channel> channel) {
-  PAGODA_ASSERT(channel != nullptr, "submit needs a channel");
-  if (reqs.empty()) return error(errc::invalid_argument, "no request to submit");
   std::promise<status> done;
   std::future<status> answer = done.get_future();
+  submit_async(std::move(reqs), std::move(channel), [&done](status st) { done.set_value(std::move(st)); });
+  return answer.get();
+}
+
+void engine_loop::submit_async(std::vector<request> reqs, std::shared_ptr<request_channel> channel,
+                               std::function<void(status)> done) {
+  PAGODA_ASSERT(channel != nullptr, "submit needs a channel");
+  if (reqs.empty()) return done(error(errc::invalid_argument, "no request to submit"));
+  bool posted = false;
   {
     std::lock_guard lock(mu_);
     // Checked under the lock the thread takes before its final drain, so a task
     // posted here always runs.
-    if (stopping_) return error(errc::cancelled, "the server is shutting down");
-    tasks_.push_back([this, &reqs, &channel, &done] {
-      if (stopping_) {
-        done.set_value(error(errc::cancelled, "the server is shutting down"));
-        return;
-      }
-      const int waiting = engine_->stats().n_waiting;
-      if (waiting + static_cast<std::int64_t>(reqs.size()) > max_waiting_) {
-        done.set_value(error(errc::resource_exhausted, "the server's queue is full ({} requests waiting); retry later",
-                             waiting));
-        return;
-      }
-      std::vector<std::string> added;
-      for (request& r : reqs) {
-        std::string id = r.id;
-        status st = engine_->add_request(std::move(r));
-        if (!st.ok()) {
-          for (const std::string& a : added) engine_->abort_request(a);
-          flush_pending_ = !added.empty();
-          // The queue was checked above, so exhaustion here means the pool or a
-          // quota is too small for this request, whatever the load.
-          if (st.code() == errc::resource_exhausted) st = status(errc::out_of_range, st.message());
-          done.set_value(std::move(st));
-          return;
-        }
-        added.push_back(std::move(id));
-      }
-      for (std::string& a : added) channels_.emplace(std::move(a), channel);
-      done.set_value(status{});
-    });
+    if (!stopping_) {
+      tasks_.push_back([this, reqs = std::move(reqs), channel = std::move(channel), done]() mutable {
+        done(admit(reqs, channel));
+      });
+      posted = true;
+    }
   }
+  // Outside the lock: `done` may post work that calls back into the loop.
+  if (!posted) return done(error(errc::cancelled, "the server is shutting down"));
   cv_.notify_one();
-  return answer.get();
+}
+
+status engine_loop::admit(std::vector<request>& reqs, const std::shared_ptr<request_channel>& channel) {
+  if (stopping_) return error(errc::cancelled, "the server is shutting down");
+  const int waiting = engine_->stats().n_waiting;
+  if (waiting + static_cast<std::int64_t>(reqs.size()) > max_waiting_)
+    return error(errc::resource_exhausted, "the server's queue is full ({} requests waiting); retry later", waiting);
+  std::vector<std::string> added;
+  for (request& r : reqs) {
+    std::string id = r.id;
+    status st = engine_->add_request(std::move(r));
+    if (!st.ok()) {
+      for (const std::string& a : added) engine_->abort_request(a);
+      flush_pending_ = !added.empty();
+      // The queue was checked above, so exhaustion here means the pool or a
+      // quota is too small for this request, whatever the load.
+      if (st.code() == errc::resource_exhausted) st = status(errc::out_of_range, st.message());
+      return st;
+    }
+    added.push_back(std::move(id));
+  }
+  for (std::string& a : added) channels_.emplace(std::move(a), channel);
+  return {};
 }
 
 void engine_loop::cancel(std::vector<std::string> ids) {

@@ -44,11 +44,22 @@ class request_channel {
   bool wait(std::vector<engine_event>& out, std::chrono::milliseconds timeout);
   status failure() const;
 
+  // For clients that do not block a thread on wait(): `fn` runs on the engine
+  // thread after every push() and fail(), outside the channel's lock; it
+  // should only schedule work (post to an event loop) and must not call into
+  // the engine_loop. REQUIRES: set before the channel is submitted.
+  void set_notify(std::function<void()> fn) { notify_ = std::move(fn); }
+
  private:
+  void notify() const {
+    if (notify_) notify_();
+  }
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<engine_event> queue_;
   status failure_;
+  std::function<void()> notify_;  // set before submission, read by the engine thread only
 };
 
 // A histogram's Prometheus data without its raw samples.
@@ -93,6 +104,11 @@ class engine_loop {
   // out_of_range); errc::cancelled after stop(). On success the requests'
   // events go to `channel` until each has had its request_finished event.
   status submit(std::vector<request> reqs, std::shared_ptr<request_channel> channel);
+  // The same without waiting: `done` gets submit()'s answer, on the engine
+  // thread (or on the calling thread when the loop is already stopping),
+  // before any event of these requests reaches `channel`. It must not block.
+  void submit_async(std::vector<request> reqs, std::shared_ptr<request_channel> channel,
+                    std::function<void(status)> done);
 
   // Aborts the requests (unknown or finished ids are ignored). Returns at once;
   // the engine thread frees their blocks before its next step.
@@ -109,6 +125,8 @@ class engine_loop {
 
  private:
   void run();
+  // Engine thread: adds a submit's requests all or none.
+  status admit(std::vector<request>& reqs, const std::shared_ptr<request_channel>& channel);
   void dispatch(std::vector<engine_event>& events);
   void publish();  // engine thread: refreshes snapshot_
   void fail_all(const status& st);

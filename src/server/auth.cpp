@@ -71,12 +71,46 @@ result<std::vector<tenant_spec>> parse_tenants(std::string_view text, std::strin
   return out;
 }
 
-result<std::vector<tenant_spec>> load_tenants_file(const std::string& path) {
+namespace {
+
+result<std::string> read_text_file(const std::string& path, const char* what) {
   std::ifstream in(path);
-  if (!in) return error(errc::not_found, "cannot open tenants file {}", path);
+  if (!in) return error(errc::not_found, "cannot open {} {}", what, path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_tenants(ss.str(), path);
+  return ss.str();
+}
+
+}  // namespace
+
+result<std::vector<tenant_spec>> load_tenants_file(const std::string& path) {
+  PAGODA_ASSIGN_OR_RETURN(std::string text, read_text_file(path, "tenants file"));
+  return parse_tenants(text, path);
+}
+
+result<std::vector<std::string>> parse_api_keys(std::string_view text, std::string_view source) {
+  std::vector<std::string> keys;
+  std::size_t line_no = 0;
+  while (!text.empty()) {
+    ++line_no;
+    const std::size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text.remove_prefix(end == std::string_view::npos ? text.size() : end + 1);
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
+    while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+    if (line.empty() || line.front() == '#') continue;
+    for (char c : line)
+      if (static_cast<unsigned char>(c) < 0x21 || c == 0x7f)
+        return error(errc::invalid_argument, "{}:{}: an API key must not hold spaces or control characters", source, line_no);
+    keys.emplace_back(line);
+  }
+  if (keys.empty()) return error(errc::invalid_argument, "{}: holds no API key (one key per line)", source);
+  return keys;
+}
+
+result<std::vector<std::string>> load_api_key_file(const std::string& path) {
+  PAGODA_ASSIGN_OR_RETURN(std::string text, read_text_file(path, "API key file"));
+  return parse_api_keys(text, path);
 }
 
 bool constant_time_equal(std::string_view a, std::string_view b) {

@@ -33,6 +33,13 @@ struct tenant_spec {
   std::optional<std::int32_t> quota_blocks;
 };
 
+// An API key file (--api-key-file, so keys stay out of `ps`): one key per
+// line, compared exactly as written (trailing spaces and a CR are trimmed);
+// blank lines and lines starting with '#' are skipped. A file with no key is
+// an error.
+result<std::vector<std::string>> parse_api_keys(std::string_view text, std::string_view source);
+result<std::vector<std::string>> load_api_key_file(const std::string& path);
+
 // Parses a tenants file's text; errors name the file (`source`) and the field.
 result<std::vector<tenant_spec>> parse_tenants(std::string_view json_text, std::string_view source);
 result<std::vector<tenant_spec>> load_tenants_file(const std::string& path);
@@ -41,7 +48,8 @@ result<std::vector<tenant_spec>> load_tenants_file(const std::string& path);
 // the presented, attacker-known value as a), never on where they differ.
 bool constant_time_equal(std::string_view a, std::string_view b);
 
-// "Bearer KEY" -> "KEY" (the scheme is case-insensitive); std::nullopt otherwise.
+// "Bearer KEY" -> "KEY" (the scheme is case-insensitive), the key exactly as
+// sent: nothing is decoded, so "sk-al%69ce" is not "sk-alice"; std::nullopt otherwise.
 std::optional<std::string_view> bearer_token(std::string_view authorization);
 
 class key_store {

@@ -1,108 +1,305 @@
 #include "server/http_server.h"
 
-#include <sys/socket.h>
+#include <sys/resource.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <mutex>
 #include <random>
+#include <thread>
+#include <unordered_map>
 
-#include <httplib.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/write.hpp>
+#include <fmt/format.h>
 
 #include "core/assert.h"
-#include "server/connection_probe.h"
+#include "server/bounded_json.h"
+#include "server/generate_call.h"
+#include "server/http_connection.h"
 #include "server/openai_response.h"
+#include "server/server_log.h"
+#include "server/tokenize_api.h"
 
 namespace pagoda::server {
 
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
 using nlohmann::json;
 
 namespace {
 
 constexpr int k_listen_backlog = 1024;
+constexpr std::chrono::milliseconds k_stop_grace{2000};
+constexpr std::chrono::milliseconds k_accept_retry{50};
+constexpr int k_max_overflow_replies = 256;  // connections past the cap answered at once; the rest are closed
 
 std::int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void reply_error(httplib::Response& res, const api_error& e) {
-  res.status = e.http_status;
-  if (e.http_status == 429) res.set_header("Retry-After", "1");
-  res.set_content(dump_json(error_body(e)), "application/json");
-}
-
 // The endpoint label of a path: fixed names only, so a scan of random paths
 // cannot grow the metrics without bound.
-std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+std::string endpoint_label(std::string_view path) {
+  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version",
+                        "/tokenize", "/detokenize"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
 
-// One call's engine requests: their ids and the prompt each belongs to.
-struct call_ids {
-  std::vector<std::string> ids;  // [prompt index]
-  int prompt_index(const std::string& id) const {
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] == id) return static_cast<int>(i);
-    return -1;
-  }
-};
+http_response json_response(int status, const json& body) {
+  http_response r;
+  r.status = status;
+  r.body = dump_json(body);
+  return r;
+}
 
-// What a streaming response needs after its handler returned.
-struct stream_state {
-  call_ids call;
-  std::shared_ptr<request_channel> channel;
-  response_builder builder;
-  bool include_usage = false;
-  connection_probe probe;
-  std::size_t n_finished = 0;
-  bool complete = false;  // [DONE] sent, or the engine answered every request
+http_response error_response(const api_error& e) {
+  http_response r = json_response(e.http_status, error_body(e));
+  if (e.http_status == 429 || e.http_status == 503) r.fields.emplace_back("Retry-After", "1");
+  return r;
+}
+
+// "%2F" -> "/" (for a model id in a path; never for credentials).
+std::string percent_decode(std::string_view s) {
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// Past the connection cap: one 503 written without reading the request, then
+// the socket closes after a short linger that drains what the client sends
+// (so it reads the answer instead of a reset).
+class overflow_reply : public std::enable_shared_from_this<overflow_reply> {
+ public:
+  overflow_reply(tcp::socket s, std::atomic<int>& n) : socket_(std::move(s)), timer_(socket_.get_executor()), n_(n) {
+    ++n_;
+  }
+  ~overflow_reply() { --n_; }
+
+  void start() {
+    api_error e;
+    e.http_status = 503;
+    e.type = "service_unavailable";
+    e.message = "The server has too many open connections; retry later";
+    const std::string body = dump_json(error_body(e));
+    text_ = fmt::format(
+        "HTTP/1.1 503 Service Unavailable\r\nServer: pagoda\r\nContent-Type: application/json\r\n"
+        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}",
+        body.size(), body);
+    timer_.expires_after(std::chrono::seconds(1));
+    timer_.async_wait([self = shared_from_this()](const error_code&) {
+      error_code ec;
+      self->socket_.close(ec);
+    });
+    asio::async_write(socket_, asio::buffer(text_), [self = shared_from_this()](const error_code& ec, std::size_t) {
+      if (ec) {
+        self->timer_.cancel();
+        return;
+      }
+      error_code ignored;
+      self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
+      self->drain();
+    });
+  }
+
+ private:
+  void drain() {
+    socket_.async_read_some(asio::buffer(sink_), [self = shared_from_this()](const error_code& ec, std::size_t) {
+      if (ec) {
+        self->timer_.cancel();  // closed by the client or by the timer
+        return;
+      }
+      self->drain();
+    });
+  }
+
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::atomic<int>& n_;
+  std::string text_;
+  char sink_[512];
 };
 
 }  // namespace
+
+int raise_open_file_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  return rl.rlim_cur == RLIM_INFINITY ? INT32_MAX : static_cast<int>(std::min<rlim_t>(rl.rlim_cur, INT32_MAX));
+}
 
 struct http_server::impl {
   server_options opts;
   api_context ctx;
   key_store keys;
   engine_loop& loop;
-  httplib::Server svr;
-  std::atomic<bool> bound{false};
-  std::atomic<int> listen_fd{-1};
+  body_budget budget;
+  connection_hooks hooks;
+  std::atomic<int> n_connections{0};
+  std::atomic<int> n_overflow_replies{0};
+  std::atomic<bool> stopping{false};
+  const std::int64_t started_unix_s = unix_seconds();
+  stats_reporter stats;
 
   mutable std::mutex counts_mu;
   http_counts counts;
+  std::mutex conns_mu;
+  std::unordered_map<http_connection*, std::weak_ptr<http_connection>> conns;
 
-  std::atomic<std::uint64_t> next_id{0};
-  const std::uint64_t id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
-  const std::int64_t started_unix_s = unix_seconds();
+  // Declared in this order so that destruction runs the other way: I/O
+  // objects and the worker pool (whose tasks hold connections) go before the
+  // io_context, which goes before what its handlers refer to (above).
+  asio::io_context ioc;
+  asio::thread_pool workers;
+  generate_env env;
+  tcp::acceptor acceptor;
+  asio::steady_timer stats_timer;
+  asio::steady_timer accept_retry;
+  asio::strand<asio::io_context::executor_type> control;  // stop() and its timer
+  asio::steady_timer stop_timer;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  bool bound = false;
+  bool warned_accept = false;
 
   impl(server_options o, api_context c, key_store k, engine_loop& l)
-      : opts(std::move(o)), ctx(std::move(c)), keys(std::move(k)), loop(l) {}
+      : opts(std::move(o)),
+        ctx(std::move(c)),
+        keys(std::move(k)),
+        loop(l),
+        budget(opts.limits.max_body_memory_bytes),
+        ioc(std::max(1, opts.n_io_threads)),
+        workers(static_cast<std::size_t>(std::max(1, opts.n_workers))),
+        env{ctx, loop, workers, opts.limits},
+        acceptor(ioc),
+        stats_timer(ioc),
+        accept_retry(ioc),
+        control(ioc.get_executor()),
+        stop_timer(control) {
+    env.id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+    hooks.dispatch = [this](const std::shared_ptr<http_exchange>& ex) { route(ex); };
+    hooks.finished = [this](const http_exchange& ex) { finished(ex); };
+    hooks.rejected = [this](const http_request* req, int status) { rejected(req, status); };
+    hooks.closed = [this](http_connection* c) {
+      {
+        std::lock_guard lock(conns_mu);
+        conns.erase(c);
+      }
+      if (--n_connections == 0 && stopping) asio::post(control, [this] { stop_timer.cancel(); });
+    };
+  }
 
-  void setup();
-  std::optional<std::string> authorize(const httplib::Request& req, httplib::Response& res) const;
-  void handle_generate(const httplib::Request& req, httplib::Response& res, api_kind kind);
-  bool pump(stream_state& s, httplib::DataSink& sink);
+  void do_accept();
+  void on_accept(const error_code& ec, tcp::socket socket);
+  void schedule_stats();
+
+  void route(const std::shared_ptr<http_exchange>& ex);
+  std::optional<std::string> authorize(http_exchange& ex) const;
+  void on_worker(const std::shared_ptr<http_exchange>& ex, std::function<http_response(http_request&)> fn);
   json model_card(const std::string& name) const;
+  void finished(const http_exchange& ex);
+  void rejected(const http_request* req, int status);
+  void count(const std::string& endpoint, int status) {
+    std::lock_guard lock(counts_mu);
+    ++counts[{endpoint, status}];
+  }
 };
 
-std::optional<std::string> http_server::impl::authorize(const httplib::Request& req, httplib::Response& res) const {
+// --- accepting -------------------------------------------------------------------
+
+void http_server::impl::do_accept() {
+  acceptor.async_accept(asio::make_strand(ioc), [this](const error_code& ec, tcp::socket socket) {
+    on_accept(ec, std::move(socket));
+  });
+}
+
+void http_server::impl::on_accept(const error_code& ec, tcp::socket socket) {
+  if (stopping || !acceptor.is_open()) return;
+  if (ec) {
+    // Out of descriptors (EMFILE), or a connection reset before accept: wait
+    // a little instead of spinning, and say so once.
+    if (!warned_accept) server_logger().warn("accept failed: {} (retrying)", ec.message());
+    warned_accept = true;
+    accept_retry.expires_after(k_accept_retry);
+    accept_retry.async_wait([this](const error_code& e) {
+      if (!e) do_accept();
+    });
+    return;
+  }
+  if (n_connections.load() >= opts.limits.max_connections) {
+    count("other", 503);
+    if (n_overflow_replies.load() < k_max_overflow_replies)
+      std::make_shared<overflow_reply>(std::move(socket), n_overflow_replies)->start();
+    // else: the socket closes here, unanswered
+  } else {
+    ++n_connections;
+    auto conn = std::make_shared<http_connection>(std::move(socket), opts.limits, budget, hooks);
+    {
+      std::lock_guard lock(conns_mu);
+      conns.emplace(conn.get(), conn);
+    }
+    conn->start();
+  }
+  do_accept();
+}
+
+void http_server::impl::schedule_stats() {
+  if (opts.stats_interval.count() <= 0) return;
+  stats_timer.expires_after(opts.stats_interval);
+  stats_timer.async_wait([this](const error_code& ec) {
+    if (ec || stopping) return;
+    // The snapshot is a copy the engine published: this never waits for a step.
+    const std::string line = stats.next(loop.snapshot(), std::chrono::steady_clock::now());
+    if (!line.empty()) server_logger().info("{}", line);
+    schedule_stats();
+  });
+}
+
+// --- routes ----------------------------------------------------------------------
+
+std::optional<std::string> http_server::impl::authorize(http_exchange& ex) const {
   if (!keys.enabled()) return std::string();
-  std::string header = req.get_header_value("Authorization");
-  std::optional<std::string_view> token = bearer_token(header);
-  if (token)
-    if (std::optional<std::string> tenant = keys.authenticate(*token)) return tenant;
+  const http_request& req = ex.request();
   api_error e;
   e.http_status = 401;
-  e.message = token ? "Incorrect API key provided." : "Missing API key: send the header 'Authorization: Bearer KEY'.";
   e.code = "invalid_api_key";
-  res.set_header("WWW-Authenticate", "Bearer");
-  reply_error(res, e);
+  if (req.count("Authorization") > 1) {
+    e.message = "Send one Authorization header, not several.";
+  } else {
+    // The value exactly as received: no decoding of any kind.
+    std::optional<std::string_view> token = bearer_token(req.field("Authorization").value_or(""));
+    if (token)
+      if (std::optional<std::string> tenant = keys.authenticate(*token)) return tenant;
+    e.message = token ? "Incorrect API key provided." : "Missing API key: send the header 'Authorization: Bearer KEY'.";
+  }
+  http_response r = error_response(e);
+  r.fields.emplace_back("WWW-Authenticate", "Bearer");
+  ex.respond(std::move(r));
   return std::nullopt;
 }
 
@@ -116,256 +313,212 @@ json http_server::impl::model_card(const std::string& name) const {
           {"max_model_len", ctx.limits.max_model_len}};
 }
 
-void http_server::impl::handle_generate(const httplib::Request& req, httplib::Response& res, api_kind kind) {
-  std::optional<std::string> tenant = authorize(req, res);
-  if (!tenant) return;
-  json body;
-  try {
-    body = json::parse(req.body);
-  } catch (const json::exception& e) {
-    reply_error(res, bad_request("", fmt::format("The request body is not valid JSON: {}", e.what()), "invalid_json"));
-    return;
-  }
-  api_result<api_call> parsed = parse_request(kind, body, ctx, *tenant);
-  if (!parsed.ok()) {
-    reply_error(res, parsed.error);
-    return;
-  }
-  api_call& call = *parsed.value;
-
-  const std::string id = fmt::format("{}-{:016x}{:08x}", kind == api_kind::chat ? "chatcmpl" : "cmpl", id_salt,
-                                     next_id.fetch_add(1));
-  call_ids ids;
-  for (std::size_t i = 0; i < call.requests.size(); ++i) {
-    call.requests[i].id = fmt::format("{}/{}", id, i);
-    ids.ids.push_back(call.requests[i].id);
-  }
-  response_builder builder(call, id, ctx.model_names.front(), unix_seconds(), *ctx.vocab);
-  builder.set_store_tiers(ctx.store_tiers);
-  // Found before submitting: the descriptor is this handler's until it returns.
-  connection_probe probe = connection_probe::find(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  auto channel = std::make_shared<request_channel>();
-  if (status st = loop.submit(std::move(call.requests), channel); !st.ok()) {
-    reply_error(res, from_status(st));
-    return;
-  }
-
-  if (call.stream) {
-    auto s = std::make_shared<stream_state>(
-        stream_state{std::move(ids), channel, std::move(builder), call.include_usage, probe, 0, false});
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, s](std::size_t, httplib::DataSink& sink) { return pump(*s, sink); },
-        [this, s](bool) {
-          if (!s->complete) loop.cancel(s->call.ids);
-        });
-    return;
-  }
-
-  std::size_t n_finished = 0;
-  std::vector<engine_event> events;
-  while (n_finished < ids.ids.size()) {
-    events.clear();
-    if (!channel->wait(events, opts.poll_interval)) {
-      reply_error(res, from_status(channel->failure()));
-      return;
-    }
-    for (const engine_event& e : events) {
-      if (e.finish_reason == "error") {  // the engine step failed: the whole call fails
-        loop.cancel(ids.ids);
-        reply_error(res, from_status(error(errc::internal, "{}", e.error)));
-        return;
-      }
-      builder.add(ids.prompt_index(e.request_id), e);
-      if (e.request_finished) ++n_finished;
-    }
-    if (n_finished < ids.ids.size() && probe.peer_gone()) {
-      loop.cancel(ids.ids);  // nobody will read the answer: free the blocks now
-      res.status = 499;      // nginx's "client closed request", for the log and metrics
-      return;
-    }
-  }
-  res.set_content(dump_json(builder.body()), "application/json");
+// Runs fn(request) on the worker pool and answers with its response.
+void http_server::impl::on_worker(const std::shared_ptr<http_exchange>& ex,
+                                  std::function<http_response(http_request&)> fn) {
+  asio::post(workers, [ex, fn = std::move(fn)] {
+    http_response r = fn(ex->request());
+    ex->post([ex, r = std::move(r)]() mutable {
+      if (!ex->gone()) ex->respond(std::move(r));
+    });
+  });
 }
 
-bool http_server::impl::pump(stream_state& s, httplib::DataSink& sink) {
-  std::string out;
-  for (const json& j : s.builder.opening_chunks()) out += sse_event(j);
-  std::vector<engine_event> events;
-  std::vector<json> chunks;
-  auto flush = [&] {
-    if (out.empty()) return true;
-    bool ok = sink.write(out.data(), out.size());
-    out.clear();
-    return ok;
+void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
+  const http_request& req = ex->request();
+  const std::string_view path = req.path();
+  ex->endpoint = endpoint_label(path);
+  const bool is_get = req.method == "GET" || req.method == "HEAD", is_post = req.method == "POST";
+  auto wrong_method = [&](const char* allow) {
+    api_error e;
+    e.http_status = 405;
+    e.message = fmt::format("Method {} is not allowed on {} (allowed: {})", req.method.substr(0, 16), ex->endpoint, allow);
+    http_response r = error_response(e);
+    r.fields.emplace_back("Allow", allow);
+    ex->respond(std::move(r));
   };
-  while (s.n_finished < s.call.ids.size()) {
-    events.clear();
-    if (!s.channel->wait(events, opts.poll_interval)) {
-      // The engine failed: say so in the stream, as vLLM does, and end it.
-      out += sse_event(error_body(from_status(s.channel->failure())));
-      s.n_finished = s.call.ids.size();
-      break;
-    }
-    chunks.clear();
-    bool failed = false;
-    for (const engine_event& e : events) {
-      if (e.finish_reason == "error") {  // the engine step failed: say so in the stream and end it
-        out += sse_event(error_body(from_status(error(errc::internal, "{}", e.error))));
-        failed = true;
-        break;
-      }
-      const int p = s.call.prompt_index(e.request_id);
-      s.builder.add(p, e);
-      s.builder.chunks_for(p, e, chunks);
-      if (e.request_finished) ++s.n_finished;
-    }
-    for (const json& j : chunks) out += sse_event(j);
-    if (failed) {
-      loop.cancel(s.call.ids);
-      s.n_finished = s.call.ids.size();
-      break;
-    }
-    if (!flush() || (s.n_finished < s.call.ids.size() && s.probe.peer_gone())) {
-      loop.cancel(s.call.ids);
-      s.complete = true;
-      return false;
-    }
+
+  if (path == "/health") {
+    if (!is_get) return wrong_method("GET, HEAD");
+    if (loop.stopped()) return ex->respond(json_response(503, {{"status", "stopping"}}));
+    return ex->respond(json_response(200, {{"status", "ok"}}));
   }
-  s.complete = true;
-  if (s.include_usage) out += sse_event(s.builder.usage_chunk());
-  out += k_sse_done;
-  if (!flush()) return false;
-  sink.done();
-  return true;
-}
-
-void http_server::impl::setup() {
-  const int n_threads = std::max(1, opts.n_http_threads);
-  svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n_threads)); };
-  svr.set_payload_max_length(opts.max_body_bytes);
-  svr.set_keep_alive_max_count(1000);
-  // Debian's compiled httplib listens with a backlog of 5: a burst of clients
-  // connecting at once overflows it and some see their connection dropped.
-  // Remember the listening socket so bind() can raise its backlog.
-  svr.set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd.store(sock);
-  });
-  svr.set_tcp_nodelay(true);
-
-  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    std::lock_guard lock(counts_mu);
-    ++counts[{endpoint_label(req.path), res.status}];
-  });
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-    // Handlers write their own error bodies; 499 means nobody is listening.
-    if (!res.body.empty() || res.content_provider_ || res.status == 499)
-      return httplib::Server::HandlerResponse::Unhandled;
-    api_error e;
-    e.http_status = res.status;
-    switch (res.status) {
-      case 404: e.message = fmt::format("Not found: {} {}", req.method, req.path.substr(0, 200)); e.type = "not_found_error"; break;
-      case 413: e.message = fmt::format("The request body is larger than this server's limit of {} bytes", opts.max_body_bytes); break;
-      case 405: e.message = fmt::format("Method {} is not allowed here", req.method); break;
-      default: e.message = fmt::format("HTTP {}", res.status); if (res.status >= 500) e.type = "internal_error"; break;
-    }
-    reply_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    api_error e;
-    e.http_status = 500;
-    e.type = "internal_error";
-    e.message = fmt::format("internal error: {}", what);
-    reply_error(res, e);
-  });
-
-  svr.Post("/v1/completions",
-           [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, api_kind::completion); });
-  svr.Post("/v1/chat/completions",
-           [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, api_kind::chat); });
-  svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorize(req, res)) return;
-    json data = json::array();
-    data.push_back(model_card(ctx.model_names.front()));
-    res.set_content(dump_json({{"object", "list"}, {"data", data}}), "application/json");
-  });
-  svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorize(req, res)) return;
-    const std::string name = req.matches[1];
-    if (std::find(ctx.model_names.begin(), ctx.model_names.end(), name) == ctx.model_names.end()) {
-      api_error e = bad_request("model", fmt::format("The model '{}' does not exist", name.substr(0, 200)), "model_not_found");
-      e.http_status = 404;
-      e.type = "not_found_error";
-      reply_error(res, e);
-      return;
-    }
-    res.set_content(dump_json(model_card(ctx.model_names.front())), "application/json");
-  });
-  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (loop.stopped()) {
-      res.status = 503;
-      res.set_content(R"({"status":"stopping"})", "application/json");
-      return;
-    }
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
-  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    engine_snapshot snap = loop.snapshot();
+  if (path == "/metrics") {
+    if (!is_get) return wrong_method("GET, HEAD");
     http_counts c;
     {
       std::lock_guard lock(counts_mu);
       c = counts;
     }
-    res.set_content(render_metrics(snap, c, ctx.model_names.front()), "text/plain; version=0.0.4; charset=utf-8");
-  });
+    http_response r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = render_metrics(loop.snapshot(), c, ctx.model_names.front());
+    return ex->respond(std::move(r));
+  }
+  if (path == "/version") {
+    if (!is_get) return wrong_method("GET, HEAD");
+    return ex->respond(json_response(200, {{"version", opts.version}}));
+  }
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (!is_post) return wrong_method("POST");
+    std::optional<std::string> tenant = authorize(*ex);
+    if (!tenant) return;
+    ex->tenant = *tenant;
+    return start_generate(env, ex, path == "/v1/completions" ? api_kind::completion : api_kind::chat, *tenant);
+  }
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (!is_post) return wrong_method("POST");
+    std::optional<std::string> tenant = authorize(*ex);
+    if (!tenant) return;
+    ex->tenant = *tenant;
+    const bool tokenize = path == "/tokenize";
+    return on_worker(ex, [this, tokenize, tenant = *tenant](http_request& r) {
+      api_result<json> body = parse_bounded_json(r.body, opts.limits.json);
+      r.drop_body();
+      if (!body.ok()) return error_response(body.error);
+      api_result<json> out = tokenize ? tokenize_response(*body.value, ctx, tenant) : detokenize_response(*body.value, ctx);
+      return out.ok() ? json_response(200, *out.value) : error_response(out.error);
+    });
+  }
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
+    if (!is_get) return wrong_method("GET, HEAD");
+    if (!authorize(*ex)) return;
+    if (path == "/v1/models") {
+      json data = json::array();
+      data.push_back(model_card(ctx.model_names.front()));
+      return ex->respond(json_response(200, {{"object", "list"}, {"data", data}}));
+    }
+    const std::string name = percent_decode(path.substr(std::string_view("/v1/models/").size()));
+    if (std::find(ctx.model_names.begin(), ctx.model_names.end(), name) == ctx.model_names.end()) {
+      api_error e = bad_request("model", fmt::format("The model '{}' does not exist", name.substr(0, 200)), "model_not_found");
+      e.http_status = 404;
+      e.type = "not_found_error";
+      return ex->respond(error_response(e));
+    }
+    return ex->respond(json_response(200, model_card(ctx.model_names.front())));
+  }
+  api_error e;
+  e.http_status = 404;
+  e.type = "not_found_error";
+  e.message = fmt::format("Not found: {} {}", req.method.substr(0, 16), std::string(path.substr(0, 200)));
+  ex->respond(error_response(e));
 }
+
+// --- accounting ------------------------------------------------------------------
+
+void http_server::impl::finished(const http_exchange& ex) {
+  count(ex.endpoint, ex.status());
+  if (!opts.access_log) return;
+  const http_request& req = ex.request();
+  access_entry a;
+  a.remote = req.remote;
+  a.method = req.method;
+  a.target = req.target;
+  a.version = req.version;
+  a.status = ex.status();
+  a.tenant = ex.tenant;
+  a.prompt_tokens = ex.prompt_tokens;
+  a.cached_tokens = ex.cached_tokens;
+  a.completion_tokens = ex.completion_tokens;
+  a.ttft_ms = ex.ttft_ms;
+  a.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - req.started).count();
+  server_logger().info("{}", format_access(a));
+}
+
+void http_server::impl::rejected(const http_request* req, int status) {
+  count(req ? endpoint_label(req->path()) : "other", status);
+  if (!opts.access_log) return;
+  access_entry a;
+  a.status = status;
+  if (req) {
+    a.remote = req->remote;
+    a.method = req->method;
+    a.target = req->target;
+    a.version = req->version;
+    a.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - req->started).count();
+  }
+  server_logger().info("{}", format_access(a));
+}
+
+// --- http_server -----------------------------------------------------------------
 
 http_server::http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop)
     : impl_(std::make_unique<impl>(std::move(opts), std::move(ctx), std::move(keys), loop)) {
   PAGODA_ASSERT(impl_->ctx.vocab != nullptr && !impl_->ctx.model_names.empty(), "the server needs a vocabulary and a model name");
-  impl_->setup();
 }
 
-http_server::~http_server() { stop(); }
+http_server::~http_server() {
+  stop();
+  impl_->workers.join();
+}
 
 result<int> http_server::bind() {
-  int port = impl_->opts.port;
-  if (port == 0) {
-    port = impl_->svr.bind_to_any_port(impl_->opts.host);
-    if (port < 0) return error(errc::io_error, "cannot bind to {} on any port", impl_->opts.host);
-  } else if (!impl_->svr.bind_to_port(impl_->opts.host, port)) {
-    return error(errc::io_error, "cannot bind to {}:{} (in use, or not an address of this machine)", impl_->opts.host, port);
+  impl& s = *impl_;
+  error_code ec;
+  tcp::resolver resolver(s.ioc);
+  auto found = resolver.resolve(s.opts.host, std::to_string(s.opts.port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || found.empty())
+    return error(errc::invalid_argument, "--host {}: not an address of this machine ({})", s.opts.host, ec.message());
+  const tcp::endpoint ep = found.begin()->endpoint();
+  const std::string where = fmt::format("{}:{}", s.opts.host, s.opts.port);
+  if (s.acceptor.open(ep.protocol(), ec); ec) return error(errc::io_error, "cannot open a socket for {}: {}", where, ec.message());
+  // SO_REUSEADDR only lets a restart bind over connections in TIME_WAIT; on
+  // Linux it never lets two listeners share a port (SO_REUSEPORT would).
+  s.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (s.acceptor.bind(ep, ec); ec) {
+    s.acceptor.close();
+    if (ec == asio::error::address_in_use)
+      return error(errc::io_error, "cannot listen on {}: the port is in use (another server?); pick another --port", where);
+    return error(errc::io_error, "cannot listen on {}: {}", where, ec.message());
   }
-  // listen() again on a listening socket only changes its backlog (Linux).
-  if (int fd = impl_->listen_fd.load(); fd >= 0 && ::listen(fd, k_listen_backlog) != 0)
-    return error(errc::io_error, "cannot set the listen backlog of {}:{}: {}", impl_->opts.host, port, std::strerror(errno));
-  impl_->bound = true;
-  return port;
+  if (s.acceptor.listen(k_listen_backlog, ec); ec) return error(errc::io_error, "cannot listen on {}: {}", where, ec.message());
+  s.bound = true;
+  return static_cast<int>(s.acceptor.local_endpoint().port());
 }
 
 status http_server::serve() {
-  PAGODA_ASSERT(impl_->bound, "serve() before bind()");
-  if (!impl_->svr.listen_after_bind()) return error(errc::io_error, "the HTTP server stopped with an error");
+  impl& s = *impl_;
+  PAGODA_ASSERT(s.bound, "serve() before bind()");
+  if (s.stopping) return {};
+  s.work.emplace(s.ioc.get_executor());
+  s.do_accept();
+  s.schedule_stats();
+  std::vector<std::thread> threads;
+  for (int i = 1; i < s.opts.n_io_threads; ++i) threads.emplace_back([&s] { s.ioc.run(); });
+  s.ioc.run();
+  for (std::thread& t : threads) t.join();
   return {};
 }
 
 void http_server::stop() {
-  if (impl_) impl_->svr.stop();
+  if (!impl_ || impl_->stopping.exchange(true)) return;
+  impl& s = *impl_;
+  asio::post(s.control, [&s] {
+    error_code ec;
+    s.acceptor.close(ec);
+    s.stats_timer.cancel();
+    s.accept_retry.cancel();
+    std::vector<std::shared_ptr<http_connection>> live;
+    {
+      std::lock_guard lock(s.conns_mu);
+      for (auto& [p, w] : s.conns)
+        if (auto c = w.lock()) live.push_back(std::move(c));
+    }
+    for (auto& c : live) c->stop();
+    s.work.reset();  // run() returns once the connections are done...
+    if (live.empty()) return;
+    s.stop_timer.expires_after(k_stop_grace);
+    s.stop_timer.async_wait([&s](const error_code& e) {
+      if (!e) s.ioc.stop();  // ...or after the grace period
+    });
+  });
 }
 
 http_counts http_server::counts() const {
   std::lock_guard lock(impl_->counts_mu);
   return impl_->counts;
 }
+
+int http_server::n_connections() const { return impl_->n_connections.load(); }
 
 }  // namespace pagoda::server

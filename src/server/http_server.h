@@ -1,19 +1,23 @@
-// The OpenAI-compatible HTTP server (cpp-httplib) in front of an engine_loop.
+// The OpenAI-compatible HTTP server in front of an engine_loop: event-driven
+// (Boost.Asio, Boost.Beast's parser; http_connection.h), with hard limits on
+// what a client may send and how long it may take (http_limits.h).
 //
 // Endpoints:
 //   POST /v1/completions, POST /v1/chat/completions   (stream: server-sent events)
 //   GET  /v1/models, GET /v1/models/{id}
+//   POST /tokenize, POST /detokenize                  (vLLM's and llama.cpp's shapes; tokenize_api.h)
 //   GET  /health                                      200 while the engine runs
 //   GET  /metrics                                     Prometheus text (prometheus.h)
-// With API keys configured every /v1 call needs `Authorization: Bearer KEY`
-// (401 otherwise); the key decides the request's tenant (auth.h). /health and
-// /metrics stay open, as in vLLM.
+//   GET  /version                                     {"version": "..."}
+// With API keys configured every /v1 call and /tokenize, /detokenize need
+// `Authorization: Bearer KEY` (401 otherwise), the key compared exactly as
+// sent; the key decides the request's tenant (auth.h). /health, /metrics and
+// /version stay open, as in vLLM.
 //
-// Each HTTP request runs on one of the server's threads, which submits to the
-// engine loop and waits on the request's channel. A client that hangs up is
-// noticed within one poll interval (connection_probe.h) or at the next failed
-// write, and its requests are cancelled, freeing their blocks at once.
-// Handlers never throw: every failure is an OpenAI error object.
+// Threads: a few I/O threads run every connection (no thread per
+// connection); a small worker pool parses, validates and tokenizes request
+// bodies; nothing waits for the engine (generate_call.h). Handlers never
+// throw: every failure is an OpenAI error object.
 #pragma once
 
 #include <chrono>
@@ -24,6 +28,7 @@
 #include "pagoda/status.h"
 #include "sched/engine_loop.h"
 #include "server/auth.h"
+#include "server/http_limits.h"
 #include "server/openai_request.h"
 #include "server/prometheus.h"
 
@@ -31,30 +36,43 @@ namespace pagoda::server {
 
 struct server_options {
   std::string host = "127.0.0.1";
-  int port = 8080;                              // 0: any free port (bind() returns it)
-  std::size_t max_body_bytes = 4u << 20;        // larger bodies get 413
-  int n_http_threads = 64;                      // connections served at once (keep-alive ones hold a thread)
-  std::chrono::milliseconds poll_interval{20};  // how often a waiting handler checks for a hung-up client
+  int port = 8080;  // 0: any free port (bind() returns it)
+  http_limits limits;
+  int n_io_threads = 1;  // connections are served by these, however many there are
+  int n_workers = 2;     // body parsing, validation, tokenization
+  bool access_log = true;
+  std::chrono::milliseconds stats_interval{10'000};  // the engine line's period; 0: none
+  std::string version;                               // what GET /version reports
 };
+
+// Raises this process's soft limit on open files to its hard limit (every
+// connection is a descriptor); returns the limit now in force.
+int raise_open_file_limit();
 
 class http_server {
  public:
-  // REQUIRES: `loop` and `ctx.vocab` outlive the server.
+  // REQUIRES: `loop` and `ctx.vocab` outlive the server, and the loop is
+  // stopped before the server is destroyed (its channels notify the server).
   http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop);
   ~http_server();
 
   http_server(const http_server&) = delete;
   http_server& operator=(const http_server&) = delete;
 
-  // Binds the listening socket; returns the port (the chosen one for port 0).
+  // Binds and listens; returns the port (the chosen one for port 0). A port
+  // in use is an error (errc::io_error naming the address): no SO_REUSEPORT,
+  // so two servers never share a port.
   result<int> bind();
   // Serves until stop(). REQUIRES: bind() succeeded.
   status serve();
-  // Stops serving; safe from any thread. In-flight handlers finish.
+  // Stops serving; safe from any thread. Responses in progress get up to two
+  // seconds to finish (the engine's own stop ends its requests first).
   void stop();
 
   // Requests answered so far, by endpoint and status.
   http_counts counts() const;
+  // Connections open now.
+  int n_connections() const;
 
  private:
   struct impl;

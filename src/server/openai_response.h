@@ -44,6 +44,8 @@ class response_builder {
   nlohmann::json usage_chunk() const;
 
   const std::string& id() const { return id_; }
+  // Usage so far, summed over the events added.
+  const request_usage& usage() const { return usage_; }
 
  private:
   struct choice {

@@ -88,7 +88,6 @@ TEST(load, clients_with_shared_prefixes) {
   server_setup setup = default_setup();
   setup.engine.n_blocks = 2048;  // room for every client at once: no preemption, so hits add up exactly
   setup.max_waiting = 256;
-  setup.http.n_http_threads = k_clients + 8;
   test_server s(setup);
   const std::vector<std::string> ps = prompts();
 

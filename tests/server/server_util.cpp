@@ -113,8 +113,8 @@ server_setup default_setup() {
   s.api.model_path = stories_path();
   s.http.host = "127.0.0.1";
   s.http.port = 0;
-  s.http.n_http_threads = 96;
-  s.http.poll_interval = std::chrono::milliseconds(5);
+  s.http.access_log = false;  // the tests' output stays readable
+  s.http.stats_interval = std::chrono::milliseconds(0);
   return s;
 }
 

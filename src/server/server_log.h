@@ -1,0 +1,47 @@
+// The server's logs, through spdlog on stderr (stdout keeps the one
+// "listening on" line scripts wait for):
+//
+//   access, one line per request, as uvicorn and nginx print them, with what
+//   vLLM's request logs add:
+//     127.0.0.1:52734 "POST /v1/completions HTTP/1.1" 200 tenant=alice prompt=41 cached=32 completion=16 ttft=12.3ms 210.5ms
+//   engine, every --log-stats-interval seconds while there is activity, as vLLM's:
+//     engine: prompt 512.3 tok/s, generation 88.1 tok/s, running 4, waiting 0, KV 12.5% used, prefix hits 61.0%
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <spdlog/logger.h>
+
+#include "sched/engine_loop.h"
+
+namespace pagoda::server {
+
+// The "pagoda" logger (stderr), created on first use.
+spdlog::logger& server_logger();
+
+struct access_entry {
+  std::string remote, method, target;
+  int version = 11;
+  int status = 0;
+  std::string tenant;                               // "" = none or the global tenant
+  int prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;  // -1: not a generation
+  double ttft_ms = -1;                              // -1: no token
+  double duration_ms = 0;
+};
+std::string format_access(const access_entry& e);
+
+// Turns consecutive snapshots into engine lines.
+class stats_reporter {
+ public:
+  // The line for the interval since the previous call; "" when nothing ran or
+  // waited in it (an idle server logs nothing).
+  std::string next(const engine_snapshot& s, std::chrono::steady_clock::time_point now);
+
+ private:
+  bool primed_ = false;
+  std::chrono::steady_clock::time_point last_time_;
+  std::int64_t last_prompt_ = 0, last_generated_ = 0, last_queries_ = 0, last_hits_ = 0;
+};
+
+}  // namespace pagoda::server
