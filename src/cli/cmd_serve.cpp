@@ -40,7 +40,7 @@ struct serve_options {
   bool no_kv_store = false;   // no disk tier (else --kv-store, or the per-user default)
   server::http_limits limits;
   double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 75, send_timeout_s = 60;
-  int io_threads = 1;
+  int io_threads = 2;
   int workers = 2;
   double stats_interval_s = 10;
   bool no_access_log = false;
@@ -240,7 +240,7 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
   cmd->add_option("--http-send-timeout", o.send_timeout_s,
                   "seconds a write to a client may stall before the connection closes (default 60)")
       ->check(positive);
-  cmd->add_option("--http-threads", o.io_threads, "I/O threads serving every connection (default 1)")->check(CLI::Range(1, 64));
+  cmd->add_option("--http-threads", o.io_threads, "I/O threads serving every connection (default 2)")->check(CLI::Range(1, 64));
   cmd->add_option("--http-workers", o.workers, "threads parsing and tokenizing request bodies (default 2)")
       ->check(CLI::Range(1, 256));
   cmd->add_option("--log-stats-interval", o.stats_interval_s,

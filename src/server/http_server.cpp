@@ -9,6 +9,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -178,10 +179,12 @@ struct http_server::impl {
   asio::io_context ioc;
   asio::thread_pool workers;
   generate_env env;
+  // The server's own handlers (accept, stats, stop) run on this strand, so
+  // they never race whatever the number of I/O threads.
+  asio::strand<asio::io_context::executor_type> control;
   tcp::acceptor acceptor;
   asio::steady_timer stats_timer;
   asio::steady_timer accept_retry;
-  asio::strand<asio::io_context::executor_type> control;  // stop() and its timer
   asio::steady_timer stop_timer;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   bool bound = false;
@@ -196,10 +199,10 @@ struct http_server::impl {
         ioc(std::max(1, opts.n_io_threads)),
         workers(static_cast<std::size_t>(std::max(1, opts.n_workers))),
         env{ctx, loop, workers, opts.limits},
-        acceptor(ioc),
-        stats_timer(ioc),
-        accept_retry(ioc),
         control(ioc.get_executor()),
+        acceptor(control),
+        stats_timer(control),
+        accept_retry(control),
         stop_timer(control) {
     env.id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
     hooks.dispatch = [this](const std::shared_ptr<http_exchange>& ex) { route(ex); };
@@ -233,9 +236,10 @@ struct http_server::impl {
 // --- accepting -------------------------------------------------------------------
 
 void http_server::impl::do_accept() {
-  acceptor.async_accept(asio::make_strand(ioc), [this](const error_code& ec, tcp::socket socket) {
+  // The accepted socket gets a strand of its own; the handler runs on `control`.
+  acceptor.async_accept(asio::make_strand(ioc), asio::bind_executor(control, [this](const error_code& ec, tcp::socket socket) {
     on_accept(ec, std::move(socket));
-  });
+  }));
 }
 
 void http_server::impl::on_accept(const error_code& ec, tcp::socket socket) {

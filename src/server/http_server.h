@@ -38,7 +38,7 @@ struct server_options {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (bind() returns it)
   http_limits limits;
-  int n_io_threads = 1;  // connections are served by these, however many there are
+  int n_io_threads = 2;  // connections are served by these, however many there are
   int n_workers = 2;     // body parsing, validation, tokenization
   bool access_log = true;
   std::chrono::milliseconds stats_interval{10'000};  // the engine line's period; 0: none

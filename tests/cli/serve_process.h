@@ -17,6 +17,16 @@
 
 namespace pagoda::test {
 
+// In a forked child: replaces it with `pagoda ARGS...` (exits 127 if that fails).
+[[noreturn]] inline void exec_pagoda(std::vector<std::string> args) {
+  args.insert(args.begin(), PAGODA_CLI);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  ::_exit(127);
+}
+
 class serve_process {
  public:
   // args: everything after `pagoda serve` (--port 0 is added).
@@ -26,6 +36,7 @@ class serve_process {
   serve_process& operator=(const serve_process&) = delete;
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0; }
 
   void start() {
@@ -37,13 +48,9 @@ class serve_process {
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 2);
       ::close(out[0]);
-      std::vector<std::string> all = {PAGODA_CLI, "serve", "--port", "0"};
+      std::vector<std::string> all = {"serve", "--port", "0"};
       all.insert(all.end(), args_.begin(), args_.end());
-      std::vector<char*> argv;
-      for (std::string& a : all) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
+      exec_pagoda(std::move(all));
     }
     ::close(out[1]);
     out_fd_ = out[0];
