@@ -33,10 +33,21 @@ void reply_error(httplib::Response& res, const api_error& e) {
   res.set_content(dump_json(error_body(e)), "application/json");
 }
 
+// The request's JSON body; std::nullopt (and a 400 in res) when it is not JSON.
+std::optional<json> parse_body(const httplib::Request& req, httplib::Response& res) {
+  try {
+    return json::parse(req.body);
+  } catch (const json::exception& e) {
+    reply_error(res, bad_request("", fmt::format("The request body is not valid JSON: {}", e.what()), "invalid_json"));
+    return std::nullopt;
+  }
+}
+
 // The endpoint label of a path: fixed names only, so a scan of random paths
 // cannot grow the metrics without bound.
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/v1/kv/warm",
+                        "/v1/kv/stats", "/v1/kv"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -70,6 +81,7 @@ struct http_server::impl {
   api_context ctx;
   key_store keys;
   engine_loop& loop;
+  kv_admin* kv;
   httplib::Server svr;
   std::atomic<bool> bound{false};
   std::atomic<int> listen_fd{-1};
@@ -81,12 +93,14 @@ struct http_server::impl {
   const std::uint64_t id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   const std::int64_t started_unix_s = unix_seconds();
 
-  impl(server_options o, api_context c, key_store k, engine_loop& l)
-      : opts(std::move(o)), ctx(std::move(c)), keys(std::move(k)), loop(l) {}
+  impl(server_options o, api_context c, key_store k, engine_loop& l, kv_admin* a)
+      : opts(std::move(o)), ctx(std::move(c)), keys(std::move(k)), loop(l), kv(a) {}
 
   void setup();
   std::optional<std::string> authorize(const httplib::Request& req, httplib::Response& res) const;
   void handle_generate(const httplib::Request& req, httplib::Response& res, api_kind kind);
+  void setup_kv_routes();
+  bool presents_admin_key(const httplib::Request& req) const;
   bool pump(stream_state& s, httplib::DataSink& sink);
   json model_card(const std::string& name) const;
 };
@@ -119,14 +133,9 @@ json http_server::impl::model_card(const std::string& name) const {
 void http_server::impl::handle_generate(const httplib::Request& req, httplib::Response& res, api_kind kind) {
   std::optional<std::string> tenant = authorize(req, res);
   if (!tenant) return;
-  json body;
-  try {
-    body = json::parse(req.body);
-  } catch (const json::exception& e) {
-    reply_error(res, bad_request("", fmt::format("The request body is not valid JSON: {}", e.what()), "invalid_json"));
-    return;
-  }
-  api_result<api_call> parsed = parse_request(kind, body, ctx, *tenant);
+  std::optional<json> body = parse_body(req, res);
+  if (!body) return;
+  api_result<api_call> parsed = parse_request(kind, *body, ctx, *tenant);
   if (!parsed.ok()) {
     reply_error(res, parsed.error);
     return;
@@ -326,12 +335,51 @@ void http_server::impl::setup() {
       std::lock_guard lock(counts_mu);
       c = counts;
     }
-    res.set_content(render_metrics(snap, c, ctx.model_names.front()), "text/plain; version=0.0.4; charset=utf-8");
+    std::string text = render_metrics(snap, c, ctx.model_names.front());
+    if (kv) text += kv->render_metrics(snap, ctx.model_names.front());
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+  });
+  if (kv) setup_kv_routes();
+}
+
+bool http_server::impl::presents_admin_key(const httplib::Request& req) const {
+  const std::string header = req.get_header_value("Authorization");
+  const std::optional<std::string_view> token = bearer_token(header);
+  return token && kv->is_admin(*token);
+}
+
+void http_server::impl::setup_kv_routes() {
+  svr.Post("/v1/kv/warm", [this](const httplib::Request& req, httplib::Response& res) {
+    const bool admin = presents_admin_key(req);
+    std::string tenant;
+    if (!admin) {
+      std::optional<std::string> t = authorize(req, res);
+      if (!t) return;
+      tenant = std::move(*t);
+    }
+    std::optional<json> body = parse_body(req, res);
+    if (!body) return;
+    const std::string id = fmt::format("warm-{:016x}{:08x}", id_salt, next_id.fetch_add(1));
+    api_result<json> r = kv->warm(*body, ctx, tenant, admin, id);
+    if (!r.ok()) return reply_error(res, r.error);
+    res.set_content(dump_json(*r.value), "application/json");
+  });
+  svr.Get("/v1/kv/stats", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!presents_admin_key(req)) return reply_error(res, kv_admin::forbidden("GET /v1/kv/stats"));
+    res.set_content(dump_json(kv->stats()), "application/json");
+  });
+  svr.Delete("/v1/kv", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!presents_admin_key(req)) return reply_error(res, kv_admin::forbidden("DELETE /v1/kv"));
+    std::optional<std::string> tenant;
+    if (req.has_param("tenant")) tenant = req.get_param_value("tenant");
+    api_result<json> r = kv->erase_tenant(tenant);
+    if (!r.ok()) return reply_error(res, r.error);
+    res.set_content(dump_json(*r.value), "application/json");
   });
 }
 
-http_server::http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop)
-    : impl_(std::make_unique<impl>(std::move(opts), std::move(ctx), std::move(keys), loop)) {
+http_server::http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop, kv_admin* kv)
+    : impl_(std::make_unique<impl>(std::move(opts), std::move(ctx), std::move(keys), loop, kv)) {
   PAGODA_ASSERT(impl_->ctx.vocab != nullptr && !impl_->ctx.model_names.empty(), "the server needs a vocabulary and a model name");
   impl_->setup();
 }

@@ -5,6 +5,7 @@
 //   GET  /v1/models, GET /v1/models/{id}
 //   GET  /health                                      200 while the engine runs
 //   GET  /metrics                                     Prometheus text (prometheus.h)
+//   POST /v1/kv/warm, GET /v1/kv/stats, DELETE /v1/kv  the KV store (kv_admin.h)
 // With API keys configured every /v1 call needs `Authorization: Bearer KEY`
 // (401 otherwise); the key decides the request's tenant (auth.h). /health and
 // /metrics stay open, as in vLLM.
@@ -24,6 +25,7 @@
 #include "pagoda/status.h"
 #include "sched/engine_loop.h"
 #include "server/auth.h"
+#include "server/kv_admin.h"
 #include "server/openai_request.h"
 #include "server/prometheus.h"
 
@@ -39,8 +41,9 @@ struct server_options {
 
 class http_server {
  public:
-  // REQUIRES: `loop` and `ctx.vocab` outlive the server.
-  http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop);
+  // REQUIRES: `loop`, `ctx.vocab` and `kv` outlive the server. Without kv the
+  // /v1/kv endpoints answer 404.
+  http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop, kv_admin* kv = nullptr);
   ~http_server();
 
   http_server(const http_server&) = delete;
