@@ -29,6 +29,7 @@ struct serve_options {
   int port = 8080;
   std::vector<std::string> api_keys;
   std::string api_key_file;
+  std::string admin_key;  // the /v1/kv admin endpoints (also $PAGODA_ADMIN_KEY)
   std::string tenants_file;
   bool no_auth = false;
   std::string chat_template;  // "" = from the model
@@ -160,6 +161,7 @@ int serve(serve_options o) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGXFSZ, SIG_IGN);  // a file size limit fails the store's writes (EFBIG), not the server
 
   const bool auth_required = keys.enabled();
   PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, cfg));
@@ -170,7 +172,10 @@ int serve(serve_options o) {
   if (warehouse) ctx.store_tiers = warehouse->tier_names();
   const kv_metrics kv = eng->kv_stats();
   engine_loop loop(std::move(eng), o.max_waiting);
-  server::http_server http(sopts, ctx, std::move(keys), loop);
+  std::string admin_key = o.admin_key;
+  if (const char* env = std::getenv("PAGODA_ADMIN_KEY"); admin_key.empty() && env) admin_key = env;
+  server::kv_admin kv_admin(loop, warehouse.get(), admin_key);
+  server::http_server http(sopts, ctx, std::move(keys), loop, &kv_admin);
   PAGODA_ASSIGN_OR_RETURN_CLI(int port, http.bind());
 
   print_startup(o, ctx, cfg, kv, sopts, auth_required);
@@ -259,6 +264,9 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "require 'Authorization: Bearer KEY' on /v1 (repeatable; also $PAGODA_API_KEY)");
   cmd->add_option("--api-key-file", opts->api_key_file,
                   "file of API keys of the global tenant, one a line (keeps keys out of `ps`)");
+  cmd->add_option("--admin-key", opts->admin_key,
+                  "the key for the KV store's admin endpoints: GET /v1/kv/stats, DELETE /v1/kv, warming for any "
+                  "tenant (also $PAGODA_ADMIN_KEY; default: none, those endpoints answer 403)");
   cmd->add_option("--tenants", opts->tenants_file, "JSON file mapping API keys to tenants and their block quotas");
   cmd->add_flag("--no-auth", opts->no_auth,
                 "serve without API keys even when --tenants lists none (an empty key source is otherwise an error)");

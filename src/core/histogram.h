@@ -7,6 +7,14 @@
 
 namespace pagoda {
 
+// A histogram's Prometheus data without its raw samples (cheap to copy).
+struct histogram_snapshot {
+  std::vector<double> bounds;
+  std::vector<std::uint64_t> cumulative_counts;  // observations <= bounds[i]
+  std::uint64_t count = 0;
+  double sum = 0;
+};
+
 class histogram {
  public:
   explicit histogram(std::vector<double> upper_bounds) : bounds_(std::move(upper_bounds)), counts_(bounds_.size(), 0) {}
@@ -27,6 +35,7 @@ class histogram {
   double sum() const { return sum_; }
   // The q-quantile (0..1) of the latest (up to 65,536) observations; 0 when empty.
   double quantile(double q) const;
+  histogram_snapshot snapshot() const { return {bounds_, counts_, count_, sum_}; }
 
  private:
   static constexpr std::size_t k_max_samples = 65536;
@@ -39,5 +48,8 @@ class histogram {
 
 // vLLM's bucket bounds for latencies in seconds.
 std::vector<double> latency_buckets_seconds();
+// Finer bounds for one KV block's load from a store tier (tens of microseconds
+// from the page cache to milliseconds over a network).
+std::vector<double> load_buckets_seconds();
 
 }  // namespace pagoda

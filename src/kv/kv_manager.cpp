@@ -216,6 +216,8 @@ result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_
     s.n_stored = static_cast<std::int32_t>(s.table.size()) * block_size_;
     n_query_tokens_ += static_cast<std::int64_t>(prompt.size());
     n_hit_tokens_ += s.n_stored;
+    n_query_blocks_ += static_cast<std::int64_t>(n_reusable);
+    n_hit_blocks_ += static_cast<std::int64_t>(s.table.size());
   }
   // Cached blocks were computed at the positions of their slots.
   s.positions.resize(static_cast<std::size_t>(s.n_stored));
@@ -516,6 +518,17 @@ std::int32_t kv_manager::evict_cached_blocks() {
   return n;
 }
 
+std::int32_t kv_manager::evict_cached_blocks(std::string_view tenant) {
+  const std::optional<tenant_id> t = find_tenant(tenant);
+  if (!t) return 0;
+  std::int32_t n = 0;
+  for (const block_id b : pool_.cached_of(*t)) {
+    drop_cached(b);
+    ++n;
+  }
+  return n;
+}
+
 kv_metrics kv_manager::metrics() const {
   kv_metrics m;
   m.block_size_tokens = block_size_;
@@ -528,6 +541,8 @@ kv_metrics kv_manager::metrics() const {
   m.n_sequences = static_cast<std::int32_t>(seqs_.size());
   m.n_prefix_query_tokens = n_query_tokens_;
   m.n_prefix_hit_tokens = n_hit_tokens_;
+  m.n_prefix_query_blocks = n_query_blocks_;
+  m.n_prefix_hit_blocks = n_hit_blocks_;
   m.n_evictions = n_evictions_;
   m.n_preemptions = n_preemptions_;
   m.n_cow_copies = n_cow_copies_;

@@ -225,6 +225,9 @@ class kv_manager {
   // Drops every cached (ref-0) block from the prefix index (vLLM's
   // reset_prefix_cache). Returns how many; each counts as an eviction.
   std::int32_t evict_cached_blocks();
+  // The same for one tenant's cached blocks only (an admin erasing a tenant's
+  // KV); 0 for a tenant never seen. Blocks its running sequences hold stay.
+  std::int32_t evict_cached_blocks(std::string_view tenant);
 
   kv_metrics metrics() const;
   // Restarts the peak of used blocks from the current value.
@@ -300,6 +303,8 @@ class kv_manager {
   std::int32_t peak_used_ = 0;
   std::int64_t n_query_tokens_ = 0;
   std::int64_t n_hit_tokens_ = 0;
+  std::int64_t n_query_blocks_ = 0;
+  std::int64_t n_hit_blocks_ = 0;
   std::int64_t n_evictions_ = 0;
   std::int64_t n_preemptions_ = 0;
   std::int64_t n_cow_copies_ = 0;

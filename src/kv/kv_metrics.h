@@ -35,6 +35,8 @@ struct kv_metrics {
   // Counters since construction.
   std::int64_t n_prefix_query_tokens = 0;  // prompt tokens looked up
   std::int64_t n_prefix_hit_tokens = 0;    // of those, served from the cache
+  std::int64_t n_prefix_query_blocks = 0;  // full prompt blocks that could have come from the cache
+  std::int64_t n_prefix_hit_blocks = 0;    // of those, found in it
   std::int64_t n_evictions = 0;            // cached blocks dropped from the index
   std::int64_t n_preemptions = 0;
   std::int64_t n_cow_copies = 0;

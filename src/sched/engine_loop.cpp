@@ -43,14 +43,6 @@ status request_channel::failure() const {
 
 // --- engine_loop ----------------------------------------------------------------
 
-namespace {
-
-histogram_snapshot snapshot_of(const histogram& h) {
-  return {h.bounds(), h.cumulative_counts(), h.count(), h.sum()};
-}
-
-}  // namespace
-
 engine_loop::engine_loop(std::unique_ptr<engine_core> eng, int max_waiting)
     : engine_(std::move(eng)), max_waiting_(max_waiting) {
   PAGODA_ASSERT(engine_ != nullptr, "engine_loop needs an engine");
@@ -121,6 +113,34 @@ void engine_loop::cancel(std::vector<std::string> ids) {
   cv_.notify_one();
 }
 
+status engine_loop::run_synced(std::function<void(engine_core&)> fn) {
+  std::promise<status> done;
+  std::future<status> answer = done.get_future();
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return error(errc::cancelled, "the server is shutting down");
+    tasks_.push_back([this, &fn, &done] {
+      if (stopping_) {
+        done.set_value(error(errc::cancelled, "the server is shutting down"));
+        return;
+      }
+      if (engine_->has_pending_ops() && !engine_->has_work()) {
+        std::vector<engine_event> events;
+        engine_->flush(events);
+        dispatch(events);
+      }
+      if (engine_->has_pending_ops()) {
+        after_step_.push_back({std::move(fn), &done});  // the next step applies them first
+        return;
+      }
+      fn(*engine_);
+      done.set_value(status{});
+    });
+  }
+  cv_.notify_one();
+  return answer.get();
+}
+
 engine_snapshot engine_loop::snapshot() {
   std::lock_guard lock(snapshot_mu_);
   return snapshot_;
@@ -141,9 +161,9 @@ void engine_loop::publish() {
   if (!engine_->has_work()) s.n_running = s.n_waiting = 0;
   s.n_finished_by_reason = finished_by_reason_;
   s.n_requests_active = static_cast<std::int64_t>(channels_.size());
-  s.ttft_seconds = snapshot_of(st.ttft_seconds);
-  s.itl_seconds = snapshot_of(st.itl_seconds);
-  s.e2e_seconds = snapshot_of(st.e2e_seconds);
+  s.ttft_seconds = st.ttft_seconds.snapshot();
+  s.itl_seconds = st.itl_seconds.snapshot();
+  s.e2e_seconds = st.e2e_seconds.snapshot();
   std::lock_guard lock(snapshot_mu_);
   snapshot_ = std::move(s);
 }
@@ -207,6 +227,12 @@ void engine_loop::run() {
     }
     dispatch(events);
     if (!failed.ok()) fail_all(failed);
+    // Every step starts by applying the ops queued before it.
+    for (synced_call& c : after_step_) {
+      c.fn(*engine_);
+      c.done->set_value(status{});
+    }
+    after_step_.clear();
     if (!computed && engine_->has_work()) {
       // Nothing could run (every waiting request waits on something): do not spin.
       std::unique_lock lock(mu_);
@@ -223,6 +249,8 @@ void engine_loop::run() {
   dispatch(events);
   for (auto& [id, ch] : channels_) ch->fail(error(errc::cancelled, "the server is shutting down"));
   channels_.clear();
+  for (synced_call& c : after_step_) c.done->set_value(error(errc::cancelled, "the server is shutting down"));
+  after_step_.clear();
   publish();
   std::unique_lock lock(mu_);
   while (!tasks_.empty()) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,14 +63,6 @@ class request_channel {
   std::function<void()> notify_;  // set before submission, read by the engine thread only
 };
 
-// A histogram's Prometheus data without its raw samples.
-struct histogram_snapshot {
-  std::vector<double> bounds;
-  std::vector<std::uint64_t> cumulative_counts;  // observations <= bounds[i]
-  std::uint64_t count = 0;
-  double sum = 0;
-};
-
 // What the engine reports, copied on its thread between two steps: counts
 // that belong together (blocks, requests, tokens) are consistent with each other.
 struct engine_snapshot {
@@ -114,6 +107,12 @@ class engine_loop {
   // the engine thread frees their blocks before its next step.
   void cancel(std::vector<std::string> ids);
 
+  // Runs fn on the engine thread between two steps, once the block ops queued
+  // before this call are applied (so the commit hook has seen every block
+  // cached so far), and waits for it. fn may change the KV cache (the ops it
+  // makes are applied by the next step). Errors: errc::cancelled after stop().
+  status run_synced(std::function<void(engine_core&)> fn);
+
   // A consistent copy of the engine's metrics as of the end of the latest step
   // (or task): never waits for a running step, so /metrics answers at once.
   // Events a client has received are already counted in it.
@@ -146,6 +145,11 @@ class engine_loop {
   std::unordered_map<std::string, std::shared_ptr<request_channel>> channels_;
   std::map<std::string, std::int64_t> finished_by_reason_;
   bool flush_pending_ = false;  // a cancel produced events that only step() hands out
+  struct synced_call {
+    std::function<void(engine_core&)> fn;
+    std::promise<status>* done;
+  };
+  std::vector<synced_call> after_step_;  // run_synced calls waiting for the next step
 };
 
 }  // namespace pagoda

@@ -49,7 +49,7 @@ std::int64_t unix_seconds() {
 // cannot grow the metrics without bound.
 std::string endpoint_label(std::string_view path) {
   for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version",
-                        "/tokenize", "/detokenize"})
+                        "/tokenize", "/detokenize", "/v1/kv/warm", "/v1/kv/stats", "/v1/kv"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -86,6 +86,21 @@ std::string percent_decode(std::string_view s) {
     }
   }
   return out;
+}
+
+// The value of `name` in the target's query ("/v1/kv?tenant=a%20b" -> "a b").
+std::optional<std::string> query_param(std::string_view target, std::string_view name) {
+  const std::size_t q = target.find('?');
+  if (q == std::string_view::npos) return std::nullopt;
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    const std::size_t amp = rest.find('&');
+    const std::string_view pair = rest.substr(0, amp);
+    rest.remove_prefix(amp == std::string_view::npos ? rest.size() : amp + 1);
+    const std::size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == name) return eq == std::string_view::npos ? std::string() : percent_decode(pair.substr(eq + 1));
+  }
+  return std::nullopt;
 }
 
 // Past the connection cap: one 503 written without reading the request, then
@@ -160,6 +175,7 @@ struct http_server::impl {
   api_context ctx;
   key_store keys;
   engine_loop& loop;
+  kv_admin* kv;
   body_budget budget;
   connection_hooks hooks;
   std::atomic<int> n_connections{0};
@@ -190,11 +206,12 @@ struct http_server::impl {
   bool bound = false;
   bool warned_accept = false;
 
-  impl(server_options o, api_context c, key_store k, engine_loop& l)
+  impl(server_options o, api_context c, key_store k, engine_loop& l, kv_admin* a)
       : opts(std::move(o)),
         ctx(std::move(c)),
         keys(std::move(k)),
         loop(l),
+        kv(a),
         budget(opts.limits.max_body_memory_bytes),
         ioc(std::max(1, opts.n_io_threads)),
         workers(static_cast<std::size_t>(std::max(1, opts.n_workers))),
@@ -222,6 +239,8 @@ struct http_server::impl {
   void schedule_stats();
 
   void route(const std::shared_ptr<http_exchange>& ex);
+  bool route_kv(const std::shared_ptr<http_exchange>& ex, std::string_view path, bool is_get, bool is_post);
+  bool presents_admin_key(const http_request& req) const;
   std::optional<std::string> authorize(http_exchange& ex) const;
   void on_worker(const std::shared_ptr<http_exchange>& ex, std::function<http_response(http_request&)> fn);
   json model_card(const std::string& name) const;
@@ -356,7 +375,9 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
     }
     http_response r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = render_metrics(loop.snapshot(), c, ctx.model_names.front());
+    const engine_snapshot snap = loop.snapshot();
+    r.body = render_metrics(snap, c, ctx.model_names.front());
+    if (kv) r.body += kv->render_metrics(snap, ctx.model_names.front());
     return ex->respond(std::move(r));
   }
   if (path == "/version") {
@@ -384,6 +405,7 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
       return out.ok() ? json_response(200, *out.value) : error_response(out.error);
     });
   }
+  if (kv && route_kv(ex, path, is_get, is_post)) return;
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
     if (!is_get) return wrong_method("GET, HEAD");
     if (!authorize(*ex)) return;
@@ -406,6 +428,61 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
   e.type = "not_found_error";
   e.message = fmt::format("Not found: {} {}", req.method.substr(0, 16), std::string(path.substr(0, 200)));
   ex->respond(error_response(e));
+}
+
+bool http_server::impl::presents_admin_key(const http_request& req) const {
+  if (req.count("Authorization") != 1) return false;
+  const std::optional<std::string_view> token = bearer_token(*req.field("Authorization"));
+  return token && kv->is_admin(*token);
+}
+
+// The KV store's endpoints (kv_admin.h). Their calls block (warm waits for the
+// engine and the store), so they run on the worker pool. False: not one of them.
+bool http_server::impl::route_kv(const std::shared_ptr<http_exchange>& ex, std::string_view path, bool is_get,
+                                 bool is_post) {
+  auto wrong_method = [&](const char* allow) {
+    api_error e;
+    e.http_status = 405;
+    e.message = fmt::format("Method {} is not allowed on {} (allowed: {})", ex->request().method.substr(0, 16), path, allow);
+    http_response r = error_response(e);
+    r.fields.emplace_back("Allow", allow);
+    ex->respond(std::move(r));
+  };
+  auto reply = [](const api_result<json>& r) { return r.ok() ? json_response(200, *r.value) : error_response(r.error); };
+  const http_request& req = ex->request();
+  if (path == "/v1/kv/warm") {
+    if (!is_post) return wrong_method("POST"), true;
+    const bool admin = presents_admin_key(req);
+    std::string tenant;
+    if (!admin) {
+      std::optional<std::string> t = authorize(*ex);
+      if (!t) return true;
+      tenant = std::move(*t);
+    }
+    ex->tenant = tenant;
+    const std::string id = fmt::format("warm-{:016x}{:08x}", env.id_salt, env.next_id.fetch_add(1));
+    on_worker(ex, [this, admin, tenant, id, reply](http_request& r) {
+      api_result<json> body = parse_bounded_json(r.body, opts.limits.json);
+      r.drop_body();
+      if (!body.ok()) return error_response(body.error);
+      return reply(kv->warm(*body.value, ctx, tenant, admin, id));
+    });
+    return true;
+  }
+  if (path == "/v1/kv/stats") {
+    if (!is_get) return wrong_method("GET, HEAD"), true;
+    if (!presents_admin_key(req)) return ex->respond(error_response(kv_admin::forbidden("GET /v1/kv/stats"))), true;
+    on_worker(ex, [this](http_request&) { return json_response(200, kv->stats()); });
+    return true;
+  }
+  if (path == "/v1/kv") {
+    if (req.method != "DELETE") return wrong_method("DELETE"), true;
+    if (!presents_admin_key(req)) return ex->respond(error_response(kv_admin::forbidden("DELETE /v1/kv"))), true;
+    std::optional<std::string> tenant = query_param(req.target, "tenant");
+    on_worker(ex, [this, tenant, reply](http_request&) { return reply(kv->erase_tenant(tenant)); });
+    return true;
+  }
+  return false;
 }
 
 // --- accounting ------------------------------------------------------------------
@@ -446,8 +523,8 @@ void http_server::impl::rejected(const http_request* req, int status) {
 
 // --- http_server -----------------------------------------------------------------
 
-http_server::http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop)
-    : impl_(std::make_unique<impl>(std::move(opts), std::move(ctx), std::move(keys), loop)) {
+http_server::http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop, kv_admin* kv)
+    : impl_(std::make_unique<impl>(std::move(opts), std::move(ctx), std::move(keys), loop, kv)) {
   PAGODA_ASSERT(impl_->ctx.vocab != nullptr && !impl_->ctx.model_names.empty(), "the server needs a vocabulary and a model name");
 }
 

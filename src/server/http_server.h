@@ -9,6 +9,7 @@
 //   GET  /health                                      200 while the engine runs
 //   GET  /metrics                                     Prometheus text (prometheus.h)
 //   GET  /version                                     {"version": "..."}
+//   POST /v1/kv/warm, GET /v1/kv/stats, DELETE /v1/kv  the KV store (kv_admin.h; blocking calls, run on the workers)
 // With API keys configured every /v1 call and /tokenize, /detokenize need
 // `Authorization: Bearer KEY` (401 otherwise), the key compared exactly as
 // sent; the key decides the request's tenant (auth.h). /health, /metrics and
@@ -29,6 +30,7 @@
 #include "sched/engine_loop.h"
 #include "server/auth.h"
 #include "server/http_limits.h"
+#include "server/kv_admin.h"
 #include "server/openai_request.h"
 #include "server/prometheus.h"
 
@@ -51,9 +53,10 @@ int raise_open_file_limit();
 
 class http_server {
  public:
-  // REQUIRES: `loop` and `ctx.vocab` outlive the server, and the loop is
-  // stopped before the server is destroyed (its channels notify the server).
-  http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop);
+  // REQUIRES: `loop`, `ctx.vocab` and `kv` outlive the server, and the loop
+  // is stopped before the server is destroyed (its channels notify the
+  // server). Without kv the /v1/kv endpoints answer 404.
+  http_server(server_options opts, api_context ctx, key_store keys, engine_loop& loop, kv_admin* kv = nullptr);
   ~http_server();
 
   http_server(const http_server&) = delete;

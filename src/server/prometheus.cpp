@@ -38,12 +38,17 @@ class writer {
   }
   void histogram(const char* name, const char* help, const histogram_snapshot& h) {
     family(name, "histogram", help);
+    histogram_series(name, "", h);
+  }
+  // One labelled series of a histogram family (family() written by the caller).
+  void histogram_series(const char* name, const std::string& labels, const histogram_snapshot& h) {
+    const std::string lp = labels.empty() ? "" : labels + ",";
     for (std::size_t i = 0; i < h.bounds.size(); ++i)
-      sample(fmt::format("{}_bucket", name), fmt::format("le=\"{}\"", number(h.bounds[i])),
+      sample(fmt::format("{}_bucket", name), fmt::format("{}le=\"{}\"", lp, number(h.bounds[i])),
              static_cast<double>(h.cumulative_counts[i]));
-    sample(fmt::format("{}_bucket", name), "le=\"+Inf\"", static_cast<double>(h.count));
-    sample(fmt::format("{}_sum", name), "", h.sum);
-    sample(fmt::format("{}_count", name), "", static_cast<double>(h.count));
+    sample(fmt::format("{}_bucket", name), lp + "le=\"+Inf\"", static_cast<double>(h.count));
+    sample(fmt::format("{}_sum", name), labels, h.sum);
+    sample(fmt::format("{}_count", name), labels, static_cast<double>(h.count));
   }
   std::string take() { return std::move(out_); }
 
@@ -113,6 +118,44 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   w.family("pagoda:http_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
   for (const auto& [key, count] : http)
     w.sample("pagoda:http_requests_total", fmt::format("endpoint=\"{}\",code=\"{}\"", escape_label(key.first), key.second), count);
+  return w.take();
+}
+
+std::string render_store_metrics(const store_metrics& m, const std::string& model_name) {
+  writer w(model_name);
+  const auto per_tier = [&](const char* name, const char* type, const char* help, auto field) {
+    w.family(name, type, help);
+    for (const store_metrics::tier& t : m.tiers)
+      if (const double v = field(t); v >= 0) w.sample(name, fmt::format("tier=\"{}\"", escape_label(t.name)), v);
+  };
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  per_tier("pagoda:kv_store_hits_total", "counter", "KV blocks found in a tier (memory: the prefix cache).",
+           [&](const auto& t) { return d(t.hits); });
+  per_tier("pagoda:kv_store_misses_total", "counter", "KV blocks looked for in a tier and not found there.",
+           [&](const auto& t) { return d(t.misses); });
+  per_tier("pagoda:kv_store_loads_total", "counter", "KV blocks loaded from a store tier into the pool, verified.",
+           [&](const auto& t) { return d(t.loads); });
+  per_tier("pagoda:kv_store_entries", "gauge", "KV blocks held by a tier (absent: unknown, a shared tier).",
+           [&](const auto& t) { return d(t.entries); });
+  per_tier("pagoda:kv_store_bytes", "gauge", "Bytes of KV blocks held by a tier (absent: unknown).",
+           [&](const auto& t) { return d(t.bytes); });
+  per_tier("pagoda:kv_store_capacity_bytes", "gauge", "A tier's size cap (absent: none of its own).",
+           [&](const auto& t) { return t.capacity_bytes > 0 ? d(t.capacity_bytes) : -1.0; });
+  per_tier("pagoda:kv_store_errors_total", "counter", "Calls a store tier failed (down, I/O error, full).",
+           [&](const auto& t) { return d(t.errors); });
+  per_tier("pagoda:kv_store_writes_total", "counter", "KV blocks written to a store tier.",
+           [&](const auto& t) { return d(t.writes); });
+  per_tier("pagoda:kv_store_evictions_total", "counter", "KV blocks a tier dropped for its size cap or TTL.",
+           [&](const auto& t) { return d(t.evictions); });
+  w.family("pagoda:kv_store_load_seconds", "histogram", "Seconds to fetch and verify one KV block from a store tier.");
+  for (const store_metrics::tier& t : m.tiers)
+    if (t.load_seconds) w.histogram_series("pagoda:kv_store_load_seconds", fmt::format("tier=\"{}\"", escape_label(t.name)), *t.load_seconds);
+  w.metric("pagoda:kv_store_write_queue_blocks", "gauge", "KV blocks waiting for write-back.", d(m.queue_blocks));
+  w.metric("pagoda:kv_store_write_dropped_total", "counter", "KV blocks not written back: the queue was full.", d(m.dropped));
+  w.metric("pagoda:kv_store_write_errors_total", "counter", "Write-backs a tier refused.", d(m.write_errors));
+  w.metric("pagoda:kv_store_corrupt_total", "counter", "Stored KV blocks that failed verification (never served).", d(m.corrupt));
+  w.metric("pagoda:kv_store_load_misses_total", "counter",
+           "KV blocks announced by a tier but not delivered (gone, corrupt, tier failed): computed instead.", d(m.load_misses));
   return w.take();
 }
 

@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -32,6 +34,25 @@ namespace pagoda::server {
 using http_counts = std::map<std::pair<std::string, int>, std::int64_t>;
 
 std::string render_metrics(const engine_snapshot& s, const http_counts& http, const std::string& model_name);
+
+// The KV store tiers (memory first, then the warehouse's), in blocks:
+//   pagoda:kv_store_{hits,misses,loads,errors,writes,evictions}_total{tier}   counters
+//   pagoda:kv_store_{entries,bytes,capacity_bytes}{tier}                       gauges
+//   pagoda:kv_store_load_seconds{tier}                                         histogram, per block
+//   pagoda:kv_store_write_queue_blocks, pagoda:kv_store_write_dropped_total,
+//   pagoda:kv_store_write_errors_total, pagoda:kv_store_corrupt_total,
+//   pagoda:kv_store_load_misses_total
+struct store_metrics {
+  struct tier {
+    std::string name;  // "memory", "disk", "redis"
+    std::int64_t hits = 0, misses = 0, loads = 0, errors = 0, writes = 0, evictions = 0;
+    std::int64_t entries = -1, bytes = -1, capacity_bytes = 0;  // -1: unknown
+    std::optional<histogram_snapshot> load_seconds;              // none for memory
+  };
+  std::vector<tier> tiers;
+  std::int64_t queue_blocks = 0, dropped = 0, write_errors = 0, corrupt = 0, load_misses = 0;
+};
+std::string render_store_metrics(const store_metrics& m, const std::string& model_name);
 
 // A label value with \, " and newlines escaped.
 std::string escape_label(std::string_view v);

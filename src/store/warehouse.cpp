@@ -11,6 +11,7 @@ kv_warehouse::kv_warehouse(std::vector<std::unique_ptr<block_store>> tiers, cons
     : tiers_(std::move(tiers)), o_(options) {
   PAGODA_ASSERT(!tiers_.empty(), "a KV warehouse needs at least one tier");
   c_.loads_by_tier.assign(tiers_.size(), 0);
+  load_seconds_.assign(tiers_.size(), histogram(load_buckets_seconds()));
   writer_ = std::thread([this] { write_loop(); });
   fetcher_ = std::thread([this] { fetch_loop(); });
 }
@@ -110,6 +111,7 @@ int kv_warehouse::n_available(std::string_view tenant, std::span<const block_key
 
 int kv_warehouse::fetch_one(const store_key& key, std::vector<std::byte>& out) {
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    const std::int64_t t0 = now_us();
     auto got = tiers_[t]->get(key);
     if (!got.ok() || !got->has_value()) continue;  // a failed tier is a miss, counted by the tier
     auto rec = decode_block_record(**got, key);
@@ -126,6 +128,7 @@ int kv_warehouse::fetch_one(const store_key& key, std::vector<std::byte>& out) {
     }
     std::lock_guard lock(mu_);
     ++c_.loads_by_tier[t];
+    load_seconds_[t].observe(static_cast<double>(now_us() - t0) * 1e-6);
     return static_cast<int>(t);
   }
   return -1;
@@ -157,7 +160,6 @@ void kv_warehouse::fetch_loop() {
       batch.assign(fetch_queue_.begin(), fetch_queue_.end());
       fetch_queue_.clear();
     }
-    const std::int64_t t0 = now_us();
     for (const store_key& k : batch) {
       std::vector<std::byte> bytes;
       const int tier = fetch_one(k, bytes);
@@ -167,8 +169,6 @@ void kv_warehouse::fetch_loop() {
       f.bytes = std::move(bytes);
       f.done = true;
     }
-    std::lock_guard lock(mu_);
-    load_seconds_.observe((now_us() - t0) * 1e-6);
   }
 }
 
@@ -230,6 +230,13 @@ std::vector<store_tier_stats> kv_warehouse::tier_stats() {
 warehouse_counters kv_warehouse::counters() {
   std::lock_guard lock(mu_);
   return c_;
+}
+
+std::vector<histogram_snapshot> kv_warehouse::load_seconds_by_tier() {
+  std::lock_guard lock(mu_);
+  std::vector<histogram_snapshot> out;
+  for (const histogram& h : load_seconds_) out.push_back(h.snapshot());
+  return out;
 }
 
 std::vector<std::string> kv_warehouse::tier_names() const {

@@ -89,7 +89,8 @@ class kv_warehouse final : public kv_block_source {
 
   std::vector<store_tier_stats> tier_stats();
   warehouse_counters counters();
-  const histogram& load_seconds() const { return load_seconds_; }  // one observation per prefetch batch
+  // [tier]: seconds to fetch and verify one block found in that tier.
+  std::vector<histogram_snapshot> load_seconds_by_tier();
   const std::vector<std::unique_ptr<block_store>>& tiers() const { return tiers_; }
   std::vector<std::string> tier_names() const;
   const kv_space& space() const { return o_.space; }
@@ -116,7 +117,7 @@ class kv_warehouse final : public kv_block_source {
   std::map<store_key, fetched> fetched_;
   bool stopping_ = false;
   warehouse_counters c_;
-  histogram load_seconds_{latency_buckets_seconds()};
+  std::vector<histogram> load_seconds_;  // [tier], guarded by mu_
   std::thread writer_, fetcher_;
 };
 

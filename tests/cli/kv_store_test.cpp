@@ -8,22 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "cli/store_client.h"
 
 namespace pagoda::test {
 namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& name)
-      : path(fs::temp_directory_path() / ("pagoda_kvcli_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-};
 
 // A prompt long enough for several full blocks of 16 tokens.
 std::string long_prompt() {

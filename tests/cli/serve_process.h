@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,6 +32,12 @@ class serve_process {
  public:
   // args: everything after `pagoda serve` (--port 0 is added).
   explicit serve_process(std::vector<std::string> args) : args_(std::move(args)) { start(); }
+  // max_file_bytes: the server's RLIMIT_FSIZE (a disk that fills up: writes past
+  // it fail with EFBIG).
+  serve_process(std::vector<std::string> args, rlim_t max_file_bytes)
+      : args_(std::move(args)), max_file_bytes_(max_file_bytes) {
+    start();
+  }
   ~serve_process() { stop(SIGKILL); }
   serve_process(const serve_process&) = delete;
   serve_process& operator=(const serve_process&) = delete;
@@ -44,6 +51,10 @@ class serve_process {
     ASSERT_EQ(::pipe(out), 0);
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (max_file_bytes_ != RLIM_INFINITY) {
+        const rlimit lim{max_file_bytes_, max_file_bytes_};
+        ::setrlimit(RLIMIT_FSIZE, &lim);
+      }
       ::dup2(out[1], 1);
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 2);
@@ -85,6 +96,7 @@ class serve_process {
 
  private:
   std::vector<std::string> args_;
+  rlim_t max_file_bytes_ = RLIM_INFINITY;
   pid_t pid_ = -1;
   int out_fd_ = -1;
   int port_ = 0;

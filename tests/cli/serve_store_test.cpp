@@ -5,12 +5,12 @@
 #include <filesystem>
 #include <thread>
 
-#include <httplib.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
 #include "cli/serve_process.h"
+#include "cli/store_client.h"
 #include "store/block_store.h"
 #include "store/redis_util.h"
 
@@ -20,77 +20,23 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-constexpr int k_block = 16;
-
-std::string prompt_text(int variant) {
-  std::string p = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. "
-                  "One day, she saw a big red ball in the park. She ran to the ball and kicked it very high. ";
-  for (int i = 0; i < variant; ++i) p += "Then the dog ran after it and barked. ";
-  return p + "The ball flew over the trees and";
-}
-
-json complete(int port, const std::string& prompt, int max_tokens = 10) {
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
-  json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
-  auto res = c.Post("/v1/completions", body.dump(), "application/json");
-  if (!res) return json{{"transport_error", httplib::to_string(res.error())}};
-  json j = json::parse(res->body, nullptr, false);
-  j["http_status"] = res->status;
-  return j;
-}
-
-int cached(const json& r) { return r["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(); }
-int cached_from(const json& r, const std::string& tier) {
-  return r["usage"]["prompt_tokens_details"]["cached_tokens_by_tier"][tier].get<int>();
-}
-std::string text(const json& r) { return r["choices"][0]["text"].get<std::string>(); }
-
-std::int64_t count_entries(block_store& s) {
-  std::int64_t n = 0;
-  EXPECT_TRUE(s.for_each([&](const store_key&, std::span<const std::byte>) { return ++n, true; }).ok());
-  return n;
-}
-
-// Waits until the store holds at least n entries (write-back is asynchronous).
-bool wait_entries(block_store& s, std::int64_t n, int timeout_ms = 10000) {
-  for (int waited = 0; waited < timeout_ms; waited += 50) {
-    if (count_entries(s) >= n) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
-std::vector<std::string> common_args() {
-  return {"-m", model_path(), "--block-size", std::to_string(k_block), "-t", "1"};
-}
-
-struct temp_dir {
-  fs::path path;
-  explicit temp_dir(const std::string& name)
-      : path(fs::temp_directory_path() / ("pagoda_servestore_" + std::to_string(getpid()) + "_" + name)) {
-    fs::remove_all(path);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-};
-
 TEST(serve_store, two_servers_share_a_redis_tier) {
   redis_server redis;
-  auto args = common_args();
+  auto args = store_test_args();
   args.insert(args.end(), {"--no-kv-store", "--kv-store-remote", redis.url()});
   serve_process a(args), b(args);
 
   // The reference: a cold run with no store at all.
-  auto cold_args = common_args();
+  auto cold_args = store_test_args();
   cold_args.push_back("--no-kv-store");
   serve_process cold(cold_args);
-  const json ref = complete(cold.port(), prompt_text(1));
+  const json ref = complete(cold.port(), story_prompt(1));
   ASSERT_EQ(ref["http_status"], 200) << ref;
   const int prompt_tokens = ref["usage"]["prompt_tokens"];
-  const int full_blocks = (prompt_tokens - 1) / k_block;
+  const int full_blocks = (prompt_tokens - 1) / k_store_test_block;
   ASSERT_GE(full_blocks, 3);
 
-  const json on_a = complete(a.port(), prompt_text(1));
+  const json on_a = complete(a.port(), story_prompt(1));
   ASSERT_EQ(on_a["http_status"], 200) << on_a;
   EXPECT_EQ(cached(on_a), 0);
   EXPECT_EQ(text(on_a), text(ref));
@@ -100,46 +46,46 @@ TEST(serve_store, two_servers_share_a_redis_tier) {
   ASSERT_TRUE(wait_entries(**rs, full_blocks)) << count_entries(**rs);
 
   // B never saw the prompt: its prefix comes from Redis, and so do its tokens' KV.
-  const json on_b = complete(b.port(), prompt_text(1));
+  const json on_b = complete(b.port(), story_prompt(1));
   ASSERT_EQ(on_b["http_status"], 200) << on_b;
-  EXPECT_EQ(cached(on_b), full_blocks * k_block) << on_b;
-  EXPECT_EQ(cached_from(on_b, "redis"), full_blocks * k_block) << on_b;
+  EXPECT_EQ(cached(on_b), full_blocks * k_store_test_block) << on_b;
+  EXPECT_EQ(cached_from(on_b, "redis"), full_blocks * k_store_test_block) << on_b;
   EXPECT_EQ(text(on_b), text(ref));
 
   // Redis dies: both replicas keep answering (from memory, or by computing).
   redis.stop(/*kill=*/true);
-  const json after = complete(b.port(), prompt_text(3));
+  const json after = complete(b.port(), story_prompt(3));
   EXPECT_EQ(after["http_status"], 200) << after;
-  const json again = complete(a.port(), prompt_text(1));
+  const json again = complete(a.port(), story_prompt(1));
   EXPECT_EQ(again["http_status"], 200) << again;
   EXPECT_EQ(text(again), text(ref));
 }
 
 TEST(serve_store, a_restart_keeps_the_disk_tier) {
   temp_dir dir("restart");
-  auto args = common_args();
+  auto args = store_test_args();
   args.insert(args.end(), {"--kv-store", (dir.path / "kv").string()});
   json first;
   {
     serve_process s(args);
-    first = complete(s.port(), prompt_text(2));
+    first = complete(s.port(), story_prompt(2));
     ASSERT_EQ(first["http_status"], 200) << first;
     EXPECT_EQ(cached(first), 0);
     s.stop(SIGTERM);  // graceful: the write-back queue drains
   }
   serve_process s(args);
-  const json second = complete(s.port(), prompt_text(2));
+  const json second = complete(s.port(), story_prompt(2));
   ASSERT_EQ(second["http_status"], 200) << second;
-  const int full_blocks = (second["usage"]["prompt_tokens"].get<int>() - 1) / k_block;
-  EXPECT_EQ(cached(second), full_blocks * k_block) << second;
-  EXPECT_EQ(cached_from(second, "disk"), full_blocks * k_block) << second;
+  const int full_blocks = (second["usage"]["prompt_tokens"].get<int>() - 1) / k_store_test_block;
+  EXPECT_EQ(cached(second), full_blocks * k_store_test_block) << second;
+  EXPECT_EQ(cached_from(second, "disk"), full_blocks * k_store_test_block) << second;
   EXPECT_EQ(text(second), text(first));
 }
 
 TEST(serve_store, kill_9_during_write_back_leaves_a_clean_store) {
   temp_dir dir("kill9");
   const std::string store = (dir.path / "kv").string();
-  auto args = common_args();
+  auto args = store_test_args();
   args.insert(args.end(), {"--kv-store", store});
   std::vector<std::string> refs;
   {
@@ -149,7 +95,7 @@ TEST(serve_store, kill_9_during_write_back_leaves_a_clean_store) {
     std::atomic<bool> stop{false};
     for (int c = 0; c < 4; ++c)
       clients.emplace_back([&, c] {
-        for (int i = 0; !stop; ++i) (void)complete(s.port(), std::to_string(c * 1000 + i) + " " + prompt_text(i % 5), 4);
+        for (int i = 0; !stop; ++i) (void)complete(s.port(), std::to_string(c * 1000 + i) + " " + story_prompt(i % 5), 4);
       });
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     s.stop(SIGKILL);
@@ -160,12 +106,12 @@ TEST(serve_store, kill_9_during_write_back_leaves_a_clean_store) {
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
 
   // After the crash the server starts on the same store and serves correct tokens.
-  auto cold_args = common_args();
+  auto cold_args = store_test_args();
   cold_args.push_back("--no-kv-store");
   serve_process cold(cold_args);
   serve_process s(args);
   for (int v = 0; v < 5; ++v) {
-    const std::string p = std::to_string(v) + " " + prompt_text(v);
+    const std::string p = std::to_string(v) + " " + story_prompt(v);
     const json ref = complete(cold.port(), p, 8);
     const json got = complete(s.port(), p, 8);
     ASSERT_EQ(got["http_status"], 200) << got;

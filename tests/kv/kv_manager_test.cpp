@@ -506,6 +506,23 @@ TEST(kv_manager, evict_cached_blocks_empties_the_cache) {
   EXPECT_EQ(add_and_prefill(m, 3, toks(12)), 0);
 }
 
+TEST(kv_manager, evict_cached_blocks_of_one_tenant_leaves_the_others) {
+  kv_manager m(4, 32);
+  const sequence_options a = of_tenant("a"), b = of_tenant("b");
+  add_and_prefill(m, 1, toks(12), a);
+  add_and_prefill(m, 2, toks(12), b);
+  add_and_prefill(m, 3, toks(8, 40), a);  // still running: its blocks stay
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  EXPECT_EQ(m.evict_cached_blocks("nobody"), 0);
+  EXPECT_EQ(m.evict_cached_blocks("a"), 3);
+  expect_ok(m);
+  EXPECT_EQ(add_and_prefill(m, 4, toks(12), a), 0) << "a's prompt is gone from the cache";
+  EXPECT_EQ(add_and_prefill(m, 5, toks(12), b), 8) << "b's stays";
+  EXPECT_EQ(m.metrics().n_prefix_hit_blocks, 2);
+  expect_ok(m);
+}
+
 TEST(kv_manager, drop_frees_blocks_from_the_middle_and_keeps_positions) {
   kv_manager m(4, 16);
   std::vector<kv_op> ops;

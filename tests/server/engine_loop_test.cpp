@@ -3,6 +3,7 @@
 // all or none, and stop() answers every channel.
 #include "sched/engine_loop.h"
 
+#include <atomic>
 #include <new>
 
 #include <gtest/gtest.h>
@@ -183,6 +184,45 @@ class throwing_runner final : public model_runner {
   std::unique_ptr<model_runner> inner_;
   int n_ = 0;
 };
+
+// run_synced runs after the block ops of finished steps reached the runner:
+// the commit hook has seen every block the request cached, whether the engine
+// was idle or busy with another request.
+TEST(engine_loop, run_synced_waits_until_the_commit_hook_saw_every_cached_block) {
+  auto eng = make_engine();
+  auto hooked = std::make_shared<std::atomic<int>>(0);  // written on the engine thread
+  eng->set_commit_hook([hooked](const cached_block&) { ++*hooked; });
+  engine_loop loop(std::move(eng), 16);
+  const std::string prompt = "Once upon a time there was a little girl named Lily who loved to play outside";
+  for (const bool busy : {false, true}) {
+    auto ch = std::make_shared<request_channel>();
+    auto other = std::make_shared<request_channel>();
+    if (busy) {
+      std::vector<request> bg;
+      bg.push_back(greedy_request("bg", "The dog ran", 300));
+      ASSERT_TRUE(loop.submit(std::move(bg), other).ok());
+    }
+    std::vector<request> reqs;
+    request r = greedy_request(busy ? "b" : "a", (busy ? "Then " : "") + prompt, 0);
+    const int n_full = static_cast<int>(r.prompt.size()) / 16;
+    ASSERT_GE(n_full, 1);
+    reqs.push_back(std::move(r));
+    const int before = *hooked;
+    ASSERT_TRUE(loop.submit(std::move(reqs), ch).ok());
+    drain(*ch, 1);
+    int seen = -1;
+    std::int32_t cached = -1;
+    ASSERT_TRUE(loop.run_synced([&](engine_core& e) {
+                     seen = *hooked - before;
+                     cached = e.kv_stats().n_blocks_cached;
+                   }).ok());
+    EXPECT_GE(seen, n_full) << (busy ? "busy" : "idle");
+    EXPECT_GE(cached, busy ? 0 : n_full);
+    if (busy) loop.cancel({"bg"});
+  }
+  loop.stop();
+  EXPECT_EQ(loop.run_synced([](engine_core&) {}).code(), errc::cancelled);
+}
 
 TEST(engine_loop, an_exception_in_a_step_fails_its_requests_and_serving_goes_on) {
   auto e = make_engine();

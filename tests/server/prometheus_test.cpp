@@ -64,5 +64,43 @@ TEST(prometheus, renders_every_series) {
   EXPECT_EQ(escape_label("a\\b\n\"c\""), "a\\\\b\\n\\\"c\\\"");
 }
 
+TEST(prometheus, renders_store_tiers) {
+  store_metrics sm;
+  store_metrics::tier mem;
+  mem.name = "memory";
+  mem.hits = 5;
+  mem.misses = 2;
+  mem.loads = mem.errors = mem.writes = -1;  // not applicable: not rendered
+  mem.entries = 7;
+  store_metrics::tier disk;
+  disk.name = "disk";
+  disk.hits = 3;
+  disk.loads = 3;
+  disk.entries = 9;
+  disk.bytes = 4096;
+  disk.capacity_bytes = 1 << 20;
+  disk.load_seconds = histogram_snapshot{{0.001, 0.01}, {1, 3}, 3, 0.012};
+  store_metrics::tier redis;
+  redis.name = "redis";
+  redis.errors = 4;  // entries and bytes unknown: not rendered
+  sm.tiers = {mem, disk, redis};
+  sm.dropped = 6;
+  sm.corrupt = 1;
+  const std::string text = render_store_metrics(sm, "m");
+  auto m = test::parse_metrics(text);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_hits_total{tier=\"memory\"}"), 5);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_misses_total{tier=\"memory\"}"), 2);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_loads_total{tier=\"disk\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_bytes{tier=\"disk\"}"), 4096);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_capacity_bytes{tier=\"disk\"}"), 1 << 20);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_errors_total{tier=\"redis\"}"), 4);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_load_seconds_bucket{tier=\"disk\",le=\"0.01\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_load_seconds_count{tier=\"disk\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_write_dropped_total"), 6);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_corrupt_total"), 1);
+  EXPECT_EQ(text.find("kv_store_loads_total{model_name=\"m\",tier=\"memory\"}"), std::string::npos);
+  EXPECT_EQ(text.find("kv_store_entries{model_name=\"m\",tier=\"redis\"}"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace pagoda::server
