@@ -68,6 +68,15 @@ http_response error_response(const api_error& e) {
   return r;
 }
 
+http_response method_not_allowed(std::string_view method, std::string_view where, const char* allow) {
+  api_error e;
+  e.http_status = 405;
+  e.message = fmt::format("Method {} is not allowed on {} (allowed: {})", method.substr(0, 16), where, allow);
+  http_response r = error_response(e);
+  r.fields.emplace_back("Allow", allow);
+  return r;
+}
+
 // "%2F" -> "/" (for a model id in a path; never for credentials).
 std::string percent_decode(std::string_view s) {
   auto hex = [](char c) {
@@ -352,14 +361,7 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
   const std::string_view path = req.path();
   ex->endpoint = endpoint_label(path);
   const bool is_get = req.method == "GET" || req.method == "HEAD", is_post = req.method == "POST";
-  auto wrong_method = [&](const char* allow) {
-    api_error e;
-    e.http_status = 405;
-    e.message = fmt::format("Method {} is not allowed on {} (allowed: {})", req.method.substr(0, 16), ex->endpoint, allow);
-    http_response r = error_response(e);
-    r.fields.emplace_back("Allow", allow);
-    ex->respond(std::move(r));
-  };
+  auto wrong_method = [&](const char* allow) { ex->respond(method_not_allowed(req.method, ex->endpoint, allow)); };
 
   if (path == "/health") {
     if (!is_get) return wrong_method("GET, HEAD");
@@ -440,14 +442,7 @@ bool http_server::impl::presents_admin_key(const http_request& req) const {
 // engine and the store), so they run on the worker pool. False: not one of them.
 bool http_server::impl::route_kv(const std::shared_ptr<http_exchange>& ex, std::string_view path, bool is_get,
                                  bool is_post) {
-  auto wrong_method = [&](const char* allow) {
-    api_error e;
-    e.http_status = 405;
-    e.message = fmt::format("Method {} is not allowed on {} (allowed: {})", ex->request().method.substr(0, 16), path, allow);
-    http_response r = error_response(e);
-    r.fields.emplace_back("Allow", allow);
-    ex->respond(std::move(r));
-  };
+  auto wrong_method = [&](const char* allow) { ex->respond(method_not_allowed(ex->request().method, path, allow)); };
   auto reply = [](const api_result<json>& r) { return r.ok() ? json_response(200, *r.value) : error_response(r.error); };
   const http_request& req = ex->request();
   if (path == "/v1/kv/warm") {
