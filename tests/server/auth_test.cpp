@@ -25,6 +25,28 @@ TEST(auth, bearer_token) {
   EXPECT_EQ(bearer_token(""), std::nullopt);
 }
 
+TEST(auth, keys_are_compared_exactly_as_sent) {
+  key_store keys;
+  ASSERT_TRUE(keys.add("sk-alice", "alice").ok());
+  for (const char* presented : {"sk-al%69ce", "sk-alice%00junk", "sk-alicex", "sk-alic", "SK-ALICE", "sk-alice\n"})
+    EXPECT_FALSE(keys.authenticate(presented).has_value()) << presented;
+  EXPECT_EQ(keys.authenticate("sk-alice"), "alice");
+  EXPECT_EQ(bearer_token("Bearer sk-al%69ce"), "sk-al%69ce");  // nothing decoded
+}
+
+TEST(auth, api_key_file) {
+  auto keys = parse_api_keys("# ops keys\nsk-one\r\n\n  sk-two  \n#sk-commented\n", "keys.txt");
+  ASSERT_TRUE(keys.ok()) << keys.error().message();
+  EXPECT_EQ(*keys, (std::vector<std::string>{"sk-one", "sk-two"}));
+  auto empty = parse_api_keys("# nothing here\n\n", "keys.txt");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.error().message().find("keys.txt: holds no API key"), std::string::npos) << empty.error().message();
+  auto spaced = parse_api_keys("sk one\n", "keys.txt");
+  ASSERT_FALSE(spaced.ok());
+  EXPECT_NE(spaced.error().message().find("keys.txt:1"), std::string::npos) << spaced.error().message();
+  EXPECT_FALSE(load_api_key_file("/nonexistent/keys.txt").ok());
+}
+
 TEST(auth, key_store_maps_keys_to_tenants) {
   key_store keys;
   EXPECT_FALSE(keys.enabled());

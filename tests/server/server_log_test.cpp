@@ -1,0 +1,49 @@
+// The access line and the engine line.
+#include "server/server_log.h"
+
+#include <gtest/gtest.h>
+
+namespace pagoda::server {
+namespace {
+
+TEST(server_log, access_line_fields_and_escapes) {
+  access_entry a;
+  a.remote = "127.0.0.1:5000";
+  a.method = "POST";
+  a.target = "/v1/completions";
+  a.status = 200;
+  a.tenant = "alice";
+  a.prompt_tokens = 41;
+  a.cached_tokens = 32;
+  a.completion_tokens = 16;
+  a.ttft_ms = 12.34;
+  a.duration_ms = 210.5;
+  EXPECT_EQ(format_access(a), "127.0.0.1:5000 \"POST /v1/completions HTTP/1.1\" 200 tenant=alice prompt=41 cached=32 "
+                              "completion=16 ttft=12.3ms 210.5ms");
+  access_entry bad;
+  bad.target = "/x\r\nInjected: yes\"";
+  bad.status = 400;
+  bad.version = 10;
+  EXPECT_EQ(format_access(bad), "- \"- /x\\x0d\\x0aInjected: yes\\x22 HTTP/1.0\" 400 0.0ms");
+}
+
+TEST(server_log, engine_line_rates_over_the_interval) {
+  stats_reporter r;
+  engine_snapshot s;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(r.next(s, t0), "");  // the first call only primes
+  EXPECT_EQ(r.next(s, t0 + std::chrono::seconds(10)), "");  // idle: nothing to say
+  s.n_prompt_tokens = 1000;
+  s.n_generated_tokens = 200;
+  s.n_running = 3;
+  s.kv.n_blocks_total = 100;
+  s.kv.n_blocks_used = 25;
+  s.kv.n_prefix_query_tokens = 1000;
+  s.kv.n_prefix_hit_tokens = 600;
+  EXPECT_EQ(r.next(s, t0 + std::chrono::seconds(20)),
+            "engine: prompt 100.0 tok/s, generation 20.0 tok/s, running 3, waiting 0, KV 25.0% used, prefix hits 60.0% "
+            "(interval), 60.0% (all)");
+}
+
+}  // namespace
+}  // namespace pagoda::server
