@@ -123,6 +123,10 @@ class http_connection : public std::enable_shared_from_this<http_connection> {
   void start();
   // The server stops: close now if idle, else after the current response.
   void stop();
+  // Closes now, from outside the strand. REQUIRES: no thread runs the
+  // io_context any more (serve() has returned); breaks the connection <->
+  // exchange cycle of an answer that never finished.
+  void close_after_run() { close(); }
 
   template <typename F>
   void post(F&& f);

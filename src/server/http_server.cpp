@@ -563,6 +563,15 @@ status http_server::serve() {
   for (int i = 1; i < s.opts.n_io_threads; ++i) threads.emplace_back([&s] { s.ioc.run(); });
   s.ioc.run();
   for (std::thread& t : threads) t.join();
+  // Connections still open (the grace period ran out) hold their exchange and
+  // it holds them: close them, or they would never be freed.
+  std::vector<std::shared_ptr<http_connection>> live;
+  {
+    std::lock_guard lock(s.conns_mu);
+    for (auto& [p, w] : s.conns)
+      if (auto c = w.lock()) live.push_back(std::move(c));
+  }
+  for (auto& c : live) c->close_after_run();
   return {};
 }
 
