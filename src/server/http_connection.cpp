@@ -269,7 +269,7 @@ void http_connection::exchange_done() {
   ++read_deadline_gen_;
   probe_timer_.cancel();
   hooks_.finished(*ex);
-  ex->state_.reset();  // here, not inside a call of the handler's
+  ex->release_handler();  // here, not inside a call of the handler's
   if (!ex->request().keep_alive || stopping_) {
     shutdown_gracefully();
     return;
@@ -446,7 +446,7 @@ void http_connection::close() {
   if (std::shared_ptr<http_exchange> ex = std::move(current_)) {
     ex->mark_gone();
     hooks_.finished(*ex);
-    ex->state_.reset();
+    ex->release_handler();
   }
   hooks_.closed(this);
 }

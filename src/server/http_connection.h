@@ -92,6 +92,12 @@ class http_exchange : public std::enable_shared_from_this<http_exchange> {
  private:
   friend class http_connection;
   void mark_gone();
+  // The exchange ended: drop what refers to the handler (its state and its
+  // on_gone callback both hold it, and it holds the exchange).
+  void release_handler() {
+    state_.reset();
+    on_gone_ = nullptr;
+  }
 
   std::shared_ptr<http_connection> conn_;
   http_request req_;
