@@ -1,6 +1,8 @@
 // pagoda run: one prompt, one continuation, streamed to stdout. A batch of one
 // through the public engine (pagoda/engine.h), as a library user would run it.
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -24,8 +26,35 @@ struct run_options {
   int n_predict = 128;
   sampling_params sampling;
   bool ignore_eos = false;
+  std::vector<std::string> logit_bias;  // llama.cpp's TOKEN+BIAS / TOKEN-BIAS
   bool json = false;
 };
+
+// llama.cpp's --logit-bias: "15043+1.5" or "15043-inf" (-inf: never).
+status parse_logit_bias(const std::vector<std::string>& specs, sampling_params& p) {
+  for (const std::string& spec : specs) {
+    const std::size_t at = spec.find_first_of("+-", 1);
+    token_id token = -1;
+    float bias = 0;
+    const char* end = spec.data() + spec.size();
+    const char* split = at == std::string::npos ? end : spec.data() + at;
+    const auto [tp, tec] = std::from_chars(spec.data(), split, token);
+    bool ok = at != std::string::npos && tec == std::errc() && tp == split && token >= 0;
+    if (ok) {
+      const std::string value = spec.substr(at);
+      if (value == "-inf") {
+        bias = -100.0f;
+      } else {
+        char* vend = nullptr;
+        bias = std::strtof(value.c_str(), &vend);
+        ok = vend == value.c_str() + value.size();
+      }
+    }
+    if (!ok) return error(errc::invalid_argument, "--logit-bias '{}': expected TOKEN+BIAS or TOKEN-BIAS, e.g. 15043+1", spec);
+    p.logit_bias.emplace_back(token, bias);
+  }
+  return {};
+}
 
 // -f FILE: the file's text, less one trailing newline (as llama.cpp reads it).
 result<std::string> read_prompt_file(const std::string& path) {
@@ -42,6 +71,7 @@ result<std::string> read_prompt_file(const std::string& path) {
 }
 
 int run(run_options o) {
+  PAGODA_RETURN_IF_ERROR_CLI(parse_logit_bias(o.logit_bias, o.sampling));
   if (auto st = o.sampling.validate(); !st.ok()) return fail(st);
   if (!o.prompt_file.empty()) {
     PAGODA_ASSIGN_OR_RETURN_CLI(o.prompt, read_prompt_file(o.prompt_file));
@@ -181,6 +211,8 @@ void register_run(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--frequency-penalty", opts->sampling.frequency_penalty,
                   "subtract per occurrence in the output (0 = off)");
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating past the end-of-generation token");
+  cmd->add_option("-l,--logit-bias", opts->logit_bias,
+                  "TOKEN+BIAS or TOKEN-BIAS added to a token's logit, bias in [-100, 100] (-inf: never); repeatable");
   cmd->add_option("-s,--seed", opts->sampling.seed, "random seed");
   cmd->add_option("-b,--ubatch,--max-num-batched-tokens", opts->config.max_num_batched_tokens,
                   "prompt tokens per forward step")

@@ -93,6 +93,36 @@ TEST(cli_flags, run_reads_its_prompt_from_a_file) {
   std::remove(path.c_str());
 }
 
+// --logit-bias 2+100 makes stories260K's EOS (token 2) the next token: run
+// stops at once; with --ignore-eos it goes on to -n. Speed counts the tokens
+// of the passes after the prompt's, the EOS one included.
+TEST(cli_flags, run_ignore_eos_and_logit_bias) {
+  auto stop = run_cli(k_run + "-p 'Once upon a time' -n 5 --temp 0 --json --logit-bias 2+100");
+  ASSERT_EQ(stop.exit_code, 0) << stop.err;
+  json a = json::parse(stop.out);
+  EXPECT_EQ(a["stop_reason"], "eos");
+  EXPECT_TRUE(a["tokens"].empty());
+  EXPECT_EQ(a["timings"]["generation_tokens"], 0);  // the EOS came with the prompt's pass
+  auto go = run_cli(k_run + "-p 'Once upon a time' -n 5 --temp 0 --json -l 2+100 --ignore-eos");
+  ASSERT_EQ(go.exit_code, 0) << go.err;
+  json b = json::parse(go.out);
+  EXPECT_EQ(b["stop_reason"], "length");
+  EXPECT_EQ(b["tokens"], json(std::vector<int>(5, 2)));
+  EXPECT_EQ(b["timings"]["generation_tokens"], 4);
+  EXPECT_EQ(b["timings"]["generation_passes"], 4);
+  EXPECT_NEAR(b["timings"]["generation_tokens_per_s"].get<double>(),
+              4 / (b["timings"]["generation_ms"].get<double>() * 1e-3), 1e-6 * b["timings"]["generation_tokens_per_s"].get<double>());
+  // A -inf bias bans a token: greedy never picks it.
+  auto plain = run_cli(k_run + "-p 'Once upon a time' -n 8 --temp 0 --json");
+  const int first = json::parse(plain.out)["tokens"][0];
+  auto banned = run_cli(k_run + "-p 'Once upon a time' -n 8 --temp 0 --json -l " + std::to_string(first) + "-inf");
+  ASSERT_EQ(banned.exit_code, 0) << banned.err;
+  EXPECT_NE(json::parse(banned.out)["tokens"][0], first);
+  expect_one_line_error(run_cli(k_run + "-p a -l 2x5"), "--logit-bias");
+  expect_one_line_error(run_cli(k_run + "-p a -l 2+500"), "logit_bias");
+  expect_one_line_error(run_cli(k_run + "-p a -l 9999+1"), "outside the vocabulary");
+}
+
 TEST(cli_flags, version_is_the_servers) {
   auto r = run_cli("--version");
   EXPECT_EQ(r.exit_code, 0);
