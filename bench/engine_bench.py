@@ -71,7 +71,7 @@ def section_ppl(pagoda):
     print("|---|---|---|")
     for t in (1, 2):
         r = sh([pagoda, "perplexity", "-m", STORIES, "-f", DEV, "--ctx", "512", "--kv-cache-dtype", "f32", "--json",
-                "-t", str(t)])
+                "--truncate", "-t", str(t)])
         j = json.loads(r.stdout)
         print(f"| {t} | {j['tokens_per_s']:.0f} | {j['mean_nll']:.5f} |")
     print()

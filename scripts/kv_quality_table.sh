@@ -29,7 +29,7 @@ trap 'rm -rf "$work"' EXIT
 row() {  # row LABEL ARGS...
   local label="$1"
   shift
-  "$pagoda" perplexity -m "$model" -f "$text" --ctx 512 --kl-divergence --json "$@" 2>/dev/null |
+  "$pagoda" perplexity -m "$model" -f "$text" --ctx 512 --truncate --kl-divergence --json "$@" 2>/dev/null |
     node -e '
       let s = ""; process.stdin.on("data", d => s += d).on("end", () => {
         const j = JSON.parse(s), k = j.kl_divergence, kv = j.kv;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagoda/status.h"
@@ -11,20 +12,37 @@
 
 namespace pagoda {
 
-// Token sampling, in vLLM's order: temperature scales the logits, then top-k
-// keeps the k most likely, top-p the smallest set whose probability reaches p,
-// min-p drops tokens below min_p x the most likely one's probability; a seeded
-// draw picks from what remains. temperature <= 0 is greedy (argmax, lowest id
-// on ties) and ignores the rest.
+// Token sampling, in vLLM's order. The logits are first adjusted: logit_bias
+// is added, then the penalties apply with vLLM's semantics (the same as the
+// OpenAI API's and, for repetition_penalty, llama.cpp's formula, though vLLM
+// and Pagoda look at the whole prompt and output where llama.cpp looks at the
+// last 64 tokens): repetition_penalty divides the positive logits (multiplies
+// the negative ones) of every token seen in the prompt or the output;
+// frequency_penalty is subtracted once per occurrence of a token in the
+// output, presence_penalty once for a token that occurs in it at all. Then
+// temperature scales the logits, top-k keeps the k most likely, top-p the
+// smallest set whose probability reaches p, min-p drops tokens below min_p x
+// the most likely one's probability; a seeded draw picks from what remains.
+// temperature below 1e-5 (vLLM's epsilon) is greedy: the argmax of the
+// adjusted logits, lowest id on ties.
 struct sampling_params {
   float temperature = 0.8f;
   int top_k = 40;        // <= 0: disabled
   float top_p = 0.95f;   // >= 1: disabled
   float min_p = 0.05f;   // <= 0: disabled
   std::uint64_t seed = 0;
+  float presence_penalty = 0.0f;    // [-2, 2]; 0: off
+  float frequency_penalty = 0.0f;   // [-2, 2]; 0: off
+  float repetition_penalty = 1.0f;  // (0, 2]; 1: off
+  std::vector<std::pair<token_id, float>> logit_bias;  // token -> bias in [-100, 100]
 
+  static constexpr float k_greedy_temperature = 1e-5f;
   static sampling_params greedy() { return {0.0f, 0, 1.0f, 0.0f, 0}; }
-  bool is_greedy() const { return temperature <= 0.0f; }
+  bool is_greedy() const { return temperature < k_greedy_temperature; }
+  // Whether anything adjusts the logits before temperature (bias or penalties).
+  bool adjusts_logits() const {
+    return !logit_bias.empty() || presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
+  }
   // A clear error for values outside their domain (negative temperature, top_p outside (0, 1], ...).
   status validate() const;
 };

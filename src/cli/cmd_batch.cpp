@@ -1,10 +1,13 @@
 // pagoda batch: offline batch inference over a JSONL file (vLLM's LLM.generate).
 // Every request is queued at once; the engine batches them continuously.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
-#include <random>
-#include <sstream>
+#include <iostream>
+#include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +15,8 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "core/clock.h"
+#include "server/api_setup.h"
+#include "server/openai_response.h"
 
 namespace pagoda::cli {
 namespace {
@@ -26,7 +31,7 @@ struct batch_options {
 };
 
 struct line_result {
-  std::string id;
+  json id;
   std::string error;  // non-empty: the line failed
   std::string error_type = "invalid_request_error";
   struct completion {
@@ -37,68 +42,39 @@ struct line_result {
   std::vector<completion> completions;
   request_usage usage;
   bool done = false;
+  int logprobs = -1;                               // as asked by the line
+  std::optional<server::response_builder> shaped;  // the logprobs in /v1/completions' shape
 };
 
-// Reads one field with a type check; errors name the field.
-template <typename T>
-status read_field(const json& j, const char* name, T& out, bool (json::*is_type)() const) {
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return {};
-  if (!((*it).*is_type)()) return error(errc::invalid_argument, "field '{}' has the wrong type ({})", name, it->type_name());
-  out = it->get<T>();
-  return {};
-}
-
-result<request> parse_line(const json& j, const tokenizer& vocab, std::mt19937_64& seeds) {
-  if (!j.is_object()) return error(errc::invalid_argument, "expected a JSON object, got {}", j.type_name());
-  request r;
+// A line's id: a string, or an integer kept exactly as written (64-bit
+// unsigned ones too); echoed verbatim in its result.
+result<json> read_id(const json& j) {
   auto id = j.find("id");
   if (id == j.end()) return error(errc::invalid_argument, "missing field 'id'");
-  if (id->is_string()) r.id = id->get<std::string>();
-  else if (id->is_number_integer()) r.id = std::to_string(id->get<long long>());
-  else return error(errc::invalid_argument, "field 'id' must be a string or an integer");
-  auto prompt = j.find("prompt");
-  if (prompt == j.end() || !prompt->is_string()) return error(errc::invalid_argument, "field 'prompt' must be a string");
-  r.prompt = vocab.encode(prompt->get<std::string>(), /*add_bos=*/true);
-  // vLLM's SamplingParams defaults: temperature 1, top_p 1, top_k off, 16 tokens.
-  r.sampling = {1.0f, 0, 1.0f, 0.0f, 0};
-  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
-  std::int64_t top_k = 0, max_tokens = 16, n = 1, priority = 0;
-  bool has_seed = j.contains("seed") && !j["seed"].is_null();
-  std::uint64_t seed = 0;
-  PAGODA_RETURN_IF_ERROR(read_field(j, "temperature", temperature, &json::is_number));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "top_p", top_p, &json::is_number));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "min_p", min_p, &json::is_number));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "top_k", top_k, &json::is_number_integer));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "max_tokens", max_tokens, &json::is_number_integer));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "n", n, &json::is_number_integer));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "priority", priority, &json::is_number_integer));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "seed", seed, &json::is_number_unsigned));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "cache_salt", r.cache_salt, &json::is_string));
-  PAGODA_RETURN_IF_ERROR(read_field(j, "tenant", r.tenant, &json::is_string));
-  if (auto s = j.find("stop"); s != j.end() && !s->is_null()) {
-    if (s->is_string()) r.stop.push_back(s->get<std::string>());
-    else if (s->is_array() && std::all_of(s->begin(), s->end(), [](const json& x) { return x.is_string(); }))
-      r.stop = s->get<std::vector<std::string>>();
-    else return error(errc::invalid_argument, "field 'stop' must be a string or an array of strings");
+  if (!id->is_string() && !id->is_number_integer())
+    return error(errc::invalid_argument, "'id' must be a string or an integer, not {}", id->type_name());
+  return *id;
+}
+
+// One line: {"id": ..., "tenant": ..., and the fields of a /v1/completions
+// body}, read by the server's own parser so both take the same fields, ranges
+// and messages. One prompt a line.
+result<server::api_call> parse_line(const json& j, const server::api_context& ctx) {
+  if (!j.is_object()) return error(errc::invalid_argument, "expected a JSON object, got {}", j.type_name());
+  std::string tenant;
+  if (auto t = j.find("tenant"); t != j.end() && !t->is_null()) {
+    if (!t->is_string()) return error(errc::invalid_argument, "'tenant' must be a string, not {}", t->type_name());
+    tenant = t->get<std::string>();
   }
-  if (max_tokens < 1 || max_tokens > (1 << 24)) return error(errc::invalid_argument, "field 'max_tokens' out of range: {}", max_tokens);
-  if (n < 1 || n > 128) return error(errc::invalid_argument, "field 'n' out of range [1, 128]: {}", n);
-  if (top_k < -1 || top_k > (1 << 30)) return error(errc::invalid_argument, "field 'top_k' out of range: {}", top_k);
-  r.max_tokens = static_cast<int>(max_tokens);
-  r.n = static_cast<int>(n);
-  r.priority = static_cast<int>(std::clamp<std::int64_t>(priority, -(1 << 30), 1 << 30));
-  r.sampling.temperature = static_cast<float>(temperature);
-  r.sampling.top_p = static_cast<float>(top_p);
-  r.sampling.min_p = static_cast<float>(min_p);
-  r.sampling.top_k = static_cast<int>(top_k);
-  r.sampling.seed = has_seed ? seed : seeds();
-  PAGODA_RETURN_IF_ERROR(r.sampling.validate());
-  return r;
+  server::api_result<server::api_call> call = server::parse_request(server::api_kind::completion, j, ctx, tenant);
+  if (!call.ok()) return error(errc::invalid_argument, "{}", call.error.message);
+  if (call.value->requests.size() != 1)
+    return error(errc::invalid_argument, "a batch line holds one prompt, this one holds {}", call.value->requests.size());
+  return std::move(*call.value);
 }
 
 json summary_json(const engine_core& eng, double seconds, std::size_t n_requests, std::size_t n_errors,
-                  double mean_fragmentation, double peak_usage) {
+                  double mean_fragmentation, double peak_usage, std::int64_t decode_tokens, std::int64_t decode_us) {
   const engine_stats& st = eng.stats();
   kv_metrics kv = eng.kv_stats();
   double gen_tps = st.n_generated_tokens / std::max(seconds, 1e-9);
@@ -109,6 +85,9 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"computed_prompt_tokens", st.n_computed_prompt_tokens},
           {"generated_tokens", st.n_generated_tokens},
           {"generation_tokens_per_s", gen_tps},
+          {"decode_tokens", decode_tokens},
+          {"decode_seconds", decode_us * 1e-6},
+          {"decode_tokens_per_s", decode_us > 0 ? decode_tokens / (decode_us * 1e-6) : 0.0},
           {"total_tokens_per_s", (st.n_prompt_tokens + st.n_generated_tokens) / std::max(seconds, 1e-9)},
           {"steps", st.n_steps},
           {"peak_running", st.peak_running},
@@ -131,16 +110,32 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"itl_p99_s", st.itl_seconds.quantile(0.99)}};
 }
 
+// The input: a file, or standard input for "-". A directory is an error
+// (an ifstream opens one and reads nothing).
+result<std::unique_ptr<std::istream>> open_input(const std::string& path) {
+  if (path == "-") return std::unique_ptr<std::istream>(new std::istream(std::cin.rdbuf()));
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return error(errc::invalid_argument, "{} is a directory, not a JSONL file", path);
+  auto in = std::make_unique<std::ifstream>(path);
+  if (!*in) return error(errc::not_found, "cannot open {}", path);
+  return std::unique_ptr<std::istream>(std::move(in));
+}
+
 int batch(const batch_options& o) {
-  std::ifstream in(o.input);
-  if (!in) return fail(error(errc::not_found, "cannot open {}", o.input));
+  PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<std::istream> in, open_input(o.input));
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_stack stack, open_engine(*model, o.engine));
   engine_core* eng = stack.core.get();
+  server::api_options aopts;
+  aopts.model_path = o.engine.config.model_path;
+  aopts.max_n = 128;  // the engine's own limit (a server's is --max-n)
+  PAGODA_ASSIGN_OR_RETURN_CLI(server::api_context ctx,
+                              server::make_api_context(*model, eng->config().max_model_len, aopts, nullptr));
+  const std::string input_name = o.input == "-" ? "stdin" : o.input;
 
   std::vector<line_result> results;
-  std::unordered_map<std::string, std::size_t> by_id;
-  std::mt19937_64 seeds(std::random_device{}());
+  std::unordered_map<std::string, std::size_t> by_id;  // internal request id -> result
+  std::unordered_set<std::string> user_ids;            // the lines' ids, as JSON text
   std::string line;
   std::size_t n_errors = 0;
   int line_no = 0;
@@ -148,10 +143,10 @@ int batch(const batch_options& o) {
     r.error = msg;
     r.done = true;
     ++n_errors;
-    std::fprintf(stderr, "pagoda: %s: line %d: %s\n", o.input.c_str(), line_no, msg.c_str());
+    std::fprintf(stderr, "pagoda: %s: line %d: %s\n", input_name.c_str(), line_no, msg.c_str());
   };
   std::int64_t t0 = now_us();
-  while (std::getline(in, line)) {
+  while (std::getline(*in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     line_result& r = results.emplace_back();
@@ -161,24 +156,32 @@ int batch(const batch_options& o) {
       reject(r, "not valid JSON");
       continue;
     }
-    auto req = parse_line(j, model->vocab(), seeds);
-    if (j.is_object() && j.contains("id") && (j["id"].is_string() || j["id"].is_number_integer()))
-      r.id = j["id"].is_string() ? j["id"].get<std::string>() : std::to_string(j["id"].get<long long>());
-    if (!req.ok()) {
-      reject(r, req.error().message());
+    auto id = j.is_object() ? read_id(j) : result<json>(error(errc::invalid_argument, "expected a JSON object, got {}", j.type_name()));
+    if (!id.ok()) {
+      reject(r, id.error().message());
       continue;
     }
-    if (by_id.contains(req->id)) {
-      reject(r, fmt::format("duplicate id '{}'", req->id));
+    r.id = *id;
+    auto call = parse_line(j, ctx);
+    if (!call.ok()) {
+      reject(r, call.error().message());
       continue;
     }
-    r.completions.resize(req->n);
-    std::string id = req->id;
-    if (auto st = eng->add_request(std::move(*req)); !st.ok()) {
+    if (!user_ids.insert(r.id.dump()).second) {
+      reject(r, fmt::format("duplicate id {}", r.id.dump()));
+      continue;
+    }
+    request& req = call->requests[0];
+    req.id = fmt::format("line-{}", line_no);  // internal: never shown
+    r.completions.resize(req.n);
+    r.logprobs = call->logprobs;
+    if (r.logprobs >= 0) r.shaped.emplace(*call, req.id, ctx.model_names.front(), 0, model->vocab());
+    const std::string internal = req.id;
+    if (auto st = eng->add_request(std::move(req)); !st.ok()) {
       reject(r, st.message());
       continue;
     }
-    by_id[id] = results.size() - 1;
+    by_id[internal] = results.size() - 1;
   }
 
   progress_bar bar("batch", static_cast<std::int64_t>(by_id.size()));
@@ -186,9 +189,19 @@ int batch(const batch_options& o) {
   std::size_t n_done = 0;
   double frag_sum = 0, peak_usage = 0;
   std::int64_t frag_steps = 0;
+  // Decode speed: the tokens of steps that computed no prompt token, over
+  // those steps' time (a step that ends a prompt yields tokens too, but its
+  // time is mostly the prompt's).
+  std::int64_t decode_tokens = 0, decode_us = 0;
   while (eng->has_work()) {
     events.clear();
+    const std::int64_t prompt_before = eng->stats().n_computed_prompt_tokens;
+    const std::int64_t step_t0 = now_us();
     eng->step(events);
+    if (eng->stats().n_computed_prompt_tokens == prompt_before) {
+      decode_us += now_us() - step_t0;
+      for (const engine_event& e : events) decode_tokens += static_cast<std::int64_t>(e.tokens.size());
+    }
     kv_metrics kv = eng->kv_stats();
     if (kv.n_blocks_used > 0) {
       frag_sum += kv.fragmentation();
@@ -201,6 +214,7 @@ int batch(const batch_options& o) {
       c.text += e.text;
       c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
       if (!e.finish_reason.empty()) c.finish_reason = e.finish_reason;
+      if (r.shaped) r.shaped->add(0, e);
       if (!e.error.empty() && r.error.empty()) {
         r.error = e.error;
         r.error_type = "internal_error";
@@ -224,6 +238,7 @@ int batch(const batch_options& o) {
   const std::vector<std::string> tier_names = stack.warehouse ? stack.warehouse->tier_names() : std::vector<std::string>{};
   for (const line_result& r : results) {
     json j = {{"id", r.id}};
+    const json shaped = r.shaped ? r.shaped->body() : json();
     if (!r.error.empty()) {
       j["error"] = {{"message", r.error}, {"type", r.error_type}};
     } else {
@@ -233,6 +248,8 @@ int batch(const batch_options& o) {
                          {"text", r.completions[i].text},
                          {"token_ids", r.completions[i].tokens},
                          {"finish_reason", r.completions[i].finish_reason}});
+      if (r.shaped)
+        for (std::size_t i = 0; i < comps.size(); ++i) comps[i]["logprobs"] = shaped["choices"][i]["logprobs"];
       j["completions"] = comps;
       j["usage"] = {{"prompt_tokens", r.usage.prompt_tokens},
                     {"completion_tokens", r.usage.completion_tokens},
@@ -249,18 +266,21 @@ int batch(const batch_options& o) {
   }
   if (out != stdout) std::fclose(out);
 
-  json summary = summary_json(*eng, secs, results.size(), n_errors, frag_steps ? frag_sum / frag_steps : 0.0, peak_usage);
+  json summary = summary_json(*eng, secs, results.size(), n_errors, frag_steps ? frag_sum / frag_steps : 0.0, peak_usage,
+                              decode_tokens, decode_us);
   if (o.json_summary) {
     std::fprintf(stderr, "%s\n", summary.dump().c_str());
   } else {
     std::fprintf(stderr,
                  "pagoda batch: %zu requests (%zu errors) in %.2f s; %lld prompt + %lld generated tokens; "
-                 "%.1f generated tok/s, %.1f total tok/s\n"
+                 "%.1f generated tok/s overall, %.1f total tok/s, decode %.1f tok/s (%lld tokens of steps without "
+                 "prompt work)\n"
                  "pagoda batch: peak %d/%d blocks (%.1f%%), fragmentation %.1f%% mean, prefix hits %lld/%lld tokens "
                  "(%.1f%%), %lld preemptions, %lld evictions, %lld COW copies\n",
                  results.size(), n_errors, secs, static_cast<long long>(summary["prompt_tokens"].get<std::int64_t>()),
                  static_cast<long long>(summary["generated_tokens"].get<std::int64_t>()),
                  summary["generation_tokens_per_s"].get<double>(), summary["total_tokens_per_s"].get<double>(),
+                 summary["decode_tokens_per_s"].get<double>(), static_cast<long long>(decode_tokens),
                  summary["peak_blocks_used"].get<int>(), summary["blocks_total"].get<int>(), 100 * peak_usage,
                  100 * summary["fragmentation_mean"].get<double>(),
                  static_cast<long long>(summary["prefix_hit_tokens"].get<std::int64_t>()),
@@ -279,7 +299,10 @@ void register_batch(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<batch_options>();
   CLI::App* cmd = app.add_subcommand("batch", "offline batch inference over a JSONL file of requests");
   add_engine_options(cmd, opts->engine);
-  cmd->add_option("-i,--input", opts->input, "requests, one JSON object per line")->required();
+  cmd->add_option("-i,--input", opts->input,
+                  "requests, one JSON object per line: an id, a tenant, and the fields of a /v1/completions body "
+                  "(docs/serving.md); - reads standard input")
+      ->required();
   cmd->add_option("-o,--output", opts->output, "results file (default: stdout)");
   cmd->add_flag("--json-summary", opts->json_summary, "print the summary as JSON (stderr)");
   cmd->callback([opts, &action] { action = [opts] { return batch(*opts); }; });

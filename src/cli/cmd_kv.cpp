@@ -303,7 +303,7 @@ void register_kv(CLI::App& app, std::function<int()>& action) {
   kv->get_subcommand("export")->add_option("--tenant", opts->tenant, "only this tenant");
   CLI::App* imp = sub("import", "store the blocks of an export file (each verified first)", kv_import);
   imp->add_option("-i,--input", opts->file, "the export file")->required();
-  imp->add_option("--size", opts->size_gib, "disk store cap in GiB")->capture_default_str()->check(CLI::PositiveNumber);
+  imp->add_option("--size", opts->size_gib, "disk store cap in GiB")->capture_default_str()->check(finite_positive());
 }
 
 }  // namespace pagoda::cli

@@ -1,8 +1,21 @@
-// pagoda perplexity: mean negative log-likelihood of a text, one document per
-// separator, each BOS-prefixed and truncated at the context length. Each
-// document is one request to the engine (max_tokens 0, prompt logits), so
-// documents are scored several at a time in batched steps, with the engine's
-// KV pool, scheduling and chunked prefill.
+// pagoda perplexity: mean negative log-likelihood of a text.
+//
+// A text with separators is scored document by document, each BOS-prefixed:
+// a document that fits the context is scored whole; a longer one in windows
+// of the context's size, the first scored whole and each later one (BOS in
+// place of its first token) on the tokens past the previous window, at least
+// half a context in, as llama-perplexity scores its chunks (--truncate cuts
+// it at the context instead, as the reference figures do).
+//
+// A text without separators is scored as llama-perplexity does: tokenized
+// whole with BOS, cut into chunks of the context's size (the tail that fills
+// no chunk is dropped), BOS in place of each chunk's first token, and only
+// the second half of each chunk scored (the tokens at n_ctx/2 + 1 ..
+// n_ctx - 1), so the figure compares with llama.cpp's at the same context.
+//
+// Each piece (document, window or chunk) is one request to the engine
+// (max_tokens 0, prompt logits), so pieces are scored several at a time in
+// batched steps, with the engine's KV pool, scheduling and chunked prefill.
 //
 // --kl-divergence runs a second engine in the same process with an exact (f32)
 // KV cache over the same requests, and reports the mean KL(exact ||
@@ -35,7 +48,71 @@ struct ppl_options {
   int max_seqs = 16;        // documents in flight at once
   bool json = false;
   bool kl_divergence = false;
+  bool truncate = false;  // cut long documents at the context (no windows)
+  int max_chunks = -1;    // llama-perplexity's --chunks: at most this many chunks; -1: all
 };
+
+// One request: row j of its prompt logits predicts tokens[j + 1]; rows from
+// first_scored_row on are scored.
+struct piece {
+  std::vector<token_id> tokens;
+  int first_scored_row = 0;
+};
+
+// How the text was cut into pieces, for the report.
+struct plan {
+  bool chunks = false;        // llama-perplexity's chunks (a text without separators)
+  std::size_t n_documents = 0;
+  std::size_t n_windowed = 0;  // documents longer than the context, scored in windows
+  std::size_t n_truncated = 0; // documents cut at the context (--truncate)
+  std::int64_t n_text_tokens = 0;
+  std::vector<piece> pieces;
+};
+
+// Replaces a piece's first token with BOS, as llama-perplexity does.
+void bos_first(std::vector<token_id>& t, const tokenizer& vocab) {
+  if (vocab.add_bos_default() && vocab.bos() != k_no_token && !t.empty()) t[0] = vocab.bos();
+}
+
+// llama-perplexity's chunks of a whole text.
+void plan_chunks(const std::vector<token_id>& ids, int n_ctx, int max_chunks, const tokenizer& vocab, plan& p) {
+  p.chunks = true;
+  std::int64_t n_chunks = static_cast<std::int64_t>(ids.size()) / n_ctx;
+  if (max_chunks >= 0) n_chunks = std::min<std::int64_t>(n_chunks, max_chunks);
+  for (std::int64_t c = 0; c < n_chunks; ++c) {
+    piece pc;
+    pc.tokens.assign(ids.begin() + c * n_ctx, ids.begin() + (c + 1) * n_ctx);
+    bos_first(pc.tokens, vocab);
+    pc.first_scored_row = n_ctx / 2;
+    p.pieces.push_back(std::move(pc));
+  }
+}
+
+// One document: whole when it fits, else cut (--truncate) or in windows.
+void plan_document(std::vector<token_id> ids, int n_ctx, bool truncate, const tokenizer& vocab, plan& p) {
+  const int n = static_cast<int>(ids.size());
+  if (n < 2) return;
+  ++p.n_documents;
+  if (n <= n_ctx || truncate) {
+    if (n > n_ctx) {
+      ids.resize(n_ctx);
+      ++p.n_truncated;
+    }
+    p.pieces.push_back({std::move(ids), 0});
+    return;
+  }
+  ++p.n_windowed;
+  p.pieces.push_back({std::vector<token_id>(ids.begin(), ids.begin() + n_ctx), 0});
+  int last_target = n_ctx - 1;  // the last token scored so far
+  while (last_target < n - 1) {
+    // The next window scores from last_target + 1, with at least n_ctx / 2 + 1 tokens before it.
+    const int start = std::min(last_target - n_ctx / 2, n - n_ctx);
+    piece w{std::vector<token_id>(ids.begin() + start, ids.begin() + start + n_ctx), last_target - start};
+    bos_first(w.tokens, vocab);
+    p.pieces.push_back(std::move(w));
+    last_target = start + n_ctx - 1;
+  }
+}
 
 // log softmax(logits) in double.
 void log_softmax(const float* logits, int n_vocab, std::vector<double>& out) {
@@ -85,22 +162,61 @@ struct kl_stats {
 // The rows one engine produced, per (document, position), until both sides have them.
 using row_map = std::map<std::pair<int, int>, std::vector<float>>;
 
-int perplexity(const ppl_options& o) {
-  PAGODA_ASSIGN_OR_RETURN_CLI(std::vector<std::string> texts, read_documents(o.file, o.separator));
+// One line saying what was scored, so the figure can be compared.
+std::string scoring_method(const plan& p, int n_ctx) {
+  if (p.chunks)
+    return fmt::format(
+        "{} chunks of {} tokens as llama-perplexity cuts them (BOS first; the second half of each scored: tokens "
+        "{}..{} of a chunk, counting from 0); {} of the text's {} tokens in no chunk",
+        p.pieces.size(), n_ctx, n_ctx / 2 + 1, n_ctx - 1, p.n_text_tokens - static_cast<std::int64_t>(p.pieces.size()) * n_ctx,
+        p.n_text_tokens);
+  if (p.n_truncated > 0)
+    return fmt::format("{} documents, BOS first, scored whole; {} cut at the context of {} tokens (--truncate)",
+                       p.n_documents, p.n_truncated, n_ctx);
+  return fmt::format(
+      "{} documents, BOS first: {} within the context of {} tokens scored whole, {} longer ones in windows of {} "
+      "(the first scored whole; each later one, BOS first, scores the tokens past the previous one, from its token "
+      "{} on at the earliest, counting from 0, as llama-perplexity scores the second half of its chunks)",
+      p.n_documents, p.n_documents - p.n_windowed, n_ctx, p.n_windowed, n_ctx, n_ctx / 2 + 1);
+}
 
+result<plan> make_plan(const ppl_options& o, const tokenizer& vocab, int n_ctx) {
+  std::ifstream in(o.file, std::ios::binary);
+  if (!in) return error(errc::not_found, "cannot open {}", o.file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  std::vector<std::string> texts = split_documents(text, o.separator);
+  if (texts.empty()) return error(errc::invalid_argument, "{} holds no text", o.file);
+  plan p;
+  const bool separated = !o.separator.empty() && text.find(o.separator) != std::string::npos;
+  if (!separated) {
+    std::vector<token_id> ids = vocab.encode(texts[0], /*add_bos=*/true);
+    p.n_text_tokens = static_cast<std::int64_t>(ids.size());
+    if (static_cast<int>(ids.size()) >= n_ctx) {
+      plan_chunks(ids, n_ctx, o.max_chunks, vocab, p);
+      return p;
+    }
+    plan_document(std::move(ids), n_ctx, o.truncate, vocab, p);  // shorter than one chunk: scored whole
+    return p;
+  }
+  for (const std::string& t : texts) {
+    std::vector<token_id> ids = vocab.encode(t, /*add_bos=*/true);
+    p.n_text_tokens += static_cast<std::int64_t>(ids.size());
+    plan_document(std::move(ids), n_ctx, o.truncate, vocab, p);
+  }
+  return p;
+}
+
+int perplexity(const ppl_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.config));
   const llama_hparams& hp = model->hparams();
   const int n_ctx = context_length(o.config, hp);
-  std::vector<std::vector<token_id>> docs;
-  std::size_t n_cut = 0;
-  for (const std::string& t : texts) {
-    std::vector<token_id> ids = model->vocab().encode(t, /*add_bos=*/true);
-    if (static_cast<int>(ids.size()) > n_ctx) {
-      ids.resize(n_ctx);
-      ++n_cut;
-    }
-    if (ids.size() >= 2) docs.push_back(std::move(ids));
-  }
+  if (n_ctx < 4) return fail(error(errc::invalid_argument, "--ctx {} is too small to score text", n_ctx));
+  PAGODA_ASSIGN_OR_RETURN_CLI(plan pl, make_plan(o, model->vocab(), n_ctx));
+  if (pl.pieces.empty())
+    return fail(error(errc::invalid_argument, "{} has nothing to score (no document of two tokens or more)", o.file));
+  std::vector<piece>& docs = pl.pieces;
 
   engine_config cfg = o.config;
   cfg.max_num_seqs = o.max_seqs;
@@ -124,7 +240,7 @@ int perplexity(const ppl_options& o) {
       if (!e) continue;
       request r;
       r.id = std::to_string(d);
-      r.prompt = docs[d];
+      r.prompt = docs[d].tokens;
       r.max_tokens = 0;
       r.prompt_logits = true;
       if (auto st = e->add_request(std::move(r)); !st.ok()) return fail(st.with_context(fmt::format("document {}", d)));
@@ -134,7 +250,7 @@ int perplexity(const ppl_options& o) {
   row_map rows_configured, rows_exact;
   double total_nll = 0;
   std::int64_t n_predicted = 0, n_done_docs = 0, n_tokens_total = 0;
-  for (const auto& d : docs) n_tokens_total += static_cast<std::int64_t>(d.size());
+  for (const auto& d : docs) n_tokens_total += static_cast<std::int64_t>(d.tokens.size());
   progress_bar bar("perplexity", static_cast<std::int64_t>(docs.size()));
   const std::int64_t t0 = now_us();
   const std::size_t V = static_cast<std::size_t>(hp.n_vocab);
@@ -143,11 +259,13 @@ int perplexity(const ppl_options& o) {
     for (engine_event& e : events) {
       if (e.finish_reason == "error") return error(errc::internal, "document {}: {}", e.request_id, e.error);
       const int doc = std::stoi(e.request_id);
-      const auto& ids = docs[static_cast<std::size_t>(doc)];
+      const piece& pc = docs[static_cast<std::size_t>(doc)];
+      const auto& ids = pc.tokens;
       const std::size_t n_rows = e.prompt_logits.size() / V;
       for (std::size_t j = 0; j < n_rows; ++j) {
         const int pos = e.first_prompt_position + static_cast<int>(j);
         if (static_cast<std::size_t>(pos) + 1 >= ids.size()) continue;  // the last token predicts nothing here
+        if (pos < pc.first_scored_row) continue;                         // context only
         const float* row = &e.prompt_logits[j * V];
         if (count) {
           total_nll += nll(row, hp.n_vocab, ids[static_cast<std::size_t>(pos) + 1]);
@@ -174,7 +292,7 @@ int perplexity(const ppl_options& o) {
         ++it;
         continue;
       }
-      const auto& ids = docs[static_cast<std::size_t>(it->first.first)];
+      const auto& ids = docs[static_cast<std::size_t>(it->first.first)].tokens;
       kl.add(other->second.data(), it->second.data(), hp.n_vocab, ids[static_cast<std::size_t>(it->first.second) + 1]);
       rows_exact.erase(other);
       it = rows_configured.erase(it);
@@ -192,9 +310,16 @@ int perplexity(const ppl_options& o) {
   const double ppl_exact = std::exp(kl.sum_nll_exact / std::max<std::int64_t>(kl.n, 1));
   const double ppl_change = (std::exp(mean) / ppl_exact - 1.0) * 100.0;
   const bool exact_ctx = exact != nullptr;
+  const std::string method = scoring_method(pl, n_ctx);
   if (o.json) {
-    nlohmann::json j = {{"documents", docs.size()},
-                        {"documents_truncated", n_cut},
+    nlohmann::json j = {{"method", pl.chunks ? "chunks" : "documents"},
+                        {"scoring", method},
+                        {"documents", pl.n_documents},
+                        {"documents_windowed", pl.n_windowed},
+                        {"documents_truncated", pl.n_truncated},
+                        {"chunks", pl.chunks ? docs.size() : 0},
+                        {"pieces", docs.size()},
+                        {"text_tokens", pl.n_text_tokens},
                         {"context", n_ctx},
                         {"predicted_tokens", n_predicted},
                         {"mean_nll", mean},
@@ -219,7 +344,7 @@ int perplexity(const ppl_options& o) {
                             {"perplexity_change_percent", ppl_change}};
     std::printf("%s\n", j.dump(1).c_str());
   } else {
-    std::printf("documents:        %zu (%zu cut at %d tokens)\n", docs.size(), n_cut, n_ctx);
+    std::printf("scoring:          %s\n", method.c_str());
     std::printf("predicted tokens: %lld\n", static_cast<long long>(n_predicted));
     std::printf("KV cache:         %s, %.2f bits/element, %s/token\n", layout.describe().c_str(),
                 layout.bits_per_element(), human_bytes(layout.bytes_per_token()).c_str());
@@ -245,10 +370,16 @@ void register_perplexity(CLI::App& app, std::function<int()>& action) {
   add_model_options(cmd, opts->config);
   add_kv_options(cmd, opts->config);
   cmd->add_option("-f,--file", opts->file, "text file")->required();
-  cmd->add_option("--separator", opts->separator, "document separator (default <|endoftext|>)");
+  cmd->add_option("--separator", opts->separator,
+                  "document separator; a text without it is scored in llama-perplexity's chunks");
   cmd->add_option("--batch-tokens", opts->batch_tokens, "tokens per forward step")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-num-seqs", opts->max_seqs, "documents scored at once")->check(CLI::Range(1, 4096));
   cmd->add_flag("--json", opts->json, "print one JSON object");
+  cmd->add_flag("--truncate", opts->truncate,
+                "cut documents longer than the context at it instead of scoring them in windows");
+  cmd->add_option("--chunks", opts->max_chunks,
+                  "text without separators: score at most this many chunks (-1: all; llama-perplexity's --chunks)")
+      ->check(CLI::Range(-1, 1 << 30));
   cmd->add_flag("--kl-divergence", opts->kl_divergence,
                 "also score with an exact f32 KV cache in the same run: mean KL divergence, top-1 agreement and "
                 "the perplexity change of the configured KV cache");

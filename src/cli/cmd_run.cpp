@@ -1,6 +1,11 @@
 // pagoda run: one prompt, one continuation, streamed to stdout. A batch of one
 // through the public engine (pagoda/engine.h), as a library user would run it.
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,13 +22,60 @@ namespace {
 struct run_options {
   engine_config config;
   std::string prompt;
+  std::string prompt_file;
   int n_predict = 128;
   sampling_params sampling;
+  bool ignore_eos = false;
+  std::vector<std::string> logit_bias;  // llama.cpp's TOKEN+BIAS / TOKEN-BIAS
   bool json = false;
 };
 
+// llama.cpp's --logit-bias: "15043+1.5" or "15043-inf" (-inf: never).
+status parse_logit_bias(const std::vector<std::string>& specs, sampling_params& p) {
+  for (const std::string& spec : specs) {
+    const std::size_t at = spec.find_first_of("+-", 1);
+    token_id token = -1;
+    float bias = 0;
+    const char* end = spec.data() + spec.size();
+    const char* split = at == std::string::npos ? end : spec.data() + at;
+    const auto [tp, tec] = std::from_chars(spec.data(), split, token);
+    bool ok = at != std::string::npos && tec == std::errc() && tp == split && token >= 0;
+    if (ok) {
+      const std::string value = spec.substr(at);
+      if (value == "-inf") {
+        bias = -100.0f;
+      } else {
+        char* vend = nullptr;
+        bias = std::strtof(value.c_str(), &vend);
+        ok = vend == value.c_str() + value.size();
+      }
+    }
+    if (!ok) return error(errc::invalid_argument, "--logit-bias '{}': expected TOKEN+BIAS or TOKEN-BIAS, e.g. 15043+1", spec);
+    p.logit_bias.emplace_back(token, bias);
+  }
+  return {};
+}
+
+// -f FILE: the file's text, less one trailing newline (as llama.cpp reads it).
+result<std::string> read_prompt_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return error(errc::invalid_argument, "-f {}: a directory, not a prompt file", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error(errc::not_found, "-f {}: cannot open", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  return text;
+}
+
 int run(run_options o) {
+  PAGODA_RETURN_IF_ERROR_CLI(parse_logit_bias(o.logit_bias, o.sampling));
   if (auto st = o.sampling.validate(); !st.ok()) return fail(st);
+  if (!o.prompt_file.empty()) {
+    PAGODA_ASSIGN_OR_RETURN_CLI(o.prompt, read_prompt_file(o.prompt_file));
+  }
   // One sequence; unless the flags size the pool, it holds one full context.
   o.config.max_num_seqs = 1;
   PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine::create(o.config));
@@ -40,25 +92,34 @@ int run(run_options o) {
   // Generation stops at the context, as llama.cpp's does.
   req.max_tokens = std::min(o.n_predict, info.n_ctx - static_cast<int>(prompt.size()));
   req.sampling = o.sampling;
+  req.ignore_eos = o.ignore_eos;
 
-  if (!o.json) {
-    std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-    std::fflush(stdout);
-  }
+  // Refused (a pool too small for prompt + -n, ...) before anything is printed.
   const std::int64_t t0 = now_us();
   if (auto st = eng->add_request(std::move(req)); !st.ok()) {
     if (st.code() == errc::resource_exhausted)
       return fail(st.with_context("the KV pool is too small (raise --kv-cache-size or --max-kv-tokens)"));
     return fail(st);
   }
+  if (!o.json) {
+    std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+    std::fflush(stdout);
+  }
   std::vector<token_id> generated;
   std::string text, stop_reason = "length";
   std::int64_t t1 = -1;
+  // The prompt's last pass yields the first token; every later pass one more.
+  // Generation speed is the later passes' tokens over their time.
+  std::int64_t n_sampled = 0, n_decode_passes = 0;
   std::vector<engine_event> events;
   while (eng->has_work()) {
     events.clear();
+    const bool decoding = t1 >= 0;
     eng->step(events);
+    bool produced = false;
     for (const engine_event& e : events) {
+      n_sampled += static_cast<std::int64_t>(e.tokens.size());
+      produced |= !e.tokens.empty();
       if (!e.tokens.empty() && t1 < 0) t1 = now_us();
       generated.insert(generated.end(), e.tokens.begin(), e.tokens.end());
       text += e.text;
@@ -69,6 +130,7 @@ int run(run_options o) {
       if (e.finish_reason == "error") return fail(error(errc::internal, "{}", e.error));
       if (!e.finish_reason.empty()) stop_reason = e.finish_reason;
     }
+    n_decode_passes += decoding && produced;
   }
   const std::int64_t t2 = now_us();
   if (t1 < 0) t1 = t2;
@@ -79,8 +141,10 @@ int run(run_options o) {
   }
 
   const double prompt_s = (t1 - t0) * 1e-6, gen_s = (t2 - t1) * 1e-6;
-  // The first token comes with the prompt's step; the rest are generation.
-  const double gen_tps = generated.size() > 1 ? (generated.size() - 1) / std::max(gen_s, 1e-9) : 0.0;
+  // Tokens of the passes after the prompt's (an end-of-generation token
+  // counts: a pass produced it), over those passes' time.
+  const std::int64_t n_decode_tokens = std::max<std::int64_t>(n_sampled - 1, 0);
+  const double gen_tps = n_decode_tokens > 0 ? n_decode_tokens / std::max(gen_s, 1e-9) : 0.0;
   const kv_usage kv = eng->usage();
   const std::size_t kv_used = static_cast<std::size_t>(kv.n_blocks_used_peak) * info.kv_bytes_per_block;
   const std::string type_k = info.kv_layout.substr(0, info.kv_layout.find_first_of("+/:,"));
@@ -97,6 +161,8 @@ int run(run_options o) {
     j["timings"] = {{"prompt_ms", prompt_s * 1e3},
                     {"prompt_tokens_per_s", prompt.size() / std::max(prompt_s, 1e-9)},
                     {"generation_ms", gen_s * 1e3},
+                    {"generation_tokens", n_decode_tokens},
+                    {"generation_passes", n_decode_passes},
                     {"generation_tokens_per_s", gen_tps}};
     j["kv"] = {{"layout", info.kv_layout},
                {"type_k", type_k},
@@ -113,10 +179,12 @@ int run(run_options o) {
     std::printf("\n");
   }
   std::fprintf(stderr,
-               "pagoda: prompt %zu tokens in %.1f ms (%.1f tok/s), generated %zu tokens in %.1f ms (%.1f tok/s)\n"
+               "pagoda: prompt %zu tokens in %.1f ms (%.1f tok/s, the first token with it), then %lld tokens in "
+               "%.1f ms over %lld passes (%.1f tok/s)\n"
                "pagoda: KV %s used (%d blocks of %d tokens, %s/token, %s) of a %s pool\n",
-               prompt.size(), prompt_s * 1e3, prompt.size() / std::max(prompt_s, 1e-9), generated.size(), gen_s * 1e3,
-               gen_tps, human_bytes(static_cast<double>(kv_used)).c_str(), kv.n_blocks_used_peak, info.kv_block_size,
+               prompt.size(), prompt_s * 1e3, prompt.size() / std::max(prompt_s, 1e-9),
+               static_cast<long long>(n_decode_tokens), gen_s * 1e3, static_cast<long long>(n_decode_passes), gen_tps,
+               human_bytes(static_cast<double>(kv_used)).c_str(), kv.n_blocks_used_peak, info.kv_block_size,
                human_bytes(info.kv_bytes_per_token).c_str(), info.kv_layout.c_str(),
                human_bytes(static_cast<double>(info.kv_bytes_total)).c_str());
   return 0;
@@ -129,18 +197,31 @@ void register_run(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("run", "generate a continuation of a prompt");
   add_model_options(cmd, opts->config);
   add_kv_options(cmd, opts->config);
-  cmd->add_option("-p,--prompt", opts->prompt, "prompt text")->required();
+  CLI::Option* prompt = cmd->add_option("-p,--prompt", opts->prompt, "prompt text");
+  CLI::Option* file = cmd->add_option("-f,--file", opts->prompt_file, "read the prompt from a file (llama.cpp's -f)");
+  prompt->excludes(file);
   cmd->add_option("-n,--n-predict", opts->n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--temp,--temperature", opts->sampling.temperature, "temperature (0 = greedy)");
   cmd->add_option("--top-k", opts->sampling.top_k, "top-k (0 = off)");
   cmd->add_option("--top-p", opts->sampling.top_p, "top-p (1 = off)");
   cmd->add_option("--min-p", opts->sampling.min_p, "min-p (0 = off)");
+  cmd->add_option("--repeat-penalty,--repetition-penalty", opts->sampling.repetition_penalty,
+                  "divide the logits of tokens already in the prompt or output (1 = off; docs/serving.md)");
+  cmd->add_option("--presence-penalty", opts->sampling.presence_penalty, "subtract from tokens already generated (0 = off)");
+  cmd->add_option("--frequency-penalty", opts->sampling.frequency_penalty,
+                  "subtract per occurrence in the output (0 = off)");
+  cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating past the end-of-generation token");
+  cmd->add_option("-l,--logit-bias", opts->logit_bias,
+                  "TOKEN+BIAS or TOKEN-BIAS added to a token's logit, bias in [-100, 100] (-inf: never); repeatable");
   cmd->add_option("-s,--seed", opts->sampling.seed, "random seed");
   cmd->add_option("-b,--ubatch,--max-num-batched-tokens", opts->config.max_num_batched_tokens,
                   "prompt tokens per forward step")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
-  cmd->callback([opts, &action] { action = [opts] { return run(*opts); }; });
+  cmd->callback([opts, &action, prompt, file] {
+    if (prompt->count() + file->count() == 0) throw CLI::RequiredError("a prompt: -p TEXT or -f FILE");
+    action = [opts] { return run(*opts); };
+  });
 }
 
 }  // namespace pagoda::cli

@@ -216,7 +216,7 @@ int serve(serve_options o) {
 // The HTTP limits (server/http_limits.h says where each default comes from).
 void add_http_options(CLI::App* cmd, serve_options& o) {
   server::http_limits& l = o.limits;
-  const auto positive = CLI::PositiveNumber;
+  const CLI::Validator positive = finite_positive(1e7);  // seconds; far beyond any use, and within a millisecond count
   cmd->add_option("--max-body-bytes", l.max_body_bytes, "largest request body, however framed; larger gets 413 (default 4 MiB)")
       ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 30));
   cmd->add_option("--max-body-memory", l.max_body_memory_bytes,
@@ -250,7 +250,7 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
       ->check(CLI::Range(1, 256));
   cmd->add_option("--log-stats-interval", o.stats_interval_s,
                   "seconds between engine stats lines while busy; 0: none (default 10)")
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(finite_range(0.0, 86400.0));
   cmd->add_flag("--no-access-log", o.no_access_log, "no per-request access lines on stderr");
 }
 

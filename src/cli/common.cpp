@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -16,6 +17,63 @@ void add_model_options(CLI::App* app, engine_config& opts) {
   app->add_option("-m,--model", opts.model_path, "GGUF model file")->required();
   app->add_option("-t,--threads", opts.n_threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app->add_option("-c,--ctx", opts.n_ctx, "context length in tokens (default: the model's)")->check(CLI::Range(0, 1 << 24));
+  add_gpu_options(app);
+}
+
+namespace {
+
+std::vector<std::string>& gpu_flags_seen() {
+  static std::vector<std::string> seen;
+  return seen;
+}
+
+CLI::Validator finite_check(std::string description, double lo, bool lo_open, double hi) {
+  return CLI::Validator(
+      [lo, lo_open, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+        if (!std::isfinite(v) || !(lo_open ? v > lo : v >= lo) || v > hi) {
+          if (hi == std::numeric_limits<double>::max())
+            return fmt::format("{} is not a finite number {} {}", text, lo_open ? "above" : "of at least", lo);
+          return fmt::format("{} is not a finite number in {}{}, {}]", text, lo_open ? "(" : "[", lo, hi);
+        }
+        return "";
+      },
+      std::move(description));
+}
+
+}  // namespace
+
+CLI::Validator finite_positive(double hi) { return finite_check("POSITIVE", 0.0, true, hi); }
+CLI::Validator finite_range(double lo, double hi) { return finite_check(fmt::format("[{} - {}]", lo, hi), lo, false, hi); }
+
+void add_gpu_options(CLI::App* app) {
+  const std::string group = "GPU (llama.cpp's flags; this build runs on the CPU and ignores them)";
+  auto seen = [](const char* name) { return [name](const std::string&) { gpu_flags_seen().push_back(name); }; };
+  auto option = [&](const char* names, const char* name, const char* what) {
+    app->add_option_function<std::string>(names, seen(name), what)->group(group);
+  };
+  option("--n-gpu-layers,--gpu-layers", "--n-gpu-layers", "layers to offload (also -ngl)");
+  option("--n-gpu-layers-draft,--gpu-layers-draft", "--n-gpu-layers-draft", "draft model layers to offload (also -ngld)");
+  option("--split-mode", "--split-mode", "none, layer or row (also -sm)");
+  option("--main-gpu", "--main-gpu", "the GPU to use (also -mg)");
+  option("--tensor-split", "--tensor-split", "fractions of the model per GPU (also -ts)");
+  option("--device", "--device", "devices to use (also -dev)");
+  app->add_option_function<std::string>("--flash-attn", seen("--flash-attn"), "on, off or auto (also -fa)")
+      ->expected(0, 1)
+      ->group(group);
+  app->add_flag_callback("--no-kv-offload", [] { gpu_flags_seen().push_back("--no-kv-offload"); },
+                         "keep the KV cache off the GPU (also -nkvo)")
+      ->group(group);
+}
+
+std::string gpu_flags_note() {
+  const auto& seen = gpu_flags_seen();
+  if (seen.empty()) return "";
+  std::string names;
+  for (const std::string& n : seen)
+    if (names.find(n) == std::string::npos) names += (names.empty() ? "" : ", ") + n;
+  return fmt::format("pagoda: note: this build runs on the CPU; {} ignored", names);
 }
 
 void add_kv_options(CLI::App* app, engine_config& opts) {
@@ -26,11 +84,13 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_option("--cache-type-k", opts.cache_type_k, "KV cache type for keys (also -ctk)");
   app->add_option("--cache-type-v", opts.cache_type_v, "KV cache type for values (also -ctv)");
   app->add_option("--kv-layer-types", opts.kv_layer_types,
-                  "per-layer KV types, later rules win: e.g. \"0-1:f16,2-:int4\" or \"0:k8v8,1-:k4v2\"");
+                  "per-layer KV types, one rule a layer (layers no rule names keep --kv-cache-dtype): e.g. "
+                  "\"0-1:f16,2-:int4\" or \"0:k8v8,1-:k4v2\"");
   app->add_option("--kv-scales", opts.kv_scales_path,
                   "calibrated KV ranges (pagoda calibrate); quantized types without a mode use them");
   app->add_option("--block-size", opts.block_size, "tokens per KV block")->check(CLI::Range(1, 1024));
-  app->add_option("--kv-cache-size", opts.kv_cache_size_mib, "KV pool size in MiB")->check(CLI::PositiveNumber);
+  app->add_option("--kv-cache-size", opts.kv_cache_size_mib, "KV pool size in MiB (default: --max-kv-tokens)")
+      ->check(finite_positive());
   app->add_option("--max-kv-tokens", opts.max_kv_tokens, "KV pool size in tokens")->check(CLI::PositiveNumber);
 }
 
@@ -68,8 +128,17 @@ void normalize_args(int& argc, char**& argv) {
   static std::vector<char*> ptrs;
   storage.assign(argv, argv + argc);
   for (std::string& a : storage) {
-    if (a == "-ctk") a = "--cache-type-k";
-    else if (a == "-ctv") a = "--cache-type-v";
+    static const std::pair<const char*, const char*> k_long[] = {
+        {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},   {"-ngl", "--n-gpu-layers"},
+        {"-ngld", "--n-gpu-layers-draft"}, {"-fa", "--flash-attn"}, {"-sm", "--split-mode"},
+        {"-mg", "--main-gpu"},      {"-ts", "--tensor-split"},    {"-nkvo", "--no-kv-offload"},
+        {"-dev", "--device"}};
+    for (const auto& [short_name, long_name] : k_long) {
+      if (a == short_name) a = long_name;
+      else if (a.size() > std::strlen(short_name) && a.compare(0, std::strlen(short_name), short_name) == 0 &&
+               a[std::strlen(short_name)] == '=')
+        a = long_name + a.substr(std::strlen(short_name));
+    }
   }
   ptrs.clear();
   for (std::string& a : storage) ptrs.push_back(a.data());

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,8 +29,19 @@ std::vector<std::string> split_documents(const std::string& text, const std::str
 // The documents of a text file; an error when it cannot be read or holds none.
 result<std::vector<std::string>> read_documents(const std::string& path, const std::string& sep);
 
-// Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv) to their long forms.
+// Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv, -ngl, -fa,
+// ...) to their long forms (CLI11 would read -ngl as -n gl).
 void normalize_args(int& argc, char**& argv);
+
+// Numbers that must be finite: CLI11's PositiveNumber and Range let NaN
+// (and Range infinity) through.
+CLI::Validator finite_positive(double hi = std::numeric_limits<double>::max());
+CLI::Validator finite_range(double lo, double hi);
+
+// llama.cpp's GPU flags (-ngl, --n-gpu-layers, -fa, -sm, -mg, -ts, ...),
+// accepted and ignored; gpu_flags_note() is then the one line saying so.
+void add_gpu_options(CLI::App* app);
+std::string gpu_flags_note();
 
 // A one-line progress bar on stderr, drawn only when stderr is a terminal.
 class progress_bar {

@@ -18,7 +18,7 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
   app->add_option("--kv-store-remote", opts.config.kv_store_remote,
                   "redis://HOST:PORT: share KV blocks with other servers through Redis");
   app->add_option("--kv-store-ttl", opts.config.kv_store_ttl_s, "drop stored KV blocks unused this many seconds (0: never)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_range(0.0, 1e12));
 }
 
 status finish_engine_options(engine_options& opts) {

@@ -123,7 +123,8 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
   if (rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2 != 0)
     return error(errc::corrupt, "rope dimension {} must be even and at most the head dimension {}", rope_dim, head_dim);
   if (!(eps > 0 && eps < 1)) return error(errc::corrupt, "RMS norm epsilon {} out of range", eps);
-  if (!(rope_base > 1)) return error(errc::corrupt, "rope base {} out of range", rope_base);
+  if (!(rope_base > 1) || !std::isfinite(static_cast<float>(rope_base)))
+    return error(errc::corrupt, "{}.rope.freq_base {} must be a finite number above 1", hp.arch, rope_base);
 
   hp.n_embd = static_cast<int>(n_embd);
   hp.n_layer = static_cast<int>(n_layer);

@@ -4,6 +4,7 @@
 #include "model/tokenizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/assert.h"
@@ -182,6 +183,8 @@ status tokenizer::load_vocab(const gguf::file& file) {
       return error(errc::corrupt, "tokenizer.ggml.scores has {} entries but tokenizer.ggml.tokens has {}",
                    scores->size(), n);
     }
+    for (std::size_t i = 0; i < scores->size(); ++i)
+      if (std::isnan((*scores)[i])) return error(errc::corrupt, "tokenizer.ggml.scores[{}] is NaN", i);
     scores_ = std::move(*scores);
   } else if (kind_ == tokenizer_kind::spm) {
     return error(errc::not_found, "tokenizer.ggml.scores is missing; the llama (SentencePiece) tokenizer merges by score");

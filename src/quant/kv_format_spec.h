@@ -5,7 +5,7 @@
 //   PAIR   := SPEC                         the same type for K and V
 //           | "k" BITS "v" BITS            k8v4: int8 keys, int4 values (BITS: 2 4 8 16 32)
 //           | SPEC "+" SPEC                int8/token+int4/token: keys + values
-//   LAYERS := RULE { "," RULE }            0-1:f16,2-:int4   (later rules win)
+//   LAYERS := RULE { "," RULE }            0-1:f16,2-:int4   (engine setup: one rule a layer)
 //   RULE   := RANGE ":" PAIR ;  RANGE := N | N "-" M | N "-" | "-" M
 //
 // A SPEC without a mode takes the type's default for the role (default_kv_format),

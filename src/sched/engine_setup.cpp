@@ -41,12 +41,23 @@ result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& 
   std::vector<kv_pair_spec> per_layer(hp.n_layer, base);
   if (!opts.kv_layer_types.empty()) {
     PAGODA_ASSIGN_OR_RETURN(std::vector<kv_layer_rule> rules, parse_kv_layer_rules(opts.kv_layer_types));
-    for (const kv_layer_rule& r : rules) {
+    // Each layer is named by at most one rule: an overlap is a typo more
+    // often than a wish, and silently letting one rule win hides it.
+    std::vector<int> rule_of(hp.n_layer, -1);
+    for (std::size_t i = 0; i < rules.size(); ++i) {
+      const kv_layer_rule& r = rules[i];
       int last = r.last < 0 ? hp.n_layer - 1 : r.last;
       if (r.first >= hp.n_layer || last >= hp.n_layer)
         return error(errc::invalid_argument, "--kv-layer-types: layer range {}-{} is past the model's {} layers",
                      r.first, last, hp.n_layer);
-      for (int l = r.first; l <= last; ++l) per_layer[l] = r.spec;
+      for (int l = r.first; l <= last; ++l) {
+        if (rule_of[l] >= 0)
+          return error(errc::invalid_argument,
+                       "--kv-layer-types: rules {} and {} both set layer {}; give each layer one rule", rule_of[l] + 1,
+                       i + 1, l);
+        rule_of[l] = static_cast<int>(i);
+        per_layer[l] = r.spec;
+      }
     }
   }
   kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, opts.block_size, kv_type::f32, kv_type::f32);

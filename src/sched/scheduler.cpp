@@ -87,29 +87,31 @@ status scheduler::add_request(request req) {
     for (const auto& s : old.seqs) seqs_.erase(s->id);
     requests_.erase(it);
   }
-  if (req.prompt.empty()) return error(errc::invalid_argument, "request '{}': the prompt is empty", req.id);
+  // The messages below reach users (the server's 400s, batch's lines): they
+  // never name the request's id, which is the caller's own.
+  if (req.prompt.empty()) return error(errc::invalid_argument, "the prompt is empty");
   for (token_id t : req.prompt)
     if (t < 0 || t >= n_vocab)
-      return error(errc::invalid_argument, "request '{}': token id {} outside the vocabulary of {}", req.id, t, n_vocab);
-  if (req.n < 1 || req.n > 128) return error(errc::invalid_argument, "request '{}': n must be in [1, 128], got {}", req.id, req.n);
+      return error(errc::invalid_argument, "token id {} outside the vocabulary of {}", t, n_vocab);
+  if (req.n < 1 || req.n > 128) return error(errc::invalid_argument, "n must be in [1, 128], got {}", req.n);
   if (req.n > config_.max_num_seqs)
     return error(errc::invalid_argument,
-                 "request '{}': n = {} completions can never run at once with --max-num-seqs {}; lower n or raise "
-                 "--max-num-seqs",
-                 req.id, req.n, config_.max_num_seqs);
+                 "n = {} completions can never run at once with --max-num-seqs {}; lower n or raise --max-num-seqs",
+                 req.n, config_.max_num_seqs);
   if (req.max_tokens < 0)
-    return error(errc::invalid_argument, "request '{}': max_tokens must not be negative, got {}", req.id, req.max_tokens);
+    return error(errc::invalid_argument, "max_tokens must not be negative, got {}", req.max_tokens);
   if (req.prompt_logits && req.n != 1)
-    return error(errc::invalid_argument, "request '{}': prompt logits are returned for n = 1 only", req.id);
-  if (auto st = req.sampling.validate(); !st.ok()) return st.with_context(fmt::format("request '{}'", req.id));
+    return error(errc::invalid_argument, "prompt logits are returned for n = 1 only");
+  PAGODA_RETURN_IF_ERROR(req.sampling.validate());
+  for (const auto& [t, bias] : req.sampling.logit_bias)
+    if (t >= n_vocab)
+      return error(errc::invalid_argument, "logit_bias: token id {} outside the vocabulary of {}", t, n_vocab);
   const std::int64_t total = static_cast<std::int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > config_.max_model_len)
-    return error(errc::out_of_range,
-                 "request '{}': prompt ({} tokens) plus max_tokens ({}) is {} tokens, beyond the context of {}", req.id,
+    return error(errc::out_of_range, "prompt ({} tokens) plus max_tokens ({}) is {} tokens, beyond the context of {}",
                  req.prompt.size(), req.max_tokens, total, config_.max_model_len);
-  if (auto st = kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()), req.max_tokens, req.tenant, req.n);
-      !st.ok())
-    return st.with_context(fmt::format("request '{}'", req.id));
+  PAGODA_RETURN_IF_ERROR(
+      kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()), req.max_tokens, req.tenant, req.n));
   if (static_cast<int>(waiting_.size()) >= config_.max_waiting)
     return error(errc::resource_exhausted, "the request queue is full ({} waiting)", waiting_.size());
 
@@ -583,7 +585,9 @@ void scheduler::finish(sequence* s, const std::string& reason, std::vector<engin
 
 void scheduler::sample_next(sequence* s, std::span<const float> logits, std::vector<engine_event>& events) {
   request_state* r = s->req;
-  token_id tok = s->smp.sample(logits);
+  const std::span<const token_id> all(s->tokens);
+  token_id tok = s->smp.sample(logits, all.first(static_cast<std::size_t>(s->n_prompt)),
+                               all.subspan(static_cast<std::size_t>(s->n_prompt)));
   engine_event e;
   e.request_id = r->req.id;
   e.index = s->index;

@@ -87,7 +87,9 @@ maybe_error read_int(const json& body, const char* name, std::int64_t lo, std::i
   return {};
 }
 
-// A number in [lo, hi] (or (lo, hi] when lo_open).
+// A number in [lo, hi] (or (lo, hi] when lo_open), as the float the engine
+// uses: a positive value too small for a float (5e-324) becomes the smallest
+// positive float rather than 0, so what passes here never fails later.
 maybe_error read_number(const json& body, const char* name, double lo, double hi, bool lo_open,
                         std::optional<double>& out) {
   const json* v = field(body, name);
@@ -96,7 +98,29 @@ maybe_error read_number(const json& body, const char* name, double lo, double hi
   double d = v->get<double>();
   if (!(lo_open ? d > lo : d >= lo) || !(d <= hi))
     return range_error(name, fmt::format("a number in {}{}, {}]", lo_open ? "(" : "[", lo, hi), *v);
+  if (lo_open && static_cast<float>(d) <= static_cast<float>(lo))
+    d = std::nextafter(static_cast<float>(lo), std::numeric_limits<float>::infinity());
   out = d;
+  return {};
+}
+
+// logit_bias: {"token id": bias}, OpenAI's shape; ids in the vocabulary, biases in [-100, 100].
+maybe_error read_logit_bias(const json& body, int n_vocab, std::vector<std::pair<token_id, float>>& out) {
+  const json* v = field(body, "logit_bias");
+  if (!v) return {};
+  if (!v->is_object()) return type_error("logit_bias", "an object", *v);
+  for (const auto& [key, bias] : v->items()) {
+    const std::string name = fmt::format("logit_bias[{}]", excerpt(json(key)));
+    std::int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos) id = std::stoll(key);
+    if (id < 0 || id >= n_vocab)
+      return bad_request("logit_bias",
+                         fmt::format("'logit_bias' keys must be token ids in [0, {}], got {}", n_vocab - 1, excerpt(json(key))));
+    if (!bias.is_number()) return type_error(name, "a number", bias);
+    const double b = bias.get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) return range_error(name, "a number in [-100, 100]", bias);
+    out.emplace_back(static_cast<token_id>(id), static_cast<float>(b));
+  }
   return {};
 }
 
@@ -128,20 +152,6 @@ std::uint64_t fresh_seed() {
 
 // Fields accepted only at their neutral value.
 maybe_error check_neutral_fields(const json& body, api_kind kind, int n) {
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    std::optional<double> v;
-    PAGODA_API_TRY(read_number(body, name, -2.0, 2.0, false, v));
-    if (v && *v != 0.0) return unsupported(name, "0");
-  }
-  {
-    std::optional<double> v;
-    PAGODA_API_TRY(read_number(body, "repetition_penalty", 0.0, 1e9, true, v));
-    if (v && *v != 1.0) return unsupported("repetition_penalty", "1");
-  }
-  if (const json* v = field(body, "logit_bias")) {
-    if (!v->is_object()) return type_error("logit_bias", "an object", *v);
-    if (!v->empty()) return unsupported("logit_bias", "{}");
-  }
   {
     std::optional<std::int64_t> v;
     PAGODA_API_TRY(read_int(body, "min_tokens", 0, std::numeric_limits<std::int32_t>::max(), v));
@@ -201,6 +211,14 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
   base.sampling.top_p = static_cast<float>(top_p.value_or(1.0));
   base.sampling.min_p = static_cast<float>(min_p.value_or(0.0));
   base.sampling.top_k = static_cast<int>(std::max<std::int64_t>(top_k.value_or(0), 0));  // -1 and 0: off
+  std::optional<double> presence, frequency, repetition;
+  PAGODA_API_TRY(read_number(body, "presence_penalty", -2.0, 2.0, false, presence));
+  PAGODA_API_TRY(read_number(body, "frequency_penalty", -2.0, 2.0, false, frequency));
+  PAGODA_API_TRY(read_number(body, "repetition_penalty", 0.0, 2.0, true, repetition));
+  base.sampling.presence_penalty = static_cast<float>(presence.value_or(0.0));
+  base.sampling.frequency_penalty = static_cast<float>(frequency.value_or(0.0));
+  base.sampling.repetition_penalty = static_cast<float>(repetition.value_or(1.0));
+  PAGODA_API_TRY(read_logit_bias(body, ctx.vocab->n_vocab(), base.sampling.logit_bias));
   call.n = static_cast<int>(n.value_or(1));
   base.n = call.n;
   base.priority = static_cast<int>(priority.value_or(0));
@@ -269,6 +287,7 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
     call.logprobs = lp ? static_cast<int>(top.value_or(0)) : -1;
   }
   base.logprobs = call.logprobs;
+  PAGODA_API_TRY(read_bool(body, "return_tokens_as_token_ids", call.tokens_as_ids));
 
   std::optional<std::string> salt, user;
   PAGODA_API_TRY(read_string(body, "cache_salt", salt));

@@ -3,12 +3,15 @@
 //
 // Conventions follow the OpenAI API and vLLM's extensions: `max_tokens` /
 // `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`,
-// `n`, `stop`, `stop_token_ids`, `ignore_eos`, `stream`,
+// `n`, `stop`, `stop_token_ids`, `ignore_eos`, `presence_penalty`,
+// `frequency_penalty`, `repetition_penalty`, `logit_bias`, `stream`,
 // `stream_options.include_usage`, `logprobs` (completions: an integer;
-// chat: a boolean with `top_logprobs`), `cache_salt`, `user`, `priority`.
-// Unknown fields are ignored, as vLLM does; known fields Pagoda cannot honour
-// (penalties, logit_bias, tools, echo, suffix, ...) are accepted only at their
-// neutral values and are a 400 naming the field otherwise. Every error names
+// chat: a boolean with `top_logprobs`), `return_tokens_as_token_ids`,
+// `cache_salt`, `user`, `priority`. Unknown fields are ignored, as vLLM does;
+// known fields Pagoda cannot honour (min_tokens, tools, echo, suffix, ...) are
+// accepted only at their neutral values and are a 400 naming the field
+// otherwise. `pagoda batch` reads its lines with the same parser, so both take
+// the same fields with the same ranges and messages. Every error names
 // the field at fault (`param`), down to `messages[2].content`.
 #pragma once
 
@@ -58,6 +61,7 @@ struct api_call {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int logprobs = -1;           // -1: none; k >= 0: the chosen token plus k alternatives
+  bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
 };
 
 // The body of /v1/completions (kind completion: `prompt`) or

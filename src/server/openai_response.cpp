@@ -12,13 +12,17 @@ response_builder::response_builder(const api_call& call, std::string id, std::st
       n_(call.n),
       include_usage_(call.include_usage),
       want_logprobs_(call.logprobs >= 0),
+      tokens_as_ids_(call.tokens_as_ids),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(created_unix_s),
       vocab_(vocab),
       choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {}
 
-std::string response_builder::piece(token_id t) const { return vocab_.token_to_piece(t, /*render_special=*/true); }
+std::string response_builder::piece(token_id t) const {
+  if (tokens_as_ids_) return fmt::format("token_id:{}", t);
+  return vocab_.token_to_piece(t, /*render_special=*/true);
+}
 
 void response_builder::add(int prompt_index, const engine_event& e) {
   const std::size_t c = static_cast<std::size_t>(prompt_index) * n_ + e.index;
@@ -62,7 +66,8 @@ json response_builder::logprobs_json(const std::vector<token_logprob>& lps, std:
       for (const auto& [t, l] : lp.top) alts[piece(t)] = l;
       top.push_back(std::move(alts));
       offsets.push_back(offset);
-      offset += p.size();
+      // The offset counts the text's bytes, whatever names the token.
+      offset += tokens_as_ids_ ? vocab_.token_to_piece(lp.token, /*render_special=*/true).size() : p.size();
     }
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
   }

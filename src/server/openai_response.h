@@ -65,6 +65,7 @@ class response_builder {
   int n_;
   bool include_usage_;
   bool want_logprobs_;
+  bool tokens_as_ids_;
   std::string id_;
   std::string model_;
   std::int64_t created_;

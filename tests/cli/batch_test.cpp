@@ -1,10 +1,13 @@
 // pagoda batch end to end: JSONL in, JSONL out, summary, bad lines.
+#include <algorithm>
 #include <fstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "model/llama.h"
+#include "server/api_setup.h"
 
 namespace pagoda::test {
 namespace {
@@ -50,7 +53,7 @@ TEST(cli_batch, results_usage_summary_and_bad_lines) {
   EXPECT_TRUE(lines[2].contains("error"));
   EXPECT_NE(r.err.find("line 3"), std::string::npos) << r.err;
   EXPECT_NE(lines[3]["error"]["message"].get<std::string>().find("prompt"), std::string::npos);
-  EXPECT_NE(lines[4]["error"]["message"].get<std::string>().find("context"), std::string::npos) << lines[4];
+  EXPECT_NE(lines[4]["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos) << lines[4];
   // Same greedy prompt under another salt: same tokens.
   EXPECT_EQ(lines[5]["completions"][0]["token_ids"], lines[0]["completions"][0]["token_ids"]);
   // The JSON summary is the last line of stderr.
@@ -101,6 +104,115 @@ TEST(cli_batch, n_above_the_sequence_cap_is_an_error_not_a_hang) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[0]["error"]["message"].get<std::string>().find("max-num-seqs"), std::string::npos) << lines[0];
   EXPECT_EQ(lines[1]["completions"].size(), 4u);
+}
+
+// A line is read by the server's parser: the same fields, ranges and messages.
+TEST(cli_batch, lines_take_the_servers_fields_and_messages) {
+  server::api_options opts;
+  opts.model_path = model_path();
+  opts.max_n = 128;
+  auto model = llama_model::load(model_path());
+  ASSERT_TRUE(model.ok());
+  auto ctx = server::make_api_context(**model, 512, opts, nullptr);
+  ASSERT_TRUE(ctx.ok());
+  const std::vector<json> bad = {
+      {{"prompt", "a"}, {"temperature", 2.5}},         // [0, 2] in both
+      {{"prompt", "a"}, {"presence_penalty", 3}},      // no longer ignored
+      {{"prompt", "a"}, {"frequency_penalty", "x"}},
+      {{"prompt", "a"}, {"repetition_penalty", 0}},
+      {{"prompt", "a"}, {"logit_bias", {{"999", 1}}}},
+      {{"prompt", "a"}, {"top_p", 0}},
+      {{"prompt", "a"}, {"stop", 5}},
+      {{"prompt", "a"}, {"ignore_eos", 1}},
+  };
+  std::string jsonl;
+  std::vector<std::string> want;
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    json line = bad[i];
+    line["id"] = i;
+    jsonl += line.dump() + "\n";
+    auto e = server::parse_request(server::api_kind::completion, bad[i], *ctx, "");
+    ASSERT_FALSE(e.ok()) << bad[i].dump();
+    want.push_back(e.error.message);
+  }
+  std::string in = write_temp("fields.jsonl", jsonl);
+  auto r = run_cli("batch -m " + model_path() + " -i " + in + " -c 512");
+  std::remove(in.c_str());
+  EXPECT_EQ(r.exit_code, 1) << r.err;  // every line failed
+  auto lines = parse_lines(r.out);
+  ASSERT_EQ(lines.size(), bad.size());
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_EQ(lines[i]["id"], i);
+    EXPECT_EQ(lines[i]["error"]["message"], want[i]) << bad[i].dump();
+  }
+}
+
+// Penalties, logit_bias, ignore_eos, logprobs with token ids and top_p
+// 5e-324 work in a batch line; ids come back exactly as written; no internal
+// id shows in a message.
+TEST(cli_batch, sampling_fields_ids_and_messages) {
+  const std::string p = "Once upon a time, there was a little girl named Lily. She loved to play outside.";
+  json base = {{"prompt", p}, {"max_tokens", 30}, {"temperature", 0}, {"ignore_eos", true}};
+  std::vector<json> lines_in;
+  auto add = [&](json id, json extra) {
+    json j = base;
+    j.update(extra);
+    j["id"] = id;
+    lines_in.push_back(j);
+  };
+  add("plain", json::object());
+  add("penalised", {{"presence_penalty", 1.5}, {"frequency_penalty", 1.0}});
+  add("eos", {{"logit_bias", {{"2", 100}}}, {"ignore_eos", false}});  // token 2 is stories260K's EOS
+  add("eos-ignored", {{"logit_bias", {{"2", 100}}}, {"max_tokens", 5}});
+  add("ids", {{"logprobs", 1}, {"return_tokens_as_token_ids", true}, {"max_tokens", 3}});
+  add("tiny", {{"top_p", 5e-324}, {"temperature", 1}, {"max_tokens", 3}});
+  add(18446744073709551615ull, {{"max_tokens", 1}});
+  add(-5, {{"max_tokens", 1}});
+  add("toomany", {{"n", 9}, {"max_tokens", 2}});  // above --max-num-seqs 8: the engine refuses it
+  std::string jsonl;
+  for (const json& j : lines_in) jsonl += j.dump() + "\n";
+  std::string in = write_temp("sampling.jsonl", jsonl);
+  auto r = run_cli("batch -m " + model_path() + " -i " + in + " --max-num-seqs 8");
+  std::remove(in.c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = parse_lines(r.out);
+  ASSERT_EQ(lines.size(), lines_in.size()) << r.out;
+  auto tokens = [&](int i) { return lines[i]["completions"][0]["token_ids"].get<std::vector<int>>(); };
+  EXPECT_EQ(tokens(0).size(), 30u);
+  EXPECT_NE(tokens(1), tokens(0));  // presence_penalty is honoured, not ignored
+  EXPECT_EQ(tokens(2), std::vector<int>{2});
+  EXPECT_EQ(lines[2]["completions"][0]["finish_reason"], "stop");
+  EXPECT_EQ(tokens(3), std::vector<int>(5, 2));
+  EXPECT_EQ(lines[3]["completions"][0]["finish_reason"], "length");
+  const json& lp = lines[4]["completions"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 3u) << lines[4];
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(lp["tokens"][i], "token_id:" + std::to_string(tokens(4)[i]));
+  EXPECT_EQ(lp["token_logprobs"][0], lp["top_logprobs"][0][lp["tokens"][0].get<std::string>()]);
+  const std::vector<int> greedy = tokens(0);
+  EXPECT_EQ(tokens(5), std::vector<int>(greedy.begin(), greedy.begin() + 3));  // top_p ~0 keeps the top token
+  EXPECT_NE(r.out.find(R"("id":18446744073709551615)"), std::string::npos) << r.out;
+  EXPECT_EQ(lines[6]["id"].get<std::uint64_t>(), 18446744073709551615ull);
+  EXPECT_EQ(lines[7]["id"], -5);
+  const std::string msg = lines[8]["error"]["message"].get<std::string>();
+  EXPECT_NE(msg.find("max-num-seqs"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("line-"), std::string::npos) << msg;
+  EXPECT_EQ(r.err.find("line-"), std::string::npos) << r.err;
+}
+
+TEST(cli_batch, reads_stdin_and_refuses_a_directory) {
+  std::string in = write_temp("stdin.jsonl", R"({"id": 7, "prompt": "Once upon a time", "max_tokens": 3})" "\n");
+  auto r = run_cli("batch -m " + model_path() + " -i - < " + in);
+  std::remove(in.c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto lines = parse_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["id"], 7);
+  EXPECT_EQ(lines[0]["completions"][0]["token_ids"].size(), 3u);
+  auto d = run_cli("batch -m " + model_path() + " -i /tmp");
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_NE(d.err.find("/tmp is a directory"), std::string::npos) << d.err;
+  EXPECT_EQ(std::count(d.err.begin(), d.err.end(), '\n'), 1) << d.err;
+  EXPECT_TRUE(d.out.empty());
 }
 
 TEST(cli_batch, missing_input_is_a_clear_error) {

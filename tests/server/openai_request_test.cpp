@@ -2,6 +2,8 @@
 // each error names its field.
 #include "server/openai_request.h"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "server/server_util.h"
@@ -69,6 +71,44 @@ TEST(openai_request, completion_fields) {
   EXPECT_TRUE(r.value->include_usage);
 }
 
+TEST(openai_request, penalties_bias_and_token_ids) {
+  json body = {{"prompt", "a"},
+               {"presence_penalty", 0.5},
+               {"frequency_penalty", -1.25},
+               {"repetition_penalty", 1.3},
+               {"logit_bias", {{"5", 100}, {"17", -100}, {"0", 0.5}}},
+               {"return_tokens_as_token_ids", true},
+               {"logprobs", 1}};
+  auto r = parse_request(api_kind::completion, body, context(), "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const sampling_params& p = r.value->requests[0].sampling;
+  EXPECT_EQ(p.presence_penalty, 0.5f);
+  EXPECT_EQ(p.frequency_penalty, -1.25f);
+  EXPECT_EQ(p.repetition_penalty, 1.3f);
+  auto bias = p.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<token_id, float>>{{0, 0.5f}, {5, 100.0f}, {17, -100.0f}}));
+  EXPECT_TRUE(r.value->tokens_as_ids);
+  // Defaults: no penalty, no bias, pieces.
+  auto d = parse_request(api_kind::completion, {{"prompt", "a"}}, context(), "");
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d.value->requests[0].sampling.adjusts_logits());
+  EXPECT_FALSE(d.value->tokens_as_ids);
+}
+
+// A value inside a field's range is one the engine takes: a positive value
+// too small for a float does not become 0 (which the engine would refuse).
+TEST(openai_request, tiny_positive_values_stay_positive) {
+  auto r = parse_request(api_kind::completion, {{"prompt", "a"}, {"top_p", 5e-324}, {"repetition_penalty", 1e-300},
+                                                {"temperature", 5e-324}}, context(), "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const sampling_params& p = r.value->requests[0].sampling;
+  EXPECT_GT(p.top_p, 0.0f);
+  EXPECT_GT(p.repetition_penalty, 0.0f);
+  EXPECT_TRUE(p.validate().ok()) << p.validate().message();
+  EXPECT_TRUE(p.is_greedy());  // below vLLM's epsilon
+}
+
 TEST(openai_request, several_prompts) {
   auto r = parse_request(api_kind::completion, {{"prompt", {"a", {5, 6}}}, {"n", 3}}, context(), "");
   ASSERT_TRUE(r.ok()) << r.error.message;
@@ -124,9 +164,21 @@ TEST(openai_request, errors_name_the_field) {
       {{{"prompt", "a"}, {"cache_salt", 5}}, "cache_salt"},
       {{{"prompt", "a"}, {"user", 5}}, "user"},
       {{{"prompt", "a"}, {"priority", "high"}}, "priority"},
-      {{{"prompt", "a"}, {"presence_penalty", 0.5}}, "presence_penalty"},
+      {{{"prompt", "a"}, {"presence_penalty", 2.5}}, "presence_penalty"},
+      {{{"prompt", "a"}, {"presence_penalty", "1"}}, "presence_penalty"},
       {{{"prompt", "a"}, {"frequency_penalty", 3}}, "frequency_penalty"},
-      {{{"prompt", "a"}, {"logit_bias", {{"5", 1}}}}, "logit_bias"},
+      {{{"prompt", "a"}, {"frequency_penalty", -2.01}}, "frequency_penalty"},
+      {{{"prompt", "a"}, {"repetition_penalty", 0}}, "repetition_penalty"},
+      {{{"prompt", "a"}, {"repetition_penalty", 2.5}}, "repetition_penalty"},
+      {{{"prompt", "a"}, {"logit_bias", {1, 2}}}, "logit_bias"},
+      {{{"prompt", "a"}, {"logit_bias", {{"x5", 1}}}}, "logit_bias"},
+      {{{"prompt", "a"}, {"logit_bias", {{"-1", 1}}}}, "logit_bias"},
+      {{{"prompt", "a"}, {"logit_bias", {{"512", 1}}}}, "logit_bias"},  // stories260K has 512 tokens
+      {{{"prompt", "a"}, {"logit_bias", {{"5", 101}}}}, "logit_bias[\"5\"]"},
+      {{{"prompt", "a"}, {"logit_bias", {{"5", "1"}}}}, "logit_bias[\"5\"]"},
+      {{{"prompt", "a"}, {"return_tokens_as_token_ids", 1}}, "return_tokens_as_token_ids"},
+      {{{"prompt", "a"}, {"ignore_eos", "yes"}}, "ignore_eos"},
+      {{{"prompt", "a"}, {"min_tokens", 3}}, "min_tokens"},
       {{{"prompt", "a"}, {"echo", true}}, "echo"},
       {{{"prompt", "a"}, {"suffix", "x"}}, "suffix"},
       {{{"prompt", "a"}, {"best_of", 3}}, "best_of"},
@@ -141,7 +193,7 @@ TEST(openai_request, errors_name_the_field) {
   }
   // Neutral values of unsupported fields are fine.
   auto ok = parse_request(api_kind::completion, 
-      {{"prompt", "a"}, {"presence_penalty", 0}, {"logit_bias", json::object()}, {"echo", false}, {"best_of", 1}}, context(), "");
+      {{"prompt", "a"}, {"min_tokens", 0}, {"echo", false}, {"best_of", 1}}, context(), "");
   EXPECT_TRUE(ok.ok()) << ok.error.message;
   EXPECT_FALSE(parse_request(api_kind::completion, json::array({1}), context(), "").ok());
 }

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -201,6 +203,103 @@ TEST(server, logprobs_shapes) {
   EXPECT_TRUE(content[0]["token"].is_string());
   EXPECT_TRUE(content[0]["bytes"].is_array());
   EXPECT_EQ(content[0]["top_logprobs"].size(), 3u);
+}
+
+// logit_bias +100 on one token makes greedy decoding repeat it; tokens named
+// by id (return_tokens_as_token_ids) show it, and the chosen token's logprob
+// is exactly its own entry among the alternatives.
+TEST(server, logit_bias_and_token_ids) {
+  test_server s(default_setup());
+  auto c = s.client();
+  http_reply r = post_json(*c, "/v1/completions",
+                           completion_body("Once upon a time", 6,
+                                           {{"logit_bias", {{"77", 100}}}, {"ignore_eos", true}, {"logprobs", 3},
+                                            {"return_tokens_as_token_ids", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& lp = r.json_body["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(lp["tokens"][i], "token_id:77");
+    const json& top = lp["top_logprobs"][i];
+    EXPECT_EQ(top.size(), 3u);
+    for (const auto& [name, l] : top.items()) EXPECT_EQ(name.rfind("token_id:", 0), 0u) << name;
+    // The logprobs are the model's own (raw, vLLM's default): biased, token 77
+    // would have a probability of ~1.
+    EXPECT_LT(lp["token_logprobs"][i].get<double>(), std::log(0.5)) << lp.dump();
+  }
+  // Without the bias, the chosen token is the likeliest and its two numbers are one.
+  r = post_json(*c, "/v1/completions",
+                completion_body("Once upon a time", 6, {{"logprobs", 2}, {"return_tokens_as_token_ids", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& plain = r.json_body["choices"][0]["logprobs"];
+  for (std::size_t i = 0; i < plain["tokens"].size(); ++i) {
+    const std::string tok = plain["tokens"][i].get<std::string>();
+    ASSERT_TRUE(plain["top_logprobs"][i].contains(tok)) << plain.dump();
+    EXPECT_EQ(plain["token_logprobs"][i].get<double>(), plain["top_logprobs"][i][tok].get<double>());
+  }
+  // Chat: the same in its shape.
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Once"}}}}, {"max_tokens", 3}, {"logprobs", true},
+               {"top_logprobs", 2}, {"temperature", 0}, {"return_tokens_as_token_ids", true}};
+  r = post_json(*c, "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  for (const json& e : r.json_body["choices"][0]["logprobs"]["content"]) {
+    EXPECT_EQ(e["token"].get<std::string>().rfind("token_id:", 0), 0u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+    EXPECT_EQ(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>());
+  }
+}
+
+// Greedy decoding with frequency and presence penalties, checked against the
+// returned raw logprobs: at every step the chosen token has the highest
+// penalised score (raw logprob - frequency x count - presence) of all the
+// alternatives listed, counting the tokens generated before it.
+TEST(server, penalties_pick_the_best_penalised_token) {
+  test_server s(default_setup());
+  auto c = s.client();
+  const double freq = 0.7, presence = 0.4;
+  http_reply plain = post_json(*c, "/v1/completions", completion_body(k_story, 40, {{"ignore_eos", true}}));
+  http_reply r = post_json(*c, "/v1/completions",
+                           completion_body(k_story, 40,
+                                           {{"frequency_penalty", freq}, {"presence_penalty", presence}, {"logprobs", 20},
+                                            {"ignore_eos", true}, {"return_tokens_as_token_ids", true}}));
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.json_body["choices"][0]["text"], plain.json_body["choices"][0]["text"]);
+  const json& lp = r.json_body["choices"][0]["logprobs"];
+  std::map<std::string, int> counts;
+  ASSERT_EQ(lp["tokens"].size(), 40u);
+  auto score = [&](const std::string& tok, double raw) {
+    const int n = counts.contains(tok) ? counts[tok] : 0;
+    return raw - freq * n - (n > 0 ? presence : 0.0);
+  };
+  int n_penalised_steps = 0;
+  for (std::size_t i = 0; i < 40; ++i) {
+    const std::string tok = lp["tokens"][i].get<std::string>();
+    const double chosen = score(tok, lp["token_logprobs"][i].get<double>());
+    double best_raw = -1e30;
+    std::string best_raw_tok;
+    for (const auto& [alt, l] : lp["top_logprobs"][i].items()) {
+      EXPECT_GE(chosen, score(alt, l.get<double>()) - 1e-4) << "step " << i << ": " << tok << " vs " << alt;
+      if (l.get<double>() > best_raw) best_raw = l.get<double>(), best_raw_tok = alt;
+    }
+    n_penalised_steps += best_raw_tok != tok;
+    ++counts[tok];
+  }
+  EXPECT_GT(n_penalised_steps, 0);  // the penalties changed some choices
+  // repetition_penalty is accepted and changes the greedy text of a repetitive story.
+  r = post_json(*c, "/v1/completions", completion_body(k_story, 40, {{"repetition_penalty", 1.5}, {"ignore_eos", true}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.json_body["choices"][0]["text"], plain.json_body["choices"][0]["text"]);
+  // A value that passes validation works (it used to fail in the engine with
+  // the internal request id in its message): top_p 5e-324 keeps the top token.
+  r = post_json(*c, "/v1/completions", completion_body("Once upon a time", 4, {{"top_p", 5e-324}, {"temperature", 1}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  http_reply g = post_json(*c, "/v1/completions", completion_body("Once upon a time", 4));
+  EXPECT_EQ(r.json_body["choices"][0]["text"], g.json_body["choices"][0]["text"]);
+  // Out of range: a 400 naming the field.
+  r = post_json(*c, "/v1/completions", completion_body(k_story, 4, {{"presence_penalty", 2.5}}));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.json_body["error"]["param"], "presence_penalty");
 }
 
 TEST(server, disconnect_cancels_and_frees_blocks) {
