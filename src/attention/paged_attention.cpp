@@ -11,6 +11,8 @@ namespace pagoda {
 
 float softmax_unnormalized_avx2(float* s, int n);    // paged_attention_avx2.cpp
 float softmax_unnormalized_avx512(float* s, int n);  // paged_attention_avx512.cpp
+void softcap_inplace_avx2(float* s, int n, float cap);    // paged_attention_avx2.cpp
+void softcap_inplace_avx512(float* s, int n, float cap);  // paged_attention_avx512.cpp
 
 namespace {
 // Query rows computed together: enough to reuse each tile from L1 many times,
@@ -81,6 +83,19 @@ float softmax_unnormalized(float* s, int n) {
   return softmax_unnormalized_ref(s, n);
 }
 
+void softcap_inplace_ref(float* s, int n, float cap) {
+  for (int i = 0; i < n; ++i) s[i] = cap * std::tanh(s[i] / cap);
+}
+
+void softcap_inplace(float* s, int n, float cap) {
+  switch (active_simd_level()) {
+    case simd_level::avx512: return softcap_inplace_avx512(s, n, cap);
+    case simd_level::avx2: return softcap_inplace_avx2(s, n, cap);
+    case simd_level::scalar: break;
+  }
+  softcap_inplace_ref(s, n, cap);
+}
+
 void paged_attention(const attention_task& t, attention_scratch& sc) {
   const paged_kv_view& k = *t.k;
   const paged_kv_view& v = *t.v;
@@ -125,6 +140,7 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
       const int i = g0 + r / t.n_rep;
       const int lo = sc.lo[i] - base, hi = sc.hi[i] - base;
       float* s = sc.scores.data() + static_cast<std::size_t>(r) * ld;
+      if (t.softcap > 0) softcap_inplace(s + lo, hi - lo, t.softcap);
       sc.row_sum[r] = softmax_unnormalized(s + lo, hi - lo);
       std::fill(s, s + lo, 0.0f);
       std::fill(s + hi, s + ld, 0.0f);
@@ -184,6 +200,7 @@ void paged_attention_ref(const attention_task& t) {
         double s = 0;
         for (int d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[static_cast<std::size_t>(p) * hd + d];
         w[p] = s * t.scale;
+        if (t.softcap > 0) w[p] = t.softcap * std::tanh(w[p] / t.softcap);
         mx = std::max(mx, w[p]);
       }
       double sum = 0;

@@ -71,6 +71,9 @@ struct attention_task {
   const std::int32_t* kv_pos = nullptr;
   int n_kv = 0;
   int window = 0;
+  // softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
+  // before the mask and the softmax (Gemma 2's attention-logit soft-capping).
+  float softcap = 0.0f;
   // Output laid out like q.
   float* out = nullptr;
   std::size_t out_stride = 0;
@@ -91,5 +94,11 @@ void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int
 // left unnormalised (exp(s - max)). Dispatches on the SIMD level.
 float softmax_unnormalized(float* s, int n);
 float softmax_unnormalized_ref(float* s, int n);
+
+// s[i] = cap * tanh(s[i] / cap) for i in [0, n), in place (cap > 0). The SIMD
+// levels compute tanh(x) as 1 - 2 / (exp(2x) + 1) with the softmax's exp, so
+// they differ from the reference (std::tanh) by a few float ulps of cap.
+void softcap_inplace(float* s, int n, float cap);
+void softcap_inplace_ref(float* s, int n, float cap);
 
 }  // namespace pagoda

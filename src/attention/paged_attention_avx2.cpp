@@ -1,5 +1,6 @@
 // AVX2 softmax: vector max, polynomial exp, and a vector sum with a fixed
-// reduction order for a given n (so a row's sum depends only on the row).
+// reduction order for a given n (so a row's sum depends only on the row); and
+// soft-capping of scores, cap * tanh(x / cap), through the same exp.
 #include <immintrin.h>
 
 #include <cmath>
@@ -47,7 +48,24 @@ inline float hmax8(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// cap * tanh(x / cap) = cap - 2 cap / (exp(2 x / cap) + 1); exp_ps saturates,
+// so large |x| give exactly +-cap.
+inline __m256 softcap_ps(__m256 x, __m256 two_over_cap, __m256 cap, __m256 two_cap) {
+  const __m256 e = exp_ps(_mm256_mul_ps(x, two_over_cap));
+  return _mm256_sub_ps(cap, _mm256_div_ps(two_cap, _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+}
+
 }  // namespace
+
+void softcap_inplace_avx2(float* s, int n, float cap) {
+  const __m256 two_over_cap = _mm256_set1_ps(2.0f / cap), vcap = _mm256_set1_ps(cap), two_cap = _mm256_set1_ps(2.0f * cap);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, softcap_ps(_mm256_loadu_ps(s + i), two_over_cap, vcap, two_cap));
+  if (i < n) {
+    const __m256i m = lane_mask8(n - i);
+    _mm256_maskstore_ps(s + i, m, softcap_ps(_mm256_maskload_ps(s + i, m), two_over_cap, vcap, two_cap));
+  }
+}
 
 float softmax_unnormalized_avx2(float* s, int n) {
   __m256 vmax = _mm256_set1_ps(-INFINITY);

@@ -1,6 +1,11 @@
 // pagoda info: what a model is and what its KV cache costs per token.
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -40,12 +45,51 @@ void print_weight_memory(const llama_model& model) {
     std::printf(" %s x%d (%s)", name.c_str(), nb.first, human_bytes(static_cast<double>(nb.second)).c_str());
   std::size_t copied = model.output_norm().size();
   for (const llama_layer& l : model.layers())
-    copied += l.attn_norm.size() + l.ffn_norm.size() + l.bq.size() + l.bk.size() + l.bv.size();
+    copied += l.attn_norm.size() + l.ffn_norm.size() + l.bq.size() + l.bk.size() + l.bv.size() + l.q_norm.size() +
+              l.k_norm.size() + l.post_attn_norm.size() + l.post_ffn_norm.size();
   copied *= sizeof(float);
   std::printf("\nweights:         %s of tensor data, used in place from the file's mapping (0 bytes repacked at load)\n",
               human_bytes(static_cast<double>(mapped)).c_str());
   std::printf("resident:        %s mapped (paged in as used) + %s copied at load (f32 norms and biases)\n",
               human_bytes(static_cast<double>(mapped)).c_str(), human_bytes(static_cast<double>(copied)).c_str());
+}
+
+// The architecture's optional parts (model/llama.h), "" for a plain llama block.
+std::string block_features(const llama_hparams& hp) {
+  std::vector<std::string> f;
+  if (hp.qk_norm) f.push_back("per-head Q/K RMSNorm");
+  if (hp.post_norms) f.push_back("post-attention and post-FFN norms");
+  if (hp.embd_scale != 1.0f) f.push_back(fmt::format("embeddings x {:g}", hp.embd_scale));
+  if (hp.attn_softcap > 0) f.push_back(fmt::format("attention soft-cap {:g}", hp.attn_softcap));
+  if (hp.final_softcap > 0) f.push_back(fmt::format("final soft-cap {:g}", hp.final_softcap));
+  std::string out;
+  for (const std::string& x : f) out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
+
+// KV bytes per token of each layer type in the configured layout: global
+// layers keep every position; sliding-window layers only need the last
+// `window` positions (their column at 32K shows that), though the cache keeps
+// every position of them today, as llama.cpp's swa_full does.
+void print_kv_by_layer_type(const llama_hparams& hp, const kv_layout& layout) {
+  double bytes[2] = {0, 0};
+  int n[2] = {0, 0};
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const int t = hp.is_swa(l) ? 1 : 0;
+    bytes[t] += static_cast<double>(layout.layer_tile_bytes_per_block(l)) / layout.block_size;
+    ++n[t];
+  }
+  std::printf("\nKV per token by layer type (%s; sliding-window layers are kept whole today):\n",
+              layout.describe().c_str());
+  std::printf("  %-26s %6s %14s %14s %22s\n", "layer type", "layers", "B/token/layer", "B/token", "needed for 32K tokens");
+  constexpr std::int64_t k_ctx = 32768;
+  if (n[0] > 0)
+    std::printf("  %-26s %6d %14.1f %14.1f %22s\n", "global", n[0], bytes[0] / n[0], bytes[0],
+                human_bytes(bytes[0] * k_ctx).c_str());
+  if (n[1] > 0)
+    std::printf("  %-26s %6d %14.1f %14.1f %22s\n", fmt::format("sliding (window {})", hp.sliding_window).c_str(),
+                n[1], bytes[1] / n[1], bytes[1],
+                human_bytes(bytes[1] * static_cast<double>(std::min<std::int64_t>(k_ctx, hp.sliding_window))).c_str());
 }
 
 int info(const info_options& o) {
@@ -62,10 +106,17 @@ int info(const info_options& o) {
   std::printf("embedding:       %d\n", hp.n_embd);
   std::printf("heads:           %d query, %d KV (GQA group %d), head_dim %d\n", hp.n_head, hp.n_head_kv, hp.n_rep(),
               hp.head_dim);
-  std::printf("feed-forward:    %d (SwiGLU)\n", hp.n_ff);
+  std::printf("feed-forward:    %d (%s)\n", hp.n_ff, hp.gelu ? "GeGLU, tanh GELU" : "SwiGLU");
+  if (const std::string f = block_features(hp); !f.empty()) std::printf("block:           %s\n", f.c_str());
+  if (hp.n_swa_layers() > 0)
+    std::printf("attention:       sliding window of %d on %d of %d layers (the others global)\n", hp.sliding_window,
+                hp.n_swa_layers(), hp.n_layer);
   std::printf("vocabulary:      %d (%s tokenizer)\n", hp.n_vocab, model->vocab().model_name().c_str());
   std::printf("context:         %d (trained, from metadata)\n", hp.n_ctx_train);
-  std::printf("rope:            base %g, %d dims, %s\n", hp.rope_base, hp.rope_dim, hp.rope_neox ? "neox" : "normal");
+  std::printf("rope:            base %g, %d dims, %s", hp.rope_base, hp.rope_dim, hp.rope_neox ? "neox" : "normal");
+  if (hp.rope_freq_scale != 1.0f) std::printf(", linear scaling x%g", 1.0 / hp.rope_freq_scale);
+  if (hp.n_swa_layers() > 0 && hp.rope_base_swa != hp.rope_base) std::printf("; base %g on sliding-window layers", hp.rope_base_swa);
+  std::printf("\n");
   std::printf("rms epsilon:     %g\n", hp.rms_eps);
   std::printf("output:          %s\n", hp.tied_output ? "tied to token embeddings" : "separate");
   print_weight_memory(*model);
@@ -93,11 +144,12 @@ int info(const info_options& o) {
   for (auto [k, v] : {std::pair{"int4/token", "int4"}, {"int2/token", "int2"}, {"int8", "int4"}, {"int4", "int2"},
                       {"int8", "int2"}})
     row(k, v);
+  PAGODA_ASSIGN_OR_RETURN_CLI(kv_layout configured, make_kv_layout(*model, o.config));
   if (o.kv_given) {
-    PAGODA_ASSIGN_OR_RETURN_CLI(kv_layout configured, make_kv_layout(*model, o.config));
     std::printf("configured:\n");
     print_kv_row(configured.describe(), configured);
   }
+  print_kv_by_layer_type(hp, configured);
   return 0;
 }
 

@@ -24,11 +24,11 @@ struct synth_cli_options {
 
 int synth(const synth_cli_options& o) {
   if (o.list) {
-    std::printf("%-12s %-6s %6s %5s %5s %5s %7s %6s %7s\n", "preset", "arch", "embd", "heads", "kv", "hdim", "ffn",
-                "layers", "vocab");
+    std::printf("%-16s %-6s %6s %5s %5s %5s %7s %6s %7s %7s\n", "preset", "arch", "embd", "heads", "kv", "hdim", "ffn",
+                "layers", "vocab", "window");
     for (const synth_shape& s : synth_presets())
-      std::printf("%-12s %-6s %6d %5d %5d %5d %7d %6d %7d\n", s.name, s.arch, s.n_embd, s.n_head, s.n_head_kv,
-                  s.head_dim, s.n_ff, s.n_layer, s.n_vocab);
+      std::printf("%-16s %-6s %6d %5d %5d %5d %7d %6d %7d %7d\n", s.name, s.arch, s.n_embd, s.n_head, s.n_head_kv,
+                  s.head_dim, s.n_ff, s.n_layer, s.n_vocab, s.sliding_window);
     return 0;
   }
   if (o.output.empty()) return fail(error(errc::invalid_argument, "-o/--output is required"));
@@ -56,7 +56,9 @@ int synth(const synth_cli_options& o) {
 void register_synth(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<synth_cli_options>();
   CLI::App* cmd = app.add_subcommand("synth", "write a random-weight model with a real model's shapes");
-  cmd->add_option("--preset", opts->preset, "llama3-8b, llama3-70b, mistral-7b, qwen2-7b, tiny");
+  cmd->add_option("--preset", opts->preset,
+                  "llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1, qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b, "
+                  "phi3-mini, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, tiny-phi3 (--list shows them)");
   cmd->add_option("--layers", opts->layers, "layers (default: the preset's)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ffn", opts->ffn, "feed-forward width (default: the preset's)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--weight-type", opts->weight_type, "f16, q8_0, q4_0, q4_K or q6_K (also f32, bf16)");

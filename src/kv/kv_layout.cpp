@@ -48,13 +48,16 @@ std::size_t kv_layout::summary_bytes_per_block() const {
   return key_summaries ? 3 * sizeof(float) * static_cast<std::size_t>(n_layers) * n_kv_heads * head_dim : 0;
 }
 
-std::size_t kv_layout::tile_bytes_per_block() const {
+std::size_t kv_layout::layer_tile_bytes_per_block(int layer) const {
   const kv_tile_shape shape = tile_shape();
+  return (get_kv_codec(k_formats[layer].type)->tile_bytes(k_formats[layer], shape) +
+          get_kv_codec(v_formats[layer].type)->tile_bytes(v_formats[layer], shape)) *
+         n_kv_heads;
+}
+
+std::size_t kv_layout::tile_bytes_per_block() const {
   std::size_t total = 0;
-  for (int l = 0; l < n_layers; ++l) {
-    total += get_kv_codec(k_formats[l].type)->tile_bytes(k_formats[l], shape) * n_kv_heads;
-    total += get_kv_codec(v_formats[l].type)->tile_bytes(v_formats[l], shape) * n_kv_heads;
-  }
+  for (int l = 0; l < n_layers; ++l) total += layer_tile_bytes_per_block(l);
   return total;
 }
 

@@ -49,6 +49,8 @@ struct kv_layout {
   std::size_t bytes_per_block() const;
   // Bytes of one block's tiles alone (kv_backend::read_block's size).
   std::size_t tile_bytes_per_block() const;
+  // The same for one layer (its K and V tiles, every KV head).
+  std::size_t layer_tile_bytes_per_block(int layer) const;
   // Bytes of one block's key summaries (0 unless key_summaries).
   std::size_t summary_bytes_per_block() const;
   // Bytes per token (bytes_per_block / block_size), as a real number: the cost of

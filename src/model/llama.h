@@ -1,5 +1,17 @@
-// The Llama-family model (llama; qwen2 with QKV biases): hyper-parameters and
-// weights from GGUF, and a batched forward pass over a paged KV cache.
+// The Llama-family models: hyper-parameters and weights from GGUF, and a
+// batched forward pass over a paged KV cache. One decoder block with optional
+// parts covers every architecture that loads (llama.cpp's metadata keys and
+// tensor names):
+//   llama   (also Mistral; `llama.attention.sliding_window` puts every layer
+//            under that window, which llama.cpp itself ignores)
+//   qwen2   Q/K/V biases, NeoX RoPE
+//   qwen3   per-head RMSNorm of Q and K before RoPE, NeoX RoPE
+//   gemma2  embeddings x sqrt(n_embd), post-attention and post-FFN norms,
+//           tanh-GELU, attention-logit and final-logit soft-capping,
+//           alternating sliding-window and global layers
+//   gemma3  as gemma2 without attention capping, with Q/K norms, a
+//           sliding-window pattern and a second RoPE base for local layers
+//   phi3    fused QKV and gate/up projections (read as views of the rows)
 #pragma once
 
 #include <cstdint>
@@ -22,7 +34,7 @@
 namespace pagoda {
 
 struct llama_hparams {
-  std::string arch;  // "llama" or "qwen2"
+  std::string arch;  // llama, qwen2, qwen3, gemma2, gemma3 or phi3
   std::string name;  // general.name, if any
   int n_vocab = 0;
   int n_embd = 0;
@@ -37,18 +49,40 @@ struct llama_hparams {
   float rms_eps = 1e-5f;
   bool rope_neox = false;  // rotate halves (qwen2) instead of adjacent pairs (llama)
   bool tied_output = false;
+  bool qk_norm = false;     // qwen3, gemma3: RMSNorm over each head of Q and K
+  bool post_norms = false;  // gemma: RMSNorm of the attention and FFN outputs before the residual add
+  bool gelu = false;        // FFN activation: tanh-GELU (gemma) instead of SiLU
+  float embd_scale = 1.0f;  // the embedding row is multiplied by this (gemma: sqrt(n_embd))
+  float attn_scale = 0.0f;  // query scale before the scores (1/sqrt(head_dim) for most)
+  float attn_softcap = 0.0f;   // > 0: scores s -> c tanh(s / c) (gemma2)
+  float final_softcap = 0.0f;  // > 0: logits z -> c tanh(z / c)
+  // Sliding window: a query at position p on a local layer sees keys at
+  // positions p - sliding_window + 1 .. p; global layers see 0 .. p.
+  int sliding_window = 0;
+  std::vector<bool> swa_layer;  // [n_layer]: true for sliding-window (local) layers
+  float rope_base_swa = 0.0f;   // RoPE base of local layers (gemma3); rope_base on the others
+  float rope_freq_scale = 1.0f;      // linear RoPE scaling: angles of position p x this
+  float rope_freq_scale_swa = 1.0f;  // the same on local layers
 
   int n_rep() const { return n_head / n_head_kv; }
   int q_dim() const { return n_head * head_dim; }
   int kv_dim() const { return n_head_kv * head_dim; }
+  bool is_swa(int layer) const { return sliding_window > 0 && swa_layer[layer]; }
+  int n_swa_layers() const;
+  float layer_rope_base(int layer) const { return is_swa(layer) ? rope_base_swa : rope_base; }
+  float layer_rope_scale(int layer) const { return is_swa(layer) ? rope_freq_scale_swa : rope_freq_scale; }
 };
+
 
 struct llama_layer {
   std::vector<float> attn_norm;  // [n_embd]
   weight_view wq, wk, wv, wo;
   std::vector<float> bq, bk, bv;  // qwen2 only; empty otherwise
+  std::vector<float> q_norm, k_norm;  // [head_dim] qwen3/gemma3 only; empty otherwise
+  std::vector<float> post_attn_norm;  // [n_embd] gemma only; empty otherwise
   std::vector<float> ffn_norm;    // [n_embd]
   weight_view w_gate, w_up, w_down;
+  std::vector<float> post_ffn_norm;  // [n_embd] gemma only; empty otherwise
 };
 
 class llama_model {
@@ -139,5 +173,8 @@ class llama_context {
 
 // KV bytes per token by the usual formula 2 x n_layers x n_kv_heads x head_dim x bytes.
 double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element);
+
+// The architectures that load, for messages and docs.
+inline constexpr const char* k_supported_architectures = "llama, qwen2, qwen3, gemma2, gemma3, phi3";
 
 }  // namespace pagoda

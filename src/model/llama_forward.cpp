@@ -30,13 +30,34 @@ void apply_rope(float* x, int n_heads, int head_dim, int rope_dim, bool neox, co
   }
 }
 
-void rope_table(int pos, int rope_dim, float base, float* cos_t, float* sin_t) {
+// scale: linear RoPE scaling (1 without).
+void rope_table(int pos, int rope_dim, float base, float scale, float* cos_t, float* sin_t) {
   for (int i = 0; i < rope_dim / 2; ++i) {
     float freq = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(rope_dim));
-    float angle = static_cast<float>(pos) * freq;
+    float angle = static_cast<float>(pos) * scale * freq;
     cos_t[i] = std::cos(angle);
     sin_t[i] = std::sin(angle);
   }
+}
+
+// The cos/sin tables of every token of the step for one RoPE base and scale:
+// [tokens][rope_dim / 2] each.
+struct rope_tables {
+  float base = 0, scale = 0;
+  std::vector<float> cos_t, sin_t;
+  void fill(const std::vector<std::int32_t>& positions, int n_tok, int rope_dim, float b, float sc) {
+    base = b;
+    scale = sc;
+    const std::size_t half = static_cast<std::size_t>(rope_dim) / 2;
+    cos_t.resize(static_cast<std::size_t>(n_tok) * half);
+    sin_t.resize(cos_t.size());
+    for (int i = 0; i < n_tok; ++i) rope_table(positions[i], rope_dim, b, sc, &cos_t[i * half], &sin_t[i * half]);
+  }
+};
+
+// Per-row RMSNorm of n rows of width w, in place, with one weight vector.
+void rms_norm_rows(float* x, int n, int w, const std::vector<float>& weight, float eps) {
+  for (int i = 0; i < n; ++i) rms_norm(x + static_cast<std::size_t>(i) * w, weight.data(), w, eps, x + static_cast<std::size_t>(i) * w);
 }
 
 }  // namespace
@@ -134,11 +155,18 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     for (const forward_seq& s : seqs)
       for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i)
         dequantize_row(model_.token_embd(), s.tokens[j], x + static_cast<std::size_t>(i) * E);
+    if (hp.embd_scale != 1.0f)
+      for (std::size_t e = 0; e < static_cast<std::size_t>(n_tok) * E; ++e) x[e] *= hp.embd_scale;
   }
-  std::vector<float> cos_t(static_cast<std::size_t>(n_tok) * hp.rope_dim / 2), sin_t(cos_t.size());
-  for (int i = 0; i < n_tok; ++i)
-    rope_table(positions_[i], hp.rope_dim, hp.rope_base, &cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2],
-               &sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2]);
+  // RoPE tables: one set for the global layers, one more when local layers
+  // rotate with another base or scale (gemma3).
+  rope_tables rope_global, rope_local;
+  rope_global.fill(positions_, n_tok, hp.rope_dim, hp.rope_base, hp.rope_freq_scale);
+  for (int l = 0; l < hp.n_layer; ++l)
+    if (hp.layer_rope_base(l) != hp.rope_base || hp.layer_rope_scale(l) != hp.rope_freq_scale) {
+      rope_local.fill(positions_, n_tok, hp.rope_dim, hp.rope_base_swa, hp.rope_freq_scale_swa);
+      break;
+    }
 
   // Attention work items: (sequence, KV head), split statically over threads.
   struct attn_item {
@@ -158,10 +186,11 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   double attn_flops = 0;
   for (const forward_seq& s : seqs)
     attn_flops += 4.0 * s.tokens.size() * (s.n_stored + s.tokens.size()) * hp.n_head * hp.head_dim;
-  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(HD));
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const llama_layer& L = model_.layers()[l];
+    const rope_tables& rope = hp.is_swa(l) && !rope_local.cos_t.empty() ? rope_local : rope_global;
+    const int window = hp.is_swa(l) ? hp.sliding_window : 0;
     for (int i = 0; i < n_tok; ++i)
       rms_norm(x + static_cast<std::size_t>(i) * E, L.attn_norm.data(), E, hp.rms_eps, xn + static_cast<std::size_t>(i) * E);
     matmul(L.wq, xn, n_tok, q, pool_, mm_scratch_);
@@ -173,8 +202,12 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         add_inplace(k + static_cast<std::size_t>(i) * KVD, L.bk.data(), KVD);
         add_inplace(v + static_cast<std::size_t>(i) * KVD, L.bv.data(), KVD);
       }
-      const float* ct = &cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
-      const float* st = &sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
+      if (!L.q_norm.empty()) {  // per head, before RoPE
+        rms_norm_rows(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, L.q_norm, hp.rms_eps);
+        rms_norm_rows(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, L.k_norm, hp.rms_eps);
+      }
+      const float* ct = &rope.cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
+      const float* st = &rope.sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
       apply_rope(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, hp.rope_dim, hp.rope_neox, ct, st);
       apply_rope(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, hp.rope_dim, hp.rope_neox, ct, st);
     }
@@ -202,7 +235,9 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.kv_head = a.head;
         t.n_rep = hp.n_rep();
         t.head_dim = HD;
-        t.scale = attn_scale;
+        t.scale = hp.attn_scale;
+        t.window = window;
+        t.softcap = hp.attn_softcap;
         t.q = q + static_cast<std::size_t>(a.row0) * QD;
         t.q_stride = QD;
         t.n_tokens = static_cast<int>(s.tokens.size());
@@ -220,14 +255,17 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     if (attn_flops < k_min_parallel_flops) attend(0, 1);
     else pool_.run(attend);
     matmul(L.wo, attn, n_tok, tmp, pool_, mm_scratch_);
+    if (!L.post_attn_norm.empty()) rms_norm_rows(tmp, n_tok, E, L.post_attn_norm, hp.rms_eps);
     add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);
 
     for (int i = 0; i < n_tok; ++i)
       rms_norm(x + static_cast<std::size_t>(i) * E, L.ffn_norm.data(), E, hp.rms_eps, xn + static_cast<std::size_t>(i) * E);
     matmul(L.w_gate, xn, n_tok, gate, pool_, mm_scratch_);
     matmul(L.w_up, xn, n_tok, up, pool_, mm_scratch_);
-    silu_mul(gate, up, static_cast<std::int64_t>(n_tok) * FF, gate);
+    if (hp.gelu) gelu_mul(gate, up, static_cast<std::int64_t>(n_tok) * FF, gate);
+    else silu_mul(gate, up, static_cast<std::int64_t>(n_tok) * FF, gate);
     matmul(L.w_down, gate, n_tok, tmp, pool_, mm_scratch_);
+    if (!L.post_ffn_norm.empty()) rms_norm_rows(tmp, n_tok, E, L.post_ffn_norm, hp.rms_eps);
     add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);
   }
 
@@ -245,6 +283,9 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   }
   logits.resize(static_cast<std::size_t>(n_rows) * hp.n_vocab);
   matmul(model_.output(), xn, n_rows, logits.data(), pool_, mm_scratch_);
+  if (hp.final_softcap > 0)
+    for (int r = 0; r < n_rows; ++r)
+      softcap_inplace(logits.data() + static_cast<std::size_t>(r) * hp.n_vocab, hp.n_vocab, hp.final_softcap);
   return {};
 }
 

@@ -1,5 +1,8 @@
 // Loading a Llama-family model from GGUF, with every shape and type checked
-// against the architecture before anything runs.
+// against the architecture before anything runs. The metadata keys, their
+// defaults and the tensor names are llama.cpp's (src/llama-model.cpp,
+// src/llama-arch.cpp) for each architecture.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -63,6 +66,44 @@ struct loader {
     return w;
   }
 
+  // Rows [row0, row0 + n_out) of a matrix, as a matrix: the parts of a fused
+  // projection (phi3), read in place.
+  static weight_view rows(const weight_view& w, std::int64_t row0, std::int64_t n_out) {
+    weight_view r = w;
+    r.data = static_cast<const std::byte*>(w.data) + static_cast<std::size_t>(row0) * w.row_bytes;
+    r.n_out = n_out;
+    return r;
+  }
+
+  // Q, K and V: separate matrices, or one fused attn_qkv whose rows are [Q | K | V].
+  status qkv(const std::string& p, const llama_hparams& hp, llama_layer& L) {
+    const std::int64_t q = hp.q_dim(), kv = hp.kv_dim();
+    PAGODA_ASSIGN_OR_RETURN(weight_view fused, matrix(p + "attn_qkv.weight", hp.n_embd, q + 2 * kv, false));
+    if (fused.data) {
+      L.wq = rows(fused, 0, q);
+      L.wk = rows(fused, q, kv);
+      L.wv = rows(fused, q + kv, kv);
+      return {};
+    }
+    PAGODA_ASSIGN_OR_RETURN(L.wq, matrix(p + "attn_q.weight", hp.n_embd, q));
+    PAGODA_ASSIGN_OR_RETURN(L.wk, matrix(p + "attn_k.weight", hp.n_embd, kv));
+    PAGODA_ASSIGN_OR_RETURN(L.wv, matrix(p + "attn_v.weight", hp.n_embd, kv));
+    return {};
+  }
+
+  // Gate and up: separate, or (no ffn_gate, phi3) one ffn_up whose rows are [gate | up].
+  status gate_up(const std::string& p, const llama_hparams& hp, llama_layer& L) {
+    PAGODA_ASSIGN_OR_RETURN(L.w_gate, matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff, hp.arch != "phi3"));
+    if (L.w_gate.data) {
+      PAGODA_ASSIGN_OR_RETURN(L.w_up, matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff));
+      return {};
+    }
+    PAGODA_ASSIGN_OR_RETURN(weight_view fused, matrix(p + "ffn_up.weight", hp.n_embd, 2 * hp.n_ff));
+    L.w_gate = rows(fused, 0, hp.n_ff);
+    L.w_up = rows(fused, hp.n_ff, hp.n_ff);
+    return {};
+  }
+
   result<std::vector<float>> vector(const std::string& name, std::int64_t n, bool required = true) {
     PAGODA_ASSIGN_OR_RETURN(weight_view w, matrix(name, n, 1, required));
     std::vector<float> out;
@@ -73,7 +114,99 @@ struct loader {
   }
 };
 
+bool is_supported_arch(std::string_view a) {
+  for (std::string_view s : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"})
+    if (a == s) return true;
+  return false;
+}
+
+// Which local/global layers: `sliding_window_pattern` is either a period n
+// (layer il is local iff il % n < n - 1, llama.cpp's swa pattern; 0 makes every
+// layer local) or an array with one flag per layer.
+status read_swa_layers(loader& ld, llama_hparams& hp, std::int64_t default_pattern) {
+  const std::string key = hp.arch + ".attention.sliding_window_pattern";
+  hp.swa_layer.assign(hp.n_layer, false);
+  if (auto flags = ld.f.get_i32_array(key); flags.ok()) {
+    if (flags->size() != static_cast<std::size_t>(hp.n_layer))
+      return error(errc::corrupt, "{} has {} entries for {} layers", key, flags->size(), hp.n_layer);
+    for (int l = 0; l < hp.n_layer; ++l) hp.swa_layer[l] = (*flags)[l] != 0;
+    return {};
+  }
+  PAGODA_ASSIGN_OR_RETURN(std::int64_t pattern, ld.key_int("attention.sliding_window_pattern", default_pattern));
+  if (pattern < 0 || pattern > (1 << 16)) return error(errc::corrupt, "{} = {} out of range", key, pattern);
+  for (int l = 0; l < hp.n_layer; ++l) hp.swa_layer[l] = pattern == 0 || l % pattern < pattern - 1;
+  return {};
+}
+
+// The per-architecture parts of the block (llama.h's table), after the common
+// hyper-parameters are read.
+status read_arch_features(loader& ld, llama_hparams& hp) {
+  const std::string& a = hp.arch;
+  const bool gemma = a == "gemma2" || a == "gemma3";
+  hp.rope_neox = a != "llama";
+  hp.qk_norm = a == "qwen3" || a == "gemma3";
+  hp.post_norms = gemma;
+  hp.gelu = gemma;
+  hp.embd_scale = gemma ? std::sqrt(static_cast<float>(hp.n_embd)) : 1.0f;
+  // Gemma's 27B models scale queries by 1/sqrt(n_embd / n_head) instead
+  // (llama.cpp recognises them by their layer count).
+  const bool gemma_27b = (a == "gemma2" && hp.n_layer == 46) || (a == "gemma3" && hp.n_layer == 62);
+  hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(gemma_27b ? hp.n_embd / hp.n_head : hp.head_dim));
+  if (a == "gemma2") {
+    PAGODA_ASSIGN_OR_RETURN(double c, ld.key_float("attn_logit_softcapping", 50.0));
+    hp.attn_softcap = static_cast<float>(c);
+  }
+  if (gemma) {
+    PAGODA_ASSIGN_OR_RETURN(double c, ld.key_float("final_logit_softcapping", a == "gemma2" ? 30.0 : 0.0));
+    hp.final_softcap = static_cast<float>(c);
+  }
+  if (!(hp.attn_softcap >= 0 && hp.attn_softcap < 1e6) || !(hp.final_softcap >= 0 && hp.final_softcap < 1e6))
+    return error(errc::corrupt, "soft-capping values {} / {} out of range", hp.attn_softcap, hp.final_softcap);
+  // Sliding windows: required for gemma, optional for llama (Mistral), where
+  // it covers every layer. qwen2 and phi3 files may carry the key; llama.cpp
+  // ignores it there, and so does Pagoda.
+  if (gemma || a == "llama") {
+    std::optional<std::int64_t> none;
+    if (a == "llama") none = 0;
+    PAGODA_ASSIGN_OR_RETURN(std::int64_t w, ld.key_int("attention.sliding_window", none));
+    if (w < 0 || w > (1 << 24)) return error(errc::corrupt, "sliding window {} out of range", w);
+    hp.sliding_window = static_cast<int>(w);
+  }
+  if (hp.sliding_window > 0) PAGODA_RETURN_IF_ERROR(read_swa_layers(ld, hp, a == "gemma2" ? 2 : a == "gemma3" ? 6 : 0));
+  else hp.swa_layer.assign(hp.n_layer, false);
+  hp.rope_base_swa = hp.rope_base;
+  if (a == "gemma3") {
+    PAGODA_ASSIGN_OR_RETURN(double b, ld.key_float("rope.freq_base_swa", 10000.0));
+    if (!(b > 1)) return error(errc::corrupt, "rope base {} out of range", b);
+    hp.rope_base_swa = static_cast<float>(b);
+  }
+  // Linear RoPE scaling (positions x 1/factor) on every layer but gemma3's
+  // local ones, as llama.cpp; the other schemes (YaRN, LongRoPE, Llama 3's
+  // frequency factors) are not computed, so the new architectures refuse them
+  // rather than run at the wrong angles (llama and qwen2 keep loading as before).
+  auto scaling = ld.f.get_string(a + ".rope.scaling.type");
+  auto factor = ld.f.get_float(a + ".rope.scaling.factor");
+  const bool linear = !scaling.ok() || *scaling == "linear" || *scaling == "none";
+  const bool scaled = linear && factor.ok() && *factor != 0.0 && !(scaling.ok() && *scaling == "none");
+  if (scaled) {
+    if (!(*factor > 0 && *factor < 1e6)) return error(errc::corrupt, "RoPE scaling factor {} out of range", *factor);
+    hp.rope_freq_scale = static_cast<float>(1.0 / *factor);
+  }
+  hp.rope_freq_scale_swa = a == "gemma3" ? 1.0f : hp.rope_freq_scale;
+  if (a == "llama" || a == "qwen2") return {};
+  if (!linear) return error(errc::unsupported, "RoPE scaling type '{}' is not supported (linear only)", *scaling);
+  if (ld.f.find_tensor("rope_factors_long.weight") || ld.f.find_tensor("rope_factors_short.weight") ||
+      ld.f.find_tensor("rope_freqs.weight"))
+    return error(errc::unsupported, "RoPE frequency factors (rope_factors_* / rope_freqs tensors) are not supported");
+  return {};
+}
+
 }  // namespace
+
+int llama_hparams::n_swa_layers() const {
+  if (sliding_window <= 0) return 0;
+  return static_cast<int>(std::count(swa_layer.begin(), swa_layer.end(), true));
+}
 
 double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element) {
   return 2.0 * hp.n_layer * hp.n_head_kv * hp.head_dim * bytes_per_element;
@@ -95,8 +228,8 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
   if (!arch.ok()) return error(errc::corrupt, "missing required key general.architecture");
   llama_hparams& hp = m->hp_;
   hp.arch = std::string(*arch);
-  if (hp.arch != "llama" && hp.arch != "qwen2")
-    return error(errc::unsupported, "architecture '{}' is not supported (llama, qwen2)", hp.arch);
+  if (!is_supported_arch(hp.arch))
+    return error(errc::unsupported, "architecture '{}' is not supported ({})", hp.arch, k_supported_architectures);
   if (auto name = f.get_string("general.name"); name.ok()) hp.name = std::string(*name);
   loader ld{f, hp.arch};
 
@@ -136,7 +269,7 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
   hp.n_ctx_train = static_cast<int>(n_ctx);
   hp.rms_eps = static_cast<float>(eps);
   hp.rope_base = static_cast<float>(rope_base);
-  hp.rope_neox = hp.arch == "qwen2";
+  PAGODA_RETURN_IF_ERROR(read_arch_features(ld, hp));
 
   auto tok = tokenizer::from_gguf(f);
   if (!tok.ok()) return tok.error().with_context("tokenizer");
@@ -168,18 +301,25 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
     llama_layer& L = m->layers_[l];
     std::string p = "blk." + std::to_string(l) + ".";
     PAGODA_ASSIGN_OR_RETURN(L.attn_norm, ld.vector(p + "attn_norm.weight", n_embd));
-    PAGODA_ASSIGN_OR_RETURN(L.wq, ld.matrix(p + "attn_q.weight", n_embd, q_dim));
-    PAGODA_ASSIGN_OR_RETURN(L.wk, ld.matrix(p + "attn_k.weight", n_embd, kv_dim));
-    PAGODA_ASSIGN_OR_RETURN(L.wv, ld.matrix(p + "attn_v.weight", n_embd, kv_dim));
+    PAGODA_RETURN_IF_ERROR(ld.qkv(p, hp, L));
     PAGODA_ASSIGN_OR_RETURN(L.wo, ld.matrix(p + "attn_output.weight", q_dim, n_embd));
     PAGODA_ASSIGN_OR_RETURN(L.ffn_norm, ld.vector(p + "ffn_norm.weight", n_embd));
-    PAGODA_ASSIGN_OR_RETURN(L.w_gate, ld.matrix(p + "ffn_gate.weight", n_embd, n_ff));
-    PAGODA_ASSIGN_OR_RETURN(L.w_up, ld.matrix(p + "ffn_up.weight", n_embd, n_ff));
+    PAGODA_RETURN_IF_ERROR(ld.gate_up(p, hp, L));
     PAGODA_ASSIGN_OR_RETURN(L.w_down, ld.matrix(p + "ffn_down.weight", n_ff, n_embd));
     bool need_bias = hp.arch == "qwen2";
     PAGODA_ASSIGN_OR_RETURN(L.bq, ld.vector(p + "attn_q.bias", q_dim, need_bias));
     PAGODA_ASSIGN_OR_RETURN(L.bk, ld.vector(p + "attn_k.bias", kv_dim, need_bias));
     PAGODA_ASSIGN_OR_RETURN(L.bv, ld.vector(p + "attn_v.bias", kv_dim, need_bias));
+    if (L.bq.empty() != L.bk.empty() || L.bq.empty() != L.bv.empty())
+      return error(errc::corrupt, "{}: attn_q/k/v biases must come together", p);
+    if (hp.qk_norm) {
+      PAGODA_ASSIGN_OR_RETURN(L.q_norm, ld.vector(p + "attn_q_norm.weight", hp.head_dim));
+      PAGODA_ASSIGN_OR_RETURN(L.k_norm, ld.vector(p + "attn_k_norm.weight", hp.head_dim));
+    }
+    if (hp.post_norms) {
+      PAGODA_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vector(p + "post_attention_norm.weight", n_embd));
+      PAGODA_ASSIGN_OR_RETURN(L.post_ffn_norm, ld.vector(p + "post_ffw_norm.weight", n_embd));
+    }
   }
   for (const gguf::tensor_info& t : f.tensors())
     if (!(hp.tied_output && t.name == "output.weight")) m->n_params_ += t.n_elements();

@@ -22,14 +22,68 @@ namespace {
 
 using gguf::tensor_type;
 
-constexpr synth_shape k_presets[] = {
-    // name, arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, n_vocab, rope_base, rms_eps, qkv_bias
-    {"llama3-8b", "llama", 4096, 32, 8, 128, 14336, 32, 8192, 128256, 500000.0f, 1e-5f, false},
-    {"llama3-70b", "llama", 8192, 64, 8, 128, 28672, 80, 8192, 128256, 500000.0f, 1e-5f, false},
-    {"mistral-7b", "llama", 4096, 32, 8, 128, 14336, 32, 32768, 32000, 1000000.0f, 1e-5f, false},
-    {"qwen2-7b", "qwen2", 3584, 28, 4, 128, 18944, 28, 32768, 152064, 1000000.0f, 1e-6f, true},
-    {"tiny", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f, false},
-    {"tiny256", "llama", 256, 4, 2, 64, 512, 2, 2048, 512, 10000.0f, 1e-5f, false},
+// Shapes of the real models (their config.json / llama.cpp's GGUF metadata).
+synth_shape make_shape(const char* name, const char* arch, int n_embd, int n_head, int n_head_kv, int head_dim,
+                       int n_ff, int n_layer, int n_ctx, int n_vocab, float rope_base, float rms_eps) {
+  synth_shape s;
+  s.name = name;
+  s.arch = arch;
+  s.n_embd = n_embd;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.head_dim = head_dim;
+  s.n_ff = n_ff;
+  s.n_layer = n_layer;
+  s.n_ctx = n_ctx;
+  s.n_vocab = n_vocab;
+  s.rope_base = rope_base;
+  s.rms_eps = rms_eps;
+  const std::string_view a = arch;
+  s.qkv_bias = a == "qwen2";
+  s.qk_norm = a == "qwen3" || a == "gemma3";
+  s.post_norms = a == "gemma2" || a == "gemma3";
+  s.fused = a == "phi3";
+  return s;
+}
+
+synth_shape with_window(synth_shape s, int window, int pattern = 0) {
+  s.sliding_window = window;
+  s.swa_pattern = pattern;
+  return s;
+}
+
+synth_shape gemma2(synth_shape s, int window) {
+  s = with_window(s, window);
+  s.attn_softcap = 50.0f;
+  s.final_softcap = 30.0f;
+  return s;
+}
+
+synth_shape gemma3(synth_shape s, int window) {
+  s = with_window(s, window, 6);
+  s.rope_base_swa = 10000.0f;
+  return s;
+}
+
+const synth_shape k_presets[] = {
+    // name, arch, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx, n_vocab, rope_base, rms_eps
+    make_shape("llama3-8b", "llama", 4096, 32, 8, 128, 14336, 32, 8192, 128256, 500000.0f, 1e-5f),
+    make_shape("llama3-70b", "llama", 8192, 64, 8, 128, 28672, 80, 8192, 128256, 500000.0f, 1e-5f),
+    make_shape("mistral-7b", "llama", 4096, 32, 8, 128, 14336, 32, 32768, 32000, 1000000.0f, 1e-5f),
+    with_window(make_shape("mistral-7b-v0.1", "llama", 4096, 32, 8, 128, 14336, 32, 32768, 32000, 10000.0f, 1e-5f),
+                4096),
+    make_shape("qwen2-7b", "qwen2", 3584, 28, 4, 128, 18944, 28, 32768, 152064, 1000000.0f, 1e-6f),
+    make_shape("qwen3-8b", "qwen3", 4096, 32, 8, 128, 12288, 36, 40960, 151936, 1000000.0f, 1e-6f),
+    gemma2(make_shape("gemma2-9b", "gemma2", 3584, 16, 8, 256, 14336, 42, 8192, 256000, 10000.0f, 1e-6f), 4096),
+    gemma3(make_shape("gemma3-4b", "gemma3", 2560, 8, 4, 256, 10240, 34, 131072, 262208, 1000000.0f, 1e-6f), 1024),
+    make_shape("phi3-mini", "phi3", 3072, 32, 32, 96, 8192, 32, 4096, 32064, 10000.0f, 1e-5f),
+    make_shape("tiny", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f),
+    make_shape("tiny256", "llama", 256, 4, 2, 64, 512, 2, 2048, 512, 10000.0f, 1e-5f),
+    make_shape("tiny-qwen3", "qwen3", 128, 8, 2, 32, 256, 2, 2048, 512, 1000000.0f, 1e-6f),
+    gemma2(make_shape("tiny-gemma2", "gemma2", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-6f), 8),
+    with_window(gemma3(make_shape("tiny-gemma3", "gemma3", 128, 4, 1, 32, 256, 3, 2048, 512, 1000000.0f, 1e-6f), 8),
+                8, 3),
+    make_shape("tiny-phi3", "phi3", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f),
 };
 
 // Weight types synth can write (those with an encoder in encode_row).
@@ -202,6 +256,11 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   }
   w->add_f32(key("attention.layer_norm_rms_epsilon"), s.rms_eps);
   w->add_f32(key("rope.freq_base"), s.rope_base);
+  if (s.sliding_window > 0) w->add_u32(key("attention.sliding_window"), static_cast<std::uint32_t>(s.sliding_window));
+  if (s.swa_pattern > 0) w->add_u32(key("attention.sliding_window_pattern"), static_cast<std::uint32_t>(s.swa_pattern));
+  if (s.attn_softcap > 0) w->add_f32(key("attn_logit_softcapping"), s.attn_softcap);
+  if (s.final_softcap > 0) w->add_f32(key("final_logit_softcapping"), s.final_softcap);
+  if (s.rope_base_swa > 0) w->add_f32(key("rope.freq_base_swa"), s.rope_base_swa);
   add_vocabulary(*w, s.n_vocab);
 
   std::uint64_t id = 0;
@@ -218,25 +277,42 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   // Uniform on [-a, a) has standard deviation a / sqrt(3).
   auto amplitude_for = [](std::int64_t n_in) { return static_cast<float>(std::sqrt(3.0 / static_cast<double>(n_in))); };
 
-  matrix("token_embd.weight", s.n_embd, s.n_vocab, std::sqrt(3.0f));
+  // Gemma files tie the output to the embeddings (and scale the embeddings
+  // by sqrt(n_embd) in the forward pass, so their rows are small).
+  const bool gemma = s.post_norms;
+  matrix("token_embd.weight", s.n_embd, s.n_vocab, gemma ? amplitude_for(s.n_embd) : std::sqrt(3.0f));
   vector("output_norm.weight", s.n_embd, 0, 1.0f);
-  matrix("output.weight", s.n_embd, s.n_vocab, amplitude_for(s.n_embd));
+  if (!gemma) matrix("output.weight", s.n_embd, s.n_vocab, amplitude_for(s.n_embd));
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = fmt::format("blk.{}.", l);
     vector(p + "attn_norm.weight", s.n_embd, 0, 1.0f);
-    matrix(p + "attn_q.weight", s.n_embd, q_dim, amplitude_for(s.n_embd));
-    matrix(p + "attn_k.weight", s.n_embd, kv_dim, amplitude_for(s.n_embd));
-    matrix(p + "attn_v.weight", s.n_embd, kv_dim, amplitude_for(s.n_embd));
+    if (s.fused) {
+      matrix(p + "attn_qkv.weight", s.n_embd, q_dim + 2 * kv_dim, amplitude_for(s.n_embd));
+    } else {
+      matrix(p + "attn_q.weight", s.n_embd, q_dim, amplitude_for(s.n_embd));
+      matrix(p + "attn_k.weight", s.n_embd, kv_dim, amplitude_for(s.n_embd));
+      matrix(p + "attn_v.weight", s.n_embd, kv_dim, amplitude_for(s.n_embd));
+    }
+    if (s.qk_norm) {
+      vector(p + "attn_q_norm.weight", s.head_dim, 0, 1.0f);
+      vector(p + "attn_k_norm.weight", s.head_dim, 0, 1.0f);
+    }
     if (s.qkv_bias) {
       vector(p + "attn_q.bias", q_dim, 0.02f, 0);
       vector(p + "attn_k.bias", kv_dim, 0.02f, 0);
       vector(p + "attn_v.bias", kv_dim, 0.02f, 0);
     }
     matrix(p + "attn_output.weight", q_dim, s.n_embd, amplitude_for(q_dim));
+    if (s.post_norms) vector(p + "post_attention_norm.weight", s.n_embd, 0, 1.0f);
     vector(p + "ffn_norm.weight", s.n_embd, 0, 1.0f);
-    matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff, amplitude_for(s.n_embd));
-    matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, amplitude_for(s.n_embd));
+    if (s.fused) {
+      matrix(p + "ffn_up.weight", s.n_embd, 2 * static_cast<std::int64_t>(s.n_ff), amplitude_for(s.n_embd));
+    } else {
+      matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff, amplitude_for(s.n_embd));
+      matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, amplitude_for(s.n_embd));
+    }
     matrix(p + "ffn_down.weight", s.n_ff, s.n_embd, amplitude_for(s.n_ff));
+    if (s.post_norms) vector(p + "post_ffw_norm.weight", s.n_embd, 0, 1.0f);
   }
   return w;
 }

@@ -3,7 +3,10 @@
 // Their output means nothing; their speed and memory use do.
 //
 // A file carries llama.cpp's tensor names and metadata keys for its
-// architecture (llama or qwen2, the latter with QKV biases) and a synthetic
+// architecture (llama, with an optional sliding window; qwen2 with QKV
+// biases; qwen3 with Q/K norms; gemma2 and gemma3 with post-norms, soft-capping,
+// sliding-window layers and gemma3's Q/K norms; phi3 with fused QKV and
+// gate/up projections) and a synthetic
 // SentencePiece-style ("llama") vocabulary so it tokenizes and runs end to end:
 // <unk> <s> </s>, the 256 byte tokens <0x00>..<0xFF>, then plain pieces.
 // Weights are deterministic in (seed, tensor, row), uniform with standard
@@ -25,7 +28,7 @@ namespace pagoda {
 // width, each of n_head query heads and n_head_kv key/value heads is head_dim wide.
 struct synth_shape {
   const char* name = "";     // preset name
-  const char* arch = "llama";  // "llama" or "qwen2"
+  const char* arch = "llama";  // llama, qwen2, qwen3, gemma2, gemma3 or phi3
   int n_embd = 0;
   int n_head = 0;
   int n_head_kv = 0;
@@ -37,11 +40,24 @@ struct synth_shape {
   float rope_base = 10000.0f;
   float rms_eps = 1e-5f;
   bool qkv_bias = false;     // qwen2: attn_q/k/v biases
+  // The architecture's other parts, written when set (their keys and tensors
+  // are what llama.cpp reads; see model/llama.h).
+  bool qk_norm = false;          // qwen3, gemma3: attn_q_norm / attn_k_norm [head_dim]
+  bool post_norms = false;       // gemma: post_attention_norm, post_ffw_norm
+  bool fused = false;            // phi3: attn_qkv and a [gate | up] ffn_up, no ffn_gate
+  int sliding_window = 0;        // <arch>.attention.sliding_window (0: none)
+  int swa_pattern = 0;           // <arch>.attention.sliding_window_pattern (0: not written)
+  float attn_softcap = 0.0f;     // gemma2.attn_logit_softcapping (0: not written)
+  float final_softcap = 0.0f;    // <arch>.final_logit_softcapping (0: not written)
+  float rope_base_swa = 0.0f;    // <arch>.rope.freq_base_swa (0: not written)
 };
 
-// Every preset: llama3-8b, llama3-70b, mistral-7b, qwen2-7b, tiny (a small
-// llama for tests and smoke runs) and tiny256 (the same with rows of 256 and
-// 512, so the super-block formats q4_K and q6_K fit).
+// Every preset: llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1 (with its
+// 4096-token sliding window), qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b,
+// phi3-mini, tiny (a small llama for tests and smoke runs), tiny256 (the same
+// with rows of 256 and 512, so the super-block formats q4_K and q6_K fit), and
+// tiny-qwen3, tiny-gemma2, tiny-gemma3, tiny-phi3 (small models of those
+// architectures, with windows of 8 positions on the gemma ones).
 std::span<const synth_shape> synth_presets();
 // nullptr when no preset has that name.
 const synth_shape* find_synth_preset(std::string_view name);

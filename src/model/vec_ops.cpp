@@ -30,6 +30,14 @@ void silu_mul(const float* g, const float* u, std::int64_t n, float* out) {
   silu_mul_ref(g, u, n, out);
 }
 
+void gelu_mul(const float* g, const float* u, std::int64_t n, float* out) {
+  constexpr float k_sqrt_2_over_pi = 0.79788456080286535588f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    out[i] = 0.5f * x * (1.0f + std::tanh(k_sqrt_2_over_pi * x * (1.0f + 0.044715f * x * x))) * u[i];
+  }
+}
+
 void add_inplace(float* x, const float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) x[i] += y[i];
 }

@@ -15,6 +15,10 @@ void rms_norm_ref(const float* x, const float* w, int n, float eps, float* out);
 void silu_mul(const float* g, const float* u, std::int64_t n, float* out);
 void silu_mul_ref(const float* g, const float* u, std::int64_t n, float* out);
 
+// out[i] = gelu(g[i]) * u[i], GELU in its tanh form
+// 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma's FFN). out may alias g or u.
+void gelu_mul(const float* g, const float* u, std::int64_t n, float* out);
+
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, std::int64_t n);
 

@@ -5,7 +5,7 @@
 namespace pagoda::server {
 namespace {
 
-constexpr std::array k_formats = {chat_format::plain,  chat_format::chatml, chat_format::llama2,
+constexpr std::array k_formats = {chat_format::plain,  chat_format::chatml, chat_format::qwen3, chat_format::llama2,
                                   chat_format::llama3, chat_format::mistral, chat_format::gemma,
                                   chat_format::phi3,   chat_format::zephyr, chat_format::deepseek,
                                   chat_format::deepseek3};
@@ -50,12 +50,54 @@ result<std::vector<chat_message>> fold_system(std::span<const chat_message> mess
   return out;
 }
 
+std::string_view strip_newlines(std::string_view s, bool left, bool right) {
+  while (left && !s.empty() && s.front() == '\n') s.remove_prefix(1);
+  while (right && !s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+// Qwen3's template: an assistant turn's "<think>reasoning</think>answer" is
+// split at the last </think>; turns before the last user message keep the
+// answer only, later ones (and the last message) are written as
+// "<think>\nreasoning\n</think>\n\nanswer".
+std::string render_qwen3(std::span<const chat_message> messages, bool add_generation_prompt) {
+  std::size_t last_query = messages.size() - 1;  // the template's default when no user message
+  for (std::size_t i = 0; i < messages.size(); ++i)
+    if (messages[i].role == "user") last_query = i;
+  std::string out;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const chat_message& m = messages[i];
+    out += "<|im_start|>" + m.role + "\n";
+    if (m.role != "assistant") {
+      out += m.content + "<|im_end|>\n";
+      continue;
+    }
+    std::string_view content = m.content, reasoning;
+    if (const std::size_t end = content.rfind("</think>"); end != std::string_view::npos) {
+      std::string_view before = strip_newlines(content.substr(0, content.find("</think>")), false, true);
+      if (const std::size_t open = before.rfind("<think>"); open != std::string_view::npos) before = before.substr(open + 7);
+      reasoning = strip_newlines(before, true, false);
+      content = strip_newlines(content.substr(end + 8), true, false);
+    }
+    const bool last = i + 1 == messages.size();
+    if (i > last_query && (last || !reasoning.empty()))
+      out += "<think>\n" + std::string(strip_newlines(reasoning, true, true)) + "\n</think>\n\n" +
+             std::string(strip_newlines(content, true, false));
+    else
+      out += content;
+    out += "<|im_end|>\n";
+  }
+  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
 }  // namespace
 
 const char* chat_format_name(chat_format f) {
   switch (f) {
     case chat_format::plain: return "plain";
     case chat_format::chatml: return "chatml";
+    case chat_format::qwen3: return "qwen3";
     case chat_format::llama2: return "llama2";
     case chat_format::llama3: return "llama3";
     case chat_format::mistral: return "mistral";
@@ -79,7 +121,7 @@ std::optional<chat_format> chat_format_from_name(std::string_view name) {
 std::optional<chat_format> detect_chat_format(std::string_view t) {
   // Most specific markers first: Phi-3 and Zephyr share <|user|>, Llama 2 and
   // Mistral share [INST].
-  if (contains(t, "<|im_start|>")) return chat_format::chatml;
+  if (contains(t, "<|im_start|>")) return contains(t, "enable_thinking") ? chat_format::qwen3 : chat_format::chatml;
   if (contains(t, "<|start_header_id|>") && contains(t, "<|end_header_id|>")) return chat_format::llama3;
   if (contains(t, "<start_of_turn>")) return chat_format::gemma;
   if (contains(t, "<|assistant|>") && contains(t, "<|end|>")) return chat_format::phi3;
@@ -112,6 +154,8 @@ result<std::string> render_chat(chat_format f, std::span<const chat_message> mes
       for (const chat_message& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       return out;
+
+    case chat_format::qwen3: return render_qwen3(messages, add_generation_prompt);
 
     case chat_format::llama3:
       for (const chat_message& m : messages)

@@ -10,11 +10,14 @@
 //
 // Families and the reference template each follows:
 //   chatml     <|im_start|>role\n...<|im_end|>\n           (Qwen, OpenHermes, Yi, ...)
+//   qwen3      chatml with Qwen3's thinking blocks: <think>...</think> is
+//              dropped from assistant turns before the last user message and
+//              kept, normalised, after it (detected by `enable_thinking`)
 //   llama2     [INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] (Llama-2-chat)
 //   llama3     <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>  (Llama 3.x)
 //   mistral    [INST] ... [/INST]...</s>                   (Mistral-7B-Instruct v0.1/v0.2)
-//   gemma      <start_of_turn>user\n...<end_of_turn>\n     (Gemma, Gemma 2)
-//   phi3       <|user|>\n...<|end|>\n<|assistant|>\n        (Phi-3)
+//   gemma      <start_of_turn>user\n...<end_of_turn>\n     (Gemma, Gemma 2, Gemma 3)
+//   phi3       <|user|>\n...<|end|>\n<|assistant|>\n        (Phi-3, Phi-3.5)
 //   zephyr     <|user|>\n...</s>\n<|assistant|>\n           (Zephyr)
 //   deepseek   User: ...\n\nAssistant: ...<eos>            (DeepSeek LLM / V2 chat)
 //   deepseek3  <｜User｜>...<｜Assistant｜>...<eos>          (DeepSeek V3 / R1)
@@ -36,7 +39,7 @@
 
 namespace pagoda::server {
 
-enum class chat_format { plain, chatml, llama2, llama3, mistral, gemma, phi3, zephyr, deepseek, deepseek3 };
+enum class chat_format { plain, chatml, qwen3, llama2, llama3, mistral, gemma, phi3, zephyr, deepseek, deepseek3 };
 
 struct chat_message {
   std::string role;  // "system", "user" or "assistant"

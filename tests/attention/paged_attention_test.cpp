@@ -81,14 +81,17 @@ struct fixture {
     return t;
   }
 
-  // Attention for query tokens [first, first + n) over positions [0, first + n).
-  std::vector<float> run(int first, int n, bool reference) {
+  // Attention for query tokens [first, first + n) over positions [0, first +
+  // n), with a sliding window and soft-capping as given.
+  std::vector<float> run(int first, int n, bool reference, int window = 0, float softcap = 0.0f) {
     std::vector<float> out(static_cast<std::size_t>(n) * q_stride(), NAN);
     paged_kv_view kview = kv->k_view(0, table, first + n);
     paged_kv_view vview = kv->v_view(0, table, first + n);
     attention_scratch scratch;
     for (int h = 0; h < n_kv_heads; ++h) {
       attention_task t = task(kview, vview, h, first, n, pos.data() + first, pos.data(), first + n, out.data());
+      t.window = window;
+      t.softcap = softcap;
       if (reference) paged_attention_ref(t);
       else paged_attention(t, scratch);
     }
@@ -293,6 +296,66 @@ TEST_P(softmax_level, simd_matches_reference) {
 INSTANTIATE_TEST_SUITE_P(levels, softmax_level, ::testing::ValuesIn(test::simd_levels_under_test()),
                          test::level_param_name);
 
+class softcap_level : public ::testing::TestWithParam<simd_level> {
+ protected:
+  test::simd_level_guard guard_;
+};
+
+// The dispatched soft-capping against cap * std::tanh(x / cap) at each level
+// (the reference itself at scalar). The SIMD levels compute 1 - 2 / (exp(2x) +
+// 1) in float: the exp is within 2e-7 relative and the subtraction from 1
+// loses at most an ulp of 1, so within 1e-6 x cap; far out they saturate at
+// exactly +-cap.
+TEST_P(softcap_level, simd_matches_reference) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  std::mt19937 rng(3);
+  for (float cap : {4.0f, 50.0f}) {
+    std::normal_distribution<float> nd(0.0f, 2.0f * cap);
+    for (int n : {1, 5, 8, 15, 16, 17, 33, 200}) {
+      std::vector<float> a(n), b;
+      for (float& x : a) x = nd(rng);
+      a[0] = n > 1 ? 1e-6f : 0.0f;
+      if (n > 2) a[1] = -1e4f;
+      if (n > 3) a[2] = 1e4f;
+      b = a;
+      softcap_inplace_ref(a.data(), n, cap);
+      softcap_inplace(b.data(), n, cap);
+      for (int i = 0; i < n; ++i) {
+        ASSERT_NEAR(b[i], a[i], 1e-6 * cap) << "cap " << cap << " n " << n << " i " << i;
+        ASSERT_LE(std::fabs(b[i]), cap);
+      }
+    }
+  }
+}
+
+// Attention with soft-capped scores, under a sliding window as on Gemma 2's
+// local layers, against the double reference (same 2e-5 as matches_reference:
+// f32 KV, O(1) outputs), batch invariant, and the cap changes the output.
+TEST_P(softcap_level, attention_matches_reference_and_is_batch_invariant) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  const int H = 2, R = 2, D = 64, B = 16, N = 80, W = 32;
+  fixture f("f32", H, R, D, B, N, 13);
+  auto run = [&](int first, int n, bool reference, float cap) { return f.run(first, n, reference, W, cap); };
+  // Scores here have a standard deviation of about 2: a cap of 1.5 bites hard.
+  const float cap = 1.5f;
+  auto whole = run(0, N, false, cap);
+  auto ref = run(0, N, true, cap);
+  for (std::size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(whole[i], ref[i], 2e-5) << i;
+  for (int p : {0, 31, 32, 79}) {
+    auto one = run(p, 1, false, cap);
+    for (std::size_t i = 0; i < one.size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(one[i]), std::bit_cast<std::uint32_t>(whole[p * f.q_stride() + i]))
+          << "position " << p;
+  }
+  auto uncapped = run(0, N, false, 0.0f);
+  double diff = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(whole[i] - uncapped[i])));
+  EXPECT_GT(diff, 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(levels, softcap_level, ::testing::ValuesIn(test::simd_levels_under_test()),
+                         test::level_param_name);
+
 // Masking follows stored positions, not slot numbers. With blocks dropped from
 // the middle (the table skips them; the kept slots keep their positions) and
 // gaps in the query positions, the fast path must match the reference, which
@@ -342,18 +405,7 @@ TEST(paged_attention_positions, masks_by_stored_positions_after_a_drop) {
 TEST(paged_attention_positions, sliding_window_matches_reference_and_is_batch_invariant) {
   const int H = 2, R = 4, D = 32, B = 16, N = 100, W = 21;
   fixture f("f16", H, R, D, B, N, 9);
-  auto run = [&](int first, int n, bool reference) {
-    std::vector<float> out(static_cast<std::size_t>(n) * f.q_stride());
-    paged_kv_view kview = f.kv->k_view(0, f.table, first + n), vview = f.kv->v_view(0, f.table, first + n);
-    attention_scratch scratch;
-    for (int h = 0; h < H; ++h) {
-      attention_task t = f.task(kview, vview, h, first, n, f.pos.data() + first, f.pos.data(), first + n, out.data());
-      t.window = W;
-      if (reference) paged_attention_ref(t);
-      else paged_attention(t, scratch);
-    }
-    return out;
-  };
+  auto run = [&](int first, int n, bool reference) { return f.run(first, n, reference, W); };
   auto whole = run(0, N, false);
   auto ref = run(0, N, true);
   for (std::size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(whole[i], ref[i], 2e-5) << i;

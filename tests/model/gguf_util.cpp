@@ -39,4 +39,19 @@ void copy_value(gguf::writer& w, const std::string& key, const gguf::value& v) {
   }
 }
 
+std::vector<std::byte> rewrite_gguf(const gguf::file& src, std::initializer_list<std::string_view> drop,
+                                    const std::function<void(gguf::writer&)>& add) {
+  gguf::writer w;
+  for (const gguf::metadata_entry& e : src.metadata()) {
+    bool keep = e.key != "general.alignment";
+    for (std::string_view d : drop) keep = keep && e.key != d;
+    if (keep) copy_value(w, std::string(e.key), e.val);
+  }
+  add(w);
+  for (const gguf::tensor_info& t : src.tensors())
+    w.add_tensor(t.name, t.type, std::span<const std::int64_t>(t.ne, t.n_dims),
+                 std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.size_bytes));
+  return w.to_bytes();
+}
+
 }  // namespace pagoda::test

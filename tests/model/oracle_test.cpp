@@ -16,6 +16,18 @@
 // |logit| * 2^-11 (under 0.003 on synth, 0.02 on stories260K) to each
 // difference, a few percent of the tolerance.
 //
+// The architecture files (family "arch": qwen2, qwen3, gemma2, gemma3, phi3,
+// all F32) are held to the README's F32 tolerances, 1e-4 max abs and 1e-5 RMS,
+// and for gemma2/gemma3 5e-3 / 1e-3: ggml evaluates GELU through an f16 table,
+// which an exact tanh-GELU (Pagoda's) differs from by up to ~1e-3 relative
+// per element, ~2.3e-3 on the logits at worst. Every feature left out or done
+// the common wrong way (no soft-capping, no sliding window or a window off by
+// one, the wrong layer pattern, one RoPE base, no Q/K norm, no embedding
+// scale, no post-norms, NeoX vs adjacent RoPE, swapped gate/up) moves them by
+// 0.55 to 4.8 (the README's ablations), at least 110x those tolerances. Their
+// greedy rows must all be checked (every margin is at least 0.0074, far above
+// twice the difference) and match: all 32 of llama.cpp's greedy ids.
+//
 // For the single-type files llama.cpp was also run on exactly dequantized F32
 // copies (`*.deq.logits.f32`): Pagoda on the same copies (dequantize_row, then
 // the F32 path, no activation quantization) must match those to F32 precision
@@ -42,7 +54,8 @@ using test::oracle_case;
 struct tolerance {
   double max_abs, rms;
 };
-tolerance quantized_tolerance(const oracle_case& c) {
+tolerance oracle_tolerance(const oracle_case& c) {
+  if (c.family == "arch") return c.arch.starts_with("gemma") ? tolerance{5e-3, 1e-3} : tolerance{1e-4, 1e-5};
   return c.family == "stories260K" ? tolerance{0.75, 0.1} : tolerance{0.3, 0.05};
 }
 
@@ -102,11 +115,15 @@ TEST_P(Oracle, LogitsMatchLlamaCpp) {
 
   const std::vector<float> logits = test::run_teacher_forced(*model, c.tokens, c.n_prompt);
   const test::logit_diff d = test::compare_logits(logits, c.logits, c.n_vocab);
-  const tolerance tol = quantized_tolerance(c);
+  const tolerance tol = oracle_tolerance(c);
   EXPECT_LE(d.max_abs, tol.max_abs);
   EXPECT_LE(d.rms, tol.rms);
   const int checked = check_greedy(c, logits, d);
-  std::printf("[ oracle ] %-22s %-6s max abs %.4f  rms %.5f  greedy rows checked %d/32\n", c.name.c_str(),
+  if (c.family == "arch") {
+    EXPECT_EQ(model->hparams().arch, c.arch);
+    EXPECT_EQ(checked, static_cast<int>(c.greedy.size())) << "every greedy row is decisive on an F32 file";
+  }
+  std::printf("[ oracle ] %-22s %-6s max abs %.3g  rms %.3g  greedy rows checked %d/32\n", c.name.c_str(),
               simd_level_name(GetParam().level), d.max_abs, d.rms, checked);
 }
 

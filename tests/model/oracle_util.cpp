@@ -66,6 +66,7 @@ oracle_case load_oracle_case(const std::string& name) {
   oracle_case c;
   c.name = name;
   c.family = j["family"].get<std::string>();
+  c.arch = j.contains("arch") ? j["arch"].get<std::string>() : "llama";
   c.gguf_path = dir + "/gguf/" + std::filesystem::path(j["gguf"].get<std::string>()).filename().string();
   c.tokens = j["tokens"].get<std::vector<token_id>>();
   c.n_prompt = j["n_prompt"].get<int>();
@@ -73,12 +74,21 @@ oracle_case load_oracle_case(const std::string& name) {
   c.greedy = j["greedy"].get<std::vector<token_id>>();
   c.margins = j["greedy_margins"].get<std::vector<float>>();
   for (const auto& [type, n] : j["type_counts"].items()) c.type_counts.emplace_back(type, n.get<int>());
-  const std::vector<char> half = read_bytes(dir + "/ref/" + name + ".logits.f16");
-  c.logits.resize(half.size() / 2);
-  for (std::size_t i = 0; i < c.logits.size(); ++i) {
-    fp16_t h;
-    std::memcpy(&h, half.data() + 2 * i, 2);
-    c.logits[i] = fp16_to_f32(h);
+  // The architecture references are verbatim f32 (their tolerances are at
+  // float level); the weight-format ones were shrunk to fp16 (README.md).
+  const std::string f32 = dir + "/ref/" + name + ".logits.f32";
+  if (std::filesystem::exists(f32)) {
+    const std::vector<char> raw = read_bytes(f32);
+    c.logits.resize(raw.size() / 4);
+    std::memcpy(c.logits.data(), raw.data(), raw.size());
+  } else {
+    const std::vector<char> half = read_bytes(dir + "/ref/" + name + ".logits.f16");
+    c.logits.resize(half.size() / 2);
+    for (std::size_t i = 0; i < c.logits.size(); ++i) {
+      fp16_t h;
+      std::memcpy(&h, half.data() + 2 * i, 2);
+      c.logits[i] = fp16_to_f32(h);
+    }
   }
   const std::string deq = dir + "/ref/" + name + ".deq.logits.f32";
   if (std::filesystem::exists(deq)) {

@@ -24,7 +24,8 @@ std::vector<float> run_teacher_forced(const llama_model& model, std::span<const 
 // One model of the oracle set.
 struct oracle_case {
   std::string name;                // e.g. "synth-llama-Q4_K_M"
-  std::string family;              // "synth-llama" or "stories260K"
+  std::string family;              // "synth-llama", "stories260K" or "arch"
+  std::string arch;                // general.architecture of the file
   std::string gguf_path;
   std::vector<token_id> tokens;    // the 96 prompt ids, then the 32 greedy ids
   int n_prompt = 0;
@@ -32,7 +33,7 @@ struct oracle_case {
   std::vector<token_id> greedy;    // greedy[k] = argmax of row n_prompt - 1 + k
   std::vector<float> margins;      // top-1 minus top-2 logit of those rows
   std::vector<std::pair<std::string, int>> type_counts;  // llama.cpp's tensor type counts ("Q4_K", 13)
-  std::vector<float> logits;       // [rows][n_vocab] (stored as fp16)
+  std::vector<float> logits;       // [rows][n_vocab] (stored as fp16, or f32 for "arch")
   std::vector<float> deq_logits;   // llama.cpp on the exactly dequantized weights (f32); empty if absent
 };
 

@@ -28,6 +28,28 @@ TEST(chat_template, chatml) {
   EXPECT_EQ(render(chat_format::chatml, {{"user", "x"}}, false), "<|im_start|>user\nx<|im_end|>\n");
 }
 
+// What Qwen3's template renders: thinking dropped from turns before the last
+// user message, kept (normalised) after it; the last assistant message always
+// gets a think block, an earlier one after the query only if it has reasoning.
+TEST(chat_template, qwen3_thinking_blocks) {
+  const std::vector<chat_message> conv = {{"system", "Be brief."},
+                                          {"user", "Hi"},
+                                          {"assistant", "<think>\nsay hi\n</think>\n\nHello."},
+                                          {"user", "Who are you?"}};
+  EXPECT_EQ(render(chat_format::qwen3, conv),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  // After the last query: the think block is kept, newlines normalised.
+  EXPECT_EQ(render(chat_format::qwen3, {{"user", "Q"}, {"assistant", "<think>\n\nhmm\n\n</think>\nA"}}, false),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\nA<|im_end|>\n");
+  // The last message without reasoning still gets an (empty) think block; an
+  // earlier one without reasoning does not.
+  EXPECT_EQ(render(chat_format::qwen3, {{"user", "Q"}, {"assistant", "A"}, {"assistant", "B"}}, false),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n");
+}
+
 TEST(chat_template, llama3_trims_content) {
   EXPECT_EQ(render(chat_format::llama3, {{"system", " Be brief. "}, {"user", "Hi\n"}}),
             "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
@@ -107,6 +129,19 @@ TEST(chat_template, detects_families_from_template_text) {
       {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
        "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
        chat_format::chatml},
+      // Qwen3 (its thinking switch and think blocks)
+      {"{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and "
+       "enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}",
+       chat_format::qwen3},
+      // Gemma 3 (system folded into the first user turn)
+      {"{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+       "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}",
+       chat_format::gemma},
+      // Phi-3.5 (with a system role)
+      {"{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\\n' + message['content'] + "
+       "'<|end|>\\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\\n' + message['content'] + "
+       "'<|end|>\\n'}}{% endif %}",
+       chat_format::phi3},
       {"{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim "
        "+ '<|eot_id|>' %}",
        chat_format::llama3},

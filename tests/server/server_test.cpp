@@ -121,6 +121,33 @@ TEST(server, chat_template_from_the_model) {
   EXPECT_FALSE(server::make_api_context(*odd, 512, forced, nullptr).ok());
 }
 
+// Gemma 2/3, Phi-3 and Qwen3 templates in the GGUF are recognised at startup
+// like the others (excerpts of their Jinja with the markers).
+TEST(server, chat_templates_of_gemma_phi3_qwen3_from_the_model) {
+  const std::pair<const char*, server::chat_format> cases[] = {
+      {"{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + "
+       "'\\n\\n' -%}{%- endif -%}{{ '<start_of_turn>' + role + '\\n' }}{{ '<end_of_turn>\\n' }}",
+       server::chat_format::gemma},
+      {"{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\\n' + "
+       "message['content'] + '<|end|>\\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}"
+       "{% else %}{{ eos_token }}{% endif %}",
+       server::chat_format::phi3},
+      {"{{- '<|im_start|>' + message.role + '\\n' + content }}{%- if add_generation_prompt %}{{- "
+       "'<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- "
+       "'<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}",
+       server::chat_format::qwen3},
+  };
+  for (const auto& [jinja, expected] : cases) {
+    auto model = stories_with_chat_template(jinja);
+    ASSERT_NE(model, nullptr);
+    std::string warning;
+    auto ctx = server::make_api_context(*model, 512, default_setup().api, &warning);
+    ASSERT_TRUE(ctx.ok());
+    EXPECT_EQ(ctx->chat, expected) << server::chat_format_name(ctx->chat) << " for " << jinja;
+    EXPECT_TRUE(warning.empty());
+  }
+}
+
 TEST(server, streaming_wire_format) {
   test_server s(default_setup());
   auto c = s.client();

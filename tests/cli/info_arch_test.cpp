@@ -1,0 +1,46 @@
+// pagoda info on the architectures with sliding-window layers: KV bytes per
+// token per layer type, and the block's parts (tests/data/oracle's gemma2 and
+// gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32).
+#include <gtest/gtest.h>
+
+#include "cli/cli_util.h"
+
+namespace pagoda::test {
+namespace {
+
+TEST(cli_info, kv_bytes_per_layer_type_for_gemma2) {
+  auto r = run_cli("info --kv-cache-dtype f16 -m " + data_path("oracle/gguf/gemma2-F32.gguf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("architecture:    gemma2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attention soft-cap 4, final soft-cap 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sliding window of 32 on 1 of 2 layers"), std::string::npos) << r.out;
+  // f16 K+V: 2 x 2 heads x 64 x 2 bytes = 512 per token per layer; layer 0
+  // local, layer 1 global. At 32K tokens the global layer needs 16 MiB, the
+  // local one its window of 32 tokens, 16 KiB.
+  EXPECT_NE(r.out.find("global                          1          512.0          512.0              16.00 MiB"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("sliding (window 32)             1          512.0          512.0              16.00 KiB"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(cli_info, gemma3_two_rope_bases_and_layer_types) {
+  auto r = run_cli("info --kv-cache-dtype f16 -m " + data_path("oracle/gguf/gemma3-F32.gguf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("base 1e+06, 64 dims, neox; base 10000 on sliding-window layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per-head Q/K RMSNorm"), std::string::npos) << r.out;
+  // 1 KV head: 256 bytes per token per layer; layers 0 and 1 local.
+  EXPECT_NE(r.out.find("sliding (window 32)             2          256.0          512.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("global                          1          256.0          256.0"), std::string::npos) << r.out;
+}
+
+TEST(cli_info, llama_has_only_global_layers) {
+  auto r = run_cli("info -m " + data_path("oracle/gguf/synth-llama-Q4_K_M.gguf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("KV per token by layer type"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("sliding (window"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace pagoda::test
