@@ -288,6 +288,23 @@ void float_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
   });
 }
 
+// Column kernel for block-32 weights read in place (AVX2's q8_0 / q4_0 tiles,
+// AVX-512's decode tiles): tiles of at most R x C, each running
+// K<nr, nc>::run(activation rows, row stride, n_in, weight rows, row stride, y,
+// ldy) on the file's bytes; with Prefetch, the next tile's rows are fetched
+// into L2 meanwhile (kernels that prefetch as they go pass false).
+template <template <int, int> class K, int R, int C, bool Prefetch>
+void block_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
+  const weight_view& w = *jb.w;
+  const auto* wbase = static_cast<const std::byte*>(w.data);
+  for_each_tile<R, C>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
+    if constexpr (Prefetch) prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
+    tiles<K, R, C>.at(nr, nc)(jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes, jb.act_row_bytes, w.n_in,
+                              wbase + static_cast<std::size_t>(c0) * w.row_bytes, w.row_bytes,
+                              jb.y + r0 * w.n_out + c0, w.n_out);
+  });
+}
+
 // Prepared q8_K activation rows as the super-block kernels read them (plain
 // layout, matmul_internal.h; AVX-512 permutes each super-block's values).
 struct kq_act_rows {
