@@ -190,7 +190,10 @@ inline void prepare_plain(act_format a, const float* x, std::int64_t m, std::int
 //                     starting the integer accumulator at init cancels it exactly.
 //   float dx[16]      lane p = scale of block p.
 //   float sx[16]      q8_1 only: lane p = block p's stored s (fp16 as f32).
-// Weights are packed per column tile into the same shape (see matmul_avx512.cpp).
+// Weights are packed per column tile into the same shape (see matmul_avx512.cpp)
+// for calls of three rows or more. Calls of one or two rows (decode) store xq in
+// block order instead (block p at bytes 32p..32p+31; init, dx, sx unchanged) and
+// read the weights in place.
 // ---------------------------------------------------------------------------
 inline constexpr std::int64_t k_group_blocks = 16;
 inline constexpr std::size_t k_group_init_off = 512, k_group_d_off = 576, k_group_s_off = 640;
