@@ -205,18 +205,6 @@ void q_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, s
   store_tile(acc, y, ldy, hsum8);
 }
 
-template <tensor_type T>
-void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
-  const weight_view& w = *jb.w;
-  const auto* wbase = static_cast<const std::byte*>(w.data);
-  for_each_tile<k_qr, k_tc>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
-    prefetch_next_tile(wbase, w.row_bytes, c0, k_tc, col_end, r0, k_qr, jb.m);
-    tiles<q_tile<T>::template shape, k_qr, k_tc>.at(nr, nc)(
-        jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes, jb.act_row_bytes, w.n_in,
-        wbase + static_cast<std::size_t>(c0) * w.row_bytes, w.row_bytes, jb.y + r0 * w.n_out + c0, w.n_out);
-  });
-}
-
 // Formats with an AVX2 kernel; the others run generic_quant_cols.
 bool has_avx2_kernel(tensor_type t) {
   return !is_quantized(t) || t == tensor_type::q8_0 || t == tensor_type::q4_0 || has_kq_kernel_avx2(t);
@@ -231,8 +219,8 @@ void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack)
     case tensor_type::f32: return float_cols<f_tile<tensor_type::f32>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::f16: return float_cols<f_tile<tensor_type::f16>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_tc>(jb, c0, c1);
-    case tensor_type::q8_0: return quant_cols<tensor_type::q8_0>(jb, c0, c1);
-    case tensor_type::q4_0: return quant_cols<tensor_type::q4_0>(jb, c0, c1);
+    case tensor_type::q8_0: return block_cols<q_tile<tensor_type::q8_0>::shape, k_qr, k_tc, true>(jb, c0, c1);
+    case tensor_type::q4_0: return block_cols<q_tile<tensor_type::q4_0>::shape, k_qr, k_tc, true>(jb, c0, c1);
     case tensor_type::q4_k:
     case tensor_type::q6_k: return kq_cols_avx2(jb, c0, c1);
     default: return generic_quant_cols(jb, c0, c1, pack);

@@ -19,7 +19,10 @@
 // nibble (w + 8) for q4_0, the raw 5-bit value (w + 16) for q5_0, table value +
 // 128 for iq4_nl, the value itself (C = 0) for q4_1/q5_1; init_x = -C * sum(x)
 // over the block cancels the offset exactly. K-quant formats live in
-// matmul_kquants_avx512.cpp. vpdpbusd and FMA share two ports on Zen 5,
+// matmul_kquants_avx512.cpp. Calls of one or two rows (decode) skip the
+// packing: they read each weight block in place and move the block sums into
+// the packed kernel's lanes instead (inplace_tile), with the same arithmetic
+// per pair. vpdpbusd and FMA share two ports on Zen 5,
 // so a group is 10 port slots (5 cycles) for 512 multiply-adds per pair; the
 // 3x4 tile measures about 5.7 cycles from L1 (a layout with 8 blocks per group
 // needs 12 slots for 512 and measured 6.4).
@@ -39,6 +42,11 @@ constexpr int k_fr = 5;  // float tile: rows
 constexpr int k_fc = 5;  // float tile: columns
 constexpr int k_qr = 3;  // q tile: rows
 constexpr int k_qc = 4;  // q tile: columns
+// Block-32 calls with fewer rows than this (decode) read the weights in place
+// (inplace_tile) instead of packing them: packing costs about as much as the
+// arithmetic and pays off only when several rows share the packed tile.
+constexpr int k_inplace_max_rows = 3;
+constexpr int k_inplace_rows = 2;  // in-place tile: rows (all of them)
 
 // Packed weight group: w'[8][64] u8 + dw[16] f32 (+ mw[16] f32 for q4_1 / q5_1).
 constexpr std::size_t group_pack_bytes(bool has_min) { return has_min ? 640 : 576; }
@@ -155,8 +163,10 @@ std::size_t grouped_act_row_bytes(tensor_type t, std::int64_t n_in) {
 }
 
 // Quantizes 16 blocks (512 floats) into one group of the grouped layout for
-// weight offset C (init = -C * sum), with sx when with_s (q8_1).
-inline void prepare_group(const float* x, int offset, bool with_s, std::byte* out) {
+// weight offset C (init = -C * sum), with sx when with_s (q8_1). `natural`
+// stores the values in block order instead (block p at bytes 32p..32p+31), the
+// layout the in-place decode kernel reads; init, dx and sx are the same.
+inline void prepare_group(const float* x, int offset, bool with_s, bool natural, std::byte* out) {
   __m256i blk[16];
   fp16_t d16[16];
   alignas(64) float dfl[16];
@@ -167,9 +177,11 @@ inline void prepare_group(const float* x, int offset, bool with_s, std::byte* ou
   const __m512i ones = _mm512_set1_epi8(1);
   __m512i s = _mm512_setzero_si512();
   for (int j = 0; j < 8; ++j) {
-    _mm512_store_si512(out + 64 * j, xq[j]);
+    if (!natural) _mm512_store_si512(out + 64 * j, xq[j]);
     s = _mm512_dpbusd_epi32(s, ones, xq[j]);  // lane p: the sum of block p
   }
+  if (natural)
+    for (int p = 0; p < 16; ++p) _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32 * p), blk[p]);
   _mm512_store_si512(out + k_group_init_off, _mm512_mullo_epi32(s, _mm512_set1_epi32(-offset)));
   const __m256i d = _mm256_setr_epi16(
       static_cast<short>(d16[0]), static_cast<short>(d16[1]), static_cast<short>(d16[2]), static_cast<short>(d16[3]),
@@ -190,18 +202,18 @@ void grouped_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t
   const std::int64_t nb = n_in / k_block, full = nb / k_group_blocks;
   const int offset = group_weight_offset(t);
   const act_format af = act_format_of(t);
-  const bool with_s = af == act_format::q8_1;
+  const bool with_s = af == act_format::q8_1, natural = m < k_inplace_max_rows;
   const std::size_t gb = group_act_bytes(af);
   for (std::int64_t i = 0; i < m; ++i) {
     const float* xr = x + i * n_in;
     std::byte* row = act + static_cast<std::size_t>(i) * row_bytes;
     for (std::int64_t g = 0; g < full; ++g)
-      prepare_group(xr + g * k_group_blocks * k_block, offset, with_s, row + g * gb);
+      prepare_group(xr + g * k_group_blocks * k_block, offset, with_s, natural, row + g * gb);
     if (full * k_group_blocks < nb) {  // last group: zero blocks quantize to q = 0, d = 0
       float tail[k_group_blocks * k_block] = {};
       std::memcpy(tail, xr + full * k_group_blocks * k_block,
                   static_cast<std::size_t>(n_in - full * k_group_blocks * k_block) * sizeof(float));
-      prepare_group(tail, offset, with_s, row + full * gb);
+      prepare_group(tail, offset, with_s, natural, row + full * gb);
     }
   }
 }
@@ -356,8 +368,128 @@ void q_tile<MIN>::shape<R, C>::run(const std::byte* act, std::size_t act_stride,
   store_tile(acc, y, ldy, hsum16);
 }
 
+// ---------------------------------------------------------------------------
+// In-place decode tiles: q_tile's per-pair arithmetic with the weights read
+// from the file's blocks, for calls of fewer than k_inplace_max_rows rows
+// (activations in the natural grouped layout, prepare_group). Per group and
+// column, pairs of blocks (2q, 2q + 1) fill one vector of unsigned weight bytes
+// (load_weight_block, q8_0 flipped as in pack_group), one vpdpbusd per row
+// against the activation's 64 natural bytes leaves each block's sum in eight
+// dword lanes, and reduce_blocks gathers the sixteen exact block sums into
+// lane p = block p, the lane q_tile's packed layout gives them. From there the
+// float steps are q_tile's own (init, scale, fma), so a row's outputs are
+// bitwise those of the packed kernel (matmul.h's batch invariance).
+// ---------------------------------------------------------------------------
+
+// v[q] holds the partial sums of block 2q in lanes 0-7 and of block 2q + 1 in
+// lanes 8-15; returns lane p = block p's total. First level, off the shuffle
+// port: for each qword, [a.lo + a.hi, b.lo + b.hi] (shifts, adds and a
+// blend), so r_k = fold(v[2k], v[2k + 1]) holds blocks 4k..4k+3 with four
+// partials each, block 4k + 2 (l % 2) + l / 8 in lane l. Then two levels of
+// two-source permutes, each adding two partials of one block.
+struct reduce_maps {
+  alignas(64) std::int32_t a[16], b[16];
+};
+constexpr reduce_maps make_level2() {
+  reduce_maps m{};
+  for (int lane = 0; lane < 16; ++lane) {  // lane 2b + t: block b, partials 2t and 2t + 1
+    const int b = lane / 2, t = lane % 2, bl = b % 4, base = 16 * (b / 4) + 8 * (bl % 2) + bl / 2;
+    m.a[lane] = base + 2 * (2 * t);
+    m.b[lane] = base + 2 * (2 * t + 1);
+  }
+  return m;
+}
+constexpr reduce_maps k_level2 = make_level2();
+
+inline __m512i reduce_blocks(const __m512i (&v)[8]) {
+  auto fold = [](__m512i a, __m512i b) {
+    return _mm512_mask_blend_epi32(0xAAAA, _mm512_add_epi32(a, _mm512_srli_epi64(a, 32)),
+                                   _mm512_add_epi32(b, _mm512_slli_epi64(b, 32)));
+  };
+  auto pair = [](__m512i a, __m512i b, __m512i ia, __m512i ib) {
+    return _mm512_add_epi32(_mm512_permutex2var_epi32(a, ia, b), _mm512_permutex2var_epi32(a, ib, b));
+  };
+  const __m512i l2a = _mm512_load_si512(k_level2.a), l2b = _mm512_load_si512(k_level2.b);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i z0 = pair(fold(v[0], v[1]), fold(v[2], v[3]), l2a, l2b);
+  const __m512i z1 = pair(fold(v[4], v[5]), fold(v[6], v[7]), l2a, l2b);
+  return pair(z0, z1, even, odd);
+}
+
+// y[r][c] for r < R, c < C from natural-layout activation rows (act + r *
+// act_stride) and weight rows (w + c * w_stride) of n_in values.
+template <tensor_type T>
+struct inplace_tile {
+  template <int R, int C>
+  struct shape {
+    static void run(const std::byte* act, std::size_t act_stride, std::int64_t n_in, const std::byte* w,
+                    std::size_t w_stride, float* y, std::int64_t ldy);
+  };
+};
+
+template <tensor_type T>
+template <int R, int C>
+void inplace_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, std::int64_t n_in,
+                                       const std::byte* w, std::size_t w_stride, float* y, std::int64_t ldy) {
+  const std::int64_t nb = n_in / k_block;
+  constexpr bool MIN = has_min(T);
+  constexpr std::size_t block_bytes = weight_block_bytes<T>(), group_bytes = k_group_blocks * block_bytes;
+  constexpr std::size_t act_bytes = MIN ? 704 : 640;
+  const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(block_bytes)));
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == tensor_type::q8_0 ? 0x80 : 0));
+  __m512 acc[R][C];
+  zero_tile(acc, _mm512_setzero_ps());
+  // One group of n blocks (16 but in the last group); blocks past n are never
+  // read: their weight lanes stay zero, as the zero activations facing them.
+  auto group = [&](std::int64_t g, int n) __attribute__((always_inline)) {
+    const std::byte* xg = act + g * act_bytes;
+    const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const std::byte* wg = w + c * w_stride + g * group_bytes;
+      // The same group one tile ahead (the next tile's rows follow), into L1.
+      for (std::size_t o = 0; o < group_bytes; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wg + C * w_stride + o), _MM_HINT_T0);
+      __m512i v[R][8];
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) {
+        __m512i wq = _mm512_setzero_si512();
+        if (2 * q + 1 < n)
+          wq = _mm512_mask_broadcast_i64x4(_mm512_castsi256_si512(load_weight_block<T>(wg, 2 * q)), 0xf0,
+                                           load_weight_block<T>(wg, 2 * q + 1));
+        else if (2 * q < n)
+          wq = _mm512_zextsi256_si512(load_weight_block<T>(wg, 2 * q));
+        wq = _mm512_xor_si512(wq, flip);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          v[r][q] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, _mm512_load_si512(xg + r * act_stride + 64 * q));
+      }
+      const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, offsets, wg, 1);
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const std::byte* xr = xg + r * act_stride;
+        const __m512i s = _mm512_add_epi32(_mm512_load_si512(xr + k_group_init_off), reduce_blocks(v[r]));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dw);
+        acc[r][c] = _mm512_fmadd_ps(f, _mm512_load_ps(xr + k_group_d_off), acc[r][c]);
+        if constexpr (MIN)
+          acc[r][c] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))),
+                                      _mm512_load_ps(xr + k_group_s_off), acc[r][c]);
+      }
+    }
+  };
+  const std::int64_t full = nb / k_group_blocks;
+  for (std::int64_t g = 0; g < full; ++g) group(g, static_cast<int>(k_group_blocks));
+  if (full * k_group_blocks < nb) group(full, static_cast<int>(nb - full * k_group_blocks));
+  store_tile(acc, y, ldy, hsum16);
+}
+
 template <tensor_type T>
 void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end, std::byte* pack) {
+  if (jb.m < k_inplace_max_rows)
+    return block_cols<inplace_tile<T>::template shape, k_inplace_rows, k_qc, false>(jb, col_begin, col_end);
   constexpr std::size_t pack_bytes = group_pack_bytes(has_min(T));
   const weight_view& w = *jb.w;
   const std::int64_t nb = w.n_in / k_block, ng = n_groups(w.n_in);

@@ -190,7 +190,10 @@ inline void prepare_plain(act_format a, const float* x, std::int64_t m, std::int
 //                     starting the integer accumulator at init cancels it exactly.
 //   float dx[16]      lane p = scale of block p.
 //   float sx[16]      q8_1 only: lane p = block p's stored s (fp16 as f32).
-// Weights are packed per column tile into the same shape (see matmul_avx512.cpp).
+// Weights are packed per column tile into the same shape (see matmul_avx512.cpp)
+// for calls of three rows or more. Calls of one or two rows (decode) store xq in
+// block order instead (block p at bytes 32p..32p+31; init, dx, sx unchanged) and
+// read the weights in place.
 // ---------------------------------------------------------------------------
 inline constexpr std::int64_t k_group_blocks = 16;
 inline constexpr std::size_t k_group_init_off = 512, k_group_d_off = 576, k_group_s_off = 640;
@@ -285,6 +288,23 @@ void float_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
     prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
     tiles<K, R, C>.at(nr, nc)(jb.x + r0 * w.n_in, w.n_in, wbase + static_cast<std::size_t>(c0) * w.row_bytes,
                               w.row_bytes, w.n_in, jb.y + r0 * w.n_out + c0, w.n_out);
+  });
+}
+
+// Column kernel for block-32 weights read in place (AVX2's q8_0 / q4_0 tiles,
+// AVX-512's decode tiles): tiles of at most R x C, each running
+// K<nr, nc>::run(activation rows, row stride, n_in, weight rows, row stride, y,
+// ldy) on the file's bytes; with Prefetch, the next tile's rows are fetched
+// into L2 meanwhile (kernels that prefetch as they go pass false).
+template <template <int, int> class K, int R, int C, bool Prefetch>
+void block_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
+  const weight_view& w = *jb.w;
+  const auto* wbase = static_cast<const std::byte*>(w.data);
+  for_each_tile<R, C>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
+    if constexpr (Prefetch) prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
+    tiles<K, R, C>.at(nr, nc)(jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes, jb.act_row_bytes, w.n_in,
+                              wbase + static_cast<std::size_t>(c0) * w.row_bytes, w.row_bytes,
+                              jb.y + r0 * w.n_out + c0, w.n_out);
   });
 }
 

@@ -313,6 +313,39 @@ TEST(Matmul, BatchInvariantBitwise) {
   }
 }
 
+// Block-32 formats at AVX-512 read the weights in place below three rows
+// (decode) and pack them per column tile above: the two kernels must give the
+// same bits. Row lengths with whole groups of 16 blocks, a partial last group
+// (1, 2, 13 or 15 blocks in it) and several groups; n_out not a multiple of the
+// column tile.
+TEST(Matmul, DecodeKernelMatchesBatchKernelBitwise) {
+  level_guard guard;
+  std::mt19937 rng(17);
+  thread_pool pool(1);
+  constexpr std::int64_t n_out = 11, m_batch = 5;
+  const std::int64_t n_ins[] = {512, 544, 576, 928, 992, 1024, 4096};
+  for (simd_level level : k_levels) {
+    if (!use_level(level)) continue;
+    for (tensor_type t : k_quant_types) {
+      if (is_k(t)) continue;
+      for (std::int64_t n_in : n_ins) {
+        SCOPED_TRACE(testing::Message() << type_name(t) << " n_in " << n_in << " level " << simd_level_name(level));
+        weights w = make_weights(t, n_out, n_in, rng);
+        const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(m_batch * n_in), -3.0f, 3.0f);
+        matmul_scratch scratch;
+        std::vector<float> batch(static_cast<std::size_t>(m_batch * n_out)), small(batch.size());
+        matmul(w.view, x.data(), m_batch, batch.data(), pool, scratch);
+        for (std::int64_t m : {1, 2})
+          for (std::int64_t r0 = 0; r0 + m <= m_batch; r0 += m) {
+            matmul(w.view, x.data() + r0 * n_in, m, small.data(), pool, scratch);
+            ASSERT_EQ(0, std::memcmp(small.data(), batch.data() + r0 * n_out, m * n_out * sizeof(float)))
+                << "rows " << r0 << ".." << r0 + m - 1 << " at m=" << m;
+          }
+      }
+    }
+  }
+}
+
 // Threads split columns on multiples of the column tile, so through matmul() a
 // column always lands in the same tile shape. The kernels promise more (a pair's
 // arithmetic never depends on its tile); check it by running every level's
