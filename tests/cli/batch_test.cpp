@@ -215,6 +215,20 @@ TEST(cli_batch, reads_stdin_and_refuses_a_directory) {
   EXPECT_TRUE(d.out.empty());
 }
 
+// Decode speed counts the tokens of steps without prompt work over those
+// steps' time: one request of 10 tokens has its first with the prompt's step.
+TEST(cli_batch, decode_speed_counts_the_passes_that_produced_the_tokens) {
+  std::string in = write_temp("speed.jsonl", R"({"id": 1, "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "ignore_eos": true})" "\n");
+  auto r = run_cli("batch -m " + model_path() + " -i " + in + " --json-summary");
+  std::remove(in.c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json s = json::parse(r.err.substr(r.err.rfind('{')));
+  EXPECT_EQ(s["generated_tokens"], 10);
+  EXPECT_EQ(s["decode_tokens"], 9);
+  EXPECT_NEAR(s["decode_tokens_per_s"].get<double>(), 9 / s["decode_seconds"].get<double>(),
+              1e-6 * s["decode_tokens_per_s"].get<double>());
+}
+
 TEST(cli_batch, missing_input_is_a_clear_error) {
   auto r = run_cli("batch -m " + model_path() + " -i /nonexistent/requests.jsonl");
   EXPECT_EQ(r.exit_code, 1);
