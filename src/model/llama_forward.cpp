@@ -43,15 +43,12 @@ void rope_table(int pos, int rope_dim, float base, float scale, float* cos_t, fl
 // The cos/sin tables of every token of the step for one RoPE base and scale:
 // [tokens][rope_dim / 2] each.
 struct rope_tables {
-  float base = 0, scale = 0;
   std::vector<float> cos_t, sin_t;
-  void fill(const std::vector<std::int32_t>& positions, int n_tok, int rope_dim, float b, float sc) {
-    base = b;
-    scale = sc;
+  void fill(const std::vector<std::int32_t>& positions, int n_tok, int rope_dim, float base, float scale) {
     const std::size_t half = static_cast<std::size_t>(rope_dim) / 2;
     cos_t.resize(static_cast<std::size_t>(n_tok) * half);
     sin_t.resize(cos_t.size());
-    for (int i = 0; i < n_tok; ++i) rope_table(positions[i], rope_dim, b, sc, &cos_t[i * half], &sin_t[i * half]);
+    for (int i = 0; i < n_tok; ++i) rope_table(positions[i], rope_dim, base, scale, &cos_t[i * half], &sin_t[i * half]);
   }
 };
 
