@@ -464,7 +464,9 @@ TEST(paged_attention_stats, match_the_reference_twin) {
           ASSERT_NEAR(win_fast[at], win_ref[at], 1e-5 + rel * win_ref[at]) << spec << " window row " << r << " slot " << p;
           row_total += win_fast[at];
           // Causal: window row r is query position first + n - W + r.
-          if (p > first + n - W + r) EXPECT_EQ(win_fast[at], 0.0f);
+          if (p > first + n - W + r) {
+            EXPECT_EQ(win_fast[at], 0.0f);
+          }
         }
         EXPECT_NEAR(row_total, R, 1e-4) << spec;
       }
