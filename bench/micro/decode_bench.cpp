@@ -5,7 +5,7 @@
 // per codec would take minutes and changes nothing about the decode step's
 // work: the model's weights are random too), in a fresh pool's block order.
 //
-//   pagoda synth --preset llama3-8b --layers 2 --weight-type q8_0 --vocab 512 --ctx 65536 \
+//   pagoda synth --preset llama3-8b --layers 2 --weight-type q8_0 --vocab 512 --ctx 65536
 //     -o /tmp/llama3-8b-2l-q8.gguf
 //   PAGODA_DECODE_MODEL=/tmp/llama3-8b-2l-q8.gguf build/bench/decode_bench
 //

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
       scores.push_back(0);
       types.push_back(6);
     }
-    for (const char* p : {"\xe2\x96\x81a", "\xe2\x96\x81the", "b", "cd"}) {
+    for (const char* p : {"\xe2\x96\x81" "a", "\xe2\x96\x81the", "b", "cd"}) {
       tokens.emplace_back(p);
       scores.push_back(-static_cast<float>(tokens.size()));
       types.push_back(1);

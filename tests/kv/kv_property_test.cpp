@@ -170,6 +170,12 @@ class harness {
           EXPECT_EQ(kv_[at(op.block, i)], op.tokens[static_cast<std::size_t>(i)]) << "evicted block " << op.block.value;
         for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
         break;
+      case kv_op_kind::cache:
+        // Committed to the prefix cache: its slots hold exactly the tokens named.
+        EXPECT_EQ(op.tokens.size(), static_cast<std::size_t>(bs_));
+        for (std::int32_t i = 0; i < bs_ && i < static_cast<std::int32_t>(op.tokens.size()); ++i)
+          EXPECT_EQ(kv_[at(op.block, i)], op.tokens[static_cast<std::size_t>(i)]) << "cached block " << op.block.value;
+        break;
     }
   }
 

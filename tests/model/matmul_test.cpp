@@ -705,7 +705,9 @@ TEST(Quantize, SimdActivationQuantizersAreBitExact) {
             EXPECT_EQ(init, -group_weight_offset(t) * sum) << "block " << b;
           }
           EXPECT_EQ(d, fp16_to_f32(wb.d)) << "row " << i << " block " << b;
-          if (af == act_format::q8_1) EXPECT_EQ(s, fp16_to_f32(wb.s)) << "row " << i << " block " << b;
+          if (af == act_format::q8_1) {
+            EXPECT_EQ(s, fp16_to_f32(wb.s)) << "row " << i << " block " << b;
+          }
           EXPECT_EQ(0, std::memcmp(q, wb.qs, 32)) << "row " << i << " block " << b;
         }
       }

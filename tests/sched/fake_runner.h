@@ -122,6 +122,12 @@ class fake_runner final : public model_runner {
         for (int i = 0; i < bs_; ++i) slot(op.block, i) = {k_poison, -1};
         break;
       }
+      case kv_op_kind::cache:
+        // A block enters the prefix cache only once its bytes are written.
+        if (op.tokens.size() != static_cast<std::size_t>(bs_)) bytes_intact = false;
+        for (int i = 0; i < bs_ && i < static_cast<int>(op.tokens.size()); ++i)
+          if (slot(op.block, i).first != op.tokens[static_cast<std::size_t>(i)]) bytes_intact = false;
+        break;
     }
   }
 

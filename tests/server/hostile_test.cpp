@@ -355,8 +355,17 @@ TEST_F(hostile, connection_cap_answers_503) {
   start({"--max-connections", "40"});
   watch_->stop();  // the watcher's own connection would count against the cap
   std::vector<int> fds;
-  for (int i = 0; i < 40; ++i) fds.push_back(raw_connect(port_));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Each of the 40 is answered once (and stays open), so all are counted
+  // before the 41st arrives, however slowly the server accepts.
+  const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  for (int i = 0; i < 40; ++i) {
+    fds.push_back(raw_connect(port_));
+    send(fds.back(), req.data(), req.size(), MSG_NOSIGNAL);
+    std::string got;
+    while (got.find("\"ok\"") == std::string::npos && raw_read_some(fds.back(), got, 2000)) {
+    }
+    ASSERT_EQ(first_answer(got).status, 200) << "connection " << i;
+  }
   const http_answer over = ask(port_, http_req("GET", "/health"), 3000);
   EXPECT_EQ(over.status, 503);
   EXPECT_NE(over.headers.find("Retry-After: 1"), std::string::npos);

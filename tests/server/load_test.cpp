@@ -101,7 +101,19 @@ TEST(load, clients_with_shared_prefixes) {
       expected.push_back(*a);
     }
   }
-  const auto before = s.metrics();
+  // The server counts an HTTP answer once its last byte is written, which can
+  // be just after the client has read it: wait for the count to reach n
+  // (a count past n still fails the exact checks below).
+  const std::string k_answered = "pagoda:http_requests_total{endpoint=\"/v1/completions\",code=\"200\"}";
+  auto metrics_once_answered = [&](double n) {
+    auto m = s.metrics();
+    for (int i = 0; i < 500 && metric(m, k_answered) < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      m = s.metrics();
+    }
+    return m;
+  };
+  const auto before = metrics_once_answered(static_cast<double>(ps.size()));
 
   std::atomic<int> n_ok{0}, n_wrong{0}, n_failed{0};
   std::atomic<long long> sum_prompt{0}, sum_completion{0}, sum_cached{0};
@@ -134,7 +146,7 @@ TEST(load, clients_with_shared_prefixes) {
   EXPECT_EQ(n_ok, total);
 
   ASSERT_TRUE(wait_idle(s, 10000));
-  const auto after = s.metrics();
+  const auto after = metrics_once_answered(metric(before, k_answered) + total);
   auto delta = [&](const std::string& key) { return metric(after, key) - metric(before, key); };
   EXPECT_EQ(delta("pagoda:request_success_total{finished_reason=\"length\"}"), total);
   EXPECT_EQ(delta("pagoda:request_success_total{finished_reason=\"abort\"}"), 0);

@@ -75,7 +75,9 @@ TEST(block_record, round_trips_compressed_or_not) {
   const block_record r = sample_record("alice", 42, 4096, 1);
   for (bool compress : {true, false}) {
     const auto enc = encode_block_record(r, compress);
-    if (compress) EXPECT_LT(enc.size(), r.bytes.size());
+    if (compress) {
+      EXPECT_LT(enc.size(), r.bytes.size());
+    }
     auto back = decode_block_record(enc, r.key);
     ASSERT_TRUE(back.ok()) << back.error().message();
     EXPECT_EQ(back->bytes, r.bytes);
