@@ -60,7 +60,9 @@ void run_av(const paged_kv_view& v, int h, int b0, int n_ctx, const float* w, in
 
 void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int window, int& lo, int& hi) {
   hi = static_cast<int>(std::upper_bound(kv_pos, kv_pos + n_kv, q_pos) - kv_pos);
-  lo = window > 0 ? static_cast<int>(std::upper_bound(kv_pos, kv_pos + hi, q_pos - window) - kv_pos) : 0;
+  // Dead slots (negative positions) lead the row: the first seen slot is past them.
+  const std::int32_t below = window > 0 ? std::max<std::int32_t>(q_pos - window, -1) : -1;
+  lo = static_cast<int>(std::upper_bound(kv_pos, kv_pos + hi, below) - kv_pos);
 }
 
 float softmax_unnormalized_ref(float* s, int n) {
@@ -193,7 +195,7 @@ void paged_attention_ref(const attention_task& t) {
       // The mask, spelled out slot by slot from the positions.
       std::vector<bool> seen(n_ctx);
       for (int p = 0; p < n_ctx; ++p)
-        seen[p] = t.kv_pos[p] <= t.q_pos[i] && (t.window <= 0 || t.kv_pos[p] > t.q_pos[i] - t.window);
+        seen[p] = t.kv_pos[p] >= 0 && t.kv_pos[p] <= t.q_pos[i] && (t.window <= 0 || t.kv_pos[p] > t.q_pos[i] - t.window);
       double mx = -INFINITY;
       for (int p = 0; p < n_ctx; ++p) {
         if (!seen[p]) continue;

@@ -9,7 +9,9 @@
 //
 // Masking is by stored positions, not by slot number: a query token at
 // position p sees the KV slots whose stored position is <= p and, with a
-// sliding window w > 0, > p - w. Stored positions strictly increase along the
+// sliding window w > 0, > p - w. A negative stored position marks a DEAD slot
+// (a policy row that keeps fewer tokens than the table has slots, see
+// policy/kv_policy.h): dead slots lead the row and nobody sees them. Stored positions strictly increase along the
 // slots (kv_manager keeps them so), so what a row sees is one contiguous run of
 // slots, found by binary search. Blocks dropped from the middle of a sequence
 // simply are not there; no slot is masked for being missing.
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/kv_selector.h"
 #include "kv/kv_backend.h"
 
 namespace pagoda {
@@ -74,6 +77,10 @@ struct attention_task {
   // softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
   // before the mask and the softmax (Gemma 2's attention-logit soft-capping).
   float softcap = 0.0f;
+  // Sparse read (policy/kv_selector.h): only slots inside these sorted,
+  // disjoint ranges are read; the masks above still apply inside them. Empty:
+  // every slot.
+  std::span<const slot_range> ranges;
   // Output laid out like q.
   float* out = nullptr;
   std::size_t out_stride = 0;

@@ -50,6 +50,13 @@ struct paged_kv_view {
   std::size_t staged_tile_bytes = 0;
   const kv_codec* staged_codec = nullptr;
   kv_format staged_format;
+  // Per-slot additive logits (keys only), or nullptr: a merged entry that
+  // stands for m tokens adds log m to its score, so the softmax gives it the
+  // mass of m tokens. Block b's (pool id) bias for head h is
+  // bias + (b * n_kv_heads + h) * block_size, meaningful where has_bias[b].
+  const float* bias = nullptr;              // [pool blocks][n_kv_heads][block_size], this layer
+  const std::uint8_t* has_bias = nullptr;   // [pool blocks]
+  int n_kv_heads = 0;
 
   const void* tile(int block_index, int head) const {
     return base + static_cast<std::size_t>(head) * head_stride +
@@ -61,6 +68,12 @@ struct paged_kv_view {
     return staged != nullptr && block_index == (n_tokens - 1) / shape.block_size;
   }
   const void* staged_tile(int head) const { return staged + static_cast<std::size_t>(head) * staged_tile_bytes; }
+  // The bias of block_index's slots for head, or nullptr when it has none.
+  const float* bias_of(int block_index, int head) const {
+    if (!bias) return nullptr;
+    const auto b = static_cast<std::size_t>(blocks[block_index].value);
+    return has_bias[b] ? bias + (b * static_cast<std::size_t>(n_kv_heads) + head) * shape.block_size : nullptr;
+  }
 };
 
 // What one sealed block's keys look like for one layer and KV head, channel by

@@ -1,0 +1,60 @@
+// Sparse reads: which KV slots a step's queries read (query-aware policies such
+// as Quest's top-k pages and retrieval attention). The forward pass asks a
+// sequence's selector, per layer and KV head, after the step's K/V are written
+// and the queries exist; attention then reads only the chosen slots (plus
+// nothing else: a selector includes the sinks and the newest slots itself).
+// The KV is not changed: a sparse read is not lossy for the cache, only for
+// the step that read it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kv/kv_backend.h"
+
+namespace pagoda {
+
+// Slots [begin, end) of a sequence's table.
+struct slot_range {
+  std::int32_t begin = 0;
+  std::int32_t end = 0;
+  friend bool operator==(const slot_range&, const slot_range&) = default;
+};
+
+// What a selector may look at when it chooses for one (layer, KV head).
+struct kv_select_query {
+  int layer = 0;
+  int kv_head = 0;
+  const paged_kv_view* k = nullptr;  // the sequence's keys of this layer (stored + this step's)
+  std::span<const std::int32_t> kv_pos;  // [n_kv] stored positions of the slots
+  int n_kv = 0;                       // slots the step's queries can see at most
+  // The step's query rows of this KV head's group, pre-scaled by the attention
+  // scale: row (i * n_rep + j) is query token i, query head kv_head * n_rep + j.
+  const float* q = nullptr;           // [n_rows][head_dim]
+  int n_rows = 0;
+  int n_rep = 1;
+  int head_dim = 0;
+  std::span<const std::int32_t> q_pos;  // [n_rows / n_rep] positions of the query tokens
+};
+
+class kv_read_selector {
+ public:
+  virtual ~kv_read_selector() = default;
+  // Once per layer, after the step's K/V of that layer are written and before
+  // its attention (one thread): the sequence now has n_kv slots in k/v, whose
+  // positions are kv_pos. A selector that indexes keys takes the new ones here.
+  virtual void on_layer_written(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos, int n_kv) {}
+  // Called concurrently for different KV heads of one layer. Fills `out` with
+  // sorted, disjoint, non-empty ranges within [0, q.n_kv) and returns true,
+  // or returns false to read every slot (short contexts, prompt chunks).
+  // Causal and window masks still apply inside the chosen ranges.
+  virtual bool select(const kv_select_query& q, std::vector<slot_range>& out) = 0;
+  // The bytes this selector holds (indexes), for memory accounting.
+  virtual std::size_t memory_bytes() const { return 0; }
+  // Called when slots were truncated or compacted away: the selector forgets
+  // what it knew of slots >= n_kv (a rollback) or of everything (kept = false).
+  virtual void on_slots_changed(int n_kv, bool kept) {}
+};
+
+}  // namespace pagoda
