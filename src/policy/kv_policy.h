@@ -130,6 +130,11 @@ struct eviction_decision {
   // listed in `keep`. [n_rows][anchors_per_row].
   int anchors_per_row = 0;
   std::vector<std::int32_t> anchors;
+  // Uniform decisions only (StreamingLLM's positions within the cache): the
+  // kept slots take positions 0 .. n_kept - 1, their keys re-rotated by RoPE
+  // to match, and the sequence's next token continues at n_kept. Otherwise
+  // every kept token keeps the position it was computed at.
+  bool reposition = false;
 
   bool empty() const { return n_rows == 0; }
   std::span<const std::int32_t> row(int r) const {
