@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/clock.h"
+#include "policy/kv_policy.h"
 
 namespace pagoda::server {
 namespace {
@@ -186,6 +187,20 @@ maybe_error check_neutral_fields(const json& body, api_kind kind, int n) {
 }
 
 // Everything but the prompt and max_tokens: sampling, stops, streaming, tenancy.
+// An extension field naming a KV policy ("NAME[:key=value,...]"), checked
+// here so that a bad one is a 400 naming the field.
+maybe_error read_kv_policy(const json& body, const char* name, std::string& out) {
+  std::optional<std::string> text;
+  PAGODA_API_TRY(read_string(body, name, text));
+  if (!text) return {};
+  if (text->size() > 1024) return bad_request(name, fmt::format("'{}' is at most 1024 bytes", name));
+  auto spec = parse_kv_policy_spec(*text);
+  if (!spec.ok()) return bad_request(name, spec.error().message());
+  if (status st = check_kv_policy(*spec); !st.ok()) return bad_request(name, st.message());
+  out = *text;
+  return {};
+}
+
 maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind, const std::string& tenant,
                          api_call& call, request& base) {
   if (const json* m = field(body, "model")) {
@@ -296,6 +311,7 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
   base.cache_salt = salt.value_or("");
   PAGODA_API_TRY(read_string(body, "user", user));  // accepted for compatibility; tenancy comes from the key
   base.tenant = tenant;
+  PAGODA_API_TRY(read_kv_policy(body, "kv_policy", base.kv_policy));
 
   return check_neutral_fields(body, kind, call.n);
 }
