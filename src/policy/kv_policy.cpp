@@ -60,6 +60,7 @@ constexpr policy_entry k_policies[] = {
     {"window", policy_detail::make_window_policy},
     {"h2o", policy_detail::make_h2o_policy},
     {"snapkv", policy_detail::make_snapkv_policy},
+    {"pyramid", policy_detail::make_pyramid_policy},
     {"merge", policy_detail::make_merge_policy},
     {"cluster", policy_detail::make_cluster_policy},
 };

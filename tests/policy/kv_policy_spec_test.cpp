@@ -127,14 +127,15 @@ TEST(kv_budget, to_string_reads_back) {
 
 TEST(kv_policy_factory, names_and_unknown_names) {
   EXPECT_EQ(kv_policy_names(),
-            (std::vector<std::string>{"none", "window", "h2o", "snapkv", "merge", "cluster"}));
-  EXPECT_EQ(policy_error("lru"), "unknown KV policy 'lru'; known: none, window, h2o, snapkv, merge, cluster");
+            (std::vector<std::string>{"none", "window", "h2o", "snapkv", "pyramid", "merge", "cluster"}));
+  EXPECT_EQ(policy_error("lru"), "unknown KV policy 'lru'; known: none, window, h2o, snapkv, pyramid, merge, cluster");
 }
 
 TEST(kv_policy_factory, every_policy_builds_with_defaults_and_parameters) {
   for (const std::string_view text :
        {"none", "window", "window:budget=256,sinks=0,positions=cache,slack=0", "h2o", "h2o:budget=0.2,recent=0.1",
-        "h2o:recent=32", "snapkv", "snapkv:window=8,kernel=5,once=1", "merge:budget=12.5%", "cluster:k=4,recent=2"}) {
+        "h2o:recent=32", "snapkv", "snapkv:window=8,kernel=5,once=1", "pyramid", "pyramid:base=h2o,recent=4,ratio=2",
+        "pyramid:base=snapkv,window=4,ada=0,floor=0.5,cap=1.5", "merge:budget=12.5%", "cluster:k=4,recent=2"}) {
     const std::unique_ptr<kv_policy> p = make_policy(text);
     ASSERT_NE(p, nullptr) << text;
     EXPECT_EQ(p->lossy(), text != "none") << text;
@@ -146,6 +147,9 @@ TEST(kv_policy_factory, unknown_and_bad_parameters_name_the_known_ones) {
   EXPECT_EQ(policy_error("h2o:bugdet=0.3"), "h2o: unknown parameter 'bugdet'; known: budget, slack, recent");
   EXPECT_EQ(policy_error("window:recent=4"),
             "window: unknown parameter 'recent'; known: budget, slack, sinks, positions");
+  // pyramid takes its base's parameters, and only those.
+  EXPECT_THAT(policy_error("pyramid:base=h2o,window=8"), HasSubstr("unknown parameter 'window'"));
+  EXPECT_THAT(policy_error("pyramid:base=h2o,window=8"), HasSubstr("recent"));
   EXPECT_EQ(policy_error("none:budget=0.5"), "none: takes no parameters (got 'budget')");
   EXPECT_EQ(policy_error("h2o:budget=2.5"),
             "h2o: budget=2.5: a fraction must be at most 1 (100%); a token count is a whole number");
@@ -155,6 +159,9 @@ TEST(kv_policy_factory, unknown_and_bad_parameters_name_the_known_ones) {
   EXPECT_EQ(policy_error("window:positions=shift"), "window: positions=shift: expected one of keep, cache");
   EXPECT_EQ(policy_error("snapkv:kernel=4"), "snapkv: kernel=4: the pooling kernel must be odd");
   EXPECT_EQ(policy_error("snapkv:once=yes"), "snapkv: once=yes: expected 0 or 1");
+  EXPECT_EQ(policy_error("pyramid:base=window"), "pyramid: base=window: expected one of snapkv, h2o");
+  EXPECT_EQ(policy_error("pyramid:ratio=0.5"), "pyramid: ratio=0.5: must be in [1, 10000]");
+  EXPECT_EQ(policy_error("pyramid:floor=nan"), "pyramid: floor=nan: expected a number in [0, 1]");
   EXPECT_EQ(policy_error("cluster:k=0"), "cluster: k=0: must be in [1, 4096]");
   EXPECT_EQ(policy_error("h2o:slack=-2"), "h2o: slack=-2: must be in [0, 16777216]");
 }
@@ -168,6 +175,8 @@ TEST(kv_policy_factory, needs_follow_the_policy) {
   EXPECT_EQ(make_policy("snapkv")->needs().window_rows, 16);
   EXPECT_EQ(make_policy("snapkv:window=8")->needs().window_rows, 8);
   EXPECT_FALSE(make_policy("snapkv")->needs().totals);
+  EXPECT_EQ(make_policy("pyramid")->needs().window_rows, 16);
+  EXPECT_TRUE(make_policy("pyramid:base=h2o")->needs().totals);
   EXPECT_FALSE(make_policy("none")->needs().totals);
   EXPECT_FALSE(make_policy("none")->lossy());
 }
