@@ -172,4 +172,20 @@ status check_kv_policy(const kv_policy_spec& spec);
 // The names make_kv_policy knows, for messages and --help.
 std::vector<std::string> kv_policy_names();
 
+// Per-segment policies: one policy object for a sequence whose prompt has
+// segments. Each row's live slots are split by position into the segments and
+// the rest (generated tokens, positions outside every segment, which follow
+// `base`); each part is decided by its own policy with budgets relative to the
+// part's length, and the kept slots are merged. A "none" segment keeps
+// everything. The segments are taken here, at construction (the input's
+// `segments` are not read). Slack applies once, to the merged decision (the
+// base spec's `slack`, else one block). Errors: unsorted or overlapping
+// segments, an empty one, a bad spec, `window:positions=cache` anywhere
+// (positions cannot restart inside a part), a segment whose policy does not
+// evict (sparse reads stay whole-sequence), and evicting parts that fold
+// differently (`merge` with `h2o`: one decision has one kv_fold).
+// No segments: the same as make_kv_policy(base).
+result<std::unique_ptr<kv_policy>> make_segmented_policy(const kv_policy_spec& base,
+                                                         std::span<const kv_segment> segments);
+
 }  // namespace pagoda
