@@ -111,7 +111,7 @@ status scheduler::add_request(request req) {
   {
     auto spec = parse_kv_policy_spec(req.kv_policy);
     if (!spec.ok()) return spec.error();
-    auto made = new_policy(*spec);
+    auto made = new_policy(*spec, req.segments);
     if (!made.ok()) return made.error();
     if ((*made)->needs().key_summaries && !config_.key_summaries)
       return error(errc::invalid_argument,
@@ -577,8 +577,8 @@ status scheduler::make_policy(sequence& s) const {
   std::unique_ptr<kv_policy> p;
   auto spec = parse_kv_policy_spec(r.kv_policy.empty() ? config_.kv_policy : r.kv_policy);
   if (!spec.ok()) return spec.error();
-  if (!spec->is_none()) {
-    auto made = new_policy(*spec);
+  if (!spec->is_none() || !r.segments.empty()) {
+    auto made = new_policy(*spec, r.segments);
     if (!made.ok()) return made.error();
     p = std::move(*made);
   }
@@ -587,8 +587,16 @@ status scheduler::make_policy(sequence& s) const {
   return ok_status();
 }
 
-result<std::unique_ptr<kv_policy>> scheduler::new_policy(const kv_policy_spec& spec) const {
-  return config_.policy_factory ? config_.policy_factory(spec) : make_kv_policy(spec);
+result<std::unique_ptr<kv_policy>> scheduler::new_policy(const kv_policy_spec& spec,
+                                                         std::span<const prompt_segment> segments) const {
+  if (segments.empty()) return config_.policy_factory ? config_.policy_factory(spec) : make_kv_policy(spec);
+  std::vector<kv_segment> parts;
+  for (const prompt_segment& p : segments) {
+    auto part = parse_kv_policy_spec(p.kv_policy.empty() ? "none" : p.kv_policy);
+    if (!part.ok()) return part.error().with_context(fmt::format("segment [{}, {})", p.begin, p.end));
+    parts.push_back(kv_segment{p.begin, p.end, std::move(*part)});
+  }
+  return make_segmented_policy(spec, parts);
 }
 
 int scheduler::next_chunk(const sequence& s) const {
@@ -607,7 +615,8 @@ void scheduler::fork_children(sequence* parent) {
     child->tokens = parent->tokens;
     child->n_computed = parent->n_computed;
     child->pos_shift = parent->pos_shift;
-    if (parent->pol) child->pol = parent->pol->fork([this](const kv_policy_spec& spec) { return new_policy(spec); });
+    if (parent->pol)
+      child->pol = parent->pol->fork([this, r](const kv_policy_spec& spec) { return new_policy(spec, r->req.segments); });
     child->in_kv = true;
     child->phase = seq_phase::running;
     child->start_order = next_start_++;

@@ -191,7 +191,8 @@ class scheduler {
   // After a committed step: each sequence's policy may evict (compact its KV).
   void apply_policies(const step_plan& plan, const std::vector<int>& first_computed);
   status make_policy(sequence& s) const;
-  result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec) const;
+  result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,
+                                                std::span<const prompt_segment> segments = {}) const;
   // Tokens the sequence computes next at most: the rest of its prompt (by
   // prompt_chunk), or its one new token.
   int next_chunk(const sequence& s) const;
