@@ -170,7 +170,7 @@ class llama_context {
  private:
   void ensure_capacity(int n_tokens);
   // Asks s's selector which slots task t reads (t.ranges); whether it chose a sparse read.
-  static bool select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc);
+  bool select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) const;
 
   const llama_model& model_;
   kv_backend& kv_;

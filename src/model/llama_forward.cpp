@@ -69,7 +69,7 @@ void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std:
   }
 }
 
-bool llama_context::select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) {
+bool llama_context::select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) const {
   // The selector sees the queries as attention will: pre-scaled, one row per
   // (token, query head of this KV head's group).
   const int rows = t.n_tokens * t.n_rep;
@@ -85,6 +85,7 @@ bool llama_context::select_reads(const forward_seq& s, attention_task& t, int la
   q.layer = layer;
   q.kv_head = t.kv_head;
   q.k = t.k;
+  q.kv = &kv_;
   q.kv_pos = std::span<const std::int32_t>(t.kv_pos, static_cast<std::size_t>(t.n_kv));
   q.n_kv = t.n_kv;
   q.q = sc.select_q.data();
