@@ -10,6 +10,7 @@
 #include "core/cpu.h"
 #include "kv/kv_storage.h"
 #include "core/simd_levels.h"
+#include "attention/attention_test_util.h"
 #include "quant/kv_format_spec.h"
 
 namespace pagoda {
@@ -99,31 +100,9 @@ struct fixture {
   }
 };
 
-struct params {
-  const char* spec;
-  int n_kv_heads, n_rep, head_dim, block_size, n_ctx;
-};
-
-// Tolerance of a level's path against the double reference (see matches_reference).
-double simd_tolerance(const std::string& spec, simd_level level) {
-  if (level != simd_level::avx512) return 2e-5;
-  kv_pair_spec p = *parse_kv_pair_spec(spec);
-  const kv_format k = p.k.resolve(kv_role::key, false);
-  if ((k.type == kv_type::int4 || k.type == kv_type::int2) &&
-      (k.scale_mode == kv_scale_mode::per_token || k.scale_mode == kv_scale_mode::group))
-    return 5e-2;
-  for (kv_type t : {p.k.type, p.v.type})
-    if (t == kv_type::int8 || t == kv_type::int4 || t == kv_type::int2) return 2e-3;
-  return 2e-5;
-}
-
-// One shape and KV format at one SIMD level (core/simd_levels.h).
-class paged_attention_p : public ::testing::TestWithParam<std::tuple<params, simd_level>> {
- protected:
-  const params& p() const { return std::get<0>(GetParam()); }
-  simd_level level() const { return std::get<1>(GetParam()); }
-  test::simd_level_guard guard_;
-};
+using params = test::attention_shape;
+using test::simd_tolerance;
+using paged_attention_p = test::attention_shape_test;
 
 // Against a double-precision reference on decoded K/V: every level rounds in
 // float (scores, exp, sums over up to n_ctx terms), so we allow 2e-5 absolute on
@@ -193,12 +172,7 @@ INSTANTIATE_TEST_SUITE_P(shapes, paged_attention_p,
                                            params{"q4_0", 2, 4, 128, 16, 150}),
                                             ::testing::ValuesIn(test::simd_levels_under_test())),
                          [](const auto& info) {
-                           const params& p = std::get<0>(info.param);
-                           std::string n = p.spec;
-                           for (char& c : n)
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return n + "_hd" + std::to_string(p.head_dim) + "_bs" + std::to_string(p.block_size) + "_" +
-                                  simd_level_name(std::get<1>(info.param));
+                           return test::attention_shape_name(std::get<0>(info.param), std::get<1>(info.param), false);
                          });
 
 // Quantized attention against exact (f32 KV) attention on the same data, with a
