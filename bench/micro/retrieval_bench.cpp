@@ -32,9 +32,12 @@
 //       recent 64 + the union of the 4 query rows' top-k, then
 //       gather_attention), hnsw and ivfpq, ALTERNATED step by step in the same
 //       loop, so the ratios come from the same seconds of this shared machine.
-//       Counters: full_ms, hnsw_ms, ivfpq_ms (medians), x_hnsw, x_ivfpq
-//       (full / retrieval), read_frac (selected slots / context),
-//       search_ms (the select() share of a retrieval step).
+//       Counters: full_ms, hnsw_ms, ivfpq_ms (median wall time of a step),
+//       the same as *_cpu_ms (median thread CPU time: on an oversubscribed
+//       machine wall time includes waiting for a core), x_hnsw, x_ivfpq and
+//       x_*_cpu (full / retrieval), read_frac (selected slots / context),
+//       search_ms (the select() share of a hnsw step, wall), err_* (relative
+//       L2 error of the step's outputs against full attention's).
 //
 //   build/release/bench/retrieval_bench --benchmark_filter=recall
 //   build/release/bench/retrieval_bench --benchmark_filter=decode
@@ -42,6 +45,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
+#include <utility>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -501,33 +506,66 @@ double retrieval_step(decode_setup& s, retrieval_selector& sel, const paged_kv_v
   return select_s;
 }
 
+// This thread's CPU time: on a shared, oversubscribed machine the wall time
+// of a step includes the time the thread waited for a core.
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Wall and CPU seconds of f().
+template <class F>
+std::pair<double, double> timed(F&& f) {
+  const auto t0 = clock_type::now();
+  const double c0 = thread_cpu_seconds();
+  f();
+  return {seconds_since(t0), thread_cpu_seconds() - c0};
+}
+
+// |a - b| / |b| over every output value.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
 void bm_decode(benchmark::State& st) {
   const int n_ctx = static_cast<int>(st.range(0));
   decode_setup& s = decode_for(n_ctx);
   const paged_kv_view k = s.kv->k_view(0, s.table, n_ctx), v = s.kv->v_view(0, s.table, n_ctx);
-  std::vector<float> out(s.q.size());
+  std::vector<float> out_full(s.q.size()), out_hnsw(s.q.size()), out_ivf(s.q.size());
   attention_scratch asc;
   gather_scratch gsc;
-  std::vector<double> full_s, hnsw_s, ivf_s, search_s;
+  // [0] full, [1] hnsw, [2] ivfpq: wall and CPU seconds per step.
+  std::vector<double> wall[3], cpu[3], search_s;
   std::size_t read_hnsw = 0, read_ivf = 0;
+  auto keep = [&](int i, std::pair<double, double> t) {
+    wall[i].push_back(t.first);
+    cpu[i].push_back(t.second);
+  };
   for (auto _ : st) {  // the three, alternated
-    auto t0 = clock_type::now();
-    for (int h = 0; h < k_kv_heads; ++h) paged_attention(decode_task(s, k, v, h, out.data()), asc);
-    full_s.push_back(seconds_since(t0));
-    t0 = clock_type::now();
-    search_s.push_back(retrieval_step(s, *s.hnsw, k, v, out.data(), gsc, read_hnsw));
-    hnsw_s.push_back(seconds_since(t0));
-    t0 = clock_type::now();
-    retrieval_step(s, *s.ivfpq, k, v, out.data(), gsc, read_ivf);
-    ivf_s.push_back(seconds_since(t0));
-    benchmark::DoNotOptimize(out.data());
+    keep(0, timed([&] {
+           for (int h = 0; h < k_kv_heads; ++h) paged_attention(decode_task(s, k, v, h, out_full.data()), asc);
+         }));
+    keep(1, timed([&] { search_s.push_back(retrieval_step(s, *s.hnsw, k, v, out_hnsw.data(), gsc, read_hnsw)); }));
+    keep(2, timed([&] { retrieval_step(s, *s.ivfpq, k, v, out_ivf.data(), gsc, read_ivf); }));
+    benchmark::DoNotOptimize(out_full.data());
   }
-  const double f = median(full_s), hn = median(hnsw_s), iv = median(ivf_s);
-  st.counters["full_ms"] = f * 1e3;
-  st.counters["hnsw_ms"] = hn * 1e3;
-  st.counters["ivfpq_ms"] = iv * 1e3;
-  st.counters["x_hnsw"] = f / hn;
-  st.counters["x_ivfpq"] = f / iv;
+  const char* names[3] = {"full", "hnsw", "ivfpq"};
+  for (int i = 0; i < 3; ++i) {
+    st.counters[fmt::format("{}_ms", names[i])] = median(wall[i]) * 1e3;
+    st.counters[fmt::format("{}_cpu_ms", names[i])] = median(cpu[i]) * 1e3;
+    if (i > 0) {
+      st.counters[fmt::format("x_{}", names[i])] = median(wall[0]) / median(wall[i]);
+      st.counters[fmt::format("x_{}_cpu", names[i])] = median(cpu[0]) / median(cpu[i]);
+    }
+  }
+  st.counters["err_hnsw"] = relative_error(out_hnsw, out_full);
+  st.counters["err_ivfpq"] = relative_error(out_ivf, out_full);
   st.counters["search_ms"] = median(search_s) * 1e3;
   st.counters["read_frac_hnsw"] = static_cast<double>(read_hnsw) / (static_cast<double>(n_ctx) * k_kv_heads);
   st.counters["read_frac_ivfpq"] = static_cast<double>(read_ivf) / (static_cast<double>(n_ctx) * k_kv_heads);

@@ -10,7 +10,7 @@
 
 namespace pagoda {
 
-float dot_f16_avx2(const std::uint16_t* a, const std::uint16_t* b, int n);  // retrieval_index_avx2.cpp
+float l2sq_f16_avx2(const std::uint16_t* a, const std::uint16_t* b, int n);  // retrieval_index_avx2.cpp
 
 namespace {
 
@@ -75,16 +75,19 @@ void exact_top_k(const float* q, const float* keys, const std::int32_t* slots, i
   for (int i = 0; i < k; ++i) out.push_back(scored[i].second);
 }
 
-float dot_f16_ref(const std::uint16_t* a, const std::uint16_t* b, int n) {
+float l2sq_f16_ref(const std::uint16_t* a, const std::uint16_t* b, int n) {
   float s = 0.0f;
-  for (int i = 0; i < n; ++i) s += fp16_to_f32(a[i]) * fp16_to_f32(b[i]);
+  for (int i = 0; i < n; ++i) {
+    const float d = fp16_to_f32(a[i]) - fp16_to_f32(b[i]);
+    s += d * d;
+  }
   return s;
 }
 
-float dot_f16(const std::uint16_t* a, const std::uint16_t* b, int n) {
-  // AVX-512 adds nothing here: a head's 128 f16 values are eight 256-bit loads.
-  if (active_simd_level() >= simd_level::avx2) return dot_f16_avx2(a, b, n);
-  return dot_f16_ref(a, b, n);
+float l2sq_f16(const std::uint16_t* a, const std::uint16_t* b, int n) {
+  // AVX-512 adds little here: a head's 128 f16 values are eight 256-bit loads.
+  if (active_simd_level() >= simd_level::avx2) return l2sq_f16_avx2(a, b, n);
+  return l2sq_f16_ref(a, b, n);
 }
 
 int ivfpq_params::resolved_n_train() const { return n_train > 0 ? n_train : 39 * std::max(nlist, 1 << nbits); }

@@ -3,9 +3,15 @@
 // by inner product q.k. One small interface, three implementations:
 //
 //   exact   brute force over f32 copies (tests, benchmarks' ground truth);
-//   hnsw    hnswlib's HNSW graph over f16 copies of the keys, inner-product
-//           "distance" -q.k (hnswlib's own spaces are f32; f16 halves the
-//           copy and the bytes a search reads);
+//   hnsw    hnswlib's HNSW graph over f16 copies of the keys. A graph over
+//           inner products finds poorly (-q.k is no metric: keys of large
+//           norm crowd out the rest), so the search is made a Euclidean one
+//           (Bachrach et al. 2014, as RetrievalAttention does): each key k
+//           gets one more coordinate e = sqrt(M^2 - |k|^2), M a bound on the
+//           norms, a query gets 0, and |q' - k'|^2 = |q|^2 + M^2 - 2 q.k ranks
+//           keys exactly by q.k. When a key exceeds M, the graph is rebuilt
+//           from its own copies with a larger bound. (f16 halves the copy and
+//           the bytes a search reads; hnswlib's own spaces are f32.)
 //   ivfpq   faiss IndexIVFPQ, inner-product metric: trained once on the first
 //           n_train keys (k-means for the coarse lists, PQ on the residuals),
 //           then incremental adds; until trained it searches exactly over the
@@ -81,9 +87,9 @@ void exact_top_k(const float* q, const float* keys, const std::int32_t* slots, i
 // slots [n], keeping the order of the others.
 void erase_slots_from(std::vector<float>& keys, std::vector<std::int32_t>& slots, int head_dim, std::int32_t slot);
 
-// sum a[i] * b[i] over f16 vectors, for the HNSW distance; dispatches on the
-// SIMD level. The reference twin sums in float in index order.
-float dot_f16(const std::uint16_t* a, const std::uint16_t* b, int n);
-float dot_f16_ref(const std::uint16_t* a, const std::uint16_t* b, int n);
+// sum (a[i] - b[i])^2 over f16 vectors, for the HNSW distance; dispatches on
+// the SIMD level. The reference twin sums in float in index order.
+float l2sq_f16(const std::uint16_t* a, const std::uint16_t* b, int n);
+float l2sq_f16_ref(const std::uint16_t* a, const std::uint16_t* b, int n);
 
 }  // namespace pagoda

@@ -60,7 +60,7 @@ TEST(retrieval_index, exact_top_k_by_hand) {
   EXPECT_EQ(out, (std::vector<std::int32_t>{12, 10, 11, 13}));
 }
 
-TEST(retrieval_index, dot_f16_matches_reference_at_every_level) {
+TEST(retrieval_index, l2sq_f16_matches_reference_at_every_level) {
   auto a = gaussian(200, 1), b = gaussian(200, 2);
   std::vector<std::uint16_t> ha(200), hb(200);
   for (int i = 0; i < 200; ++i) {
@@ -71,9 +71,9 @@ TEST(retrieval_index, dot_f16_matches_reference_at_every_level) {
   for (simd_level l : test::simd_levels_to_run()) {
     set_simd_level(l);
     for (int n : {0, 1, 15, 16, 17, 128, 200}) {
-      const float want = dot_f16_ref(ha.data(), hb.data(), n);
-      // Float sums in another order: a few ulps of the sum of |a_i b_i| (<= ~n).
-      EXPECT_NEAR(dot_f16(ha.data(), hb.data(), n), want, 1e-5 * (n + 1)) << simd_level_name(l) << " n=" << n;
+      const float want = l2sq_f16_ref(ha.data(), hb.data(), n);
+      // Float sums in another order: a few ulps of the sum (about 2n).
+      EXPECT_NEAR(l2sq_f16(ha.data(), hb.data(), n), want, 1e-5 * (n + 1)) << simd_level_name(l) << " n=" << n;
     }
   }
 }
@@ -87,15 +87,21 @@ double recall(const std::vector<std::int32_t>& got, const std::vector<std::int32
 }
 
 // HNSW with ef_search >= the number of keys visits the whole (connected)
-// graph: its top-k is the exact one. Keys and queries are f16 values, so the
+// graph: its top-k is the exact one, by inner product (the Euclidean
+// transform ranks exactly by q.k). Keys and queries are f16 values, so the
 // only difference from the reference is the order of float sums; a swap at
 // the k-th place is allowed only between scores within 1e-4.
 TEST(retrieval_index, hnsw_with_large_ef_is_exact) {
   const int n = 400, hd = 16, k = 10;
-  const auto keys = f16_exact(gaussian(static_cast<std::size_t>(n) * hd, 3));
+  // The second half three times longer: its add raises the norm bound, and
+  // the graph is rebuilt.
+  auto raw = gaussian(static_cast<std::size_t>(n) * hd, 3);
+  for (std::size_t i = raw.size() / 2; i < raw.size(); ++i) raw[i] *= 3.0f;
+  const auto keys = f16_exact(raw);
   const auto slots = iota_slots(n, 1000);
   auto ix = make_hnsw_index(hd, hnsw_params{8, 200, 1000});
-  ASSERT_TRUE(ix->add(keys.data(), slots.data(), n).ok());
+  ASSERT_TRUE(ix->add(keys.data(), slots.data(), n / 2).ok());
+  ASSERT_TRUE(ix->add(&keys[n / 2 * hd], &slots[n / 2], n / 2).ok());
   EXPECT_EQ(ix->size(), n);
   for (int t = 0; t < 50; ++t) {
     const auto q = f16_exact(gaussian(hd, 100 + t));
