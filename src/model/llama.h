@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention/attention_stats.h"
+#include "attention/gather_attention.h"
 #include "attention/kv_selector.h"
 #include "attention/paged_attention.h"
 #include "core/aligned_buffer.h"
@@ -177,6 +178,8 @@ class llama_context {
   thread_pool pool_;
   matmul_scratch mm_scratch_;
   std::vector<attention_scratch> attn_scratch_;  // one per thread
+  std::vector<gather_scratch> gather_scratch_;   // one per thread (sparse reads of scattered tokens)
+  std::vector<std::vector<std::int32_t>> gather_slots_;  // one per thread
   int capacity_ = 0;
   aligned_buffer x_, xn_, q_, k_, v_, attn_out_, tmp_, gate_, up_;
   std::vector<std::int32_t> positions_;  // [new tokens of the step]

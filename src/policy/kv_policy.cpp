@@ -2,6 +2,7 @@
 #include "policy/kv_policy.h"
 
 #include "policy/quest.h"
+#include "policy/retrieval.h"
 
 #include <algorithm>
 #include <cctype>
@@ -65,6 +66,7 @@ constexpr policy_entry k_policies[] = {
     {"merge", policy_detail::make_merge_policy},
     {"cluster", policy_detail::make_cluster_policy},
     {"quest", make_quest_policy},
+    {"retrieval", make_retrieval_policy},
 };
 
 }  // namespace
