@@ -33,6 +33,9 @@ struct engine_config {
   // KV policy of requests that name none: "NAME[:key=value,...]" (docs/policies.md),
   // e.g. "h2o:budget=0.25"; "none" keeps every token.
   std::string kv_policy = "none";
+  // Keep per-block key summaries (min/max/mean of the keys) so that requests
+  // may use query-aware policies (quest) whatever the default policy.
+  bool kv_key_summaries = false;
 
   // --- KV warehouse (persistent tiers behind the pool) ---------------------
   std::string kv_store_path;         // local disk tier directory (LMDB); "" = none

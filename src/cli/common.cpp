@@ -95,6 +95,8 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_option("--kv-policy", opts.kv_policy,
                   "NAME[:key=value,...]: which tokens the KV cache keeps or reads (none, window, h2o, snapkv, "
                   "pyramid, merge, cluster, quest, retrieval; docs/policies.md); requests may name their own");
+  app->add_flag("--kv-key-summaries", opts.kv_key_summaries,
+                "keep per-block key bounds so requests may ask for quest (on when --kv-policy needs them)");
 }
 
 result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) { return llama_model::load(opts.model_path); }

@@ -449,19 +449,29 @@ status kv_manager::compact(seq_id seq, kv_compaction c) {
   const std::vector<block_id> fresh = take_blocks(s.tenant, static_cast<std::int32_t>(replaced.size()));
   for (std::size_t i = 0; i < replaced.size(); ++i) {
     const auto bi = static_cast<std::size_t>(replaced[i]);
-    const block_id src = s.table[bi], dst = fresh[i];
-    // Only the first rewritten block keeps leading slots; later ones are rewritten whole.
-    const std::int32_t n_kept = replaced[i] == b_first ? c.first % bs : 0;
-    if (n_kept > 0) emit(kv_op{.kind = kv_op_kind::copy, .block = dst, .src = src, .n_tokens = n_kept});
-    fill_[static_cast<std::size_t>(dst.value)] = n_kept;
-    stored_tokens_in_used_ += n_kept;
-    s.table[bi] = dst;
-    if (n_kept > 0) ++n_cow_copies_;
+    s.table[bi] = fresh[i];
+  }
+  // A fresh first block is rewritten whole: its kept leading slots join the
+  // gather as slots that take themselves (no copy op, which would stage a
+  // sealed block's tokens for nothing).
+  if (c.first % bs != 0 && std::find(replaced.begin(), replaced.end(), b_first) != replaced.end()) {
+    const std::int32_t lead = c.first % bs, from = c.first - lead;
+    std::vector<std::int32_t> sources;
+    for (int r = 0; r < g->n_rows; ++r) {
+      for (std::int32_t slot = from; slot < c.first; ++slot) sources.push_back(slot);
+      sources.insert(sources.end(), g->sources.begin() + static_cast<std::ptrdiff_t>(r) * n_rewritten,
+                     g->sources.begin() + static_cast<std::ptrdiff_t>(r + 1) * n_rewritten);
+    }
+    g->sources = std::move(sources);
+    if (!g->rotate.empty()) g->rotate.insert(g->rotate.begin(), static_cast<std::size_t>(lead), 0);
+    c.tokens.insert(c.tokens.begin(), s.tokens.begin() + from, s.tokens.begin() + c.first);
+    c.positions.insert(c.positions.begin(), s.positions.begin() + from, s.positions.begin() + c.first);
+    c.first = from;
   }
   s.table.resize(static_cast<std::size_t>(n_blocks));
   g->dst_table = s.table;
   g->first = c.first;
-  g->n = n_rewritten;
+  g->n = c.n_slots - c.first;
   emit(kv_op{.kind = kv_op_kind::gather, .gather = g});
 
   // Fill of the blocks that stay: full up to the last, which holds what is left.

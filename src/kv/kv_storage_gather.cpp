@@ -70,6 +70,27 @@ void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1,
     // sealed tensor in its tile (fill = block_size) until that tensor's own
     // layer is rewritten: other layers may still read it as a source.
     std::int32_t ss = block_slot_[b.value];
+    if (ss < 0 && t0 == 0 && t1 == bs) {
+      write_run(t, layer, b, 0, bs, x);  // a whole block: encoded at once, no staging
+      return;
+    }
+    if (ss < 0 && t0 > 0 && t1 == bs) {
+      // A sealed block rewritten to its end: encoded whole from its kept
+      // leading tokens and the new rows, without a staging slot (a compaction
+      // must not hold more slots than the sequence's two).
+      const int H = layout_.n_kv_heads, hd = layout_.head_dim;
+      const std::size_t row = static_cast<std::size_t>(H) * hd;
+      std::vector<float> whole(static_cast<std::size_t>(bs) * row);
+      for (int h = 0; h < H; ++h) {
+        t.codec->decode(t.format, layout_.tile_shape(), nullptr, tile(t, b, h), 0, t0, gather_.data());
+        for (int j = 0; j < t0; ++j)
+          std::memcpy(&whole[static_cast<std::size_t>(j) * row + static_cast<std::size_t>(h) * hd],
+                      &gather_[static_cast<std::size_t>(j) * hd], sizeof(float) * hd);
+      }
+      std::memcpy(&whole[static_cast<std::size_t>(t0) * row], x, sizeof(float) * static_cast<std::size_t>(t1 - t0) * row);
+      write_run(t, layer, b, 0, bs, whole.data());
+      return;
+    }
     if (ss < 0) {
       ss = acquire_slot(b);
       std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(ss) * n_sealed_, n_sealed_, bs);

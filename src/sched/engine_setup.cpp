@@ -195,6 +195,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.max_waiting = opts.max_waiting;
   cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
+  if (opts.kv_key_summaries) cfg.kv.key_summaries = true;
   const double k_default_cap_bytes = 4.0 * 1024 * 1024 * 1024;
   std::int64_t default_tokens = static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len;
   default_tokens = std::min<std::int64_t>(default_tokens,

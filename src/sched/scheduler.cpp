@@ -116,7 +116,7 @@ status scheduler::add_request(request req) {
     if ((*made)->needs().key_summaries && !config_.key_summaries)
       return error(errc::invalid_argument,
                    "kv_policy {} reads per-block key summaries, which this engine does not keep; start it with "
-                   "--kv-policy {} (or a policy that needs them) as its default",
+                   "--kv-key-summaries (or --kv-policy {})",
                    spec->name, spec->name);
   }
   for (const auto& [t, bias] : req.sampling.logit_bias)
