@@ -486,5 +486,37 @@ TEST(server, models_health_metrics) {
             2);
 }
 
+// KV policies over HTTP: a request names its own (a bad one is a 400 naming
+// the field), chat messages carry theirs, and /metrics counts compactions.
+TEST(server, kv_policies_per_request) {
+  test_server s(default_setup());
+  auto c = s.client();
+  http_reply bad = post_json(*c, "/v1/completions", completion_body("Once", 4, {{"kv_policy", "lru"}}));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.json_body["error"]["param"], "kv_policy");
+  http_reply r = post_json(*c, "/v1/completions",
+                           completion_body(k_story, 120, {{"ignore_eos", true}, {"kv_policy", "h2o:budget=32"}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json_body["usage"]["completion_tokens"], 120);
+  json chat = {{"messages", json::array({{{"role", "system"}, {"content", "You tell stories."}},
+                                         {{"role", "user"}, {"content", k_story}, {"kv", {{"policy", "snapkv:budget=16"}}}}})},
+               {"max_tokens", 60},
+               {"temperature", 0},
+               {"ignore_eos", true}};
+  http_reply cr = post_json(*c, "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(cr.status, 200) << cr.body;
+  EXPECT_EQ(cr.json_body["usage"]["completion_tokens"], 60);
+  chat["messages"][1]["kv"]["type"] = "int4";
+  http_reply typed = post_json(*c, "/v1/chat/completions", chat.dump());
+  EXPECT_EQ(typed.status, 400);
+  EXPECT_EQ(typed.json_body["error"]["param"], "messages[1].kv.type");
+  auto m = parse_metrics(c->Get("/metrics")->body);
+  EXPECT_GT(metric(m, "pagoda:kv_policy_compactions_total"), 0);
+  EXPECT_GT(metric(m, "pagoda:kv_policy_evicted_slots_total"), 0);
+  ASSERT_TRUE(wait_idle(s));
+  m = parse_metrics(c->Get("/metrics")->body);
+  EXPECT_EQ(metric(m, "pagoda:kv_cache_blocks{state=\"used\"}"), 0);
+}
+
 }  // namespace
 }  // namespace pagoda::test
