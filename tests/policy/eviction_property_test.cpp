@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <random>
 #include <set>
@@ -188,6 +189,63 @@ TEST(eviction_property, flat_policies_on_random_inputs) {
   EXPECT_GT(acted, 1000);  // the cases do exercise eviction
 }
 
+// AdaKV's choice for one layer over an h2o base, written plainly: every
+// head's candidates fully sorted, the floor from the top, then one walk down
+// the joint order of all heads that skips full heads.
+std::vector<std::vector<std::int32_t>> reference_ada(const eviction_input& in, int layer, int b) {
+  struct cand {
+    float key;
+    std::int32_t pos;
+    int head;
+    std::int32_t slot;
+  };
+  const auto better = [](const cand& x, const cand& y) {
+    if (x.key != y.key) return x.key > y.key;
+    if (x.pos != y.pos) return x.pos > y.pos;
+    return x.head < y.head;
+  };
+  const int cap = 2 * b;
+  const int floor = static_cast<int>(0.2 * (b - (b + 1) / 2));
+  const int n_heads = in.n_kv_heads;
+  std::vector<std::vector<std::int32_t>> keep(static_cast<std::size_t>(n_heads));
+  std::vector<int> room(static_cast<std::size_t>(n_heads));
+  std::vector<cand> open;
+  long long pool = static_cast<long long>(b) * n_heads;
+  for (int h = 0; h < n_heads; ++h) {
+    const int r = layer * n_heads + h;
+    const std::vector<std::int32_t> live = live_by_position(in, r);
+    const int n = static_cast<int>(live.size());
+    const int protect = (std::min(b, n) + 1) / 2;
+    std::vector<cand> mine;
+    for (int i = 0; i < n; ++i) {
+      const std::int32_t s = live[static_cast<std::size_t>(i)];
+      if (i >= n - protect) {
+        keep[static_cast<std::size_t>(h)].push_back(s);
+        continue;
+      }
+      const float t = in.totals[static_cast<std::size_t>(s) * in.n_rows() + r];
+      mine.push_back({std::isnan(t) ? -INFINITY : t, in.row_positions(r)[s], h, s});
+    }
+    std::sort(mine.begin(), mine.end(), better);
+    const int most = std::min(static_cast<int>(mine.size()), cap - protect);
+    const int nf = std::min(floor, most);
+    for (int i = 0; i < nf; ++i) keep[static_cast<std::size_t>(h)].push_back(mine[static_cast<std::size_t>(i)].slot);
+    room[static_cast<std::size_t>(h)] = most - nf;
+    open.insert(open.end(), mine.begin() + nf, mine.end());
+    pool -= protect + nf;
+  }
+  std::sort(open.begin(), open.end(), better);
+  for (const cand& c : open) {
+    if (pool <= 0) break;
+    if (room[static_cast<std::size_t>(c.head)] == 0) continue;
+    --room[static_cast<std::size_t>(c.head)];
+    --pool;
+    keep[static_cast<std::size_t>(c.head)].push_back(c.slot);
+  }
+  for (auto& k : keep) std::sort(k.begin(), k.end());
+  return keep;
+}
+
 // pyramid: the layers' budgets add up as documented; AdaKV's heads share
 // each layer's total, above their floors and below their cap.
 void check_pyramid(const eviction_input& in, const eviction_decision& d, bool ada, const std::string& what) {
@@ -222,6 +280,11 @@ void check_pyramid(const eviction_input& in, const eviction_decision& d, bool ad
     }
     if (ada) {
       EXPECT_EQ(kept, std::min<long long>(static_cast<long long>(b) * in.n_kv_heads, want)) << what;
+      const std::vector<std::vector<std::int32_t>> ref = reference_ada(in, l, b);
+      for (int h = 0; h < in.n_kv_heads; ++h) {
+        EXPECT_EQ(test::kept(d, l * in.n_kv_heads + h), ref[static_cast<std::size_t>(h)])
+            << what << ": layer " << l << " head " << h << " differs from the plain AdaKV choice";
+      }
     }
   }
 }

@@ -118,6 +118,31 @@ TEST(pyramid_policy, ada_hands_a_short_heads_budget_to_the_others) {
   EXPECT_EQ(kept(d, 0), range(11, 20));  // 12 - 3
 }
 
+// AdaKV's widest head is known only after scoring: the slack rule estimates
+// it (each head of a layer gives up the same share), so the steps after a
+// compaction do not decide again until a block of tokens has come.
+TEST(pyramid_policy, ada_acts_once_per_block_after_compacting) {
+  kv_case c = ada_case();
+  c.block_size = 4;
+  const std::unique_ptr<kv_policy> p = make_policy("pyramid:base=h2o,budget=6,recent=2,floor=0.5");
+  const eviction_decision first = p->evict(c.input());
+  ASSERT_EQ(first.count, (std::vector<std::int32_t>{8, 4}));
+  for (int k = 1; k <= 4; ++k) {
+    kv_case next = c;
+    next.compact(first, k);
+    // The estimate is exact here: each head is k over what it kept.
+    std::vector<int> estimate(2);
+    dynamic_cast<const policy_detail::eviction_policy&>(*p).min_keep(next.input(), estimate);
+    EXPECT_EQ(estimate, (std::vector<int>{8, 4})) << k << " tokens after compacting";
+    const eviction_decision d = p->evict(next.input());
+    EXPECT_EQ(d.empty(), k < 4) << k << " tokens after compacting";
+    if (!d.empty()) {
+      EXPECT_EQ(d.count, (std::vector<std::int32_t>{8, 4}));
+      EXPECT_EQ(d.width, next.n_slots - 4);
+    }
+  }
+}
+
 TEST(pyramid_policy, snapkv_base_by_default) {
   kv_case c = kv_case::contiguous(40, 2, 2);
   c.use_window(4);
