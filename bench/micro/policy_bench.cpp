@@ -85,9 +85,8 @@ void apply_and_step(bench_input& b, const eviction_decision& d) {
 
 // The common call: the policy acted on the last block, one token came since,
 // nothing is worth evicting (the slack rule).
-void run_noop(benchmark::State& state, const std::string& text) {
+void run_noop(benchmark::State& state, const std::unique_ptr<kv_policy>& p) {
   bench_input b(static_cast<int>(state.range(0)));
-  const std::unique_ptr<kv_policy> p = policy(text);
   apply_and_step(b, p->evict(b.in));
   for (auto _ : state) {
     eviction_decision d = p->evict(b.in);
@@ -108,9 +107,18 @@ void run_decide(benchmark::State& state, const std::string& text) {
   state.SetItemsProcessed(state.iterations() * k_rows * state.range(0));  // slots considered
 }
 
-void bm_noop_h2o(benchmark::State& s) { run_noop(s, "h2o"); }
-void bm_noop_pyramid(benchmark::State& s) { run_noop(s, "pyramid:base=h2o,ada=0"); }
-void bm_noop_pyramid_ada(benchmark::State& s) { run_noop(s, "pyramid:base=h2o"); }
+// Segments: the first quarter of the context kept whole, the second at 25%
+// by a window, the rest by h2o.
+void bm_noop_segmented(benchmark::State& state) {
+  const auto quarter = static_cast<std::int32_t>(state.range(0) / 4);
+  const std::vector<kv_segment> segments = {kv_segment{0, quarter, *parse_kv_policy_spec("none")},
+                                            kv_segment{quarter, 2 * quarter, *parse_kv_policy_spec("window")}};
+  run_noop(state, std::move(make_segmented_policy(*parse_kv_policy_spec("h2o"), segments)).value());
+}
+
+void bm_noop_h2o(benchmark::State& s) { run_noop(s, policy("h2o")); }
+void bm_noop_pyramid(benchmark::State& s) { run_noop(s, policy("pyramid:base=h2o,ada=0")); }
+void bm_noop_pyramid_ada(benchmark::State& s) { run_noop(s, policy("pyramid:base=h2o")); }
 void bm_decide_window(benchmark::State& s) { run_decide(s, "window"); }
 void bm_decide_h2o(benchmark::State& s) { run_decide(s, "h2o"); }
 void bm_decide_snapkv(benchmark::State& s) { run_decide(s, "snapkv"); }
@@ -121,6 +129,7 @@ void bm_decide_pyramid_ada(benchmark::State& s) { run_decide(s, "pyramid:base=h2
 BENCHMARK(bm_noop_h2o)->Arg(4096)->Arg(32768);
 BENCHMARK(bm_noop_pyramid)->Arg(4096)->Arg(32768);
 BENCHMARK(bm_noop_pyramid_ada)->Arg(4096)->Arg(32768);
+BENCHMARK(bm_noop_segmented)->Arg(4096)->Arg(32768);
 BENCHMARK(bm_decide_window)->Arg(4096);
 BENCHMARK(bm_decide_h2o)->Arg(4096);
 BENCHMARK(bm_decide_snapkv)->Arg(4096);

@@ -199,12 +199,13 @@ eviction_decision eviction_policy::evict(const eviction_input& in) {
   check_input(in);
   const act_when mode = when(in);
   if (mode == act_when::never || in.n_slots == 0) return {};
-  std::vector<int> floor(static_cast<std::size_t>(in.n_rows()));
-  min_keep(in, floor);
+  const auto n_rows = static_cast<std::size_t>(in.n_rows());
+  std::vector<int> live(n_rows);
+  for (std::size_t r = 0; r < n_rows; ++r) live[r] = live_count(in, static_cast<int>(r));
+  std::vector<int> floor(n_rows);
+  min_keep(in, live, floor);
   int lower_width = 0;
-  for (int r = 0; r < in.n_rows(); ++r) {
-    lower_width = std::max(lower_width, std::min(live_count(in, r), floor[static_cast<std::size_t>(r)]));
-  }
+  for (std::size_t r = 0; r < n_rows; ++r) lower_width = std::max(lower_width, std::min(live[r], floor[r]));
   if (!frees_enough(mode, in.n_slots, lower_width, slack(in))) return {};
   eviction_decision d = decide(in);
   if (d.empty() || !frees_enough(mode, in.n_slots, d.width, slack(in))) return {};

@@ -123,13 +123,13 @@ class eviction_policy : public kv_policy {
 
   virtual act_when when(const eviction_input& in) const = 0;
   // Per row, what the row keeps if the policy acts now, as far as it is known
-  // before scoring: the gate that skips deciding when the widest row would
-  // not free `slack` slots. Exact for every policy but AdaKV, whose per-head
+  // before scoring, given each row's live slots (`live`): the gate that
+  // skips deciding when the widest row would not free `slack` slots. Exact for every policy but AdaKV, whose per-head
   // counts follow the scores; there it is the row's live slots less the
   // layer's excess shared evenly by its heads (exact when the scores kept
   // their order since the last compaction). The exact width is checked again
   // on the decision.
-  virtual void min_keep(const eviction_input& in, std::span<int> out) const = 0;
+  virtual void min_keep(const eviction_input& in, std::span<const int> live, std::span<int> out) const = 0;
   // The slots to keep ignoring slack; empty when nothing would go or the
   // statistics are missing.
   virtual eviction_decision decide(const eviction_input& in) const = 0;

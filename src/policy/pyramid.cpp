@@ -112,7 +112,7 @@ class pyramid_policy final : public scored_policy {
   // The most one head of a layer with budget b may keep.
   int head_cap(int b) const { return std::max(b, static_cast<int>(std::floor(opts_.cap * b))); }
 
-  void min_keep(const eviction_input& in, std::span<int> out) const override {
+  void min_keep(const eviction_input& in, std::span<const int> live, std::span<int> out) const override {
     const std::vector<int> budgets = layer_budgets(in);
     const int n_heads = in.n_kv_heads;
     for (int l = 0; l < in.n_layers; ++l) {
@@ -124,14 +124,14 @@ class pyramid_policy final : public scored_policy {
       }
       // AdaKV: each head gives up the same share of what the layer must lose
       // (exact while the scores keep their order between compactions).
-      long long live = 0;
+      long long layer_live = 0;
       long long can_keep = 0;
       for (int h = 0; h < n_heads; ++h) {
-        row[h] = live_count(in, l * n_heads + h);
-        live += row[h];
+        row[h] = live[static_cast<std::size_t>(l * n_heads + h)];
+        layer_live += row[h];
         can_keep += std::min(row[h], head_cap(b));
       }
-      const long long lose = live - std::min(static_cast<long long>(b) * n_heads, can_keep);
+      const long long lose = layer_live - std::min(static_cast<long long>(b) * n_heads, can_keep);
       const auto each = static_cast<int>((lose + n_heads - 1) / n_heads);
       for (int h = 0; h < n_heads; ++h) row[h] = std::clamp(row[h] - each, 0, head_cap(b));
     }

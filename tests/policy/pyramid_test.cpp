@@ -132,7 +132,8 @@ TEST(pyramid_policy, ada_acts_once_per_block_after_compacting) {
     next.compact(first, k);
     // The estimate is exact here: each head is k over what it kept.
     std::vector<int> estimate(2);
-    dynamic_cast<const policy_detail::eviction_policy&>(*p).min_keep(next.input(), estimate);
+    const std::vector<int> live = {8 + k, 4 + k};
+    dynamic_cast<const policy_detail::eviction_policy&>(*p).min_keep(next.input(), live, estimate);
     EXPECT_EQ(estimate, (std::vector<int>{8, 4})) << k << " tokens after compacting";
     const eviction_decision d = p->evict(next.input());
     EXPECT_EQ(d.empty(), k < 4) << k << " tokens after compacting";
