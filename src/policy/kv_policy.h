@@ -35,6 +35,7 @@
 
 #include "attention/attention_stats.h"
 #include "attention/kv_selector.h"
+#include "kv/kv_gather.h"
 #include "pagoda/status.h"
 
 namespace pagoda {
@@ -109,12 +110,7 @@ struct eviction_input {
   bool is_dead(int r, int slot) const { return row_positions(r)[slot] < 0; }
 };
 
-// How evicted tokens leave.
-enum class kv_fold : std::uint8_t {
-  drop,     // they are gone
-  nearest,  // each is merged into the kept token of its row with the most similar key
-  cluster,  // per row, they are grouped by k-means on keys into the anchor slots
-};
+// How evicted tokens leave: kv_fold (kv/kv_gather.h): drop, nearest, cluster.
 
 // What an eviction policy decided for one sequence: per row, the slots it
 // keeps, ascending, from the live slots of that row. An empty decision keeps
