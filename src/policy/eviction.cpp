@@ -102,13 +102,19 @@ void sort_best_first(std::span<const float> scores, std::vector<int>& order) {
   for (std::size_t i = 0; i < keys.size(); ++i) order[i] = static_cast<int>(keys[i] & 0xffffffffu);
 }
 
-bool frees_enough(act_when mode, int n_slots, int width, int slack_slots) {
+bool worth_evicting(act_when mode, long long evicted, int n_rows, int slack_slots) {
   switch (mode) {
     case act_when::never: return false;
-    case act_when::now: return n_slots - width >= 1;
-    case act_when::slack: return n_slots - width >= std::max(1, slack_slots);
+    case act_when::now: return evicted >= 1;
+    case act_when::slack: return evicted >= static_cast<long long>(std::max(1, slack_slots)) * n_rows;
   }
   return false;
+}
+
+long long n_evicted(std::span<const int> live, std::span<const int> keep) {
+  long long n = 0;
+  for (std::size_t r = 0; r < live.size(); ++r) n += live[r] - std::min(live[r], keep[r]);
+  return n;
 }
 
 std::vector<std::int32_t>& decision_builder::anchors(int r) {
@@ -202,13 +208,11 @@ eviction_decision eviction_policy::evict(const eviction_input& in) {
   const auto n_rows = static_cast<std::size_t>(in.n_rows());
   std::vector<int> live(n_rows);
   for (std::size_t r = 0; r < n_rows; ++r) live[r] = live_count(in, static_cast<int>(r));
-  std::vector<int> floor(n_rows);
-  min_keep(in, live, floor);
-  int lower_width = 0;
-  for (std::size_t r = 0; r < n_rows; ++r) lower_width = std::max(lower_width, std::min(live[r], floor[r]));
-  if (!frees_enough(mode, in.n_slots, lower_width, slack(in))) return {};
+  std::vector<int> keep(n_rows);
+  min_keep(in, live, keep);
+  if (!worth_evicting(mode, n_evicted(live, keep), in.n_rows(), slack(in))) return {};
   eviction_decision d = decide(in);
-  if (d.empty() || !frees_enough(mode, in.n_slots, d.width, slack(in))) return {};
+  if (d.empty() || !worth_evicting(mode, n_evicted(live, d.count), in.n_rows(), slack(in))) return {};
   return d;
 }
 

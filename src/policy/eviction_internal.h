@@ -57,9 +57,15 @@ enum class act_when : std::uint8_t {
   now,    // whenever it frees anything (SnapKV once=1 at the prompt's end: its only chance)
 };
 
-// The slack rule: whether a decision whose widest row keeps `width` of
-// `n_slots` slots frees enough to be applied.
-bool frees_enough(act_when mode, int n_slots, int width, int slack_slots);
+// The slack rule: whether evicting `evicted` slots in all from `n_rows` rows
+// is worth a compaction: at least `slack` per row on average (anything at all
+// for act_when::now). With one budget for every row this is the widest row
+// freeing `slack` slots; with budgets per layer or head it still means about
+// one compaction per `slack` new tokens, however the widest row grows (an
+// AdaKV head at its cap grows with the budget and frees little itself).
+bool worth_evicting(act_when mode, long long evicted, int n_rows, int slack_slots);
+// How many slots the rows lose in all when row r keeps keep[r] of live[r].
+long long n_evicted(std::span<const int> live, std::span<const int> keep);
 
 // Per-row keep lists (and anchors) -> an eviction_decision.
 class decision_builder {
@@ -124,7 +130,7 @@ class eviction_policy : public kv_policy {
   virtual act_when when(const eviction_input& in) const = 0;
   // Per row, what the row keeps if the policy acts now, as far as it is known
   // before scoring, given each row's live slots (`live`): the gate that
-  // skips deciding when the widest row would not free `slack` slots. Exact for every policy but AdaKV, whose per-head
+  // skips deciding when the rows would not lose `slack` slots on average. Exact for every policy but AdaKV, whose per-head
   // counts follow the scores; there it is the row's live slots less the
   // layer's excess shared evenly by its heads (exact when the scores kept
   // their order since the last compaction). The exact width is checked again

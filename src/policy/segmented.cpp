@@ -242,8 +242,10 @@ eviction_decision segmented_policy::evict(const eviction_input& in) {
       lower[r] += sub.mode == act_when::never ? sub.live[r] : std::min(sub.live[r], floor[r]);
     }
   }
+  std::vector<int> live(n_rows);
+  for (std::size_t r = 0; r < n_rows; ++r) live[r] = live_count(in, static_cast<int>(r));
   const int slack = slack_param_ >= 0 ? slack_param_ : in.block_size;
-  if (!frees_enough(mode, in.n_slots, *std::max_element(lower.begin(), lower.end()), slack)) return {};
+  if (!worth_evicting(mode, n_evicted(live, lower), in.n_rows(), slack)) return {};
 
   build_positions(in);
   decision_builder out(static_cast<int>(n_rows));
@@ -260,10 +262,8 @@ eviction_decision segmented_policy::evict(const eviction_input& in) {
     if (!d.empty()) fold = std::max(fold, d.fold);
     merge_part(sub, d, out);
   }
-  std::vector<int> live(n_rows);
-  for (std::size_t r = 0; r < n_rows; ++r) live[r] = live_count(in, static_cast<int>(r));
   eviction_decision d = out.finish(live, fold);
-  if (d.empty() || !frees_enough(mode, in.n_slots, d.width, slack)) return {};
+  if (d.empty() || !worth_evicting(mode, n_evicted(live, d.count), in.n_rows(), slack)) return {};
   return d;
 }
 
