@@ -27,6 +27,9 @@ struct kv_select_query {
   int layer = 0;
   int kv_head = 0;
   const paged_kv_view* k = nullptr;  // the sequence's keys of this layer (stored + this step's)
+  // The backend k was taken from, for per-block key summaries
+  // (kv_backend::key_summary_of; Quest); nullptr when there is none.
+  const kv_backend* kv = nullptr;
   std::span<const std::int32_t> kv_pos;  // [n_kv] stored positions of the slots
   int n_kv = 0;                       // slots the step's queries can see at most
   // The step's query rows of this KV head's group, pre-scaled by the attention

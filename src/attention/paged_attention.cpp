@@ -19,42 +19,171 @@ namespace {
 // few enough that scores stay in L2 at long contexts.
 constexpr int k_max_rows_per_group = 64;
 
-// The tiles of head h covering slots [b0 * bs, n_ctx), minus a staged last
-// block; returns the number of slots they hold.
-int gather_tiles(const paged_kv_view& v, int h, int b0, int n_ctx, std::vector<const void*>& tiles) {
+// A group's scores are COLUMNS over the blocks it reads (attention_scratch::blocks):
+// column c is slot blocks[c / bs] * bs + c % bs. Without ranges the blocks are
+// consecutive and column = slot - first block's first slot.
+
+// The first column whose slot is >= slot (blocks.size() * bs when none).
+int column_of(std::span<const int> blocks, int bs, int slot) {
+  const int b = slot / bs;
+  const int c = static_cast<int>(std::lower_bound(blocks.begin(), blocks.end(), b) - blocks.begin());
+  return c * bs + (c < static_cast<int>(blocks.size()) && blocks[c] == b ? slot % bs : 0);
+}
+
+// Ranges are sorted, disjoint, non-empty and within [0, n_kv): a selector
+// that breaks this is a bug, and reading past it would read other tiles.
+void check_ranges(const attention_task& t) {
+  std::int32_t end = 0;
+  for (const slot_range& r : t.ranges) {
+    PAGODA_ASSERT(r.begin >= end && r.begin < r.end && r.end <= t.n_kv,
+                  "attention ranges must be sorted, disjoint, non-empty and within [0, {}): [{}, {}) after {}", t.n_kv,
+                  r.begin, r.end, end);
+    end = r.end;
+  }
+}
+
+// The blocks a group reads: every block of [lo_min, n_ctx), or those holding
+// a selected slot of it; and the HOLES, the columns of read blocks whose slots
+// in [lo_min, n_ctx) are not selected. Returns the number of columns.
+int plan_reads(const attention_task& t, int lo_min, int n_ctx, attention_scratch& sc) {
+  const int bs = t.k->shape.block_size;
+  sc.blocks.clear();
+  sc.holes.clear();
+  if (t.ranges.empty()) {
+    for (int b = lo_min / bs; b * bs < n_ctx; ++b) sc.blocks.push_back(b);
+    return static_cast<int>(sc.blocks.size()) * bs;
+  }
+  for (const slot_range& r : t.ranges) {
+    const int begin = std::max<int>(r.begin, lo_min), end = std::min<int>(r.end, n_ctx);
+    for (int b = begin / bs; begin < end && b <= (end - 1) / bs; ++b)
+      if (sc.blocks.empty() || sc.blocks.back() < b) sc.blocks.push_back(b);
+  }
+  auto add_hole = [&](int g0, int g1) {
+    if (g0 >= g1) return;
+    const int c0 = column_of(sc.blocks, bs, g0), c1 = column_of(sc.blocks, bs, g1);
+    if (c0 < c1) sc.holes.push_back({c0, c1});
+  };
+  int gap = lo_min;  // the unselected slots are the gaps between clipped ranges
+  for (const slot_range& r : t.ranges) {
+    const int begin = std::max<int>(r.begin, lo_min), end = std::min<int>(r.end, n_ctx);
+    if (begin >= end) continue;
+    add_hole(gap, begin);
+    gap = end;
+  }
+  add_hole(gap, n_ctx);
+  return static_cast<int>(sc.blocks.size()) * bs;
+}
+
+// The tiles of head h of the read blocks, minus a staged last block; returns
+// the number of slots they hold (every block is full but one ending at n_ctx).
+int gather_tiles(const paged_kv_view& v, int h, std::span<const int> blocks, int n_ctx,
+                 std::vector<const void*>& tiles) {
   const int bs = v.shape.block_size;
-  int n_blocks = (n_ctx + bs - 1) / bs;
-  int end = n_ctx;
-  if (n_blocks > b0 && v.is_staged(n_blocks - 1)) {
-    --n_blocks;
-    end = n_blocks * bs;
-  }
-  tiles.resize(std::max(0, n_blocks - b0));
-  for (int b = b0; b < n_blocks; ++b) tiles[b - b0] = v.tile(b, h);
-  return std::max(0, end - b0 * bs);
+  std::size_t m = blocks.size();
+  if (m > 0 && v.is_staged(blocks[m - 1])) --m;
+  tiles.resize(m);
+  for (std::size_t i = 0; i < m; ++i) tiles[i] = v.tile(blocks[i], h);
+  return m == 0 ? 0 : static_cast<int>(m - 1) * bs + std::min(bs, n_ctx - blocks[m - 1] * bs);
 }
 
-// scores[r * ld + j] = q_r . k(slot b0 * bs + j) for slots below n_ctx.
-void run_qk(const paged_kv_view& k, int h, int b0, int n_ctx, const float* q, int rows, float* scores, int ld,
-            std::vector<const void*>& tiles) {
-  const int base = b0 * k.shape.block_size;
-  const int n_tok = gather_tiles(k, h, b0, n_ctx, tiles);
+// scores[r * ld + c] = q_r . k(slot of column c) for the read blocks' slots below n_ctx.
+void run_qk(const paged_kv_view& k, int h, std::span<const int> blocks, int n_ctx, const float* q, int rows,
+            float* scores, int ld, std::vector<const void*>& tiles) {
+  const int n_tok = gather_tiles(k, h, blocks, n_ctx, tiles);
   if (n_tok > 0) k.codec->qk(k.format, k.shape, k.params(h), tiles.data(), n_tok, q, rows, scores, ld);
-  if (base + n_tok < n_ctx) {
+  if (tiles.size() < blocks.size()) {
     const void* staged = k.staged_tile(h);
-    k.staged_codec->qk(k.staged_format, k.shape, nullptr, &staged, n_ctx - base - n_tok, q, rows, scores + n_tok, ld);
+    const int first = static_cast<int>(tiles.size()) * k.shape.block_size;
+    k.staged_codec->qk(k.staged_format, k.shape, nullptr, &staged, n_ctx - blocks.back() * k.shape.block_size, q,
+                       rows, scores + first, ld);
   }
 }
 
-void run_av(const paged_kv_view& v, int h, int b0, int n_ctx, const float* w, int ld, int rows, float* acc,
-            std::vector<const void*>& tiles) {
-  const int base = b0 * v.shape.block_size;
-  const int n_tok = gather_tiles(v, h, b0, n_ctx, tiles);
+void run_av(const paged_kv_view& v, int h, std::span<const int> blocks, int n_ctx, const float* w, int ld, int rows,
+            float* acc, std::vector<const void*>& tiles) {
+  const int n_tok = gather_tiles(v, h, blocks, n_ctx, tiles);
   if (n_tok > 0) v.codec->av(v.format, v.shape, v.params(h), tiles.data(), n_tok, w, ld, rows, acc);
-  if (base + n_tok < n_ctx) {
+  if (tiles.size() < blocks.size()) {
     const void* staged = v.staged_tile(h);
-    v.staged_codec->av(v.staged_format, v.shape, nullptr, &staged, n_ctx - base - n_tok, w + n_tok, ld, rows, acc);
+    const int first = static_cast<int>(tiles.size()) * v.shape.block_size;
+    v.staged_codec->av(v.staged_format, v.shape, nullptr, &staged, n_ctx - blocks.back() * v.shape.block_size,
+                       w + first, ld, rows, acc);
   }
+}
+
+// One row's scores s[0, ld) become unnormalised softmax weights over the
+// visible columns [clo, chi) minus the holes: soft-capped, biased, exp(s -
+// max); every other column exactly 0. Returns the sum of exponentials, 0 when
+// the row sees no column. Holes are set to -inf for the softmax (their exp is
+// at most 2^-149 at the SIMD levels, below the resolution of a sum whose
+// largest term is 1) and to 0 after it.
+float row_weights(const attention_task& t, const attention_scratch& sc, float* s, int ld, int clo, int chi) {
+  const int bs = t.k->shape.block_size;
+  int n_seen = chi - clo;
+  for (const slot_range& hole : sc.holes) n_seen -= std::max(0, std::min<int>(hole.end, chi) - std::max<int>(hole.begin, clo));
+  if (n_seen <= 0) {
+    std::fill(s, s + ld, 0.0f);
+    return 0.0f;
+  }
+  if (t.softcap > 0) softcap_inplace(s + clo, chi - clo, t.softcap);
+  if (!sc.bias.empty())
+    for (int c = clo / bs; c * bs < chi; ++c)
+      if (const float* b = sc.bias[c])
+        for (int j = std::max(clo, c * bs); j < std::min(chi, (c + 1) * bs); ++j) s[j] += b[j - c * bs];
+  for (const slot_range& hole : sc.holes)
+    for (int j = std::max<int>(hole.begin, clo); j < std::min<int>(hole.end, chi); ++j) s[j] = -INFINITY;
+  const float sum = softmax_unnormalized(s + clo, chi - clo);
+  for (const slot_range& hole : sc.holes)
+    for (int j = std::max<int>(hole.begin, clo); j < std::min<int>(hole.end, chi); ++j) s[j] = 0.0f;
+  std::fill(s, s + clo, 0.0f);
+  std::fill(s + chi, s + ld, 0.0f);
+  return sum;
+}
+
+// Adds one row's normalised weights (columns [clo, chi)) to the statistics of its slots.
+void add_stats(const attention_task& t, const attention_scratch& sc, const float* s, int clo, int chi, float inv,
+               int token) {
+  const int bs = t.k->shape.block_size;
+  const int first_window_token = t.n_tokens - t.stats.n_window;
+  float* acc = t.stats.accumulated;
+  float* win = t.stats.window && token >= first_window_token
+                   ? t.stats.window + static_cast<std::size_t>(token - first_window_token) * t.n_kv
+                   : nullptr;
+  if (!acc && !win) return;
+  for (int c = clo / bs; c * bs < chi; ++c) {
+    const int slot0 = (sc.blocks[c] - c) * bs;  // the slot of column j is slot0 + j
+    for (int j = std::max(clo, c * bs); j < std::min(chi, (c + 1) * bs); ++j) {
+      const float w = s[j] * inv;
+      if (acc) acc[slot0 + j] += w;
+      if (win) win[slot0 + j] += w;
+    }
+  }
+}
+
+// The group's query rows, pre-scaled: row i * n_rep + j is token g0 + i, query head kv_head * n_rep + j.
+void load_queries(const attention_task& t, int g0, int gn, std::vector<float>& q) {
+  const int hd = t.head_dim;
+  q.resize(static_cast<std::size_t>(gn) * t.n_rep * hd);
+  for (int i = 0; i < gn; ++i)
+    for (int j = 0; j < t.n_rep; ++j) {
+      const float* src = t.q + static_cast<std::size_t>(g0 + i) * t.q_stride +
+                         static_cast<std::size_t>(t.kv_head * t.n_rep + j) * hd;
+      float* dst = q.data() + static_cast<std::size_t>(i * t.n_rep + j) * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = src[d] * t.scale;
+    }
+}
+
+void store_outputs(const attention_task& t, int g0, int gn, const attention_scratch& sc) {
+  const int hd = t.head_dim;
+  for (int i = 0; i < gn; ++i)
+    for (int j = 0; j < t.n_rep; ++j) {
+      const int r = i * t.n_rep + j;
+      const float inv = sc.row_sum[r] > 0 ? 1.0f / sc.row_sum[r] : 0.0f;
+      const float* a = sc.acc.data() + static_cast<std::size_t>(r) * hd;
+      float* dst = t.out + static_cast<std::size_t>(g0 + i) * t.out_stride +
+                   static_cast<std::size_t>(t.kv_head * t.n_rep + j) * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = a[d] * inv;
+    }
 }
 }  // namespace
 
@@ -105,70 +234,41 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
   const int bs = k.shape.block_size;
   PAGODA_DASSERT(k.shape.head_dim == hd && v.shape.head_dim == hd && v.shape.block_size == bs);
   PAGODA_DASSERT(k.n_tokens >= t.n_kv && v.n_tokens >= t.n_kv);
+  check_ranges(t);
   const int tokens_per_group = std::max(1, k_max_rows_per_group / t.n_rep);
   sc.lo.resize(t.n_tokens);
   sc.hi.resize(t.n_tokens);
   for (int i = 0; i < t.n_tokens; ++i) visible_slots(t.kv_pos, t.n_kv, t.q_pos[i], t.window, sc.lo[i], sc.hi[i]);
-  const int first_window_token = t.n_tokens - t.stats.n_window;
 
   for (int g0 = 0; g0 < t.n_tokens; g0 += tokens_per_group) {
     const int gn = std::min(tokens_per_group, t.n_tokens - g0);
     const int rows = gn * t.n_rep;
-    // The slots the group sees: from the first block any row sees to the last slot.
+    // The slots the group sees: from the first slot any row sees to the last one.
     int lo_min = t.n_kv, n_ctx = 0;
     for (int i = g0; i < g0 + gn; ++i) {
       PAGODA_DASSERT(sc.lo[i] < sc.hi[i], "a query sees no KV slot");
       lo_min = std::min(lo_min, sc.lo[i]);
       n_ctx = std::max(n_ctx, sc.hi[i]);
     }
-    const int b0 = lo_min / bs;
-    const int base = b0 * bs;
-    const int ld = (n_ctx + bs - 1) / bs * bs - base;
-    sc.q.resize(static_cast<std::size_t>(rows) * hd);
-    sc.scores.resize(static_cast<std::size_t>(rows) * ld);
+    const int ld = plan_reads(t, lo_min, n_ctx, sc);
+    sc.bias.clear();
+    if (k.bias)
+      for (int b : sc.blocks) sc.bias.push_back(k.bias_of(b, t.kv_head));
+    load_queries(t, g0, gn, sc.q);
+    sc.scores.resize(std::max<std::size_t>(1, static_cast<std::size_t>(rows) * ld));
     sc.acc.assign(static_cast<std::size_t>(rows) * hd, 0.0f);
     sc.row_sum.resize(rows);
 
-    for (int i = 0; i < gn; ++i)
-      for (int j = 0; j < t.n_rep; ++j) {
-        const float* src = t.q + static_cast<std::size_t>(g0 + i) * t.q_stride +
-                           static_cast<std::size_t>(t.kv_head * t.n_rep + j) * hd;
-        float* dst = sc.q.data() + static_cast<std::size_t>(i * t.n_rep + j) * hd;
-        for (int d = 0; d < hd; ++d) dst[d] = src[d] * t.scale;
-      }
-
-    run_qk(k, t.kv_head, b0, n_ctx, sc.q.data(), rows, sc.scores.data(), ld, sc.tiles);
+    run_qk(k, t.kv_head, sc.blocks, n_ctx, sc.q.data(), rows, sc.scores.data(), ld, sc.tiles);
     for (int r = 0; r < rows; ++r) {
       const int i = g0 + r / t.n_rep;
-      const int lo = sc.lo[i] - base, hi = sc.hi[i] - base;
+      const int clo = column_of(sc.blocks, bs, sc.lo[i]), chi = column_of(sc.blocks, bs, sc.hi[i]);
       float* s = sc.scores.data() + static_cast<std::size_t>(r) * ld;
-      if (t.softcap > 0) softcap_inplace(s + lo, hi - lo, t.softcap);
-      sc.row_sum[r] = softmax_unnormalized(s + lo, hi - lo);
-      std::fill(s, s + lo, 0.0f);
-      std::fill(s + hi, s + ld, 0.0f);
-      if (t.stats.accumulated || t.stats.window) {
-        const float inv = 1.0f / sc.row_sum[r];
-        float* acc = t.stats.accumulated ? t.stats.accumulated + base : nullptr;
-        float* win = t.stats.window && i >= first_window_token
-                         ? t.stats.window + static_cast<std::size_t>(i - first_window_token) * t.n_kv + base
-                         : nullptr;
-        for (int j = lo; j < hi; ++j) {
-          const float w = s[j] * inv;
-          if (acc) acc[j] += w;
-          if (win) win[j] += w;
-        }
-      }
+      sc.row_sum[r] = row_weights(t, sc, s, ld, clo, chi);
+      if (sc.row_sum[r] > 0) add_stats(t, sc, s, clo, chi, 1.0f / sc.row_sum[r], i);
     }
-    run_av(v, t.kv_head, b0, n_ctx, sc.scores.data(), ld, rows, sc.acc.data(), sc.tiles);
-    for (int i = 0; i < gn; ++i)
-      for (int j = 0; j < t.n_rep; ++j) {
-        int r = i * t.n_rep + j;
-        float inv = 1.0f / sc.row_sum[r];
-        const float* a = sc.acc.data() + static_cast<std::size_t>(r) * hd;
-        float* dst = t.out + static_cast<std::size_t>(g0 + i) * t.out_stride +
-                     static_cast<std::size_t>(t.kv_head * t.n_rep + j) * hd;
-        for (int d = 0; d < hd; ++d) dst[d] = a[d] * inv;
-      }
+    run_av(v, t.kv_head, sc.blocks, n_ctx, sc.scores.data(), ld, rows, sc.acc.data(), sc.tiles);
+    store_outputs(t, g0, gn, sc);
   }
 }
 
@@ -187,15 +287,23 @@ void paged_attention_ref(const attention_task& t) {
       else x->codec->decode(x->format, x->shape, x->params(t.kv_head), x->tile(b, t.kv_head), slot, 1, dst);
     }
   }
+  // What the ranges select and what the bias adds, slot by slot.
+  std::vector<bool> selected(n_ctx, t.ranges.empty());
+  for (const slot_range& r : t.ranges)
+    for (int p = r.begin; p < r.end; ++p) selected[p] = true;
+  std::vector<double> bias(n_ctx, 0.0);
+  for (int p = 0; p < n_ctx; ++p)
+    if (const float* b = k.bias_of(p / bs, t.kv_head)) bias[p] = b[p % bs];
   const int first_window_token = t.n_tokens - t.stats.n_window;
   std::vector<double> w(n_ctx), o(hd);
   for (int i = 0; i < t.n_tokens; ++i)
     for (int j = 0; j < t.n_rep; ++j) {
       const float* q = t.q + static_cast<std::size_t>(i) * t.q_stride + static_cast<std::size_t>(t.kv_head * t.n_rep + j) * hd;
-      // The mask, spelled out slot by slot from the positions.
+      // The mask, spelled out slot by slot from the positions and the ranges.
       std::vector<bool> seen(n_ctx);
       for (int p = 0; p < n_ctx; ++p)
-        seen[p] = t.kv_pos[p] >= 0 && t.kv_pos[p] <= t.q_pos[i] && (t.window <= 0 || t.kv_pos[p] > t.q_pos[i] - t.window);
+        seen[p] = selected[p] && t.kv_pos[p] >= 0 && t.kv_pos[p] <= t.q_pos[i] &&
+                  (t.window <= 0 || t.kv_pos[p] > t.q_pos[i] - t.window);
       double mx = -INFINITY;
       for (int p = 0; p < n_ctx; ++p) {
         if (!seen[p]) continue;
@@ -203,10 +311,12 @@ void paged_attention_ref(const attention_task& t) {
         for (int d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[static_cast<std::size_t>(p) * hd + d];
         w[p] = s * t.scale;
         if (t.softcap > 0) w[p] = t.softcap * std::tanh(w[p] / t.softcap);
+        w[p] += bias[p];
         mx = std::max(mx, w[p]);
       }
       double sum = 0;
       for (int p = 0; p < n_ctx; ++p) sum += seen[p] ? (w[p] = std::exp(w[p] - mx)) : (w[p] = 0);
+      if (sum == 0) sum = 1;  // a row that sees no selected slot: output 0, no weight
       std::fill(o.begin(), o.end(), 0.0);
       for (int p = 0; p < n_ctx; ++p)
         for (int d = 0; d < hd; ++d) o[d] += w[p] / sum * values[static_cast<std::size_t>(p) * hd + d];

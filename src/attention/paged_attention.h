@@ -24,14 +24,30 @@
 // deterministic but a query sees its own block as f16 while the block is open
 // and as codes once a later write has sealed it (kv_backend.h).
 //
+// Sparse reads (attention_task::ranges, from a kv_read_selector): only slots
+// inside the ranges are read and get weight; the masks above still apply
+// inside them. The blocks a group reads are collected into one run of tiles
+// (block-aligned ranges read nothing else); a range that starts or ends inside
+// a block reads that whole block's tile and gives its unselected slots weight
+// exactly 0. A query row that sees no selected slot gets a zero output. Rows
+// stay batch invariant under a given set of ranges (a row's scores form the
+// same run of columns whatever the group), and ranges covering every slot give
+// bitwise the output of no ranges.
+//
+// Per-slot bias (paged_kv_view::bias, merged entries): when the key view has
+// one, each score gets its slot's bias added after scaling and soft-capping,
+// before the mask and the softmax.
+//
 // Statistics (optional, for eviction policies): the softmax weights a task
 // computed, per KV slot, summed over the query heads of the KV head's group:
 // over every query row of the task (H2O's accumulated attention), and for the
-// last n_window query tokens one row each (SnapKV's observation window).
+// last n_window query tokens one row each (SnapKV's observation window). Slots
+// that were not read get no weight.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "attention/kv_selector.h"
@@ -42,6 +58,10 @@ namespace pagoda {
 // Per-thread reusable buffers; grown on demand, never shrunk.
 struct attention_scratch {
   std::vector<const void*> tiles;  // [blocks] tile pointers of one head
+  std::vector<int> blocks;    // [blocks] block indices a group reads, ascending; column c is slot
+                              // blocks[c / block_size] * block_size + c % block_size
+  std::vector<slot_range> holes;       // score COLUMNS of read blocks whose slots are not selected
+  std::vector<const float*> bias;      // [blocks] the key view's bias of each read block, or nullptr
   std::vector<float> q;       // [rows][head_dim], pre-scaled
   std::vector<float> scores;  // [rows][ld]
   std::vector<float> acc;     // [rows][head_dim]
@@ -80,9 +100,9 @@ struct attention_task {
   // softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
   // before the mask and the softmax (Gemma 2's attention-logit soft-capping).
   float softcap = 0.0f;
-  // Sparse read (policy/kv_selector.h): only slots inside these sorted,
-  // disjoint ranges are read; the masks above still apply inside them. Empty:
-  // every slot.
+  // Sparse read (attention/kv_selector.h): only slots inside these sorted,
+  // disjoint, non-empty ranges within [0, n_kv) are read; the masks above
+  // still apply inside them. Empty: every slot.
   std::span<const slot_range> ranges;
   // Output laid out like q.
   float* out = nullptr;
@@ -90,11 +110,13 @@ struct attention_task {
   attention_stats_out stats;  // accumulated == window == nullptr: none
 };
 
-// REQUIRES: k and v cover n_kv slots; every query sees at least one slot.
+// REQUIRES: k and v cover n_kv slots; every query sees at least one slot
+// (by positions; with ranges it may see none of the selected ones).
 void paged_attention(const attention_task& task, attention_scratch& scratch);
 
 // Plain reference twin: decodes each needed key/value with the codec and
-// computes attention (and the statistics) in double precision, one query at a time.
+// computes attention (and the statistics) in double precision, one query at a
+// time, with the ranges and bias spelled out slot by slot.
 void paged_attention_ref(const attention_task& task);
 
 // The slots [lo, hi) a query at position q_pos sees (see above).

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention/attention_stats.h"
+#include "attention/gather_attention.h"
 #include "attention/kv_selector.h"
 #include "attention/paged_attention.h"
 #include "core/aligned_buffer.h"
@@ -170,13 +171,15 @@ class llama_context {
  private:
   void ensure_capacity(int n_tokens);
   // Asks s's selector which slots task t reads (t.ranges); whether it chose a sparse read.
-  static bool select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc);
+  bool select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) const;
 
   const llama_model& model_;
   kv_backend& kv_;
   thread_pool pool_;
   matmul_scratch mm_scratch_;
   std::vector<attention_scratch> attn_scratch_;  // one per thread
+  std::vector<gather_scratch> gather_scratch_;   // one per thread (sparse reads of scattered tokens)
+  std::vector<std::vector<std::int32_t>> gather_slots_;  // one per thread
   int capacity_ = 0;
   aligned_buffer x_, xn_, q_, k_, v_, attn_out_, tmp_, gate_, up_;
   std::vector<std::int32_t> positions_;  // [new tokens of the step]

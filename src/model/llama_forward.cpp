@@ -7,6 +7,8 @@
 
 #include "core/assert.h"
 #include "model/llama.h"
+
+#include "attention/gather_attention.h"
 #include "model/vec_ops.h"
 
 namespace pagoda {
@@ -59,6 +61,20 @@ void rms_norm_rows(float* x, int n, int w, const std::vector<float>& weight, flo
 
 }  // namespace
 
+// Whether sparse ranges hold scattered tokens rather than whole blocks: less
+// than half the slots of the blocks they touch.
+bool scattered(std::span<const slot_range> ranges, int block_size) {
+  std::int64_t selected = 0, touched = 0;
+  std::int32_t last_block = -1;
+  for (const slot_range& r : ranges) {
+    selected += r.end - r.begin;
+    const std::int32_t b0 = std::max(r.begin / block_size, last_block + 1), b1 = (r.end - 1) / block_size;
+    if (b1 >= b0) touched += b1 - b0 + 1;
+    last_block = std::max(last_block, b1);
+  }
+  return 2 * selected < touched * block_size;
+}
+
 void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std::int32_t* delta) {
   const std::size_t half = static_cast<std::size_t>(hp.rope_dim) / 2;
   std::vector<float> c(half), s(half);
@@ -69,7 +85,7 @@ void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std:
   }
 }
 
-bool llama_context::select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) {
+bool llama_context::select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) const {
   // The selector sees the queries as attention will: pre-scaled, one row per
   // (token, query head of this KV head's group).
   const int rows = t.n_tokens * t.n_rep;
@@ -85,6 +101,7 @@ bool llama_context::select_reads(const forward_seq& s, attention_task& t, int la
   q.layer = layer;
   q.kv_head = t.kv_head;
   q.k = t.k;
+  q.kv = &kv_;
   q.kv_pos = std::span<const std::int32_t>(t.kv_pos, static_cast<std::size_t>(t.n_kv));
   q.n_kv = t.n_kv;
   q.q = sc.select_q.data();
@@ -101,6 +118,8 @@ bool llama_context::select_reads(const forward_seq& s, attention_task& t, int la
 llama_context::llama_context(const llama_model& model, kv_backend& kv, int n_threads)
     : model_(model), kv_(kv), pool_(n_threads) {
   attn_scratch_.resize(pool_.size());
+  gather_scratch_.resize(pool_.size());
+  gather_slots_.resize(pool_.size());
 }
 
 void llama_context::ensure_capacity(int n_tokens) {
@@ -291,7 +310,18 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.out = attn + static_cast<std::size_t>(a.row0) * QD;
         t.out_stride = QD;
         if (s.stats) t.stats = s.stats->out(l, a.head);
-        if (s.selector && select_reads(s, t, l, attn_scratch_[ith])) sparse_items[it] = 1;
+        if (s.selector && select_reads(s, t, l, attn_scratch_[ith])) {
+          sparse_items[it] = 1;
+          // Scattered tokens (retrieval's top-k) are gathered one by one;
+          // runs of whole blocks (Quest's pages) go through paged attention.
+          if (!s.stats && scattered(t.ranges, layout.block_size)) {
+            std::vector<std::int32_t>& slots = gather_slots_[ith];
+            slots.clear();
+            append_slots_of_ranges(t.ranges, slots);
+            gather_attention(t, slots, gather_scratch_[ith]);
+            continue;
+          }
+        }
         paged_attention(t, attn_scratch_[ith]);
       }
     };

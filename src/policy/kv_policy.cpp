@@ -1,6 +1,9 @@
 // Policy specs and budgets as users write them, and the factory of policies.
 #include "policy/kv_policy.h"
 
+#include "policy/quest.h"
+#include "policy/retrieval.h"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -53,8 +56,7 @@ struct policy_entry {
 };
 
 // Every policy make_kv_policy knows, in the order --help lists them. The
-// sparse-read policies come from their own files: {"quest", make_quest_policy}
-// and {"retrieval", make_retrieval_policy} join this table.
+// sparse-read policies come from their own files (quest.h, retrieval.h).
 constexpr policy_entry k_policies[] = {
     {"none", make_none_policy},
     {"window", policy_detail::make_window_policy},
@@ -63,6 +65,8 @@ constexpr policy_entry k_policies[] = {
     {"pyramid", policy_detail::make_pyramid_policy},
     {"merge", policy_detail::make_merge_policy},
     {"cluster", policy_detail::make_cluster_policy},
+    {"quest", make_quest_policy},
+    {"retrieval", make_retrieval_policy},
 };
 
 }  // namespace

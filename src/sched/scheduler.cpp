@@ -562,11 +562,14 @@ void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& fi
     std::optional<kv_compaction> c = s->pol->decide(kv_, s->id, ctx);
     if (!c) continue;
     const bool renumbered = !c->gather->rotate.empty();
+    const std::int64_t n_before = kv_.n_stored_tokens(s->id);
     kv_compaction kept = *c;
     // resource_exhausted: a shared block needs a copy and the pool has none;
     // the policy tries again after the next step.
     if (!kv_.compact(s->id, std::move(*c)).ok()) continue;
     s->pol->compacted(kept);
+    ++stats_.n_policy_compactions;
+    stats_.n_policy_evicted_slots += n_before - kept.n_slots;
     // Positions within the cache: the next token follows the last kept one.
     if (renumbered) s->pos_shift = s->n_computed - (kv_.positions(s->id).back() + 1);
   }

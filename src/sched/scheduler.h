@@ -92,6 +92,8 @@ struct engine_stats {
   std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model (cache misses, recomputation)
   std::int64_t n_loaded_tokens = 0;           // prompt tokens loaded from the external KV source
   std::int64_t n_generated_tokens = 0;
+  std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
+  std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed
   int n_running = 0;
   int n_waiting = 0;
   histogram ttft_seconds{latency_buckets_seconds()};

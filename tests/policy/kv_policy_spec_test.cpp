@@ -127,8 +127,8 @@ TEST(kv_budget, to_string_reads_back) {
 
 TEST(kv_policy_factory, names_and_unknown_names) {
   EXPECT_EQ(kv_policy_names(),
-            (std::vector<std::string>{"none", "window", "h2o", "snapkv", "pyramid", "merge", "cluster"}));
-  EXPECT_EQ(policy_error("lru"), "unknown KV policy 'lru'; known: none, window, h2o, snapkv, pyramid, merge, cluster");
+            (std::vector<std::string>{"none", "window", "h2o", "snapkv", "pyramid", "merge", "cluster", "quest", "retrieval"}));
+  EXPECT_EQ(policy_error("lru"), "unknown KV policy 'lru'; known: none, window, h2o, snapkv, pyramid, merge, cluster, quest, retrieval");
 }
 
 TEST(kv_policy_factory, every_policy_builds_with_defaults_and_parameters) {

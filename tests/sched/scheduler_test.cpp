@@ -535,7 +535,8 @@ class keep_policy final : public kv_policy {
     ++n_evictions;
     return d;
   }
-  static inline int n_evictions = 0;
+  static std::int64_t n_evictions_of(const std::string&) { return n_evictions; }
+  static inline std::int64_t n_evictions = 0;
 
  private:
   kv_policy_spec spec_;
@@ -571,6 +572,7 @@ void expect_kv_matches(harness& h, seq_id a) {
 // Eviction frees memory for real: the sequence keeps its sinks and its recent
 // tokens, compacted to the front, and its blocks go back to the pool.
 TEST(scheduler_policy, eviction_compacts_and_frees_blocks) {
+  keep_policy::n_evictions = 0;
   harness h(policy_config(64));
   request r = req("a", prompt_of(10), 40);
   r.kv_policy = "keep:sinks=2,recent=6,slack=4";
@@ -593,6 +595,8 @@ TEST(scheduler_policy, eviction_compacts_and_frees_blocks) {
   EXPECT_EQ(h.results["a"].tokens.size(), 40u);
   EXPECT_LE(max_stored, 2 + 6 + 4 + 1);  // the budget, the slack and the step's own token
   EXPECT_GT(h.runner.n_gathers, 3);
+  EXPECT_EQ(h.s.stats().n_policy_compactions, keep_policy::n_evictions_of("a"));
+  EXPECT_GE(h.s.stats().n_policy_evicted_slots, 4 * h.s.stats().n_policy_compactions);  // each frees the slack at least
   EXPECT_EQ(h.s.kv().metrics().n_blocks_used, 0);
 }
 
