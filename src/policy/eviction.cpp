@@ -1,6 +1,8 @@
 // What the eviction policies share (eviction_internal.h).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -52,49 +54,67 @@ void live_slots(const eviction_input& in, int r, row_slots& out) {
 
 namespace {
 
-// Best first: higher score, then the newer position (positions are unique
-// within a row, so this is a strict order). NaN ranks as -infinity.
-struct better_score {
-  std::span<const float> scores;
-  std::span<const std::int32_t> pos;
-  float key(int i) const {
-    const float s = scores[static_cast<std::size_t>(i)];
-    return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
-  }
-  bool operator()(int a, int b) const {
-    const float ka = key(a);
-    const float kb = key(b);
-    if (ka != kb) return ka > kb;
-    return pos[static_cast<std::size_t>(a)] > pos[static_cast<std::size_t>(b)];
-  }
-};
+// A candidate's rank as one integer: its score's order-preserving bits above
+// its index. Candidates are oldest first, so among equal scores the higher
+// index, the newer token, ranks higher; comparing integers is what makes
+// selecting among a long row's candidates cheap.
+std::uint64_t rank_bits(float score, int index) {
+  float f = rank_key(score);
+  if (f == 0) f = 0;  // -0 ties +0
+  std::uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof u);
+  u = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+  return (std::uint64_t{u} << 32) | static_cast<std::uint32_t>(index);
+}
+
+// Scratch for the keys (one per thread: policies of different sequences may
+// run side by side).
+std::vector<std::uint64_t>& rank_scratch() {
+  thread_local std::vector<std::uint64_t> keys;
+  return keys;
+}
 
 }  // namespace
 
-void top_scores(std::span<const float> scores, std::span<const std::int32_t> pos, int n, std::vector<int>& out) {
-  PAGODA_ASSERT(scores.size() == pos.size(), "{} scores for {} positions", scores.size(), pos.size());
-  out.resize(scores.size());
-  std::iota(out.begin(), out.end(), 0);
-  if (n >= static_cast<int>(out.size())) return;
-  if (n <= 0) {
-    out.clear();
-    return;
+void partition_best(std::span<const float> scores, int n, std::vector<int>& order) {
+  std::vector<std::uint64_t>& keys = rank_scratch();
+  keys.resize(scores.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = rank_bits(scores[i], static_cast<int>(i));
+  if (n > 0 && n < static_cast<int>(keys.size())) {
+    std::nth_element(keys.begin(), keys.begin() + (n - 1), keys.end(), std::greater<>());
   }
-  std::nth_element(out.begin(), out.begin() + (n - 1), out.end(), better_score{scores, pos});
-  out.resize(static_cast<std::size_t>(n));
+  order.resize(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) order[i] = static_cast<int>(keys[i] & 0xffffffffu);
 }
 
-void sort_best_first(std::span<const float> scores, std::span<const std::int32_t> pos, std::vector<int>& order) {
-  std::sort(order.begin(), order.end(), better_score{scores, pos});
+void top_scores(std::span<const float> scores, int n, std::vector<int>& out) {
+  partition_best(scores, n, out);
+  out.resize(std::min(out.size(), static_cast<std::size_t>(std::max(n, 0))));
 }
 
-bool frees_enough(act_when mode, int n_slots, int width, int slack_slots) {
+void sort_best_first(std::span<const float> scores, std::vector<int>& order) {
+  std::vector<std::uint64_t>& keys = rank_scratch();
+  keys.resize(order.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    keys[i] = rank_bits(scores[static_cast<std::size_t>(order[i])], order[i]);
+  }
+  std::sort(keys.begin(), keys.end(), std::greater<>());
+  for (std::size_t i = 0; i < keys.size(); ++i) order[i] = static_cast<int>(keys[i] & 0xffffffffu);
+}
+
+bool worth_evicting(act_when mode, long long evicted, int n_rows, int slack_slots) {
   switch (mode) {
     case act_when::never: return false;
-    case act_when::now: return n_slots - width >= 1;
-    case act_when::slack: return n_slots - width >= std::max(1, slack_slots);
+    case act_when::now: return evicted >= 1;
+    case act_when::slack: return evicted >= static_cast<long long>(std::max(1, slack_slots)) * n_rows;
   }
   return false;
+}
+
+long long n_evicted(std::span<const int> live, std::span<const int> keep) {
+  long long n = 0;
+  for (std::size_t r = 0; r < live.size(); ++r) n += live[r] - std::min(live[r], keep[r]);
+  return n;
 }
 
 std::vector<std::int32_t>& decision_builder::anchors(int r) {
@@ -120,7 +140,7 @@ eviction_decision decision_builder::finish(std::span<const int> live, kv_fold fo
   d.count.resize(rows_.size());
   for (std::size_t r = 0; r < rows_.size(); ++r) {
     std::vector<std::int32_t>& row = rows_[r];
-    std::sort(row.begin(), row.end());
+    if (!std::is_sorted(row.begin(), row.end())) std::sort(row.begin(), row.end());
     PAGODA_ASSERT(std::adjacent_find(row.begin(), row.end()) == row.end(), "row {} keeps a slot twice", r);
     std::copy(row.begin(), row.end(), d.keep.begin() + static_cast<std::ptrdiff_t>(r * width));
     d.count[r] = static_cast<std::int32_t>(row.size());
@@ -153,22 +173,29 @@ void choose_row(const row_scorer& scorer, const eviction_input& in, int r, int t
   if (t <= 0) return;
   const int n_protected = std::clamp(scorer.protected_newest(in, t), 0, t);
   const int m = n - n_protected;
-  keep.insert(keep.end(), work.live.slot.begin() + m, work.live.slot.end());
   const int n_pick = t - n_protected;
   PAGODA_ASSERT(n_anchors <= std::min(n_pick, m), "row {}: {} anchors from {} chosen slots", r, n_anchors,
                 std::min(n_pick, m));
+  const auto newest = work.live.slot.begin() + m;
   if (n_pick >= m && n_anchors == 0) {  // every candidate stays: no need to score
-    keep.insert(keep.end(), work.live.slot.begin(), work.live.slot.begin() + m);
+    keep.insert(keep.end(), work.live.slot.begin(), work.live.slot.end());
     return;
   }
-  work.cands.slot.assign(work.live.slot.begin(), work.live.slot.begin() + m);
+  work.cands.slot.assign(work.live.slot.begin(), newest);
   work.cands.pos.assign(work.live.pos.begin(), work.live.pos.begin() + m);
   work.scores.assign(static_cast<std::size_t>(m), 0.0f);
   scorer.score(in, r, work.cands, work.scores);
-  top_scores(work.scores, work.cands.pos, n_pick, work.picked);
-  for (const int i : work.picked) keep.push_back(work.cands.slot[static_cast<std::size_t>(i)]);
+  top_scores(work.scores, n_pick, work.picked);
+  // Oldest first, then the protected newest: in slot order when slots are in
+  // position order (the usual case), which spares finish() a sort.
+  work.chosen.assign(static_cast<std::size_t>(m), 0);
+  for (const int i : work.picked) work.chosen[static_cast<std::size_t>(i)] = 1;
+  for (int i = 0; i < m; ++i) {
+    if (work.chosen[static_cast<std::size_t>(i)] != 0) keep.push_back(work.cands.slot[static_cast<std::size_t>(i)]);
+  }
+  keep.insert(keep.end(), newest, work.live.slot.end());
   if (n_anchors == 0) return;
-  sort_best_first(work.scores, work.cands.pos, work.picked);
+  sort_best_first(work.scores, work.picked);
   for (std::size_t i = work.picked.size() - static_cast<std::size_t>(n_anchors); i < work.picked.size(); ++i) {
     anchors->push_back(work.cands.slot[static_cast<std::size_t>(work.picked[i])]);
   }
@@ -178,15 +205,14 @@ eviction_decision eviction_policy::evict(const eviction_input& in) {
   check_input(in);
   const act_when mode = when(in);
   if (mode == act_when::never || in.n_slots == 0) return {};
-  std::vector<int> floor(static_cast<std::size_t>(in.n_rows()));
-  min_keep(in, floor);
-  int lower_width = 0;
-  for (int r = 0; r < in.n_rows(); ++r) {
-    lower_width = std::max(lower_width, std::min(live_count(in, r), floor[static_cast<std::size_t>(r)]));
-  }
-  if (!frees_enough(mode, in.n_slots, lower_width, slack(in))) return {};
+  const auto n_rows = static_cast<std::size_t>(in.n_rows());
+  std::vector<int> live(n_rows);
+  for (std::size_t r = 0; r < n_rows; ++r) live[r] = live_count(in, static_cast<int>(r));
+  std::vector<int> keep(n_rows);
+  min_keep(in, live, keep);
+  if (!worth_evicting(mode, n_evicted(live, keep), in.n_rows(), slack(in))) return {};
   eviction_decision d = decide(in);
-  if (d.empty() || !frees_enough(mode, in.n_slots, d.width, slack(in))) return {};
+  if (d.empty() || !worth_evicting(mode, n_evicted(live, d.count), in.n_rows(), slack(in))) return {};
   return d;
 }
 

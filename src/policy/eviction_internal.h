@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <vector>
@@ -37,11 +38,17 @@ int live_count(const eviction_input& in, int r);
 // Row r's live slots sorted by position.
 void live_slots(const eviction_input& in, int r, row_slots& out);
 
-// The indices of the n highest `scores` (all of them when n >= size), in no
-// particular order. Ties go to the newer position; NaN ranks lowest.
-void top_scores(std::span<const float> scores, std::span<const std::int32_t> pos, int n, std::vector<int>& out);
-// `order` sorted best first by the same rule.
-void sort_best_first(std::span<const float> scores, std::span<const std::int32_t> pos, std::vector<int>& order);
+// A score as it ranks: NaN as -infinity (below every number).
+inline float rank_key(float score) { return score != score ? -std::numeric_limits<float>::infinity() : score; }
+// Choosing among a row's candidates, which are oldest first (by position):
+// higher scores first, ties to the newer (higher index), NaN lowest.
+// `order`: every index of `scores`, the n best first (in no particular order
+// among themselves).
+void partition_best(std::span<const float> scores, int n, std::vector<int>& order);
+// The indices of the n best (all of them when n >= size), in no particular order.
+void top_scores(std::span<const float> scores, int n, std::vector<int>& out);
+// `order` (indices of `scores`) sorted best first.
+void sort_best_first(std::span<const float> scores, std::vector<int>& order);
 
 // When a policy may act on an input.
 enum class act_when : std::uint8_t {
@@ -50,9 +57,15 @@ enum class act_when : std::uint8_t {
   now,    // whenever it frees anything (SnapKV once=1 at the prompt's end: its only chance)
 };
 
-// The slack rule: whether a decision whose widest row keeps `width` of
-// `n_slots` slots frees enough to be applied.
-bool frees_enough(act_when mode, int n_slots, int width, int slack_slots);
+// The slack rule: whether evicting `evicted` slots in all from `n_rows` rows
+// is worth a compaction: at least `slack` per row on average (anything at all
+// for act_when::now). With one budget for every row this is the widest row
+// freeing `slack` slots; with budgets per layer or head it still means about
+// one compaction per `slack` new tokens, however the widest row grows (an
+// AdaKV head at its cap grows with the budget and frees little itself).
+bool worth_evicting(act_when mode, long long evicted, int n_rows, int slack_slots);
+// How many slots the rows lose in all when row r keeps keep[r] of live[r].
+long long n_evicted(std::span<const int> live, std::span<const int> keep);
 
 // Per-row keep lists (and anchors) -> an eviction_decision.
 class decision_builder {
@@ -98,6 +111,7 @@ struct row_choice {
   row_slots cands;
   std::vector<float> scores;
   std::vector<int> picked;
+  std::vector<std::uint8_t> chosen;
 };
 void choose_row(const row_scorer& scorer, const eviction_input& in, int r, int target, int n_anchors,
                 row_choice& work, std::vector<std::int32_t>& keep, std::vector<std::int32_t>* anchors);
@@ -114,11 +128,14 @@ class eviction_policy : public kv_policy {
   eviction_decision evict(const eviction_input& in) final;
 
   virtual act_when when(const eviction_input& in) const = 0;
-  // Per row, a floor of what the row keeps if the policy acts now, such that
-  // max over rows of min(live, floor) never exceeds the decision's width:
-  // exact for every policy but AdaKV (whose per-head counts follow the
-  // scores; there it is the layer's budget shared evenly).
-  virtual void min_keep(const eviction_input& in, std::span<int> out) const = 0;
+  // Per row, what the row keeps if the policy acts now, as far as it is known
+  // before scoring, given each row's live slots (`live`): the gate that
+  // skips deciding when the rows would not lose `slack` slots on average. Exact for every policy but AdaKV, whose per-head
+  // counts follow the scores; there it is the row's live slots less the
+  // layer's excess shared evenly by its heads (exact when the scores kept
+  // their order since the last compaction). The exact width is checked again
+  // on the decision.
+  virtual void min_keep(const eviction_input& in, std::span<const int> live, std::span<int> out) const = 0;
   // The slots to keep ignoring slack; empty when nothing would go or the
   // statistics are missing.
   virtual eviction_decision decide(const eviction_input& in) const = 0;

@@ -24,7 +24,7 @@ class flat_policy final : public scored_policy {
   kv_fold fold() const override { return opts_.fold; }
   bool repositions() const override { return opts_.reposition; }
 
-  void min_keep(const eviction_input& in, std::span<int> out) const override {
+  void min_keep(const eviction_input& in, std::span<const int> live, std::span<int> out) const override {
     std::fill(out.begin(), out.end(), opts_.budget.resolve(in.n_seen));
   }
 

@@ -157,8 +157,9 @@ class kv_policy {
   virtual bool lossy() const { return false; }
   // Called after each step that computed tokens of the sequence. Returns the
   // slots to keep, or an empty decision to keep them all. A policy evicts only
-  // when it frees at least `slack` slots (a parameter, default one block), so
-  // compaction runs about once per block of new tokens.
+  // when its rows lose at least `slack` slots each on average (a parameter,
+  // default one block: with one budget for all rows, the widest row frees that
+  // many), so compaction runs about once per block of new tokens.
   virtual eviction_decision evict(const eviction_input& in) { return {}; }
   // Sparse reads: one selector for one sequence, or nullptr.
   virtual std::unique_ptr<kv_read_selector> make_selector(int n_layers, int n_kv_heads, int head_dim) { return nullptr; }

@@ -78,12 +78,28 @@ struct pyramid_options {
 
 // One head of a layer during AdaKV's joint choice.
 struct head_work {
-  row_choice choice;
-  std::vector<int> order;  // candidate indices, best first
+  row_choice choice;       // its live slots, candidates and their scores
+  std::vector<int> order;  // candidate indices: order[0 .. n_floor) is its floor
   int n_protected = 0;
-  int n_picked = 0;  // candidates kept so far: order[0 .. n_picked)
-  int most = 0;      // candidates it may keep at most
+  int n_floor = 0;
+  int room = 0;          // candidates it may still take after its floor (its cap)
+  std::vector<int> won;  // candidate indices it took in the joint choice
 };
+
+// A candidate in the joint choice over a layer's heads.
+struct layer_cand {
+  float key = 0;  // rank_key(score)
+  std::int32_t pos = 0;
+  int head = 0;
+  int index = 0;  // into its head's candidates
+};
+
+// Best first: score, then the newer position, then the lower head.
+bool better_cand(const layer_cand& a, const layer_cand& b) {
+  if (a.key != b.key) return a.key > b.key;
+  if (a.pos != b.pos) return a.pos > b.pos;
+  return a.head < b.head;
+}
 
 class pyramid_policy final : public scored_policy {
  public:
@@ -96,18 +112,28 @@ class pyramid_policy final : public scored_policy {
   // The most one head of a layer with budget b may keep.
   int head_cap(int b) const { return std::max(b, static_cast<int>(std::floor(opts_.cap * b))); }
 
-  void min_keep(const eviction_input& in, std::span<int> out) const override {
+  void min_keep(const eviction_input& in, std::span<const int> live, std::span<int> out) const override {
     const std::vector<int> budgets = layer_budgets(in);
     const int n_heads = in.n_kv_heads;
     for (int l = 0; l < in.n_layers; ++l) {
       const int b = budgets[static_cast<std::size_t>(l)];
-      int floor = b;
-      if (opts_.ada) {  // what the layer keeps in all, shared evenly: the widest head keeps at least that
-        long long kept = 0;
-        for (int h = 0; h < n_heads; ++h) kept += std::min(live_count(in, l * n_heads + h), head_cap(b));
-        floor = static_cast<int>(std::min<long long>(static_cast<long long>(b) * n_heads, kept) / n_heads);
+      const auto row = out.begin() + l * n_heads;
+      if (!opts_.ada) {
+        std::fill_n(row, n_heads, b);
+        continue;
       }
-      std::fill_n(out.begin() + l * n_heads, n_heads, floor);
+      // AdaKV: each head gives up the same share of what the layer must lose
+      // (exact while the scores keep their order between compactions).
+      long long layer_live = 0;
+      long long can_keep = 0;
+      for (int h = 0; h < n_heads; ++h) {
+        row[h] = live[static_cast<std::size_t>(l * n_heads + h)];
+        layer_live += row[h];
+        can_keep += std::min(row[h], head_cap(b));
+      }
+      const long long lose = layer_live - std::min(static_cast<long long>(b) * n_heads, can_keep);
+      const auto each = static_cast<int>((lose + n_heads - 1) / n_heads);
+      for (int h = 0; h < n_heads; ++h) row[h] = std::clamp(row[h] - each, 0, head_cap(b));
     }
   }
 
@@ -135,10 +161,48 @@ class pyramid_policy final : public scored_policy {
 
  private:
   void decide_layer_ada(const eviction_input& in, int layer, int budget, decision_builder& out) const;
-  void join_heads(std::vector<head_work>& heads, long long pool) const;
 
   pyramid_options opts_;
 };
+
+// Hands `pool` more candidates to the heads: the best of all the heads'
+// open candidates (better_cand), each head up to its room. As a greedy walk
+// down the joint order that skips full heads, but by selection: take the best
+// `pool`; if some heads got more than their room, they keep their best `room`
+// and leave, and the rest of the pool is chosen again among the others.
+void join_heads(std::vector<head_work>& heads, std::vector<layer_cand>& open, long long pool) {
+  std::vector<int> count(heads.size());
+  std::vector<layer_cand> mine;
+  while (pool > 0 && !open.empty()) {
+    const std::size_t take = static_cast<std::size_t>(std::min<long long>(pool, static_cast<long long>(open.size())));
+    if (take < open.size()) {
+      std::nth_element(open.begin(), open.begin() + static_cast<std::ptrdiff_t>(take - 1), open.end(), better_cand);
+    }
+    std::fill(count.begin(), count.end(), 0);
+    for (std::size_t i = 0; i < take; ++i) ++count[static_cast<std::size_t>(open[i].head)];
+    bool over = false;
+    for (std::size_t h = 0; h < heads.size(); ++h) over |= count[h] > heads[h].room;
+    if (!over) {
+      for (std::size_t i = 0; i < take; ++i) heads[static_cast<std::size_t>(open[i].head)].won.push_back(open[i].index);
+      return;
+    }
+    for (std::size_t h = 0; h < heads.size(); ++h) {
+      head_work& w = heads[h];
+      if (count[h] <= w.room) continue;
+      mine.clear();
+      for (std::size_t i = 0; i < take; ++i) {
+        if (open[i].head == static_cast<int>(h)) mine.push_back(open[i]);
+      }
+      if (w.room > 0) {
+        std::nth_element(mine.begin(), mine.begin() + (w.room - 1), mine.end(), better_cand);
+        for (int i = 0; i < w.room; ++i) w.won.push_back(mine[static_cast<std::size_t>(i)].index);
+      }
+      pool -= w.room;
+      w.room = 0;
+    }
+    std::erase_if(open, [&](const layer_cand& c) { return heads[static_cast<std::size_t>(c.head)].room == 0; });
+  }
+}
 
 // AdaKV within one layer: each head keeps its protected newest tokens and the
 // floor of its best candidates; the rest of the layer's budget x n_heads goes
@@ -148,6 +212,7 @@ void pyramid_policy::decide_layer_ada(const eviction_input& in, int layer, int b
   const int floor = static_cast<int>(
       std::floor(opts_.floor * (budget - std::clamp(scorer_->protected_newest(in, budget), 0, budget))));
   std::vector<head_work> heads(static_cast<std::size_t>(n_heads));
+  std::vector<layer_cand> open;
   long long pool = static_cast<long long>(budget) * n_heads;
   for (int h = 0; h < n_heads; ++h) {
     head_work& w = heads[static_cast<std::size_t>(h)];
@@ -162,54 +227,25 @@ void pyramid_policy::decide_layer_ada(const eviction_input& in, int layer, int b
     c.pos.assign(w.choice.live.pos.begin(), w.choice.live.pos.begin() + m);
     w.choice.scores.assign(static_cast<std::size_t>(m), 0.0f);
     if (m > 0) scorer_->score(in, r, c, w.choice.scores);
-    w.order.resize(static_cast<std::size_t>(m));
-    std::iota(w.order.begin(), w.order.end(), 0);
-    sort_best_first(w.choice.scores, c.pos, w.order);
-    w.most = std::min(m, head_cap(budget) - w.n_protected);
-    w.n_picked = std::min(floor, w.most);
-    pool -= w.n_protected + w.n_picked;
+    const int most = std::min(m, head_cap(budget) - w.n_protected);
+    w.n_floor = std::min(floor, most);
+    w.room = most - w.n_floor;
+    partition_best(w.choice.scores, w.n_floor, w.order);
+    pool -= w.n_protected + w.n_floor;
+    for (std::size_t i = static_cast<std::size_t>(w.n_floor); i < w.order.size(); ++i) {
+      const int k = w.order[i];
+      open.push_back({rank_key(w.choice.scores[static_cast<std::size_t>(k)]), c.pos[static_cast<std::size_t>(k)], h, k});
+    }
   }
-  join_heads(heads, pool);
+  join_heads(heads, open, pool);
   for (int h = 0; h < n_heads; ++h) {
     const head_work& w = heads[static_cast<std::size_t>(h)];
     std::vector<std::int32_t>& keep = out.row(layer * n_heads + h);
     keep.assign(w.choice.live.slot.end() - w.n_protected, w.choice.live.slot.end());
-    for (int i = 0; i < w.n_picked; ++i) {
+    for (int i = 0; i < w.n_floor; ++i) {
       keep.push_back(w.choice.cands.slot[static_cast<std::size_t>(w.order[static_cast<std::size_t>(i)])]);
     }
-  }
-}
-
-// Hands `pool` more candidates to the heads, best score first across heads
-// (ties: newer position, then lower head), skipping heads at their cap. Each
-// head's candidates are sorted already, so the best remaining one of each
-// head is next in its own order: a merge of the heads' lists.
-void pyramid_policy::join_heads(std::vector<head_work>& heads, long long pool) const {
-  const auto better = [&](int a, int b) {  // heads a and b by their next candidate
-    const head_work& x = heads[static_cast<std::size_t>(a)];
-    const head_work& y = heads[static_cast<std::size_t>(b)];
-    const int i = x.order[static_cast<std::size_t>(x.n_picked)];
-    const int j = y.order[static_cast<std::size_t>(y.n_picked)];
-    const float sx = x.choice.scores[static_cast<std::size_t>(i)];
-    const float sy = y.choice.scores[static_cast<std::size_t>(j)];
-    const float kx = std::isnan(sx) ? -INFINITY : sx;
-    const float ky = std::isnan(sy) ? -INFINITY : sy;
-    if (kx != ky) return kx > ky;
-    const std::int32_t px = x.choice.cands.pos[static_cast<std::size_t>(i)];
-    const std::int32_t py = y.choice.cands.pos[static_cast<std::size_t>(j)];
-    if (px != py) return px > py;
-    return a < b;
-  };
-  while (pool > 0) {
-    int best = -1;
-    for (int h = 0; h < static_cast<int>(heads.size()); ++h) {
-      const head_work& w = heads[static_cast<std::size_t>(h)];
-      if (w.n_picked >= w.most) continue;
-      if (best < 0 || better(h, best)) best = h;
-    }
-    if (best < 0) return;
-    ++heads[static_cast<std::size_t>(best)].n_picked;
-    --pool;
+    for (const int k : w.won) keep.push_back(w.choice.cands.slot[static_cast<std::size_t>(k)]);
   }
 }
 

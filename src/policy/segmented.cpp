@@ -39,7 +39,7 @@ struct part_input {
 class segmented_policy final : public kv_policy {
  public:
   segmented_policy(kv_policy_spec base_spec, std::vector<part> parts, int slack_param)
-      : spec_(std::move(base_spec)), parts_(std::move(parts)), slack_param_(slack_param) {}
+      : spec_(std::move(base_spec)), parts_(std::move(parts)), slack_param_(slack_param), work_(parts_.size()) {}
 
   const kv_policy_spec& spec() const override { return spec_; }
   kv_policy_needs needs() const override;
@@ -50,15 +50,17 @@ class segmented_policy final : public kv_policy {
   }
 
  private:
-  bool in_part(const part& p, std::int32_t pos) const;
-  void build_positions(const eviction_input& in, const part& p, part_input& out) const;
+  std::size_t part_of(std::int32_t pos) const;
+  void count_parts(const eviction_input& in);
+  void describe_part(const eviction_input& in, std::size_t i);
+  void build_positions(const eviction_input& in);
   void build_statistics(const eviction_input& in, part_input& out) const;
   void merge_part(const part_input& sub, const eviction_decision& d, decision_builder& out) const;
 
   kv_policy_spec spec_;
   std::vector<part> parts_;  // the segments in order, then the base
   int slack_param_ = -1;
-  std::vector<part_input> work_;
+  std::vector<part_input> work_;  // per part
 };
 
 kv_policy_needs segmented_policy::needs() const {
@@ -77,59 +79,98 @@ bool segmented_policy::lossy() const {
   return std::any_of(parts_.begin(), parts_.end(), [](const part& p) { return p.owned && p.owned->lossy(); });
 }
 
-bool segmented_policy::in_part(const part& p, std::int32_t pos) const {
-  if (!p.is_base()) return pos >= p.begin && pos < p.end;
-  for (std::size_t i = 0; i + 1 < parts_.size(); ++i) {
-    if (pos >= parts_[i].begin && pos < parts_[i].end) return false;
-  }
-  return true;
+// The part a position belongs to: a segment's index, or the base (last).
+std::size_t segmented_policy::part_of(std::int32_t pos) const {
+  const std::size_t n_segments = parts_.size() - 1;
+  const auto after = std::upper_bound(parts_.begin(), parts_.begin() + static_cast<std::ptrdiff_t>(n_segments), pos,
+                                      [](std::int32_t p, const part& s) { return p < s.begin; });
+  if (after == parts_.begin()) return n_segments;
+  const auto i = static_cast<std::size_t>(after - parts_.begin()) - 1;
+  return pos < parts_[i].end ? i : n_segments;
 }
 
-// The part's slots and counts (what the slack check needs); statistics later,
-// only when the policy acts.
-void segmented_policy::build_positions(const eviction_input& in, const part& p, part_input& out) const {
-  const int n_rows = in.n_rows();
-  out.live.assign(static_cast<std::size_t>(n_rows), 0);
-  int width = 0;
-  for (int r = 0; r < n_rows; ++r) {
-    const std::int32_t* pos = in.row_positions(r);
-    int n = 0;
-    for (int s = 0; s < in.n_slots; ++s) n += pos[s] >= 0 && in_part(p, pos[s]);
-    out.live[static_cast<std::size_t>(r)] = n;
-    width = std::max(width, n);
-  }
-  out.positions.assign(static_cast<std::size_t>(n_rows) * width, -1);
-  out.slot_of.assign(static_cast<std::size_t>(n_rows) * width, -1);
-  for (int r = 0; r < n_rows; ++r) {
-    const std::int32_t* pos = in.row_positions(r);
-    std::size_t at = static_cast<std::size_t>(r) * width + static_cast<std::size_t>(width - out.live[r]);
-    for (int s = 0; s < in.n_slots; ++s) {
-      if (pos[s] < 0 || !in_part(p, pos[s])) continue;
-      out.positions[at] = pos[s];
-      out.slot_of[at++] = s;
+// Per row, how many live slots each part holds: binary searches at the
+// segments' bounds, as live positions ascend along a row (the engine keeps
+// kept slots in order and appends new tokens). This only gates the work:
+// were positions out of order, an eviction could come late, but a decision
+// is always built from every slot (build_positions).
+void segmented_policy::count_parts(const eviction_input& in) {
+  const std::size_t base = parts_.size() - 1;
+  for (int r = 0; r < in.n_rows(); ++r) {
+    const std::int32_t* first = in.row_positions(r);
+    const std::int32_t* last = first + in.n_slots;
+    first = std::partition_point(first, last, [](std::int32_t x) { return x < 0; });
+    int in_segments = 0;
+    for (std::size_t i = 0; i < base; ++i) {
+      const auto n = static_cast<int>(std::lower_bound(first, last, parts_[i].end) -
+                                      std::lower_bound(first, last, parts_[i].begin));
+      work_[i].live[static_cast<std::size_t>(r)] = n;
+      in_segments += n;
     }
+    work_[base].live[static_cast<std::size_t>(r)] = static_cast<int>(last - first) - in_segments;
   }
-  // Counts within the part: tokens seen, prompt tokens, the last step's.
+}
+
+// A part's sub-input without its slots: counts within the part, its width
+// (the widest row's live slots) and when its policy would act.
+void segmented_policy::describe_part(const eviction_input& in, std::size_t i) {
+  const part& p = parts_[i];
+  part_input& out = work_[i];
   const auto within = [&](std::int32_t lo, std::int32_t hi) {  // positions [lo, hi) in this part
     if (!p.is_base()) return std::max(0, std::min(hi, p.end) - std::max(lo, p.begin));
     int n = std::max(0, hi - lo);
-    for (std::size_t i = 0; i + 1 < parts_.size(); ++i) {
-      n -= std::max(0, std::min(hi, parts_[i].end) - std::max(lo, parts_[i].begin));
+    for (std::size_t k = 0; k + 1 < parts_.size(); ++k) {
+      n -= std::max(0, std::min(hi, parts_[k].end) - std::max(lo, parts_[k].begin));
     }
     return n;
   };
   eviction_input& sub = out.in;
   sub = in;
-  sub.n_slots = width;
+  sub.n_slots = *std::max_element(out.live.begin(), out.live.end());
   sub.n_seen = within(0, in.n_seen);
   sub.n_prompt = within(0, in.n_prompt);
   sub.n_new = within(in.n_seen - in.n_new, in.n_seen);
-  sub.positions = out.positions;
-  sub.row_stride = static_cast<std::size_t>(width);
+  sub.positions = {};
+  sub.row_stride = 0;
   sub.totals = {};
   sub.window = nullptr;
   sub.segments = {};
-  out.mode = p.policy == nullptr || sub.n_seen <= 0 || width == 0 ? act_when::never : p.policy->when(sub);
+  out.mode = p.policy == nullptr || sub.n_seen <= 0 ? act_when::never : p.policy->when(sub);
+}
+
+// Every part's slots, renumbered per row (dead slots in front), from every
+// slot of the input; the live counts are recounted exactly.
+void segmented_policy::build_positions(const eviction_input& in) {
+  const int n_rows = in.n_rows();
+  for (part_input& w : work_) std::fill(w.live.begin(), w.live.end(), 0);
+  for (int r = 0; r < n_rows; ++r) {
+    const std::int32_t* pos = in.row_positions(r);
+    for (int s = 0; s < in.n_slots; ++s) {
+      if (pos[s] >= 0) ++work_[part_of(pos[s])].live[static_cast<std::size_t>(r)];
+    }
+  }
+  std::vector<std::size_t> at(work_.size());
+  for (part_input& w : work_) {
+    const int width = *std::max_element(w.live.begin(), w.live.end());
+    w.in.n_slots = width;
+    w.positions.assign(static_cast<std::size_t>(n_rows) * width, -1);
+    w.slot_of.assign(static_cast<std::size_t>(n_rows) * width, -1);
+    w.in.positions = w.positions;
+    w.in.row_stride = static_cast<std::size_t>(width);
+  }
+  for (int r = 0; r < n_rows; ++r) {
+    for (std::size_t i = 0; i < work_.size(); ++i) {
+      const part_input& w = work_[i];
+      at[i] = static_cast<std::size_t>(r) * w.in.n_slots + static_cast<std::size_t>(w.in.n_slots - w.live[r]);
+    }
+    const std::int32_t* pos = in.row_positions(r);
+    for (int s = 0; s < in.n_slots; ++s) {
+      if (pos[s] < 0) continue;
+      const std::size_t i = part_of(pos[s]);
+      work_[i].positions[at[i]] = pos[s];
+      work_[i].slot_of[at[i]++] = s;
+    }
+  }
 }
 
 void segmented_policy::build_statistics(const eviction_input& in, part_input& out) const {
@@ -184,32 +225,35 @@ void segmented_policy::merge_part(const part_input& sub, const eviction_decision
 
 eviction_decision segmented_policy::evict(const eviction_input& in) {
   check_input(in);
-  const int n_rows = in.n_rows();
-  work_.resize(parts_.size());
+  const auto n_rows = static_cast<std::size_t>(in.n_rows());
+  for (part_input& w : work_) w.live.assign(n_rows, 0);
+  count_parts(in);
   act_when mode = act_when::never;
-  std::vector<int> lower(static_cast<std::size_t>(n_rows), 0);  // per row: the fewest slots it keeps
-  std::vector<int> floor(static_cast<std::size_t>(n_rows));
+  std::vector<int> lower(n_rows, 0);  // per row: what it keeps, as known before scoring
+  std::vector<int> floor(n_rows);
   for (std::size_t i = 0; i < parts_.size(); ++i) {
-    part_input& sub = work_[i];
-    build_positions(in, parts_[i], sub);
+    describe_part(in, i);
+    const part_input& sub = work_[i];
     if (sub.mode != act_when::never) {
-      parts_[i].policy->min_keep(sub.in, floor);
+      parts_[i].policy->min_keep(sub.in, sub.live, floor);
       mode = std::max(mode, sub.mode);
     }
-    for (int r = 0; r < n_rows; ++r) {
-      const auto ri = static_cast<std::size_t>(r);
-      lower[ri] += sub.mode == act_when::never ? sub.live[ri] : std::min(sub.live[ri], floor[ri]);
+    for (std::size_t r = 0; r < n_rows; ++r) {
+      lower[r] += sub.mode == act_when::never ? sub.live[r] : std::min(sub.live[r], floor[r]);
     }
   }
+  std::vector<int> live(n_rows);
+  for (std::size_t r = 0; r < n_rows; ++r) live[r] = live_count(in, static_cast<int>(r));
   const int slack = slack_param_ >= 0 ? slack_param_ : in.block_size;
-  if (!frees_enough(mode, in.n_slots, *std::max_element(lower.begin(), lower.end()), slack)) return {};
+  if (!worth_evicting(mode, n_evicted(live, lower), in.n_rows(), slack)) return {};
 
-  decision_builder out(n_rows);
+  build_positions(in);
+  decision_builder out(static_cast<int>(n_rows));
   kv_fold fold = kv_fold::drop;
   for (std::size_t i = 0; i < parts_.size(); ++i) {
     part_input& sub = work_[i];
     eviction_decision d;
-    if (sub.mode != act_when::never) {
+    if (sub.mode != act_when::never && sub.in.n_slots > 0) {
       build_statistics(in, sub);
       d = parts_[i].policy->decide(sub.in);
     }
@@ -218,10 +262,8 @@ eviction_decision segmented_policy::evict(const eviction_input& in) {
     if (!d.empty()) fold = std::max(fold, d.fold);
     merge_part(sub, d, out);
   }
-  std::vector<int> live(static_cast<std::size_t>(n_rows));
-  for (int r = 0; r < n_rows; ++r) live[static_cast<std::size_t>(r)] = live_count(in, r);
   eviction_decision d = out.finish(live, fold);
-  if (d.empty() || !frees_enough(mode, in.n_slots, d.width, slack)) return {};
+  if (d.empty() || !worth_evicting(mode, n_evicted(live, d.count), in.n_rows(), slack)) return {};
   return d;
 }
 

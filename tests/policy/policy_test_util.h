@@ -68,6 +68,33 @@ struct kv_case {
     return window.window[(static_cast<std::size_t>(r) * window.n_window + q) * window.n_kv + slot];
   }
 
+  // The sequence after the engine applied `d` (kept slots compacted to the
+  // end of rows as wide as the widest, dead slots in front) and computed
+  // n_new more tokens (totals 0; no observation window).
+  void compact(const eviction_decision& d, int n_new_tokens) {
+    const int width = d.width + n_new_tokens;
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(width * n_rows()), -1);
+    std::vector<float> tot(totals.empty() ? 0 : static_cast<std::size_t>(width * n_rows()), 0.0f);
+    const int stride = per_row ? n_slots : 0;
+    for (int r = 0; r < n_rows(); ++r) {
+      const std::span<const std::int32_t> row = d.row(r);
+      int at = d.width - static_cast<int>(row.size());
+      for (const std::int32_t s : row) {
+        pos[static_cast<std::size_t>(r * width + at)] = positions[static_cast<std::size_t>(r * stride + s)];
+        if (!tot.empty()) tot[static_cast<std::size_t>(at * n_rows() + r)] = totals[static_cast<std::size_t>(s * n_rows() + r)];
+        ++at;
+      }
+      for (int k = 0; k < n_new_tokens; ++k) pos[static_cast<std::size_t>(r * width + d.width + k)] = n_seen + k;
+    }
+    positions = std::move(pos);
+    totals = std::move(tot);
+    per_row = true;
+    n_slots = width;
+    n_seen += n_new_tokens;
+    n_new = n_new_tokens;
+    has_window = false;
+  }
+
   eviction_input input() const {
     eviction_input in;
     in.n_layers = n_layers;
