@@ -69,8 +69,10 @@ std::string block_features(const llama_hparams& hp) {
 
 // KV bytes per token of each layer type in the configured layout: global
 // layers keep every position; sliding-window layers only need the last
-// `window` positions (their column at 32K shows that), though the cache keeps
-// every position of them today, as llama.cpp's swa_full does.
+// `window` positions (their column at 32K shows that). A block holds every
+// layer, so the cache frees blocks the window moved past only when every
+// layer is a sliding one (Mistral v0.1); beside global layers it keeps them,
+// as llama.cpp's swa_full does.
 void print_kv_by_layer_type(const llama_hparams& hp, const kv_layout& layout) {
   double bytes[2] = {0, 0};
   int n[2] = {0, 0};
@@ -79,8 +81,9 @@ void print_kv_by_layer_type(const llama_hparams& hp, const kv_layout& layout) {
     bytes[t] += static_cast<double>(layout.layer_tile_bytes_per_block(l)) / layout.block_size;
     ++n[t];
   }
-  std::printf("\nKV per token by layer type (%s; sliding-window layers are kept whole today):\n",
-              layout.describe().c_str());
+  std::printf("\nKV per token by layer type (%s; %s):\n", layout.describe().c_str(),
+              n[0] == 0 ? "a window on every layer: blocks it moved past are freed"
+                        : "sliding-window layers are kept whole beside global ones");
   std::printf("  %-26s %6s %14s %14s %22s\n", "layer type", "layers", "B/token/layer", "B/token", "needed for 32K tokens");
   constexpr std::int64_t k_ctx = 32768;
   if (n[0] > 0)

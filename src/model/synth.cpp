@@ -84,6 +84,8 @@ const synth_shape k_presets[] = {
     with_window(gemma3(make_shape("tiny-gemma3", "gemma3", 128, 4, 1, 32, 256, 3, 2048, 512, 1000000.0f, 1e-6f), 8),
                 8, 3),
     make_shape("tiny-phi3", "phi3", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f),
+    // Mistral v0.1's kind: a sliding window on every layer.
+    with_window(make_shape("tiny-swa", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f), 24),
 };
 
 // Weight types synth can write (those with an encoder in encode_row).

@@ -20,6 +20,7 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.kv_policy = c.kv_policy;
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
+  s.sliding_window_all = c.sliding_window_all;
   return s;
 }
 
@@ -33,6 +34,9 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
   if (config.max_num_seqs < 1) return error(errc::invalid_argument, "--max-num-seqs must be at least 1");
   engine_core_config c = config;
   if (c.max_model_len <= 0) c.max_model_len = hp.n_ctx_train;
+  c.sliding_window_all = c.free_out_of_window ? hp.sliding_window : 0;
+  for (int l = 0; l < hp.n_layer; ++l)
+    if (!hp.is_swa(l)) c.sliding_window_all = 0;  // a global layer still reads every position
   {
     // The default policy must be valid, and what it needs of the KV layout is kept.
     auto spec = parse_kv_policy_spec(c.kv_policy);

@@ -43,6 +43,10 @@ struct engine_core_config {
   int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
   std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
+  // A sliding window on every layer of the model frees the blocks it moved
+  // past (create() sets sliding_window_all from the model unless this is off).
+  bool free_out_of_window = true;
+  int sliding_window_all = 0;
 };
 
 class engine_core {

@@ -546,7 +546,27 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     sample_next(s, last, events);
   }
   apply_policies(plan, first_computed);
+  if (config_.sliding_window_all > 0) free_out_of_window(plan);
   refresh_counts();
+}
+
+void scheduler::free_out_of_window(const step_plan& plan) {
+  const int bs = config_.block_size;
+  for (const scheduled_seq& q : plan.seqs) {
+    sequence* s = by_id(q.seq);
+    if (!s || !s->in_kv || s->phase != seq_phase::running) continue;
+    // The next query sits at position n_computed - pos_shift or later and sees
+    // positions above it minus the window: anything at or below that is dead.
+    const std::int32_t gone = s->n_computed - s->pos_shift - config_.sliding_window_all;
+    const auto pos = kv_.positions(s->id);
+    const int n_full = kv_.n_stored_tokens(s->id) / bs;
+    std::vector<std::int32_t> blocks;
+    for (int b = 0; b < n_full && pos[static_cast<std::size_t>((b + 1) * bs - 1)] <= gone; ++b) blocks.push_back(b);
+    if (blocks.empty()) continue;
+    const status st = drop_blocks(s->id, blocks);
+    PAGODA_ASSERT(st.ok(), "dropping blocks out of the window: {}", st.message());
+    stats_.n_window_freed_blocks += static_cast<std::int64_t>(blocks.size());
+  }
 }
 
 void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& first_computed) {

@@ -79,6 +79,10 @@ struct scheduler_config {
   // none, and the model's shape their per-row state needs.
   std::string kv_policy = "none";
   seq_policy_shape policy_shape;
+  // > 0: every layer of the model attends to at most this many positions
+  // back (a sliding window on all layers, Mistral v0.1): blocks wholly out of
+  // every future query's window are freed after each step.
+  int sliding_window_all = 0;
   bool key_summaries = false;  // the KV backend keeps per-block key summaries (query-aware policies need them)
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
@@ -94,6 +98,7 @@ struct engine_stats {
   std::int64_t n_generated_tokens = 0;
   std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
   std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed
+  std::int64_t n_window_freed_blocks = 0;   // blocks freed as a sliding window on every layer moved past them
   int n_running = 0;
   int n_waiting = 0;
   histogram ttft_seconds{latency_buckets_seconds()};
@@ -192,6 +197,8 @@ class scheduler {
   void fork_children(sequence* parent);
   // After a committed step: each sequence's policy may evict (compact its KV).
   void apply_policies(const step_plan& plan, const std::vector<int>& first_computed);
+  // sliding_window_all: frees the leading blocks no query can see any more.
+  void free_out_of_window(const step_plan& plan);
   status make_policy(sequence& s) const;
   result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,
                                                 std::span<const prompt_segment> segments = {}) const;

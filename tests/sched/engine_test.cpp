@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/requests.h"
+#include "model/synth.h"
 #include "sched/engine_setup.h"
 #include "sched/step_plan.h"
 
@@ -531,6 +532,57 @@ TEST(engine_policy, eviction_keeps_the_pool_small) {
     EXPECT_LE(peak, (32 + 16 + 1) / 16 + 2) << policy;  // budget + slack + the open block
     EXPECT_EQ(e->kv_stats().n_blocks_used, 0) << policy;
   }
+}
+
+// A sliding window on every layer (Mistral v0.1's kind): blocks the window
+// has moved past are freed as it moves, and nothing changes in what the model
+// computes (those positions were masked anyway).
+TEST(engine_policy, a_window_on_every_layer_frees_the_blocks_it_leaves) {
+  const std::string path = "/tmp/pagoda_engine_swa_" + std::to_string(getpid()) + ".gguf";
+  synth_options so;
+  so.preset = "tiny-swa";
+  so.weight_type = gguf::tensor_type::f32;
+  so.n_threads = 1;
+  ASSERT_TRUE(write_synth_model(so, path).ok());
+  auto model = *llama_model::load(path);
+  std::remove(path.c_str());
+  const llama_hparams& hp = model->hparams();
+  ASSERT_EQ(hp.n_swa_layers(), hp.n_layer);
+  auto cfg = [&](bool free) {
+    engine_core_config c;
+    c.n_threads = 1;
+    c.max_model_len = 512;
+    c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
+    c.n_blocks = 64;
+    c.free_out_of_window = free;
+    return c;
+  };
+  request r;
+  r.id = "a";
+  r.prompt = {1, 40, 41, 42, 43, 44, 45, 46, 47, 48};
+  r.max_tokens = 300;
+  r.sampling = sampling_params::greedy();
+  r.ignore_eos = true;
+  std::vector<token_id> out[2];
+  std::int32_t peak[2] = {0, 0};
+  for (int f = 0; f < 2; ++f) {
+    auto e = *engine_core::create(*model, cfg(f == 1));
+    ASSERT_TRUE(e->add_request(r).ok());
+    std::vector<engine_event> ev;
+    while (e->has_work()) {
+      ev.clear();
+      e->step(ev);
+      for (const engine_event& x : ev) out[f].insert(out[f].end(), x.tokens.begin(), x.tokens.end());
+      peak[f] = std::max(peak[f], e->kv_stats().n_blocks_used);
+    }
+    EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+    if (f == 1) {
+      EXPECT_GT(e->stats().n_window_freed_blocks, 10);
+    }
+  }
+  EXPECT_EQ(out[1], out[0]);  // bit for bit: the freed positions were never seen
+  EXPECT_EQ(peak[0], (10 + 300 + 15) / 16);
+  EXPECT_LE(peak[1], (hp.sliding_window + 15) / 16 + 2);
 }
 
 }  // namespace
