@@ -23,8 +23,8 @@
 //
 // Counters (medians over the run's steps, microseconds):
 //   full_us, quest_us   thread CPU time of one step (8 KV heads)
-//   select_us           wall time of quest's selection (its share of a step)
-//   sparse_attn_us      wall time of quest's attention over the ranges
+//   select_us           CPU time of quest's selection (its share of quest_us)
+//   sparse_attn_us      CPU time of quest's attention over the ranges
 //   speedup             full_us / quest_us (CPU time)
 //   speedup_wall        the same ratio of wall-clock medians
 //   read                fraction of the blocks quest read (sinks and newest included)
@@ -110,6 +110,12 @@ void evict_cache() {
   benchmark::DoNotOptimize(s);
 }
 
+double thread_cpu_s() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -171,9 +177,9 @@ void bm_quest(benchmark::State& st, std::string spec) {
       q.n_rep = k_rep;
       q.head_dim = k_head_dim;
       q.q_pos = {&q_pos, 1};
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = thread_cpu_s();
       const bool sparse = selector.select(q, ranges);
-      select_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      select_s += thread_cpu_s() - t0;
       attention_task t = task(h);
       if (sparse) t.ranges = ranges;
       for (const slot_range& r : t.ranges) read_slots += r.end - r.begin;
@@ -188,14 +194,11 @@ void bm_quest(benchmark::State& st, std::string spec) {
     double cpu = 0, wall = 0;
   };
   auto timed = [](auto&& f) {
-    timespec c0, c1;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    const double c0 = thread_cpu_s();
     const auto w0 = std::chrono::steady_clock::now();
     f();
     const auto w1 = std::chrono::steady_clock::now();
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-    return sample{(c1.tv_sec - c0.tv_sec) + (c1.tv_nsec - c0.tv_nsec) * 1e-9,
-                  std::chrono::duration<double>(w1 - w0).count()};
+    return sample{thread_cpu_s() - c0, std::chrono::duration<double>(w1 - w0).count()};
   };
   std::vector<double> full_s, quest_s, select_s, attn_s, full_wall, quest_wall;
   full_step();  // first touch of the scratch buffers
@@ -203,9 +206,9 @@ void bm_quest(benchmark::State& st, std::string spec) {
     sample tf, tq, ts;
     const bool full_first = full_s.size() % 2 == 0;
     auto run_quest = [&] {
-      double sel_wall = 0;  // the selection's share, measured by wall clock inside
-      tq = timed([&] { quest_step(sel_wall); });
-      ts.wall = sel_wall;
+      double sel_cpu = 0;  // the selection's share
+      tq = timed([&] { quest_step(sel_cpu); });
+      ts.cpu = sel_cpu;
     };
     evict_cache();
     if (full_first) tf = timed(full_step);
@@ -215,8 +218,8 @@ void bm_quest(benchmark::State& st, std::string spec) {
     else tf = timed(full_step);
     full_s.push_back(tf.cpu);
     quest_s.push_back(tq.cpu);
-    select_s.push_back(ts.wall);
-    attn_s.push_back(tq.wall - ts.wall);
+    select_s.push_back(ts.cpu);
+    attn_s.push_back(tq.cpu - ts.cpu);
     full_wall.push_back(tf.wall);
     quest_wall.push_back(tq.wall);
     st.SetIterationTime(tf.wall + tq.wall);
@@ -231,7 +234,72 @@ void bm_quest(benchmark::State& st, std::string spec) {
   st.SetLabel(p.kv->layout().describe() + " simd " + simd_level_name(active_simd_level()));
 }
 
+// The bound kernels alone, hot in cache: 2048 blocks (32K tokens), 4 rows
+// (one decode token of a GQA-4 group), head_dim 128; blocks/s by CPU time.
+void bm_bounds(benchmark::State& st) {
+  const bool int8 = st.range(0) != 0;
+  const int n = 2048, rows = k_rep, hd = k_head_dim;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> lo(static_cast<std::size_t>(n) * hd), hi(lo.size()), q(static_cast<std::size_t>(rows) * hd);
+  for (std::size_t i = 0; i < lo.size(); ++i) {
+    const float a = nd(rng), b = nd(rng);
+    lo[i] = std::min(a, b);
+    hi[i] = std::max(a, b);
+  }
+  for (float& x : q) x = nd(rng);
+  std::vector<key_summary> sums(n);
+  std::vector<std::int8_t> codes(static_cast<std::size_t>(n) * 2 * quest_padded_dim(hd));
+  std::vector<quest_block8> blocks(n);
+  for (int i = 0; i < n; ++i) {
+    sums[i] = {&lo[static_cast<std::size_t>(i) * hd], &hi[static_cast<std::size_t>(i) * hd], nullptr};
+    blocks[i] = quest_encode_block(sums[i], hd, codes.data() + static_cast<std::size_t>(i) * 2 * quest_padded_dim(hd));
+  }
+  quest_query8 q8;
+  std::vector<float> out(n);
+  for (auto _ : st) {
+    if (int8) {
+      quest_encode_query(q.data(), rows, hd, q8);
+      quest_bounds8(q8, codes.data(), blocks.data(), n, out.data());
+    } else {
+      quest_bounds(q.data(), rows, hd, sums, out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters["blocks/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(simd_level_name(active_simd_level()));
+}
+
+// quest_selector::select alone, hot in cache, one KV head of a 32K-token
+// f16 pool (2048 blocks): bounds, top-k and ranges; selects/s by CPU time.
+void bm_select(benchmark::State& st) {
+  const bool int8 = st.range(0) != 0;
+  const int n_ctx = 32768;
+  pool& p = pool_for("f16", n_ctx, 1);
+  const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx);
+  std::vector<float> scaled(p.q);
+  for (float& x : scaled) x /= std::sqrt(static_cast<float>(k_head_dim));
+  quest_params qp;
+  qp.int8_bounds = int8;
+  quest_selector selector(qp, 1, k_kv_heads, k_head_dim);
+  const std::int32_t q_pos = n_ctx - 1;
+  kv_select_query q;
+  q.k = &kview;
+  q.kv = p.kv.get();
+  q.kv_pos = p.pos;
+  q.n_kv = n_ctx;
+  q.q = scaled.data();
+  q.n_rows = q.n_rep = k_rep;
+  q.head_dim = k_head_dim;
+  q.q_pos = {&q_pos, 1};
+  std::vector<slot_range> ranges;
+  for (auto _ : st) benchmark::DoNotOptimize(selector.select(q, ranges));
+  st.counters["selects/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void register_all() {
+  benchmark::RegisterBenchmark("select", bm_select)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("bounds", bm_bounds)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
   for (const char* spec : {"f16", "int8"}) {
     auto* b = benchmark::RegisterBenchmark(fmt::format("quest/{}", spec).c_str(), bm_quest, std::string(spec));
     for (int ctx : {32768, 131072})

@@ -28,7 +28,8 @@ int quest_params::min_context_tokens(int block_size) const {
   if (pages > 0) return 0;
   // The budget reaches 4 chosen blocks beyond the sinks and the newest block.
   const int forced = (sinks + block_size - 1) / block_size + 1;
-  return static_cast<int>(std::ceil((forced + 4) / budget)) * block_size;
+  const double tokens = std::ceil((forced + 4) / budget) * block_size;  // budget may be tiny: clamp, then cast
+  return static_cast<int>(std::min(tokens, static_cast<double>(INT32_MAX)));
 }
 
 namespace {
@@ -250,7 +251,7 @@ int quest_selector::f32_bounds(const kv_select_query& q, int c0, int c_end) {
 }
 
 int quest_selector::int8_bounds(const kv_select_query& q, int c0, int c_end) {
-  PAGODA_ASSERT(q.layer >= 0 && q.kv_head >= 0 &&
+  PAGODA_ASSERT(q.layer >= 0 && q.kv_head >= 0 && q.kv_head < n_kv_heads_ &&
                     static_cast<std::size_t>(q.layer) * n_kv_heads_ + q.kv_head < rows_.size() &&
                     quest_padded_dim(q.head_dim) == padded_dim_,
                 "quest: a query for layer {} head {} of head_dim {} outside the selector's shape", q.layer,
@@ -278,8 +279,10 @@ int quest_selector::int8_bounds(const kv_select_query& q, int c0, int c_end) {
   const int c1 = std::max(c0, std::min(c_end, static_cast<int>(r.ids.size())));
   quest_scratch& sc = t_scratch;
   sc.bound.resize(c1 - c0);
-  quest_encode_query(q.q, q.n_rows, q.head_dim, sc.query);
-  quest_bounds8(sc.query, r.codes.data() + c0 * per_block, r.blocks.data() + c0, c1 - c0, sc.bound.data());
+  if (c1 > c0) {
+    quest_encode_query(q.q, q.n_rows, q.head_dim, sc.query);
+    quest_bounds8(sc.query, r.codes.data() + c0 * per_block, r.blocks.data() + c0, c1 - c0, sc.bound.data());
+  }
   return c1;
 }
 

@@ -149,8 +149,8 @@ struct coded_case {
 // Integer sums are exact: every level gives the reference twin's bits.
 TEST_P(quest_level, int8_bounds_equal_the_reference_twin_bitwise) {
   PAGODA_USE_SIMD_LEVEL(GetParam());
-  for (int hd : {8, 40, 64, 100, 128, 256})
-    for (int rows : {1, 3, 4, 5, 9, 32}) {
+  for (int hd : {8, 40, 64, 100, 128, 160, 256})  // 64, 128, 192 and 256 padded channels
+    for (int rows : {0, 1, 3, 4, 5, 9, 32}) {
       coded_case c(hd, rows, 29, 10 * hd + rows);
       std::vector<float> got(c.n), want(c.n);
       quest_bounds8(c.q8, c.codes.data(), c.blocks.data(), c.n, got.data());
@@ -714,6 +714,7 @@ TEST(quest_params_test, parses_and_rejects) {
   EXPECT_EQ(params_of({{"pages", "40"}}).blocks_read(2048), 40);
   EXPECT_EQ(params_of({{"pages", "40"}}).min_context_tokens(16), 0);
   EXPECT_EQ(params_of({{"sinks", "0"}, {"min_context", "100"}}).min_context_tokens(16), 100);
+  EXPECT_EQ(params_of({{"budget", "1e-300"}}).min_context_tokens(16), INT32_MAX);  // no overflow
   for (auto [key, value, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"budget", "0", "(0, 1]"},
            {"budget", "1.5", "pages=N"},
