@@ -70,22 +70,27 @@ inline __m128i sum4(__m512i a, __m512i b, __m512i c, __m512i d) {
 }  // namespace
 
 namespace {
-// Four rows [r0, r0 + nr) against every block, NV vectors of 64 channels:
-// the rows' codes stay in registers (4 x 2 x NV of them) across the blocks.
-// first: out[i] = the rows' bound, else out[i] = max(out[i], it).
-constexpr int k_ahead = 24;  // blocks: 6 KiB at head_dim 128
+constexpr int k_ahead = 24;  // blocks the code prefetch runs ahead: 6 KiB at head_dim 128
 
+// Four rows [r0, r0 + nr) against every block. NV > 0: NV vectors of 64
+// channels, the rows' codes held in registers (4 x 2 x NV of them) across the
+// blocks; NV = 0: any number of vectors, the codes loaded per block.
+// first: out[i] = the rows' bound, else out[i] = max(out[i], it).
 template <int NV>
 void rows4(const quest_query8& q, const float* half, int r0, int nr, const std::int8_t* codes,
            const quest_block8* blocks, int n, float* out, bool first) {
-  const int pd = q.padded_dim;
-  __m512i qp[4][NV], qn[4][NV];
-  for (int j = 0; j < 4; ++j)
-    for (int v = 0; v < NV; ++v) {
-      const std::size_t at = static_cast<std::size_t>(r0 + j) * pd + v * 64;
-      qp[j][v] = j < nr ? _mm512_loadu_si512(q.pos.data() + at) : _mm512_setzero_si512();
-      qn[j][v] = j < nr ? _mm512_loadu_si512(q.neg.data() + at) : _mm512_setzero_si512();
-    }
+  const int pd = q.padded_dim, n_vec = NV > 0 ? NV : pd / 64;
+  auto query = [&](const std::vector<std::uint8_t>& c, int j, int v) {
+    return j < nr ? _mm512_loadu_si512(c.data() + static_cast<std::size_t>(r0 + j) * pd + v * 64)
+                  : _mm512_setzero_si512();
+  };
+  __m512i qp[4][NV > 0 ? NV : 1], qn[4][NV > 0 ? NV : 1];
+  if constexpr (NV > 0)
+    for (int j = 0; j < 4; ++j)
+      for (int v = 0; v < NV; ++v) {
+        qp[j][v] = query(q.pos, j, v);
+        qn[j][v] = query(q.neg, j, v);
+      }
   for (int i = 0; i < n; ++i) {
     if (!(blocks[i].scale < INFINITY)) {
       out[i] = INFINITY;
@@ -94,43 +99,21 @@ void rows4(const quest_query8& q, const float* half, int r0, int nr, const std::
     const std::int8_t* lo = codes + static_cast<std::size_t>(i) * 2 * pd;
     const std::int8_t* hi = lo + pd;
     if (first && i + k_ahead < n)  // the codes are read once per step, from memory
-      for (int v = 0; v < 2 * NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(lo + k_ahead * 2 * pd + v * 64), _MM_HINT_T0);
-    __m512i ap[4], an[4];
-    for (int j = 0; j < 4; ++j) ap[j] = an[j] = _mm512_setzero_si512();
-    for (int v = 0; v < NV; ++v) {
-      const __m512i l = _mm512_loadu_si512(lo + v * 64), h = _mm512_loadu_si512(hi + v * 64);
-      for (int j = 0; j < 4; ++j) {
-        ap[j] = _mm512_dpbusd_epi32(ap[j], qp[j][v], h);
-        an[j] = _mm512_dpbusd_epi32(an[j], qn[j][v], l);
-      }
-    }
-    const __m128i pm = sum4(_mm512_sub_epi32(ap[0], an[0]), _mm512_sub_epi32(ap[1], an[1]),
-                            _mm512_sub_epi32(ap[2], an[2]), _mm512_sub_epi32(ap[3], an[3]));
-    const float b = finish8_x4(pm, blocks[i], half + r0, nr);
-    out[i] = first ? b : std::max(out[i], b);
-  }
-}
-
-// Any number of vectors: the rows' codes are loaded per block.
-void rows4_any(const quest_query8& q, const float* half, int r0, int nr, const std::int8_t* codes,
-               const quest_block8* blocks, int n, float* out, bool first) {
-  const int pd = q.padded_dim, n_vec = pd / 64;
-  for (int i = 0; i < n; ++i) {
-    if (!(blocks[i].scale < INFINITY)) {
-      out[i] = INFINITY;
-      continue;
-    }
-    const std::int8_t* lo = codes + static_cast<std::size_t>(i) * 2 * pd;
-    const std::int8_t* hi = lo + pd;
+      for (int v = 0; v < 2 * n_vec; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(lo + k_ahead * 2 * pd + v * 64), _MM_HINT_T0);
     // P and N of four rows; each at most 128 x 127 x 127 per 128 channels.
     __m512i ap[4], an[4];
     for (int j = 0; j < 4; ++j) ap[j] = an[j] = _mm512_setzero_si512();
     for (int v = 0; v < n_vec; ++v) {
       const __m512i l = _mm512_loadu_si512(lo + v * 64), h = _mm512_loadu_si512(hi + v * 64);
-      for (int j = 0; j < nr; ++j) {
-        const std::size_t at = static_cast<std::size_t>(r0 + j) * pd + v * 64;
-        ap[j] = _mm512_dpbusd_epi32(ap[j], _mm512_loadu_si512(q.pos.data() + at), h);
-        an[j] = _mm512_dpbusd_epi32(an[j], _mm512_loadu_si512(q.neg.data() + at), l);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (NV > 0) {
+          ap[j] = _mm512_dpbusd_epi32(ap[j], qp[j][v], h);
+          an[j] = _mm512_dpbusd_epi32(an[j], qn[j][v], l);
+        } else if (j < nr) {
+          ap[j] = _mm512_dpbusd_epi32(ap[j], query(q.pos, j, v), h);
+          an[j] = _mm512_dpbusd_epi32(an[j], query(q.neg, j, v), l);
+        }
       }
     }
     const __m128i pm = sum4(_mm512_sub_epi32(ap[0], an[0]), _mm512_sub_epi32(ap[1], an[1]),
@@ -154,7 +137,7 @@ void bounds8_avx512(const quest_query8& q, const std::int8_t* codes, const quest
       case 1: rows4<1>(q, half.data(), r0, nr, codes, blocks, n, out, first); break;
       case 2: rows4<2>(q, half.data(), r0, nr, codes, blocks, n, out, first); break;
       case 4: rows4<4>(q, half.data(), r0, nr, codes, blocks, n, out, first); break;
-      default: rows4_any(q, half.data(), r0, nr, codes, blocks, n, out, first);
+      default: rows4<0>(q, half.data(), r0, nr, codes, blocks, n, out, first);
     }
   }
   if (q.n_rows == 0)
