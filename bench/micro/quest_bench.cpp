@@ -1,7 +1,9 @@
 // Quest against full attention: one decode step of one layer's attention at
 // Llama-3-8B shapes (8 KV heads, 32 query heads, head_dim 128, blocks of 16
-// tokens), 1 thread, over a context of ctx tokens in a fresh pool (consecutive
-// block ids). Full = paged_attention over every slot; quest = for every KV
+// tokens), 1 thread, over a context of ctx tokens: in a fresh pool
+// (consecutive block ids, shuffled:0) or a fragmented one (a random
+// permutation of the pool, shuffled:1; in this VM scattered 2-4 KiB tile
+// reads run at about half the speed of sequential ones, bench/RESULTS.md). Full = paged_attention over every slot; quest = for every KV
 // head, quest_selector::select (bounds, top-k, ranges) and then
 // paged_attention over the ranges. Selection is
 // included in quest's time.
@@ -68,9 +70,9 @@ struct pool {
 
 // One pool at a time (128K tokens of f16 are 512 MiB), filled once: K, V ~
 // N(0, 1) with a few outlier key channels, written in chunks of 512.
-pool& pool_for(const std::string& spec, int n_ctx, int n_layers) {
-  static std::map<std::tuple<std::string, int, int>, std::unique_ptr<pool>> cache;
-  const auto key = std::make_tuple(spec, n_ctx, n_layers);
+pool& pool_for(const std::string& spec, int n_ctx, int n_layers, bool shuffled = false) {
+  static std::map<std::tuple<std::string, int, int, bool>, std::unique_ptr<pool>> cache;
+  const auto key = std::make_tuple(spec, n_ctx, n_layers, shuffled);
   if (auto it = cache.find(key); it != cache.end()) return *it->second;
   cache.clear();
   auto p = std::make_unique<pool>();
@@ -85,6 +87,7 @@ pool& pool_for(const std::string& spec, int n_ctx, int n_layers) {
   p->kv = std::move(*kv_storage::create(layout, n_blocks));
   for (int i = 0; i < n_blocks; ++i) p->table.push_back(block_id(i));
   std::mt19937 rng(1);
+  if (shuffled) std::shuffle(p->table.begin(), p->table.end(), rng);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int chunk = 512;
   std::vector<float> k(static_cast<std::size_t>(chunk) * k_kv_heads * k_head_dim), v(k.size());
@@ -126,7 +129,8 @@ void bm_quest(benchmark::State& st, std::string spec) {
   const int inv_budget = static_cast<int>(st.range(1));
   const int n_layers = static_cast<int>(st.range(2));
   const bool int8_bounds = st.range(3) != 0;
-  pool& p = pool_for(spec, n_ctx, n_layers);
+  const bool shuffled = st.range(4) != 0;
+  pool& p = pool_for(spec, n_ctx, n_layers, shuffled);
   const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx), vview = p.kv->v_view(0, p.table, n_ctx);
   const float scale = 1.0f / std::sqrt(static_cast<float>(k_head_dim));
   std::vector<float> scaled(p.q);
@@ -304,8 +308,9 @@ void register_all() {
     auto* b = benchmark::RegisterBenchmark(fmt::format("quest/{}", spec).c_str(), bm_quest, std::string(spec));
     for (int ctx : {32768, 131072})
       for (int layers : {1, 32})
-        for (int int8_bounds : {1, 0}) b->Args({ctx, 8, layers, int8_bounds});
-    b->ArgNames({"ctx", "inv_budget", "layers", "int8_bounds"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+        for (int shuffled : {0, 1})  // (a pool per (ctx, layers, shuffled): bounds innermost)
+          for (int int8_bounds : {1, 0}) b->Args({ctx, 8, layers, int8_bounds, shuffled});
+    b->ArgNames({"ctx", "inv_budget", "layers", "int8_bounds", "shuffled"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
   }
 }
 

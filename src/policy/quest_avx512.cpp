@@ -70,7 +70,7 @@ inline __m128i sum4(__m512i a, __m512i b, __m512i c, __m512i d) {
 }  // namespace
 
 namespace {
-constexpr int k_ahead = 24;  // blocks the code prefetch runs ahead: 6 KiB at head_dim 128
+constexpr int k_ahead = 64;  // blocks the code prefetch runs ahead: 16 KiB at head_dim 128
 
 // Four rows [r0, r0 + nr) against every block. NV > 0: NV vectors of 64
 // channels, the rows' codes held in registers (4 x 2 x NV of them) across the
