@@ -31,8 +31,10 @@
 //   speedup_wall        the same ratio of wall-clock medians
 //   read                fraction of the blocks quest read (sinks and newest included)
 //
-//   build/release/bench/quest_bench                                    (everything)
-//   build/release/bench/quest_bench --benchmark_filter='ctx:32768/'    (32K only)
+//   build/release/bench/quest_bench --benchmark_filter='quest/'            (the steps)
+//   build/release/bench/quest_bench --benchmark_filter='quest/.*ctx:32768/' (32K only)
+//   build/release/bench/quest_bench --benchmark_filter='^(select|bounds|sparse_hot)'
+//                                          (selection and sparse reads hot in cache)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -301,7 +303,52 @@ void bm_select(benchmark::State& st) {
   st.counters["selects/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Attention over 1/8 of the blocks of an 8K-token pool (int8: 17 MiB of K and
+// V, within the 32 MiB last-level cache; f16's 32 MiB only partly), every
+// eighth block (scattered:1) or the first eighth (scattered:0): what
+// scattering costs the kernels themselves, apart from memory. All 8 KV heads.
+void bm_sparse_hot(benchmark::State& st, std::string spec) {
+  const int n_ctx = 8192, n_blocks = n_ctx / k_block;
+  const bool scattered = st.range(0) != 0;
+  pool& p = pool_for(spec, n_ctx, 1);
+  const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx), vview = p.kv->v_view(0, p.table, n_ctx);
+  std::vector<slot_range> ranges;
+  if (scattered)
+    for (int b = 0; b < n_blocks; b += 8) ranges.push_back({b * k_block, (b + 1) * k_block});
+  else
+    ranges.push_back({0, n_blocks / 8 * k_block});
+  attention_scratch scratch;
+  std::vector<float> out(p.q.size());
+  const std::int32_t q_pos = n_ctx - 1;
+  for (auto _ : st)
+    for (int h = 0; h < k_kv_heads; ++h) {
+      attention_task t;
+      t.k = &kview;
+      t.v = &vview;
+      t.kv_head = h;
+      t.n_rep = k_rep;
+      t.head_dim = k_head_dim;
+      t.scale = 1.0f / std::sqrt(static_cast<float>(k_head_dim));
+      t.q = p.q.data();
+      t.q_stride = p.q.size();
+      t.n_tokens = 1;
+      t.q_pos = &q_pos;
+      t.kv_pos = p.pos.data();
+      t.n_kv = n_ctx;
+      t.out = out.data();
+      t.out_stride = out.size();
+      t.ranges = ranges;
+      paged_attention(t, scratch);
+    }
+}
+
 void register_all() {
+  for (const char* spec : {"f16", "int8"})
+    benchmark::RegisterBenchmark(fmt::format("sparse_hot/{}", spec).c_str(), bm_sparse_hot, std::string(spec))
+        ->Arg(0)
+        ->Arg(1)
+        ->ArgName("scattered")
+        ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("select", bm_select)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("bounds", bm_bounds)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
   for (const char* spec : {"f16", "int8"}) {
