@@ -30,6 +30,9 @@ struct engine_config {
   std::int64_t max_kv_tokens = 0;    // pool size in tokens; neither: max_num_seqs full contexts, at most 4 GiB
   bool enable_prefix_caching = true;
   std::map<std::string, std::int32_t> tenant_quota_blocks;  // tenant -> most KV blocks it may hold
+  // KV policy of requests that name none: "NAME[:key=value,...]" (docs/policies.md),
+  // e.g. "h2o:budget=0.25"; "none" keeps every token.
+  std::string kv_policy = "none";
 
   // --- KV warehouse (persistent tiers behind the pool) ---------------------
   std::string kv_store_path;         // local disk tier directory (LMDB); "" = none

@@ -47,6 +47,16 @@ struct sampling_params {
   status validate() const;
 };
 
+// A part of the prompt, positions [begin, end), with a KV policy of its own
+// (per-segment policies: a document may be compressed harder than the
+// question). Segments are sorted and disjoint; tokens outside them follow the
+// request's kv_policy.
+struct prompt_segment {
+  std::int32_t begin = 0;
+  std::int32_t end = 0;
+  std::string kv_policy;  // "NAME[:key=value,...]", "none" keeps the segment whole
+};
+
 struct request {
   std::string id;                  // unique among the requests in flight
   std::vector<token_id> prompt;    // tokenized, BOS included as the model wants
@@ -63,6 +73,13 @@ struct request {
   // Return the logits of every prompt position (perplexity, KL divergence).
   // The prompt is then computed in full: no prefix-cache hits.
   bool prompt_logits = false;
+  // The KV policy of this request ("NAME[:key=value,...]", docs/policies.md);
+  // "" takes the engine's default (--kv-policy), "none" is full KV.
+  std::string kv_policy;
+  std::vector<prompt_segment> segments;
+  // > 0: at most this many prompt tokens per step (the policy acts between
+  // steps; perplexity's decode-time setting feeds documents this way).
+  int prompt_chunk = 0;
 };
 
 }  // namespace pagoda

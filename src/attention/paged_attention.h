@@ -67,6 +67,9 @@ struct attention_scratch {
   std::vector<float> acc;     // [rows][head_dim]
   std::vector<float> row_sum; // [rows]
   std::vector<int> lo, hi;    // [tokens]: the slots each query token sees, [lo, hi)
+  // A sparse-read selector's input and answer (the forward pass fills them).
+  std::vector<float> select_q;
+  std::vector<slot_range> select_ranges;
 };
 
 // Where one task adds its statistics; both arrays are indexed by KV slot.

@@ -104,6 +104,8 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"preemptions", kv.n_preemptions},
           {"evictions", kv.n_evictions},
           {"cow_copies", kv.n_cow_copies},
+          {"policy_compactions", st.n_policy_compactions},
+          {"policy_evicted_slots", st.n_policy_evicted_slots},
           {"ttft_p50_s", st.ttft_seconds.quantile(0.5)},
           {"ttft_p99_s", st.ttft_seconds.quantile(0.99)},
           {"itl_p50_s", st.itl_seconds.quantile(0.5)},

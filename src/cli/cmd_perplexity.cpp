@@ -50,6 +50,7 @@ struct ppl_options {
   bool kl_divergence = false;
   bool truncate = false;  // cut long documents at the context (no windows)
   int max_chunks = -1;    // llama-perplexity's --chunks: at most this many chunks; -1: all
+  int policy_step = 16;   // with a KV policy: tokens fed per step, the policy acting between steps
 };
 
 // One request: row j of its prompt logits predicts tokens[j + 1]; rows from
@@ -233,8 +234,10 @@ int perplexity(const ppl_options& o) {
   if (o.kl_divergence) {
     engine_core_config exact_cfg = core_cfg;
     exact_cfg.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, layout.block_size, kv_type::f32, kv_type::f32);
+    exact_cfg.kv_policy = "none";
     PAGODA_ASSIGN_OR_RETURN_CLI(exact, engine_core::create(*model, exact_cfg));
   }
+  const bool with_policy = core_cfg.kv_policy != "none";
   for (std::size_t d = 0; d < docs.size(); ++d)
     for (engine_core* e : {eng.get(), exact.get()}) {
       if (!e) continue;
@@ -243,11 +246,17 @@ int perplexity(const ppl_options& o) {
       r.prompt = docs[d].tokens;
       r.max_tokens = 0;
       r.prompt_logits = true;
+      // Decode-time setting: the document arrives policy_step tokens at a
+      // time and the policy acts between steps, so every token is scored
+      // with the cache as the policy left it.
+      if (with_policy && e == eng.get()) r.prompt_chunk = o.policy_step;
       if (auto st = e->add_request(std::move(r)); !st.ok()) return fail(st.with_context(fmt::format("document {}", d)));
     }
 
   kl_stats kl;
   row_map rows_configured, rows_exact;
+  double kept_sum = 0, kept_frac_sum = 0;  // KV tokens kept after each step, x rows scored then
+  std::int64_t kept_rows = 0;
   double total_nll = 0;
   std::int64_t n_predicted = 0, n_done_docs = 0, n_tokens_total = 0;
   for (const auto& d : docs) n_tokens_total += static_cast<std::int64_t>(d.tokens.size());
@@ -262,6 +271,16 @@ int perplexity(const ppl_options& o) {
       const piece& pc = docs[static_cast<std::size_t>(doc)];
       const auto& ids = pc.tokens;
       const std::size_t n_rows = e.prompt_logits.size() / V;
+      if (count && with_policy && n_rows > 0) {
+        // What the cache holds after this step, against what the document has seen.
+        if (const auto sq = eng->sched().find_sequence(e.request_id))
+          if (const seq_policy* sp = eng->sched().policy_of(*sq)) {
+            const double seen = e.first_prompt_position + static_cast<double>(n_rows);
+            kept_sum += sp->mean_live_slots() * static_cast<double>(n_rows);
+            kept_frac_sum += sp->mean_live_slots() / seen * static_cast<double>(n_rows);
+            kept_rows += static_cast<std::int64_t>(n_rows);
+          }
+      }
       for (std::size_t j = 0; j < n_rows; ++j) {
         const int pos = e.first_prompt_position + static_cast<int>(j);
         if (static_cast<std::size_t>(pos) + 1 >= ids.size()) continue;  // the last token predicts nothing here
@@ -310,7 +329,14 @@ int perplexity(const ppl_options& o) {
   const double ppl_exact = std::exp(kl.sum_nll_exact / std::max<std::int64_t>(kl.n, 1));
   const double ppl_change = (std::exp(mean) / ppl_exact - 1.0) * 100.0;
   const bool exact_ctx = exact != nullptr;
-  const std::string method = scoring_method(pl, n_ctx);
+  std::string method = scoring_method(pl, n_ctx);
+  if (with_policy)
+    method += fmt::format(
+        "; KV policy {}: each piece fed {} tokens a step, the policy applied between steps, so every token is scored "
+        "with the cache as the policy left it (the decode-time setting)",
+        core_cfg.kv_policy, o.policy_step);
+  const double kept_mean = kept_rows ? kept_sum / kept_rows : 0.0;
+  const double kept_frac = kept_rows ? kept_frac_sum / kept_rows : 1.0;
   if (o.json) {
     nlohmann::json j = {{"method", pl.chunks ? "chunks" : "documents"},
                         {"scoring", method},
@@ -336,6 +362,11 @@ int perplexity(const ppl_options& o) {
                                 {"bytes_per_token_at_context", layout.bytes_per_token_at(n_ctx)},
                                 {"bytes_total", eng->storage().total_bytes()},
                                 {"staging_slots_peak", staging.peak_slots_in_use}}}};
+    if (with_policy)
+      j["kv_policy"] = {{"policy", core_cfg.kv_policy},
+                        {"step_tokens", o.policy_step},
+                        {"mean_kept_tokens", kept_mean},
+                        {"mean_kept_fraction", kept_frac}};
     if (exact_ctx)
       j["kl_divergence"] = {{"mean_kl", kl_mean},
                             {"top1_agreement", top1},
@@ -348,6 +379,9 @@ int perplexity(const ppl_options& o) {
     std::printf("predicted tokens: %lld\n", static_cast<long long>(n_predicted));
     std::printf("KV cache:         %s, %.2f bits/element, %s/token\n", layout.describe().c_str(),
                 layout.bits_per_element(), human_bytes(layout.bytes_per_token()).c_str());
+    if (with_policy)
+      std::printf("KV policy:        %s: kept %.1f tokens on average, %.2f%% of those seen\n", core_cfg.kv_policy.c_str(),
+                  kept_mean, kept_frac * 100.0);
     std::printf("mean NLL:         %.6f nats/token\n", mean);
     std::printf("perplexity:       %.4f\n", std::exp(mean));
     if (exact_ctx) {
@@ -383,6 +417,9 @@ void register_perplexity(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--kl-divergence", opts->kl_divergence,
                 "also score with an exact f32 KV cache in the same run: mean KL divergence, top-1 agreement and "
                 "the perplexity change of the configured KV cache");
+  cmd->add_option("--policy-step", opts->policy_step,
+                  "with --kv-policy: tokens fed per step; the policy acts between steps (decode-time setting)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([opts, &action] { action = [opts] { return perplexity(*opts); }; });
 }
 

@@ -92,6 +92,9 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_option("--kv-cache-size", opts.kv_cache_size_mib, "KV pool size in MiB (default: --max-kv-tokens)")
       ->check(finite_positive());
   app->add_option("--max-kv-tokens", opts.max_kv_tokens, "KV pool size in tokens")->check(CLI::PositiveNumber);
+  app->add_option("--kv-policy", opts.kv_policy,
+                  "NAME[:key=value,...]: which tokens the KV cache keeps or reads (none, window, h2o, snapkv, "
+                  "pyramid, merge, cluster, quest, retrieval; docs/policies.md); requests may name their own");
 }
 
 result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) { return llama_model::load(opts.model_path); }

@@ -156,6 +156,12 @@ void block_pool::drop_hash(block_id b) {
   --n_cached_;
 }
 
+void block_pool::clear_hash(block_id b) {
+  block_state& s = at(b);
+  PAGODA_ASSERT(s.ref > 0 && s.hashed, "clear_hash on block {} (ref {}, hashed {})", b.value, s.ref, s.hashed);
+  s.hashed = false;
+}
+
 std::vector<block_id> block_pool::free_queue() const {
   std::vector<block_id> out;
   out.reserve(static_cast<std::size_t>(queue_.size));

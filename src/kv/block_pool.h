@@ -79,6 +79,9 @@ class block_pool {
   // queue as a free block. The caller drops it from the prefix index.
   // REQUIRES: cached (ref 0, hashed).
   void drop_hash(block_id b);
+  // A used block leaves the prefix index (its holder is about to rewrite it).
+  // The caller drops it from the prefix index. REQUIRES: ref_count(b) > 0, hashed.
+  void clear_hash(block_id b);
 
   std::int32_t ref_count(block_id b) const { return at(b).ref; }
   bool is_hashed(block_id b) const { return at(b).hashed; }

@@ -23,9 +23,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 
+#include "kv/kv_gather.h"
 #include "kv/kv_layout.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
@@ -123,6 +125,15 @@ class kv_backend {
   // The key summary of a sealed block for (layer, KV head); std::nullopt when
   // the layout keeps none or b is not full.
   virtual std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const = 0;
+
+  // Compaction (kv_gather.h, kv_manager::compact): for every layer, K and V,
+  // slots [g.first, g.first + g.n) of g.dst_table are rewritten from slots of
+  // g.src_table (decoded, folded as g.fold says, re-encoded), with their
+  // per-slot biases. Slots of g.dst_table below g.first keep what they hold.
+  // rotate (needed when g.rotate is set) turns keys by a number of positions:
+  // rotate(layer, k [n][n_kv_heads][head_dim], n, delta [n]).
+  using key_rotation = std::function<void(int layer, float* k, int n, const std::int32_t* delta)>;
+  virtual void gather(const kv_gather& g, const key_rotation& rotate) = 0;
 };
 
 }  // namespace pagoda

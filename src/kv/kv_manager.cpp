@@ -402,6 +402,125 @@ status kv_manager::drop(seq_id seq, std::span<const std::int32_t> block_indices)
   return ok_status();
 }
 
+status kv_manager::compact(seq_id seq, kv_compaction c) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "compact: unknown sequence {}", seq.value);
+  sequence& s = it->second;
+  PAGODA_RETURN_IF_ERROR(check_compaction(s, c));
+  const std::int32_t bs = block_size_;
+  const std::int32_t n_rewritten = c.n_slots - c.first;
+  if (n_rewritten == 0) {  // only the tail goes: a truncation
+    s.off_chain = true;
+    return truncate(seq, c.n_slots);
+  }
+  const std::int32_t n_blocks = ceil_div(c.n_slots, bs);
+  const std::int32_t b_first = c.first / bs;
+
+  // Rewritten blocks this sequence may not write: shared ones need a fresh
+  // copy; a cached one only it holds takes a fresh block while the pool has
+  // free ones (its K/V stay cached), else it quietly leaves the index.
+  std::vector<std::int32_t> must, may;
+  for (std::int32_t bi = b_first; bi < n_blocks; ++bi) {
+    const block_id b = s.table[static_cast<std::size_t>(bi)];
+    if (pool_.ref_count(b) > 1) must.push_back(bi);
+    else if (pool_.is_hashed(b)) may.push_back(bi);
+  }
+  const auto n_must = static_cast<std::int32_t>(must.size());
+  if (!can_take(s.tenant, n_must))
+    return error(errc::resource_exhausted, "compact: sequence {} needs {} fresh blocks for copies of shared blocks",
+                 seq.value, n_must);
+  std::int32_t n_may = 0;
+  while (n_may < static_cast<std::int32_t>(may.size()) && n_may < pool_.n_free() - n_must &&
+         can_take(s.tenant, n_must + n_may + 1))
+    ++n_may;
+  std::vector<std::int32_t> replaced(must);
+  replaced.insert(replaced.end(), may.begin(), may.begin() + n_may);
+  // No longer shareable. Not an eviction: the block stays with this sequence
+  // (the commit hook saw its bytes when it entered the cache).
+  for (auto bi = may.begin() + n_may; bi != may.end(); ++bi) {
+    const block_id b = s.table[static_cast<std::size_t>(*bi)];
+    index_.erase(b);
+    pool_.clear_hash(b);
+  }
+
+  auto g = c.gather;
+  g->src_table = s.table;
+  std::vector<block_id> old_table = s.table;
+  const std::vector<block_id> fresh = take_blocks(s.tenant, static_cast<std::int32_t>(replaced.size()));
+  for (std::size_t i = 0; i < replaced.size(); ++i) {
+    const auto bi = static_cast<std::size_t>(replaced[i]);
+    const block_id src = s.table[bi], dst = fresh[i];
+    // Only the first rewritten block keeps leading slots; later ones are rewritten whole.
+    const std::int32_t n_kept = replaced[i] == b_first ? c.first % bs : 0;
+    if (n_kept > 0) emit(kv_op{.kind = kv_op_kind::copy, .block = dst, .src = src, .n_tokens = n_kept});
+    fill_[static_cast<std::size_t>(dst.value)] = n_kept;
+    stored_tokens_in_used_ += n_kept;
+    s.table[bi] = dst;
+    if (n_kept > 0) ++n_cow_copies_;
+  }
+  s.table.resize(static_cast<std::size_t>(n_blocks));
+  g->dst_table = s.table;
+  g->first = c.first;
+  g->n = n_rewritten;
+  emit(kv_op{.kind = kv_op_kind::gather, .gather = g});
+
+  // Fill of the blocks that stay: full up to the last, which holds what is left.
+  for (std::int32_t bi = b_first; bi < n_blocks; ++bi) {
+    std::int32_t& fill = fill_[static_cast<std::size_t>(s.table[static_cast<std::size_t>(bi)].value)];
+    const std::int32_t want = std::min(bs, c.n_slots - bi * bs);
+    stored_tokens_in_used_ += want - fill;
+    fill = want;
+  }
+  // Then the blocks that left: replaced ones (their other holders or the cache
+  // keep them) and everything past the new end, deepest first.
+  for (auto bi = old_table.size(); bi-- > 0;) {
+    const block_id b = old_table[bi];
+    const bool gone = bi >= static_cast<std::size_t>(n_blocks) ||
+                      std::find(replaced.begin(), replaced.end(), static_cast<std::int32_t>(bi)) != replaced.end();
+    if (gone) release(b);
+  }
+
+  s.tokens.erase(s.tokens.begin() + c.first, s.tokens.begin() + s.n_stored);
+  s.tokens.insert(s.tokens.begin() + c.first, c.tokens.begin(), c.tokens.end());
+  s.positions.resize(static_cast<std::size_t>(c.first));
+  s.positions.insert(s.positions.end(), c.positions.begin(), c.positions.end());
+  s.n_stored = c.n_slots;
+  s.keys.resize(std::min(s.keys.size(), static_cast<std::size_t>(c.first / bs)));
+  s.off_chain = true;
+  evict_over_quota(s.tenant);
+  return ok_status();
+}
+
+status kv_manager::check_compaction(const sequence& s, const kv_compaction& c) const {
+  const std::int32_t n = c.n_slots - c.first;
+  if (c.first < 0 || n < 0 || c.n_slots > s.n_stored)
+    return error(errc::invalid_argument, "compact: slots [{}, {}) outside the {} stored", c.first, c.n_slots, s.n_stored);
+  if (c.tokens.size() != static_cast<std::size_t>(n) || c.positions.size() != static_cast<std::size_t>(n))
+    return error(errc::invalid_argument, "compact: {} rewritten slots but {} tokens and {} positions", n,
+                 c.tokens.size(), c.positions.size());
+  for (std::int32_t i = 0; i < n; ++i) {
+    const std::int32_t prev = i > 0 ? c.positions[static_cast<std::size_t>(i) - 1]
+                                    : (c.first > 0 ? s.positions[static_cast<std::size_t>(c.first) - 1] : INT32_MIN);
+    if (c.positions[static_cast<std::size_t>(i)] <= prev)
+      return error(errc::invalid_argument, "compact: position {} of slot {} does not follow {}",
+                   c.positions[static_cast<std::size_t>(i)], c.first + i, prev);
+  }
+  if (!c.gather) return error(errc::invalid_argument, "compact: no gather");
+  const kv_gather& g = *c.gather;
+  if (g.n_rows < 1 || g.sources.size() != static_cast<std::size_t>(g.n_rows) * n ||
+      g.folded.size() != static_cast<std::size_t>(g.n_rows) * g.n_folded ||
+      g.anchors.size() != static_cast<std::size_t>(g.n_rows) * g.anchors_per_row ||
+      (!g.rotate.empty() && (g.rotate.size() != static_cast<std::size_t>(n) || g.n_rows != 1)))
+    return error(errc::invalid_argument, "compact: the gather's arrays do not match {} rows of {} slots", g.n_rows, n);
+  const auto in_range = [&](std::int32_t slot) { return slot >= -1 && slot < s.n_stored; };
+  if (!std::all_of(g.sources.begin(), g.sources.end(), in_range) ||
+      !std::all_of(g.folded.begin(), g.folded.end(), in_range))
+    return error(errc::invalid_argument, "compact: a source slot outside the {} stored", s.n_stored);
+  if (!std::all_of(g.anchors.begin(), g.anchors.end(), [&](std::int32_t a) { return a >= c.first && a < c.n_slots; }))
+    return error(errc::invalid_argument, "compact: an anchor outside the rewritten slots");
+  return ok_status();
+}
+
 status kv_manager::truncate(seq_id seq, std::int32_t n_slots) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return error(errc::not_found, "truncate: unknown sequence {}", seq.value);

@@ -63,7 +63,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <memory>
+
 #include "kv/block_pool.h"
+#include "kv/kv_gather.h"
 #include "kv/kv_metrics.h"
 #include "kv/prefix_index.h"
 #include "pagoda/status.h"
@@ -91,6 +94,7 @@ enum class kv_op_kind : std::uint8_t {
   release,   // block returned to the free pool without a prefix key (drop per-block state)
   evict,     // block left the prefix cache; key/parent/tokens say what it held
   cache,     // block entered the prefix cache (its K/V are written): key/parent/tokens
+  gather,    // a sequence's slots are rewritten from other slots (compact()): `gather` says how
 };
 struct kv_op {
   kv_op_kind kind = kv_op_kind::copy;
@@ -101,6 +105,18 @@ struct kv_op {
   block_key parent = 0;          // evict, cache
   std::vector<token_id> tokens;  // evict, cache: the block's token ids
   std::string tenant;            // evict, cache: its owner's tenant name
+  std::shared_ptr<const kv_gather> gather;  // gather only
+};
+
+// What compact() does to one sequence: it keeps n_slots slots, of which
+// [0, first) stay as they are and [first, n_slots) are rewritten (the gather
+// says from which slots of the table before compaction).
+struct kv_compaction {
+  std::int32_t first = 0;
+  std::int32_t n_slots = 0;
+  std::vector<token_id> tokens;          // [n_slots - first]: the token of each rewritten slot
+  std::vector<std::int32_t> positions;   // [n_slots - first]: increasing, after positions[first - 1]
+  std::shared_ptr<kv_gather> gather;     // its tables and range are filled in by compact()
 };
 
 // Why allocate() could not supply blocks.
@@ -173,6 +189,20 @@ class kv_manager {
   // K/V were computed without the dropped tokens. Errors, with nothing changed:
   // unknown seq, an index out of range or repeated, a block not full.
   status drop(seq_id seq, std::span<const std::int32_t> block_indices);
+  // Token-granular eviction: the sequence keeps c.n_slots slots, slots
+  // [c.first, c.n_slots) rewritten by the backend from the gather's sources
+  // (slots of the table before). Blocks past the new end are released; a
+  // rewritten block that is shared with another table, or cached under a key,
+  // is first replaced by a fresh block (its kept leading slots copied), or, when
+  // cached and only this sequence holds it and the pool has no free block,
+  // leaves the prefix index. Reports: copies (and evictions of the blocks
+  // they take), one gather op, then releases. The sequence goes off chain. Errors, with nothing changed:
+  // unknown seq, a range or positions that do not fit, and resource_exhausted
+  // when a shared block needs a copy and the pool or quota has no block.
+  status compact(seq_id seq, kv_compaction c);
+  // Blocks this sequence fills from now on are not registered in the prefix
+  // index (their K/V were computed by a lossy policy, e.g. a sparse read).
+  void set_off_chain(seq_id seq) { seq_at(seq).off_chain = true; }
   // Rolls the sequence back to its first n_slots stored slots (speculative
   // decoding, a failed step): blocks past them are released (allocated but
   // unwritten ones too), and a partly kept last block becomes writable from
@@ -284,6 +314,7 @@ class kv_manager {
   // The one place a cached block leaves the index: reports the eviction, erases, counts.
   void forget_cached(block_id b);
   void evict_over_quota(tenant_id t);
+  status check_compaction(const sequence& s, const kv_compaction& c) const;
   void note_peak();
 
   std::int32_t block_size_;

@@ -54,6 +54,17 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
     s->slot_fill_.assign(s->n_slots_ * s->n_sealed_, 0);
     for (std::int64_t i = s->n_slots_ - 1; i >= 0; --i) s->free_slots_.push_back(static_cast<std::int32_t>(i));
   }
+  {
+    // Per-slot biases of merged entries: mapped now, touched only where a
+    // merge policy writes one (anonymous memory costs nothing until then).
+    s->bias_bytes_ = sizeof(float) * static_cast<std::size_t>(layout.n_layers) * static_cast<std::size_t>(n_blocks) *
+                     layout.n_kv_heads * layout.block_size;
+    s->bias_ = static_cast<float*>(map_zeroed(s->bias_bytes_));
+    if (!s->bias_)
+      return error(errc::resource_exhausted, "cannot map {} bytes of per-slot biases: {}", s->bias_bytes_,
+                   std::strerror(errno));
+    s->has_bias_.assign(static_cast<std::size_t>(layout.n_layers) * static_cast<std::size_t>(n_blocks), 0);
+  }
   if (layout.key_summaries) {
     s->summaries_bytes_ = layout.summary_bytes_per_block() * static_cast<std::size_t>(n_blocks);
     s->summaries_ = static_cast<float*>(map_zeroed(s->summaries_bytes_));
@@ -97,6 +108,7 @@ kv_storage::~kv_storage() {
       if (t.data) munmap(t.data, t.size_bytes);
   if (staging_) munmap(staging_, slot_bytes_ * n_slots_);
   if (summaries_) munmap(summaries_, summaries_bytes_);
+  if (bias_) munmap(bias_, bias_bytes_);
 }
 
 std::size_t kv_storage::total_bytes() const {
@@ -230,6 +242,8 @@ void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, c
                   sizeof(float) * hd);
   };
   if (is_key && summaries_ && t0 == 0) summarized_[static_cast<std::size_t>(id.value) * layout_.n_layers + layer] = 0;
+  if (is_key && has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(id.value)])
+    for (int h = 0; h < n_heads; ++h) std::fill_n(bias_at(id, layer, h) + t0, run, 0.0f);  // new tokens stand for one each
   if (a.sealed_index < 0) {
     for (int h = 0; h < n_heads; ++h) {
       gather_head(h);
@@ -302,6 +316,12 @@ paged_kv_view kv_storage::view(const tensor& a, std::span<const block_id> blocks
   view.blocks = blocks;
   view.n_tokens = n_tokens;
   view.static_params = a.static_params.empty() ? nullptr : a.static_params.data();
+  if (any_bias_ && a.format.role == kv_role::key) {
+    const int layer = static_cast<int>(&a - k_.data());
+    view.bias = bias_at(block_id(0), layer, 0);
+    view.has_bias = has_bias_.data() + static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_blocks_);
+    view.n_kv_heads = layout_.n_kv_heads;
+  }
   const int bs = layout_.block_size;
   if (a.sealed_index >= 0 && n_tokens > 0 && n_tokens % bs != 0) {
     const block_id last = blocks[(n_tokens - 1) / bs];
@@ -360,6 +380,13 @@ void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
         }
       }
   }
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    const auto at_src = static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(src.value);
+    const auto at_dst = static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(dst.value);
+    has_bias_[at_dst] = has_bias_[at_src];
+    if (has_bias_[at_src])
+      std::memcpy(bias_at(dst, l, 0), bias_at(src, l, 0), sizeof(float) * layout_.n_kv_heads * bs);
+  }
   if (summaries_) {
     const auto at_src = static_cast<std::size_t>(src.value) * layout_.n_layers;
     const auto at_dst = static_cast<std::size_t>(dst.value) * layout_.n_layers;
@@ -398,6 +425,7 @@ void kv_storage::release_block(block_id b) {
   PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
   if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
   forget_summaries(b);
+  clear_bias(b);
 }
 
 void kv_storage::read_block(block_id b, std::span<std::byte> out) const {
@@ -420,6 +448,7 @@ status kv_storage::write_block(block_id b, std::span<const std::byte> in) {
     return error(errc::invalid_argument, "a KV block of this layout ({}) has {} bytes, not {}", layout_.describe(),
                  layout_.tile_bytes_per_block(), in.size());
   if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+  clear_bias(b);
   const std::byte* src = in.data();
   for (int l = 0; l < layout_.n_layers; ++l)
     for (const tensor* t : {&k_[l], &v_[l]})

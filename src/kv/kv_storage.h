@@ -69,6 +69,10 @@ class kv_storage final : public kv_backend {
   void read_block(block_id b, std::span<std::byte> out) const override;
   status write_block(block_id b, std::span<const std::byte> in) override;
   std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const override;
+  void gather(const kv_gather& g, const key_rotation& rotate) override;
+  // The per-slot bias of block b's slots for (layer, head): [block_size], or
+  // nullptr when the block has none (tests, tools).
+  const float* bias_of(block_id b, int layer, int head) const;
 
  private:
   struct tensor {
@@ -93,6 +97,18 @@ class kv_storage final : public kv_backend {
   void summarize(int layer, block_id b);
   void forget_summaries(block_id b);
   float* summary(block_id b, int layer, int head) const;
+
+  // Compaction (kv_storage_gather.cpp).
+  // Decodes row `head` of the given slots of a table into out (row stride
+  // `stride` floats), from the staged f16 copy where a block is staged.
+  void decode_slots(const tensor& t, std::span<const block_id> table, int head, std::span<const std::int32_t> slots,
+                    float* out, std::size_t stride);
+  // Slots [t0, t1) of block b of tensor t (layer `layer`) get rows
+  // x[t1 - t0][n_kv_heads][head_dim]; slots below t0 keep what they hold.
+  void rewrite_block(tensor& t, int layer, block_id b, int t0, int t1, const float* x);
+  void gather_layer(const kv_gather& g, int layer, const key_rotation& rotate);
+  float* bias_at(block_id b, int layer, int head) const;
+  void clear_bias(block_id b);
 
   // Staging slots.
   std::byte* slot_data(std::int32_t slot) const;
@@ -120,6 +136,12 @@ class kv_storage final : public kv_backend {
   float* summaries_ = nullptr;            // [n_blocks][n_layers][n_kv_heads][3][head_dim], or null
   std::size_t summaries_bytes_ = 0;
   std::vector<std::uint8_t> summarized_;  // [n_blocks][n_layers]
+  // Per-slot biases (merged entries): [n_layers][n_blocks][n_kv_heads][block_size],
+  // mapped lazily; has_bias_[layer * n_blocks + block] says where any is set.
+  float* bias_ = nullptr;
+  std::size_t bias_bytes_ = 0;
+  std::vector<std::uint8_t> has_bias_;
+  bool any_bias_ = false;  // some block ever had a bias: views carry the arrays
 };
 
 }  // namespace pagoda

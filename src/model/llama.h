@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "attention/attention_stats.h"
+#include "attention/gather_attention.h"
+#include "attention/kv_selector.h"
 #include "attention/paged_attention.h"
 #include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
@@ -129,6 +131,15 @@ struct forward_seq {
   // [layers][kv heads][n_stored + tokens] with a window of stats_window rows.
   attention_stats* stats = nullptr;
   int stats_window = 0;
+  // Optional: rows with positions of their own (a per-head KV policy): row
+  // r = layer * n_kv_heads + head, row_positions[r * row_stride + slot] for
+  // every slot (stored, then new). Null: stored_positions / positions for all.
+  const std::int32_t* row_positions = nullptr;
+  std::size_t row_stride = 0;
+  // Optional: a sparse-read selector; `sparse` is set when it chose to read
+  // less than everything for some (layer, head).
+  kv_read_selector* selector = nullptr;
+  bool* sparse = nullptr;
 
   // Tokens at consecutive positions right after n_stored stored slots (whose
   // positions are their slot numbers): a sequence nothing was dropped from.
@@ -159,17 +170,26 @@ class llama_context {
 
  private:
   void ensure_capacity(int n_tokens);
+  // Asks s's selector which slots task t reads (t.ranges); whether it chose a sparse read.
+  bool select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) const;
 
   const llama_model& model_;
   kv_backend& kv_;
   thread_pool pool_;
   matmul_scratch mm_scratch_;
   std::vector<attention_scratch> attn_scratch_;  // one per thread
+  std::vector<gather_scratch> gather_scratch_;   // one per thread (sparse reads of scattered tokens)
+  std::vector<std::vector<std::int32_t>> gather_slots_;  // one per thread
   int capacity_ = 0;
   aligned_buffer x_, xn_, q_, k_, v_, attn_out_, tmp_, gate_, up_;
   std::vector<std::int32_t> positions_;  // [new tokens of the step]
   std::vector<std::int32_t> kv_positions_;  // per seq: [stored + new slots], concatenated
 };
+
+// Turns stored keys of one layer by delta[i] positions: RoPE is a rotation,
+// so a key computed at p reads as if computed at p + delta (StreamingLLM's
+// positions within the cache). k is [n][n_kv_heads][head_dim].
+void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std::int32_t* delta);
 
 // KV bytes per token by the usual formula 2 x n_layers x n_kv_heads x head_dim x bytes.
 double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element);

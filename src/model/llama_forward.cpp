@@ -7,6 +7,8 @@
 
 #include "core/assert.h"
 #include "model/llama.h"
+
+#include "attention/gather_attention.h"
 #include "model/vec_ops.h"
 
 namespace pagoda {
@@ -59,9 +61,65 @@ void rms_norm_rows(float* x, int n, int w, const std::vector<float>& weight, flo
 
 }  // namespace
 
+// Whether sparse ranges hold scattered tokens rather than whole blocks: less
+// than half the slots of the blocks they touch.
+bool scattered(std::span<const slot_range> ranges, int block_size) {
+  std::int64_t selected = 0, touched = 0;
+  std::int32_t last_block = -1;
+  for (const slot_range& r : ranges) {
+    selected += r.end - r.begin;
+    const std::int32_t b0 = std::max(r.begin / block_size, last_block + 1), b1 = (r.end - 1) / block_size;
+    if (b1 >= b0) touched += b1 - b0 + 1;
+    last_block = std::max(last_block, b1);
+  }
+  return 2 * selected < touched * block_size;
+}
+
+void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std::int32_t* delta) {
+  const std::size_t half = static_cast<std::size_t>(hp.rope_dim) / 2;
+  std::vector<float> c(half), s(half);
+  for (int i = 0; i < n; ++i) {
+    rope_table(delta[i], hp.rope_dim, hp.layer_rope_base(layer), hp.layer_rope_scale(layer), c.data(), s.data());
+    apply_rope(k + static_cast<std::size_t>(i) * hp.kv_dim(), hp.n_head_kv, hp.head_dim, hp.rope_dim, hp.rope_neox,
+               c.data(), s.data());
+  }
+}
+
+bool llama_context::select_reads(const forward_seq& s, attention_task& t, int layer, attention_scratch& sc) const {
+  // The selector sees the queries as attention will: pre-scaled, one row per
+  // (token, query head of this KV head's group).
+  const int rows = t.n_tokens * t.n_rep;
+  sc.select_q.resize(static_cast<std::size_t>(rows) * t.head_dim);
+  for (int i = 0; i < t.n_tokens; ++i)
+    for (int j = 0; j < t.n_rep; ++j) {
+      const float* src = t.q + static_cast<std::size_t>(i) * t.q_stride +
+                         static_cast<std::size_t>(t.kv_head * t.n_rep + j) * t.head_dim;
+      float* dst = sc.select_q.data() + static_cast<std::size_t>(i * t.n_rep + j) * t.head_dim;
+      for (int d = 0; d < t.head_dim; ++d) dst[d] = src[d] * t.scale;
+    }
+  kv_select_query q;
+  q.layer = layer;
+  q.kv_head = t.kv_head;
+  q.k = t.k;
+  q.kv = &kv_;
+  q.kv_pos = std::span<const std::int32_t>(t.kv_pos, static_cast<std::size_t>(t.n_kv));
+  q.n_kv = t.n_kv;
+  q.q = sc.select_q.data();
+  q.n_rows = rows;
+  q.n_rep = t.n_rep;
+  q.head_dim = t.head_dim;
+  q.q_pos = std::span<const std::int32_t>(t.q_pos, static_cast<std::size_t>(t.n_tokens));
+  sc.select_ranges.clear();
+  if (!s.selector->select(q, sc.select_ranges)) return false;
+  t.ranges = sc.select_ranges;
+  return true;
+}
+
 llama_context::llama_context(const llama_model& model, kv_backend& kv, int n_threads)
     : model_(model), kv_(kv), pool_(n_threads) {
   attn_scratch_.resize(pool_.size());
+  gather_scratch_.resize(pool_.size());
+  gather_slots_.resize(pool_.size());
 }
 
 void llama_context::ensure_capacity(int n_tokens) {
@@ -141,7 +199,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         positions_[i] = s.positions.empty() ? s.n_stored + static_cast<int>(j) : s.positions[j];
         kv_positions_[at++] = positions_[i];
       }
-      for (std::size_t j = kv_pos_at[si] + 1; j < at; ++j)
+      for (std::size_t j = kv_pos_at[si] + 1; j < at && !s.row_positions; ++j)
         if (kv_positions_[j] <= kv_positions_[j - 1])
           return error(errc::invalid_argument, "KV positions must increase: {} follows {}", kv_positions_[j],
                        kv_positions_[j - 1]);
@@ -180,6 +238,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     }
   }
   std::vector<paged_kv_view> k_views(seqs.size()), v_views(seqs.size());
+  std::vector<std::uint8_t> sparse_items(items.size(), 0);  // per item: its selector read less than everything
   double attn_flops = 0;
   for (const forward_seq& s : seqs)
     attn_flops += 4.0 * s.tokens.size() * (s.n_stored + s.tokens.size()) * hp.n_head * hp.head_dim;
@@ -217,6 +276,11 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
                   v + static_cast<std::size_t>(row0) * KVD);
         k_views[si] = kv_.k_view(l, s.blocks, s.n_stored + n);
         v_views[si] = kv_.v_view(l, s.blocks, s.n_stored + n);
+        if (s.selector)
+          s.selector->on_layer_written(
+              l, k_views[si],
+              std::span<const std::int32_t>(kv_positions_.data() + kv_pos_at[si], static_cast<std::size_t>(s.n_stored + n)),
+              s.n_stored + n);
         row0 += n;
       }
     }
@@ -239,11 +303,25 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.q_stride = QD;
         t.n_tokens = static_cast<int>(s.tokens.size());
         t.q_pos = positions_.data() + a.row0;
-        t.kv_pos = kv_positions_.data() + kv_pos_at[a.seq];
+        t.kv_pos = s.row_positions
+                       ? s.row_positions + static_cast<std::size_t>(l * hp.n_head_kv + a.head) * s.row_stride
+                       : kv_positions_.data() + kv_pos_at[a.seq];
         t.n_kv = s.n_stored + t.n_tokens;
         t.out = attn + static_cast<std::size_t>(a.row0) * QD;
         t.out_stride = QD;
         if (s.stats) t.stats = s.stats->out(l, a.head);
+        if (s.selector && select_reads(s, t, l, attn_scratch_[ith])) {
+          sparse_items[it] = 1;
+          // Scattered tokens (retrieval's top-k) are gathered one by one;
+          // runs of whole blocks (Quest's pages) go through paged attention.
+          if (!s.stats && scattered(t.ranges, layout.block_size)) {
+            std::vector<std::int32_t>& slots = gather_slots_[ith];
+            slots.clear();
+            append_slots_of_ranges(t.ranges, slots);
+            gather_attention(t, slots, gather_scratch_[ith]);
+            continue;
+          }
+        }
         paged_attention(t, attn_scratch_[ith]);
       }
     };
@@ -251,6 +329,8 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     // contexts) runs on the calling thread. Results are the same either way.
     if (attn_flops < k_min_parallel_flops) attend(0, 1);
     else pool_.run(attend);
+    for (std::size_t it = 0; it < items.size(); ++it)
+      if (sparse_items[it] && seqs[items[it].seq].sparse) *seqs[items[it].seq].sparse = true;
     matmul(L.wo, attn, n_tok, tmp, pool_, mm_scratch_);
     if (!L.post_attn_norm.empty()) rms_norm_rows(tmp, n_tok, E, L.post_attn_norm, hp.rms_eps);
     add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);

@@ -35,6 +35,7 @@
 
 #include "attention/attention_stats.h"
 #include "attention/kv_selector.h"
+#include "kv/kv_gather.h"
 #include "pagoda/status.h"
 
 namespace pagoda {
@@ -109,12 +110,7 @@ struct eviction_input {
   bool is_dead(int r, int slot) const { return row_positions(r)[slot] < 0; }
 };
 
-// How evicted tokens leave.
-enum class kv_fold : std::uint8_t {
-  drop,     // they are gone
-  nearest,  // each is merged into the kept token of its row with the most similar key
-  cluster,  // per row, they are grouped by k-means on keys into the anchor slots
-};
+// How evicted tokens leave: kv_fold (kv/kv_gather.h): drop, nearest, cluster.
 
 // What an eviction policy decided for one sequence: per row, the slots it
 // keeps, ascending, from the live slots of that row. An empty decision keeps
@@ -175,5 +171,21 @@ result<std::unique_ptr<kv_policy>> make_kv_policy(const kv_policy_spec& spec);
 status check_kv_policy(const kv_policy_spec& spec);
 // The names make_kv_policy knows, for messages and --help.
 std::vector<std::string> kv_policy_names();
+
+// Per-segment policies: one policy object for a sequence whose prompt has
+// segments. Each row's live slots are split by position into the segments and
+// the rest (generated tokens, positions outside every segment, which follow
+// `base`); each part is decided by its own policy with budgets relative to the
+// part's length, and the kept slots are merged. A "none" segment keeps
+// everything. The segments are taken here, at construction (the input's
+// `segments` are not read). Slack applies once, to the merged decision (the
+// base spec's `slack`, else one block). Errors: unsorted or overlapping
+// segments, an empty one, a bad spec, `window:positions=cache` anywhere
+// (positions cannot restart inside a part), a segment whose policy does not
+// evict (sparse reads stay whole-sequence), and evicting parts that fold
+// differently (`merge` with `h2o`: one decision has one kv_fold).
+// No segments: the same as make_kv_policy(base).
+result<std::unique_ptr<kv_policy>> make_segmented_policy(const kv_policy_spec& base,
+                                                         std::span<const kv_segment> segments);
 
 }  // namespace pagoda

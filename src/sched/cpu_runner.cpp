@@ -19,6 +19,11 @@ void cpu_runner::apply(const kv_op& op) {
       }
       kv_.release_block(op.block);
       break;
+    case kv_op_kind::gather:
+      kv_.gather(*op.gather, [this](int layer, float* k, int n, const std::int32_t* delta) {
+        rotate_keys(ctx_.model().hparams(), layer, k, n, delta);
+      });
+      break;
     case kv_op_kind::cache:
       if (on_cache_) {
         kv_.read_block(op.block, block_buf_);
@@ -44,6 +49,7 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   if (plan.seqs.empty()) return;
   batch_.clear();
   out.stats.resize(plan.seqs.size());
+  sparse_.assign(plan.seqs.size(), 0);
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
     forward_seq f;
@@ -57,9 +63,14 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
       f.stats = &out.stats[i];
       f.stats_window = q.stats_window;
     }
+    f.row_positions = q.row_positions;
+    f.row_stride = q.row_stride;
+    f.selector = q.selector;
+    f.sparse = &sparse_[i];
     batch_.push_back(f);
   }
   out.result = ctx_.forward(batch_, out.logits);
+  out.sparse.assign(sparse_.begin(), sparse_.end());
 }
 
 }  // namespace pagoda

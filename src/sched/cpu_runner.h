@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <vector>
 
 #include "kv/kv_backend.h"
@@ -40,6 +41,7 @@ class cpu_runner final : public model_runner {
   kv_block_source* source_ = nullptr;
   std::vector<std::byte> block_buf_;  // one block's bytes
   std::vector<forward_seq> batch_;
+  std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
 };
 
 }  // namespace pagoda

@@ -2,6 +2,8 @@
 
 #include <exception>
 
+#include "policy/kv_policy.h"
+
 namespace pagoda {
 
 scheduler_config scheduler_config_of(const engine_core_config& c) {
@@ -15,6 +17,9 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.tenant_quota_blocks = c.tenant_quota_blocks;
   s.max_waiting = c.max_waiting;
   s.attention_stats_window = c.attention_stats_window;
+  s.kv_policy = c.kv_policy;
+  s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
+  s.key_summaries = c.kv.key_summaries;
   return s;
 }
 
@@ -28,6 +33,14 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
   if (config.max_num_seqs < 1) return error(errc::invalid_argument, "--max-num-seqs must be at least 1");
   engine_core_config c = config;
   if (c.max_model_len <= 0) c.max_model_len = hp.n_ctx_train;
+  {
+    // The default policy must be valid, and what it needs of the KV layout is kept.
+    auto spec = parse_kv_policy_spec(c.kv_policy);
+    if (!spec.ok()) return spec.error().with_context("--kv-policy");
+    auto policy = make_kv_policy(*spec);
+    if (!policy.ok()) return policy.error().with_context("--kv-policy");
+    if ((*policy)->needs().key_summaries) c.kv.key_summaries = true;
+  }
   // Staging slots for every sequence that can hold open blocks (kv_storage.h).
   PAGODA_ASSIGN_OR_RETURN(auto storage,
                           kv_storage::create(c.kv, c.n_blocks, k_staging_slots_per_sequence * c.max_num_seqs));

@@ -42,6 +42,7 @@ struct engine_core_config {
   std::map<std::string, std::int32_t> tenant_quota_blocks;
   int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
+  std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
 };
 
 class engine_core {

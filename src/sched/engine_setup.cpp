@@ -193,6 +193,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.enable_prefix_caching = opts.enable_prefix_caching;
   cfg.tenant_quota_blocks = opts.tenant_quota_blocks;
   cfg.max_waiting = opts.max_waiting;
+  cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
   const double k_default_cap_bytes = 4.0 * 1024 * 1024 * 1024;
   std::int64_t default_tokens = static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len;

@@ -35,9 +35,11 @@ struct scheduler::sequence {
   std::int64_t last_token_us = 0;
   std::vector<block_key> keys;   // chained keys of the full blocks of `tokens` (prefix caching)
   std::size_t keys_for = 0;      // tokens.size() when keys were computed
-  std::vector<float> totals;     // [n_stored][totals_width]: accumulated attention
-  std::size_t totals_width = 0;  // n_layers * n_kv_heads
-  std::unique_ptr<attention_stats> window;  // the last step's window rows
+  // The KV policy's state (and the statistics it or the engine asked for);
+  // null when neither. Positions: token i is computed at position
+  // i - pos_shift (pos_shift > 0 once a policy re-numbered the cache).
+  std::unique_ptr<seq_policy> pol;
+  int pos_shift = 0;
   // Loading: table entries [load_first, load_first + load_count) wait for the
   // source; load_planned once they are in a plan.
   int load_first = 0, load_count = 0;
@@ -70,6 +72,7 @@ scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
   for (const auto& [tenant, quota] : config_.tenant_quota_blocks)
     if (status st = kv_.set_tenant_quota(tenant, quota); !st.ok()) config_status_ = st;
   kv_.set_op_listener([this](const kv_op& op) { pending_ops_.push_back(op); });
+  config_.policy_shape.block_size = config_.block_size;
 }
 
 scheduler::~scheduler() = default;
@@ -103,6 +106,19 @@ status scheduler::add_request(request req) {
   if (req.prompt_logits && req.n != 1)
     return error(errc::invalid_argument, "prompt logits are returned for n = 1 only");
   PAGODA_RETURN_IF_ERROR(req.sampling.validate());
+  if (req.prompt_chunk < 0) return error(errc::invalid_argument, "prompt_chunk must not be negative");
+  if (req.kv_policy.empty()) req.kv_policy = config_.kv_policy;
+  {
+    auto spec = parse_kv_policy_spec(req.kv_policy);
+    if (!spec.ok()) return spec.error();
+    auto made = new_policy(*spec, req.segments);
+    if (!made.ok()) return made.error();
+    if ((*made)->needs().key_summaries && !config_.key_summaries)
+      return error(errc::invalid_argument,
+                   "kv_policy {} reads per-block key summaries, which this engine does not keep; start it with "
+                   "--kv-policy {} (or a policy that needs them) as its default",
+                   spec->name, spec->name);
+  }
   for (const auto& [t, bias] : req.sampling.logit_bias)
     if (t >= n_vocab)
       return error(errc::invalid_argument, "logit_bias: token id {} outside the vocabulary of {}", t, n_vocab);
@@ -122,6 +138,7 @@ status scheduler::add_request(request req) {
   // Completion i draws from seed + i, so completion 0 equals an n = 1 request.
   r->seqs.push_back(std::make_unique<sequence>(r.get(), 0, seq_id(next_seq_++), vocab_, r->req.sampling.seed));
   sequence* s = r->seqs[0].get();
+  PAGODA_RETURN_IF_ERROR(make_policy(*s));
   seqs_.emplace(s->id, s);
   // Waiting order: priority, then arrival; preempted sequences stay at the front.
   auto pos = waiting_.end();
@@ -230,8 +247,8 @@ void scheduler::preempt(sequence* s) {
   PAGODA_ASSERT(st.ok(), "preempting a running sequence: {}", st.message());
   s->in_kv = false;
   s->n_computed = 0;
-  s->totals.clear();
-  s->window.reset();
+  s->pos_shift = 0;
+  if (s->pol) s->pol->reset();
   s->load_count = 0;
   s->load_planned = false;
   s->phase = seq_phase::waiting;
@@ -282,6 +299,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     PAGODA_ASSERT(cached.ok(), "add_sequence: {}", cached.error().message());
     s->in_kv = true;
     s->n_computed = *cached;
+    if (s->pol) s->pol->commit(*cached, nullptr);  // cached slots are the sequence's first
     if (r->cached_tokens < 0) r->cached_tokens = std::min(*cached, s->n_prompt);
   }
   // Loading: the prompt continues in the external KV source.
@@ -302,7 +320,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
       return true;
     }
   }
-  const int n = std::min<int>(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+  const int n = std::min<int>(next_chunk(*s), budget);
   if (!kv_.allocate(s->id, n)) {
     const alloc_blocker why = kv_.allocation_blocker(s->id, n);
     status st = kv_.free_sequence(s->id);
@@ -341,7 +359,7 @@ step_plan scheduler::schedule() {
   for (sequence* s : order) {
     if (budget <= 0) break;
     if (s->phase != seq_phase::running) continue;  // preempted earlier in this step
-    const int n = std::min<int>(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+    const int n = std::min<int>(next_chunk(*s), budget);
     PAGODA_ASSERT(n > 0, "a running sequence has nothing to compute");
     for (;;) {
       if (kv_.allocate(s->id, n)) {
@@ -389,12 +407,20 @@ step_plan scheduler::schedule() {
     q.seq = s->id;
     q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + p.n);
     q.positions.resize(static_cast<std::size_t>(p.n));
-    for (int i = 0; i < p.n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i;
+    for (int i = 0; i < p.n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
     q.n_stored = kv_.n_stored_tokens(s->id);
     q.stored_positions = kv_.positions(s->id);
     q.blocks = kv_.block_table(s->id);
     q.all_logits = s->req->req.prompt_logits && s->n_computed < s->n_prompt;
-    q.stats_window = config_.attention_stats_window;
+    if (s->pol) {
+      q.stats_window = s->pol->stats_window();
+      s->pol->plan(q.positions);
+      if (s->pol->per_row()) {
+        q.row_positions = s->pol->row_positions();
+        q.row_stride = s->pol->row_stride();
+      }
+      q.selector = s->pol->selector();
+    }
     out.seqs.push_back(std::move(q));
   }
   out.ops = std::move(pending_ops_);
@@ -425,6 +451,7 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
                              positions);
       PAGODA_ASSERT(st.ok(), "commit of loaded blocks: {}", st.message());
       s->n_computed += n_tokens;
+      if (s->pol) s->pol->commit(n_tokens, nullptr);
       stats_.n_loaded_tokens += n_tokens;
       if (!s->req->first_token_seen) {
         s->req->cached_tokens = std::min(std::max(s->req->cached_tokens, 0) + n_tokens, s->n_prompt);
@@ -473,6 +500,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   }
   ++stats_.n_steps;
   commit_loads(plan, out);
+  std::vector<int> first_computed(plan.seqs.size(), -1);  // n_computed before this step, per planned seq
 
   std::size_t row = 0;
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -480,21 +508,15 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     sequence* s = by_id(q.seq);
     PAGODA_ASSERT(s && s->phase == seq_phase::running, "a planned sequence left the running set before update");
     const int n = static_cast<int>(q.tokens.size());
+    // K/V computed with a sparse read are not what full attention computes:
+    // from here on the sequence's blocks stay out of the prefix cache.
+    if (i < out.sparse.size() && out.sparse[i]) kv_.set_off_chain(s->id);
     status st = kv_.commit(s->id, q.tokens, q.positions);
     PAGODA_ASSERT(st.ok(), "commit: {}", st.message());
-    if (q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0) {
-      attention_stats& a = out.stats[i];
-      const std::size_t per_slot = static_cast<std::size_t>(a.n_layers) * a.n_kv_heads;
-      s->totals_width = per_slot;
-      s->totals.resize(static_cast<std::size_t>(a.n_kv) * per_slot, 0.0f);
-      for (int l = 0; l < a.n_layers; ++l)
-        for (int h = 0; h < a.n_kv_heads; ++h) {
-          const float* w = a.accumulated_at(l, h);
-          for (int slot = 0; slot < a.n_kv; ++slot)
-            s->totals[static_cast<std::size_t>(slot) * per_slot + static_cast<std::size_t>(l) * a.n_kv_heads + h] += w[slot];
-        }
-      std::vector<float>().swap(a.accumulated);  // kept in totals; the window rows stay
-      s->window = std::make_unique<attention_stats>(std::move(a));
+    first_computed[i] = s->n_computed;
+    if (s->pol) {
+      const bool has_stats = q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0;
+      s->pol->commit(n, has_stats ? &out.stats[i] : nullptr);
     }
     const std::size_t rows = q.all_logits ? static_cast<std::size_t>(n) : 1;
     std::span<const float> logits(&out.logits[row * V], rows * V);
@@ -523,7 +545,67 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     }
     sample_next(s, last, events);
   }
+  apply_policies(plan, first_computed);
   refresh_counts();
+}
+
+void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& first_computed) {
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    sequence* s = by_id(plan.seqs[i].seq);
+    if (!s || !s->pol || !s->in_kv || s->phase != seq_phase::running || !s->pol->policy()) continue;
+    seq_policy_context ctx;
+    ctx.tokens = s->tokens;
+    ctx.n_seen = s->n_computed;
+    ctx.n_prompt = s->n_prompt;
+    ctx.n_new = static_cast<int>(plan.seqs[i].tokens.size());
+    ctx.prompt_done_now = first_computed[i] < s->n_prompt && s->n_computed >= s->n_prompt;
+    std::optional<kv_compaction> c = s->pol->decide(kv_, s->id, ctx);
+    if (!c) continue;
+    const bool renumbered = !c->gather->rotate.empty();
+    const std::int64_t n_before = kv_.n_stored_tokens(s->id);
+    kv_compaction kept = *c;
+    // resource_exhausted: a shared block needs a copy and the pool has none;
+    // the policy tries again after the next step.
+    if (!kv_.compact(s->id, std::move(*c)).ok()) continue;
+    s->pol->compacted(kept);
+    ++stats_.n_policy_compactions;
+    stats_.n_policy_evicted_slots += n_before - kept.n_slots;
+    // Positions within the cache: the next token follows the last kept one.
+    if (renumbered) s->pos_shift = s->n_computed - (kv_.positions(s->id).back() + 1);
+  }
+}
+
+status scheduler::make_policy(sequence& s) const {
+  const request& r = s.req->req;
+  std::unique_ptr<kv_policy> p;
+  auto spec = parse_kv_policy_spec(r.kv_policy.empty() ? config_.kv_policy : r.kv_policy);
+  if (!spec.ok()) return spec.error();
+  if (!spec->is_none() || !r.segments.empty()) {
+    auto made = new_policy(*spec, r.segments);
+    if (!made.ok()) return made.error();
+    p = std::move(*made);
+  }
+  if (!p && config_.attention_stats_window < 0) return ok_status();
+  s.pol = std::make_unique<seq_policy>(std::move(p), config_.policy_shape, config_.attention_stats_window);
+  return ok_status();
+}
+
+result<std::unique_ptr<kv_policy>> scheduler::new_policy(const kv_policy_spec& spec,
+                                                         std::span<const prompt_segment> segments) const {
+  if (segments.empty()) return config_.policy_factory ? config_.policy_factory(spec) : make_kv_policy(spec);
+  std::vector<kv_segment> parts;
+  for (const prompt_segment& p : segments) {
+    auto part = parse_kv_policy_spec(p.kv_policy.empty() ? "none" : p.kv_policy);
+    if (!part.ok()) return part.error().with_context(fmt::format("segment [{}, {})", p.begin, p.end));
+    parts.push_back(kv_segment{p.begin, p.end, std::move(*part)});
+  }
+  return make_segmented_policy(spec, parts);
+}
+
+int scheduler::next_chunk(const sequence& s) const {
+  const int left = static_cast<int>(s.tokens.size()) - s.n_computed;
+  const int chunk = s.req->req.prompt_chunk;
+  return chunk > 0 && s.n_computed < s.n_prompt ? std::min(left, chunk) : left;
 }
 
 void scheduler::fork_children(sequence* parent) {
@@ -535,6 +617,9 @@ void scheduler::fork_children(sequence* parent) {
     PAGODA_ASSERT(st.ok(), "fork: {}", st.message());
     child->tokens = parent->tokens;
     child->n_computed = parent->n_computed;
+    child->pos_shift = parent->pos_shift;
+    if (parent->pol)
+      child->pol = parent->pol->fork([this, r](const kv_policy_spec& spec) { return new_policy(spec, r->req.segments); });
     child->in_kv = true;
     child->phase = seq_phase::running;
     child->start_order = next_start_++;
@@ -555,8 +640,7 @@ void scheduler::finish(sequence* s, const std::string& reason, std::vector<engin
   if (s->start_order >= 0) remove_from_running(s);
   else if (auto it = std::find(waiting_.begin(), waiting_.end(), s); it != waiting_.end()) waiting_.erase(it);
   s->phase = seq_phase::finished;
-  s->totals.clear();
-  s->window.reset();
+  s->pol.reset();
   ++r->n_finished;
   if (events.empty() || events.back().request_id != r->req.id || events.back().index != s->index ||
       !events.back().finish_reason.empty() || !events.back().prompt_logits.empty()) {
@@ -639,16 +723,7 @@ status scheduler::drop_blocks(seq_id seq, std::span<const std::int32_t> block_in
   if (!s || !s->in_kv || s->phase != seq_phase::running)
     return error(errc::not_found, "drop: sequence {} is not running", seq.value);
   PAGODA_RETURN_IF_ERROR(kv_.drop(seq, block_indices));
-  if (!s->totals.empty()) {
-    const std::size_t per_slot = s->totals_width;
-    const auto bs = static_cast<std::size_t>(config_.block_size);
-    std::vector<std::int32_t> order(block_indices.begin(), block_indices.end());
-    std::sort(order.rbegin(), order.rend());
-    for (const std::int32_t b : order)
-      s->totals.erase(s->totals.begin() + static_cast<std::ptrdiff_t>(b * bs * per_slot),
-                      s->totals.begin() + static_cast<std::ptrdiff_t>((b + 1) * bs * per_slot));
-    s->window.reset();  // its slots no longer line up
-  }
+  if (s->pol) s->pol->dropped(block_indices);
   return {};
 }
 
@@ -662,27 +737,29 @@ status scheduler::truncate(seq_id seq, int n_tokens) {
   // The last kept token is computed again: its logits choose what comes next.
   const int n_computed = std::min(s->n_computed, n_tokens - 1);
   const auto positions = kv_.positions(seq);
-  const auto n_slots = static_cast<std::int32_t>(std::lower_bound(positions.begin(), positions.end(), n_computed) -
-                                                 positions.begin());
+  const auto n_slots = static_cast<std::int32_t>(
+      std::lower_bound(positions.begin(), positions.end(), n_computed - s->pos_shift) - positions.begin());
   PAGODA_RETURN_IF_ERROR(kv_.truncate(seq, n_slots));
   s->tokens.resize(static_cast<std::size_t>(n_tokens));
   s->n_computed = n_computed;
   s->n_generated = std::max(0, n_tokens - s->n_prompt);
-  if (!s->totals.empty()) {
-    s->totals.resize(static_cast<std::size_t>(n_slots) * s->totals_width);
-    s->window.reset();
-  }
+  if (s->pol) s->pol->truncated(n_slots);
   return {};
 }
 
 const std::vector<float>* scheduler::attention_totals(seq_id seq) const {
   const sequence* s = by_id(seq);
-  return s && !s->totals.empty() ? &s->totals : nullptr;
+  return s && s->pol && !s->pol->totals().empty() ? &s->pol->totals() : nullptr;
 }
 
 const attention_stats* scheduler::last_attention_window(seq_id seq) const {
   const sequence* s = by_id(seq);
-  return s ? s->window.get() : nullptr;
+  return s && s->pol ? s->pol->window() : nullptr;
+}
+
+const seq_policy* scheduler::policy_of(seq_id seq) const {
+  const sequence* s = by_id(seq);
+  return s ? s->pol.get() : nullptr;
 }
 
 }  // namespace pagoda

@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,6 +57,7 @@
 #include "model/tokenizer_stream.h"
 #include "pagoda/events.h"
 #include "pagoda/request.h"
+#include "sched/seq_policy.h"
 #include "sched/step_plan.h"
 #include "sched/stop_matcher.h"
 
@@ -73,6 +75,13 @@ struct scheduler_config {
   // >= 0: every sequence collects attention statistics (attention_totals),
   // keeping the weights of its last `attention_stats_window` query tokens.
   int attention_stats_window = -1;
+  // KV policies (policy/kv_policy.h): the default for requests that name
+  // none, and the model's shape their per-row state needs.
+  std::string kv_policy = "none";
+  seq_policy_shape policy_shape;
+  bool key_summaries = false;  // the KV backend keeps per-block key summaries (query-aware policies need them)
+  // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
+  seq_policy::policy_factory policy_factory;
 };
 
 struct engine_stats {
@@ -83,6 +92,8 @@ struct engine_stats {
   std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model (cache misses, recomputation)
   std::int64_t n_loaded_tokens = 0;           // prompt tokens loaded from the external KV source
   std::int64_t n_generated_tokens = 0;
+  std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
+  std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed
   int n_running = 0;
   int n_waiting = 0;
   histogram ttft_seconds{latency_buckets_seconds()};
@@ -139,11 +150,14 @@ class scheduler {
   // Tokens already handed out in events are not taken back (a speculative
   // decoder reports tokens only once verified). REQUIRES n_tokens >= 1.
   status truncate(seq_id seq, int n_tokens);
-  // The attention statistics collected so far (attention_stats_window >= 0):
-  // [n_stored][n_layers * n_kv_heads] accumulated weights, slot by slot; and
-  // the last step's window rows. nullptr before any.
+  // The attention statistics collected so far (attention_stats_window >= 0,
+  // or a policy that asks for them): [n_stored][n_layers * n_kv_heads]
+  // accumulated weights, slot by slot; and the last window rows (the last
+  // query tokens, across steps). nullptr before any.
   const std::vector<float>* attention_totals(seq_id seq) const;
   const attention_stats* last_attention_window(seq_id seq) const;
+  // The sequence's policy state (nullptr without a policy or statistics).
+  const seq_policy* policy_of(seq_id seq) const;
   // The external KV source for the load path; nullptr for none.
   void set_kv_source(kv_block_source* source) { source_ = source; }
 
@@ -176,6 +190,14 @@ class scheduler {
   void finish(sequence* s, const std::string& reason, std::vector<engine_event>& events, const std::string& why = {});
   void sample_next(sequence* s, std::span<const float> logits, std::vector<engine_event>& events);
   void fork_children(sequence* parent);
+  // After a committed step: each sequence's policy may evict (compact its KV).
+  void apply_policies(const step_plan& plan, const std::vector<int>& first_computed);
+  status make_policy(sequence& s) const;
+  result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,
+                                                std::span<const prompt_segment> segments = {}) const;
+  // Tokens the sequence computes next at most: the rest of its prompt (by
+  // prompt_chunk), or its one new token.
+  int next_chunk(const sequence& s) const;
   void remove_from_running(sequence* s);
   void refresh_counts();
   sequence* by_id(seq_id id) const;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention/attention_stats.h"
+#include "attention/kv_selector.h"
 #include "kv/kv_hooks.h"
 #include "kv/kv_manager.h"
 #include "pagoda/status.h"
@@ -31,6 +32,13 @@ struct scheduled_seq {
   std::span<const block_id> blocks;      // block table covering n_stored + tokens.size() slots
   bool all_logits = false;               // one logits row per new token (prompt scoring), else one
   int stats_window = -1;                 // >= 0: collect attention statistics, this many window rows
+  // Rows that hold different tokens (a per-head policy): row r = layer *
+  // n_kv_heads + head has its own positions, row_positions[r * row_stride +
+  // slot] for the n_stored + tokens.size() slots; null: stored_positions for all.
+  const std::int32_t* row_positions = nullptr;
+  std::size_t row_stride = 0;
+  // A sparse-read policy's selector (attention/kv_selector.h), or null.
+  kv_read_selector* selector = nullptr;
 };
 
 // Fill `block` from an external KV source with the block stored under `key`
@@ -56,6 +64,7 @@ struct step_output {
   std::vector<float> logits;
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from
   std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
+  std::vector<std::uint8_t> sparse;     // [plan.seqs]: 1 when a selector chose a sparse read for any of its tokens
 };
 
 // Executes plans. Implementations: cpu_runner; fakes in tests.

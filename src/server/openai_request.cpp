@@ -1,12 +1,16 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <random>
 
 #include "core/clock.h"
+#include "policy/kv_policy.h"
+#include "server/prompt_segments.h"
 
 namespace pagoda::server {
 namespace {
@@ -186,6 +190,20 @@ maybe_error check_neutral_fields(const json& body, api_kind kind, int n) {
 }
 
 // Everything but the prompt and max_tokens: sampling, stops, streaming, tenancy.
+// An extension field naming a KV policy ("NAME[:key=value,...]"), checked
+// here so that a bad one is a 400 naming the field.
+maybe_error read_kv_policy(const json& body, const char* name, std::string& out) {
+  std::optional<std::string> text;
+  PAGODA_API_TRY(read_string(body, name, text));
+  if (!text) return {};
+  if (text->size() > 1024) return bad_request(name, fmt::format("'{}' is at most 1024 bytes", name));
+  auto spec = parse_kv_policy_spec(*text);
+  if (!spec.ok()) return bad_request(name, spec.error().message());
+  if (status st = check_kv_policy(*spec); !st.ok()) return bad_request(name, st.message());
+  out = *text;
+  return {};
+}
+
 maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind, const std::string& tenant,
                          api_call& call, request& base) {
   if (const json* m = field(body, "model")) {
@@ -296,6 +314,7 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
   base.cache_salt = salt.value_or("");
   PAGODA_API_TRY(read_string(body, "user", user));  // accepted for compatibility; tenancy comes from the key
   base.tenant = tenant;
+  PAGODA_API_TRY(read_kv_policy(body, "kv_policy", base.kv_policy));
 
   return check_neutral_fields(body, kind, call.n);
 }
@@ -364,7 +383,39 @@ std::vector<token_id> encode_text(const api_context& ctx, const std::string& tex
 }
 
 // prompt: a string, an array of token ids, or an array of either (several prompts).
-maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<std::vector<token_id>>& out) {
+// The pieces with a policy become the request's segments.
+maybe_error segments_of(const api_context& ctx, const std::string& text, std::size_t n_tokens,
+                        std::span<const text_piece> pieces, request& base) {
+  if (std::none_of(pieces.begin(), pieces.end(), [](const text_piece& p) { return !p.kv_policy.empty(); })) return {};
+  auto placed = place_segments(*ctx.vocab, ctx.vocab->add_bos_default(), text, n_tokens, pieces);
+  if (!placed.ok()) return std::move(placed.error);
+  base.segments = std::move(*placed.value);
+  return {};
+}
+
+// prompt as parts of one prompt: [{"text": "...", "kv": {"policy": "..."}}, ...], concatenated.
+maybe_error parse_prompt_parts(const json& parts, const api_context& ctx, std::size_t max_text_bytes,
+                               std::vector<token_id>& ids, request& base) {
+  std::string text;
+  std::vector<text_piece> pieces;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const json& part = parts[i];
+    const std::string name = fmt::format("prompt[{}]", i);
+    if (!part.is_object()) return type_error(name, "an object {\"text\": ..., \"kv\": {...}} like the others", part);
+    const auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) return bad_request(name + ".text", "a prompt part needs 'text' to be a string");
+    text_piece piece{t->get<std::string>(), "", name};
+    PAGODA_API_TRY(read_kv_object(part, name, piece.kv_policy));
+    text += piece.text;
+    pieces.push_back(std::move(piece));
+  }
+  if (text.size() > max_text_bytes) return bad_request("prompt", "the prompt is too long", "context_length_exceeded");
+  ids = encode_text(ctx, text);
+  return segments_of(ctx, text, ids.size(), pieces, base);
+}
+
+maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<std::vector<token_id>>& out,
+                          request& base) {
   const json* p = field(body, "prompt");
   if (!p) return bad_request("prompt", "'prompt' is required");
   auto token_list = [&](const json& arr, const std::string& name, std::vector<token_id>& ids) -> maybe_error {
@@ -398,6 +449,7 @@ maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<
     PAGODA_API_TRY(token_list(*p, "prompt", out.emplace_back()));
     return {};
   }
+  if ((*p)[0].is_object()) return parse_prompt_parts(*p, ctx, max_text_bytes, out.emplace_back(), base);
   if (static_cast<int>(p->size()) > ctx.limits.max_prompts)
     return bad_request("prompt", fmt::format("at most {} prompts per request, got {}", ctx.limits.max_prompts, p->size()));
   for (std::size_t i = 0; i < p->size(); ++i) {
@@ -411,9 +463,13 @@ maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<
 }
 
 // messages[i].content: a string, or an array of {"type": "text", "text": ...} parts (joined by newlines).
-maybe_error parse_content(const json& c, const std::string& name, std::string& out) {
+// Each part (or the whole string) is a piece of text with the message's KV
+// policy, or its own (`kv`).
+maybe_error parse_content(const json& c, const std::string& name, std::string& out, const std::string& policy,
+                          std::vector<text_piece>& pieces) {
   if (c.is_string()) {
     out = c.get<std::string>();
+    pieces.push_back({out, policy, name});
     return {};
   }
   if (!c.is_array()) return type_error(name, "a string or an array of content parts", c);
@@ -431,11 +487,35 @@ maybe_error parse_content(const json& c, const std::string& name, std::string& o
       return bad_request(pname + ".text", "a text part needs 'text' to be a string");
     if (!out.empty()) out += '\n';
     out += t->get<std::string>();
+    text_piece piece{t->get<std::string>(), policy, pname};
+    PAGODA_API_TRY(read_kv_object(part, pname, piece.kv_policy));
+    pieces.push_back(std::move(piece));
   }
   return {};
 }
 
-maybe_error parse_messages(const json& body, const api_context& ctx, std::vector<chat_message>& out) {
+// kv_policy_by_role: {"system": "none", "user": "snapkv:budget=0.25", ...}.
+maybe_error read_policies_by_role(const json& body, std::map<std::string, std::string>& out) {
+  const json* m = field(body, "kv_policy_by_role");
+  if (!m) return {};
+  if (!m->is_object()) return type_error("kv_policy_by_role", "an object of role -> KV policy", *m);
+  for (const auto& [role, value] : m->items()) {
+    const std::string name = "kv_policy_by_role." + role;
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant")
+      return bad_request(name, fmt::format("role '{}' is not one of system, developer, user, assistant", role));
+    if (!value.is_string()) return type_error(name, "a string", value);
+    auto spec = parse_kv_policy_spec(value.get<std::string>());
+    if (!spec.ok()) return bad_request(name, spec.error().message());
+    if (status st = check_kv_policy(*spec); !st.ok()) return bad_request(name, st.message());
+    out[role == "developer" ? "system" : role] = value.get<std::string>();
+  }
+  return {};
+}
+
+maybe_error parse_messages(const json& body, const api_context& ctx, std::vector<chat_message>& out,
+                           std::vector<text_piece>& pieces) {
+  std::map<std::string, std::string> by_role;
+  PAGODA_API_TRY(read_policies_by_role(body, by_role));
   const json* m = field(body, "messages");
   if (!m) return bad_request("messages", "'messages' is required");
   if (!m->is_array()) return type_error("messages", "an array", *m);
@@ -454,8 +534,11 @@ maybe_error parse_messages(const json& body, const api_context& ctx, std::vector
       return bad_request(name + ".role",
                          fmt::format("role {} is not supported (system, developer, user, assistant)", excerpt(*role)));
     chat_message cm{r, {}};
+    std::string policy = by_role.contains(r) ? by_role[r] : std::string();
+    PAGODA_API_TRY(read_kv_object(msg, name, policy));
     auto content = msg.find("content");
-    if (content != msg.end() && !content->is_null()) PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content));
+    if (content != msg.end() && !content->is_null())
+      PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, policy, pieces));
     else if (r != "assistant") return bad_request(name + ".content", "'content' is required");
     if (auto tc = msg.find("tool_calls"); tc != msg.end() && !tc->is_null() && !(tc->is_array() && tc->empty()))
       return unsupported(name + ".tool_calls", "[]");
@@ -476,15 +559,17 @@ api_result<api_call> parse_request(api_kind kind, const json& body, const api_co
   PAGODA_API_TRY(parse_common(body, ctx, kind, tenant, call, base));
   std::vector<std::vector<token_id>> prompts;
   if (kind == api_kind::completion) {
-    PAGODA_API_TRY(parse_prompts(body, ctx, prompts));
+    PAGODA_API_TRY(parse_prompts(body, ctx, prompts, base));
   } else {
     std::vector<chat_message> messages;
-    PAGODA_API_TRY(parse_messages(body, ctx, messages));
+    std::vector<text_piece> pieces;
+    PAGODA_API_TRY(parse_messages(body, ctx, messages, pieces));
     bool add_generation_prompt = true;  // vLLM's extension
     PAGODA_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
     auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt);
     if (!text.ok()) return from_status(text.error(), "messages");
     prompts.push_back(encode_text(ctx, *text));
+    PAGODA_API_TRY(segments_of(ctx, *text, prompts.back().size(), pieces, base));
   }
   PAGODA_API_TRY(finish_requests(body, ctx, kind, std::move(prompts), base, call));
   return call;

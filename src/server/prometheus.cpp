@@ -104,6 +104,11 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   w.metric("pagoda:prompt_tokens_computed_total", "counter",
            "Prompt tokens run through the model (prefix-cache misses and recomputation).", s.n_computed_prompt_tokens);
   w.metric("pagoda:generation_tokens_total", "counter", "Number of generation tokens processed.", s.n_generated_tokens);
+  w.metric("pagoda:kv_policy_compactions_total", "counter",
+           "KV policy decisions applied: a sequence's kept tokens compacted, emptied blocks freed.",
+           s.n_policy_compactions);
+  w.metric("pagoda:kv_policy_evicted_slots_total", "counter", "KV slots freed by KV policies (evicted or merged tokens).",
+           s.n_policy_evicted_slots);
   w.metric("pagoda:engine_steps_total", "counter", "Engine steps (one batched forward pass each).", s.n_steps);
   w.family("pagoda:request_success_total", "counter", "Count of finished requests, by finish reason.");
   for (const char* reason : {"stop", "length", "abort"}) {

@@ -1,7 +1,8 @@
 // Property test: long random sequences of operations on one kv_manager (add with
 // shared prefixes, salts and tenants; allocate + commit of prompt chunks and
 // decode tokens at increasing positions, with gaps; fork; free; preemption and
-// re-add; drop of blocks from the middle; truncate of the tail; allocation
+// re-add; drop of blocks from the middle; truncate of the tail; compaction
+// (token-granular eviction: kept slots gathered to the front); allocation
 // under pressure, which evicts; quota changes; cache resets), checking after
 // every operation:
 // - kv_manager::check_invariants() (counts add up, ref counts = table
@@ -12,7 +13,9 @@
 //   stored token of every sequence reads back, with its position, from the slot
 //   its block table names, and every cached block holds the tokens the prefix
 //   index claims for it (so sharing, reuse, copy-on-write, drop and truncate
-//   never hand out wrong KV); slots a truncate or release gives up are
+//   never hand out wrong KV, and a compaction's gather finds its sources
+//   intact and never writes a block another table or the cache reads); slots
+//   a truncate or release gives up are
 //   poisoned, so a stale read is caught; an evicted block's reported tokens are
 //   the ones its slots still hold (bytes intact when the eviction is reported),
 // - a failed allocate changed nothing,
@@ -75,8 +78,10 @@ class harness {
         op_step();
       } else if (r < 66) {
         op_drop();
-      } else if (r < 70) {
+      } else if (r < 68) {
         op_truncate();
+      } else if (r < 70) {
+        op_compact();
       } else if (r < 78) {
         op_fork();
       } else if (r < 88) {
@@ -122,6 +127,7 @@ class harness {
     }
     EXPECT_GT(n_drops_, 0);
     EXPECT_GT(n_truncates_, 0);
+    EXPECT_GT(n_compactions_, 0);
     ::testing::Test::RecordProperty("allocate_failures", static_cast<int>(n_allocate_failures_));
     ::testing::Test::RecordProperty("preemptions", static_cast<int>(km.n_preemptions));
     ::testing::Test::RecordProperty("evictions", static_cast<int>(km.n_evictions));
@@ -170,6 +176,26 @@ class harness {
           EXPECT_EQ(kv_[at(op.block, i)], op.tokens[static_cast<std::size_t>(i)]) << "evicted block " << op.block.value;
         for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
         break;
+      case kv_op_kind::gather: {
+        // Sources are read before anything is written (in place), and no
+        // rewritten block may be read by another table or the cache.
+        const kv_gather& g = *op.gather;
+        std::vector<std::pair<token_id, std::int32_t>> moved;
+        for (int i = 0; i < g.n; ++i) {
+          const std::int32_t src = g.sources[static_cast<std::size_t>(i)];
+          const block_id b = g.src_table[static_cast<std::size_t>(src / bs_)];
+          moved.emplace_back(slot(b, src % bs_), pos_[at(b, src % bs_)]);
+        }
+        for (int i = 0; i < g.n; ++i) {
+          const std::int32_t d = g.first + i;
+          const block_id b = g.dst_table[static_cast<std::size_t>(d / bs_)];
+          EXPECT_EQ(m_.pool().ref_count(b), 1) << "gather writes shared block " << b.value;
+          EXPECT_FALSE(m_.pool().is_hashed(b)) << "gather writes cached block " << b.value;
+          slot(b, d % bs_) = moved[static_cast<std::size_t>(i)].first;
+          pos_[at(b, d % bs_)] = moved[static_cast<std::size_t>(i)].second;
+        }
+        break;
+      }
       case kv_op_kind::cache:
         // Committed to the prefix cache: its slots hold exactly the tokens named.
         EXPECT_EQ(op.tokens.size(), static_cast<std::size_t>(bs_));
@@ -309,6 +335,45 @@ class harness {
     ++n_truncates_;
   }
 
+  // A token-granular policy keeps a random subset of the stored slots (always
+  // a leading run untouched, as sinks are), compacted to the front.
+  void op_compact() {
+    const auto id = random_seq();
+    if (!id) return;
+    const std::int32_t n_stored = m_.n_stored_tokens(*id);
+    if (n_stored < 2) return;
+    std::vector<std::int32_t> keep;
+    const std::int32_t lead = uniform(0, n_stored / 2);
+    for (std::int32_t i = 0; i < n_stored; ++i)
+      if (i < lead || uniform(0, 2) == 0) keep.push_back(i);
+    if (keep.empty()) keep.push_back(n_stored - 1);
+    std::int32_t first = 0;
+    while (first < static_cast<std::int32_t>(keep.size()) && keep[static_cast<std::size_t>(first)] == first) ++first;
+    kv_compaction c;
+    c.first = first;
+    c.n_slots = static_cast<std::int32_t>(keep.size());
+    c.gather = std::make_shared<kv_gather>();
+    const auto tokens = m_.tokens(*id);
+    const auto positions = m_.positions(*id);
+    for (std::size_t i = static_cast<std::size_t>(first); i < keep.size(); ++i) {
+      c.tokens.push_back(tokens[static_cast<std::size_t>(keep[i])]);
+      c.positions.push_back(positions[static_cast<std::size_t>(keep[i])]);
+      c.gather->sources.push_back(keep[i]);
+    }
+    const kv_metrics before = m_.metrics();
+    const std::vector<block_id> table_before(m_.block_table(*id).begin(), m_.block_table(*id).end());
+    const status st = m_.compact(*id, c);
+    if (!st.ok()) {  // a shared block needed a copy and the pool had none: nothing changed
+      ASSERT_EQ(st.code(), errc::resource_exhausted) << st.message();
+      ASSERT_EQ(std::vector<block_id>(m_.block_table(*id).begin(), m_.block_table(*id).end()), table_before);
+      ASSERT_EQ(m_.metrics().n_blocks_used, before.n_blocks_used);
+      return;
+    }
+    ASSERT_EQ(m_.n_stored_tokens(*id), c.n_slots);
+    ASSERT_EQ(m_.block_table(*id).size(), static_cast<std::size_t>((c.n_slots + bs_ - 1) / bs_));
+    ++n_compactions_;
+  }
+
   void op_fork() {
     const auto id = random_seq();
     if (!id || seqs_.size() >= 16) return;
@@ -415,6 +480,7 @@ class harness {
   std::int64_t n_truncate_ops_ = 0;
   std::int64_t n_drops_ = 0;
   std::int64_t n_truncates_ = 0;
+  std::int64_t n_compactions_ = 0;
 };
 
 class kv_property : public ::testing::TestWithParam<std::uint32_t> {};

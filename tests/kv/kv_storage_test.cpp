@@ -391,3 +391,124 @@ TEST(kv_storage, static_scales_come_from_the_layout) {
 
 }  // namespace
 }  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// Compaction: every format moves tokens to their new slots with what they
+// held (float formats bit for bit; quantized ones within a re-encoding of
+// values that were already codes), per row when rows keep different slots,
+// with sealed blocks reopened and resealed. Row r = layer * H + head.
+struct gather_case {
+  kv_type k, v;
+  float tol;  // what a token may move by when its decoded values are encoded again
+};
+
+class kv_storage_gather : public ::testing::TestWithParam<gather_case> {};
+
+TEST_P(kv_storage_gather, moves_every_row_to_its_new_slots) {
+  const gather_case gc = GetParam();
+  constexpr int L = 2, H = 2, D = 32, B = 4, N = 11;
+  const auto layout = kv_layout::uniform(L, H, D, B, gc.k, gc.v);
+  auto s = *kv_storage::create(layout, 16, 4);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(static_cast<std::size_t>(N) * H * D), v(k.size());
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  const std::vector<block_id> table{block_id(7), block_id(2), block_id(11)};
+  for (int l = 0; l < L; ++l) s->write(l, table, 0, N, k.data(), v.data());
+  // What each slot decodes to before, per (layer, head).
+  auto snapshot = [&](std::span<const block_id> t, int n) {
+    std::vector<std::vector<float>> out;  // [l][h][slot] -> [D] for K, then V
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        for (int p = 0; p < n; ++p) {
+          out.push_back(read_token(s->k_view(l, t, n), p, h));
+          out.push_back(read_token(s->v_view(l, t, n), p, h));
+        }
+    return out;
+  };
+  const auto before = snapshot(table, N);
+  // Row-specific sources: rows keep 6 slots each, different ones, the first two alike.
+  kv_gather g;
+  g.n_rows = L * H;
+  g.first = 2;
+  g.n = 4;
+  const std::int32_t keep[4][6] = {{0, 1, 3, 6, 9, 10}, {0, 1, 2, 7, 8, 10}, {0, 1, 4, 5, 9, 10}, {0, 1, 6, 7, 8, 9}};
+  for (int r = 0; r < L * H; ++r)
+    for (int i = 2; i < 6; ++i) g.sources.push_back(keep[r][i]);
+  g.src_table = table;
+  g.dst_table = {table[0], table[1]};
+  s->gather(g, nullptr);
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < 6; ++i) {
+        const int r = l * H + h;
+        const std::size_t was = (static_cast<std::size_t>(r) * N + static_cast<std::size_t>(keep[r][i])) * 2;
+        const auto nk = read_token(s->k_view(l, g.dst_table, 6), i, h);
+        const auto nv = read_token(s->v_view(l, g.dst_table, 6), i, h);
+        for (int d = 0; d < D; ++d) {
+          ASSERT_NEAR(nk[d], before[was][d], gc.tol) << "K layer " << l << " head " << h << " slot " << i;
+          ASSERT_NEAR(nv[d], before[was + 1][d], gc.tol) << "V layer " << l << " head " << h << " slot " << i;
+        }
+      }
+  // The sequence goes on: two more tokens append after the compacted slots.
+  for (int l = 0; l < L; ++l) s->write(l, g.dst_table, 6, 2, k.data(), v.data());
+  const auto next = read_token(s->k_view(1, g.dst_table, 8), 7, 1);
+  for (int d = 0; d < D; ++d) EXPECT_NEAR(next[d], k[static_cast<std::size_t>(1) * H * D + D + d], 0.6f);
+  // Slots past the compaction's end are free to go: the third block is released.
+  s->release_block(table[2]);
+  EXPECT_LE(s->staging().slots_in_use, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    formats, kv_storage_gather,
+    ::testing::Values(gather_case{kv_type::f32, kv_type::f32, 0.0f}, gather_case{kv_type::f16, kv_type::f16, 0.0f},
+                      gather_case{kv_type::bf16, kv_type::bf16, 0.0f},
+                      gather_case{kv_type::fp8_e4m3, kv_type::fp8_e5m2, 1e-6f},
+                      gather_case{kv_type::int8, kv_type::int8, 2e-2f}, gather_case{kv_type::int4, kv_type::int4, 0.35f},
+                      gather_case{kv_type::int2, kv_type::int2, 1.2f}, gather_case{kv_type::q8_0, kv_type::q4_0, 0.3f}),
+    [](const auto& info) {
+      return std::string(kv_type_name(info.param.k)) + "_" + kv_type_name(info.param.v);
+    });
+
+// Merged entries carry their mass as a per-slot bias (log m), moved with them.
+TEST(kv_storage, nearest_fold_writes_means_and_log_mass) {
+  constexpr int L = 1, H = 1, D = 4, B = 4;
+  auto s = *kv_storage::create(kv_layout::uniform(L, H, D, B, kv_type::f32, kv_type::f32), 8);
+  const std::vector<block_id> table{block_id(1), block_id(3)};
+  // Tokens: 0 along x, 1 along y, 2 close to x, 3 along x again, 4 close to y.
+  const std::vector<float> k = {1, 0, 0, 0, 0, 1, 0, 0, 0.9f, 0.1f, 0, 0, 2, 0, 0, 0, 0.1f, 0.9f, 0, 0};
+  const std::vector<float> v = {1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5};
+  s->write(0, table, 0, 5, k.data(), v.data());
+  kv_gather g;
+  g.src_table = table;
+  g.dst_table = {table[0]};
+  g.first = 0;
+  g.n = 2;
+  g.sources = {0, 1};
+  g.fold = kv_fold::nearest;
+  g.n_folded = 3;
+  g.folded = {2, 3, 4};
+  s->gather(g, nullptr);
+  const float* bias = s->bias_of(table[0], 0, 0);
+  ASSERT_NE(bias, nullptr);
+  EXPECT_NEAR(bias[0], std::log(3.0f), 1e-6);  // 0 with 2 and 3
+  EXPECT_NEAR(bias[1], std::log(2.0f), 1e-6);  // 1 with 4
+  const auto k0 = read_token(s->k_view(0, g.dst_table, 2), 0, 0);
+  EXPECT_NEAR(k0[0], (1 + 0.9f + 2) / 3, 1e-6);
+  const auto v1 = read_token(s->v_view(0, g.dst_table, 2), 1, 0);
+  EXPECT_NEAR(v1[0], (2 + 5) / 2.0f, 1e-6);
+  // The view hands attention the biases; a new token written after them stands for one.
+  paged_kv_view kv = s->k_view(0, g.dst_table, 2);
+  ASSERT_NE(kv.bias_of(0, 0), nullptr);
+  s->write(0, g.dst_table, 2, 1, k.data(), v.data());
+  EXPECT_EQ(s->bias_of(table[0], 0, 0)[2], 0.0f);
+  // A released block forgets them.
+  s->release_block(table[0]);
+  EXPECT_EQ(s->bias_of(table[0], 0, 0), nullptr);
+}
+
+}  // namespace
+}  // namespace pagoda

@@ -427,7 +427,15 @@ TEST(engine, attention_statistics_add_up_over_the_model) {
   }
   const attention_stats* w = e->sched().last_attention_window(a);
   ASSERT_NE(w, nullptr);
-  EXPECT_EQ(w->n_window, 1) << "a decode step has one query token";
+  // The window is the last three query tokens across steps: the prompt's last
+  // two and the decode token; each row's weights sum to the query heads of a group.
+  EXPECT_EQ(w->n_window, 3);
+  EXPECT_EQ(w->n_kv, e->kv().n_stored_tokens(a));
+  for (int row = 0; row < 3; ++row) {
+    double sum = 0;
+    for (int s = 0; s < w->n_kv; ++s) sum += w->window[static_cast<std::size_t>(row) * w->n_kv + s];
+    EXPECT_NEAR(sum, hp.n_rep(), 1e-3) << "row " << row;
+  }
   while (e->has_work()) e->step(ev);
 }
 

@@ -122,6 +122,24 @@ class fake_runner final : public model_runner {
         for (int i = 0; i < bs_; ++i) slot(op.block, i) = {k_poison, -1};
         break;
       }
+      case kv_op_kind::gather: {
+        // Row 0 stands for every row (the fake KV has one).
+        const kv_gather& g = *op.gather;
+        std::vector<std::pair<token_id, std::int32_t>> moved;
+        for (int i = 0; i < g.n; ++i) {
+          const std::int32_t src = g.sources[static_cast<std::size_t>(i)];
+          moved.push_back(src < 0 ? std::pair<token_id, std::int32_t>{k_poison, -1}
+                                  : slot(g.src_table[static_cast<std::size_t>(src / bs_)], src % bs_));
+        }
+        for (int i = 0; i < g.n; ++i) {
+          const int at = g.first + i;
+          auto& dst = slot(g.dst_table[static_cast<std::size_t>(at / bs_)], at % bs_);
+          dst = moved[static_cast<std::size_t>(i)];
+          if (!g.rotate.empty()) dst.second += g.rotate[static_cast<std::size_t>(i)];
+        }
+        ++n_gathers;
+        break;
+      }
       case kv_op_kind::cache:
         // A block enters the prefix cache only once its bytes are written.
         if (op.tokens.size() != static_cast<std::size_t>(bs_)) bytes_intact = false;
@@ -133,6 +151,7 @@ class fake_runner final : public model_runner {
 
  public:
   bool bytes_intact = true;
+  int n_gathers = 0;
 
  private:
   std::int32_t bs_;

@@ -6,6 +6,7 @@
 #include "sched/scheduler.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -71,6 +72,9 @@ struct harness {
   std::map<std::string, result_of> results;
   std::vector<step_plan> plans;  // what schedule() returned, in order (its spans dangle after update)
   std::vector<block_id> last_blocks;  // every block the last plan's sequences write into, copied
+  // Called between the runner's execution and update(): the block ops of the
+  // plan have been applied to the fake KV, nothing of the step is committed.
+  std::function<void()> after_execute;
 
   explicit harness(const scheduler_config& c)
       : cfg(c), s(c, vocab()), runner(static_cast<std::int32_t>(c.n_blocks), c.block_size, vocab().n_vocab()) {
@@ -89,6 +93,7 @@ struct harness {
     step_plan plan = s.schedule();
     step_output out;
     if (!plan.empty()) runner.execute(plan, out);
+    if (after_execute) after_execute();
     last_blocks.clear();
     for (const scheduled_seq& q : plan.seqs) last_blocks.insert(last_blocks.end(), q.blocks.begin(), q.blocks.end());
     std::vector<engine_event> events;
@@ -478,6 +483,234 @@ TEST(scheduler, a_loading_sequence_waits_for_a_slow_source_while_others_run) {
   h.run();
   EXPECT_EQ(h.results["a"].tokens, alone(req("a", p, 5)));
   EXPECT_EQ(h.results["a"].usage.cached_tokens, 12);
+}
+
+}  // namespace
+}  // namespace pagoda
+
+// --- KV policies through the scheduler ------------------------------------------
+
+namespace pagoda {
+namespace {
+
+// A policy for tests: "keep:sinks=S,recent=R,slack=K[,rows=1][,cache=1]"
+// keeps the first S and the last R live slots of every row once a row holds K
+// more; rows=1 makes odd rows keep one recent slot less (rows differ);
+// cache=1 renumbers the kept slots (positions within the cache).
+class keep_policy final : public kv_policy {
+ public:
+  explicit keep_policy(kv_policy_spec spec) : spec_(std::move(spec)) {
+    auto get = [&](const char* k, int def) { const std::string* v = spec_.find(k); return v ? std::stoi(*v) : def; };
+    sinks_ = get("sinks", 2);
+    recent_ = get("recent", 4);
+    slack_ = get("slack", 4);
+    rows_ = get("rows", 0) != 0;
+    cache_ = get("cache", 0) != 0;
+  }
+  const kv_policy_spec& spec() const override { return spec_; }
+  bool lossy() const override { return true; }
+  eviction_decision evict(const eviction_input& in) override {
+    std::vector<std::vector<std::int32_t>> keep(static_cast<std::size_t>(in.n_rows()));
+    int widest_live = 0;
+    for (int r = 0; r < in.n_rows(); ++r) {
+      std::vector<std::int32_t> live;
+      for (int s = 0; s < in.n_slots; ++s)
+        if (!in.is_dead(r, s)) live.push_back(s);
+      widest_live = std::max(widest_live, static_cast<int>(live.size()));
+      const int recent = recent_ - (rows_ && r % 2 ? 1 : 0);
+      for (std::size_t i = 0; i < live.size(); ++i)
+        if (static_cast<int>(i) < sinks_ || static_cast<int>(live.size() - i) <= recent) keep[static_cast<std::size_t>(r)].push_back(live[i]);
+    }
+    if (widest_live < sinks_ + recent_ + slack_) return {};
+    eviction_decision d;
+    d.n_rows = in.n_rows();
+    for (const auto& k : keep) d.width = std::max(d.width, static_cast<int>(k.size()));
+    d.keep.assign(static_cast<std::size_t>(d.n_rows) * d.width, 0);
+    for (int r = 0; r < d.n_rows; ++r) {
+      const auto& k = keep[static_cast<std::size_t>(r)];
+      d.count.push_back(static_cast<std::int32_t>(k.size()));
+      std::copy(k.begin(), k.end(), d.keep.begin() + static_cast<std::ptrdiff_t>(r) * d.width);
+    }
+    d.reposition = cache_;
+    ++n_evictions;
+    return d;
+  }
+  static std::int64_t n_evictions_of(const std::string&) { return n_evictions; }
+  static inline std::int64_t n_evictions = 0;
+
+ private:
+  kv_policy_spec spec_;
+  int sinks_, recent_, slack_;
+  bool rows_, cache_;
+};
+
+scheduler_config policy_config(std::int64_t n_blocks, int rows = 1) {
+  scheduler_config c = config(n_blocks);
+  c.policy_shape = {rows, 1, 8, c.block_size};
+  c.policy_factory = [](const kv_policy_spec& spec) -> result<std::unique_ptr<kv_policy>> {
+    if (spec.name == "keep") return std::unique_ptr<kv_policy>(new keep_policy(spec));
+    return make_kv_policy(spec);
+  };
+  return c;
+}
+
+// What the fake runner's KV holds for a sequence matches the KV manager's
+// bookkeeping slot for slot: every gather moved the right tokens. Block ops
+// reach the tensors with the next plan, so this runs between a step's
+// execution and its update (harness::after_execute).
+void expect_kv_matches(harness& h, seq_id a) {
+  const auto table = h.s.kv().block_table(a);
+  const auto tokens = h.s.kv().tokens(a);
+  const auto positions = h.s.kv().positions(a);
+  for (std::int32_t i = 0; i < h.s.kv().n_stored_tokens(a); ++i) {
+    const auto& got = h.runner.slot(table[static_cast<std::size_t>(i / 4)], i % 4);
+    ASSERT_EQ(got.first, tokens[static_cast<std::size_t>(i)]) << "slot " << i;
+    ASSERT_EQ(got.second, positions[static_cast<std::size_t>(i)]) << "slot " << i;
+  }
+}
+
+// Eviction frees memory for real: the sequence keeps its sinks and its recent
+// tokens, compacted to the front, and its blocks go back to the pool.
+TEST(scheduler_policy, eviction_compacts_and_frees_blocks) {
+  keep_policy::n_evictions = 0;
+  harness h(policy_config(64));
+  request r = req("a", prompt_of(10), 40);
+  r.kv_policy = "keep:sinks=2,recent=6,slack=4";
+  h.add(std::move(r));
+  h.after_execute = [&] {
+    if (const auto a = h.s.find_sequence("a")) expect_kv_matches(h, *a);
+  };
+  int max_stored = 0;
+  for (int i = 0; i < 200 && h.s.has_work(); ++i) {
+    h.step();
+    const auto a = h.s.find_sequence("a");
+    if (!a) break;
+    max_stored = std::max(max_stored, h.s.kv().n_stored_tokens(*a));
+    const auto pos = h.s.kv().positions(*a);
+    if (pos.size() > 2) {
+      EXPECT_EQ(pos[0], 0);
+      EXPECT_EQ(pos[1], 1);
+    }
+  }
+  EXPECT_EQ(h.results["a"].tokens.size(), 40u);
+  EXPECT_LE(max_stored, 2 + 6 + 4 + 1);  // the budget, the slack and the step's own token
+  EXPECT_GT(h.runner.n_gathers, 3);
+  EXPECT_EQ(h.s.stats().n_policy_compactions, keep_policy::n_evictions_of("a"));
+  EXPECT_GE(h.s.stats().n_policy_evicted_slots, 4 * h.s.stats().n_policy_compactions);  // each frees the slack at least
+  EXPECT_EQ(h.s.kv().metrics().n_blocks_used, 0);
+}
+
+// Rows that keep different slots: dead slots lead the narrower rows (negative
+// positions), every row keeps its own, and the table holds the widest row.
+TEST(scheduler_policy, rows_keep_their_own_slots) {
+  harness h(policy_config(64, 2));
+  request r = req("a", prompt_of(9), 20);
+  r.kv_policy = "keep:sinks=1,recent=5,slack=4,rows=1";
+  h.add(std::move(r));
+  bool saw_rows = false;
+  for (int i = 0; i < 200 && h.s.has_work(); ++i) {
+    h.step();
+    const auto a = h.s.find_sequence("a");
+    if (!a) break;
+    const seq_policy* p = h.s.policy_of(*a);
+    ASSERT_NE(p, nullptr);
+    if (!p->per_row()) continue;
+    saw_rows = true;
+    const int n = h.s.kv().n_stored_tokens(*a);
+    ASSERT_EQ(p->n_slots(), n);
+    const std::int32_t* row0 = p->row_positions();
+    const std::int32_t* row1 = p->row_positions() + p->row_stride();
+    // Row 1 keeps one slot less: its first slot is dead.
+    EXPECT_LT(row1[0], 0);
+    EXPECT_GE(row0[0], 0);
+    for (int s = 1; s < n; ++s) {
+      EXPECT_GT(row0[s], row0[s - 1]);
+      EXPECT_GT(row1[s], row1[s - 1]);
+    }
+    EXPECT_EQ(row0[0], 0);  // the sink
+    EXPECT_EQ(row1[1], 0);  // its sink, after the dead slot
+    EXPECT_EQ(row0[n - 1], row1[n - 1]);  // the newest token is everyone's
+    EXPECT_NEAR(p->mean_live_slots(), n - 0.5, 1e-9);
+  }
+  EXPECT_TRUE(saw_rows);
+  EXPECT_EQ(h.results["a"].tokens.size(), 20u);
+}
+
+// StreamingLLM's positions within the cache: kept slots are renumbered 0..n-1
+// (keys rotated), and the next token continues right after them.
+TEST(scheduler_policy, positions_within_the_cache_continue_after_the_kept_slots) {
+  harness h(policy_config(64));
+  request r = req("a", prompt_of(6), 30);
+  r.kv_policy = "keep:sinks=2,recent=4,slack=4,cache=1";
+  h.add(std::move(r));
+  h.after_execute = [&] {
+    if (const auto a = h.s.find_sequence("a")) expect_kv_matches(h, *a);
+  };
+  for (int i = 0; i < 200 && h.s.has_work(); ++i) {
+    const step_plan& plan = h.step();
+    ASSERT_FALSE(plan.seqs.empty());
+    EXPECT_EQ(plan.seqs[0].positions[0], plan.seqs[0].n_stored) << "step " << i;
+    const auto a = h.s.find_sequence("a");
+    if (!a) break;
+    const auto pos = h.s.kv().positions(*a);
+    for (std::size_t s = 0; s < pos.size(); ++s) ASSERT_EQ(pos[s], static_cast<std::int32_t>(s));
+  }
+  EXPECT_GT(h.runner.n_gathers, 3);
+  EXPECT_EQ(h.results["a"].tokens.size(), 30u);
+}
+
+// No lossy block is ever served under a plain prefix key: a request that
+// reuses the prompt and output of one whose policy evicted gets only blocks
+// computed before the first eviction, and generates what it generates alone.
+TEST(scheduler_policy, lossy_blocks_never_enter_the_prefix_cache) {
+  harness h(policy_config(128));
+  request a = req("a", prompt_of(12), 24);
+  a.kv_policy = "keep:sinks=2,recent=4,slack=4";
+  h.add(std::move(a));
+  h.run();
+  ASSERT_EQ(h.results["a"].tokens.size(), 24u);
+  std::vector<token_id> prompt = prompt_of(12);
+  prompt.insert(prompt.end(), h.results["a"].tokens.begin(), h.results["a"].tokens.end());
+  h.add(req("b", prompt, 8));
+  h.run();
+  harness alone(policy_config(128));
+  alone.add(req("b", prompt, 8));
+  alone.run();
+  EXPECT_EQ(h.results["b"].tokens, alone.results["b"].tokens);
+  // The prompt's 12 tokens were computed whole before the first eviction: 3
+  // blocks of 4 at most come from the cache.
+  EXPECT_LE(h.results["b"].usage.cached_tokens, 12);
+}
+
+// n > 1: forked sequences share blocks; a compaction copies what it may not
+// write, and each completion keeps its own.
+TEST(scheduler_policy, forked_sequences_compact_their_own_blocks) {
+  harness h(policy_config(128));
+  request r = req("a", prompt_of(11), 30);
+  r.n = 3;
+  r.sampling.temperature = 1.0f;
+  r.sampling.top_k = 0;
+  r.sampling.top_p = 1.0f;
+  r.sampling.min_p = 0.0f;
+  r.kv_policy = "keep:sinks=2,recent=5,slack=4";
+  h.add(std::move(r));
+  h.after_execute = [&] {
+    for (int c = 0; c < 3; ++c)
+      if (const auto s = h.s.find_sequence("a", c)) expect_kv_matches(h, *s);
+  };
+  h.run();
+  EXPECT_EQ(h.results["a"].tokens.size(), 90u);
+  EXPECT_EQ(h.s.kv().metrics().n_blocks_used, 0);
+}
+
+// A bad policy is a clear error when the request is added.
+TEST(scheduler_policy, unknown_policies_are_refused) {
+  harness h(policy_config(64));
+  request r = req("a", prompt_of(5), 4);
+  r.kv_policy = "no_such_policy";
+  const status st = h.s.add_request(std::move(r));
+  EXPECT_EQ(st.code(), errc::invalid_argument);
+  EXPECT_NE(st.message().find("no_such_policy"), std::string::npos) << st.message();
 }
 
 }  // namespace

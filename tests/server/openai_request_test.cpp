@@ -247,3 +247,71 @@ TEST(openai_request, chat_messages) {
 
 }  // namespace
 }  // namespace pagoda::server
+
+namespace pagoda::server {
+namespace {
+
+// Pagoda's kv_policy extension: checked when the request is parsed.
+TEST(openai_request, kv_policy_is_checked) {
+  api_context ctx = context();
+  auto r = parse_request(api_kind::completion, {{"prompt", "Once"}, {"kv_policy", "h2o:budget=0.25"}}, ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_EQ(r.value->requests[0].kv_policy, "h2o:budget=0.25");
+  for (const json& bad : {json("no_such_policy"), json("h2o:budget=0"), json("h2o:budget"), json(3)}) {
+    const api_error e = completion_error({{"prompt", "Once"}, {"kv_policy", bad}});
+    EXPECT_EQ(e.param, "kv_policy") << bad.dump();
+  }
+}
+
+// A completion's prompt as parts: the part with a policy becomes a segment
+// over exactly its tokens.
+TEST(openai_request, prompt_parts_become_segments) {
+  api_context ctx = context();
+  const std::string doc = "Once upon a time there was a big red dog.";
+  const std::string question = " What color was the dog?";
+  json body = {{"prompt", json::array({{{"text", doc}, {"kv", {{"policy", "h2o:budget=0.25"}}}}, {{"text", question}}})}};
+  auto r = parse_request(api_kind::completion, body, ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const request& q = r.value->requests[0];
+  EXPECT_EQ(q.prompt, ctx.vocab->encode(doc + question, ctx.vocab->add_bos_default(), true));
+  ASSERT_EQ(q.segments.size(), 1u);
+  const auto doc_tokens = ctx.vocab->encode(doc, ctx.vocab->add_bos_default(), true);
+  EXPECT_EQ(q.segments[0].begin, 1);  // after BOS
+  EXPECT_EQ(q.segments[0].end, static_cast<std::int32_t>(doc_tokens.size()));
+  EXPECT_EQ(q.segments[0].kv_policy, "h2o:budget=0.25");
+  // Per-segment KV types are refused by name.
+  body["prompt"][0]["kv"]["type"] = "int4";
+  const api_error e = completion_error(body);
+  EXPECT_EQ(e.param, "prompt[0].kv.type");
+}
+
+// Chat: policies by role and per message, placed on the messages' tokens.
+TEST(openai_request, chat_policies_by_role_and_message) {
+  api_context ctx = context();
+  json body = {{"messages", json::array({{{"role", "system"}, {"content", "You tell short stories."}},
+                                         {{"role", "user"}, {"content", "A story about a cat and a ball."}},
+                                         {{"role", "assistant"}, {"content", "The cat ran."}, {"kv", {{"policy", "none"}}}},
+                                         {{"role", "user"}, {"content", "And then?"}}})},
+               {"kv_policy_by_role", {{"user", "snapkv:budget=0.5"}}}};
+  auto r = parse_request(api_kind::chat, body, ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const request& q = r.value->requests[0];
+  ASSERT_EQ(q.segments.size(), 3u);  // two user messages and the assistant's "none"
+  EXPECT_EQ(q.segments[0].kv_policy, "snapkv:budget=0.5");
+  EXPECT_EQ(q.segments[1].kv_policy, "none");
+  EXPECT_EQ(q.segments[2].kv_policy, "snapkv:budget=0.5");
+  for (std::size_t i = 0; i < q.segments.size(); ++i) {
+    EXPECT_LT(q.segments[i].begin, q.segments[i].end);
+    EXPECT_LE(q.segments[i].end, static_cast<std::int32_t>(q.prompt.size()));
+    if (i > 0) EXPECT_LE(q.segments[i - 1].end, q.segments[i].begin);
+  }
+  // The first user message's tokens decode to its text.
+  const std::string text = ctx.vocab->decode(std::span<const token_id>(q.prompt).subspan(
+      static_cast<std::size_t>(q.segments[0].begin), static_cast<std::size_t>(q.segments[0].end - q.segments[0].begin)));
+  EXPECT_NE(text.find("cat and a ball"), std::string::npos) << text;
+  body["kv_policy_by_role"] = {{"robot", "none"}};
+  EXPECT_EQ(parse_request(api_kind::chat, body, ctx, "").error.param, "kv_policy_by_role.robot");
+}
+
+}  // namespace
+}  // namespace pagoda::server

@@ -1,0 +1,61 @@
+// Attention over an explicit, scattered list of KV slots: what retrieval
+// attention reads (policy/retrieval.h), the sinks, the recent window and the
+// top-k keys an ANN index returned, token by token rather than whole ranges.
+//
+// Same inputs, masks and output layout as paged_attention (attention_task):
+// a query token at position p sees a listed slot whose stored position is
+// <= p (and > p - window with a sliding window); dead slots (negative
+// positions) are never seen; scores are soft-capped when softcap > 0, and a
+// view's per-slot bias (merged entries, kv_backend.h) is added to the capped
+// score. The softmax runs over the listed slots a row sees, so with the list
+// of every slot the result is full attention.
+//
+// How the bytes are read. Keys: most codecs keep key tiles channel-major (one
+// SIMD lane per token), so one token's key touches every cache line of its
+// tile; scoring the whole tile through the codec's qk kernel costs the same
+// reads, so keys are scored a tile at a time (consecutive blocks with listed
+// slots in one qk run). Values are token-major: a block with few listed slots
+// decodes just those rows; a block where at least a quarter of the slots are
+// listed goes through the codec's av kernel with zero weights elsewhere (zero
+// weights add nothing, exactly).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attention/paged_attention.h"
+
+namespace pagoda {
+
+// Per-thread reusable buffers; grown on demand, never shrunk.
+struct gather_scratch {
+  std::vector<const void*> tiles;
+  std::vector<float> q;        // [rows][head_dim], pre-scaled
+  std::vector<float> scores;   // [rows][n_slots]
+  std::vector<float> tile_io;  // [rows][run tokens]: one qk/av run's scores or weights
+  std::vector<float> row;      // [head_dim]: one decoded value row
+  std::vector<float> acc;      // [rows][head_dim]
+  std::vector<float> inv;      // [rows]: 1 / each row's softmax sum
+  std::vector<int> lo, hi;     // [tokens]: the listed entries each query token sees, [lo, hi)
+};
+
+// Attention of t's query tokens over the listed slots only. t.ranges is
+// ignored: `slots` says what is read.
+// REQUIRES: slots strictly increasing, each in [0, t.n_kv); k and v cover
+// t.n_kv slots. A query row that sees no listed slot gets zeros.
+void gather_attention(const attention_task& t, std::span<const std::int32_t> slots, gather_scratch& scratch);
+
+// Plain reference twin: decodes each listed key and value row and computes in
+// double precision, one query row at a time, the masks spelled out slot by slot.
+void gather_attention_ref(const attention_task& t, std::span<const std::int32_t> slots);
+
+// The slots of sorted, disjoint ranges, in order (appended to out).
+void append_slots_of_ranges(std::span<const slot_range> ranges, std::vector<std::int32_t>& out);
+
+// Decodes slots [slot, slot + n) of one head of a view (sealed tiles through
+// the view's codec, a staged last block through the staged codec) into
+// out[n][head_dim]. REQUIRES: the slots lie in one block, below v.n_tokens.
+void decode_kv_rows(const paged_kv_view& v, int head, int slot, int n, float* out);
+
+}  // namespace pagoda

@@ -1,0 +1,180 @@
+// kv_storage's compaction (kv_backend::gather) and per-slot biases.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/assert.h"
+#include "core/half.h"
+#include "kv/kv_fold.h"
+#include "kv/kv_storage.h"
+
+namespace pagoda {
+
+float* kv_storage::bias_at(block_id b, int layer, int head) const {
+  const std::size_t per_block = static_cast<std::size_t>(layout_.n_kv_heads) * layout_.block_size;
+  return bias_ + (static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)) * per_block +
+         static_cast<std::size_t>(head) * layout_.block_size;
+}
+
+const float* kv_storage::bias_of(block_id b, int layer, int head) const {
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout_.n_layers);
+  return has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)]
+             ? bias_at(b, layer, head)
+             : nullptr;
+}
+
+void kv_storage::clear_bias(block_id b) {
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    std::uint8_t& has = has_bias_[static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(b.value)];
+    if (!has) continue;
+    std::fill_n(bias_at(b, l, 0), static_cast<std::size_t>(layout_.n_kv_heads) * layout_.block_size, 0.0f);
+    has = 0;
+  }
+}
+
+void kv_storage::decode_slots(const tensor& t, std::span<const block_id> table, int head,
+                              std::span<const std::int32_t> slots, float* out, std::size_t stride) {
+  const int bs = layout_.block_size;
+  const kv_tile_shape shape = layout_.tile_shape();
+  const kv_codec* f16 = get_kv_codec(kv_type::f16);
+  const kv_format staged_fmt = kv_staged_format(t.format.role);
+  const kv_static_params* sp = t.static_params.empty() ? nullptr : &t.static_params[head];
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    float* dst = out + i * stride;
+    const std::int32_t slot = slots[i];
+    if (slot < 0) {
+      std::fill_n(dst, layout_.head_dim, 0.0f);
+      continue;
+    }
+    const block_id b = table[static_cast<std::size_t>(slot / bs)];
+    const int at = slot % bs;
+    const std::int32_t ss = t.sealed_index >= 0 ? block_slot_[b.value] : -1;
+    const std::int32_t fill = ss >= 0 ? slot_fill_[static_cast<std::size_t>(ss) * n_sealed_ + t.sealed_index] : bs;
+    if (ss >= 0 && fill < bs) {
+      PAGODA_ASSERT(at < fill, "gather reads slot {} of block {}, which stages {}", at, b.value, fill);
+      f16->decode(staged_fmt, shape, nullptr, staged_tile(ss, t.sealed_index, head), at, 1, dst);
+    } else {
+      t.codec->decode(t.format, shape, sp, tile(t, b, head), at, 1, dst);
+    }
+  }
+}
+
+void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1, const float* x) {
+  const int bs = layout_.block_size;
+  if (t.format.role == kv_role::key && summaries_ && t1 < bs)
+    summarized_[static_cast<std::size_t>(b.value) * layout_.n_layers + layer] = 0;  // no longer full
+  if (t.sealed_index >= 0) {
+    // Sealed: the kept leading slots must be staged (from the tile when the
+    // block was sealed) for the write path to append after them; it seals
+    // the block again when it fills. A block without a staging slot has every
+    // sealed tensor in its tile (fill = block_size) until that tensor's own
+    // layer is rewritten: other layers may still read it as a source.
+    std::int32_t ss = block_slot_[b.value];
+    if (ss < 0) {
+      ss = acquire_slot(b);
+      std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(ss) * n_sealed_, n_sealed_, bs);
+    }
+    std::int32_t& fill = slot_fill_[static_cast<std::size_t>(ss) * n_sealed_ + t.sealed_index];
+    if (t0 > 0 && fill == bs) {
+      stage_from_tile(t, b, ss, t0);
+    } else {
+      PAGODA_ASSERT(fill >= t0, "block {} stages {} tokens, {} are kept", b.value, fill, t0);
+      fill = t0;
+    }
+  }
+  // Per-token formats: the new rows simply overwrite theirs.
+  write_run(t, layer, b, t0, t1 - t0, x);
+}
+
+void kv_storage::gather(const kv_gather& g, const key_rotation& rotate) {
+  PAGODA_ASSERT(g.rotate.empty() || rotate, "a gather that re-rotates keys needs the model's rotation");
+  for (int l = 0; l < layout_.n_layers; ++l) gather_layer(g, l, rotate);
+}
+
+void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation& rotate) {
+  const int bs = layout_.block_size, hd = layout_.head_dim, H = layout_.n_kv_heads;
+  const std::size_t row = static_cast<std::size_t>(H) * hd;
+  const int n = g.n;
+  // Everything this layer's rewrite reads, before anything of it is written.
+  std::vector<float> k(static_cast<std::size_t>(n) * row), v(k.size()), mass(static_cast<std::size_t>(n) * H, 1.0f);
+  const int nf = g.n_folded;
+  std::vector<float> fk(static_cast<std::size_t>(nf) * hd), fv(fk.size()), fmass(static_cast<std::size_t>(nf), 1.0f);
+  auto slot_mass = [&](std::int32_t slot, int h) {
+    if (slot < 0) return 0.0f;
+    const block_id b = g.src_table[static_cast<std::size_t>(slot / bs)];
+    const float* bias = bias_of(b, layer, h);
+    return bias ? std::exp(bias[slot % bs]) : 1.0f;
+  };
+  bool any_mass = false;
+  for (int h = 0; h < H; ++h) {
+    const int r = g.n_rows == 1 ? 0 : layer * H + h;
+    const std::span<const std::int32_t> src(g.row_sources(r), static_cast<std::size_t>(n));
+    decode_slots(k_[layer], g.src_table, h, src, k.data() + static_cast<std::size_t>(h) * hd, row);
+    decode_slots(v_[layer], g.src_table, h, src, v.data() + static_cast<std::size_t>(h) * hd, row);
+    for (int i = 0; i < n; ++i) {
+      mass[static_cast<std::size_t>(i) * H + h] = slot_mass(src[static_cast<std::size_t>(i)], h);
+      any_mass |= mass[static_cast<std::size_t>(i) * H + h] != 1.0f && src[static_cast<std::size_t>(i)] >= 0;
+    }
+    if (g.fold == kv_fold::drop || nf == 0) continue;
+    // Fold this head's evicted entries into its kept ones.
+    const std::span<const std::int32_t> folded(g.row_folded(r), static_cast<std::size_t>(nf));
+    const int n_ev = static_cast<int>(std::count_if(folded.begin(), folded.end(), [](std::int32_t s) { return s >= 0; }));
+    decode_slots(k_[layer], g.src_table, h, folded.first(static_cast<std::size_t>(n_ev)), fk.data(), hd);
+    decode_slots(v_[layer], g.src_table, h, folded.first(static_cast<std::size_t>(n_ev)), fv.data(), hd);
+    for (int e = 0; e < n_ev; ++e) fmass[static_cast<std::size_t>(e)] = slot_mass(folded[static_cast<std::size_t>(e)], h);
+    // The live kept entries of this head, contiguous for the fold.
+    std::vector<int> live;
+    for (int i = 0; i < n; ++i)
+      if (src[static_cast<std::size_t>(i)] >= 0) live.push_back(i);
+    if (live.empty() || n_ev == 0) continue;
+    std::vector<float> kk(live.size() * hd), vv(kk.size()), mm(live.size());
+    for (std::size_t j = 0; j < live.size(); ++j) {
+      std::memcpy(&kk[j * hd], &k[static_cast<std::size_t>(live[j]) * row + static_cast<std::size_t>(h) * hd], sizeof(float) * hd);
+      std::memcpy(&vv[j * hd], &v[static_cast<std::size_t>(live[j]) * row + static_cast<std::size_t>(h) * hd], sizeof(float) * hd);
+      mm[j] = mass[static_cast<std::size_t>(live[j]) * H + h];
+    }
+    kv_fold_rows fr{hd, kk.data(), vv.data(), mm.data(), static_cast<int>(live.size()), fk.data(), fv.data(), fmass.data(), n_ev};
+    if (g.fold == kv_fold::nearest) {
+      fold_nearest(fr);
+    } else {
+      std::vector<std::int32_t> anchors;  // as indices into `live`
+      for (int a = 0; a < g.anchors_per_row; ++a) {
+        const std::int32_t slot = g.anchors[static_cast<std::size_t>(r) * g.anchors_per_row + a] - g.first;
+        const auto at = std::lower_bound(live.begin(), live.end(), slot);
+        if (at != live.end() && *at == slot) anchors.push_back(static_cast<std::int32_t>(at - live.begin()));
+      }
+      fold_cluster(fr, anchors);
+    }
+    for (std::size_t j = 0; j < live.size(); ++j) {
+      std::memcpy(&k[static_cast<std::size_t>(live[j]) * row + static_cast<std::size_t>(h) * hd], &kk[j * hd], sizeof(float) * hd);
+      std::memcpy(&v[static_cast<std::size_t>(live[j]) * row + static_cast<std::size_t>(h) * hd], &vv[j * hd], sizeof(float) * hd);
+      mass[static_cast<std::size_t>(live[j]) * H + h] = mm[j];
+    }
+    any_mass = true;
+  }
+  if (!g.rotate.empty()) rotate(layer, k.data(), n, g.rotate.data());
+
+  // Write block by block.
+  for (int i = 0; i < n;) {
+    const int slot = g.first + i;
+    const block_id b = g.dst_table[static_cast<std::size_t>(slot / bs)];
+    const int t0 = slot % bs, t1 = std::min(bs, t0 + (n - i));
+    rewrite_block(k_[layer], layer, b, t0, t1, k.data() + static_cast<std::size_t>(i) * row);
+    rewrite_block(v_[layer], layer, b, t0, t1, v.data() + static_cast<std::size_t>(i) * row);
+    std::uint8_t& has = has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)];
+    if (any_mass || has) {
+      for (int h = 0; h < H; ++h) {
+        float* bias = bias_at(b, layer, h);
+        for (int j = t0; j < t1; ++j) {
+          const float m = mass[static_cast<std::size_t>(i + j - t0) * H + h];
+          bias[j] = m > 0 ? std::log(m) : 0.0f;
+        }
+      }
+      has = 1;
+      any_bias_ = true;
+    }
+    i += t1 - t0;
+  }
+}
+
+}  // namespace pagoda

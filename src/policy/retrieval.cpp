@@ -1,0 +1,277 @@
+#include "policy/retrieval.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+#include <string_view>
+
+#include "attention/gather_attention.h"
+#include "core/assert.h"
+
+namespace pagoda {
+namespace {
+
+constexpr const char* k_known_params =
+    "index, k, sinks, recent, max_tokens, m, ef_construction, ef_search, nlist, pq_m, nbits, nprobe, train";
+
+result<int> parse_int(std::string_view key, std::string_view v, int lo, int hi) {
+  int x = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi)
+    return error(errc::invalid_argument, "retrieval: {}={}: expected an integer in [{}, {}]", key, v, lo, hi);
+  return x;
+}
+
+// k: a count ("128"), a fraction ("0.01") or a percentage ("1%").
+status parse_k(std::string_view v, retrieval_params& p) {
+  const bool percent = !v.empty() && v.back() == '%';
+  const std::string_view num = percent ? v.substr(0, v.size() - 1) : v;
+  const bool integral = !percent && num.find_first_not_of("0123456789") == std::string_view::npos;
+  if (integral) {
+    auto r = parse_int("k", v, 1, 1 << 24);
+    if (!r.ok()) return r.error();
+    p.k_tokens = *r;
+    p.k_fraction = 0;
+    return {};
+  }
+  double x = 0;
+  auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), x);
+  if (percent) x /= 100.0;
+  if (num.empty() || ec != std::errc() || end != num.data() + num.size() || !(x > 0.0 && x <= 1.0))
+    return error(errc::invalid_argument, "retrieval: k={}: expected a count (128), a fraction in (0, 1] or a percentage (1%)", v);
+  p.k_tokens = 0;
+  p.k_fraction = x;
+  return {};
+}
+
+status parse_index_kind(std::string_view v, retrieval_params& p) {
+  if (v == "hnsw") p.index = retrieval_index_kind::hnsw;
+  else if (v == "ivfpq") p.index = retrieval_index_kind::ivfpq;
+  else if (v == "exact") p.index = retrieval_index_kind::exact;
+  else return error(errc::invalid_argument, "retrieval: index={}: expected hnsw, ivfpq or exact", v);
+  return {};
+}
+
+// The int field a key names, with its bounds and the index it applies to
+// (nullptr: any index).
+struct int_param {
+  const char* key;
+  int retrieval_params::*field = nullptr;
+  int hnsw_params::*hnsw_field = nullptr;
+  int ivfpq_params::*ivfpq_field = nullptr;
+  int lo, hi;
+};
+
+constexpr int_param k_int_params[] = {
+    {"sinks", &retrieval_params::sinks, nullptr, nullptr, 0, 1 << 20},
+    {"recent", &retrieval_params::recent, nullptr, nullptr, 1, 1 << 20},
+    {"max_tokens", &retrieval_params::max_tokens, nullptr, nullptr, 1, 1 << 16},
+    {"m", nullptr, &hnsw_params::m, nullptr, 2, 256},
+    {"ef_construction", nullptr, &hnsw_params::ef_construction, nullptr, 1, 4096},
+    {"ef_search", nullptr, &hnsw_params::ef_search, nullptr, 1, 65536},
+    {"nlist", nullptr, nullptr, &ivfpq_params::nlist, 1, 65536},
+    {"pq_m", nullptr, nullptr, &ivfpq_params::m, 1, 4096},
+    {"nbits", nullptr, nullptr, &ivfpq_params::nbits, 1, 12},
+    {"nprobe", nullptr, nullptr, &ivfpq_params::nprobe, 1, 65536},
+    {"train", nullptr, nullptr, &ivfpq_params::n_train, 0, 1 << 22},
+};
+
+// Parses one key=value into p; names the index a key needs in *needs.
+status parse_param(std::string_view key, std::string_view value, retrieval_params& p, const char** needs) {
+  if (key == "index") return parse_index_kind(value, p);
+  if (key == "k") return parse_k(value, p);
+  for (const int_param& ip : k_int_params) {
+    if (key != ip.key) continue;
+    auto r = parse_int(key, value, ip.lo, ip.hi);
+    if (!r.ok()) return r.error();
+    if (ip.field) p.*ip.field = *r;
+    if (ip.hnsw_field) {
+      p.hnsw.*ip.hnsw_field = *r;
+      *needs = "hnsw";
+    }
+    if (ip.ivfpq_field) {
+      p.ivfpq.*ip.ivfpq_field = *r;
+      *needs = "ivfpq";
+    }
+    return {};
+  }
+  return error(errc::invalid_argument, "retrieval: unknown parameter '{}'; known: {}", key, k_known_params);
+}
+
+const char* index_kind_name(retrieval_index_kind k) {
+  switch (k) {
+    case retrieval_index_kind::hnsw: return "hnsw";
+    case retrieval_index_kind::ivfpq: return "ivfpq";
+    case retrieval_index_kind::exact: return "exact";
+  }
+  return "?";
+}
+
+// The largest divisor of n that is at most m (1 at least).
+int divisor_at_most(int n, int m) {
+  for (int d = std::min(n, m); d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
+class retrieval_policy final : public kv_policy {
+ public:
+  retrieval_policy(kv_policy_spec spec, retrieval_params p) : spec_(std::move(spec)), params_(p) {}
+  const kv_policy_spec& spec() const override { return spec_; }
+  std::unique_ptr<kv_read_selector> make_selector(int n_layers, int n_kv_heads, int head_dim) override {
+    return std::make_unique<retrieval_selector>(params_, n_layers, n_kv_heads, head_dim);
+  }
+
+ private:
+  kv_policy_spec spec_;
+  retrieval_params params_;
+};
+
+}  // namespace
+
+int retrieval_params::resolve_k(int n_kv) const {
+  if (k_tokens > 0) return k_tokens;
+  return std::max(1, static_cast<int>(std::ceil(k_fraction * n_kv)));
+}
+
+result<retrieval_params> parse_retrieval_params(const kv_policy_spec& spec) {
+  retrieval_params p;
+  std::vector<std::pair<std::string, const char*>> index_specific;  // key, the index it needs
+  for (const auto& [key, value] : spec.params) {
+    const char* needs = nullptr;
+    if (status s = parse_param(key, value, p, &needs); !s.ok()) return s;
+    if (needs) index_specific.emplace_back(key, needs);
+  }
+  for (const auto& [key, needs] : index_specific)
+    if (std::string_view(needs) != index_kind_name(p.index))
+      return error(errc::invalid_argument, "retrieval: {} applies to index={}, not index={}", key, needs,
+                   index_kind_name(p.index));
+  if (p.index == retrieval_index_kind::hnsw)
+    if (status s = check_hnsw_params(p.hnsw); !s.ok()) return s;
+  if (p.index == retrieval_index_kind::ivfpq)
+    if (status s = check_ivfpq_params(p.ivfpq, 0); !s.ok()) return s;
+  return p;
+}
+
+result<std::unique_ptr<kv_policy>> make_retrieval_policy(const kv_policy_spec& spec) {
+  auto p = parse_retrieval_params(spec);
+  if (!p.ok()) return p.error();
+  return std::unique_ptr<kv_policy>(std::make_unique<retrieval_policy>(spec, *p));
+}
+
+retrieval_selector::retrieval_selector(const retrieval_params& p, int n_layers, int n_kv_heads, int head_dim)
+    : params_(p), n_layers_(n_layers), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
+  params_.ivfpq.m = divisor_at_most(head_dim, params_.ivfpq.m);
+  indexes_.resize(static_cast<std::size_t>(n_layers) * n_kv_heads);
+  for (auto& ix : indexes_) {
+    switch (params_.index) {
+      case retrieval_index_kind::hnsw: ix = make_hnsw_index(head_dim, params_.hnsw); break;
+      case retrieval_index_kind::ivfpq: ix = make_ivfpq_index(head_dim, params_.ivfpq); break;
+      case retrieval_index_kind::exact: ix = make_exact_index(head_dim); break;
+    }
+  }
+  indexed_end_.assign(n_layers, 0);
+  failed_.assign(n_layers, 0);
+}
+
+void retrieval_selector::on_layer_written(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos,
+                                          int n_kv) {
+  PAGODA_ASSERT(layer >= 0 && layer < n_layers_ && k.shape.head_dim == head_dim_, "retrieval: layer {} or head_dim {}",
+                layer, k.shape.head_dim);
+  block_size_ = k.shape.block_size;
+  if (indexed_end_[layer] > n_kv) forget_from(layer, n_kv / block_size_ * block_size_);  // an unannounced rollback
+  if (!failed_[layer]) add_blocks(layer, k, kv_pos, n_kv / block_size_ * block_size_);
+}
+
+// Decodes the sealed blocks in [indexed_end, end) of every head and adds
+// their live slots.
+void retrieval_selector::add_blocks(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos, int end) {
+  const int bs = block_size_;
+  std::vector<float> keys(static_cast<std::size_t>(bs) * head_dim_);
+  std::vector<std::int32_t> slots;
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    for (int b0 = indexed_end_[layer]; b0 < end; b0 += bs) {
+      decode_kv_rows(k, h, b0, bs, keys.data());
+      slots.clear();
+      for (int i = 0; i < bs; ++i) {
+        if (kv_pos[b0 + i] < 0) continue;  // dead: nothing to find
+        std::copy_n(&keys[static_cast<std::size_t>(i) * head_dim_], head_dim_,
+                    &keys[slots.size() * static_cast<std::size_t>(head_dim_)]);
+        slots.push_back(b0 + i);
+      }
+      status s = indexes_[row(layer, h)]->add(keys.data(), slots.data(), static_cast<int>(slots.size()));
+      if (!s.ok()) {
+        if (error_.ok()) error_ = s;
+        failed_[layer] = 1;
+        return;
+      }
+    }
+  }
+  indexed_end_[layer] = std::max(indexed_end_[layer], end);
+}
+
+void retrieval_selector::forget_from(int layer, int slot) {
+  for (int h = 0; h < n_kv_heads_; ++h) indexes_[row(layer, h)]->remove_from(slot);
+  indexed_end_[layer] = std::min(indexed_end_[layer], slot);
+}
+
+void retrieval_selector::on_slots_changed(int n_kv, bool kept) {
+  for (int l = 0; l < n_layers_; ++l) {
+    if (!kept) {
+      for (int h = 0; h < n_kv_heads_; ++h) indexes_[row(l, h)]->clear();
+      indexed_end_[l] = 0;
+      failed_[l] = 0;
+    } else if (indexed_end_[l] > n_kv) {
+      forget_from(l, n_kv / block_size_ * block_size_);
+    }
+  }
+}
+
+std::size_t retrieval_selector::memory_bytes() const {
+  std::size_t bytes = sizeof(*this) + indexes_.capacity() * sizeof(indexes_[0]) + indexed_end_.capacity() * sizeof(int) +
+                      failed_.capacity();
+  for (const auto& ix : indexes_) bytes += ix->memory_bytes();
+  return bytes;
+}
+
+void retrieval_selector::candidates(const kv_select_query& q, int k, int lo, int hi,
+                                    std::vector<std::int32_t>& out) const {
+  const key_index& ix = *indexes_[row(q.layer, q.kv_head)];
+  for (int r = 0; r < q.n_rows; ++r) ix.search(q.q + static_cast<std::size_t>(r) * q.head_dim, k, out);
+  std::erase_if(out, [lo, hi](std::int32_t s) { return s < lo || s >= hi; });
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+}
+
+bool retrieval_selector::select(const kv_select_query& q, std::vector<slot_range>& out) {
+  out.clear();
+  const int n_kv = q.n_kv;
+  if (failed_[q.layer] || q.n_rows > params_.max_tokens * q.n_rep || n_kv <= 0) return false;
+  // Dead slots (negative positions) lead; sinks are the first live ones.
+  const int first = static_cast<int>(std::upper_bound(q.kv_pos.begin(), q.kv_pos.begin() + n_kv, -1) - q.kv_pos.begin());
+  if (first >= n_kv) return false;
+  const int indexed = std::min(indexed_end_[q.layer], n_kv);
+  // Everything not indexed is read, so the window reaches back to the index's end.
+  const int window_begin = std::max(first, std::min(n_kv - params_.recent, indexed));
+  const int sink_end = std::min(first + params_.sinks, window_begin);
+  const int k = params_.resolve_k(n_kv);
+  const key_index& ix = *indexes_[row(q.layer, q.kv_head)];
+  if (k >= ix.size()) {  // every indexed key: no search needed
+    out.push_back({first, n_kv});
+    return true;
+  }
+  thread_local std::vector<std::int32_t> cand;
+  cand.clear();
+  candidates(q, k, sink_end, window_begin, cand);
+  if (sink_end > first) out.push_back({first, sink_end});
+  for (std::int32_t s : cand) {
+    if (!out.empty() && out.back().end == s) ++out.back().end;
+    else out.push_back({s, s + 1});
+  }
+  if (!out.empty() && out.back().end == window_begin) out.back().end = n_kv;
+  else out.push_back({window_begin, n_kv});
+  return true;
+}
+
+}  // namespace pagoda

@@ -1,0 +1,139 @@
+// The IVF-PQ key index (retrieval_index.h) on faiss.
+#include <faiss/IndexFlat.h>
+#include <faiss/IndexIVFPQ.h>
+#include <faiss/impl/IDSelector.h>
+#include <faiss/invlists/InvertedLists.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <memory>
+
+#include "policy/retrieval_index.h"
+
+namespace pagoda {
+namespace {
+
+// faiss parallelises with OpenMP; the engine has threads of its own, so faiss
+// runs on the calling thread (this sets the caller's own OpenMP ICV only).
+void faiss_on_this_thread() {
+  if (omp_get_max_threads() != 1) omp_set_num_threads(1);
+}
+
+class ivfpq_index final : public key_index {
+ public:
+  ivfpq_index(int head_dim, const ivfpq_params& p)
+      : head_dim_(head_dim), params_(p), n_train_(p.resolved_n_train()) {}
+
+  status add(const float* keys, const std::int32_t* slots, int n) override {
+    try {
+      if (trained()) return add_to_lists(keys, slots, n);
+      pending_keys_.insert(pending_keys_.end(), keys, keys + static_cast<std::size_t>(n) * head_dim_);
+      pending_slots_.insert(pending_slots_.end(), slots, slots + n);
+      if (static_cast<int>(pending_slots_.size()) >= n_train_) return train();
+    } catch (const std::exception& e) {
+      return error(errc::internal, "retrieval: ivfpq index: {}", e.what());
+    }
+    return {};
+  }
+
+  void search(const float* q, int k, std::vector<std::int32_t>& out) const override {
+    if (!trained())
+      return exact_top_k(q, pending_keys_.data(), pending_slots_.data(), static_cast<int>(pending_slots_.size()),
+                         head_dim_, k, out);
+    const faiss::Index::idx_t kk = std::min<faiss::Index::idx_t>(k, ivf_->ntotal);
+    if (kk <= 0) return;
+    faiss_on_this_thread();
+    std::vector<float> dist(kk);
+    std::vector<faiss::Index::idx_t> labels(kk);
+    ivf_->search(1, q, kk, dist.data(), labels.data());
+    for (faiss::Index::idx_t l : labels)
+      if (l >= 0) out.push_back(static_cast<std::int32_t>(l));
+  }
+
+  void remove_from(std::int32_t slot) override {
+    if (!trained()) return erase_slots_from(pending_keys_, pending_slots_, head_dim_, slot);
+    faiss_on_this_thread();
+    faiss::IDSelectorRange sel(slot, std::numeric_limits<faiss::Index::idx_t>::max());
+    ivf_->remove_ids(sel);
+  }
+
+  void clear() override {
+    if (trained()) {
+      ivf_->reset();  // the lists empty; the quantizers stay trained
+      return;
+    }
+    pending_keys_.clear();
+    pending_slots_.clear();
+  }
+
+  int size() const override { return static_cast<int>(trained() ? ivf_->ntotal : static_cast<faiss::Index::idx_t>(pending_slots_.size())); }
+
+  // Before training: the buffered keys. After: the coarse centroids, the PQ
+  // codebooks and any precomputed tables, and the inverted lists' codes and
+  // ids as allocated.
+  std::size_t memory_bytes() const override {
+    std::size_t bytes = pending_keys_.capacity() * sizeof(float) +
+                        pending_slots_.capacity() * sizeof(std::int32_t);
+    if (!trained()) return bytes;
+    bytes += static_cast<std::size_t>(quantizer_->ntotal) * head_dim_ * sizeof(float);
+    bytes += ivf_->pq.centroids.capacity() * sizeof(float) + ivf_->precomputed_table.size() * sizeof(float);
+    if (const auto* lists = dynamic_cast<const faiss::ArrayInvertedLists*>(ivf_->invlists)) {
+      for (std::size_t i = 0; i < lists->nlist; ++i)
+        bytes += lists->codes[i].capacity() + lists->ids[i].capacity() * sizeof(faiss::Index::idx_t) +
+                 2 * sizeof(std::vector<std::uint8_t>);
+    }
+    return bytes;
+  }
+
+ private:
+  bool trained() const { return ivf_ != nullptr; }
+
+  // k-means for the coarse lists and PQ codebooks on the buffered keys, which
+  // then become the first entries of the lists.
+  status train() {
+    faiss_on_this_thread();
+    quantizer_ = std::make_unique<faiss::IndexFlatIP>(head_dim_);
+    auto ivf = std::make_unique<faiss::IndexIVFPQ>(quantizer_.get(), head_dim_, params_.nlist, params_.m, params_.nbits,
+                                                   faiss::METRIC_INNER_PRODUCT);
+    // 10 k-means iterations rather than faiss's 25: the coarse lists and
+    // codebooks barely move after that, and training runs inside a step.
+    ivf->cp.seed = 1234;
+    ivf->pq.cp.seed = 1234;
+    ivf->cp.niter = 10;
+    ivf->pq.cp.niter = 10;
+    ivf->nprobe = params_.nprobe;
+    const auto n = static_cast<faiss::Index::idx_t>(pending_slots_.size());
+    ivf->train(n, pending_keys_.data());
+    ivf_ = std::move(ivf);
+    status s = add_to_lists(pending_keys_.data(), pending_slots_.data(), static_cast<int>(n));
+    std::vector<float>().swap(pending_keys_);  // releases the capacity
+    std::vector<std::int32_t>().swap(pending_slots_);
+    return s;
+  }
+
+  status add_to_lists(const float* keys, const std::int32_t* slots, int n) {
+    faiss_on_this_thread();
+    std::vector<faiss::Index::idx_t> ids(slots, slots + n);
+    ivf_->add_with_ids(n, keys, ids.data());
+    return {};
+  }
+
+  int head_dim_;
+  ivfpq_params params_;
+  int n_train_;
+  std::vector<float> pending_keys_;  // [pending][head_dim]: the training set, searched exactly until trained
+  std::vector<std::int32_t> pending_slots_;
+  std::unique_ptr<faiss::IndexFlatIP> quantizer_;  // outlives ivf_ (declared first)
+  std::unique_ptr<faiss::IndexIVFPQ> ivf_;
+};
+
+}  // namespace
+
+std::unique_ptr<key_index> make_ivfpq_index(int head_dim, const ivfpq_params& p) {
+  return std::make_unique<ivfpq_index>(head_dim, p);
+}
+
+}  // namespace pagoda
