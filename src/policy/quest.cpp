@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -11,14 +12,9 @@
 
 #include "core/assert.h"
 #include "core/cpu.h"
+#include "policy/quest_kernels.h"
 
 namespace pagoda {
-
-// split: [n_rows][2][stride], q+ = max(q, 0) then q- = min(q, 0), zero past head_dim.
-void quest_bounds_avx2(const float* split, std::size_t stride, int n_rows, int head_dim,
-                       std::span<const key_summary> blocks, float* out);  // quest_avx2.cpp
-void quest_bounds_avx512(const float* split, std::size_t stride, int n_rows, int head_dim,
-                         std::span<const key_summary> blocks, float* out);  // quest_avx512.cpp
 
 // --- parameters ---------------------------------------------------------------
 
@@ -32,7 +28,8 @@ int quest_params::min_context_tokens(int block_size) const {
   if (pages > 0) return 0;
   // The budget reaches 4 chosen blocks beyond the sinks and the newest block.
   const int forced = (sinks + block_size - 1) / block_size + 1;
-  return static_cast<int>(std::ceil((forced + 4) / budget)) * block_size;
+  const double tokens = std::ceil((forced + 4) / budget) * block_size;  // budget may be tiny: clamp, then cast
+  return static_cast<int>(std::min(tokens, static_cast<double>(INT32_MAX)));
 }
 
 namespace {
@@ -72,7 +69,7 @@ class quest_policy final : public kv_policy {
     return n;
   }
   std::unique_ptr<kv_read_selector> make_selector(int n_layers, int n_kv_heads, int head_dim) override {
-    return std::make_unique<quest_selector>(params_);
+    return std::make_unique<quest_selector>(params_, n_layers, n_kv_heads, head_dim);
   }
 
  private:
@@ -87,11 +84,15 @@ result<quest_params> parse_quest_params(const kv_policy_spec& spec) {
   for (const auto& [key, value] : spec.params) {
     if (key == "budget") {
       PAGODA_ASSIGN_OR_RETURN(p.budget, parse_fraction(value));
+    } else if (key == "bounds") {
+      if (value != "int8" && value != "f32")
+        return error(errc::invalid_argument, "quest: bounds '{}': expected int8 or f32", value);
+      p.int8_bounds = value == "int8";
     } else if (key == "pages" || key == "sinks" || key == "min_context") {
       PAGODA_ASSIGN_OR_RETURN((key == "pages" ? p.pages : key == "sinks" ? p.sinks : p.min_context),
                               parse_count(key, value, key == "pages" ? 1 : 0));
     } else {
-      return error(errc::invalid_argument, "quest: unknown parameter '{}'; known: budget, pages, sinks, min_context", key);
+      return error(errc::invalid_argument, "quest: unknown parameter '{}'; known: budget, pages, sinks, min_context, bounds", key);
     }
   }
   return p;
@@ -131,8 +132,86 @@ void quest_bounds(const float* q, int n_rows, int head_dim, std::span<const key_
       split[2 * static_cast<std::size_t>(r) * stride + d] = std::max(x, 0.0f);
       split[(2 * static_cast<std::size_t>(r) + 1) * stride + d] = std::min(x, 0.0f);
     }
-  if (level == simd_level::avx512) quest_bounds_avx512(split.data(), stride, n_rows, head_dim, blocks, out);
-  else quest_bounds_avx2(split.data(), stride, n_rows, head_dim, blocks, out);
+  if (level == simd_level::avx512) quest_detail::bounds_avx512(split.data(), stride, n_rows, head_dim, blocks, out);
+  else quest_detail::bounds_avx2(split.data(), stride, n_rows, head_dim, blocks, out);
+}
+
+// --- int8 bounds ------------------------------------------------------------------
+
+quest_block8 quest_encode_block(const key_summary& s, int head_dim, std::int8_t* codes) {
+  const int pd = quest_padded_dim(head_dim);
+  std::fill_n(codes, 2 * pd, std::int8_t{0});
+  quest_block8 b;
+  double m = 0;
+  for (int d = 0; d < head_dim; ++d) {
+    if (!std::isfinite(s.min[d]) || !std::isfinite(s.max[d])) {
+      b.scale = INFINITY;  // no finite bound: the block is always read
+      return b;
+    }
+    m = std::max({m, std::fabs(static_cast<double>(s.min[d])), std::fabs(static_cast<double>(s.max[d]))});
+  }
+  if (m == 0) return b;  // every key is 0: so is every score
+  // 1/1024 of headroom keeps |x| / scale below 127 whatever the float rounding.
+  b.scale = static_cast<float>(m / 127 * (1 + 1.0 / 1024));
+  const double sc = b.scale;
+  for (int d = 0; d < head_dim; ++d) {
+    // Outward, checked in double (a float times a small integer is exact there).
+    double lo = std::floor(s.min[d] / sc), hi = std::ceil(s.max[d] / sc);
+    if (sc * lo > s.min[d]) lo -= 1;
+    if (sc * hi < s.max[d]) hi += 1;
+    codes[d] = static_cast<std::int8_t>(std::clamp(lo, -127.0, 127.0));
+    codes[pd + d] = static_cast<std::int8_t>(std::clamp(hi, -127.0, 127.0));
+    b.l1 += std::abs(codes[d]) + std::abs(codes[pd + d]);
+  }
+  return b;
+}
+
+void quest_encode_query(const float* q, int n_rows, int head_dim, quest_query8& out) {
+  out.n_rows = n_rows;
+  out.padded_dim = quest_padded_dim(head_dim);
+  const std::size_t pd = out.padded_dim;
+  out.pos.assign(static_cast<std::size_t>(n_rows) * pd, 0);
+  out.neg.assign(static_cast<std::size_t>(n_rows) * pd, 0);
+  out.scale.resize(n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    const float* qr = q + static_cast<std::size_t>(r) * head_dim;
+    float m = 0;
+    for (int d = 0; d < head_dim; ++d) m = std::max(m, std::fabs(qr[d]));
+    out.scale[r] = m / 127;
+    if (!(m > 0)) continue;  // a zero row scores 0 (a NaN row: NaN scale, +inf bounds)
+    const float inv = 127 / m;
+    for (int d = 0; d < head_dim; ++d) {
+      const auto u = static_cast<std::uint8_t>(std::min(127.0f, std::nearbyint(std::fabs(qr[d]) * inv)));
+      (qr[d] >= 0 ? out.pos : out.neg)[r * pd + d] = u;
+    }
+  }
+}
+
+void quest_bounds8_ref(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out) {
+  const int pd = q.padded_dim;
+  for (int i = 0; i < n; ++i) {
+    const std::int8_t* lo = codes + static_cast<std::size_t>(i) * 2 * pd;
+    const std::int8_t* hi = lo + pd;
+    float best = -INFINITY;
+    for (int r = 0; r < q.n_rows && blocks[i].scale < INFINITY; ++r) {
+      std::int32_t p = 0, m = 0;
+      for (int d = 0; d < pd; ++d) {
+        p += q.pos[static_cast<std::size_t>(r) * pd + d] * hi[d];
+        m += q.neg[static_cast<std::size_t>(r) * pd + d] * lo[d];
+      }
+      best = std::max(best, quest_detail::finish8(p - m, blocks[i], 0.5f * q.scale[r]));
+    }
+    out[i] = blocks[i].scale < INFINITY ? best : INFINITY;
+  }
+}
+
+void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out) {
+  switch (active_simd_level()) {
+    case simd_level::avx512: return quest_detail::bounds8_avx512(q, codes, blocks, n, out);
+    case simd_level::avx2: return quest_detail::bounds8_avx2(q, codes, blocks, n, out);
+    case simd_level::scalar: break;
+  }
+  quest_bounds8_ref(q, codes, blocks, n, out);
 }
 
 // --- selection ------------------------------------------------------------------
@@ -141,15 +220,71 @@ namespace {
 
 // Per thread: select() runs on attention threads, for any sequence.
 struct quest_scratch {
-  std::vector<key_summary> summaries;  // [candidates]
-  std::vector<int> candidates;         // block indices with a summary, not forced
+  std::vector<key_summary> summaries;  // f32 bounds: [candidates]
+  quest_query8 query;                  // int8 bounds
   std::vector<float> bound;            // [candidates]
-  std::vector<int> order;              // [candidates] indices into candidates
+  std::vector<float> sorted;           // [candidates]: the bounds, partly ordered
   std::vector<std::uint8_t> read;      // [blocks]
 };
 thread_local quest_scratch t_scratch;
 
 }  // namespace
+
+quest_selector::quest_selector(const quest_params& params, int n_layers, int n_kv_heads, int head_dim)
+    : params_(params),
+      n_kv_heads_(n_kv_heads),
+      padded_dim_(quest_padded_dim(head_dim)),
+      rows_(params.int8_bounds ? static_cast<std::size_t>(n_layers) * n_kv_heads : 0) {}
+
+int quest_selector::f32_bounds(const kv_select_query& q, int c0, int c_end) {
+  quest_scratch& sc = t_scratch;
+  sc.summaries.clear();
+  int c1 = c0;
+  for (; c1 < c_end; ++c1) {
+    const std::optional<key_summary> s = q.kv->key_summary_of(q.k->blocks[c1], q.layer, q.kv_head);
+    if (!s) break;
+    sc.summaries.push_back(*s);
+  }
+  sc.bound.resize(sc.summaries.size());
+  quest_bounds(q.q, q.n_rows, q.head_dim, sc.summaries, sc.bound.data());
+  return c1;
+}
+
+int quest_selector::int8_bounds(const kv_select_query& q, int c0, int c_end) {
+  PAGODA_ASSERT(q.layer >= 0 && q.kv_head >= 0 && q.kv_head < n_kv_heads_ &&
+                    static_cast<std::size_t>(q.layer) * n_kv_heads_ + q.kv_head < rows_.size() &&
+                    quest_padded_dim(q.head_dim) == padded_dim_,
+                "quest: a query for layer {} head {} of head_dim {} outside the selector's shape", q.layer,
+                q.kv_head, q.head_dim);
+  row& r = rows_[static_cast<std::size_t>(q.layer) * n_kv_heads_ + q.kv_head];
+  r.block_size = q.k->shape.block_size;
+  const std::size_t per_block = 2 * static_cast<std::size_t>(padded_dim_);
+  // Cached entries stay valid while the table holds the same block there
+  // (a truncation or compaction is announced by on_slots_changed).
+  std::size_t n = 0;
+  const std::size_t limit = std::min(r.ids.size(), q.k->blocks.size());
+  while (n < limit && r.ids[n] == q.k->blocks[n]) ++n;
+  if (n < r.ids.size()) {
+    r.ids.resize(n);
+    r.blocks.resize(n);
+    r.codes.resize(n * per_block);
+  }
+  for (int b = static_cast<int>(n); b < c_end; ++b) {
+    const std::optional<key_summary> s = q.kv->key_summary_of(q.k->blocks[b], q.layer, q.kv_head);
+    if (!s) break;
+    r.ids.push_back(q.k->blocks[b]);
+    r.codes.resize(r.codes.size() + per_block);
+    r.blocks.push_back(quest_encode_block(*s, q.head_dim, r.codes.data() + r.codes.size() - per_block));
+  }
+  const int c1 = std::max(c0, std::min(c_end, static_cast<int>(r.ids.size())));
+  quest_scratch& sc = t_scratch;
+  sc.bound.resize(c1 - c0);
+  if (c1 > c0) {
+    quest_encode_query(q.q, q.n_rows, q.head_dim, sc.query);
+    quest_bounds8(sc.query, r.codes.data() + c0 * per_block, r.blocks.data() + c0, c1 - c0, sc.bound.data());
+  }
+  return c1;
+}
 
 bool quest_selector::select(const kv_select_query& q, std::vector<slot_range>& out) {
   out.clear();
@@ -160,48 +295,59 @@ bool quest_selector::select(const kv_select_query& q, std::vector<slot_range>& o
   const int n_read = params_.blocks_read(n_blocks);
   if (q.n_kv < params_.min_context_tokens(bs) || n_read >= n_blocks) return false;
 
+  // Dead slots (negative positions) lead the row: the sinks are the first live ones.
+  const auto kv_pos = q.kv_pos.first(std::min<std::size_t>(q.kv_pos.size(), q.n_kv));
+  const int first_live =
+      static_cast<int>(std::partition_point(kv_pos.begin(), kv_pos.end(), [](std::int32_t p) { return p < 0; }) -
+                       kv_pos.begin());
+  const int live_block = first_live / bs;
+  const int sink_end = params_.sinks > 0 ? std::min(n_blocks, (first_live + params_.sinks + bs - 1) / bs) : live_block;
+  // Candidates: the blocks from the sinks to the newest (excluded) that have a
+  // bound, [c0, c1); every other live block is read.
+  const int c0 = std::max(sink_end, live_block), c_end = std::max(c0, n_blocks - 1);
+  const int c1 = params_.int8_bounds ? int8_bounds(q, c0, c_end) : f32_bounds(q, c0, c_end);
+  const int n_cand = c1 - c0;
+  const int n_forced = n_blocks - live_block - n_cand;
+  const int k = std::clamp(n_read - n_forced, 0, n_cand);
+  if (k == n_cand && live_block == 0) return false;  // every block: a plain full read
+
   quest_scratch& sc = t_scratch;
   sc.read.assign(n_blocks, 0);
-  sc.summaries.clear();
-  sc.candidates.clear();
-  // Dead slots (negative positions) lead the row: the sinks are the first live ones.
-  const int first_live = static_cast<int>(
-      std::partition_point(q.kv_pos.begin(), q.kv_pos.begin() + std::min<std::size_t>(q.kv_pos.size(), q.n_kv),
-                           [](std::int32_t p) { return p < 0; }) -
-      q.kv_pos.begin());
-  const int sink_end = params_.sinks > 0 ? std::min(n_blocks, (first_live + params_.sinks + bs - 1) / bs) : 0;
-  int n_forced = 0;
-  for (int b = first_live / bs; b < n_blocks; ++b) {
-    std::optional<key_summary> s;
-    if (b >= sink_end && b != n_blocks - 1) s = q.kv->key_summary_of(q.k->blocks[b], q.layer, q.kv_head);
-    if (s) {
-      sc.candidates.push_back(b);
-      sc.summaries.push_back(*s);
-    } else {
-      sc.read[b] = 1;
-      ++n_forced;
-    }
-  }
-  const int n_cand = static_cast<int>(sc.candidates.size());
-  const int k = std::clamp(n_read - n_forced, 0, n_cand);
-  if (k == n_cand && first_live < bs) return false;  // every block: a plain full read
+  for (int b = live_block; b < n_blocks; ++b) sc.read[b] = b < c0 || b >= c1;
   if (k > 0) {
-    sc.bound.resize(n_cand);
-    quest_bounds(q.q, q.n_rows, q.head_dim, sc.summaries, sc.bound.data());
-    sc.order.resize(n_cand);
-    for (int i = 0; i < n_cand; ++i) sc.order[i] = i;
-    // The k largest bounds; ties go to the older block, so the choice is deterministic.
-    auto larger = [&](int a, int b) { return sc.bound[a] > sc.bound[b] || (sc.bound[a] == sc.bound[b] && a < b); };
-    std::nth_element(sc.order.begin(), sc.order.begin() + (k - 1), sc.order.end(), larger);
-    for (int i = 0; i < k; ++i) sc.read[sc.candidates[sc.order[i]]] = 1;
+    // The k largest bounds: every bound above the k-th largest, then the
+    // oldest blocks whose bound equals it (a deterministic choice among ties).
+    sc.sorted.assign(sc.bound.begin(), sc.bound.begin() + n_cand);
+    std::nth_element(sc.sorted.begin(), sc.sorted.begin() + (k - 1), sc.sorted.end(), std::greater<float>());
+    const float kth = sc.sorted[k - 1];
+    int ties = k - static_cast<int>(std::count_if(sc.bound.begin(), sc.bound.begin() + n_cand, [&](float x) { return x > kth; }));
+    for (int i = 0; i < n_cand; ++i)
+      if (sc.bound[i] > kth || (sc.bound[i] == kth && ties-- > 0)) sc.read[c0 + i] = 1;
   }
-  for (int b = 0; b < n_blocks; ++b) {
+  for (int b = live_block; b < n_blocks; ++b) {
     if (!sc.read[b]) continue;
     const int begin = b * bs, end = std::min(q.n_kv, begin + bs);
     if (!out.empty() && out.back().end == begin) out.back().end = end;
     else out.push_back({begin, end});
   }
   return true;
+}
+
+void quest_selector::on_slots_changed(int n_kv, bool kept) {
+  for (row& r : rows_) {
+    // A rollback keeps the blocks wholly below n_kv; anything else starts over.
+    const std::size_t keep = kept && r.block_size > 0 ? std::min<std::size_t>(r.ids.size(), n_kv / r.block_size) : 0;
+    r.ids.resize(keep);
+    r.blocks.resize(keep);
+    r.codes.resize(keep * 2 * static_cast<std::size_t>(padded_dim_));
+  }
+}
+
+std::size_t quest_selector::memory_bytes() const {
+  std::size_t bytes = rows_.capacity() * sizeof(row);
+  for (const row& r : rows_)
+    bytes += r.ids.capacity() * sizeof(block_id) + r.codes.capacity() + r.blocks.capacity() * sizeof(quest_block8);
+  return bytes;
 }
 
 }  // namespace pagoda

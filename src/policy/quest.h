@@ -15,6 +15,19 @@
 //   min_context=T  below T tokens of context, read everything. Default: the
 //                  context at which the budget reaches 4 blocks beyond the
 //                  sinks and the newest block (with pages=N: 0).
+//   bounds=int8    how the bound is computed (below): int8 (default) or f32.
+//
+// Bounds. bounds=f32 computes the sum above from the backend's f32 summaries
+// on every step. bounds=int8 (the default) computes a slightly larger bound
+// from a compact copy the selector keeps per (layer, KV head): each block's
+// min rounded down and max rounded up to int8 codes on a per-block scale, the
+// query rows rounded to 7-bit codes, exact integer dot products (VNNI) and a
+// term that covers the query's rounding, so it is still an upper bound of
+// every score (quest_bound8). It reads a quarter of the bytes, contiguously
+// (the backend keeps summaries as [block][layer][head]: one (layer, head)'s
+// are 1.5 KiB every 384 KiB on a 32-layer model), and a quarter of the
+// instructions; the copy costs 2 x head_dim + 8 bytes per block per layer
+// and KV head (memory_bytes()).
 //
 // Choices:
 //   - Decode only: a group of more than k_quest_max_query_tokens query tokens
@@ -28,6 +41,7 @@
 //     per-slot bias (Quest does not merge entries).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -46,6 +60,7 @@ struct quest_params {
   int pages = 0;          // > 0: blocks read
   int sinks = 16;         // tokens
   int min_context = -1;   // tokens; -1: automatic (see above)
+  bool int8_bounds = true;  // bounds=int8 (true) or f32
 
   // The blocks read out of n_blocks, at least 1.
   int blocks_read(int n_blocks) const;
@@ -53,27 +68,15 @@ struct quest_params {
   int min_context_tokens(int block_size) const;
 };
 
-// Errors name the parameter ("quest: budget 1.5: expected a fraction in (0, 1] ...").
+// Errors name the parameter ("quest: budget '1.5': expected a fraction in (0, 1] ...").
 result<quest_params> parse_quest_params(const kv_policy_spec& spec);
 
 // The kv_policy: needs key summaries, evicts nothing, makes quest_selectors.
 result<std::unique_ptr<kv_policy>> make_quest_policy(const kv_policy_spec& spec);
 
-// The per-sequence selector. Stateless between calls (the key summaries live
-// in the backend), so select() may run concurrently for any heads; its
-// scratch is per thread and grows to the largest context seen, then no call
-// allocates.
-class quest_selector final : public kv_read_selector {
- public:
-  explicit quest_selector(const quest_params& params) : params_(params) {}
-  // REQUIRES: q.k, and q.kv for a selection (without a backend: false).
-  bool select(const kv_select_query& q, std::vector<slot_range>& out) override;
+// --- bounds -------------------------------------------------------------------
 
- private:
-  quest_params params_;
-};
-
-// Quest's bound for a run of blocks: out[i] = max over rows r < n_rows of
+// The f32 bound for a run of blocks: out[i] = max over rows r < n_rows of
 // sum_d max(q[r][d] * blocks[i].min[d], q[r][d] * blocks[i].max[d]). q is
 // [n_rows][head_dim]. A NaN sum becomes +inf (the block is read); the SIMD
 // levels compute max(q lo, q hi) as q+ hi + q- lo, so an infinite min or max
@@ -82,5 +85,74 @@ class quest_selector final : public kv_read_selector {
 void quest_bounds(const float* q, int n_rows, int head_dim, std::span<const key_summary> blocks, float* out);
 // Plain reference twin: the same sum, in double, then rounded to float.
 void quest_bounds_ref(const float* q, int n_rows, int head_dim, std::span<const key_summary> blocks, float* out);
+
+// The int8 bound. Codes are padded with zeros to k_quest_code_align channels.
+inline constexpr int k_quest_code_align = 64;
+inline int quest_padded_dim(int head_dim) { return (head_dim + k_quest_code_align - 1) / k_quest_code_align * k_quest_code_align; }
+
+// One block's summary as codes, rounded outward: scale * code_lo[d] <= min[d]
+// and scale * code_hi[d] >= max[d], codes in [-127, 127]; l1 = sum_d
+// |code_lo[d]| + |code_hi[d]|.
+struct quest_block8 {
+  float scale = 0;
+  std::int32_t l1 = 0;
+};
+// Writes code_lo then code_hi ([2][padded_dim]) to codes. Non-finite min or
+// max channels give scale = +inf (the bound is then +inf: the block is read).
+quest_block8 quest_encode_block(const key_summary& s, int head_dim, std::int8_t* codes);
+
+// Query rows as codes: |q| = scale * (code + e) with |e| <= 1/2 per channel
+// (7-bit codes, so the AVX2 path's 16-bit pair sums cannot saturate).
+struct quest_query8 {
+  int n_rows = 0;
+  int padded_dim = 0;
+  std::vector<std::uint8_t> pos;  // [n_rows][padded_dim]: round(max(q, 0) / scale)
+  std::vector<std::uint8_t> neg;  // [n_rows][padded_dim]: round(max(-q, 0) / scale)
+  std::vector<float> scale;       // [n_rows]: max|q_r| / 127
+};
+void quest_encode_query(const float* q, int n_rows, int head_dim, quest_query8& out);
+
+// out[i] = max over rows r of scale_r * block_i.scale * (P - N + l1_i / 2),
+// P = sum_d pos[r][d] code_hi_i[d], N = sum_d neg[r][d] code_lo_i[d] (exact
+// integers): an upper bound of sum_d max(q_d min_d, q_d max_d), hence of every
+// score of the block (up to the final multiplication's rounding). codes is
+// [n][2][padded_dim] (quest_encode_block's layout, consecutive blocks).
+// Exact integer sums: every SIMD level gives the reference's bits.
+void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out);
+void quest_bounds8_ref(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out);
+
+// --- the selector ------------------------------------------------------------------
+
+// The per-sequence selector. select() may run concurrently for different
+// (layer, KV head) rows: with int8 bounds each row owns its codes, which it
+// extends as blocks are sealed (checking each cached entry's block id
+// against the table, so a copied or replaced block is re-read); its other
+// scratch is per thread. on_slots_changed drops what a truncation or a
+// compaction changed.
+class quest_selector final : public kv_read_selector {
+ public:
+  quest_selector(const quest_params& params, int n_layers, int n_kv_heads, int head_dim);
+  // REQUIRES: q.k; q.kv for a selection (without a backend: false).
+  bool select(const kv_select_query& q, std::vector<slot_range>& out) override;
+  void on_slots_changed(int n_kv, bool kept) override;
+  std::size_t memory_bytes() const override;
+
+ private:
+  struct row {
+    int block_size = 0;
+    std::vector<block_id> ids;         // [cached]: the table's block at each index when encoded
+    std::vector<std::int8_t> codes;    // [cached][2][padded_dim]
+    std::vector<quest_block8> blocks;  // [cached]
+  };
+  // Bounds of blocks [c0, c_end) into the thread's scratch; returns where the
+  // blocks with a bound end (<= c_end: the first block without a summary).
+  int int8_bounds(const kv_select_query& q, int c0, int c_end);
+  int f32_bounds(const kv_select_query& q, int c0, int c_end);
+
+  quest_params params_;
+  int n_kv_heads_ = 0;
+  int padded_dim_ = 0;
+  std::vector<row> rows_;  // [n_layers][n_kv_heads]
+};
 
 }  // namespace pagoda

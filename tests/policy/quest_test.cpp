@@ -6,6 +6,7 @@
 #include "policy/quest.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -116,6 +117,151 @@ TEST_P(quest_level, bounds_match_the_reference_twin) {
     }
 }
 
+// Random summaries and query groups, as codes.
+struct coded_case {
+  int hd, rows, n;
+  std::vector<float> lo, hi, q;
+  std::vector<key_summary> sums;
+  std::vector<std::int8_t> codes;
+  std::vector<quest_block8> blocks;
+  quest_query8 q8;
+  coded_case(int hd_, int rows_, int n_, unsigned seed) : hd(hd_), rows(rows_), n(n_) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    lo.resize(static_cast<std::size_t>(n) * hd);
+    hi.resize(lo.size());
+    for (std::size_t i = 0; i < lo.size(); ++i) {
+      const float a = nd(rng) * (i % 11 == 0 ? 6.0f : 1.0f), b = nd(rng);
+      lo[i] = std::min(a, b);
+      hi[i] = std::max(a, b);
+    }
+    const std::size_t per = 2 * static_cast<std::size_t>(quest_padded_dim(hd));
+    codes.resize(per * n);
+    for (int i = 0; i < n; ++i) {
+      sums.push_back({&lo[static_cast<std::size_t>(i) * hd], &hi[static_cast<std::size_t>(i) * hd], nullptr});
+      blocks.push_back(quest_encode_block(sums.back(), hd, codes.data() + per * i));
+    }
+    q = random_queries(rows, hd, seed + 1);
+    quest_encode_query(q.data(), rows, hd, q8);
+  }
+};
+
+// Integer sums are exact: every level gives the reference twin's bits.
+TEST_P(quest_level, int8_bounds_equal_the_reference_twin_bitwise) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  for (int hd : {8, 40, 64, 100, 128, 160, 256})  // 64, 128, 192 and 256 padded channels
+    for (int rows : {0, 1, 3, 4, 5, 9, 32}) {
+      coded_case c(hd, rows, 29, 10 * hd + rows);
+      std::vector<float> got(c.n), want(c.n);
+      quest_bounds8(c.q8, c.codes.data(), c.blocks.data(), c.n, got.data());
+      quest_bounds8_ref(c.q8, c.codes.data(), c.blocks.data(), c.n, want.data());
+      for (int i = 0; i < c.n; ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+            << "hd " << hd << " rows " << rows << " block " << i;
+    }
+}
+
+// The int8 bound is an upper bound of the f32 one (exact, in double), and
+// not much looser: rounding each min and max outward moves it by at most
+// block scale x sum_d |q_d|, and the query's codes by at most q scale x block
+// scale x l1 (the covering term included), per row.
+TEST(quest_int8_bounds, cover_the_f32_bound_and_stay_close_to_it) {
+  for (int hd : {40, 128})
+    for (int rows : {1, 4}) {
+      coded_case c(hd, rows, 200, 3 * hd + rows);
+      std::vector<float> b8(c.n), b32(c.n);
+      quest_bounds8_ref(c.q8, c.codes.data(), c.blocks.data(), c.n, b8.data());
+      double loosest = 0;
+      for (int i = 0; i < c.n; ++i) {
+        double worst_slack = 0;
+        for (int r = 0; r < rows; ++r) {
+          double l1q = 0;
+          for (int d = 0; d < hd; ++d) l1q += std::fabs(c.q[static_cast<std::size_t>(r) * hd + d]);
+          worst_slack = std::max(worst_slack, c.blocks[i].scale * (l1q + c.q8.scale[r] * c.blocks[i].l1));
+        }
+        quest_bounds_ref(c.q.data(), rows, hd, std::span<const key_summary>(&c.sums[i], 1), &b32[i]);
+        const double tol = 1e-6 * (std::fabs(b32[i]) + worst_slack);
+        ASSERT_GE(b8[i], b32[i] - tol) << "hd " << hd << " rows " << rows << " block " << i;
+        ASSERT_LE(b8[i], b32[i] + worst_slack + tol) << "hd " << hd << " rows " << rows << " block " << i;
+        loosest = std::max(loosest, (b8[i] - b32[i]) / worst_slack);
+      }
+      EXPECT_GT(loosest, 0.05) << "the slack bound is far from what happens: is it computed right?";
+    }
+  // Non-finite summaries and zero keys.
+  std::vector<float> lo(8, 0.0f), hi(8, 0.0f), q = random_queries(2, 8, 1);
+  std::vector<std::int8_t> codes(2 * 64);
+  quest_query8 q8;
+  quest_encode_query(q.data(), 2, 8, q8);
+  float out = -1;
+  quest_block8 zero = quest_encode_block({lo.data(), hi.data(), nullptr}, 8, codes.data());
+  quest_bounds8(q8, codes.data(), &zero, 1, &out);
+  EXPECT_EQ(out, 0.0f);
+  hi[3] = INFINITY;
+  quest_block8 inf = quest_encode_block({lo.data(), hi.data(), nullptr}, 8, codes.data());
+  quest_bounds8(q8, codes.data(), &inf, 1, &out);
+  EXPECT_EQ(out, INFINITY);
+}
+
+// Block codes round outward and by less than one step: scale x code_lo <=
+// min < scale x (code_lo + 1), scale x (code_hi - 1) < max <= scale x code_hi
+// (in double, where a float times a small integer is exact), |codes| <= 127,
+// and l1 is their sum of magnitudes; padding is zero.
+TEST(quest_int8_bounds, block_codes_round_outward_by_less_than_a_step) {
+  for (int hd : {8, 40, 128}) {
+    coded_case c(hd, 1, 300, 7 * hd);
+    const int pd = quest_padded_dim(hd);
+    for (int i = 0; i < c.n; ++i) {
+      const std::int8_t* lo = c.codes.data() + static_cast<std::size_t>(i) * 2 * pd;
+      const std::int8_t* hi = lo + pd;
+      const double sc = c.blocks[i].scale;
+      std::int32_t l1 = 0;
+      for (int d = 0; d < pd; ++d) {
+        l1 += std::abs(lo[d]) + std::abs(hi[d]);
+        if (d >= hd) {
+          ASSERT_EQ(lo[d], 0);
+          ASSERT_EQ(hi[d], 0);
+          continue;
+        }
+        const double mn = c.sums[i].min[d], mx = c.sums[i].max[d];
+        ASSERT_LE(sc * lo[d], mn) << i << " " << d;
+        ASSERT_GT(sc * (lo[d] + 1), mn) << i << " " << d;
+        ASSERT_GE(sc * hi[d], mx) << i << " " << d;
+        ASSERT_LT(sc * (hi[d] - 1), mx) << i << " " << d;
+        ASSERT_LE(std::abs(lo[d]), 127);
+        ASSERT_LE(std::abs(hi[d]), 127);
+      }
+      ASSERT_EQ(l1, c.blocks[i].l1);
+    }
+  }
+}
+
+// The covering term: with block codes that are exact (no outward slack) and
+// query channels that round down by 0.49 of a step, the int8 bound still
+// covers sum_d q_d x max_d; without the l1 / 2 term it would fall short by
+// about 0.49 x 100 per channel.
+TEST_P(quest_level, int8_bound_covers_the_query_rounding) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  const int hd = 64, pd = quest_padded_dim(hd);
+  std::vector<float> q(hd, 50.49f);
+  q[0] = 127.0f;  // scale 1: the others are 50.49 steps, coded 50
+  quest_query8 q8;
+  quest_encode_query(q.data(), 1, hd, q8);
+  ASSERT_EQ(q8.scale[0], 1.0f);
+  ASSERT_EQ(q8.pos[1], 50);
+  std::vector<std::int8_t> codes(2 * pd, 0);
+  for (int d = 0; d < hd; ++d) {
+    codes[d] = -100;
+    codes[pd + d] = 100;
+  }
+  const quest_block8 b{1.0f, 200 * hd};
+  float bound = 0;
+  quest_bounds8(q8, codes.data(), &b, 1, &bound);
+  double exact = 0;  // the f32 bound of a block whose min and max are -100 and 100
+  for (int d = 0; d < hd; ++d) exact += 100.0 * q[d];
+  EXPECT_GE(bound, exact * (1 - 1e-7));
+  EXPECT_LT(bound, exact + 0.51 * 200 * hd) << "the covering term is l1 / 2 steps";
+}
+
 // The PROPERTY: for every KV codec, every sealed block's bound (from the key
 // summaries kv_storage keeps, over its keys as decoded) is at least every
 // score the codec's qk computes for that block, per query row:
@@ -130,6 +276,8 @@ TEST_P(quest_level, bounds_match_the_reference_twin) {
 //     s |u_d| is |k_d - offset| <= max(|k_d|, k_d - min_d' k_d') (the token's
 //     decoded key); with per-channel scales (x = q s) it is at most the
 //     channel's range, so the term is at most e x max|q| x head_dim x max range.
+// The int8 bound (quest_bound8, from codes of the same summaries) is held to
+// the same tolerances: in exact arithmetic it is at least the f32 bound.
 // Queries: random rows, and rows along a token's decoded key (whose score
 // then nearly reaches the bound: a bound that dropped a channel's term fails).
 // And the bound is not vacuous: it exceeds every exact score by at most
@@ -170,8 +318,13 @@ TEST_P(quest_bound_property, bound_is_at_least_every_score) {
       for (int d = 0; d < D; ++d) max_range = std::max(max_range, static_cast<double>(sum->max[d]) - sum->min[d]);
       for (int r = 0; r < R; ++r) {
         const float* qr = q.data() + static_cast<std::size_t>(r) * D;
-        float bound = 0;
+        float bound = 0, bound8 = 0;
         quest_bounds(qr, 1, D, std::span<const key_summary>(&*sum, 1), &bound);
+        quest_query8 q8;
+        quest_encode_query(qr, 1, D, q8);
+        std::vector<std::int8_t> codes(2 * static_cast<std::size_t>(quest_padded_dim(D)));
+        const quest_block8 b8 = quest_encode_block(*sum, D, codes.data());
+        quest_bounds8(q8, codes.data(), &b8, 1, &bound8);
         double S = 0, qmax = 0, spread = 0;
         for (int d = 0; d < D; ++d) {
           S += std::fabs(qr[d]) * std::max(std::fabs(sum->min[d]), std::fabs(sum->max[d]));
@@ -192,6 +345,8 @@ TEST_P(quest_bound_property, bound_is_at_least_every_score) {
           const std::size_t at = static_cast<std::size_t>(r) * B + t;
           ASSERT_LE(exact[at], bound + tol) << spec << " block " << b << " row " << r << " token " << t;
           ASSERT_LE(fast[at], bound + tol_fast) << spec << " block " << b << " row " << r << " token " << t;
+          ASSERT_LE(exact[at], bound8 + tol) << spec << " int8 bound, block " << b << " row " << r << " token " << t;
+          ASSERT_LE(fast[at], bound8 + tol_fast) << spec << " int8 bound, block " << b << " row " << r << " token " << t;
           ASSERT_GE(exact[at], bound - spread - tol) << spec << " block " << b << " row " << r << " token " << t;
           ++n_checked;
         }
@@ -250,67 +405,94 @@ quest_params params_of(std::vector<std::pair<std::string, std::string>> kv) {
   return *p;
 }
 
+// A selector for one cache with these parameters and bounds=mode.
+quest_selector selector_for(const quest_cache& c, std::vector<std::pair<std::string, std::string>> kv, const char* mode) {
+  kv.emplace_back("bounds", mode);
+  return quest_selector(params_of(std::move(kv)), 1, c.n_kv_heads, c.head_dim);
+}
+
+constexpr const char* k_modes[] = {"int8", "f32"};
+
 // Known answer: small random keys, and in one block a key along q (for one
 // query row of the GQA group): with room for one block beyond the sink block
 // and the newest, that block is the one read.
 TEST_P(quest_level, picks_the_block_holding_the_key_most_aligned_with_q) {
   PAGODA_USE_SIMD_LEVEL(GetParam());
   const int H = 2, D = 64, B = 16, N = 64 * B, R = 4;
-  for (int hot_row : {0, 2})
-    for (int hot_block : {5, 37, 62}) {
-      auto q = random_queries(R, D, 77 + hot_row);
-      std::vector<float> keys(static_cast<std::size_t>(N) * H * D);
-      std::mt19937 rng(9);
-      std::normal_distribution<float> nd(0.0f, 0.3f);
-      for (float& x : keys) x = nd(rng);
-      const int hot_slot = hot_block * B + 5, h = 1;
-      double norm = 0;
-      for (int d = 0; d < D; ++d) norm += q[static_cast<std::size_t>(hot_row) * D + d] * q[static_cast<std::size_t>(hot_row) * D + d];
-      for (int d = 0; d < D; ++d)
-        keys[(static_cast<std::size_t>(hot_slot) * H + h) * D + d] = 10.0f * q[static_cast<std::size_t>(hot_row) * D + d] / std::sqrt(norm);
-      quest_cache c("f32", H, D, B, N, 5, &keys);
-      const paged_kv_view k = c.k_view();
-      const std::int32_t q_pos = N;
-      quest_selector sel(params_of({{"pages", "3"}, {"sinks", "16"}}));
-      std::vector<slot_range> out;
-      ASSERT_TRUE(sel.select(make_query(c, k, h, q, R, c.pos, {&q_pos, 1}), out));
-      EXPECT_EQ(blocks_of(out, B, N), (std::vector<int>{0, hot_block, 63})) << "row " << hot_row;
-    }
+  for (const char* mode : k_modes)
+    for (int hot_row : {0, 2})
+      for (int hot_block : {5, 37, 62}) {
+        auto q = random_queries(R, D, 77 + hot_row);
+        std::vector<float> keys(static_cast<std::size_t>(N) * H * D);
+        std::mt19937 rng(9);
+        std::normal_distribution<float> nd(0.0f, 0.3f);
+        for (float& x : keys) x = nd(rng);
+        const int hot_slot = hot_block * B + 5, h = 1;
+        const float* qh = q.data() + static_cast<std::size_t>(hot_row) * D;
+        double norm = 0;
+        for (int d = 0; d < D; ++d) norm += qh[d] * qh[d];
+        for (int d = 0; d < D; ++d) keys[(static_cast<std::size_t>(hot_slot) * H + h) * D + d] = 10.0f * qh[d] / std::sqrt(norm);
+        quest_cache c("f32", H, D, B, N, 5, &keys);
+        const paged_kv_view k = c.k_view();
+        const std::int32_t q_pos = N;
+        quest_selector sel = selector_for(c, {{"pages", "3"}, {"sinks", "16"}}, mode);
+        std::vector<slot_range> out;
+        ASSERT_TRUE(sel.select(make_query(c, k, h, q, R, c.pos, {&q_pos, 1}), out));
+        EXPECT_EQ(blocks_of(out, B, N), (std::vector<int>{0, hot_block, 63})) << mode << " row " << hot_row;
+      }
 }
 
 // Sinks (in tokens, rounded up to blocks), the unsealed last block and the
 // newest block are always read; the budget's count is exact; and the blocks
-// chosen beyond them are the top-k of bounds recomputed independently in
-// double from the summaries (quest_bounds_ref), up to float rounding of near ties.
+// chosen beyond them are the top-k of bounds recomputed independently from
+// the backend's summaries: int8 bounds exactly (the reference twin's integer
+// sums), f32 bounds in double up to float rounding of near ties.
 TEST_P(quest_level, reads_sinks_and_newest_and_the_exact_top_k) {
   PAGODA_USE_SIMD_LEVEL(GetParam());
   const int H = 2, D = 128, B = 16, N = 1000, R = 4;  // 63 blocks, the last holds 8 tokens
   quest_cache c("int8", H, D, B, N, 21);
   const paged_kv_view k = c.k_view();
   const std::int32_t q_pos = N;
-  quest_selector sel(params_of({{"budget", "12.5%"}, {"sinks", "40"}, {"min_context", "0"}}));
-  for (int h = 0; h < H; ++h) {
-    const auto q = random_queries(R, D, 300 + h);
-    std::vector<slot_range> out;
-    ASSERT_TRUE(sel.select(make_query(c, k, h, q, R, c.pos, {&q_pos, 1}), out));
-    const auto blocks = blocks_of(out, B, N);
-    ASSERT_EQ(blocks.size(), 8u);  // ceil(0.125 x 63)
-    EXPECT_EQ(out.back().end, N);
-    for (int b : {0, 1, 2, 62}) EXPECT_TRUE(std::count(blocks.begin(), blocks.end(), b)) << "block " << b;
-    // The other four: the top 4 of blocks 3..61 by bound.
-    std::vector<std::pair<float, int>> ranked;
-    for (int b = 3; b < 62; ++b) {
-      const key_summary s = *c.kv->key_summary_of(c.table[b], 0, h);
-      float bound = 0;
-      quest_bounds_ref(q.data(), R, D, std::span<const key_summary>(&s, 1), &bound);
-      ranked.push_back({bound, b});
-    }
-    std::sort(ranked.rbegin(), ranked.rend());
-    const float kth = ranked[3].first;
-    for (int b : blocks) {
-      if (b <= 2 || b == 62) continue;
-      const auto it = std::find_if(ranked.begin(), ranked.end(), [&](auto& x) { return x.second == b; });
-      EXPECT_GE(it->first, kth - 1e-4f * std::fabs(kth)) << "block " << b << " is not among the top 4";
+  for (const char* mode : k_modes) {
+    quest_selector sel = selector_for(c, {{"budget", "12.5%"}, {"sinks", "40"}, {"min_context", "0"}}, mode);
+    for (int h = 0; h < H; ++h) {
+      const auto q = random_queries(R, D, 300 + h);
+      std::vector<slot_range> out;
+      ASSERT_TRUE(sel.select(make_query(c, k, h, q, R, c.pos, {&q_pos, 1}), out));
+      const auto blocks = blocks_of(out, B, N);
+      ASSERT_EQ(blocks.size(), 8u);  // ceil(0.125 x 63)
+      EXPECT_EQ(out.back().end, N);
+      for (int b : {0, 1, 2, 62}) EXPECT_TRUE(std::count(blocks.begin(), blocks.end(), b)) << "block " << b;
+      // The other four: the top 4 of blocks 3..61 by bound.
+      quest_query8 q8;
+      quest_encode_query(q.data(), R, D, q8);
+      std::vector<std::int8_t> codes(2 * static_cast<std::size_t>(quest_padded_dim(D)));
+      std::vector<std::pair<float, int>> ranked;
+      for (int b = 3; b < 62; ++b) {
+        const key_summary s = *c.kv->key_summary_of(c.table[b], 0, h);
+        float bound = 0;
+        if (std::string(mode) == "int8") {
+          const quest_block8 b8 = quest_encode_block(s, D, codes.data());
+          quest_bounds8_ref(q8, codes.data(), &b8, 1, &bound);
+        } else {
+          quest_bounds_ref(q.data(), R, D, std::span<const key_summary>(&s, 1), &bound);
+        }
+        ranked.push_back({bound, -b});  // ties to the older block
+      }
+      std::sort(ranked.rbegin(), ranked.rend());
+      std::vector<int> want = {0, 1, 2, 62};
+      for (int i = 0; i < 4; ++i) want.push_back(-ranked[i].second);
+      std::sort(want.begin(), want.end());
+      if (std::string(mode) == "int8") {
+        EXPECT_EQ(blocks, want) << "head " << h;
+      } else {
+        const float kth = ranked[3].first;
+        for (int b : blocks) {
+          if (b <= 2 || b == 62) continue;
+          const auto it = std::find_if(ranked.begin(), ranked.end(), [&](auto& x) { return x.second == -b; });
+          EXPECT_GE(it->first, kth - 1e-4f * std::fabs(kth)) << "block " << b << " is not among the top 4";
+        }
+      }
     }
   }
 }
@@ -325,14 +507,16 @@ TEST(quest_selector_test, sinks_are_the_first_live_slots) {
   for (int p = 0; p < 70; ++p) kv_pos[p] = -1;
   const std::int32_t q_pos = N;
   const auto q = random_queries(4, D, 8);
-  quest_selector sel(params_of({{"pages", "6"}, {"sinks", "16"}, {"min_context", "0"}}));
-  std::vector<slot_range> out;
-  ASSERT_TRUE(sel.select(make_query(c, k, 0, q, 4, kv_pos, {&q_pos, 1}), out));
-  const auto blocks = blocks_of(out, B, N);
-  EXPECT_EQ(blocks.size(), 6u);
-  EXPECT_EQ(blocks[0], 4);  // slots 64..79: the first live slot is 70
-  EXPECT_EQ(blocks[1], 5);  // 70 + 16 sink tokens end in block 5
-  EXPECT_EQ(blocks.back(), N / B - 1);
+  for (const char* mode : k_modes) {
+    quest_selector sel = selector_for(c, {{"pages", "6"}, {"sinks", "16"}, {"min_context", "0"}}, mode);
+    std::vector<slot_range> out;
+    ASSERT_TRUE(sel.select(make_query(c, k, 0, q, 4, kv_pos, {&q_pos, 1}), out));
+    const auto blocks = blocks_of(out, B, N);
+    EXPECT_EQ(blocks.size(), 6u);
+    EXPECT_EQ(blocks[0], 4) << mode;  // slots 64..79: the first live slot is 70
+    EXPECT_EQ(blocks[1], 5) << mode;  // 70 + 16 sink tokens end in block 5
+    EXPECT_EQ(blocks.back(), N / B - 1);
+  }
 }
 
 // Everything is read (select returns false) for prompt chunks, short
@@ -344,25 +528,38 @@ TEST(quest_selector_test, reads_everything_where_selection_does_not_apply) {
   const auto q = random_queries(4 * 9, D, 1);
   std::vector<std::int32_t> q_pos(9);
   std::iota(q_pos.begin(), q_pos.end(), N - 9);
-  std::vector<slot_range> out;
   const auto decode = std::span<const std::int32_t>(q_pos).last(1);
-  quest_selector auto_min(params_of({}));  // 0.125 of 32 blocks: below the automatic minimum context
   EXPECT_EQ(quest_params{}.min_context_tokens(B), (2 + 4) * 8 * B);
-  EXPECT_FALSE(auto_min.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
-  quest_selector sel(params_of({{"budget", "0.25"}, {"min_context", "0"}}));
-  EXPECT_TRUE(sel.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
-  EXPECT_EQ(blocks_of(out, B, N).size(), 8u);
-  EXPECT_TRUE(sel.select(make_query(c, k, 0, q, 4, c.pos, std::span<const std::int32_t>(q_pos).last(8)), out));
-  EXPECT_FALSE(sel.select(make_query(c, k, 0, q, 4, c.pos, q_pos), out)) << "a 9-token chunk";
-  kv_select_query no_backend = make_query(c, k, 0, q, 4, c.pos, decode);
-  no_backend.kv = nullptr;
-  EXPECT_FALSE(sel.select(no_backend, out));
-  quest_selector all(params_of({{"pages", "32"}}));
-  EXPECT_FALSE(all.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
-  quest_selector whole(params_of({{"budget", "1"}, {"min_context", "0"}}));
-  EXPECT_FALSE(whole.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
-  quest_selector big_min(params_of({{"budget", "0.25"}, {"min_context", "513"}}));
-  EXPECT_FALSE(big_min.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
+  for (const char* mode : k_modes) {
+    std::vector<slot_range> out;
+    quest_selector auto_min = selector_for(c, {}, mode);  // 0.125 of 32 blocks: below the automatic minimum
+    EXPECT_FALSE(auto_min.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
+    quest_selector sel = selector_for(c, {{"budget", "0.25"}, {"min_context", "0"}}, mode);
+    EXPECT_TRUE(sel.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
+    EXPECT_EQ(blocks_of(out, B, N).size(), 8u);
+    EXPECT_TRUE(sel.select(make_query(c, k, 0, q, 4, c.pos, std::span<const std::int32_t>(q_pos).last(8)), out));
+    EXPECT_FALSE(sel.select(make_query(c, k, 0, q, 4, c.pos, q_pos), out)) << "a 9-token chunk";
+    kv_select_query no_backend = make_query(c, k, 0, q, 4, c.pos, decode);
+    no_backend.kv = nullptr;
+    EXPECT_FALSE(sel.select(no_backend, out));
+    quest_selector all = selector_for(c, {{"pages", "32"}}, mode);
+    EXPECT_FALSE(all.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
+    quest_selector whole = selector_for(c, {{"budget", "1"}, {"min_context", "0"}}, mode);
+    EXPECT_FALSE(whole.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
+    quest_selector big_min = selector_for(c, {{"budget", "0.25"}, {"min_context", "513"}}, mode);
+    EXPECT_FALSE(big_min.select(make_query(c, k, 0, q, 4, c.pos, decode), out));
+  }
+  // A layout without key summaries: no block has a bound, everything is read.
+  kv_layout layout = kv_layout::uniform(1, H, D, B, kv_type::f16, kv_type::f16);
+  auto bare = *kv_storage::create(layout, N / B);
+  std::vector<block_id> table;
+  for (int b = 0; b < N / B; ++b) table.push_back(block_id(b));
+  bare->write(0, table, 0, N, c.k.data(), c.v.data());
+  const paged_kv_view bare_k = bare->k_view(0, table, N);
+  kv_select_query no_summaries = make_query(c, bare_k, 0, q, 4, c.pos, decode);
+  no_summaries.kv = bare.get();
+  std::vector<slot_range> out;
+  EXPECT_FALSE(selector_for(c, {{"budget", "0.25"}, {"min_context", "0"}}, "int8").select(no_summaries, out));
 }
 
 // select() runs concurrently for the heads of a layer: two threads selecting
@@ -374,27 +571,84 @@ TEST(quest_selector_test, concurrent_selects_agree_with_sequential_ones) {
   const std::int32_t q_pos = N;
   std::vector<std::vector<float>> qs;
   for (int h = 0; h < H; ++h) qs.push_back(random_queries(4, D, 50 + h));
-  quest_selector sel(params_of({{"budget", "0.1"}}));
-  std::vector<std::vector<slot_range>> want(H);
-  for (int h = 0; h < H; ++h) ASSERT_TRUE(sel.select(make_query(c, k, h, qs[h], 4, c.pos, {&q_pos, 1}), want[h]));
-  std::vector<int> mismatches(2, 0);
-  auto work = [&](int t) {
-    std::vector<slot_range> out;
-    for (int round = 0; round < 50; ++round)
-      for (int h = t; h < H; h += 2) {
-        sel.select(make_query(c, k, h, qs[h], 4, c.pos, {&q_pos, 1}), out);
-        mismatches[t] += out != want[h];
-      }
+  for (const char* mode : k_modes) {
+    std::vector<std::vector<slot_range>> want(H);
+    {
+      quest_selector ref = selector_for(c, {{"budget", "0.1"}}, mode);
+      for (int h = 0; h < H; ++h) ASSERT_TRUE(ref.select(make_query(c, k, h, qs[h], 4, c.pos, {&q_pos, 1}), want[h]));
+    }
+    quest_selector sel = selector_for(c, {{"budget", "0.1"}}, mode);  // fresh: the threads fill its codes
+    std::vector<int> mismatches(2, 0);
+    auto work = [&](int t) {
+      std::vector<slot_range> out;
+      for (int round = 0; round < 50; ++round)
+        for (int h = t; h < H; h += 2) {
+          sel.select(make_query(c, k, h, qs[h], 4, c.pos, {&q_pos, 1}), out);
+          mismatches[t] += out != want[h];
+        }
+    };
+    std::thread a(work, 0), b(work, 1);
+    a.join();
+    b.join();
+    EXPECT_EQ(mismatches[0] + mismatches[1], 0) << mode;
+  }
+}
+
+// The int8 codes a selector keeps follow the table: a block replaced in the
+// table (copy-on-write, a new block id) is re-read at once, and after a
+// rollback announced by on_slots_changed the rewritten blocks are re-read.
+// Each time a key along q is planted and must be the block chosen.
+TEST(quest_selector_test, int8_codes_follow_replaced_and_rewritten_blocks) {
+  const int H = 1, D = 64, B = 16, N = 40 * B, R = 4;
+  quest_cache c("f16", H, D, B, N, 12);
+  const auto q = random_queries(R, D, 3);
+  const std::int32_t q_pos = N;
+  quest_selector sel = selector_for(c, {{"pages", "3"}, {"sinks", "16"}}, "int8");
+  std::vector<slot_range> out;
+  auto chosen = [&](const std::vector<block_id>& table) {
+    const paged_kv_view k = c.kv->k_view(0, table, N);
+    EXPECT_TRUE(sel.select(make_query(c, k, 0, q, R, c.pos, {&q_pos, 1}), out));
+    const auto blocks = blocks_of(out, B, N);
+    EXPECT_EQ(blocks.size(), 3u);
+    return blocks.size() == 3 ? blocks[1] : -1;
   };
-  std::thread a(work, 0), b(work, 1);
-  a.join();
-  b.join();
-  EXPECT_EQ(mismatches[0] + mismatches[1], 0);
+  const int first = chosen(c.table);
+  EXPECT_GT(sel.memory_bytes(), static_cast<std::size_t>(N / B - 1) * 2 * quest_padded_dim(D));
+  // A block of keys along row 0 of q, far above the others' bounds.
+  std::vector<float> hot(static_cast<std::size_t>(B) * D), vals(hot.size(), 0.0f);
+  double norm = 0;
+  for (int d = 0; d < D; ++d) norm += q[d] * q[d];
+  for (int t = 0; t < B; ++t)
+    for (int d = 0; d < D; ++d) hot[static_cast<std::size_t>(t) * D + d] = 60.0f * q[d] / std::sqrt(norm);
+  // Replace block 17 by a spare block (another id) holding the hot keys.
+  std::vector<block_id> table = c.table;
+  block_id spare(0);
+  while (std::find(table.begin(), table.end(), spare) != table.end()) spare = block_id(spare.value + 1);
+  std::vector<block_id> one = {spare};
+  c.kv->write(0, one, 0, B, hot.data(), vals.data());
+  table[17] = spare;
+  EXPECT_EQ(chosen(table), 17) << "first choice was " << first;
+  // A rollback to block 25 (announced), which is rewritten in place (same id) with hot keys.
+  sel.on_slots_changed(25 * B, true);
+  c.kv->truncate_block(table[25], 0);
+  std::vector<block_id> head(table.begin(), table.begin() + 26);
+  c.kv->write(0, head, 25 * B, B, hot.data(), vals.data());
+  c.kv->truncate_block(table[17], 0);  // and make block 17 cold again
+  std::vector<float> cold(hot.size(), 0.0f);
+  std::vector<block_id> b17(table.begin(), table.begin() + 18);
+  c.kv->write(0, b17, 17 * B, B, cold.data(), vals.data());
+  sel.on_slots_changed(17 * B, true);
+  EXPECT_EQ(chosen(table), 25);
+  sel.on_slots_changed(0, false);
+  EXPECT_GE(sel.memory_bytes(), static_cast<std::size_t>(N / B - 1) * 2 * quest_padded_dim(D))
+      << "capacity is kept for reuse";
+  EXPECT_EQ(chosen(table), 25);
 }
 
 // End to end with attention: when the attention mass sits in a few blocks
-// (a key along each query row there, scores ~40 above the rest), attention over Quest's
-// ranges equals full attention within 1e-5, while reading a quarter of the blocks.
+// (a key along each query row there, scores ~40 above the rest), attention
+// over Quest's ranges equals full attention within 1e-5, while reading a
+// quarter of the blocks.
 TEST(quest_selector_test, attention_over_the_selection_matches_full_attention_when_mass_is_concentrated) {
   const int H = 1, R = 4, D = 64, B = 16, N = 64 * B;
   const auto q = random_queries(R, D, 5);
@@ -416,31 +670,33 @@ TEST(quest_selector_test, attention_over_the_selection_matches_full_attention_wh
   std::vector<float> scaled(q);
   for (float& x : scaled) x *= scale;
   const std::int32_t q_pos = N;
-  quest_selector sel(params_of({{"budget", "0.25"}}));
-  std::vector<slot_range> ranges;
-  ASSERT_TRUE(sel.select(make_query(c, k, 0, scaled, R, c.pos, {&q_pos, 1}), ranges));
-  EXPECT_EQ(blocks_of(ranges, B, N).size(), 16u);
-  std::vector<float> full(static_cast<std::size_t>(R) * D), sparse(full.size());
-  attention_scratch scratch;
-  for (bool with_ranges : {false, true}) {
-    attention_task t;
-    t.k = &k;
-    t.v = &v;
-    t.n_rep = R;
-    t.head_dim = D;
-    t.scale = scale;
-    t.q = q.data();
-    t.q_stride = static_cast<std::size_t>(R) * D;
-    t.n_tokens = 1;
-    t.q_pos = &q_pos;
-    t.kv_pos = c.pos.data();
-    t.n_kv = N;
-    t.out = with_ranges ? sparse.data() : full.data();
-    t.out_stride = t.q_stride;
-    if (with_ranges) t.ranges = ranges;
-    paged_attention(t, scratch);
+  for (const char* mode : k_modes) {
+    quest_selector sel = selector_for(c, {{"budget", "0.25"}}, mode);
+    std::vector<slot_range> ranges;
+    ASSERT_TRUE(sel.select(make_query(c, k, 0, scaled, R, c.pos, {&q_pos, 1}), ranges));
+    EXPECT_EQ(blocks_of(ranges, B, N).size(), 16u);
+    std::vector<float> full(static_cast<std::size_t>(R) * D), sparse(full.size());
+    attention_scratch scratch;
+    for (bool with_ranges : {false, true}) {
+      attention_task t;
+      t.k = &k;
+      t.v = &v;
+      t.n_rep = R;
+      t.head_dim = D;
+      t.scale = scale;
+      t.q = q.data();
+      t.q_stride = static_cast<std::size_t>(R) * D;
+      t.n_tokens = 1;
+      t.q_pos = &q_pos;
+      t.kv_pos = c.pos.data();
+      t.n_kv = N;
+      t.out = with_ranges ? sparse.data() : full.data();
+      t.out_stride = t.q_stride;
+      if (with_ranges) t.ranges = ranges;
+      paged_attention(t, scratch);
+    }
+    for (std::size_t i = 0; i < full.size(); ++i) ASSERT_NEAR(sparse[i], full[i], 1e-5) << mode << " " << i;
   }
-  for (std::size_t i = 0; i < full.size(); ++i) ASSERT_NEAR(sparse[i], full[i], 1e-5) << i;
 }
 
 // --- parameters and the policy ----------------------------------------------------------
@@ -458,6 +714,7 @@ TEST(quest_params_test, parses_and_rejects) {
   EXPECT_EQ(params_of({{"pages", "40"}}).blocks_read(2048), 40);
   EXPECT_EQ(params_of({{"pages", "40"}}).min_context_tokens(16), 0);
   EXPECT_EQ(params_of({{"sinks", "0"}, {"min_context", "100"}}).min_context_tokens(16), 100);
+  EXPECT_EQ(params_of({{"budget", "1e-300"}}).min_context_tokens(16), INT32_MAX);  // no overflow
   for (auto [key, value, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"budget", "0", "(0, 1]"},
            {"budget", "1.5", "pages=N"},
@@ -466,6 +723,8 @@ TEST(quest_params_test, parses_and_rejects) {
            {"pages", "0", ">= 1"},
            {"sinks", "-1", ">= 0"},
            {"sinks", "4x", "whole number"},
+           {"bounds", "f16", "int8 or f32"},
+           {"bounds", "f16", "int8 or f32"},
            {"topk", "3", "unknown parameter 'topk'"}}) {
     auto p = parse_quest_params(quest_spec({{key, value}}));
     ASSERT_FALSE(p.ok()) << key << "=" << value;
@@ -483,6 +742,8 @@ TEST(quest_params_test, the_policy_needs_summaries_evicts_nothing_and_makes_sele
   EXPECT_TRUE((*p)->evict(eviction_input{}).empty());
   EXPECT_EQ((*p)->spec().name, "quest");
   EXPECT_NE((*p)->make_selector(2, 8, 128), nullptr);
+  EXPECT_FALSE(params_of({{"bounds", "f32"}}).int8_bounds);
+  EXPECT_TRUE(params_of({}).int8_bounds);
 }
 
 INSTANTIATE_TEST_SUITE_P(codecs, quest_bound_property,

@@ -1,0 +1,373 @@
+// Quest against full attention: one decode step of one layer's attention at
+// Llama-3-8B shapes (8 KV heads, 32 query heads, head_dim 128, blocks of 16
+// tokens), 1 thread, over a context of ctx tokens: in a fresh pool
+// (consecutive block ids, shuffled:0) or a fragmented one (a random
+// permutation of the pool, shuffled:1; in this VM scattered 2-4 KiB tile
+// reads run at about half the speed of sequential ones, bench/RESULTS.md). Full = paged_attention over every slot; quest = for every KV
+// head, quest_selector::select (bounds, top-k, ranges) and then
+// paged_attention over the ranges. Selection is
+// included in quest's time.
+//
+// The two run interleaved in one benchmark (full then quest, then quest then
+// full, ...), each after a 64 MiB read that evicts the last-level cache (32
+// MiB here): in a real decode step the other layers' KV passes through the
+// cache between two steps of one layer, and quest's working set at 32K (a
+// sixteenth of 128 MiB of f16 KV plus the summaries) would otherwise stay in
+// it. Medians of each; speedup = full / quest from the same run.
+//
+// int8_bounds: 1 for quest's default bounds (int8 codes the selector keeps),
+// 0 for bounds=f32 (the backend's f32 summaries, read on every step).
+//
+// layers: the KV layout's layer count. Only layer 0 is written and read, but
+// kv_storage keeps key summaries as [block][layer][head][min|max|mean], so
+// the layer count sets the stride between one (layer, head)'s summaries of
+// consecutive blocks (32 layers: 384 KiB), as in a real model.
+//
+// Counters (medians over the run's steps, microseconds):
+//   full_us, quest_us   thread CPU time of one step (8 KV heads)
+//   select_us           CPU time of quest's selection (its share of quest_us)
+//   sparse_attn_us      CPU time of quest's attention over the ranges
+//   speedup             full_us / quest_us (CPU time)
+//   speedup_wall        the same ratio of wall-clock medians
+//   read                fraction of the blocks quest read (sinks and newest included)
+//
+//   build/release/bench/quest_bench --benchmark_filter='quest/'            (the steps)
+//   build/release/bench/quest_bench --benchmark_filter='quest/.*ctx:32768/' (32K only)
+//   build/release/bench/quest_bench --benchmark_filter='^(select|bounds|sparse_hot)'
+//                                          (selection and sparse reads hot in cache)
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "attention/paged_attention.h"
+#include "core/cpu.h"
+#include "kv/kv_storage.h"
+#include "policy/quest.h"
+#include "quant/kv_format_spec.h"
+
+namespace {
+
+using namespace pagoda;
+
+constexpr int k_head_dim = 128, k_kv_heads = 8, k_rep = 4, k_block = 16;
+
+struct pool {
+  std::unique_ptr<kv_storage> kv;
+  std::vector<block_id> table;
+  std::vector<std::int32_t> pos;  // slot i at position i
+  std::vector<float> q;           // [32][128]: one decode token
+};
+
+// One pool at a time (128K tokens of f16 are 512 MiB), filled once: K, V ~
+// N(0, 1) with a few outlier key channels, written in chunks of 512.
+pool& pool_for(const std::string& spec, int n_ctx, int n_layers, bool shuffled = false) {
+  static std::map<std::tuple<std::string, int, int, bool>, std::unique_ptr<pool>> cache;
+  const auto key = std::make_tuple(spec, n_ctx, n_layers, shuffled);
+  if (auto it = cache.find(key); it != cache.end()) return *it->second;
+  cache.clear();
+  auto p = std::make_unique<pool>();
+  kv_pair_spec pair = *parse_kv_pair_spec(spec);
+  kv_layout layout = kv_layout::uniform(n_layers, k_kv_heads, k_head_dim, k_block, kv_type::f32, kv_type::f32);
+  for (int l = 0; l < n_layers; ++l) {
+    layout.k_formats[l] = pair.k.resolve(kv_role::key, false);
+    layout.v_formats[l] = pair.v.resolve(kv_role::value, false);
+  }
+  layout.key_summaries = true;
+  const int n_blocks = (n_ctx + k_block - 1) / k_block;
+  p->kv = std::move(*kv_storage::create(layout, n_blocks));
+  for (int i = 0; i < n_blocks; ++i) p->table.push_back(block_id(i));
+  std::mt19937 rng(1);
+  if (shuffled) std::shuffle(p->table.begin(), p->table.end(), rng);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int chunk = 512;
+  std::vector<float> k(static_cast<std::size_t>(chunk) * k_kv_heads * k_head_dim), v(k.size());
+  for (int at = 0; at < n_ctx; at += chunk) {
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      k[i] = nd(rng) * (i % k_head_dim % 16 == 5 ? 8.0f : 1.0f);
+      v[i] = nd(rng);
+    }
+    p->kv->write(0, p->table, at, std::min(chunk, n_ctx - at), k.data(), v.data());
+  }
+  p->pos.resize(n_ctx);
+  std::iota(p->pos.begin(), p->pos.end(), 0);
+  p->q.resize(static_cast<std::size_t>(k_kv_heads) * k_rep * k_head_dim);
+  for (float& x : p->q) x = nd(rng);
+  return *(cache[key] = std::move(p));
+}
+
+// Reads 64 MiB (twice the last-level cache) so that a step starts cold.
+void evict_cache() {
+  static std::vector<float> junk(std::size_t{16} << 20, 1.0f);
+  float s = 0;
+  for (std::size_t i = 0; i < junk.size(); i += 16) s += junk[i];
+  benchmark::DoNotOptimize(s);
+}
+
+double thread_cpu_s() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void bm_quest(benchmark::State& st, std::string spec) {
+  const int n_ctx = static_cast<int>(st.range(0));
+  const int inv_budget = static_cast<int>(st.range(1));
+  const int n_layers = static_cast<int>(st.range(2));
+  const bool int8_bounds = st.range(3) != 0;
+  const bool shuffled = st.range(4) != 0;
+  pool& p = pool_for(spec, n_ctx, n_layers, shuffled);
+  const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx), vview = p.kv->v_view(0, p.table, n_ctx);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(k_head_dim));
+  std::vector<float> scaled(p.q);
+  for (float& x : scaled) x *= scale;
+  quest_params qp;
+  qp.budget = 1.0 / inv_budget;
+  qp.min_context = 0;
+  qp.int8_bounds = int8_bounds;
+  quest_selector selector(qp, n_layers, k_kv_heads, k_head_dim);
+  attention_scratch scratch;
+  std::vector<slot_range> ranges;
+  std::vector<float> out(p.q.size());
+  const std::int32_t q_pos = n_ctx - 1;
+
+  auto task = [&](int h) {
+    attention_task t;
+    t.k = &kview;
+    t.v = &vview;
+    t.kv_head = h;
+    t.n_rep = k_rep;
+    t.head_dim = k_head_dim;
+    t.scale = scale;
+    t.q = p.q.data();
+    t.q_stride = p.q.size();
+    t.n_tokens = 1;
+    t.q_pos = &q_pos;
+    t.kv_pos = p.pos.data();
+    t.n_kv = n_ctx;
+    t.out = out.data();
+    t.out_stride = out.size();
+    return t;
+  };
+  auto full_step = [&] {
+    for (int h = 0; h < k_kv_heads; ++h) paged_attention(task(h), scratch);
+  };
+  double read_slots = 0;
+  auto quest_step = [&](double& select_s) {
+    for (int h = 0; h < k_kv_heads; ++h) {
+      kv_select_query q;
+      q.layer = 0;
+      q.kv_head = h;
+      q.k = &kview;
+      q.kv = p.kv.get();
+      q.kv_pos = p.pos;
+      q.n_kv = n_ctx;
+      q.q = scaled.data() + static_cast<std::size_t>(h) * k_rep * k_head_dim;
+      q.n_rows = k_rep;
+      q.n_rep = k_rep;
+      q.head_dim = k_head_dim;
+      q.q_pos = {&q_pos, 1};
+      const double t0 = thread_cpu_s();
+      const bool sparse = selector.select(q, ranges);
+      select_s += thread_cpu_s() - t0;
+      attention_task t = task(h);
+      if (sparse) t.ranges = ranges;
+      for (const slot_range& r : t.ranges) read_slots += r.end - r.begin;
+      if (!sparse) read_slots += n_ctx;
+      paged_attention(t, scratch);
+    }
+  };
+  // Times in thread CPU time: this shared VM runs 4-5 runnable threads per
+  // core at times, and a step that loses a 4 ms time slice says nothing about
+  // attention. Memory stalls count as CPU time. Wall-clock medians too.
+  struct sample {
+    double cpu = 0, wall = 0;
+  };
+  auto timed = [](auto&& f) {
+    const double c0 = thread_cpu_s();
+    const auto w0 = std::chrono::steady_clock::now();
+    f();
+    const auto w1 = std::chrono::steady_clock::now();
+    return sample{thread_cpu_s() - c0, std::chrono::duration<double>(w1 - w0).count()};
+  };
+  std::vector<double> full_s, quest_s, select_s, attn_s, full_wall, quest_wall;
+  full_step();  // first touch of the scratch buffers
+  for (auto _ : st) {
+    sample tf, tq, ts;
+    const bool full_first = full_s.size() % 2 == 0;
+    auto run_quest = [&] {
+      double sel_cpu = 0;  // the selection's share
+      tq = timed([&] { quest_step(sel_cpu); });
+      ts.cpu = sel_cpu;
+    };
+    evict_cache();
+    if (full_first) tf = timed(full_step);
+    else run_quest();
+    evict_cache();
+    if (full_first) run_quest();
+    else tf = timed(full_step);
+    full_s.push_back(tf.cpu);
+    quest_s.push_back(tq.cpu);
+    select_s.push_back(ts.cpu);
+    attn_s.push_back(tq.cpu - ts.cpu);
+    full_wall.push_back(tf.wall);
+    quest_wall.push_back(tq.wall);
+    st.SetIterationTime(tf.wall + tq.wall);
+  }
+  st.counters["full_us"] = median(full_s) * 1e6;
+  st.counters["quest_us"] = median(quest_s) * 1e6;
+  st.counters["select_us"] = median(select_s) * 1e6;
+  st.counters["sparse_attn_us"] = median(attn_s) * 1e6;
+  st.counters["speedup"] = median(full_s) / median(quest_s);
+  st.counters["speedup_wall"] = median(full_wall) / median(quest_wall);
+  st.counters["read"] = read_slots / (static_cast<double>(quest_s.size()) * k_kv_heads * n_ctx);
+  st.SetLabel(p.kv->layout().describe() + " simd " + simd_level_name(active_simd_level()));
+}
+
+// The bound kernels alone, hot in cache: 2048 blocks (32K tokens), 4 rows
+// (one decode token of a GQA-4 group), head_dim 128; blocks/s by CPU time.
+void bm_bounds(benchmark::State& st) {
+  const bool int8 = st.range(0) != 0;
+  const int n = 2048, rows = k_rep, hd = k_head_dim;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> lo(static_cast<std::size_t>(n) * hd), hi(lo.size()), q(static_cast<std::size_t>(rows) * hd);
+  for (std::size_t i = 0; i < lo.size(); ++i) {
+    const float a = nd(rng), b = nd(rng);
+    lo[i] = std::min(a, b);
+    hi[i] = std::max(a, b);
+  }
+  for (float& x : q) x = nd(rng);
+  std::vector<key_summary> sums(n);
+  std::vector<std::int8_t> codes(static_cast<std::size_t>(n) * 2 * quest_padded_dim(hd));
+  std::vector<quest_block8> blocks(n);
+  for (int i = 0; i < n; ++i) {
+    sums[i] = {&lo[static_cast<std::size_t>(i) * hd], &hi[static_cast<std::size_t>(i) * hd], nullptr};
+    blocks[i] = quest_encode_block(sums[i], hd, codes.data() + static_cast<std::size_t>(i) * 2 * quest_padded_dim(hd));
+  }
+  quest_query8 q8;
+  std::vector<float> out(n);
+  for (auto _ : st) {
+    if (int8) {
+      quest_encode_query(q.data(), rows, hd, q8);
+      quest_bounds8(q8, codes.data(), blocks.data(), n, out.data());
+    } else {
+      quest_bounds(q.data(), rows, hd, sums, out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters["blocks/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(simd_level_name(active_simd_level()));
+}
+
+// quest_selector::select alone, hot in cache, one KV head of a 32K-token
+// f16 pool (2048 blocks): bounds, top-k and ranges; selects/s by CPU time.
+void bm_select(benchmark::State& st) {
+  const bool int8 = st.range(0) != 0;
+  const int n_ctx = 32768;
+  pool& p = pool_for("f16", n_ctx, 1);
+  const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx);
+  std::vector<float> scaled(p.q);
+  for (float& x : scaled) x /= std::sqrt(static_cast<float>(k_head_dim));
+  quest_params qp;
+  qp.int8_bounds = int8;
+  quest_selector selector(qp, 1, k_kv_heads, k_head_dim);
+  const std::int32_t q_pos = n_ctx - 1;
+  kv_select_query q;
+  q.k = &kview;
+  q.kv = p.kv.get();
+  q.kv_pos = p.pos;
+  q.n_kv = n_ctx;
+  q.q = scaled.data();
+  q.n_rows = q.n_rep = k_rep;
+  q.head_dim = k_head_dim;
+  q.q_pos = {&q_pos, 1};
+  std::vector<slot_range> ranges;
+  for (auto _ : st) benchmark::DoNotOptimize(selector.select(q, ranges));
+  st.counters["selects/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Attention over 1/8 of the blocks of an 8K-token pool (int8: 17 MiB of K and
+// V, within the 32 MiB last-level cache; f16's 32 MiB only partly), every
+// eighth block (scattered:1) or the first eighth (scattered:0): what
+// scattering costs the kernels themselves, apart from memory. All 8 KV heads.
+void bm_sparse_hot(benchmark::State& st, std::string spec) {
+  const int n_ctx = 8192, n_blocks = n_ctx / k_block;
+  const bool scattered = st.range(0) != 0;
+  pool& p = pool_for(spec, n_ctx, 1);
+  const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx), vview = p.kv->v_view(0, p.table, n_ctx);
+  std::vector<slot_range> ranges;
+  if (scattered)
+    for (int b = 0; b < n_blocks; b += 8) ranges.push_back({b * k_block, (b + 1) * k_block});
+  else
+    ranges.push_back({0, n_blocks / 8 * k_block});
+  attention_scratch scratch;
+  std::vector<float> out(p.q.size());
+  const std::int32_t q_pos = n_ctx - 1;
+  for (auto _ : st)
+    for (int h = 0; h < k_kv_heads; ++h) {
+      attention_task t;
+      t.k = &kview;
+      t.v = &vview;
+      t.kv_head = h;
+      t.n_rep = k_rep;
+      t.head_dim = k_head_dim;
+      t.scale = 1.0f / std::sqrt(static_cast<float>(k_head_dim));
+      t.q = p.q.data();
+      t.q_stride = p.q.size();
+      t.n_tokens = 1;
+      t.q_pos = &q_pos;
+      t.kv_pos = p.pos.data();
+      t.n_kv = n_ctx;
+      t.out = out.data();
+      t.out_stride = out.size();
+      t.ranges = ranges;
+      paged_attention(t, scratch);
+    }
+}
+
+void register_all() {
+  for (const char* spec : {"f16", "int8"})
+    benchmark::RegisterBenchmark(fmt::format("sparse_hot/{}", spec).c_str(), bm_sparse_hot, std::string(spec))
+        ->Arg(0)
+        ->Arg(1)
+        ->ArgName("scattered")
+        ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("select", bm_select)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("bounds", bm_bounds)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
+  for (const char* spec : {"f16", "int8"}) {
+    auto* b = benchmark::RegisterBenchmark(fmt::format("quest/{}", spec).c_str(), bm_quest, std::string(spec));
+    for (int ctx : {32768, 131072})
+      for (int layers : {1, 32})
+        for (int shuffled : {0, 1})  // (a pool per (ctx, layers, shuffled): bounds innermost)
+          for (int int8_bounds : {1, 0}) b->Args({ctx, 8, layers, int8_bounds, shuffled});
+    b->ArgNames({"ctx", "inv_budget", "layers", "int8_bounds", "shuffled"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
