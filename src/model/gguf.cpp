@@ -596,6 +596,12 @@ result<std::unique_ptr<file>> file::open(const std::string& path, open_options o
     }
     f->map_ = m;
     f->map_size_ = size;
+#ifdef MADV_HUGEPAGE
+    // Pages read in from disk through this mapping then come as 2 MiB folios
+    // where the filesystem allows, mapped by one TLB entry each (pages already
+    // in the page cache keep the size they were read with). Advice only.
+    ::madvise(m, size, MADV_HUGEPAGE);
+#endif
   } else if (size > 0) {
     auto m = map_anonymous(path, size, f->map_size_);
     status rs = m.ok() ? read_all(fd, path, static_cast<std::byte*>(*m), size) : m.error();

@@ -112,7 +112,8 @@ class byte_cursor;  // bounds-checked reader over the file bytes (gguf.cpp)
 // How a file's bytes are held while the model uses them.
 struct open_options {
   // true: map the file read-only (its pages are the page cache's, paged in as
-  // used and shared with other processes). false: read the whole file into
+  // used and shared with other processes; huge pages are asked for, which
+  // applies to what is read from disk through the mapping). false: read the whole file into
   // anonymous memory at open, with transparent huge pages asked for
   // (llama.cpp's --no-mmap): it costs the file's size in resident memory and
   // one read at load, and streaming weights from it avoids the 4 KiB page
