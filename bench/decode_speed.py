@@ -185,6 +185,9 @@ def main():
                     key = (bl, ml, t)
                     tg = run_once(bp, mp, t, short, a.n_gen + 1)
                     res.setdefault(("tg",) + key, []).append(tg["generation_tokens_per_s"])
+                    if "generation_cpu_ms" in tg:  # decode tokens per second of the process's CPU time
+                        res.setdefault(("tg_cpu",) + key, []).append(
+                            tg["generation_tokens"] / max(tg["generation_cpu_ms"] * 1e-3, 1e-9))
                     if not a.no_prompt:
                         pp = run_once(bp, mp, t, p512, 1)
                         res.setdefault(("pp",) + key, []).append(pp["prompt_tokens_per_s"])
@@ -202,8 +205,9 @@ def main():
                   f" GB/s (median {statistics.median(bw[t]):.1f})")
     print()
     print("| weights | threads | binary | decode MB/token | prompt 512 tok/s | decode tok/s (run) | "
-          "decode GB/s | of read bandwidth |" + (" decode tok/s (batch, 1 request) | batch / run |" if a.batch else ""))
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if a.batch else ""))
+          "decode GB/s | of read bandwidth | decode tok per CPU-second (1 thread) |" +
+          (" decode tok/s (batch, 1 request) | batch / run |" if a.batch else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if a.batch else ""))
     for ml, mp in models:
         mb = decode_bytes(mp)
         for t in threads:
@@ -212,8 +216,10 @@ def main():
                 tg = med[("tg",) + key]
                 gbs = tg * mb * 1e-9
                 limit = statistics.median(bw[t]) if bw[t] else None
+                cpu = med.get(("tg_cpu",) + key)
                 row = [ml, str(t), bl, f"{mb / 1e6:.1f}", f"{med[('pp',) + key]:.1f}" if not a.no_prompt else "-",
-                       f"{tg:.1f}", f"{gbs:.1f}", f"{100 * gbs / limit:.0f}%" if limit else "-"]
+                       f"{tg:.1f}", f"{gbs:.1f}", f"{100 * gbs / limit:.0f}%" if limit else "-",
+                       f"{cpu:.1f}" if cpu and t == 1 else "-"]
                 if a.batch:
                     b = med[("batch",) + key]
                     row += [f"{b:.1f}", f"{b / tg:.2f}"]

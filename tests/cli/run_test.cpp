@@ -133,6 +133,21 @@ TEST(cli_info, reports_mixed_weight_types_and_resident_bytes) {
   EXPECT_NE(r.out.find("resident:"), std::string::npos) << r.out;
 }
 
+// run --json gives each phase's process CPU time next to its wall time; with
+// one thread the CPU time cannot exceed the wall time (by more than a clock
+// tick), and generating 200 tokens takes some of it.
+TEST(cli_run, json_timings_carry_cpu_time) {
+  auto r = run_cli("run -m " + model_path() + " -p " + shell_quote("Once upon a time") +
+                   " -n 200 --temp 0 --ignore-eos --json -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json t = json::parse(r.out)["timings"];
+  for (const char* phase : {"prompt", "generation"}) {
+    const double cpu = t[std::string(phase) + "_cpu_ms"].get<double>(), wall = t[std::string(phase) + "_ms"].get<double>();
+    EXPECT_GT(cpu, 0.0) << phase;
+    EXPECT_LE(cpu, wall + 5.0) << phase;
+  }
+}
+
 // --no-mmap reads the file into memory: info says so and counts it as
 // resident, and run generates the same greedy text as from the mapping.
 TEST(cli_no_mmap, info_reports_memory_and_run_matches_the_mapping) {
