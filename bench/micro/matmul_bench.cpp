@@ -1,8 +1,10 @@
 // Weight matmul throughput: Y[m][n_out] = X[m][n_in] · Wᵀ per weight type, at
 // Llama-3-8B shapes (4096x4096 attention, 14336x4096 FFN up/gate), m = 1, 8, 32,
 // 64 rows and 1-2 threads, plus stories260K shapes and the machine's read
-// bandwidth measured in the same run. The formats/ group compares q4_K, q6_K
-// and q8_0 at AVX-512 and AVX2 on one layer's shapes.
+// bandwidth measured in the same run. The formats/ group compares q4_K, q5_K,
+// q6_K and q8_0 at AVX-512 and AVX2 on one layer's shapes; formats_huge/ and
+// read_bandwidth_huge/ do the same decode calls and reads with the memory in
+// 2 MiB pages (what `--no-mmap` gives the weights) instead of 4 KiB ones.
 //
 // Counters: weight_GB/s (bytes of W per second: decode is bound by it),
 // GFLOP/s (2 m n_out n_in per call) and rows/s (rows of X per second; the ratio
@@ -12,6 +14,7 @@
 //
 //   build-mm/bench/matmul_bench --benchmark_filter='q8_0'   (etc.)
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cstring>
@@ -35,16 +38,29 @@ using pagoda::gguf::tensor_type;
 
 constexpr std::size_t k_rotation_bytes = std::size_t{192} << 20;
 
+// Anonymous memory in 2 MiB pages where the kernel gives them (THP on
+// madvise), never freed: the benchmark process keeps it.
+std::byte* huge_alloc(std::size_t bytes) {
+  constexpr std::size_t k_huge = std::size_t{2} << 20;
+  bytes = (bytes + k_huge - 1) / k_huge * k_huge;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  madvise(p, bytes, MADV_HUGEPAGE);
+  std::memset(p, 1, bytes);
+  return static_cast<std::byte*>(p);
+}
+
 struct weight_set {
   std::vector<pagoda::aligned_buffer> copies;
+  std::vector<std::byte*> huge_copies;  // the same bytes in huge pages (formats_huge/)
   pagoda::weight_view view;
   std::size_t bytes = 0;
 };
 
 // rotate: enough copies to defeat the caches (large shapes); one copy otherwise.
-weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bool rotate) {
-  static std::map<std::tuple<int, std::int64_t, std::int64_t, bool>, std::unique_ptr<weight_set>> cache;
-  auto& slot = cache[{static_cast<int>(t), n_out, n_in, rotate}];
+weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bool rotate, bool huge = false) {
+  static std::map<std::tuple<int, std::int64_t, std::int64_t, bool, bool>, std::unique_ptr<weight_set>> cache;
+  auto& slot = cache[{static_cast<int>(t), n_out, n_in, rotate, huge}];
   if (slot) return *slot;
   slot = std::make_unique<weight_set>();
   weight_set& ws = *slot;
@@ -72,23 +88,31 @@ weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bo
     if (t == tensor_type::q8_0) pagoda::quantize_row_q8_0(src.data(), n_in, dst);
     if (t == tensor_type::q4_0) pagoda::quantize_row_q4_0(src.data(), n_in, dst);
     if (t == tensor_type::q4_k) pagoda::quantize_row_q4_k(src.data(), n_in, dst);
+    if (t == tensor_type::q5_k) pagoda::quantize_row_q5_k(src.data(), n_in, dst);
     if (t == tensor_type::q6_k) pagoda::quantize_row_q6_k(src.data(), n_in, dst);
   }
-  for (std::size_t c = 1; c < n_copies; ++c) {
+  for (std::size_t c = 1; c < n_copies && !huge; ++c) {
     ws.copies.emplace_back(ws.bytes, false);
     std::memcpy(ws.copies.back().data(), ws.copies[0].data(), ws.bytes);
+  }
+  if (huge) {
+    std::byte* region = huge_alloc(ws.bytes * n_copies);
+    for (std::size_t c = 0; c < n_copies; ++c) {
+      ws.huge_copies.push_back(region + ws.bytes * c);
+      std::memcpy(ws.huge_copies.back(), ws.copies[0].data(), ws.bytes);
+    }
   }
   ws.view = pagoda::weight_view{t, nullptr, n_in, n_out, row};
   return ws;
 }
 
 void bm_matmul(benchmark::State& st, tensor_type t, std::int64_t n_out, std::int64_t n_in, std::int64_t m,
-               int threads, bool rotate) {
+               int threads, bool rotate, bool huge) {
   if (pagoda::is_quantized_weight(t) && n_in % pagoda::weight_block_elems(t) != 0) {
     st.SkipWithError("n_in is not a multiple of the block size");
     return;
   }
-  weight_set& ws = weights_for(t, n_out, n_in, rotate);
+  weight_set& ws = weights_for(t, n_out, n_in, rotate, huge);
   pagoda::thread_pool pool(threads);
   pagoda::matmul_scratch scratch;
   std::mt19937 rng(7);
@@ -98,7 +122,7 @@ void bm_matmul(benchmark::State& st, tensor_type t, std::int64_t n_out, std::int
   std::size_t it = 0;
   for (auto _ : st) {
     pagoda::weight_view v = ws.view;
-    v.data = ws.copies[it++ % ws.copies.size()].data();
+    v.data = huge ? ws.huge_copies[it++ % ws.huge_copies.size()] : ws.copies[it++ % ws.copies.size()].data();
     pagoda::matmul(v, x.data(), m, y.data(), pool, scratch);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -111,12 +135,14 @@ void bm_matmul(benchmark::State& st, tensor_type t, std::int64_t n_out, std::int
 }
 
 // Read bandwidth of this machine, for "achieved / available": each thread sums
-// its half of a 512 MiB buffer.
-void bm_read_bandwidth(benchmark::State& st, int threads) {
-  static pagoda::aligned_buffer buf(std::size_t{512} << 20, true);
+// its half of a 512 MiB buffer (in 4 KiB pages, or 2 MiB ones when huge).
+void bm_read_bandwidth(benchmark::State& st, int threads, bool huge) {
+  constexpr std::size_t k_bytes = std::size_t{512} << 20;
+  static pagoda::aligned_buffer buf(k_bytes, true);
+  static std::byte* huge_buf = huge_alloc(k_bytes);
   pagoda::thread_pool pool(threads);
-  const std::size_t n = buf.size() / sizeof(std::uint64_t);
-  const auto* p = buf.as<std::uint64_t>();
+  const std::size_t n = k_bytes / sizeof(std::uint64_t);
+  const auto* p = huge ? reinterpret_cast<const std::uint64_t*>(huge_buf) : buf.as<std::uint64_t>();
   std::atomic<std::uint64_t> total{0};
   for (auto _ : st) {
     pool.parallel_for(n, [&](std::size_t b, std::size_t e) {
@@ -131,30 +157,31 @@ void bm_read_bandwidth(benchmark::State& st, int threads) {
     }, 4096);
     benchmark::DoNotOptimize(total.load());
   }
-  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(buf.size()) * 1e-9,
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(k_bytes) * 1e-9,
                                            benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The same call at a forced SIMD level (the level is restored afterwards), so
 // the AVX-512 and AVX2 kernels of a format are compared in one run.
 void bm_matmul_at(benchmark::State& st, pagoda::simd_level level, tensor_type t, std::int64_t n_out,
-                  std::int64_t n_in, std::int64_t m, int threads, bool rotate) {
+                  std::int64_t n_in, std::int64_t m, int threads, bool rotate, bool huge) {
   const pagoda::simd_level saved = pagoda::active_simd_level();
   pagoda::set_simd_level(level);
   if (pagoda::active_simd_level() != level) {
     st.SkipWithError("this CPU lacks the level");
   } else {
-    bm_matmul(st, t, n_out, n_in, m, threads, rotate);
+    bm_matmul(st, t, n_out, n_in, m, threads, rotate, huge);
   }
   pagoda::set_simd_level(saved);
 }
 
 void register_all() {
-  for (int threads : {1, 2})
-    benchmark::RegisterBenchmark(fmt::format("read_bandwidth/threads:{}", threads).c_str(), bm_read_bandwidth,
-                                 threads)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
+  for (bool huge : {false, true})
+    for (int threads : {1, 2})
+      benchmark::RegisterBenchmark(fmt::format("read_bandwidth{}/threads:{}", huge ? "_huge" : "", threads).c_str(),
+                                   bm_read_bandwidth, threads, huge)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
   const tensor_type types[] = {tensor_type::q8_0, tensor_type::q4_0, tensor_type::f16, tensor_type::bf16,
                                tensor_type::f32};
   const std::pair<std::int64_t, std::int64_t> shapes[] = {{4096, 4096}, {14336, 4096}};
@@ -164,14 +191,14 @@ void register_all() {
         for (int threads : {1, 2})
           benchmark::RegisterBenchmark(
               fmt::format("matmul/{}/{}x{}/m:{}/threads:{}", pagoda::gguf::tensor_type_name(t), n_out, n_in, m, threads).c_str(),
-              bm_matmul, t, n_out, n_in, m, threads, true)
+              bm_matmul, t, n_out, n_in, m, threads, true, false)
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
   // Weight formats at one Llama-3-8B layer's shapes (q/o, gate/up, down), decode
-  // and batched, AVX-512 against AVX2 in the same run: q4_K and q6_K (Q4_K_M's
-  // types) and q8_0 for comparison.
+  // and batched, AVX-512 against AVX2 in the same run: q4_K, q5_K and q6_K (the
+  // types of Q4_K_M and Q5_K_M) and q8_0.
   const std::pair<std::int64_t, std::int64_t> layer[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
-  for (tensor_type t : {tensor_type::q4_k, tensor_type::q6_k, tensor_type::q8_0})
+  for (tensor_type t : {tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k, tensor_type::q8_0})
     for (auto [n_out, n_in] : layer)
       for (std::int64_t m : {1, 8, 32})
         for (int threads : {1, 2})
@@ -179,17 +206,27 @@ void register_all() {
             benchmark::RegisterBenchmark(fmt::format("formats/{}/{}x{}/m:{}/threads:{}/{}", pagoda::gguf::tensor_type_name(t),
                                                      n_out, n_in, m, threads, pagoda::simd_level_name(level))
                                              .c_str(),
-                                         bm_matmul_at, level, t, n_out, n_in, m, threads, true)
+                                         bm_matmul_at, level, t, n_out, n_in, m, threads, true, false)
                 ->UseRealTime()
                 ->Unit(benchmark::kMicrosecond);
+  // Decode (m = 1) with the weights in huge pages, AVX-512.
+  for (tensor_type t : {tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k, tensor_type::q8_0})
+    for (auto [n_out, n_in] : layer)
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark(fmt::format("formats_huge/{}/{}x{}/m:1/threads:{}/avx512",
+                                                 pagoda::gguf::tensor_type_name(t), n_out, n_in, threads)
+                                         .c_str(),
+                                     bm_matmul_at, pagoda::simd_level::avx512, t, n_out, n_in, 1, threads, true, true)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
   // The same kernels on 128 rows that stay in L2: their arithmetic alone.
-  for (tensor_type t : {tensor_type::q4_k, tensor_type::q6_k, tensor_type::q8_0})
+  for (tensor_type t : {tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k, tensor_type::q8_0})
     for (std::int64_t m : {1, 8, 32})
       for (pagoda::simd_level level : {pagoda::simd_level::avx512, pagoda::simd_level::avx2})
         benchmark::RegisterBenchmark(fmt::format("formats_in_l2/{}/128x4096/m:{}/threads:1/{}",
                                                  pagoda::gguf::tensor_type_name(t), m, pagoda::simd_level_name(level))
                                          .c_str(),
-                                     bm_matmul_at, level, t, 128, 4096, m, 1, false)
+                                     bm_matmul_at, level, t, 128, 4096, m, 1, false, false)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
   // stories260K (dim 64, hidden 172, 512-token vocabulary, f32 weights): one
@@ -199,7 +236,7 @@ void register_all() {
     for (tensor_type t : {tensor_type::f32, tensor_type::q8_0})
       if (t == tensor_type::f32 || n_in % 32 == 0)
         benchmark::RegisterBenchmark(fmt::format("matmul_tiny/{}/{}x{}/m:1/threads:2", pagoda::gguf::tensor_type_name(t), n_out, n_in).c_str(),
-                                     bm_matmul, t, n_out, n_in, 1, 2, false)
+                                     bm_matmul, t, n_out, n_in, 1, 2, false, false)
             ->UseRealTime()
             ->Unit(benchmark::kNanosecond);
 }

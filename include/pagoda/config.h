@@ -14,6 +14,7 @@ struct engine_config {
   std::string model_path;            // a GGUF file
   int n_threads = 0;                 // 0: every core
   int n_ctx = 0;                     // tokens per sequence; 0: the model's trained context
+  bool use_mmap = true;              // false: read the weights into memory (--no-mmap)
 
   // --- KV cache ----------------------------------------------------------
   // Types: "auto" (the model's float type), f32, f16, bf16, fp8 (fp8_e4m3),

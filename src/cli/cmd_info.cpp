@@ -28,17 +28,20 @@ void print_kv_row(const std::string& name, const kv_layout& layout) {
 }
 
 // Tensor types with their counts and bytes, and where the weights live: every
-// matrix is used in place from the file's mapping in its stored layout (no
-// format is repacked at load), and only the small f32 vectors (norms, biases)
-// are copied. Mixed files (Q4_K_M and the like) show each type they hold.
+// matrix is used in its stored layout (no format is repacked at load), from
+// the file's mapping (paged in as used, shared with the page cache) or, with
+// --no-mmap, from memory the file was read into at load (resident from the
+// start; the part in huge pages is shown). Only the small f32 vectors (norms,
+// biases) are copied. Mixed files (Q4_K_M and the like) show each type they hold.
 void print_weight_memory(const llama_model& model) {
   std::map<std::string, std::pair<int, std::uint64_t>> types;
-  std::uint64_t mapped = 0;
-  for (const gguf::tensor_info& t : model.gguf().tensors()) {
+  std::uint64_t tensor_bytes = 0;
+  const gguf::file& f = model.gguf();
+  for (const gguf::tensor_info& t : f.tensors()) {
     auto& [n, bytes] = types[gguf::tensor_type_name(t.type)];
     ++n;
     bytes += t.size_bytes;
-    mapped += t.size_bytes;
+    tensor_bytes += t.size_bytes;
   }
   std::printf("tensor types:   ");
   for (const auto& [name, nb] : types)
@@ -48,10 +51,21 @@ void print_weight_memory(const llama_model& model) {
     copied += l.attn_norm.size() + l.ffn_norm.size() + l.bq.size() + l.bk.size() + l.bv.size() + l.q_norm.size() +
               l.k_norm.size() + l.post_attn_norm.size() + l.post_ffn_norm.size();
   copied *= sizeof(float);
+  const std::string tensors = human_bytes(static_cast<double>(tensor_bytes));
+  const std::string norms = human_bytes(static_cast<double>(copied));
+  if (f.storage_kind() == gguf::file::storage::read_into_memory) {
+    std::printf("\nweights:         %s of tensor data, read into memory at load (--no-mmap; 0 bytes repacked)\n",
+                tensors.c_str());
+    std::printf("resident:        %s read into memory (the whole file, %s of it in huge pages) + %s copied at load "
+                "(f32 norms and biases)\n",
+                human_bytes(static_cast<double>(f.size_bytes())).c_str(),
+                human_bytes(static_cast<double>(std::min(f.huge_page_bytes(), f.size_bytes()))).c_str(), norms.c_str());
+    return;
+  }
   std::printf("\nweights:         %s of tensor data, used in place from the file's mapping (0 bytes repacked at load)\n",
-              human_bytes(static_cast<double>(mapped)).c_str());
+              tensors.c_str());
   std::printf("resident:        %s mapped (paged in as used) + %s copied at load (f32 norms and biases)\n",
-              human_bytes(static_cast<double>(mapped)).c_str(), human_bytes(static_cast<double>(copied)).c_str());
+              tensors.c_str(), norms.c_str());
 }
 
 // The architecture's optional parts (model/llama.h), "" for a plain llama block.

@@ -1,5 +1,7 @@
 // pagoda run: one prompt, one continuation, streamed to stdout. A batch of one
 // through the public engine (pagoda/engine.h), as a library user would run it.
+#include <time.h>
+
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +58,16 @@ status parse_logit_bias(const std::vector<std::string>& specs, sampling_params& 
   return {};
 }
 
+// CPU time of the whole process (every thread), in microseconds. Next to the
+// wall time it says how much of a run the machine gave us: on a shared
+// machine a phase's wall time grows with other processes, its CPU time at one
+// thread much less.
+std::int64_t process_cpu_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
 // -f FILE: the file's text, less one trailing newline (as llama.cpp reads it).
 result<std::string> read_prompt_file(const std::string& path) {
   std::error_code ec;
@@ -95,7 +107,7 @@ int run(run_options o) {
   req.ignore_eos = o.ignore_eos;
 
   // Refused (a pool too small for prompt + -n, ...) before anything is printed.
-  const std::int64_t t0 = now_us();
+  const std::int64_t t0 = now_us(), cpu0 = process_cpu_us();
   if (auto st = eng->add_request(std::move(req)); !st.ok()) {
     if (st.code() == errc::resource_exhausted)
       return fail(st.with_context("the KV pool is too small (raise --kv-cache-size or --max-kv-tokens)"));
@@ -107,7 +119,7 @@ int run(run_options o) {
   }
   std::vector<token_id> generated;
   std::string text, stop_reason = "length";
-  std::int64_t t1 = -1;
+  std::int64_t t1 = -1, cpu1 = -1;
   // The prompt's last pass yields the first token; every later pass one more.
   // Generation speed is the later passes' tokens over their time.
   std::int64_t n_sampled = 0, n_decode_passes = 0;
@@ -120,7 +132,7 @@ int run(run_options o) {
     for (const engine_event& e : events) {
       n_sampled += static_cast<std::int64_t>(e.tokens.size());
       produced |= !e.tokens.empty();
-      if (!e.tokens.empty() && t1 < 0) t1 = now_us();
+      if (!e.tokens.empty() && t1 < 0) t1 = now_us(), cpu1 = process_cpu_us();
       generated.insert(generated.end(), e.tokens.begin(), e.tokens.end());
       text += e.text;
       if (!o.json && !e.text.empty()) {
@@ -132,8 +144,8 @@ int run(run_options o) {
     }
     n_decode_passes += decoding && produced;
   }
-  const std::int64_t t2 = now_us();
-  if (t1 < 0) t1 = t2;
+  const std::int64_t t2 = now_us(), cpu2 = process_cpu_us();
+  if (t1 < 0) t1 = t2, cpu1 = cpu2;
   // The end-of-generation token ends the text; it is not part of it.
   if (stop_reason == "stop" && !generated.empty() && eng->is_end_of_generation(generated.back())) {
     generated.pop_back();
@@ -163,7 +175,9 @@ int run(run_options o) {
                     {"generation_ms", gen_s * 1e3},
                     {"generation_tokens", n_decode_tokens},
                     {"generation_passes", n_decode_passes},
-                    {"generation_tokens_per_s", gen_tps}};
+                    {"generation_tokens_per_s", gen_tps},
+                    {"prompt_cpu_ms", (cpu1 - cpu0) * 1e-3},
+                    {"generation_cpu_ms", (cpu2 - cpu1) * 1e-3}};
     j["kv"] = {{"layout", info.kv_layout},
                {"type_k", type_k},
                {"type_v", type_v},

@@ -40,7 +40,9 @@ int synth(const synth_cli_options& o) {
   opts.n_vocab = o.vocab;
   opts.seed = o.seed;
   opts.n_threads = o.threads;
-  PAGODA_ASSIGN_OR_RETURN_CLI(opts.weight_type, parse_synth_weight_type(o.weight_type));
+  PAGODA_ASSIGN_OR_RETURN_CLI(synth_weights weights, parse_synth_weights(o.weight_type));
+  opts.weight_type = weights.type;
+  opts.mix = weights.mix;
   PAGODA_ASSIGN_OR_RETURN_CLI(synth_shape shape, resolve_synth_shape(opts));
   PAGODA_ASSIGN_OR_RETURN_CLI(std::uint64_t bytes, synth_model_size_bytes(opts));
   std::fprintf(stderr, "pagoda synth: %s (%s), %d layers, embd %d, %d/%d heads of %d, ffn %d, vocab %d, %s weights: %s\n",
@@ -61,7 +63,8 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
                   "phi3-mini, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, tiny-phi3 (--list shows them)");
   cmd->add_option("--layers", opts->layers, "layers (default: the preset's)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ffn", opts->ffn, "feed-forward width (default: the preset's)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--weight-type", opts->weight_type, "f16, q8_0, q4_0, q4_K or q6_K (also f32, bf16)");
+  cmd->add_option("--weight-type", opts->weight_type,
+                  "f16, q8_0, q4_0, q4_K, q5_K or q6_K (also f32, bf16), or llama-quantize's mixes Q4_K_M, Q5_K_M");
   cmd->add_option("--vocab", opts->vocab, "vocabulary size (0: the real model's)")->check(CLI::Range(0, 1 << 22));
   cmd->add_option("--ctx", opts->ctx, "context length in the metadata")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--seed", opts->seed, "weight seed");

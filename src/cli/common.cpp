@@ -17,6 +17,9 @@ void add_model_options(CLI::App* app, engine_config& opts) {
   app->add_option("-m,--model", opts.model_path, "GGUF model file")->required();
   app->add_option("-t,--threads", opts.n_threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app->add_option("-c,--ctx", opts.n_ctx, "context length in tokens (default: the model's)")->check(CLI::Range(0, 1 << 24));
+  app->add_flag_callback("--no-mmap", [&opts] { opts.use_mmap = false; },
+                         "read the weights into memory (huge pages where the kernel gives them) instead of mapping "
+                         "the file");
   add_gpu_options(app);
 }
 
@@ -99,7 +102,9 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
                 "keep per-block key bounds so requests may ask for quest (on when --kv-policy needs them)");
 }
 
-result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) { return llama_model::load(opts.model_path); }
+result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) {
+  return llama_model::load(opts.model_path, {opts.use_mmap});
+}
 
 std::vector<std::string> split_documents(const std::string& text, const std::string& sep) {
   std::vector<std::string> docs;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -530,7 +531,43 @@ status file::place_tensor_data(std::uint64_t header_end) {
 // ---------------------------------------------------------------------------
 // Opening
 
-result<std::unique_ptr<file>> file::open(const std::string& path) {
+namespace {
+
+constexpr std::size_t k_huge_page_bytes = std::size_t{2} << 20;
+
+// Anonymous memory for a file of `size` bytes, rounded up to whole huge pages
+// and asked to be backed by them (the kernel may give 4 KiB pages instead).
+result<void*> map_anonymous(const std::string& path, std::size_t size, std::size_t& mapped) {
+  mapped = (size + k_huge_page_bytes - 1) / k_huge_page_bytes * k_huge_page_bytes;
+  void* m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) {
+    int e = errno;
+    return error(errc::resource_exhausted, "{}: cannot allocate {} bytes to read the file into (--no-mmap): {}", path,
+                 size, std::strerror(e));
+  }
+#ifdef MADV_HUGEPAGE
+  ::madvise(m, mapped, MADV_HUGEPAGE);  // advice only: failure leaves 4 KiB pages
+#endif
+  return m;
+}
+
+// Reads `size` bytes of fd into dst; a file that shrinks meanwhile is an error.
+status read_all(int fd, const std::string& path, std::byte* dst, std::size_t size) {
+  constexpr std::size_t k_chunk = std::size_t{64} << 20;
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, dst + done, std::min(k_chunk, size - done), static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return error(errc::io_error, "{}: read failed at offset {}: {}", path, done, std::strerror(errno));
+    if (n == 0) return error(errc::io_error, "{}: file ended at {} bytes while reading {}", path, done, size);
+    done += static_cast<std::size_t>(n);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+result<std::unique_ptr<file>> file::open(const std::string& path, open_options options) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int e = errno;
@@ -548,8 +585,9 @@ result<std::unique_ptr<file>> file::open(const std::string& path) {
   }
   std::unique_ptr<file> f(new file());
   f->path_ = path;
+  f->storage_ = options.use_mmap ? storage::mapped : storage::read_into_memory;
   auto size = static_cast<std::size_t>(st.st_size);
-  if (size > 0) {
+  if (size > 0 && options.use_mmap) {
     void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
       int e = errno;
@@ -558,12 +596,49 @@ result<std::unique_ptr<file>> file::open(const std::string& path) {
     }
     f->map_ = m;
     f->map_size_ = size;
+#ifdef MADV_HUGEPAGE
+    // Pages read in from disk through this mapping then come as 2 MiB folios
+    // where the filesystem allows, mapped by one TLB entry each (pages already
+    // in the page cache keep the size they were read with). Advice only.
+    ::madvise(m, size, MADV_HUGEPAGE);
+#endif
+  } else if (size > 0) {
+    auto m = map_anonymous(path, size, f->map_size_);
+    status rs = m.ok() ? read_all(fd, path, static_cast<std::byte*>(*m), size) : m.error();
+    if (m.ok()) f->map_ = *m;  // released by ~file, also on a failed read
+    if (!rs.ok()) {
+      ::close(fd);
+      return rs;
+    }
   }
   ::close(fd);
-  std::span<const std::byte> bytes(static_cast<const std::byte*>(f->map_), f->map_size_);
+  std::span<const std::byte> bytes(static_cast<const std::byte*>(f->map_), size);
   status s = f->parse(bytes);
   if (!s.ok()) return s.with_context(path);
   return f;
+}
+
+std::size_t file::huge_page_bytes() const {
+  if (storage_ != storage::read_into_memory || !map_) return 0;
+  std::FILE* smaps = std::fopen("/proc/self/smaps", "r");
+  if (!smaps) return 0;
+  const auto begin = reinterpret_cast<std::uintptr_t>(map_);
+  char line[512];
+  bool in_region = false;
+  std::size_t kib = 0;
+  while (std::fgets(line, sizeof line, smaps)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+      // A region header (field lines never parse as two hex numbers); the
+      // kernel may have split the mapping into several regions.
+      in_region = lo >= begin && lo < begin + map_size_;
+      continue;
+    }
+    std::size_t v = 0;
+    if (in_region && std::sscanf(line, "AnonHugePages: %zu kB", &v) == 1) kib += v;
+  }
+  std::fclose(smaps);
+  return kib * 1024;
 }
 
 result<std::unique_ptr<file>> file::from_memory(std::span<const std::byte> bytes) {

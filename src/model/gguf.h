@@ -109,10 +109,23 @@ namespace detail {
 class byte_cursor;  // bounds-checked reader over the file bytes (gguf.cpp)
 }
 
+// How a file's bytes are held while the model uses them.
+struct open_options {
+  // true: map the file read-only (its pages are the page cache's, paged in as
+  // used and shared with other processes; huge pages are asked for, which
+  // applies to what is read from disk through the mapping). false: read the whole file into
+  // anonymous memory at open, with transparent huge pages asked for
+  // (llama.cpp's --no-mmap): it costs the file's size in resident memory and
+  // one read at load, and streaming weights from it avoids the 4 KiB page
+  // walks of a file mapping (bench/RESULTS.md, "Loading a 3.9 GB file").
+  bool use_mmap = true;
+};
+
 class file {
  public:
-  // Maps a file read-only and parses it. The mapping lives as long as the object.
-  static result<std::unique_ptr<file>> open(const std::string& path);
+  // Opens and parses a file, mapped or read as `options` says. The bytes live as
+  // long as the object.
+  static result<std::unique_ptr<file>> open(const std::string& path, open_options options = {});
   // Parses bytes owned by the caller (tests, fuzzing); they must outlive the object.
   static result<std::unique_ptr<file>> from_memory(std::span<const std::byte> bytes);
   ~file();
@@ -126,6 +139,13 @@ class file {
   std::uint64_t data_offset() const { return data_offset_; }
   // Bytes of the whole file (or of the memory given to from_memory).
   std::size_t size_bytes() const { return bytes_.size(); }
+  // How the bytes are held: a file mapping, anonymous memory the file was read
+  // into (open_options::use_mmap = false), or the caller's (from_memory).
+  enum class storage { mapped, read_into_memory, caller };
+  storage storage_kind() const { return storage_; }
+  // Of the memory the file was read into, the bytes the kernel backs with huge
+  // pages now (Linux /proc/self/smaps; 0 for other storage or when unknown).
+  std::size_t huge_page_bytes() const;
 
   const std::vector<metadata_entry>& metadata() const { return metadata_; }
   const value* find(std::string_view key) const;
@@ -155,8 +175,9 @@ class file {
 
   std::string path_;
   std::span<const std::byte> bytes_;
-  void* map_ = nullptr;
+  void* map_ = nullptr;          // the file mapping or the anonymous memory; munmap'ed at destruction
   std::size_t map_size_ = 0;
+  storage storage_ = storage::caller;
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;
   std::vector<metadata_entry> metadata_;

@@ -91,7 +91,7 @@ class llama_model {
  public:
   // Loads and validates a GGUF model: required keys, every tensor's presence,
   // shape and type against the architecture, and the tokenizer.
-  static result<std::unique_ptr<llama_model>> load(const std::string& path);
+  static result<std::unique_ptr<llama_model>> load(const std::string& path, gguf::open_options options = {});
   static result<std::unique_ptr<llama_model>> from_gguf(std::unique_ptr<gguf::file> file);
 
   const llama_hparams& hparams() const { return hp_; }

@@ -212,8 +212,8 @@ double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element) {
   return 2.0 * hp.n_layer * hp.n_head_kv * hp.head_dim * bytes_per_element;
 }
 
-result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path) {
-  auto f = gguf::file::open(path);
+result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path, gguf::open_options options) {
+  auto f = gguf::file::open(path, options);
   if (!f.ok()) return f.error().with_context(path);
   auto m = from_gguf(std::move(*f));
   if (!m.ok()) return m.error().with_context(path);

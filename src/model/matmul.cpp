@@ -3,6 +3,8 @@
 // files; formats and activation quantizers in model/quants.cpp.
 #include "model/matmul.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -126,12 +128,23 @@ const kernel_set& kernels_for(simd_level level, tensor_type t, std::int64_t n_in
 // costs a few microseconds, more than e.g. a whole stories260K projection.
 constexpr std::int64_t k_parallel_min_macs = std::int64_t{1} << 18;
 
+// Columns are handed out in chunks, each thread taking the next free one
+// (llama.cpp's mul_mat does the same): on this shared machine a thread that
+// loses its core for a while leaves its share to the others instead of
+// holding up the whole call, which a static split did (at 2 threads, a
+// quarter of a decode's samples were waits). Chunks are whole column tiles,
+// so the per-pair arithmetic, and so every result, is what one thread
+// computes alone.
+constexpr std::int64_t k_chunks_per_thread = 8;
+
 struct run_ctx {
   const kernel_set* ks;
   job jb;
   std::byte* pack_base;
   std::size_t pack_stride;
-  std::int64_t col_tile;
+  std::int64_t chunk_cols;  // a multiple of the column tile
+  std::int64_t n_chunks;
+  alignas(64) std::atomic<std::int64_t> next_chunk;
 };
 
 }  // namespace
@@ -245,19 +258,23 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
 
   auto* base = static_cast<std::byte*>(scratch.reserve(act_bytes + pack_stride * static_cast<std::size_t>(nth)));
   if (quant) ks.prepare(w.type, x, m, w.n_in, base, act_row);
-  run_ctx ctx{&ks, job{&w, x, base, act_row, m, y}, base + act_bytes, pack_stride, col_tile};
   if (nth == 1) {
-    ks.cols(ctx.jb, 0, w.n_out, ctx.pack_base);
+    ks.cols(job{&w, x, base, act_row, m, y}, 0, w.n_out, base + act_bytes);
     return;
   }
+  const std::int64_t tiles_per_chunk = std::max<std::int64_t>(1, n_tiles / (nth * k_chunks_per_thread));
+  const std::int64_t chunk_cols = tiles_per_chunk * col_tile;
+  run_ctx ctx{&ks, job{&w, x, base, act_row, m, y}, base + act_bytes, pack_stride, chunk_cols,
+              (w.n_out + chunk_cols - 1) / chunk_cols, {0}};
   // Capture one pointer: std::function keeps it inline, with no allocation.
-  const run_ctx* c = &ctx;
-  pool.run([c](int ith, int nth_run) {
-    std::size_t b, e;
-    split_range(static_cast<std::size_t>(c->jb.w->n_out), ith, nth_run, static_cast<std::size_t>(c->col_tile), b, e);
-    if (b < e)
-      c->ks->cols(c->jb, static_cast<std::int64_t>(b), static_cast<std::int64_t>(e),
-                  c->pack_base + c->pack_stride * static_cast<std::size_t>(ith));
+  run_ctx* c = &ctx;
+  pool.run([c](int ith, int) {
+    std::byte* pack = c->pack_base + c->pack_stride * static_cast<std::size_t>(ith);
+    for (std::int64_t i = c->next_chunk.fetch_add(1, std::memory_order_relaxed); i < c->n_chunks;
+         i = c->next_chunk.fetch_add(1, std::memory_order_relaxed)) {
+      const std::int64_t b = i * c->chunk_cols;
+      c->ks->cols(c->jb, b, std::min(b + c->chunk_cols, c->jb.w->n_out), pack);
+    }
   });
 }
 

@@ -450,55 +450,80 @@ int quantize_to(float v, float step, int lo, int hi) {
   return static_cast<int>(r);
 }
 
+// One q4_K / q5_K super-block's scales, mins and values 0..max_q (15 or 31):
+// per sub-block of 32, min m = min(0, min x), scale (max x - m) / max_q; the
+// eight scales and mins are quantized to 6 bits under fp16 d = max scale / 63
+// and dmin = max min / 63 (packed as ggml's get_scale_min_k4 reads them), then
+// each value to round((x + dmin * min) / (d * scale)).
+void quantize_k4_super_block(const float* xb, int max_q, fp16_t& d16, fp16_t& dmin16, std::uint8_t (&scales)[12],
+                             std::uint8_t (&q)[k_qk_k]) {
+  float scale[8], min[8], max_scale = 0, max_min = 0;
+  for (int s = 0; s < 8; ++s) {
+    float lo = 0, hi = xb[32 * s];
+    for (int l = 0; l < 32; ++l) {
+      lo = xb[32 * s + l] < lo ? xb[32 * s + l] : lo;
+      hi = xb[32 * s + l] > hi ? xb[32 * s + l] : hi;
+    }
+    scale[s] = hi > lo ? (hi - lo) / static_cast<float>(max_q) : 0.0f;
+    min[s] = -lo;
+    max_scale = scale[s] > max_scale ? scale[s] : max_scale;
+    max_min = min[s] > max_min ? min[s] : max_min;
+  }
+  d16 = f32_to_fp16(max_scale / 63.0f);
+  dmin16 = f32_to_fp16(max_min / 63.0f);
+  const float d = fp16_to_f32(d16), dmin = fp16_to_f32(dmin16);
+  int ls[8], lm[8];
+  std::memset(scales, 0, sizeof scales);
+  for (int s = 0; s < 8; ++s) {
+    ls[s] = quantize_to(scale[s], d, 0, 63);
+    lm[s] = quantize_to(min[s], dmin, 0, 63);
+    if (s < 4) {
+      scales[s] = static_cast<std::uint8_t>(ls[s]);
+      scales[s + 4] = static_cast<std::uint8_t>(lm[s]);
+    } else {
+      scales[s + 4] = static_cast<std::uint8_t>((ls[s] & 15) | (lm[s] & 15) << 4);
+      scales[s - 4] |= static_cast<std::uint8_t>((ls[s] >> 4) << 6);
+      scales[s] |= static_cast<std::uint8_t>((lm[s] >> 4) << 6);
+    }
+  }
+  for (int e = 0; e < k_qk_k; ++e) {
+    const int s = e / 32;
+    q[e] = static_cast<std::uint8_t>(quantize_to(xb[e] + dmin * static_cast<float>(lm[s]),
+                                                 d * static_cast<float>(ls[s]), 0, max_q));
+  }
+}
+
 }  // namespace
 
-// Per sub-block of 32: min m = min(0, min x), scale (max x - m) / 15; the eight
-// scales and mins are quantized to 6 bits under fp16 d = max scale / 63 and
-// dmin = max min / 63, then each value to round((x + dmin * min) / (d * scale)).
 void quantize_row_q4_k(const float* x, std::int64_t n, void* out) {
   PAGODA_ASSERT(n % k_qk_k == 0, "quantize_row_q4_K: n = {} is not a multiple of 256", n);
   auto* y = static_cast<block_q4_k*>(out);
   for (std::int64_t b = 0; b < n / k_qk_k; ++b) {
-    const float* xb = x + b * k_qk_k;
     block_q4_k& yb = y[b];
-    float scale[8], min[8], max_scale = 0, max_min = 0;
-    for (int s = 0; s < 8; ++s) {
-      float lo = 0, hi = xb[32 * s];
-      for (int l = 0; l < 32; ++l) {
-        lo = xb[32 * s + l] < lo ? xb[32 * s + l] : lo;
-        hi = xb[32 * s + l] > hi ? xb[32 * s + l] : hi;
-      }
-      scale[s] = hi > lo ? (hi - lo) / 15.0f : 0.0f;
-      min[s] = -lo;
-      max_scale = scale[s] > max_scale ? scale[s] : max_scale;
-      max_min = min[s] > max_min ? min[s] : max_min;
-    }
-    yb.d = f32_to_fp16(max_scale / 63.0f);
-    yb.dmin = f32_to_fp16(max_min / 63.0f);
-    const float d = fp16_to_f32(yb.d), dmin = fp16_to_f32(yb.dmin);
-    int ls[8], lm[8];
-    std::memset(yb.scales, 0, sizeof yb.scales);
-    for (int s = 0; s < 8; ++s) {
-      ls[s] = quantize_to(scale[s], d, 0, 63);
-      lm[s] = quantize_to(min[s], dmin, 0, 63);
-      if (s < 4) {
-        yb.scales[s] = static_cast<std::uint8_t>(ls[s]);
-        yb.scales[s + 4] = static_cast<std::uint8_t>(lm[s]);
-      } else {
-        yb.scales[s + 4] = static_cast<std::uint8_t>((ls[s] & 15) | (lm[s] & 15) << 4);
-        yb.scales[s - 4] |= static_cast<std::uint8_t>((ls[s] >> 4) << 6);
-        yb.scales[s] |= static_cast<std::uint8_t>((lm[s] >> 4) << 6);
-      }
-    }
     std::uint8_t q[k_qk_k];
-    for (int e = 0; e < k_qk_k; ++e) {
-      const int s = e / 32;
-      q[e] = static_cast<std::uint8_t>(quantize_to(xb[e] + dmin * static_cast<float>(lm[s]),
-                                                   d * static_cast<float>(ls[s]), 0, 15));
-    }
+    quantize_k4_super_block(x + b * k_qk_k, 15, yb.d, yb.dmin, yb.scales, q);
     for (int c = 0; c < 4; ++c)
       for (int l = 0; l < 32; ++l)
         yb.qs[32 * c + l] = static_cast<std::uint8_t>(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+  }
+}
+
+// q4_K's scheme with 32 levels: the low 4 bits as q4_K's nibbles, the fifth
+// bit of element 64c + 32h + l in bit 2c + h of qh[l].
+void quantize_row_q5_k(const float* x, std::int64_t n, void* out) {
+  PAGODA_ASSERT(n % k_qk_k == 0, "quantize_row_q5_K: n = {} is not a multiple of 256", n);
+  auto* y = static_cast<block_q5_k*>(out);
+  for (std::int64_t b = 0; b < n / k_qk_k; ++b) {
+    block_q5_k& yb = y[b];
+    std::uint8_t q[k_qk_k];
+    quantize_k4_super_block(x + b * k_qk_k, 31, yb.d, yb.dmin, yb.scales, q);
+    std::memset(yb.qh, 0, sizeof yb.qh);
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) {
+        const std::uint8_t lo = q[64 * c + l], hi = q[64 * c + 32 + l];
+        yb.qs[32 * c + l] = static_cast<std::uint8_t>((lo & 15) | (hi & 15) << 4);
+        yb.qh[l] |= static_cast<std::uint8_t>((lo >> 4) << (2 * c) | (hi >> 4) << (2 * c + 1));
+      }
   }
 }
 

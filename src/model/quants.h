@@ -86,11 +86,12 @@ fp16_t quantize_block_q8(const float* x, std::int8_t* q, float* d_f32);
 
 // ---------------------------------------------------------------------------
 // Weight quantizers (synthetic models and tests). q4_0 is ggml's reference
-// quantizer byte for byte; q4_K and q6_K are simple min/max quantizers that
-// produce valid blocks but not llama-quantize's (which searches for scales).
+// quantizer byte for byte; q4_K, q5_K and q6_K are simple min/max quantizers
+// that produce valid blocks but not llama-quantize's (which searches for scales).
 // ---------------------------------------------------------------------------
 void quantize_row_q4_0(const float* x, std::int64_t n, void* out);
 void quantize_row_q4_k(const float* x, std::int64_t n, void* out);
+void quantize_row_q5_k(const float* x, std::int64_t n, void* out);
 void quantize_row_q6_k(const float* x, std::int64_t n, void* out);
 
 }  // namespace pagoda

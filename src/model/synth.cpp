@@ -89,8 +89,9 @@ const synth_shape k_presets[] = {
 };
 
 // Weight types synth can write (those with an encoder in encode_row).
-constexpr tensor_type k_writable_types[] = {tensor_type::f16,  tensor_type::q8_0, tensor_type::q4_0, tensor_type::q4_k,
-                                            tensor_type::q6_k, tensor_type::f32,  tensor_type::bf16};
+constexpr tensor_type k_writable_types[] = {tensor_type::f16,  tensor_type::q8_0, tensor_type::q4_0,
+                                            tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k,
+                                            tensor_type::f32,  tensor_type::bf16};
 
 constexpr int k_n_special_tokens = 3;  // <unk> <s> </s>
 constexpr int k_n_byte_tokens = 256;
@@ -102,14 +103,17 @@ constexpr std::int32_t k_token_unknown = 2;
 constexpr std::int32_t k_token_control = 3;
 constexpr std::int32_t k_token_byte = 6;
 
-// llama.cpp's general.file_type (llama_ftype) for a uniform weight type.
-std::uint32_t file_type_of(tensor_type t) {
+// llama.cpp's general.file_type (llama_ftype) for a mix or a uniform weight type.
+std::uint32_t file_type_of(tensor_type t, synth_mix mix) {
+  if (mix == synth_mix::q4_k_m) return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  if (mix == synth_mix::q5_k_m) return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
   switch (t) {
     case tensor_type::f32: return 0;
     case tensor_type::f16: return 1;
     case tensor_type::q4_0: return 2;
     case tensor_type::q8_0: return 7;
     case tensor_type::q4_k: return 14;  // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix q4_K
+    case tensor_type::q5_k: return 16;  // LLAMA_FTYPE_MOSTLY_Q5_K_S
     case tensor_type::q6_k: return 18;
     case tensor_type::bf16: return 32;
     default: return 0;
@@ -156,6 +160,7 @@ void encode_row(tensor_type t, const float* x, std::int64_t n, std::byte* out) {
     case tensor_type::q8_0: quantize_row_q8_0(x, n, out); return;
     case tensor_type::q4_0: quantize_row_q4_0(x, n, out); return;
     case tensor_type::q4_k: quantize_row_q4_k(x, n, out); return;
+    case tensor_type::q5_k: quantize_row_q5_k(x, n, out); return;
     case tensor_type::q6_k: quantize_row_q6_k(x, n, out); return;
     default: PAGODA_ASSERT(false, "synth: no encoder for {}", gguf::tensor_type_name(t));
   }
@@ -243,7 +248,7 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   w->add_string("general.architecture", arch);
   w->add_string("general.name", fmt::format("{} (synthetic)", s.name));
   w->set_alignment(32);
-  w->add_u32("general.file_type", file_type_of(o.weight_type));
+  w->add_u32("general.file_type", file_type_of(o.weight_type, o.mix));
   w->add_u32(key("vocab_size"), static_cast<std::uint32_t>(s.n_vocab));
   w->add_u32(key("context_length"), static_cast<std::uint32_t>(s.n_ctx));
   w->add_u32(key("embedding_length"), static_cast<std::uint32_t>(s.n_embd));
@@ -268,9 +273,11 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   std::uint64_t id = 0;
   const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;
   const std::int64_t kv_dim = static_cast<std::int64_t>(s.n_head_kv) * s.head_dim;
+  int layer = -1;  // the block being written
   auto matrix = [&](const std::string& name, std::int64_t n_in, std::int64_t n_out, float amplitude) {
     const std::int64_t ne[] = {n_in, n_out};
-    w->add_tensor(name, o.weight_type, ne, make_fill({o.seed, id++, o.weight_type, n_in, amplitude, 0}, pool));
+    const tensor_type t = synth_matrix_type(s, o, name, layer);
+    w->add_tensor(name, t, ne, make_fill({o.seed, id++, t, n_in, amplitude, 0}, pool));
   };
   auto vector = [&](const std::string& name, std::int64_t n, float amplitude, float constant) {
     const std::int64_t ne[] = {n};
@@ -286,6 +293,7 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   vector("output_norm.weight", s.n_embd, 0, 1.0f);
   if (!gemma) matrix("output.weight", s.n_embd, s.n_vocab, amplitude_for(s.n_embd));
   for (int l = 0; l < s.n_layer; ++l) {
+    layer = l;
     const std::string p = fmt::format("blk.{}.", l);
     vector(p + "attn_norm.weight", s.n_embd, 0, 1.0f);
     if (s.fused) {
@@ -352,6 +360,39 @@ result<tensor_type> parse_synth_weight_type(std::string_view name) {
   return error(errc::invalid_argument, "unknown weight type '{}' ({})", name, writable_type_names());
 }
 
+result<synth_weights> parse_synth_weights(std::string_view name) {
+  if (same_ignoring_case(name, "q4_k_m")) return synth_weights{tensor_type::q4_k, synth_mix::q4_k_m};
+  if (same_ignoring_case(name, "q5_k_m")) return synth_weights{tensor_type::q5_k, synth_mix::q5_k_m};
+  auto t = parse_synth_weight_type(name);
+  if (!t.ok()) return error(errc::invalid_argument, "{}, or a mix: Q4_K_M, Q5_K_M", t.error().message());
+  return synth_weights{*t, synth_mix::none};
+}
+
+tensor_type synth_matrix_type(const synth_shape& s, const synth_options& o, std::string_view name, int layer) {
+  if (o.mix == synth_mix::none) return o.weight_type;
+  const bool q4 = o.mix == synth_mix::q4_k_m;
+  const tensor_type base = q4 ? tensor_type::q4_k : tensor_type::q5_k;
+  // llama.cpp's use_more_bits: the first and last eighth of the layers and
+  // every third layer between them.
+  const int n = s.n_layer;
+  const bool more_bits = layer >= 0 && (layer < n / 8 || layer >= 7 * n / 8 || (layer - n / 8) % 3 == 2);
+  auto is = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  };
+  // Gemma files tie the output to the embeddings (build_writer): the embeddings
+  // then take the output's type.
+  const bool tied = s.post_norms;
+  if (name == "output.weight" || (tied && name == "token_embd.weight")) return tensor_type::q6_k;
+  if (is("attn_v.weight")) {
+    if (more_bits) return tensor_type::q6_k;
+    const bool llama_70b = std::string_view(s.arch) == "llama" && n == 80 && s.n_head != s.n_head_kv;
+    return llama_70b && q4 ? tensor_type::q5_k : base;
+  }
+  if (is("ffn_down.weight")) return more_bits ? tensor_type::q6_k : base;
+  if (is("attn_qkv.weight")) return q4 ? tensor_type::q5_k : tensor_type::q6_k;
+  return base;
+}
+
 result<synth_shape> resolve_synth_shape(const synth_options& o) {
   const synth_shape* preset = find_synth_preset(o.preset);
   if (!preset) {
@@ -372,11 +413,13 @@ result<synth_shape> resolve_synth_shape(const synth_options& o) {
     return error(errc::invalid_argument, "vocabulary size {} is below the minimum {} (3 specials, 256 bytes, 1 piece)",
                  s.n_vocab, k_min_vocab);
   }
-  const auto* traits = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(o.weight_type));
-  if (!traits || std::find(std::begin(k_writable_types), std::end(k_writable_types), o.weight_type) ==
+  // A mix's every type works on super-blocks of 256, as its base does.
+  const tensor_type checked = o.mix == synth_mix::none ? o.weight_type : tensor_type::q4_k;
+  const auto* traits = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(checked));
+  if (!traits || std::find(std::begin(k_writable_types), std::end(k_writable_types), checked) ==
                      std::end(k_writable_types)) {
     return error(errc::invalid_argument, "synth cannot write weight type {} (it writes {})",
-                 gguf::tensor_type_name(o.weight_type), writable_type_names());
+                 gguf::tensor_type_name(checked), writable_type_names());
   }
   const std::int64_t block = traits->block_size;
   const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;

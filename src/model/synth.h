@@ -62,6 +62,19 @@ std::span<const synth_shape> synth_presets();
 // nullptr when no preset has that name.
 const synth_shape* find_synth_preset(std::string_view name);
 
+// llama-quantize's per-tensor mixes (llama_ftype), with the types its rules
+// (llama.cpp's src/llama-quant.cpp, llama_tensor_get_type) pick for the
+// tensors synth writes, on a dense model without an importance matrix:
+//   Q4_K_M: q4_K, except q6_K for output.weight (token_embd.weight when the
+//           output is tied) and for attn_v and ffn_down of the layers i where
+//           i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2 (n layers); a fused
+//           attn_qkv is q5_K; on a 70B llama (80 layers, GQA) the other attn_v
+//           are q5_K.
+//   Q5_K_M: the same with q5_K for q4_K, and a fused attn_qkv in q6_K.
+// Every row must be a multiple of 256 (llama-quantize would fall back to
+// block-32 types there; synth refuses instead).
+enum class synth_mix : std::uint8_t { none, q4_k_m, q5_k_m };
+
 struct synth_options {
   std::string preset = "llama3-8b";
   std::optional<int> n_layer;  // fewer (or more) layers than the preset
@@ -70,19 +83,32 @@ struct synth_options {
   // Vocabulary size; 0 means the preset's real one. At least 260 (specials,
   // 256 byte tokens, one piece).
   int n_vocab = 512;
-  // Matrix type: f16, q8_0, q4_0, q4_K or q6_K (f32 and bf16 also work). Norms
-  // and biases stay F32. q4_K / q6_K use simple min/max quantizers (valid files,
-  // not llama-quantize's bytes) and need rows that are multiples of 256.
+  // Matrix type: f16, q8_0, q4_0, q4_K, q5_K or q6_K (f32 and bf16 also work).
+  // Norms and biases stay F32. The K types use simple min/max quantizers (valid
+  // files, not llama-quantize's bytes) and need rows that are multiples of 256.
   gguf::tensor_type weight_type = gguf::tensor_type::q8_0;
+  // A mix instead of one type for every matrix (weight_type is then ignored).
+  synth_mix mix = synth_mix::none;
   std::uint64_t seed = 42;
   // Threads generating weights; <= 0 means every hardware thread. The file is
   // the same for any thread count.
   int n_threads = 0;
 };
 
-// "f16", "q8_0", "q4_0", "q4_K", "q6_K", "f32", "bf16" (any case) -> the tensor
-// type; errc::invalid_argument otherwise.
+// "f16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K", "f32", "bf16" (any case) ->
+// the tensor type; errc::invalid_argument otherwise.
 result<gguf::tensor_type> parse_synth_weight_type(std::string_view name);
+
+// What --weight-type names: one tensor type, or a mix ("Q4_K_M", "Q5_K_M", any case).
+struct synth_weights {
+  gguf::tensor_type type = gguf::tensor_type::q8_0;
+  synth_mix mix = synth_mix::none;
+};
+result<synth_weights> parse_synth_weights(std::string_view name);
+
+// The type synth writes for matrix `name` (e.g. "blk.3.attn_v.weight"; layer
+// its block index, -1 outside blocks) of a resolved shape under the options.
+gguf::tensor_type synth_matrix_type(const synth_shape& s, const synth_options& o, std::string_view name, int layer);
 
 // The preset with the options' overrides applied, validated (unknown preset,
 // non-positive sizes, rows that the weight type's block size does not divide,

@@ -133,5 +133,46 @@ TEST(cli_info, reports_mixed_weight_types_and_resident_bytes) {
   EXPECT_NE(r.out.find("resident:"), std::string::npos) << r.out;
 }
 
+// run --json gives each phase's process CPU time next to its wall time; with
+// one thread the CPU time cannot exceed the wall time (by more than a clock
+// tick), and generating 200 tokens takes some of it.
+TEST(cli_run, json_timings_carry_cpu_time) {
+  auto r = run_cli("run -m " + model_path() + " -p " + shell_quote("Once upon a time") +
+                   " -n 200 --temp 0 --ignore-eos --json -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json t = json::parse(r.out)["timings"];
+  for (const char* phase : {"prompt", "generation"}) {
+    const double cpu = t[std::string(phase) + "_cpu_ms"].get<double>(), wall = t[std::string(phase) + "_ms"].get<double>();
+    EXPECT_GT(cpu, 0.0) << phase;
+    EXPECT_LE(cpu, wall + 5.0) << phase;
+  }
+}
+
+// --no-mmap reads the file into memory: info says so and counts it as
+// resident, and run generates the same greedy text as from the mapping.
+TEST(cli_no_mmap, info_reports_memory_and_run_matches_the_mapping) {
+  const std::string model = data_path("oracle/gguf/synth-llama-Q4_K_M.gguf");
+  auto info = run_cli("info -m " + model + " --no-mmap");
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("read into memory at load (--no-mmap"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("resident:        883.84 KiB read into memory (the whole file"), std::string::npos) << info.out;
+  EXPECT_EQ(info.out.find("paged in as used"), std::string::npos) << info.out;
+  auto mapped = run_cli("info -m " + model);
+  EXPECT_NE(mapped.out.find("paged in as used"), std::string::npos) << mapped.out;
+
+  const std::string args = " -p " + shell_quote("Once upon a time") + " -n 24 --temp 0 --ignore-eos --json -t 1";
+  auto a = run_cli("run -m " + model_path() + args);
+  auto b = run_cli("run -m " + model_path() + args + " --no-mmap");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const json ja = json::parse(a.out), jb = json::parse(b.out);
+  EXPECT_EQ(ja["tokens"].size(), 24u);
+  EXPECT_EQ(ja["tokens"], jb["tokens"]);
+  EXPECT_EQ(ja["text"], jb["text"]);
+  auto missing = run_cli("run -m /nonexistent.gguf -p hi --no-mmap");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent.gguf: cannot open"), std::string::npos) << missing.err;
+}
+
 }  // namespace
 }  // namespace pagoda::test

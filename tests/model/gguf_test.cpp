@@ -441,6 +441,74 @@ TEST(gguf_round_trip, streamed_tensor_matches_and_file_maps) {
   std::remove(path.c_str());
 }
 
+// --no-mmap: the file read into anonymous memory parses to the same metadata
+// and the same tensor bytes as the mapped file, at the same offsets; the
+// memory is the reader's own (the file can change or go away underneath it).
+TEST(gguf_no_mmap, read_into_memory_holds_the_same_bytes) {
+  const std::string src = source_path("models/stories260K.gguf");
+  const std::string path = ::testing::TempDir() + "/gguf_no_mmap.gguf";
+  {
+    std::FILE* in = std::fopen(src.c_str(), "rb");
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    ASSERT_TRUE(in && out);
+    char buf[65536];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, in)) > 0) std::fwrite(buf, 1, n, out);
+    std::fclose(in);
+    std::fclose(out);
+  }
+  auto mapped = file::open(path);
+  auto read = file::open(path, open_options{.use_mmap = false});
+  ASSERT_TRUE(mapped.ok() && read.ok()) << (read.ok() ? "" : read.error().message());
+  const file& a = **mapped;
+  const file& b = **read;
+  EXPECT_EQ(a.storage_kind(), file::storage::mapped);
+  EXPECT_EQ(b.storage_kind(), file::storage::read_into_memory);
+  EXPECT_EQ(b.size_bytes(), a.size_bytes());
+  EXPECT_EQ(b.data_offset(), a.data_offset());
+  EXPECT_EQ(*b.get_string("general.architecture"), "llama");
+  ASSERT_EQ(b.tensors().size(), a.tensors().size());
+  for (std::size_t k = 0; k < a.tensors().size(); ++k) {
+    const tensor_info& ta = a.tensors()[k];
+    const tensor_info& tb = b.tensors()[k];
+    EXPECT_EQ(tb.name, ta.name);
+    EXPECT_EQ(tb.offset, ta.offset);
+    ASSERT_EQ(tb.size_bytes, ta.size_bytes);
+    EXPECT_NE(tb.data, ta.data);
+    EXPECT_EQ(std::memcmp(tb.data, ta.data, ta.size_bytes), 0) << ta.name;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(tb.data) % 32, 0u) << ta.name;  // the file's alignment holds
+  }
+  EXPECT_EQ(a.huge_page_bytes(), 0u);  // only read-into memory is counted
+  EXPECT_LE(b.huge_page_bytes(), (b.size_bytes() + (2u << 20) - 1) / (2u << 20) * (2u << 20));
+  // Overwrite the file: the read copy keeps the bytes it read.
+  const tensor_info* t = b.find_tensor("token_embd.weight");
+  std::vector<std::byte> before(t->data, t->data + t->size_bytes);
+  {
+    std::FILE* out = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(out, nullptr);
+    std::fseek(out, static_cast<long>(b.data_offset() + t->offset), SEEK_SET);
+    std::vector<char> junk(t->size_bytes, 0x5a);
+    std::fwrite(junk.data(), 1, junk.size(), out);
+    std::fclose(out);
+  }
+  EXPECT_EQ(std::memcmp(t->data, before.data(), before.size()), 0);
+  std::remove(path.c_str());
+}
+
+// The errors of a read are the mapping's: a missing file is not_found, a
+// directory invalid_argument, an empty file a truncated magic.
+TEST(gguf_no_mmap, errors_match_the_mapped_open) {
+  const open_options read{.use_mmap = false};
+  EXPECT_EQ(file::open(source_path("models/does-not-exist.gguf"), read).error().code(), errc::not_found);
+  EXPECT_EQ(file::open(source_path("models"), read).error().code(), errc::invalid_argument);
+  const std::string empty = ::testing::TempDir() + "/gguf_no_mmap_empty.gguf";
+  std::fclose(std::fopen(empty.c_str(), "wb"));
+  auto r = file::open(empty, read);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.error().message(), HasSubstr("truncated file: magic"));
+  std::remove(empty.c_str());
+}
+
 TEST(gguf_round_trip, failing_fill_leaves_no_file) {
   writer w;
   const std::int64_t ne[] = {32};

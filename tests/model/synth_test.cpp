@@ -385,6 +385,152 @@ TEST(synth_file, k_quant_weights_match_the_f32_weights) {
   }
 }
 
+// The oracle's synth-llama files (tests/data/oracle, made by llama-quantize of
+// llama.cpp d32676d) have tiny256's shape: 2 layers of 256 wide, 4/2 heads of
+// 64, ffn 512, vocabulary 512. llama-quantize's Q4_K_M and Q5_K_M of it and
+// synth's mixes of tiny256 hold the same tensors in the same types.
+TEST(synth_mix, types_are_llama_quantize_s_on_the_oracle_shape) {
+  struct mix_case {
+    const char* name;
+    synth_mix mix;
+    std::uint64_t file_type;
+  };
+  for (const mix_case& c : {mix_case{"Q4_K_M", synth_mix::q4_k_m, 15}, mix_case{"Q5_K_M", synth_mix::q5_k_m, 17}}) {
+    auto oracle = gguf::file::open(std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/gguf/synth-llama-" + c.name + ".gguf");
+    ASSERT_TRUE(oracle.ok()) << oracle.error().message();
+    synth_options o;
+    o.preset = "tiny256";
+    o.mix = c.mix;
+    auto f = write_and_open(o, std::string("synth_mix_") + c.name + ".gguf");
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(*f->get_uint("general.file_type"), c.file_type) << c.name;
+    EXPECT_EQ(*(*oracle)->get_uint("general.file_type"), c.file_type) << c.name;
+    ASSERT_EQ(f->tensors().size(), (*oracle)->tensors().size()) << c.name;
+    int n_q6 = 0;
+    for (const gguf::tensor_info& want : (*oracle)->tensors()) {
+      const gguf::tensor_info* got = f->find_tensor(want.name);
+      ASSERT_NE(got, nullptr) << c.name << " " << want.name;
+      EXPECT_EQ(got->type, want.type) << c.name << " " << want.name << ": " << gguf::tensor_type_name(got->type)
+                                      << " against llama-quantize's " << gguf::tensor_type_name(want.type);
+      EXPECT_EQ(got->ne[0], want.ne[0]) << want.name;
+      EXPECT_EQ(got->ne[1], want.ne[1]) << want.name;
+      n_q6 += want.type == tensor_type::q6_k;
+    }
+    EXPECT_EQ(n_q6, 3) << c.name;  // output, and layer 1's attn_v and ffn_down
+  }
+}
+
+// With more layers llama-quantize's rule (i < n/8, i >= 7n/8, (i - n/8) % 3 ==
+// 2) picks these layers for q6_K attn_v and ffn_down; written out by hand.
+TEST(synth_mix, q6_k_layers_follow_the_rule_at_4_and_32_layers) {
+  struct layers_case {
+    int n_layer;
+    std::vector<int> q6;
+  };
+  for (const layers_case& c : {layers_case{4, {2, 3}},
+                               layers_case{32, {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}}}) {
+    synth_options o;
+    o.preset = "tiny256";
+    o.n_layer = c.n_layer;
+    o.n_vocab = 300;
+    o.mix = synth_mix::q4_k_m;
+    auto f = write_and_open(o, "synth_mix_layers.gguf");
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(f->find_tensor("output.weight")->type, tensor_type::q6_k);
+    EXPECT_EQ(f->find_tensor("token_embd.weight")->type, tensor_type::q4_k);
+    for (int l = 0; l < c.n_layer; ++l) {
+      const bool q6 = std::find(c.q6.begin(), c.q6.end(), l) != c.q6.end();
+      const std::string p = "blk." + std::to_string(l) + ".";
+      const tensor_type more = q6 ? tensor_type::q6_k : tensor_type::q4_k;
+      EXPECT_EQ(f->find_tensor(p + "attn_v.weight")->type, more) << c.n_layer << " layers, " << p;
+      EXPECT_EQ(f->find_tensor(p + "ffn_down.weight")->type, more) << c.n_layer << " layers, " << p;
+      for (const char* m : {"attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"})
+        EXPECT_EQ(f->find_tensor(p + m + ".weight")->type, tensor_type::q4_k) << p << m;
+      EXPECT_EQ(f->find_tensor(p + "attn_norm.weight")->type, tensor_type::f32);
+    }
+  }
+}
+
+// The architecture cases of the same rules, by name: tied outputs (gemma) put
+// the embeddings in q6_K, a fused attn_qkv (phi3) is q5_K / q6_K, and a 70B
+// llama's attn_v outside the q6_K layers is q5_K under Q4_K_M.
+TEST(synth_mix, tied_fused_and_70b_cases) {
+  synth_options o;
+  o.mix = synth_mix::q4_k_m;
+  const synth_shape gemma = *find_synth_preset("gemma2-9b");
+  EXPECT_EQ(synth_matrix_type(gemma, o, "token_embd.weight", -1), tensor_type::q6_k);
+  const synth_shape llama = *find_synth_preset("llama3-8b");
+  EXPECT_EQ(synth_matrix_type(llama, o, "token_embd.weight", -1), tensor_type::q4_k);
+  const synth_shape phi3 = *find_synth_preset("phi3-mini");
+  EXPECT_EQ(synth_matrix_type(phi3, o, "blk.5.attn_qkv.weight", 5), tensor_type::q5_k);
+  EXPECT_EQ(synth_matrix_type(phi3, o, "blk.5.ffn_up.weight", 5), tensor_type::q4_k);
+  const synth_shape l70 = *find_synth_preset("llama3-70b");  // 80 layers: q6_K at 0-9, 70-79, 12, 15, ...
+  EXPECT_EQ(synth_matrix_type(l70, o, "blk.11.attn_v.weight", 11), tensor_type::q5_k);
+  EXPECT_EQ(synth_matrix_type(l70, o, "blk.12.attn_v.weight", 12), tensor_type::q6_k);
+  EXPECT_EQ(synth_matrix_type(l70, o, "blk.11.ffn_down.weight", 11), tensor_type::q4_k);
+  o.mix = synth_mix::q5_k_m;
+  EXPECT_EQ(synth_matrix_type(phi3, o, "blk.5.attn_qkv.weight", 5), tensor_type::q6_k);
+  EXPECT_EQ(synth_matrix_type(l70, o, "blk.11.attn_v.weight", 11), tensor_type::q5_k);
+  EXPECT_EQ(synth_matrix_type(l70, o, "blk.12.ffn_down.weight", 12), tensor_type::q6_k);
+  o.mix = synth_mix::none;
+  o.weight_type = tensor_type::q8_0;
+  EXPECT_EQ(synth_matrix_type(l70, o, "output.weight", -1), tensor_type::q8_0);
+}
+
+// Bound on |x - x'| for one value of a K-quant min/max quantizer: half a step
+// of a sub-block's range over its levels, plus each level's share of the
+// 6-bit scale's rounding and half a min step (q4_K 15 and q5_K 31 levels over
+// sub-blocks of 32); q6_K symmetric, 31 steps a side over groups of 16.
+float k_bound(tensor_type t, const float* x, std::int64_t i, const std::byte* block) {
+  if (t == tensor_type::q6_k) {
+    const std::int64_t g = i / 16 * 16;
+    float amax = 0;
+    for (std::int64_t k = g; k < g + 16; ++k) amax = std::max(amax, std::fabs(x[k]));
+    return amax / 31 / 2 + 16 * fp16_to_f32(reinterpret_cast<const block_q6_k*>(block)->d) + 1e-6f;
+  }
+  const std::int64_t s = i / 32 * 32;
+  float lo = 0, hi = x[s];
+  for (std::int64_t k = s; k < s + 32; ++k) lo = std::min(lo, x[k]), hi = std::max(hi, x[k]);
+  const float levels = t == tensor_type::q4_k ? 15 : 31;
+  const auto* b = reinterpret_cast<const block_q4_k*>(block);  // q5_K starts with the same d, dmin
+  return (hi - lo) / levels / 2 + (levels + 1) / 2 * fp16_to_f32(b->d) + fp16_to_f32(b->dmin) / 2 + 1e-6f;
+}
+
+// Values: every matrix of a Q5_K_M and a Q4_K_M file holds the f32 file's
+// weights (same seed and shape) within its own type's quantization error.
+TEST(synth_mix, values_round_trip_within_each_type_s_error) {
+  synth_options o;
+  o.preset = "tiny256";
+  o.weight_type = tensor_type::f32;
+  auto ref = write_and_open(o, "synth_mix_ref.gguf");
+  ASSERT_NE(ref, nullptr);
+  for (synth_mix mix : {synth_mix::q4_k_m, synth_mix::q5_k_m}) {
+    o.mix = mix;
+    auto f = write_and_open(o, "synth_mix_values.gguf");
+    ASSERT_NE(f, nullptr);
+    int n_checked = 0;
+    for (const gguf::tensor_info& tr : ref->tensors()) {
+      if (tr.n_dims != 2) continue;
+      const gguf::tensor_info* t = f->find_tensor(tr.name);
+      ASSERT_NE(t, nullptr);
+      const std::int64_t n = tr.ne[0];
+      const std::size_t row_bytes = t->size_bytes / static_cast<std::size_t>(tr.ne[1]);
+      const std::size_t block_bytes = row_bytes / static_cast<std::size_t>(n / 256);
+      for (std::int64_t r : {std::int64_t{0}, tr.ne[1] / 2, tr.ne[1] - 1}) {
+        const std::vector<float> x = decode_row(tr, r);
+        std::vector<float> y(x.size());
+        const std::byte* row = t->data + row_bytes * static_cast<std::size_t>(r);
+        dequantize_quantized_row(t->type, row, n, y.data());
+        for (std::int64_t i = 0; i < n; ++i)
+          ASSERT_NEAR(y[i], x[i], k_bound(t->type, x.data(), i, row + block_bytes * static_cast<std::size_t>(i / 256)))
+              << tr.name << " (" << gguf::tensor_type_name(t->type) << ") row " << r << " i " << i;
+      }
+      ++n_checked;
+    }
+    EXPECT_EQ(n_checked, 16);
+  }
+}
+
 std::vector<char> read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -447,7 +593,16 @@ TEST(synth_options_errors, are_values_with_clear_messages) {
   EXPECT_EQ(*parse_synth_weight_type("q4_0"), tensor_type::q4_0);
   EXPECT_EQ(*parse_synth_weight_type("q4_k"), tensor_type::q4_k);
   EXPECT_EQ(*parse_synth_weight_type("Q6_K"), tensor_type::q6_k);
-  EXPECT_THAT(parse_synth_weight_type("q5_k").error().message(), HasSubstr("unknown weight type 'q5_k'"));
+  EXPECT_EQ(*parse_synth_weight_type("q5_K"), tensor_type::q5_k);
+  EXPECT_THAT(parse_synth_weight_type("q5_1").error().message(), HasSubstr("unknown weight type 'q5_1'"));
+  EXPECT_EQ(parse_synth_weights("q4_k_m")->mix, synth_mix::q4_k_m);
+  EXPECT_EQ(parse_synth_weights("Q5_K_M")->type, tensor_type::q5_k);
+  EXPECT_EQ(parse_synth_weights("q8_0")->mix, synth_mix::none);
+  EXPECT_THAT(parse_synth_weights("Q3_K_M").error().message(), HasSubstr("or a mix: Q4_K_M, Q5_K_M"));
+  o = synth_options{};
+  o.preset = "tiny";  // rows of 128 cannot hold a mix's super-blocks
+  o.mix = synth_mix::q4_k_m;
+  EXPECT_THAT(resolve_synth_shape(o).error().message(), HasSubstr("not a multiple of the q4_K block size 256"));
 
   o = synth_options{};
   o.preset = "tiny";
