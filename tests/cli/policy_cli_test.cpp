@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "common/temp_files.h"
 
 namespace pagoda::test {
 namespace {
@@ -45,7 +46,7 @@ TEST(cli_policy, run_every_policy_exact_at_full_budget) {
 }
 
 std::string write_temp(const std::string& name, const std::string& content) {
-  std::string path = "/tmp/pagoda_policy_" + std::to_string(getpid()) + "_" + name;
+  std::string path = temp_file("policy", name);
   std::ofstream(path) << content;
   return path;
 }

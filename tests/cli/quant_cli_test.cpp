@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "common/temp_files.h"
 
 namespace pagoda::test {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 using nlohmann::json;
 
 std::string temp_path(const std::string& name) {
-  return "/tmp/pagoda_quant_cli_" + std::to_string(getpid()) + "_" + name;
+  return temp_file("quant_cli", name);
 }
 
 // The first n documents of the dev text, for quick runs.

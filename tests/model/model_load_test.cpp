@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "model/gguf_writer.h"
+#include "common/temp_files.h"
 #include "kv/kv_storage.h"
 #include "model/gguf_util.h"
 #include "model/llama.h"
@@ -17,7 +18,7 @@ namespace pagoda {
 namespace {
 
 std::string temp_path(const std::string& name) {
-  return "/tmp/pagoda_model_load_" + std::to_string(getpid()) + "_" + name + ".gguf";
+  return temp_file("model_load", name + ".gguf");
 }
 
 const std::string& tiny_model() {
