@@ -106,6 +106,7 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"cow_copies", kv.n_cow_copies},
           {"policy_compactions", st.n_policy_compactions},
           {"policy_evicted_slots", st.n_policy_evicted_slots},
+          {"peak_selector_bytes", st.peak_selector_bytes},
           {"ttft_p50_s", st.ttft_seconds.quantile(0.5)},
           {"ttft_p99_s", st.ttft_seconds.quantile(0.99)},
           {"itl_p50_s", st.itl_seconds.quantile(0.5)},

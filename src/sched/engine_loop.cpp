@@ -155,6 +155,7 @@ void engine_loop::publish() {
   s.n_computed_prompt_tokens = st.n_computed_prompt_tokens;
   s.n_policy_compactions = st.n_policy_compactions;
   s.n_policy_evicted_slots = st.n_policy_evicted_slots;
+  s.selector_bytes = st.selector_bytes;
   s.n_generated_tokens = st.n_generated_tokens;
   s.n_running = st.n_running;
   s.n_waiting = st.n_waiting;

@@ -72,6 +72,7 @@ struct engine_snapshot {
   std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model
   std::int64_t n_policy_compactions = 0;      // KV policy compactions applied
   std::int64_t n_policy_evicted_slots = 0;    // KV slots they freed
+  std::int64_t selector_bytes = 0;            // sparse-read selectors' memory (key bounds, ANN indexes)
   std::int64_t n_generated_tokens = 0;
   int n_running = 0;
   int n_waiting = 0;

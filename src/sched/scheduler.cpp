@@ -203,6 +203,11 @@ void scheduler::refresh_counts() {
   stats_.n_running = static_cast<int>(running_.size());
   stats_.n_waiting = static_cast<int>(waiting_.size());
   stats_.peak_running = std::max<std::int64_t>(stats_.peak_running, stats_.n_running);
+  std::int64_t bytes = 0;
+  for (const sequence* s : running_)
+    if (s->pol && s->pol->selector()) bytes += static_cast<std::int64_t>(s->pol->selector()->memory_bytes());
+  stats_.selector_bytes = bytes;
+  stats_.peak_selector_bytes = std::max(stats_.peak_selector_bytes, bytes);
 }
 
 // --- planning --------------------------------------------------------------------

@@ -99,6 +99,10 @@ struct engine_stats {
   std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
   std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed
   std::int64_t n_window_freed_blocks = 0;   // blocks freed as a sliding window on every layer moved past them
+  // Memory of the sequences' sparse-read selectors (Quest's key bounds,
+  // retrieval's ANN indexes): now, and the most at any step.
+  std::int64_t selector_bytes = 0;
+  std::int64_t peak_selector_bytes = 0;
   int n_running = 0;
   int n_waiting = 0;
   histogram ttft_seconds{latency_buckets_seconds()};

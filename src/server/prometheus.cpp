@@ -109,6 +109,9 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
            s.n_policy_compactions);
   w.metric("pagoda:kv_policy_evicted_slots_total", "counter", "KV slots freed by KV policies (evicted or merged tokens).",
            s.n_policy_evicted_slots);
+  w.metric("pagoda:kv_selector_memory_bytes", "gauge",
+           "Memory held by running sequences' sparse-read selectors (Quest's key bounds, retrieval's ANN indexes).",
+           s.selector_bytes);
   w.metric("pagoda:engine_steps_total", "counter", "Engine steps (one batched forward pass each).", s.n_steps);
   w.family("pagoda:request_success_total", "counter", "Count of finished requests, by finish reason.");
   for (const char* reason : {"stop", "length", "abort"}) {

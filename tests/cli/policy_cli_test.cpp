@@ -85,6 +85,8 @@ TEST(cli_policy, batch_lines_name_their_own_policies) {
     const json summary = json::parse(r.err.substr(r.err.rfind('{')));
     EXPECT_GT(summary["policy_compactions"].get<int>(), 0) << summary;
     EXPECT_GT(summary["policy_evicted_slots"].get<int>(), 0) << summary;
+    // The quest and retrieval lines' key bounds and ANN indexes were counted.
+    EXPECT_GT(summary["peak_selector_bytes"].get<std::int64_t>(), 0) << summary;
     EXPECT_EQ(summary["kv_usage_end"].get<double>(), 0.0) << summary;
   }
   std::remove(in.c_str());

@@ -344,13 +344,13 @@ TEST(server, disconnect_cancels_and_frees_blocks) {
     ASSERT_EQ(send(fd, http.data(), http.size(), MSG_NOSIGNAL), static_cast<ssize_t>(http.size()));
     // Wait until the request holds blocks, then hang up.
     bool running = false;
-    for (int i = 0; i < 400 && !running; ++i) {
+    for (int i = 0; i < 2000 && !running; ++i) {
       running = s.snapshot().kv.n_blocks_used > 0;
       if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     ASSERT_TRUE(running);
     close(fd);
-    EXPECT_TRUE(wait_idle(s, 2000)) << "stream=" << stream;
+    EXPECT_TRUE(wait_idle(s, 10000)) << "stream=" << stream;
     engine_snapshot snap = s.snapshot();
     EXPECT_EQ(snap.kv.n_blocks_used, 0);
     EXPECT_LT(snap.n_generated_tokens, 400 * (stream ? 2 : 1));  // stopped well before the end
@@ -506,6 +506,9 @@ TEST(server, kv_policies_per_request) {
   http_reply cr = post_json(*c, "/v1/chat/completions", chat.dump());
   ASSERT_EQ(cr.status, 200) << cr.body;
   EXPECT_EQ(cr.json_body["usage"]["completion_tokens"], 60);
+  http_reply rr = post_json(*c, "/v1/completions",
+                            completion_body(k_story, 40, {{"ignore_eos", true}, {"kv_policy", "retrieval:k=8,recent=16"}}));
+  ASSERT_EQ(rr.status, 200) << rr.body;
   chat["messages"][1]["kv"]["type"] = "int4";
   http_reply typed = post_json(*c, "/v1/chat/completions", chat.dump());
   EXPECT_EQ(typed.status, 400);
@@ -516,6 +519,7 @@ TEST(server, kv_policies_per_request) {
   ASSERT_TRUE(wait_idle(s));
   m = parse_metrics(c->Get("/metrics")->body);
   EXPECT_EQ(metric(m, "pagoda:kv_cache_blocks{state=\"used\"}"), 0);
+  EXPECT_EQ(metric(m, "pagoda:kv_selector_memory_bytes"), 0);  // the retrieval request's indexes went with it
 }
 
 }  // namespace
