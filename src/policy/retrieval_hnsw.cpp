@@ -99,6 +99,7 @@ class hnsw_index final : public key_index {
 
   void clear() override {
     graph_.reset();
+    ++graph_gen_;
     bound_ = 0.0f;
   }
 
@@ -113,8 +114,12 @@ class hnsw_index final : public key_index {
     const auto& g = *graph_;
     std::size_t bytes = g.max_elements_ * (g.size_data_per_element_ + sizeof(void*) + sizeof(int) +
                                            sizeof(std::mutex) + sizeof(hnswlib::vl_type));
-    for (std::size_t i = 0; i < g.cur_element_count; ++i)
-      bytes += static_cast<std::size_t>(g.element_levels_[i]) * g.size_links_per_element_;
+    // Upper-level links: elements only append (deletion marks), so the sum of
+    // their levels is kept from the last call (the engine asks every step).
+    if (levels_gen_ != graph_gen_) levels_gen_ = graph_gen_, levels_counted_ = 0, levels_sum_ = 0;
+    for (; levels_counted_ < g.cur_element_count; ++levels_counted_)
+      levels_sum_ += static_cast<std::size_t>(g.element_levels_[levels_counted_]);
+    bytes += levels_sum_ * g.size_links_per_element_;
     bytes += g.label_lookup_.size() * (sizeof(hnswlib::labeltype) + sizeof(hnswlib::tableint) + 2 * sizeof(void*)) +
              g.label_lookup_.bucket_count() * sizeof(void*);
     return bytes;
@@ -150,6 +155,7 @@ class hnsw_index final : public key_index {
   void rebuild(float bound) {
     std::unique_ptr<hnswlib::HierarchicalNSW<float>> old = std::move(graph_);
     bound_ = bound;
+    ++graph_gen_;
     if (!old) return;
     std::vector<float> x(head_dim_);
     for (std::size_t id = 0; id < old->cur_element_count; ++id) {
@@ -178,6 +184,10 @@ class hnsw_index final : public key_index {
   mutable mips_l2_space space_;  // hnswlib's interface is not const
   std::vector<char> point_;      // one encoded point (add's scratch)
   float bound_ = 0.0f;           // M: every stored key's norm is at most this
+  std::uint64_t graph_gen_ = 0;  // bumped by each rebuild (a new graph)
+  // memory_bytes()'s running sum of element levels, for graph generation levels_gen_.
+  mutable std::uint64_t levels_gen_ = 0;
+  mutable std::size_t levels_counted_ = 0, levels_sum_ = 0;
   std::unique_ptr<hnswlib::HierarchicalNSW<float>> graph_;
 };
 

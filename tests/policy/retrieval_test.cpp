@@ -207,6 +207,39 @@ kv_policy_spec spec(std::vector<std::pair<std::string, std::string>> params) {
   return s;
 }
 
+// memory_bytes() keeps a running count between calls (the engine asks every
+// step): asked after every change, it ends where an index asked only at the
+// end does, through growth, a rebuild for a longer key, removal and clear.
+TEST(retrieval_index, hnsw_memory_count_is_the_same_asked_often_or_once) {
+  const int n = 400, hd = 8;
+  auto raw = gaussian(static_cast<std::size_t>(n) * hd, 11);
+  for (int d = 0; d < hd; ++d) raw[static_cast<std::size_t>(300 * hd + d)] *= 8.0f;  // a longer key: a rebuild
+  const auto keys = f16_exact(raw);
+  const auto slots = iota_slots(n);
+  // Asked after every change; asked once after the additions; asked once at the end.
+  auto often = make_hnsw_index(hd, hnsw_params{8, 100, 64});
+  auto mid = make_hnsw_index(hd, hnsw_params{8, 100, 64});
+  auto once = make_hnsw_index(hd, hnsw_params{8, 100, 64});
+  std::size_t last = 0;
+  auto both = [&](auto op) {
+    op(*often);
+    op(*once);
+    last = often->memory_bytes();
+  };
+  for (int at = 0; at < n; at += 50) {
+    both([&](key_index& ix) { ASSERT_TRUE(ix.add(&keys[static_cast<std::size_t>(at) * hd], &slots[at], 50).ok()); });
+    ASSERT_TRUE(mid->add(&keys[static_cast<std::size_t>(at) * hd], &slots[at], 50).ok());
+    EXPECT_GT(last, 0u);
+  }
+  EXPECT_EQ(last, mid->memory_bytes());
+  both([&](key_index& ix) { ix.remove_from(200); });
+  both([&](key_index& ix) { ix.clear(); });
+  EXPECT_EQ(last, 0u);
+  both([&](key_index& ix) { ASSERT_TRUE(ix.add(keys.data(), slots.data(), 100).ok()); });
+  EXPECT_EQ(often->memory_bytes(), once->memory_bytes());
+  EXPECT_GT(once->memory_bytes(), 0u);
+}
+
 TEST(retrieval_params, defaults_and_values) {
   auto p = parse_retrieval_params(spec({}));
   ASSERT_TRUE(p.ok());
