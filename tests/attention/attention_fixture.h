@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_test_util.h"
 #include "attention/paged_attention.h"
 #include "core/cpu.h"
 #include "kv/kv_storage.h"
@@ -118,16 +119,6 @@ struct fixture {
 };
 
 // Tolerance of a level's path against the double reference (see matches_reference).
-inline double simd_tolerance(const std::string& spec, simd_level level) {
-  if (level != simd_level::avx512) return 2e-5;
-  kv_pair_spec p = *parse_kv_pair_spec(spec);
-  const kv_format k = p.k.resolve(kv_role::key, false);
-  if ((k.type == kv_type::int4 || k.type == kv_type::int2) &&
-      (k.scale_mode == kv_scale_mode::per_token || k.scale_mode == kv_scale_mode::group))
-    return 5e-2;
-  for (kv_type t : {p.k.type, p.v.type})
-    if (t == kv_type::int8 || t == kv_type::int4 || t == kv_type::int2) return 2e-3;
-  return 2e-5;
-}
+using test::simd_tolerance;
 
 }  // namespace pagoda::attention_test
