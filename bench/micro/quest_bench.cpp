@@ -126,6 +126,27 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// One decode token of KV head h over the pool's first n_ctx slots.
+attention_task decode_task(const pool& p, const paged_kv_view& k, const paged_kv_view& v, int n_ctx,
+                           const std::int32_t& q_pos, int h, std::vector<float>& out) {
+  attention_task t;
+  t.k = &k;
+  t.v = &v;
+  t.kv_head = h;
+  t.n_rep = k_rep;
+  t.head_dim = k_head_dim;
+  t.scale = 1.0f / std::sqrt(static_cast<float>(k_head_dim));
+  t.q = p.q.data();
+  t.q_stride = p.q.size();
+  t.n_tokens = 1;
+  t.q_pos = &q_pos;
+  t.kv_pos = p.pos.data();
+  t.n_kv = n_ctx;
+  t.out = out.data();
+  t.out_stride = out.size();
+  return t;
+}
+
 void bm_quest(benchmark::State& st, std::string spec) {
   const int n_ctx = static_cast<int>(st.range(0));
   const int inv_budget = static_cast<int>(st.range(1));
@@ -147,24 +168,7 @@ void bm_quest(benchmark::State& st, std::string spec) {
   std::vector<float> out(p.q.size());
   const std::int32_t q_pos = n_ctx - 1;
 
-  auto task = [&](int h) {
-    attention_task t;
-    t.k = &kview;
-    t.v = &vview;
-    t.kv_head = h;
-    t.n_rep = k_rep;
-    t.head_dim = k_head_dim;
-    t.scale = scale;
-    t.q = p.q.data();
-    t.q_stride = p.q.size();
-    t.n_tokens = 1;
-    t.q_pos = &q_pos;
-    t.kv_pos = p.pos.data();
-    t.n_kv = n_ctx;
-    t.out = out.data();
-    t.out_stride = out.size();
-    return t;
-  };
+  auto task = [&](int h) { return decode_task(p, kview, vview, n_ctx, q_pos, h, out); };
   auto full_step = [&] {
     for (int h = 0; h < k_kv_heads; ++h) paged_attention(task(h), scratch);
   };
@@ -322,21 +326,7 @@ void bm_sparse_hot(benchmark::State& st, std::string spec) {
   const std::int32_t q_pos = n_ctx - 1;
   for (auto _ : st)
     for (int h = 0; h < k_kv_heads; ++h) {
-      attention_task t;
-      t.k = &kview;
-      t.v = &vview;
-      t.kv_head = h;
-      t.n_rep = k_rep;
-      t.head_dim = k_head_dim;
-      t.scale = 1.0f / std::sqrt(static_cast<float>(k_head_dim));
-      t.q = p.q.data();
-      t.q_stride = p.q.size();
-      t.n_tokens = 1;
-      t.q_pos = &q_pos;
-      t.kv_pos = p.pos.data();
-      t.n_kv = n_ctx;
-      t.out = out.data();
-      t.out_stride = out.size();
+      attention_task t = decode_task(p, kview, vview, n_ctx, q_pos, h, out);
       t.ranges = ranges;
       paged_attention(t, scratch);
     }
