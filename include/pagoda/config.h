@@ -37,6 +37,11 @@ struct engine_config {
   // Keep per-block key summaries (min/max/mean of the keys) so that requests
   // may use query-aware policies (quest) whatever the default policy.
   bool kv_key_summaries = false;
+  // Sliding-window layers keep K/V for every position (llama.cpp's --swa-full).
+  // Off: they keep only their window (blocks freed as it moves when every
+  // layer slides; window slots when some do), and KV policies and stores are
+  // not available on such models.
+  bool swa_full = false;
 
   // --- KV warehouse (persistent tiers behind the pool) ---------------------
   std::string kv_store_path;         // local disk tier directory (LMDB); "" = none

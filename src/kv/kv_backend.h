@@ -59,10 +59,15 @@ struct paged_kv_view {
   const float* bias = nullptr;              // [pool blocks][n_kv_heads][block_size], this layer
   const std::uint8_t* has_bias = nullptr;   // [pool blocks]
   int n_kv_heads = 0;
+  // A layer whose K/V live in window slots (kv/window_slots.h): block b's
+  // tiles are at index remap[b] (-1: b holds none; attention never reads it,
+  // as it is out of every query's window). nullptr: the block id is the index.
+  const std::int32_t* remap = nullptr;  // [pool blocks]
 
   const void* tile(int block_index, int head) const {
+    const std::int32_t b = blocks[block_index].value;
     return base + static_cast<std::size_t>(head) * head_stride +
-           static_cast<std::size_t>(blocks[block_index].value) * tile_bytes;
+           static_cast<std::size_t>(remap ? remap[b] : b) * tile_bytes;
   }
   const kv_static_params* params(int head) const { return static_params ? static_params + head : nullptr; }
   // Whether block_index is read from staging rather than from its tile.
@@ -113,6 +118,9 @@ class kv_backend {
   virtual void truncate_block(block_id b, int n_tokens) = 0;
   // b went back to the free pool: drop whatever per-block state it holds.
   virtual void release_block(block_id b) = 0;
+  // Window slots (kv/window_slots.h): b's windowed-layer K/V live in `slot`
+  // from now on; the block that held the slot before loses them.
+  virtual void bind_window(block_id b, std::int32_t slot) = 0;
 
   // A whole FULL block as bytes: every layer's K and V tiles, scales included,
   // in a fixed order; layout().tile_bytes_per_block() bytes. Meaningful only

@@ -67,7 +67,93 @@ void kv_manager::release(block_id b) {
   pool_.unref(b);
   if (pool_.ref_count(b) > 0) return;
   stored_tokens_in_used_ -= fill_[static_cast<std::size_t>(b.value)];
-  if (!pool_.is_hashed(b)) emit(kv_op{.kind = kv_op_kind::release, .block = b});
+  if (pool_.is_hashed(b)) return;
+  if (window_) window_->unbind(b);
+  emit(kv_op{.kind = kv_op_kind::release, .block = b});
+}
+
+// --- window slots ----------------------------------------------------------------
+
+void kv_manager::enable_window_slots(std::int32_t window_tokens, std::int32_t n_slots) {
+  PAGODA_ASSERT(seqs_.empty() && window_tokens > 0 && n_slots > 0, "window slots: window {}, {} slots, {} sequences",
+                window_tokens, n_slots, seqs_.size());
+  window_.emplace(pool_.n_blocks(), n_slots);
+  window_tokens_ = window_tokens;
+  claims_.assign(static_cast<std::size_t>(pool_.n_blocks()), 0);
+}
+
+void kv_manager::claim(block_id b) {
+  if (!window_) return;
+  if (claims_[static_cast<std::size_t>(b.value)]++ > 0) return;
+  if (window_->bound(b)) {
+    window_->pin(b);
+    return;
+  }
+  const window_slots::binding got = window_->bind(b);
+  emit(kv_op{.kind = kv_op_kind::bind_window, .block = b, .slot = got.slot});
+}
+
+void kv_manager::unclaim(block_id b) {
+  if (!window_) return;
+  std::int32_t& c = claims_[static_cast<std::size_t>(b.value)];
+  PAGODA_ASSERT(c > 0, "unclaim of block {}, which no sequence claims", b.value);
+  if (--c == 0) window_->retain(b);
+}
+
+std::int32_t kv_manager::window_start(std::int64_t next_position) const {
+  // Block j's last position (j + 1) * bs - 1 is out of the window when it is
+  // at or below next_position - window.
+  const std::int64_t n = (next_position - window_tokens_ + 1) / block_size_;
+  return static_cast<std::int32_t>(std::max<std::int64_t>(n, 0));
+}
+
+std::size_t kv_manager::usable_hits(std::span<const block_id> hits) const {
+  if (!window_) return hits.size();
+  for (std::size_t m = hits.size(); m > 0; --m) {
+    const auto from = static_cast<std::size_t>(window_start(static_cast<std::int64_t>(m) * block_size_));
+    bool held = true;
+    for (std::size_t j = from; j < m && held; ++j) held = window_->bound(hits[j]);
+    if (held) return m;
+  }
+  return 0;
+}
+
+status kv_manager::release_window(seq_id seq, std::int32_t next_position) {
+  if (!window_) return ok_status();
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "release_window: unknown sequence {}", seq.value);
+  sequence& s = it->second;
+  const std::int64_t out_below = static_cast<std::int64_t>(next_position) - window_tokens_;
+  // Positions may differ from slots (a sequence loaded from elsewhere): go by the stored ones.
+  std::int32_t n = s.window_from;
+  const std::int32_t n_full = s.n_stored / block_size_;
+  while (n < n_full && s.positions[static_cast<std::size_t>((n + 1) * block_size_ - 1)] <= out_below) ++n;
+  for (std::int32_t i = s.window_from; i < n; ++i) unclaim(s.table[static_cast<std::size_t>(i)]);
+  s.window_from = n;
+  return ok_status();
+}
+
+status kv_manager::check_window_invariants() const {
+  if (!window_) return ok_status();
+  PAGODA_RETURN_IF_ERROR(window_->check_invariants());
+  std::vector<std::int32_t> claims(claims_.size(), 0);
+  for (const auto& [id, s] : seqs_) {
+    if (s.window_from < 0 || static_cast<std::size_t>(s.window_from) > s.table.size())
+      return error(errc::internal, "sequence {}: window_from {} outside its {} blocks", id.value, s.window_from,
+                   s.table.size());
+    for (std::size_t i = static_cast<std::size_t>(s.window_from); i < s.table.size(); ++i)
+      ++claims[static_cast<std::size_t>(s.table[i].value)];
+  }
+  for (std::size_t i = 0; i < claims.size(); ++i) {
+    const block_id b(static_cast<std::int32_t>(i));
+    if (claims[i] != claims_[i])
+      return error(errc::internal, "block {}: {} window claims counted, {} recomputed", i, claims_[i], claims[i]);
+    if ((claims[i] > 0) != window_->pinned(b))
+      return error(errc::internal, "block {}: {} window claims but pinned {}", i, claims[i], window_->pinned(b));
+    if (window_->bound(b) && pool_.ref_count(b) == 0 && !pool_.is_hashed(b))
+      return error(errc::internal, "free block {} still holds window slot {}", i, window_->slot_of(b));
+  }
+  return ok_status();
 }
 
 void kv_manager::emit(kv_op op) {
@@ -75,6 +161,7 @@ void kv_manager::emit(kv_op op) {
 }
 
 void kv_manager::forget_cached(block_id b) {
+  if (window_) window_->unbind(b);
   if (op_listener_) {
     const auto tokens = index_.tokens_of(b);
     kv_op op{.kind = kv_op_kind::evict, .block = b, .key = index_.key_of(b), .parent = index_.parent_of(b)};
@@ -96,6 +183,7 @@ alloc_blocker kv_manager::take_blocker(tenant_id t, std::int32_t n) const {
   const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks;
   if (quota && pool_.n_used(t) + n > *quota) return alloc_blocker::quota;
   if (n > pool_.n_takeable()) return alloc_blocker::pool;
+  if (window_ && n > window_->n_takeable()) return alloc_blocker::pool;
   return alloc_blocker::none;
 }
 
@@ -191,7 +279,7 @@ std::int32_t kv_manager::n_cached_prompt_blocks(std::span<const token_id> prompt
   const auto t = find_tenant(options.tenant);
   if (!t) return 0;  // a tenant never seen holds nothing
   const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
-  return static_cast<std::int32_t>(match_prefix(prompt, first_block_extras(options), *t, n_reusable).size());
+  return static_cast<std::int32_t>(usable_hits(match_prefix(prompt, first_block_extras(options), *t, n_reusable)));
 }
 
 result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_id> prompt,
@@ -208,12 +296,18 @@ result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_
     // The last prompt token is always computed (its logits start generation).
     const std::size_t n_reusable =
         options.lookup ? (prompt.size() - 1) / static_cast<std::size_t>(block_size_) : std::size_t{0};
-    for (const block_id b : match_prefix(prompt, s.first_extras, s.tenant, n_reusable)) {
+    std::vector<block_id> hits = match_prefix(prompt, s.first_extras, s.tenant, n_reusable);
+    hits.resize(usable_hits(hits));
+    for (const block_id b : hits) {
       hold(b);
       s.table.push_back(b);
       s.keys.push_back(index_.key_of(b));
     }
     s.n_stored = static_cast<std::int32_t>(s.table.size()) * block_size_;
+    if (window_) {
+      s.window_from = window_start(s.n_stored);
+      for (std::size_t i = static_cast<std::size_t>(s.window_from); i < s.table.size(); ++i) claim(s.table[i]);
+    }
     n_query_tokens_ += static_cast<std::int64_t>(prompt.size());
     n_hit_tokens_ += s.n_stored;
     n_query_blocks_ += static_cast<std::int64_t>(n_reusable);
@@ -270,15 +364,23 @@ std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_to
     const block_id src = s.table[index];
     const block_id dst = fresh[next++];
     const std::int32_t n_valid = s.n_stored % block_size_;
+    claim(dst);  // bound before the copy fills it
     a.copies.push_back(block_copy{src, dst, n_valid});
     emit(kv_op{.kind = kv_op_kind::copy, .block = dst, .src = src, .n_tokens = n_valid});
     fill_[static_cast<std::size_t>(dst.value)] = n_valid;
     stored_tokens_in_used_ += n_valid;
     s.table[index] = dst;
+    if (window_) {
+      PAGODA_ASSERT(static_cast<std::int32_t>(index) >= s.window_from, "copy-on-write of block {} out of the window", index);
+      unclaim(src);
+    }
     release(src);  // shared: stays used by the others; cached: stays in the index
     ++n_cow_copies_;
   }
-  for (; next < fresh.size(); ++next) s.table.push_back(fresh[next]);
+  for (; next < fresh.size(); ++next) {
+    s.table.push_back(fresh[next]);
+    claim(fresh[next]);
+  }
   a.n_new_blocks = static_cast<std::int32_t>(fresh.size()) - (cow ? 1 : 0);
   return a;
 }
@@ -374,6 +476,10 @@ status kv_manager::drop(seq_id seq, std::span<const std::int32_t> block_indices)
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return error(errc::not_found, "drop: unknown sequence {}", seq.value);
   sequence& s = it->second;
+  if (window_)
+    return error(errc::unsupported,
+                 "drop: sequence {}: dropping blocks is not available while sliding-window layers keep only their window",
+                 seq.value);
   const std::int32_t n_full = s.n_stored / block_size_;
   std::vector<std::int32_t> order(block_indices.begin(), block_indices.end());
   std::sort(order.begin(), order.end());
@@ -406,6 +512,11 @@ status kv_manager::compact(seq_id seq, kv_compaction c) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return error(errc::not_found, "compact: unknown sequence {}", seq.value);
   sequence& s = it->second;
+  if (window_)
+    return error(errc::unsupported,
+                 "compact: sequence {}: token-granular eviction is not available while sliding-window layers keep "
+                 "only their window",
+                 seq.value);
   PAGODA_RETURN_IF_ERROR(check_compaction(s, c));
   const std::int32_t bs = block_size_;
   const std::int32_t n_rewritten = c.n_slots - c.first;
@@ -539,11 +650,23 @@ status kv_manager::truncate(seq_id seq, std::int32_t n_slots) {
     return error(errc::out_of_range, "truncate: sequence {} stores {} slots; cannot keep {}", seq.value, s.n_stored,
                  n_slots);
   }
+  if (window_ && s.window_from > 0) {
+    // The next query (at the position after the last kept slot) must see no
+    // block this sequence already stopped claiming.
+    const std::int64_t next = n_slots > 0 ? s.positions[static_cast<std::size_t>(n_slots) - 1] + 1 : 0;
+    const std::int32_t last_released = s.window_from * block_size_ - 1;  // its slot
+    if (last_released >= n_slots || s.positions[static_cast<std::size_t>(last_released)] > next - window_tokens_)
+      return error(errc::out_of_range,
+                   "truncate: sequence {}: keeping {} slots would need sliding-window K/V it has already given up",
+                   seq.value, n_slots);
+  }
   const auto n_blocks = static_cast<std::size_t>(ceil_div(n_slots, block_size_));
   while (s.table.size() > n_blocks) {
+    if (static_cast<std::int32_t>(s.table.size()) - 1 >= s.window_from) unclaim(s.table.back());
     release(s.table.back());
     s.table.pop_back();
   }
+  s.window_from = std::min(s.window_from, static_cast<std::int32_t>(s.table.size()));
   s.tokens.resize(static_cast<std::size_t>(n_slots));
   s.positions.resize(static_cast<std::size_t>(n_slots));
   s.n_stored = n_slots;
@@ -576,7 +699,10 @@ status kv_manager::fork(seq_id parent, seq_id child) {
                  parent.value, p.table.size(), p.n_stored);
   }
   sequence c = p;
-  for (const block_id b : c.table) hold(b);
+  for (std::size_t i = 0; i < c.table.size(); ++i) {
+    hold(c.table[i]);
+    if (static_cast<std::int32_t>(i) >= c.window_from) claim(c.table[i]);
+  }
   seqs_.emplace(child, std::move(c));
   return ok_status();
 }
@@ -587,7 +713,10 @@ status kv_manager::free_sequence(seq_id seq) {
   // Deepest first: released cached blocks are appended to the queue's tail in
   // this order, so the tail end of a chain is evicted before its head.
   const std::vector<block_id>& table = it->second.table;
-  for (auto b = table.rbegin(); b != table.rend(); ++b) release(*b);
+  for (auto i = table.size(); i-- > 0;) {
+    if (static_cast<std::int32_t>(i) >= it->second.window_from) unclaim(table[i]);
+    release(table[i]);
+  }
   const tenant_id t = it->second.tenant;
   seqs_.erase(it);
   // A tenant above a lowered quota keeps no cache until it is back under it.
@@ -675,6 +804,13 @@ kv_metrics kv_manager::metrics() const {
   m.n_evictions = n_evictions_;
   m.n_preemptions = n_preemptions_;
   m.n_cow_copies = n_cow_copies_;
+  if (window_) {
+    m.n_window_slots = window_->n_slots();
+    m.n_window_slots_pinned = window_->n_pinned();
+    m.n_window_slots_bound = window_->n_bound();
+    m.n_window_slots_pinned_peak = window_->peak_pinned();
+    m.n_window_kv_lost = window_->n_lost();
+  }
   m.tenants.reserve(tenants_.size());
   for (std::size_t i = 0; i < tenants_.size(); ++i) {
     const tenant_id t(static_cast<std::int32_t>(i));
@@ -784,7 +920,7 @@ status kv_manager::check_invariants() const {
     }
   }
   if (peak_used_ < pool_.n_used()) return error(errc::internal, "peak {} below used {}", peak_used_, pool_.n_used());
-  return ok_status();
+  return check_window_invariants();
 }
 
 }  // namespace pagoda

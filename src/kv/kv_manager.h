@@ -69,6 +69,7 @@
 #include "kv/kv_gather.h"
 #include "kv/kv_metrics.h"
 #include "kv/prefix_index.h"
+#include "kv/window_slots.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
 
@@ -95,6 +96,7 @@ enum class kv_op_kind : std::uint8_t {
   evict,     // block left the prefix cache; key/parent/tokens say what it held
   cache,     // block entered the prefix cache (its K/V are written): key/parent/tokens
   gather,    // a sequence's slots are rewritten from other slots (compact()): `gather` says how
+  bind_window,  // block's windowed-layer K/V now live in window slot `slot` (whatever block held it before lost them)
 };
 struct kv_op {
   kv_op_kind kind = kv_op_kind::copy;
@@ -106,6 +108,7 @@ struct kv_op {
   std::vector<token_id> tokens;  // evict, cache: the block's token ids
   std::string tenant;            // evict, cache: its owner's tenant name
   std::shared_ptr<const kv_gather> gather;  // gather only
+  std::int32_t slot = -1;                   // bind_window only
 };
 
 // What compact() does to one sequence: it keeps n_slots slots, of which
@@ -259,6 +262,26 @@ class kv_manager {
   // KV); 0 for a tenant never seen. Blocks its running sequences hold stay.
   std::int32_t evict_cached_blocks(std::string_view tenant);
 
+  // --- windowed layers (window_slots.h) ---------------------------------------
+  // The model's sliding-window layers keep only their window: their K/V live
+  // in n_slots window slots instead of the blocks, and a sequence CLAIMS the
+  // window slots of its table's blocks from window_from on (a table index;
+  // blocks before it are out of every later query's window). A slot is pinned
+  // while some sequence claims it; unclaimed, it is retained for prefix-cache
+  // hits until a new block needs it. allocate() binds one to every new block
+  // (and fails, like a full pool, when none is takeable); add_sequence() takes
+  // only a cached prefix whose blocks in the first query's window still hold
+  // their windowed K/V. drop() and compact() are refused.
+  // REQUIRES: no sequence yet, window_tokens > 0, n_slots > 0.
+  void enable_window_slots(std::int32_t window_tokens, std::int32_t n_slots);
+  const window_slots* windows() const { return window_ ? &*window_ : nullptr; }
+  std::int32_t window_tokens() const { return window_tokens_; }
+  // The sequence's next query sits at position next_position or later: its
+  // leading blocks whose every position is at or below next_position -
+  // window_tokens are out of its window for good, and it stops claiming them.
+  // No-op without window slots. Errors: unknown seq.
+  status release_window(seq_id seq, std::int32_t next_position);
+
   kv_metrics metrics() const;
   // Restarts the peak of used blocks from the current value.
   void reset_peak() { peak_used_ = pool_.n_used(); }
@@ -285,6 +308,8 @@ class kv_manager {
     // The slots no longer hold what the plain chain of keys names (blocks were
     // dropped, or a position is not its slot number): keys stop growing.
     bool off_chain = false;
+    // Window slots: table entries from this index on are claimed.
+    std::int32_t window_from = 0;
   };
   struct tenant_state {
     std::string name;
@@ -314,6 +339,16 @@ class kv_manager {
   // The one place a cached block leaves the index: reports the eviction, erases, counts.
   void forget_cached(block_id b);
   void evict_over_quota(tenant_id t);
+  // Window slots: a claim pins b's slot (binding one when b has none); the
+  // last unclaim retains it. No-ops without window slots.
+  void claim(block_id b);
+  void unclaim(block_id b);
+  // The table index of the first block a query at next_position can see.
+  std::int32_t window_start(std::int64_t next_position) const;
+  // How many leading hits can be used: those whose blocks in the first
+  // query's window still hold their windowed K/V.
+  std::size_t usable_hits(std::span<const block_id> hits) const;
+  status check_window_invariants() const;
   status check_compaction(const sequence& s, const kv_compaction& c) const;
   void note_peak();
 
@@ -331,6 +366,9 @@ class kv_manager {
   std::int64_t stored_tokens_in_used_ = 0;
 
   std::function<void(const kv_op&)> op_listener_;
+  std::optional<window_slots> window_;
+  std::int32_t window_tokens_ = 0;
+  std::vector<std::int32_t> claims_;  // [n_blocks]: sequences claiming the block's window slot
   std::int32_t peak_used_ = 0;
   std::int64_t n_query_tokens_ = 0;
   std::int64_t n_hit_tokens_ = 0;

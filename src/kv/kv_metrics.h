@@ -41,6 +41,14 @@ struct kv_metrics {
   std::int64_t n_preemptions = 0;
   std::int64_t n_cow_copies = 0;
 
+  // Window slots of sliding-window layers (kv_manager::enable_window_slots);
+  // all 0 without them.
+  std::int32_t n_window_slots = 0;
+  std::int32_t n_window_slots_pinned = 0;  // claimed by a sequence
+  std::int32_t n_window_slots_bound = 0;   // pinned + retained for the prefix cache
+  std::int32_t n_window_slots_pinned_peak = 0;
+  std::int64_t n_window_kv_lost = 0;  // retained slots taken for new blocks (their cached blocks lost windowed K/V)
+
   std::vector<tenant_kv_usage> tenants;  // by tenant id
 
   // n_blocks_used / n_blocks_total (0 for an empty pool).

@@ -26,8 +26,19 @@ void* map_zeroed(std::size_t bytes) {
 
 }  // namespace
 
+bool kv_window_layout::any() const {
+  return n_slots > 0 && std::any_of(layers.begin(), layers.end(), [](std::uint8_t w) { return w != 0; });
+}
+
+std::size_t kv_window_layout::slot_bytes(const kv_layout& layout) const {
+  std::size_t bytes = 0;
+  for (std::size_t l = 0; l < layers.size() && l < static_cast<std::size_t>(layout.n_layers); ++l)
+    if (layers[l]) bytes += layout.layer_tile_bytes_per_block(static_cast<int>(l));
+  return bytes;
+}
+
 result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, std::int64_t n_blocks,
-                                                       std::int64_t n_staging_slots) {
+                                                       std::int64_t n_staging_slots, const kv_window_layout& windows) {
   PAGODA_RETURN_IF_ERROR(layout.check());
   if (n_blocks <= 0) return error(errc::invalid_argument, "KV pool needs at least one block (got {})", n_blocks);
   if (n_blocks > INT32_MAX) return error(errc::invalid_argument, "KV pool of {} blocks is too large", n_blocks);
@@ -36,9 +47,18 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
   s->n_blocks_ = n_blocks;
   s->k_.resize(layout.n_layers);
   s->v_.resize(layout.n_layers);
+  if (windows.any()) {
+    if (windows.layers.size() != static_cast<std::size_t>(layout.n_layers) || windows.n_slots > n_blocks)
+      return error(errc::invalid_argument, "window slots: {} layer flags for {} layers, {} slots for {} blocks",
+                   windows.layers.size(), layout.n_layers, windows.n_slots, n_blocks);
+    s->n_window_slots_ = windows.n_slots;
+    s->window_slot_.assign(static_cast<std::size_t>(n_blocks), -1);
+    s->window_block_.assign(static_cast<std::size_t>(windows.n_slots), -1);
+  }
   for (int l = 0; l < layout.n_layers; ++l) {
-    PAGODA_RETURN_IF_ERROR(s->init_tensor(s->k_[l], layout.k_formats[l], l));
-    PAGODA_RETURN_IF_ERROR(s->init_tensor(s->v_[l], layout.v_formats[l], l));
+    const bool windowed = windows.any() && windows.layers[static_cast<std::size_t>(l)] != 0;
+    PAGODA_RETURN_IF_ERROR(s->init_tensor(s->k_[l], layout.k_formats[l], l, windowed));
+    PAGODA_RETURN_IF_ERROR(s->init_tensor(s->v_[l], layout.v_formats[l], l, windowed));
   }
   s->gather_.resize(static_cast<std::size_t>(layout.block_size) * layout.head_dim);
   if (s->n_sealed_ > 0) {
@@ -76,12 +96,14 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
   return s;
 }
 
-status kv_storage::init_tensor(tensor& t, const kv_format& fmt, int layer) {
+status kv_storage::init_tensor(tensor& t, const kv_format& fmt, int layer, bool windowed) {
   const kv_tile_shape shape = layout_.tile_shape();
   t.codec = get_kv_codec(fmt.type);
   t.format = fmt;
   t.tile_bytes = t.codec->tile_bytes(fmt, shape);
-  t.size_bytes = t.tile_bytes * layout_.n_kv_heads * static_cast<std::size_t>(n_blocks_);
+  t.windowed = windowed;
+  t.n_tiles = windowed ? n_window_slots_ : n_blocks_;
+  t.size_bytes = t.tile_bytes * layout_.n_kv_heads * static_cast<std::size_t>(t.n_tiles);
   t.data = static_cast<std::byte*>(map_zeroed(t.size_bytes));
   if (!t.data)
     return error(errc::resource_exhausted, "cannot map {} bytes for the KV cache: {}", t.size_bytes,
@@ -128,7 +150,24 @@ kv_staging_stats kv_storage::staging() const {
 }
 
 std::byte* kv_storage::tile(const tensor& t, block_id b, int head) const {
-  return t.data + (static_cast<std::size_t>(head) * n_blocks_ + static_cast<std::size_t>(b.value)) * t.tile_bytes;
+  std::int64_t index = b.value;
+  if (t.windowed) {
+    index = window_slot_[static_cast<std::size_t>(b.value)];
+    PAGODA_ASSERT(index >= 0, "block {} holds no window slot for a sliding-window layer", b.value);
+  }
+  return t.data + (static_cast<std::size_t>(head) * static_cast<std::size_t>(t.n_tiles) + static_cast<std::size_t>(index)) *
+                      t.tile_bytes;
+}
+
+void kv_storage::bind_window(block_id b, std::int32_t slot) {
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && slot >= 0 && slot < n_window_slots_,
+                "bind_window: block {} to slot {} of {}", b.value, slot, n_window_slots_);
+  std::int32_t& old = window_block_[static_cast<std::size_t>(slot)];
+  if (old >= 0) window_slot_[static_cast<std::size_t>(old)] = -1;
+  if (window_slot_[static_cast<std::size_t>(b.value)] >= 0)
+    window_block_[static_cast<std::size_t>(window_slot_[static_cast<std::size_t>(b.value)])] = -1;
+  old = b.value;
+  window_slot_[static_cast<std::size_t>(b.value)] = slot;
 }
 
 // --- staging slots -----------------------------------------------------------
@@ -312,7 +351,8 @@ paged_kv_view kv_storage::view(const tensor& a, std::span<const block_id> blocks
   view.shape = layout_.tile_shape();
   view.base = a.data;
   view.tile_bytes = a.tile_bytes;
-  view.head_stride = a.tile_bytes * static_cast<std::size_t>(n_blocks_);
+  view.head_stride = a.tile_bytes * static_cast<std::size_t>(a.n_tiles);
+  if (a.windowed) view.remap = window_slot_.data();
   view.blocks = blocks;
   view.n_tokens = n_tokens;
   view.static_params = a.static_params.empty() ? nullptr : a.static_params.data();
@@ -424,6 +464,11 @@ void kv_storage::truncate_block(block_id b, int n_tokens) {
 void kv_storage::release_block(block_id b) {
   PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
   if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+  if (n_window_slots_ > 0) {
+    std::int32_t& slot = window_slot_[static_cast<std::size_t>(b.value)];
+    if (slot >= 0) window_block_[static_cast<std::size_t>(slot)] = -1;
+    slot = -1;
+  }
   forget_summaries(b);
   clear_bias(b);
 }

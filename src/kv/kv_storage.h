@@ -7,6 +7,12 @@
 // sequential ones).
 // Each layer's K and V have their own format (type and scale granularity).
 //
+// Windowed layers (kv_window_layout): a sliding-window layer may keep its
+// tiles in a smaller arena of window slots instead, indexed by the slot the
+// KV manager bound to the block (kv_backend::bind_window; window_slots.h).
+// Reading or writing such a layer's tiles of a block that holds no slot is a
+// broken invariant, asserted.
+//
 // Staging slots (sealed formats, see kv_backend.h):
 //   - A slot holds an f16 copy of one block of every sealed tensor (all layers,
 //     K and/or V): bytes = kv_layout::staging_bytes_per_slot().
@@ -37,6 +43,15 @@ namespace pagoda {
 // Staging slots one sequence may hold at once (see above).
 inline constexpr std::int64_t k_staging_slots_per_sequence = 2;
 
+// Which layers keep their K/V in window slots, and how many slots.
+struct kv_window_layout {
+  std::vector<std::uint8_t> layers;  // [n_layers] 1: windowed; empty: none
+  std::int64_t n_slots = 0;
+  bool any() const;
+  // Bytes of one window slot (the windowed layers' K and V tiles of one block).
+  std::size_t slot_bytes(const kv_layout& layout) const;
+};
+
 struct kv_staging_stats {
   std::int64_t slots_mapped = 0;
   std::int64_t slots_in_use = 0;
@@ -49,7 +64,8 @@ class kv_storage final : public kv_backend {
   // Maps (lazily zeroed) memory for n_blocks blocks and, when a format is
   // sealed, n_staging_slots staging slots (at least 1, at most n_blocks).
   static result<std::unique_ptr<kv_storage>> create(const kv_layout& layout, std::int64_t n_blocks,
-                                                    std::int64_t n_staging_slots = 1);
+                                                    std::int64_t n_staging_slots = 1,
+                                                    const kv_window_layout& windows = {});
   ~kv_storage() override;
   kv_storage(const kv_storage&) = delete;
   kv_storage& operator=(const kv_storage&) = delete;
@@ -66,6 +82,7 @@ class kv_storage final : public kv_backend {
   void copy_block(block_id src, block_id dst, int n_tokens) override;
   void truncate_block(block_id b, int n_tokens) override;
   void release_block(block_id b) override;
+  void bind_window(block_id b, std::int32_t slot) override;
   void read_block(block_id b, std::span<std::byte> out) const override;
   status write_block(block_id b, std::span<const std::byte> in) override;
   std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const override;
@@ -82,11 +99,13 @@ class kv_storage final : public kv_backend {
     const kv_codec* codec = nullptr;
     kv_format format;
     int sealed_index = -1;  // position among the sealed tensors; -1: not sealed
+    bool windowed = false;  // tiles indexed by window slot, not block id
+    std::int64_t n_tiles = 0;  // per KV head: n_blocks, or the window slots
     std::vector<float> static_values;               // [2][n_kv_heads][head_dim]: scales, offsets
     std::vector<kv_static_params> static_params;    // [n_kv_heads]
   };
   kv_storage() = default;
-  status init_tensor(tensor& t, const kv_format& fmt, int layer);
+  status init_tensor(tensor& t, const kv_format& fmt, int layer, bool windowed);
   // Slots [t0, t0 + run) of one block of one tensor; x is [run][n_kv_heads][head_dim].
   void write_run(tensor& a, int layer, block_id b, int t0, int run, const float* x);
   paged_kv_view view(const tensor& a, std::span<const block_id> blocks, int n_tokens) const;
@@ -142,6 +161,10 @@ class kv_storage final : public kv_backend {
   std::size_t bias_bytes_ = 0;
   std::vector<std::uint8_t> has_bias_;
   bool any_bias_ = false;  // some block ever had a bias: views carry the arrays
+  // Window slots: [n_blocks] the slot of each block (-1: none), [slots] the block of each.
+  std::int64_t n_window_slots_ = 0;
+  std::vector<std::int32_t> window_slot_;
+  std::vector<std::int32_t> window_block_;
 };
 
 }  // namespace pagoda

@@ -12,6 +12,7 @@ void cpu_runner::apply(const kv_op& op) {
     case kv_op_kind::copy: kv_.copy_block(op.src, op.block, op.n_tokens); break;
     case kv_op_kind::truncate: kv_.truncate_block(op.block, op.n_tokens); break;
     case kv_op_kind::release: kv_.release_block(op.block); break;
+    case kv_op_kind::bind_window: kv_.bind_window(op.block, op.slot); break;
     case kv_op_kind::evict:
       if (on_evict_) {
         kv_.read_block(op.block, block_buf_);

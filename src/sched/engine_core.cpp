@@ -21,7 +21,28 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
   s.sliding_window_all = c.sliding_window_all;
+  if (c.windows.any()) {
+    s.window_slot_tokens = c.window_tokens;
+    s.n_window_slots = c.windows.n_slots;
+  }
   return s;
+}
+
+kv_window_layout plan_window_slots(const llama_hparams& hp, const engine_core_config& c, std::int64_t n_blocks) {
+  kv_window_layout w;
+  const int n_swa = hp.n_swa_layers();
+  if (n_swa == 0 || n_swa == hp.n_layer || hp.sliding_window <= 0) return w;
+  const std::int64_t bs = c.kv.block_size;
+  const std::int64_t step_tokens = std::min<std::int64_t>(c.max_num_batched_tokens, std::max(c.max_model_len, 1));
+  // Claimed at once by one sequence: the blocks its window reaches into, its
+  // open block and one step's new blocks; the step's tokens are shared by all.
+  const std::int64_t per_seq = (hp.sliding_window + bs - 1) / bs + 3;
+  const std::int64_t n_slots = c.max_num_seqs * per_seq + (step_tokens + bs - 1) / bs;
+  if (n_slots >= n_blocks) return w;
+  w.n_slots = n_slots;
+  w.layers.resize(static_cast<std::size_t>(hp.n_layer));
+  for (int l = 0; l < hp.n_layer; ++l) w.layers[static_cast<std::size_t>(l)] = hp.is_swa(l) ? 1 : 0;
+  return w;
 }
 
 result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& model, const engine_core_config& config) {
@@ -45,9 +66,15 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     if (!policy.ok()) return policy.error().with_context("--kv-policy");
     if ((*policy)->needs().key_summaries) c.kv.key_summaries = true;
   }
+  c.windows = {};
+  c.window_tokens = 0;
+  if (c.free_out_of_window && c.sliding_window_all == 0 && parse_kv_policy_spec(c.kv_policy)->is_none()) {
+    c.windows = plan_window_slots(hp, c, c.n_blocks);
+    if (c.windows.any()) c.window_tokens = hp.sliding_window;
+  }
   // Staging slots for every sequence that can hold open blocks (kv_storage.h).
-  PAGODA_ASSIGN_OR_RETURN(auto storage,
-                          kv_storage::create(c.kv, c.n_blocks, k_staging_slots_per_sequence * c.max_num_seqs));
+  PAGODA_ASSIGN_OR_RETURN(auto storage, kv_storage::create(c.kv, c.n_blocks, k_staging_slots_per_sequence * c.max_num_seqs,
+                                                           c.windows));
   std::unique_ptr<engine_core> e(new engine_core(model, c, std::move(storage)));
   PAGODA_RETURN_IF_ERROR(e->sched_.check());
   return e;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/assert.h"
 #include "kv/kv_storage.h"
 #include "model/llama.h"
 #include "pagoda/events.h"
@@ -45,9 +46,21 @@ struct engine_core_config {
   std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
   // A sliding window on every layer of the model frees the blocks it moved
   // past (create() sets sliding_window_all from the model unless this is off).
+  // A model that mixes sliding-window and global layers (Gemma 2/3) keeps
+  // the windowed layers' K/V in window slots instead (kv_storage.h,
+  // window_slots.h; create() plans them with plan_window_slots unless this is
+  // off, a KV policy is the default, or they would not save anything).
   bool free_out_of_window = true;
   int sliding_window_all = 0;
+  kv_window_layout windows;
+  int window_tokens = 0;  // the window of the windowed layers, when windows.any()
 };
+
+// The window slots a model's mixed sliding-window layers need for this
+// configuration: about one window plus a step's tokens per sequence. Empty
+// when no layer or every layer slides, or when the slots would not be fewer
+// than n_blocks (nothing to save).
+kv_window_layout plan_window_slots(const llama_hparams& hp, const engine_core_config& config, std::int64_t n_blocks);
 
 class engine_core {
  public:
@@ -72,9 +85,16 @@ class engine_core {
 
   // Hooks (step_plan.h): the eviction hook gets every block evicted from the
   // prefix cache with its bytes; the source feeds the load path.
-  void set_eviction_hook(eviction_hook hook) { cpu_->set_eviction_hook(std::move(hook)); }
+  // With window slots (config().windows), evicted and loaded blocks would
+  // lack the windowed layers' K/V: both hooks are refused (a broken
+  // invariant; engine setup turns window slots off when a KV store is used).
+  void set_eviction_hook(eviction_hook hook) {
+    PAGODA_ASSERT(!config_.windows.any() || !hook, "an eviction hook needs --swa-full on a sliding-window model");
+    cpu_->set_eviction_hook(std::move(hook));
+  }
   void set_commit_hook(commit_hook hook) { cpu_->set_commit_hook(std::move(hook)); }
   void set_kv_source(kv_block_source* source) {
+    PAGODA_ASSERT(!config_.windows.any() || !source, "a KV source needs --swa-full on a sliding-window model");
     sched_.set_kv_source(source);
     cpu_->set_kv_source(source);
   }

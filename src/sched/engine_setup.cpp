@@ -1,6 +1,7 @@
 #include "sched/engine_setup.h"
 
 #include <charconv>
+#include <climits>
 #include <cmath>
 
 #include "core/hash.h"
@@ -196,11 +197,34 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
   if (opts.kv_key_summaries) cfg.kv.key_summaries = true;
+  // The KV warehouse moves whole blocks, every layer included: with a store,
+  // sliding-window layers keep every position.
+  cfg.free_out_of_window = !opts.swa_full && opts.kv_store_path.empty() && opts.kv_store_remote.empty();
+  // Window slots (engine_core.h) hold the windowed layers: the pool's blocks
+  // then pay only for the global layers, and a MiB budget pays for the slots first.
+  const kv_window_layout windows = cfg.free_out_of_window && (opts.kv_policy.empty() || opts.kv_policy == "none")
+                                       ? plan_window_slots(model.hparams(), cfg, INT32_MAX)
+                                       : kv_window_layout{};
+  const std::size_t slot_bytes = windows.slot_bytes(cfg.kv);
   const double k_default_cap_bytes = 4.0 * 1024 * 1024 * 1024;
   std::int64_t default_tokens = static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len;
-  default_tokens = std::min<std::int64_t>(default_tokens,
-                                          static_cast<std::int64_t>(k_default_cap_bytes / cfg.kv.bytes_per_token()));
-  PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, opts, default_tokens,
+  const double global_bytes_per_token =
+      cfg.kv.bytes_per_token() - static_cast<double>(slot_bytes) / static_cast<double>(cfg.kv.block_size);
+  default_tokens = std::min<std::int64_t>(default_tokens, static_cast<std::int64_t>(k_default_cap_bytes / global_bytes_per_token));
+  engine_config sized = opts;
+  if (windows.any() && opts.kv_cache_size_mib > 0) {
+    // Slots first; then blocks at their global-layer cost (pool_blocks divides by bytes_per_block).
+    constexpr double k_mib = 1024.0 * 1024.0;
+    const double fixed = static_cast<double>(cfg.kv.staging_bytes_per_slot()) *
+                             static_cast<double>(k_staging_slots_per_sequence * opts.max_num_seqs) +
+                         static_cast<double>(cfg.kv.static_bytes());
+    const double slots = static_cast<double>(slot_bytes) * static_cast<double>(windows.n_slots);
+    const double scale = static_cast<double>(cfg.kv.bytes_per_block()) /
+                         static_cast<double>(cfg.kv.bytes_per_block() - slot_bytes);
+    const double for_blocks = std::max(0.0, opts.kv_cache_size_mib * k_mib - fixed - slots);
+    sized.kv_cache_size_mib = (for_blocks * scale + fixed) / k_mib;
+  }
+  PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, sized, default_tokens,
                                                     k_staging_slots_per_sequence * opts.max_num_seqs));
   return cfg;
 }

@@ -73,6 +73,9 @@ scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
     if (status st = kv_.set_tenant_quota(tenant, quota); !st.ok()) config_status_ = st;
   kv_.set_op_listener([this](const kv_op& op) { pending_ops_.push_back(op); });
   config_.policy_shape.block_size = config_.block_size;
+  if (config_.window_slot_tokens > 0 && config_.n_window_slots > 0 && config_status_.ok())
+    kv_.enable_window_slots(config_.window_slot_tokens,
+                            static_cast<std::int32_t>(std::min<std::int64_t>(config_.n_window_slots, config_.n_blocks)));
 }
 
 scheduler::~scheduler() = default;
@@ -113,6 +116,13 @@ status scheduler::add_request(request req) {
     if (!spec.ok()) return spec.error();
     auto made = new_policy(*spec, req.segments);
     if (!made.ok()) return made.error();
+    const bool any_policy = !spec->is_none() || std::any_of(req.segments.begin(), req.segments.end(), [](const prompt_segment& p) {
+      return !p.kv_policy.empty() && p.kv_policy != "none";
+    });
+    if (any_policy && kv_.windows())
+      return error(errc::unsupported,
+                   "kv_policy: KV policies are not available while this model's sliding-window layers keep only "
+                   "their window; start the engine with --swa-full to use them");
     if ((*made)->needs().key_summaries && !config_.key_summaries)
       return error(errc::invalid_argument,
                    "kv_policy {} reads per-block key summaries, which this engine does not keep; start it with "
@@ -552,7 +562,18 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   }
   apply_policies(plan, first_computed);
   if (config_.sliding_window_all > 0) free_out_of_window(plan);
+  if (kv_.windows()) release_windows(plan);
   refresh_counts();
+}
+
+void scheduler::release_windows(const step_plan& plan) {
+  for (const scheduled_seq& q : plan.seqs) {
+    sequence* s = by_id(q.seq);
+    if (!s || !s->in_kv || s->phase != seq_phase::running) continue;
+    // The next query sits at position n_computed - pos_shift or later.
+    const status st = kv_.release_window(s->id, s->n_computed - s->pos_shift);
+    PAGODA_ASSERT(st.ok(), "releasing window slots: {}", st.message());
+  }
 }
 
 void scheduler::free_out_of_window(const step_plan& plan) {

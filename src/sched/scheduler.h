@@ -83,6 +83,12 @@ struct scheduler_config {
   // back (a sliding window on all layers, Mistral v0.1): blocks wholly out of
   // every future query's window are freed after each step.
   int sliding_window_all = 0;
+  // > 0 (with n_window_slots > 0): some layers (not all) attend to at most
+  // this many positions back, and keep their K/V in n_window_slots window
+  // slots (kv_manager::enable_window_slots): after each step a sequence stops
+  // claiming the blocks its next query cannot see. KV policies are refused.
+  int window_slot_tokens = 0;
+  std::int64_t n_window_slots = 0;
   bool key_summaries = false;  // the KV backend keeps per-block key summaries (query-aware policies need them)
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
@@ -203,6 +209,8 @@ class scheduler {
   void apply_policies(const step_plan& plan, const std::vector<int>& first_computed);
   // sliding_window_all: frees the leading blocks no query can see any more.
   void free_out_of_window(const step_plan& plan);
+  // Window slots: the scheduled sequences stop claiming blocks out of their window.
+  void release_windows(const step_plan& plan);
   status make_policy(sequence& s) const;
   result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,
                                                 std::span<const prompt_segment> segments = {}) const;

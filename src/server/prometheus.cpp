@@ -88,6 +88,17 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   w.metric("pagoda:num_preemptions_total", "counter", "Cumulative number of preemptions.", kv.n_preemptions);
   w.metric("pagoda:kv_cache_evictions_total", "counter", "Cached KV blocks evicted to make room.", kv.n_evictions);
   w.metric("pagoda:kv_cache_cow_copies_total", "counter", "KV blocks copied on write (n > 1 forks).", kv.n_cow_copies);
+  if (kv.n_window_slots > 0) {
+    // Sliding-window layers beside global ones keep their window in window slots.
+    w.family("pagoda:kv_window_slots", "gauge",
+             "Window slots of the sliding-window layers by state (pinned: in a running window; retained: for the "
+             "prefix cache; free).");
+    w.sample("pagoda:kv_window_slots", "state=\"pinned\"", kv.n_window_slots_pinned);
+    w.sample("pagoda:kv_window_slots", "state=\"retained\"", kv.n_window_slots_bound - kv.n_window_slots_pinned);
+    w.sample("pagoda:kv_window_slots", "state=\"free\"", kv.n_window_slots - kv.n_window_slots_bound);
+    w.metric("pagoda:kv_window_kv_lost_total", "counter",
+             "Cached blocks whose sliding-window K/V gave their slot to a new block.", kv.n_window_kv_lost);
+  }
 
   w.family("pagoda:tenant_kv_blocks", "gauge", "KV blocks per tenant and state (tenant=\"\" is the global cache).");
   for (const tenant_kv_usage& t : kv.tenants) {

@@ -679,3 +679,92 @@ TEST(kv_manager, prompt_keys_and_cached_prompt_blocks) {
 
 }  // namespace
 }  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// Window slots (sliding-window layers keep only their window): a sequence
+// claims its blocks' slots until its next query cannot see them, a freed
+// sequence's slots stay bound (retained) for the prefix cache, and a cached
+// prefix is used only as far as its last window still holds K/V.
+TEST(kv_manager_window, slots_follow_the_window_and_are_retained_for_the_cache) {
+  kv_manager m(4, 32);
+  m.enable_window_slots(/*window_tokens=*/6, /*n_slots=*/6);
+  std::vector<kv_op> ops;
+  m.set_op_listener([&](const kv_op& op) { ops.push_back(op); });
+  const seq_id a(1);
+  add_and_prefill(m, 1, toks(10));  // 3 blocks, each bound to a slot as it is allocated
+  int binds = 0;
+  for (const kv_op& op : ops) binds += op.kind == kv_op_kind::bind_window;
+  EXPECT_EQ(binds, 3);
+  EXPECT_EQ(m.metrics().n_window_slots_pinned, 3);
+  // The next query at position 10 sees positions 5..10: block 0 (0..3) is out.
+  ASSERT_TRUE(m.release_window(a, 10).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.metrics().n_window_slots_pinned, 2);
+  EXPECT_EQ(m.metrics().n_window_slots_bound, 3);  // block 0's K/V are retained
+  // Decode to 20 tokens: blocks out of the window keep being released.
+  for (int i = 10; i < 20; ++i) {
+    ASSERT_TRUE(m.allocate(a, 1).has_value());
+    const token_id t[] = {static_cast<token_id>(100 + i)};
+    ASSERT_TRUE(m.commit(a, t).ok());
+    ASSERT_TRUE(m.release_window(a, i + 1).ok());
+    expect_ok(m);
+    EXPECT_LE(m.metrics().n_window_slots_pinned, 3);
+  }
+  EXPECT_EQ(m.metrics().n_window_slots_pinned, 2);  // blocks 3 and 4 (positions 12..19)
+  EXPECT_EQ(m.metrics().n_window_slots_bound, 5);   // blocks 0..2 retained: 6 slots, nothing taken from them
+  // Rolling back past the window given up is refused; within it, allowed.
+  EXPECT_EQ(m.truncate(a, 8).code(), errc::out_of_range);
+  ASSERT_TRUE(m.truncate(a, 18).ok());
+  expect_ok(m);
+  ASSERT_TRUE(m.free_sequence(a).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.metrics().n_window_slots_pinned, 0);
+
+  // The same 20 tokens again: all 5 cached blocks match and a query at 20
+  // needs positions 15..20, blocks 3 and 4, whose K/V are retained: all are
+  // used, and only blocks 3 and 4 are claimed.
+  std::vector<token_id> again = toks(20);
+  again.push_back(7);
+  const auto hit = m.add_sequence(seq_id(2), again);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(*hit, 20);
+  expect_ok(m);
+  EXPECT_EQ(m.metrics().n_window_slots_pinned, 2);
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  expect_ok(m);
+}
+
+TEST(kv_manager_window, a_cached_prefix_whose_window_lost_its_kv_is_cut_and_allocation_waits_for_slots) {
+  kv_manager m(4, 32);
+  m.enable_window_slots(/*window_tokens=*/4, /*n_slots=*/3);
+  add_and_prefill(m, 1, toks(8));  // blocks 0, 1
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());  // both cached, slots retained
+  // Another sequence takes all three slots: blocks 0 and 1 lose theirs (the least recently retained first).
+  add_and_prefill(m, 2, toks(12, 500));
+  EXPECT_EQ(m.metrics().n_window_slots_pinned, 3);
+  // A fourth block needs a slot: none is takeable, so allocation fails as if the pool were full.
+  EXPECT_FALSE(m.can_allocate(seq_id(2), 1));
+  EXPECT_EQ(m.allocation_blocker(seq_id(2), 1), alloc_blocker::pool);
+  EXPECT_FALSE(m.allocate(seq_id(2), 1).has_value());
+  ASSERT_TRUE(m.release_window(seq_id(2), 12).ok());  // blocks 0, 1 of seq 2 (positions 0..7) are out
+  EXPECT_TRUE(m.can_allocate(seq_id(2), 1));
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  // The first prompt's cached blocks lost their windowed K/V: a query at 8
+  // needs block 1 (positions 5..8), so no cached block can be used.
+  std::vector<token_id> p = toks(8);
+  p.push_back(1);
+  EXPECT_EQ(m.n_cached_prompt_blocks(p), 0);
+  const auto hit = m.add_sequence(seq_id(3), p);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(*hit, 0);
+  expect_ok(m);
+  // Token-granular compaction is refused with window slots.
+  kv_compaction c;
+  c.gather = std::make_shared<kv_gather>();
+  EXPECT_EQ(m.compact(seq_id(3), c).code(), errc::unsupported);
+}
+
+}  // namespace
+}  // namespace pagoda

@@ -20,6 +20,9 @@
 //   the ones its slots still hold (bytes intact when the eviction is reported),
 // - a failed allocate changed nothing,
 // and at the end, with every sequence gone, no block is leaked.
+// Window-slot scenarios (a sliding-window layer keeping only its window)
+// simulate that layer too, in slots bound by the bind_window ops: every token
+// the next query of a sequence can see reads back from its block's slot.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -38,10 +41,14 @@ struct scenario {
   std::int32_t block_size;
   std::int32_t n_blocks;
   bool prefix_caching;
+  std::int32_t window_tokens = 0;  // > 0: window slots
+  std::int32_t window_slots = 0;
 };
 
 scenario scenario_for(std::uint32_t seed) {
-  static const scenario k_scenarios[] = {{4, 48, true}, {1, 96, true}, {3, 64, true}, {16, 24, true}, {4, 48, false}};
+  static const scenario k_scenarios[] = {{4, 48, true},         {1, 96, true},        {3, 64, true},
+                                         {16, 24, true},        {4, 48, false},       {4, 48, true, 9, 20},
+                                         {3, 64, true, 5, 12}};
   return k_scenarios[seed % std::size(k_scenarios)];
 }
 
@@ -60,6 +67,13 @@ class harness {
         m_(sc.block_size, sc.n_blocks, sc.prefix_caching),
         kv_(static_cast<std::size_t>(sc.n_blocks) * static_cast<std::size_t>(sc.block_size), k_no_token),
         pos_(kv_.size(), -1) {
+    if (sc.window_tokens > 0) {
+      m_.enable_window_slots(sc.window_tokens, sc.window_slots);
+      window_ = sc.window_tokens;
+      wkv_.assign(static_cast<std::size_t>(sc.window_slots) * static_cast<std::size_t>(bs_), k_poison);
+      wslot_.assign(static_cast<std::size_t>(sc.n_blocks), -1);
+      wblock_.assign(static_cast<std::size_t>(sc.window_slots), -1);
+    }
     m_.set_op_listener([this](const kv_op& op) { apply(op); });
     // A few shared prefixes from a tiny vocabulary, so prompts overlap often.
     for (int p = 0; p < 4; ++p) {
@@ -125,9 +139,15 @@ class harness {
       EXPECT_GT(n_copies_, 0);  // a block of one token is never partly filled
       EXPECT_GT(n_truncate_ops_, 0);
     }
-    EXPECT_GT(n_drops_, 0);
     EXPECT_GT(n_truncates_, 0);
-    EXPECT_GT(n_compactions_, 0);
+    if (window_ == 0) {
+      EXPECT_GT(n_drops_, 0);
+      EXPECT_GT(n_compactions_, 0);
+    } else {
+      EXPECT_GT(n_window_binds_, 0);
+      EXPECT_GT(n_window_steals_, 0);
+      EXPECT_GT(n_window_checked_, 0);
+    }
     ::testing::Test::RecordProperty("allocate_failures", static_cast<int>(n_allocate_failures_));
     ::testing::Test::RecordProperty("preemptions", static_cast<int>(km.n_preemptions));
     ::testing::Test::RecordProperty("evictions", static_cast<int>(km.n_evictions));
@@ -153,6 +173,19 @@ class harness {
 
   // The tensors' side of the block ops.
   static constexpr token_id k_poison = -7;
+  // The simulated windowed layer: block b's slot, as the bind_window ops say.
+  token_id* wslot(block_id b, std::int64_t i) {
+    const std::int32_t s = wslot_[static_cast<std::size_t>(b.value)];
+    return s < 0 ? nullptr : &wkv_[static_cast<std::size_t>(s) * static_cast<std::size_t>(bs_) + static_cast<std::size_t>(i)];
+  }
+  void wunbind(block_id b) {
+    std::int32_t& s = wslot_[static_cast<std::size_t>(b.value)];
+    if (s < 0) return;
+    for (std::int32_t i = 0; i < bs_; ++i) *wslot(b, i) = k_poison;
+    wblock_[static_cast<std::size_t>(s)] = -1;
+    s = -1;
+  }
+
   void apply(const kv_op& op) {
     switch (op.kind) {
       case kv_op_kind::copy:
@@ -160,21 +193,44 @@ class harness {
         for (std::int32_t i = 0; i < op.n_tokens; ++i) {
           kv_[at(op.block, i)] = kv_[at(op.src, i)];
           pos_[at(op.block, i)] = pos_[at(op.src, i)];
+          if (window_ > 0) {
+            token_id* from = wslot(op.src, i);
+            token_id* to = wslot(op.block, i);
+            ASSERT_NE(to, nullptr) << "copy into block " << op.block.value << ", which holds no window slot";
+            *to = from ? *from : k_poison;
+          }
         }
         break;
       case kv_op_kind::truncate:
         ++n_truncate_ops_;
-        for (std::int32_t i = op.n_tokens; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        for (std::int32_t i = op.n_tokens; i < bs_; ++i) {
+          kv_[at(op.block, i)] = k_poison;
+          if (token_id* w = window_ > 0 ? wslot(op.block, i) : nullptr) *w = k_poison;
+        }
         break;
       case kv_op_kind::release:
         for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        if (window_ > 0) wunbind(op.block);
         break;
+      case kv_op_kind::bind_window: {
+        ++n_window_binds_;
+        const std::int32_t old = wblock_[static_cast<std::size_t>(op.slot)];
+        if (old >= 0) {
+          wunbind(block_id(old));  // that block loses its windowed K/V
+          ++n_window_steals_;
+        }
+        wunbind(op.block);
+        wblock_[static_cast<std::size_t>(op.slot)] = op.block.value;
+        wslot_[static_cast<std::size_t>(op.block.value)] = op.slot;
+        break;
+      }
       case kv_op_kind::evict:
         ++n_evict_ops_;
         EXPECT_EQ(op.tokens.size(), static_cast<std::size_t>(bs_));
         for (std::int32_t i = 0; i < bs_ && i < static_cast<std::int32_t>(op.tokens.size()); ++i)
           EXPECT_EQ(kv_[at(op.block, i)], op.tokens[static_cast<std::size_t>(i)]) << "evicted block " << op.block.value;
         for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        if (window_ > 0) wunbind(op.block);
         break;
       case kv_op_kind::gather: {
         // Sources are read before anything is written (in place), and no
@@ -292,12 +348,21 @@ class harness {
       const auto off = static_cast<std::int64_t>(p % static_cast<std::size_t>(bs_));
       slot(b, off) = t;
       pos_[at(b, off)] = next_pos;
+      if (window_ > 0) {
+        token_id* w = wslot(b, off);
+        ASSERT_NE(w, nullptr) << "write into block " << b.value << ", which holds no window slot";
+        *w = t;
+      }
       written.push_back(t);
       positions.push_back(next_pos);
       next_pos += gaps ? uniform(1, 3) : 1;
     }
     const status st = gaps ? m_.commit(*id, written, positions) : m_.commit(*id, written);
     ASSERT_TRUE(st.ok()) << st.message();
+    // The scheduler gives up what the next query cannot see (sometimes late).
+    if (window_ > 0 && uniform(0, 3) > 0) {
+      ASSERT_TRUE(m_.release_window(*id, m_.positions(*id).back() + 1).ok());
+    }
     (void)s;
   }
 
@@ -316,6 +381,11 @@ class harness {
       if (uniform(0, 2) == 0) picked.push_back(i);
     std::shuffle(picked.begin(), picked.end(), rng_);
     const std::int32_t n_before = m_.n_stored_tokens(*id);
+    if (window_ > 0) {  // refused with window slots
+      ASSERT_EQ(m_.drop(*id, picked).code(), errc::unsupported);
+      ASSERT_EQ(m_.n_stored_tokens(*id), n_before);
+      return;
+    }
     const status st = m_.drop(*id, picked);
     ASSERT_TRUE(st.ok()) << st.message();
     ASSERT_EQ(m_.n_stored_tokens(*id), n_before - static_cast<std::int32_t>(picked.size()) * bs_);
@@ -329,7 +399,13 @@ class harness {
     const std::int32_t n_stored = m_.n_stored_tokens(*id);
     ASSERT_FALSE(m_.truncate(*id, n_stored + 1).ok());
     const std::int32_t keep = std::max(0, n_stored - uniform(0, 2 * bs_));
+    const std::vector<block_id> table_before(m_.block_table(*id).begin(), m_.block_table(*id).end());
     const status st = m_.truncate(*id, keep);
+    if (window_ > 0 && st.code() == errc::out_of_range) {  // it would need windowed K/V already given up
+      ASSERT_EQ(std::vector<block_id>(m_.block_table(*id).begin(), m_.block_table(*id).end()), table_before);
+      ASSERT_EQ(m_.n_stored_tokens(*id), n_stored);
+      return;
+    }
     ASSERT_TRUE(st.ok()) << st.message();
     ASSERT_EQ(m_.n_stored_tokens(*id), keep);
     ++n_truncates_;
@@ -363,6 +439,11 @@ class harness {
     const kv_metrics before = m_.metrics();
     const std::vector<block_id> table_before(m_.block_table(*id).begin(), m_.block_table(*id).end());
     const status st = m_.compact(*id, c);
+    if (window_ > 0) {  // refused with window slots, nothing changed
+      ASSERT_EQ(st.code(), errc::unsupported) << st.message();
+      ASSERT_EQ(std::vector<block_id>(m_.block_table(*id).begin(), m_.block_table(*id).end()), table_before);
+      return;
+    }
     if (!st.ok()) {  // a shared block needed a copy and the pool had none: nothing changed
       ASSERT_EQ(st.code(), errc::resource_exhausted) << st.message();
       ASSERT_EQ(std::vector<block_id>(m_.block_table(*id).begin(), m_.block_table(*id).end()), table_before);
@@ -453,12 +534,34 @@ class harness {
             << "op " << op_ << " seq " << id.value << " slot " << p;
       }
     }
+    if (window_ > 0) verify_windows();
     // Every indexed block holds what the index says (cached ones included).
     for (std::int32_t b = 0; b < m_.n_blocks(); ++b) {
       if (!m_.index().contains(block_id(b))) continue;
       const auto held = m_.index().tokens_of(block_id(b));
       for (std::int32_t i = 0; i < bs_; ++i) {
         ASSERT_EQ(slot(block_id(b), i), held[static_cast<std::size_t>(i)]) << "op " << op_ << " block " << b;
+      }
+    }
+  }
+
+  // Every token the next query of a sequence sees reads back from its
+  // block's window slot, and the ops told the same bindings the manager keeps.
+  void verify_windows() {
+    for (std::int32_t b = 0; b < m_.n_blocks(); ++b)
+      ASSERT_EQ(wslot_[static_cast<std::size_t>(b)], m_.windows()->slot_of(block_id(b))) << "op " << op_ << " block " << b;
+    for (const auto& [id, s] : seqs_) {
+      const auto table = m_.block_table(id);
+      const auto tokens = m_.tokens(id);
+      const auto positions = m_.positions(id);
+      const std::int32_t next = positions.empty() ? 0 : positions.back() + 1;
+      for (std::size_t p = 0; p < positions.size(); ++p) {
+        if (positions[p] <= next - window_) continue;
+        const block_id b = table[p / static_cast<std::size_t>(bs_)];
+        const token_id* w = wslot(b, static_cast<std::int64_t>(p % static_cast<std::size_t>(bs_)));
+        ASSERT_NE(w, nullptr) << "op " << op_ << " seq " << id.value << " slot " << p << ": no window slot";
+        ASSERT_EQ(*w, tokens[p]) << "op " << op_ << " seq " << id.value << " slot " << p << " (windowed)";
+        ++n_window_checked_;
       }
     }
   }
@@ -481,6 +584,13 @@ class harness {
   std::int64_t n_drops_ = 0;
   std::int64_t n_truncates_ = 0;
   std::int64_t n_compactions_ = 0;
+  std::int32_t window_ = 0;            // window slots: the window, else 0
+  std::vector<token_id> wkv_;          // [window slots][block_size]
+  std::vector<std::int32_t> wslot_;    // [n_blocks]: bound slot or -1
+  std::vector<std::int32_t> wblock_;   // [window slots]: bound block or -1
+  std::int64_t n_window_binds_ = 0;
+  std::int64_t n_window_steals_ = 0;  // binds that took a retained slot from a cached block
+  std::int64_t n_window_checked_ = 0;
 };
 
 class kv_property : public ::testing::TestWithParam<std::uint32_t> {};
@@ -489,12 +599,13 @@ TEST_P(kv_property, random_operations_keep_every_invariant) {
   const std::uint32_t seed = GetParam();
   const scenario sc = scenario_for(seed);
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " block_size " << sc.block_size << " n_blocks "
-                                    << sc.n_blocks << " prefix_caching " << sc.prefix_caching);
+                                    << sc.n_blocks << " prefix_caching " << sc.prefix_caching << " window "
+                                    << sc.window_tokens << " window slots " << sc.window_slots);
   harness h(seed, sc);
   h.run(5000);
 }
 
-INSTANTIATE_TEST_SUITE_P(seeds, kv_property, ::testing::Range(1u, 21u));
+INSTANTIATE_TEST_SUITE_P(seeds, kv_property, ::testing::Range(1u, 29u));
 
 }  // namespace
 }  // namespace pagoda

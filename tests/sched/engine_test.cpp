@@ -534,26 +534,53 @@ TEST(engine_policy, eviction_keeps_the_pool_small) {
   }
 }
 
+// A random-weight synth preset with f32 weights, loaded (the file is removed).
+std::unique_ptr<llama_model> f32_synth(const std::string& preset) {
+  const std::string path = "/tmp/pagoda_engine_" + preset + "_" + std::to_string(getpid()) + ".gguf";
+  synth_options so;
+  so.preset = preset;
+  so.weight_type = gguf::tensor_type::f32;
+  so.n_threads = 1;
+  EXPECT_TRUE(write_synth_model(so, path).ok());
+  auto model = llama_model::load(path);
+  std::remove(path.c_str());
+  EXPECT_TRUE(model.ok());
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+// An f32 KV engine configuration for a small model.
+engine_core_config f32_engine(const llama_hparams& hp, int max_model_len, int max_num_seqs, int max_batched,
+                              std::int64_t n_blocks) {
+  engine_core_config c;
+  c.n_threads = 1;
+  c.max_model_len = max_model_len;
+  c.max_num_seqs = max_num_seqs;
+  c.max_num_batched_tokens = max_batched;
+  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
+  c.n_blocks = n_blocks;
+  return c;
+}
+
+request greedy_ids(const char* id, std::vector<token_id> prompt, int n) {
+  request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = n;
+  r.sampling = sampling_params::greedy();
+  r.ignore_eos = true;
+  return r;
+}
+
 // A sliding window on every layer (Mistral v0.1's kind): blocks the window
 // has moved past are freed as it moves, and nothing changes in what the model
 // computes (those positions were masked anyway).
 TEST(engine_policy, a_window_on_every_layer_frees_the_blocks_it_leaves) {
-  const std::string path = "/tmp/pagoda_engine_swa_" + std::to_string(getpid()) + ".gguf";
-  synth_options so;
-  so.preset = "tiny-swa";
-  so.weight_type = gguf::tensor_type::f32;
-  so.n_threads = 1;
-  ASSERT_TRUE(write_synth_model(so, path).ok());
-  auto model = *llama_model::load(path);
-  std::remove(path.c_str());
+  auto model = f32_synth("tiny-swa");
+  ASSERT_TRUE(model);
   const llama_hparams& hp = model->hparams();
   ASSERT_EQ(hp.n_swa_layers(), hp.n_layer);
   auto cfg = [&](bool free) {
-    engine_core_config c;
-    c.n_threads = 1;
-    c.max_model_len = 512;
-    c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
-    c.n_blocks = 64;
+    engine_core_config c = f32_engine(hp, 512, 64, 2048, 64);
     c.free_out_of_window = free;
     return c;
   };
@@ -583,6 +610,119 @@ TEST(engine_policy, a_window_on_every_layer_frees_the_blocks_it_leaves) {
   EXPECT_EQ(out[1], out[0]);  // bit for bit: the freed positions were never seen
   EXPECT_EQ(peak[0], (10 + 300 + 15) / 16);
   EXPECT_LE(peak[1], (hp.sliding_window + 15) / 16 + 2);
+}
+
+}  // namespace
+}  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// Sliding-window layers mixed with global ones (Gemma 2 alternates them,
+// Gemma 3 has 2 local to 1 global here): the windowed layers keep their K/V
+// in window slots, far fewer than the pool's blocks. Greedy output is bit
+// for bit that of keeping every position (--swa-full), also for a request
+// served from the prefix cache of an earlier one whose prompt is longer than
+// the window; window slots pinned never exceed the slots.
+TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
+  for (const char* preset : {"tiny-gemma2", "tiny-gemma3"}) {
+    SCOPED_TRACE(preset);
+    auto model = f32_synth(preset);
+    ASSERT_TRUE(model);
+    const llama_hparams& hp = model->hparams();
+    ASSERT_GT(hp.n_swa_layers(), 0);
+    ASSERT_LT(hp.n_swa_layers(), hp.n_layer);
+    auto cfg = [&](bool windows) {
+      engine_core_config c = f32_engine(hp, 512, 4, 64, 64);
+      c.free_out_of_window = windows;
+      return c;
+    };
+    const auto req = greedy_ids;
+    std::vector<token_id> shared;
+    for (int i = 0; i < 45; ++i) shared.push_back(static_cast<token_id>(40 + (i * 7) % 200));
+    std::map<std::string, std::vector<token_id>> out[2];
+    std::int64_t hits[2] = {0, 0};
+    for (int w = 0; w < 2; ++w) {
+      auto e = *engine_core::create(*model, cfg(w == 1));
+      EXPECT_EQ(e->config().windows.any(), w == 1);
+      if (w == 1) {
+        EXPECT_LT(e->kv_stats().n_window_slots, 64 / 2);
+        request bad = req("p", shared, 4);
+        bad.kv_policy = "h2o:budget=32";
+        EXPECT_EQ(e->add_request(bad).code(), errc::unsupported);
+      }
+      auto drain = [&] {
+        std::vector<engine_event> ev;
+        while (e->has_work()) {
+          ev.clear();
+          e->step(ev);
+          for (const engine_event& x : ev) out[w][x.request_id].insert(out[w][x.request_id].end(), x.tokens.begin(), x.tokens.end());
+          const status st = e->kv().check_invariants();
+          ASSERT_TRUE(st.ok()) << st.message();
+        }
+      };
+      ASSERT_TRUE(e->add_request(req("a", shared, 200)).ok());
+      ASSERT_TRUE(e->add_request(req("c", {1, 5, 9, 13, 17}, 120)).ok());
+      drain();
+      // b continues a's prompt and 150 of its tokens: its cached prefix is far
+      // longer than the window, and a's early blocks lost their windowed K/V
+      // to later blocks (more blocks were bound than there are slots).
+      std::vector<token_id> p_b = shared;
+      p_b.insert(p_b.end(), out[w]["a"].begin(), out[w]["a"].begin() + 150);
+      p_b.push_back(300);
+      const std::int64_t before = e->kv_stats().n_prefix_hit_tokens;
+      ASSERT_TRUE(e->add_request(req("b", p_b, 60)).ok());
+      drain();
+      hits[w] = e->kv_stats().n_prefix_hit_tokens - before;
+      const kv_metrics m = e->kv_stats();
+      if (w == 1) {
+        EXPECT_GT(m.n_window_kv_lost, 0);  // cached blocks gave up their windowed K/V
+        EXPECT_GT(m.n_window_slots_pinned_peak, 0);
+        EXPECT_LE(m.n_window_slots_pinned_peak, m.n_window_slots);
+        EXPECT_EQ(m.n_window_slots_pinned, 0);
+      }
+    }
+    for (const char* id : {"a", "b", "c"}) {
+      EXPECT_FALSE(out[0][id].empty()) << id;
+      EXPECT_EQ(out[1][id], out[0][id]) << id;  // bit for bit
+    }
+    EXPECT_EQ(hits[0], 192);      // b's prompt: 196 tokens, 12 full blocks reused
+    EXPECT_EQ(hits[1], hits[0]);  // a's last window still held its K/V
+  }
+}
+
+// Against llama.cpp (tests/data/oracle: gemma2 and gemma3 files with a window
+// of 32, 96 prompt ids and llama.cpp's 32 greedy ids): through the engine,
+// with the sliding-window layers in window slots and the prompt fed in chunks
+// of 16 so that blocks leave the window during the prompt, the greedy
+// continuation is llama.cpp's, every id.
+TEST(engine_window_slots, gemma_oracle_greedy_ids_with_window_slots) {
+  for (const char* name : {"gemma2-F32", "gemma3-F32"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle";
+    std::ifstream in(dir + "/ref/" + name + ".json");
+    ASSERT_TRUE(in) << name;
+    const nlohmann::json ref = nlohmann::json::parse(in);
+    const std::vector<token_id> tokens = ref.at("tokens").get<std::vector<token_id>>();
+    const std::vector<token_id> greedy = ref.at("greedy").get<std::vector<token_id>>();
+    ASSERT_EQ(tokens.size(), 128u);
+    auto model = *llama_model::load(dir + "/gguf/" + name + ".gguf");
+    const llama_hparams& hp = model->hparams();
+    ASSERT_EQ(hp.sliding_window, 32);
+    auto e = *engine_core::create(*model, f32_engine(hp, 128, 1, 16, 16));
+    ASSERT_TRUE(e->config().windows.any());
+    EXPECT_LT(e->kv_stats().n_window_slots, 8);  // for 8 blocks of the 128 tokens
+    ASSERT_TRUE(e->add_request(greedy_ids("o", {tokens.begin(), tokens.begin() + 96}, 32)).ok());
+    std::vector<token_id> got;
+    std::vector<engine_event> ev;
+    while (e->has_work()) {
+      ev.clear();
+      e->step(ev);
+      for (const engine_event& x : ev) got.insert(got.end(), x.tokens.begin(), x.tokens.end());
+    }
+    EXPECT_EQ(got, greedy);
+    EXPECT_GT(e->kv_stats().n_window_kv_lost, 0);  // slots were reused as the window moved
+  }
 }
 
 }  // namespace
