@@ -226,6 +226,15 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   }
   PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, sized, default_tokens,
                                                     k_staging_slots_per_sequence * opts.max_num_seqs));
+  // Too small a pool for the slots to save anything: engine_core::create will
+  // keep every layer in the blocks, so size them at their full cost.
+  if (windows.any() && !plan_window_slots(model.hparams(), cfg, cfg.n_blocks).any()) {
+    const std::int64_t full_tokens =
+        std::min<std::int64_t>(static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len,
+                               static_cast<std::int64_t>(k_default_cap_bytes / cfg.kv.bytes_per_token()));
+    PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, opts, full_tokens,
+                                                      k_staging_slots_per_sequence * opts.max_num_seqs));
+  }
   return cfg;
 }
 

@@ -691,6 +691,39 @@ TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
   }
 }
 
+// --kv-cache-size with window slots: the slots are paid first, the blocks
+// at their global-layer cost, and the whole stays within the budget; more
+// blocks fit than with --swa-full. A pool too small for slots to save
+// anything keeps every layer in its blocks, still within the budget.
+TEST(engine_window_slots, the_kv_cache_size_pays_for_the_window_slots) {
+  const std::string gguf = std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/gguf/gemma3-F32.gguf";
+  auto model = *llama_model::load(gguf);
+  std::int64_t blocks[2] = {0, 0};
+  for (int full = 0; full < 2; ++full) {
+    for (double mib : {0.5, 8.0}) {
+      engine_config c;
+      c.model_path = gguf;
+      c.kv_cache_dtype = "f16";
+      c.kv_cache_size_mib = mib;
+      c.max_num_seqs = 2;
+      c.max_num_batched_tokens = 64;
+      c.swa_full = full == 1;
+      auto core_config = make_engine_core_config(*model, c);
+      ASSERT_TRUE(core_config.ok()) << core_config.error().message();
+      auto e = engine_core::create(*model, *core_config);
+      ASSERT_TRUE(e.ok()) << e.error().message();
+      EXPECT_LE((*e)->storage().total_bytes(), mib * 1024 * 1024) << mib << " full " << full;
+      EXPECT_GT((*e)->storage().total_bytes(), 0.97 * mib * 1024 * 1024) << mib << " full " << full;
+      if (mib == 8.0) {
+        EXPECT_EQ((*e)->config().windows.any(), full == 0);
+        blocks[full] = (*e)->config().n_blocks;
+      }
+    }
+  }
+  // 2 of gemma3's 3 layers slide: a block costs a third, the slots are a few.
+  EXPECT_GT(blocks[0], 2 * blocks[1]);
+}
+
 // Against llama.cpp (tests/data/oracle: gemma2 and gemma3 files with a window
 // of 32, 96 prompt ids and llama.cpp's 32 greedy ids): through the engine,
 // with the sliding-window layers in window slots and the prompt fed in chunks
