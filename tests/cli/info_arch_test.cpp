@@ -2,6 +2,7 @@
 // token per layer type, and the block's parts (tests/data/oracle's gemma2 and
 // gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
 
@@ -40,6 +41,34 @@ TEST(cli_info, llama_has_only_global_layers) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("KV per token by layer type"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("sliding (window"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace pagoda::test
+
+namespace pagoda::test {
+namespace {
+
+// run on gemma2 (window 32) past several windows: the sliding layer keeps its
+// window in window slots by default, every position with --swa-full; the
+// greedy tokens are the same, and the KV used is smaller.
+TEST(cli_run, window_slots_by_default_and_swa_full_agree) {
+  const std::string args = " -m " + data_path("oracle/gguf/gemma2-F32.gguf") +
+                           " -p " + shell_quote("Once upon a time") + " -n 150 --temp 0 --ignore-eos --json -t 1 -c 256 --max-num-batched-tokens 64";
+  auto a = run_cli("run" + args);
+  auto b = run_cli("run" + args + " --swa-full");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["tokens"].size(), 150u);
+  EXPECT_EQ(ja["tokens"], jb["tokens"]);
+  EXPECT_GT(ja["kv"]["window_slots"].get<int>(), 0);
+  EXPECT_EQ(jb["kv"]["window_slots"].get<int>(), 0);
+  EXPECT_LT(ja["kv"]["bytes_used"].get<double>(), jb["kv"]["bytes_used"].get<double>());
+  // A default KV policy keeps every position in the blocks, where the policy can evict.
+  auto p = run_cli("run" + args + " --kv-policy h2o:budget=64");
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(nlohmann::json::parse(p.out)["kv"]["window_slots"].get<int>(), 0);
 }
 
 }  // namespace
