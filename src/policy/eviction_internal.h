@@ -173,5 +173,8 @@ std::unique_ptr<row_scorer> make_window_scorer(int sinks);
 // each within [lo, hi]; where a bound cuts, the others make up the difference
 // as far as the bounds allow. Rounding keeps the sum exact.
 std::vector<int> pyramid_layer_budgets(int n_layers, int target, double ratio, int lo, int hi);
+// The first-to-last layer budget ratio pyramid uses when none is given: 4
+// (PyramidKV's) from 32 layers on, flatter for shallower models.
+double pyramid_default_ratio(int n_layers);
 
 }  // namespace pagoda::policy_detail

@@ -249,7 +249,8 @@ void check_pyramid(const eviction_input& in, const eviction_decision& d, bool ad
   if (d.empty()) return;
   const int target = kv_budget{0.25, 0}.resolve(in.n_seen);
   const std::vector<int> budgets =
-      policy_detail::pyramid_layer_budgets(in.n_layers, target, 4.0, 1, std::max(1, in.n_seen));
+      policy_detail::pyramid_layer_budgets(in.n_layers, target, policy_detail::pyramid_default_ratio(in.n_layers), 1,
+                                           std::max(1, in.n_seen));
   for (int l = 0; l < in.n_layers; ++l) {
     const int b = budgets[static_cast<std::size_t>(l)];
     const int cap = 2 * b;

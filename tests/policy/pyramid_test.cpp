@@ -148,7 +148,7 @@ TEST(pyramid_policy, snapkv_base_by_default) {
   kv_case c = kv_case::contiguous(40, 2, 2);
   c.use_window(4);
   for (int r = 0; r < 4; ++r) c.weight(r, 3, 5 + r) = 1.0f;
-  const std::unique_ptr<kv_policy> p = make_policy("pyramid:budget=12,window=4,kernel=1,slack=0");
+  const std::unique_ptr<kv_policy> p = make_policy("pyramid:budget=12,window=4,kernel=1,slack=0,ratio=4");
   EXPECT_EQ(p->needs().window_rows, 4);
   const eviction_decision d = p->evict(c.input());
   ASSERT_FALSE(d.empty());
@@ -175,3 +175,22 @@ TEST(pyramid_policy, slack_is_the_mean_loss_per_row) {
 
 }  // namespace
 }  // namespace pagoda
+
+namespace pagoda::policy_detail {
+namespace {
+
+// Without a ratio, pyramid's first-to-last layer budget ratio follows depth:
+// PyramidKV's 4 from 32 layers on, flat for one layer, 1.39 for stories260K's 5.
+TEST(pyramid, default_ratio_follows_depth) {
+  EXPECT_DOUBLE_EQ(pyramid_default_ratio(1), 1.0);
+  EXPECT_NEAR(pyramid_default_ratio(5), 1.0 + 12.0 / 31.0, 1e-12);
+  EXPECT_DOUBLE_EQ(pyramid_default_ratio(32), 4.0);
+  EXPECT_DOUBLE_EQ(pyramid_default_ratio(80), 4.0);
+  // The budgets it gives a 5-layer model still fall with depth and keep the mean.
+  const std::vector<int> b = pyramid_layer_budgets(5, 100, pyramid_default_ratio(5), 1, 1000);
+  EXPECT_EQ(std::accumulate(b.begin(), b.end(), 0), 500);
+  for (std::size_t l = 1; l < b.size(); ++l) EXPECT_LT(b[l], b[l - 1]);
+}
+
+}  // namespace
+}  // namespace pagoda::policy_detail
