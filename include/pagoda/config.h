@@ -39,8 +39,8 @@ struct engine_config {
   bool kv_key_summaries = false;
   // Sliding-window layers keep K/V for every position (llama.cpp's --swa-full).
   // Off: they keep only their window (blocks freed as it moves when every
-  // layer slides; window slots when some do), and KV policies and stores are
-  // not available on such models.
+  // layer slides; window slots when some do), and a request's KV policy is
+  // refused on such models (a default --kv-policy keeps every position).
   bool swa_full = false;
 
   // --- KV warehouse (persistent tiers behind the pool) ---------------------

@@ -139,14 +139,6 @@ int serve(serve_options o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
   cfg.max_waiting = o.max_waiting;
-  {
-    const llama_hparams& hp = model->hparams();
-    if (hp.n_swa_layers() > 0 && hp.n_swa_layers() < hp.n_layer && !o.engine.config.swa_full && !o.no_kv_store)
-      std::fprintf(stderr,
-                   "pagoda serve: the KV store moves whole blocks, so this model's sliding-window layers keep every "
-                   "position; --no-kv-store keeps only their window (about %d of %d layers' KV)\n",
-                   hp.n_layer - hp.n_swa_layers(), hp.n_layer);
-  }
   PAGODA_ASSIGN_OR_RETURN_CLI(server::key_store keys, load_keys(o, cfg));
 
   server::api_options aopts;

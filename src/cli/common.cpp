@@ -102,7 +102,7 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
                 "keep per-block key bounds so requests may ask for quest (on when --kv-policy needs them)");
   app->add_flag("--swa-full", opts.swa_full,
                 "sliding-window layers keep every position's K/V, as global layers do (default: only their window; "
-                "needed for KV policies on such models, implied by --kv-store)");
+                "needed for KV policies on such models)");
 }
 
 result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) {

@@ -85,16 +85,17 @@ class engine_core {
 
   // Hooks (step_plan.h): the eviction hook gets every block evicted from the
   // prefix cache with its bytes; the source feeds the load path.
-  // With window slots (config().windows), evicted and loaded blocks would
-  // lack the windowed layers' K/V: both hooks are refused (a broken
-  // invariant; engine setup turns window slots off when a KV store is used).
+  // With window slots (config().windows) a block evicted from the prefix
+  // cache may have lost its windowed layers' K/V: the eviction hook, which
+  // reads evicted blocks, is refused (a broken invariant). Committed and
+  // loaded blocks always hold theirs (kv_manager binds a slot to every block
+  // it allocates, and the op order keeps it until the hook has read it).
   void set_eviction_hook(eviction_hook hook) {
     PAGODA_ASSERT(!config_.windows.any() || !hook, "an eviction hook needs --swa-full on a sliding-window model");
     cpu_->set_eviction_hook(std::move(hook));
   }
   void set_commit_hook(commit_hook hook) { cpu_->set_commit_hook(std::move(hook)); }
   void set_kv_source(kv_block_source* source) {
-    PAGODA_ASSERT(!config_.windows.any() || !source, "a KV source needs --swa-full on a sliding-window model");
     sched_.set_kv_source(source);
     cpu_->set_kv_source(source);
   }

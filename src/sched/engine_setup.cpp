@@ -197,9 +197,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
   if (opts.kv_key_summaries) cfg.kv.key_summaries = true;
-  // The KV warehouse moves whole blocks, every layer included: with a store,
-  // sliding-window layers keep every position.
-  cfg.free_out_of_window = !opts.swa_full && opts.kv_store_path.empty() && opts.kv_store_remote.empty();
+  cfg.free_out_of_window = !opts.swa_full;
   // Window slots (engine_core.h) hold the windowed layers: the pool's blocks
   // then pay only for the global layers, and a MiB budget pays for the slots first.
   const kv_window_layout windows = cfg.free_out_of_window && (opts.kv_policy.empty() || opts.kv_policy == "none")

@@ -322,7 +322,11 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
     const auto keys = std::span<const block_key>(s->keys).subspan(static_cast<std::size_t>(first),
                                                                    static_cast<std::size_t>(n_reusable - first));
-    const int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
+    int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
+    // Window slots: every loaded block takes one until the sequence's first
+    // step releases those out of its window, so load what they allow now and
+    // compute the rest.
+    if (const window_slots* w = kv_.windows()) n_load = std::min(n_load, w->n_takeable());
     if (n_load > 0 && kv_.allocate(s->id, n_load * bs)) {
       s->phase = seq_phase::loading;
       s->load_first = first;

@@ -29,14 +29,14 @@ struct node {
   std::unique_ptr<kv_warehouse> warehouse;
   std::unique_ptr<engine_core> core;
 
-  explicit node(const engine_config& c) {
-    auto cc = make_engine_core_config(stories(), c);
+  explicit node(const engine_config& c, const llama_model& model = stories()) {
+    auto cc = make_engine_core_config(model, c);
     EXPECT_TRUE(cc.ok()) << cc.error().message();
     cc->max_model_len = 512;
-    auto w = make_warehouse(c, stories(), cc->kv);
+    auto w = make_warehouse(c, model, cc->kv);
     EXPECT_TRUE(w.ok()) << w.error().message();
     warehouse = std::move(*w);
-    core = std::move(*engine_core::create(stories(), *cc));
+    core = std::move(*engine_core::create(model, *cc));
     if (warehouse) attach_warehouse(*core, *warehouse);
   }
   ~node() {
@@ -108,6 +108,51 @@ TEST(warehouse_engine, a_restart_keeps_prefixes_on_disk) {
   EXPECT_EQ(b.usage.cached_tokens, n_blocks * 16);
   EXPECT_EQ(second.core->stats().n_loaded_tokens, n_blocks * 16);
   EXPECT_EQ(second.warehouse->counters().loads, n_blocks);
+  fs::remove_all(dir);
+}
+
+// gemma2 (tests/data/oracle, window 32) with its sliding layer in window
+// slots: blocks reach the disk tier with every layer, and a restart loads the
+// prefix, window slots and all: the same greedy tokens as a cold run keeping
+// every position without a store.
+TEST(warehouse_engine, window_slots_store_and_load_every_layer) {
+  const std::string gguf = std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/gguf/gemma2-F32.gguf";
+  auto model = *llama_model::load(gguf);
+  const std::string dir = temp_dir("windows");
+  auto cfg = [&](const std::string& disk, bool swa_full) {
+    engine_config c = config(disk);
+    c.model_path = gguf;
+    c.max_num_seqs = 2;
+    c.max_num_batched_tokens = 32;
+    c.max_kv_tokens = 1024;
+    c.swa_full = swa_full;
+    return c;
+  };
+  request r;
+  r.id = "g";
+  for (int i = 0; i < 150; ++i) r.prompt.push_back(static_cast<token_id>(3 + (i * 37) % 500));
+  r.max_tokens = 40;
+  r.sampling = sampling_params::greedy();
+  r.ignore_eos = true;
+  const int n_blocks = static_cast<int>((r.prompt.size() - 1) / 16);
+  node::answer cold;
+  {
+    node n(cfg("", true), *model);
+    EXPECT_FALSE(n.core->config().windows.any());
+    cold = n.run(r);
+  }
+  ASSERT_EQ(cold.tokens.size(), 40u);
+  {
+    node first(cfg(dir, false), *model);
+    ASSERT_TRUE(first.core->config().windows.any());
+    EXPECT_EQ(first.run(r).tokens, cold.tokens);
+    EXPECT_GE(first.warehouse->counters().written, n_blocks);
+  }
+  node second(cfg(dir, false), *model);
+  ASSERT_TRUE(second.core->config().windows.any());
+  const node::answer b = second.run(r);
+  EXPECT_EQ(b.tokens, cold.tokens);
+  EXPECT_EQ(second.core->stats().n_loaded_tokens, n_blocks * 16);
   fs::remove_all(dir);
 }
 
