@@ -1,6 +1,8 @@
 #include "core/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <numeric>
 #include <vector>
 
@@ -55,6 +57,16 @@ TEST(thread_pool, run_shared_covers_each_item_once) {
       EXPECT_EQ(per_thread[0], 1);
       for (int v : per_thread) EXPECT_LE(v, 1);
       for (auto& h : hits) ASSERT_EQ(h.load(), 1) << n_threads << " " << rep;
+    }
+    // A worker that joins and is slow holds the call until it is out.
+    for (int rep = 0; rep < 20; ++rep) {
+      std::atomic<int> inside{0};
+      pool.run_shared([&](int ith, int) {
+        inside.fetch_add(1);
+        if (ith != 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        inside.fetch_sub(1);
+      });
+      ASSERT_EQ(inside.load(), 0);
     }
     // Shared and waiting jobs interleave: run() still reaches every thread once.
     std::vector<int> seen(static_cast<std::size_t>(n_threads), 0);
