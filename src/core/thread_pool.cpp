@@ -5,6 +5,25 @@
 #include "core/assert.h"
 
 namespace pagoda {
+namespace {
+
+// Spins a little (the others are usually a few microseconds behind), then
+// sleeps until done(a): on a loaded machine a descheduled worker must not
+// cost a spinning core.
+template <typename T, typename Done>
+void wait_until(std::atomic<T>& a, Done done) {
+  T v = a.load(std::memory_order_acquire);
+  for (int spin = 0; !done(v) && spin < 4000; ++spin) {
+    _mm_pause();
+    v = a.load(std::memory_order_acquire);
+  }
+  while (!done(v)) {
+    a.wait(v, std::memory_order_acquire);
+    v = a.load(std::memory_order_acquire);
+  }
+}
+
+}  // namespace
 
 int thread_pool::hardware_threads() {
   unsigned n = std::thread::hardware_concurrency();
@@ -39,31 +58,56 @@ void thread_pool::worker_loop(int ith) {
     }
     seen = gen;
     if (stop_.load(std::memory_order_acquire)) return;
+    // Join job `gen` if it is still open. The caller of a shared job may have
+    // finished it (closed), or finished it and started others (another
+    // generation): then there is nothing to do here. A job that waits for
+    // every worker is never closed before this worker has run it.
+    const std::uint64_t tag = (gen & 0xffffffffu) << 32;
+    std::uint64_t e = entry_.load(std::memory_order_acquire);
+    bool joined = false;
+    while ((e & ~(k_closed | k_shared | k_inside_mask)) == tag && !(e & k_closed)) {
+      if (entry_.compare_exchange_weak(e, e + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) continue;
     (*job_)(ith, n_threads_);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    if (e & k_shared) {
+      const std::uint64_t prev = entry_.fetch_sub(1, std::memory_order_acq_rel);
+      if ((prev & k_closed) && (prev & k_inside_mask) == 1) entry_.notify_one();
+    } else if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      pending_.notify_one();
+    }
   }
 }
 
-void thread_pool::run(const std::function<void(int, int)>& fn) {
+void thread_pool::start(const std::function<void(int, int)>& fn, bool shared) {
+  job_ = &fn;
+  const std::uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;  // only this thread writes it
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  entry_.store(((gen & 0xffffffffu) << 32) | (shared ? k_shared : 0), std::memory_order_relaxed);
+  generation_.store(gen, std::memory_order_release);
+  generation_.notify_all();
+}
+
+void thread_pool::run(const std::function<void(int, int)>& fn) { run_job(fn, false); }
+
+void thread_pool::run_shared(const std::function<void(int, int)>& fn) { run_job(fn, true); }
+
+void thread_pool::run_job(const std::function<void(int, int)>& fn, bool shared) {
   if (n_threads_ == 1) {
     fn(0, 1);
     return;
   }
-  job_ = &fn;
-  pending_.store(n_threads_ - 1, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
+  start(fn, shared);
   fn(0, n_threads_);
-  // Spin a little (the others are usually a few microseconds behind), then sleep:
-  // on a loaded machine a descheduled worker must not cost a spinning core.
-  int left = pending_.load(std::memory_order_acquire);
-  for (int spin = 0; left != 0 && spin < 4000; ++spin) {
-    _mm_pause();
-    left = pending_.load(std::memory_order_acquire);
-  }
-  while (left != 0) {
-    pending_.wait(left, std::memory_order_acquire);
-    left = pending_.load(std::memory_order_acquire);
+  if (shared) {
+    // Close the job: workers that have not joined yet never will; wait for those inside.
+    entry_.fetch_or(k_closed, std::memory_order_acq_rel);
+    wait_until(entry_, [](std::uint64_t e) { return (e & k_inside_mask) == 0; });
+  } else {
+    wait_until(pending_, [](int left) { return left == 0; });
   }
   job_ = nullptr;
 }

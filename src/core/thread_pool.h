@@ -25,6 +25,16 @@ class thread_pool {
   // REQUIRES: not called from inside a job of this pool.
   void run(const std::function<void(int ith, int nth)>& fn);
 
+  // Runs fn(ith, nth) on the calling thread (ith = 0) and on each worker that
+  // picks the job up before the caller has finished its own call; returns when
+  // the caller's call and every call that started have returned. A worker that
+  // is late (descheduled on a shared machine) is skipped instead of waited for,
+  // so fn must finish the whole job alone if need be: it takes its work from a
+  // shared counter, not from a static split by ith. ith still names a distinct
+  // thread (per-thread scratch).
+  // REQUIRES: not called from inside a job of this pool.
+  void run_shared(const std::function<void(int ith, int nth)>& fn);
+
   // Splits [0, n) into size() contiguous ranges (some possibly empty) and runs
   // fn(begin, end) for each in parallel. `grain` rounds range edges to multiples.
   void parallel_for(std::size_t n, const std::function<void(std::size_t begin, std::size_t end)>& fn,
@@ -34,12 +44,23 @@ class thread_pool {
 
  private:
   void worker_loop(int ith);
+  void start(const std::function<void(int, int)>& fn, bool shared);
+  void run_job(const std::function<void(int, int)>& fn, bool shared);
+
+  // entry_: the job a worker may join. Bits 32..63: the low 32 bits of the
+  // job's generation (a worker joins only the job it was woken for); bit 31:
+  // closed (the caller of a shared job is done, nobody joins any more); bit 30:
+  // shared; bits 0..29: workers inside a shared job.
+  static constexpr std::uint64_t k_closed = std::uint64_t{1} << 31;
+  static constexpr std::uint64_t k_shared = std::uint64_t{1} << 30;
+  static constexpr std::uint64_t k_inside_mask = k_shared - 1;
 
   int n_threads_;
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;
   alignas(64) std::atomic<std::uint64_t> generation_{0};
   alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<std::uint64_t> entry_{0};
   std::atomic<bool> stop_{false};
 };
 

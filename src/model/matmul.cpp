@@ -134,7 +134,9 @@ constexpr std::int64_t k_parallel_min_macs = std::int64_t{1} << 18;
 // holding up the whole call, which a static split did (at 2 threads, a
 // quarter of a decode's samples were waits). Chunks are whole column tiles,
 // so the per-pair arithmetic, and so every result, is what one thread
-// computes alone.
+// computes alone. The pool runs this as a shared job: a worker that has not
+// started when the calling thread runs out of chunks is not waited for (a
+// barrier per matmul made every call wait for a descheduled worker).
 constexpr std::int64_t k_chunks_per_thread = 8;
 
 struct run_ctx {
@@ -268,7 +270,7 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
               (w.n_out + chunk_cols - 1) / chunk_cols, {0}};
   // Capture one pointer: std::function keeps it inline, with no allocation.
   run_ctx* c = &ctx;
-  pool.run([c](int ith, int) {
+  pool.run_shared([c](int ith, int) {
     std::byte* pack = c->pack_base + c->pack_stride * static_cast<std::size_t>(ith);
     for (std::int64_t i = c->next_chunk.fetch_add(1, std::memory_order_relaxed); i < c->n_chunks;
          i = c->next_chunk.fetch_add(1, std::memory_order_relaxed)) {
