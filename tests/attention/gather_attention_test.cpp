@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu.h"
+#include "core/half.h"
 #include "core/simd_levels.h"
 #include "attention/attention_test_util.h"
 #include "kv/kv_storage.h"
@@ -148,6 +149,46 @@ TEST_P(gather_attention_p, every_slot_is_full_attention) {
   expect_near(run(c, how::gather, all, 1, 9), run(c, how::full_ref, all, 1, 9), tol);
 }
 
+// The token-major copy of a head's keys over slots [0, n_slots), as the
+// retrieval selector keeps it; empty when a key is not an f16 exactly.
+std::vector<std::uint16_t> key_copy(const cache& c, int h, int n_slots) {
+  std::vector<std::uint16_t> rows(static_cast<std::size_t>(n_slots) * c.head_dim);
+  std::vector<float> x(c.head_dim);
+  for (int s = 0; s < n_slots; ++s) {
+    decode_kv_rows(c.kview, h, s, 1, x.data());
+    for (int d = 0; d < c.head_dim; ++d) {
+      std::uint16_t& y = rows[static_cast<std::size_t>(s) * c.head_dim + d];
+      y = f32_to_fp16(x[d]);
+      if (fp16_to_f32(y) != x[d]) return {};
+    }
+  }
+  return rows;
+}
+
+// Keys scored from a token-major copy of the sealed part (the retrieval
+// selector's) give what the tiles give: against the reference twin, which
+// reads the view, for every format whose keys an f16 holds exactly.
+TEST_P(gather_attention_p, copied_key_rows_match_reference) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const params& p = this->p();
+  cache c(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 11);
+  const int n_copied = (p.n_ctx - 30) / p.block_size * p.block_size;  // the tail stays in tiles
+  std::vector<std::vector<std::uint16_t>> copies;
+  for (int h = 0; h < p.n_kv_heads; ++h) copies.push_back(key_copy(c, h, n_copied));
+  if (copies[0].empty()) GTEST_SKIP() << p.spec << " keys are not f16 values";
+  const double tol = simd_tolerance(p.spec, level());
+  for (double density : {0.03, 0.3}) {
+    const auto slots = scattered(p.n_ctx, 20, density, 5);
+    for (int n : {1, 3}) {
+      std::vector<float> out(static_cast<std::size_t>(n) * c.q_stride(), NAN);
+      gather_scratch sc;
+      for (int kh = 0; kh < c.n_kv_heads; ++kh)
+        gather_attention(c.task(kh, n, out.data()), slots, sc, key_rows{copies[kh].data(), n_copied});
+      expect_near(out, run(c, how::gather_ref, slots, n), tol);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     shapes, gather_attention_p,
     ::testing::Combine(::testing::Values(params{"f32", 4, 2, 8, 16, 150}, params{"f16", 2, 4, 128, 16, 300},
@@ -203,6 +244,34 @@ TEST(gather_attention, unseen_list_gives_zeros) {
   const std::vector<std::int32_t> early = {0, 1, 2, 17};
   for (float x : run(c, how::gather, early, 1, 8)) EXPECT_EQ(x, 0.0f);
   for (float x : run(c, how::gather, {}, 1)) EXPECT_EQ(x, 0.0f);
+}
+
+// score_key_rows against its reference twin on random shapes, at every SIMD
+// level (head_dim not a multiple of 8 takes the reference path).
+TEST(gather_attention, score_key_rows_matches_reference) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  test::simd_level_guard guard;
+  for (simd_level lv : test::simd_levels_under_test()) {
+    PAGODA_USE_SIMD_LEVEL(lv);
+    for (int hd : {8, 40, 64, 128, 36})
+      for (int n_q : {1, 3, 4, 5, 8}) {
+        const int n_rows = 300;
+        std::vector<std::uint16_t> rows(static_cast<std::size_t>(n_rows) * hd);
+        for (auto& x : rows) x = f32_to_fp16(nd(rng));
+        std::vector<float> q(static_cast<std::size_t>(n_q) * hd);
+        for (float& x : q) x = nd(rng);
+        std::vector<std::int32_t> slots;
+        for (int s = 0; s < n_rows; ++s)
+          if (rng() % 3 == 0) slots.push_back(s);
+        const std::size_t ld = slots.size() + 2;
+        std::vector<float> got(n_q * ld, -1.0f), want(n_q * ld, -1.0f);
+        score_key_rows(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), got.data(), ld);
+        score_key_rows_ref(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), want.data(), ld);
+        // Sums of hd products of N(0, 1) values in another order: 1e-5 relative to sqrt(hd).
+        for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * std::sqrt(hd) * 4) << "hd " << hd;
+      }
+  }
 }
 
 TEST(gather_attention, slots_of_ranges) {
