@@ -287,7 +287,7 @@ std::size_t retrieval_selector::memory_bytes() const {
 void retrieval_selector::candidates(const kv_select_query& q, int k, int lo, int hi,
                                     std::vector<std::int32_t>& out) const {
   const key_index& ix = *indexes_[row(q.layer, q.kv_head)];
-  for (int r = 0; r < q.n_rows; ++r) ix.search(q.q + static_cast<std::size_t>(r) * q.head_dim, k, out);
+  ix.search_rows(q.q, q.n_rows, q.head_dim, k, out);
   std::erase_if(out, [lo, hi](std::int32_t s) { return s < lo || s >= hi; });
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

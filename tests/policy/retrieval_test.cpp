@@ -158,6 +158,13 @@ TEST(retrieval_index, ivfpq_exact_until_trained_then_bounded_recall) {
   }
   // Chance would be k / n = 0.3%; this seeded case gives 0.48.
   EXPECT_GE(sum / n_q, 0.4) << "mean recall@10 of IVF-PQ with every list probed";
+  // Several rows in one call find what one call per row finds.
+  const auto rows = gaussian(static_cast<std::size_t>(5) * hd, 300);
+  got.clear();
+  want.clear();
+  ix->search_rows(rows.data(), 5, hd, k, got);
+  for (int r = 0; r < 5; ++r) ix->search(&rows[static_cast<std::size_t>(r) * hd], k, want);
+  EXPECT_EQ(got, want);
   // PQ codes: 8 bytes a key instead of 64.
   EXPECT_LT(ix->memory_bytes(), static_cast<std::size_t>(n) * hd * sizeof(float));
 }
