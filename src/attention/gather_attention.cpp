@@ -11,6 +11,8 @@ namespace pagoda {
 
 void score_key_rows_avx2(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
                          std::size_t n, float* scores, std::size_t ld);  // gather_attention_avx2.cpp
+void add_weighted_row_avx2(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q,
+                           float* acc);  // gather_attention_avx2.cpp
 
 namespace {
 
@@ -142,12 +144,7 @@ void add_values(const attention_task& t, std::span<const std::int32_t> slots, in
     if (!dense(j, block_end(slots, j, bs), bs)) {  // few rows of this block: decode just those
       for (const std::size_t e = block_end(slots, j, bs); j < e; ++j) {
         decode_kv_rows(v, t.kv_head, slots[j], 1, sc.row.data());
-        for (int r = 0; r < rows; ++r) {
-          const float w = sc.scores[r * n + j];
-          if (w == 0.0f) continue;
-          float* a = sc.acc.data() + static_cast<std::size_t>(r) * hd;
-          for (int d = 0; d < hd; ++d) a[d] += w * sc.row[d];
-        }
+        add_weighted_row(sc.row.data(), hd, sc.scores.data() + j, n, rows, sc.acc.data());
       }
       continue;
     }
@@ -172,6 +169,21 @@ void decode_kv_rows(const paged_kv_view& v, int head, int slot, int n, float* ou
   PAGODA_DASSERT(n >= 1 && t0 + n <= bs && slot + n <= v.n_tokens);
   if (v.is_staged(b)) v.staged_codec->decode(v.staged_format, v.shape, nullptr, v.staged_tile(head), t0, n, out);
   else v.codec->decode(v.format, v.shape, v.params(head), v.tile(b, head), t0, n, out);
+}
+
+void add_weighted_row_ref(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q, float* acc) {
+  for (int r = 0; r < n_q; ++r) {
+    const float wr = w[r * w_stride];
+    if (wr == 0.0f) continue;
+    float* a = acc + static_cast<std::size_t>(r) * head_dim;
+    for (int d = 0; d < head_dim; ++d) a[d] += wr * row[d];
+  }
+}
+
+void add_weighted_row(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q, float* acc) {
+  if (active_simd_level() >= simd_level::avx2 && head_dim % 8 == 0)
+    return add_weighted_row_avx2(row, head_dim, w, w_stride, n_q, acc);
+  add_weighted_row_ref(row, head_dim, w, w_stride, n_q, acc);
 }
 
 void score_key_rows_ref(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,

@@ -64,6 +64,13 @@ void score_key_rows(const float* q, int n_q, int head_dim, const std::uint16_t* 
 void score_key_rows_ref(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
                         std::size_t n, float* scores, std::size_t ld);
 
+// acc[r][d] += w[r * w_stride] * row[d] for r < n_q, d < head_dim, rows of
+// zero weight skipped: one decoded value row into the query rows'
+// accumulators. Dispatches on the SIMD level; the reference twin is the plain
+// loop (an FMA per element at the AVX2 level, so results differ by rounding).
+void add_weighted_row(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q, float* acc);
+void add_weighted_row_ref(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q, float* acc);
+
 // The slots of sorted, disjoint ranges, in order (appended to out).
 void append_slots_of_ranges(std::span<const slot_range> ranges, std::vector<std::int32_t>& out);
 

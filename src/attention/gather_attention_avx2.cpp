@@ -1,5 +1,6 @@
-// AVX2 + F16C twin of score_key_rows_ref (gather_attention.cpp): the scores
-// of scattered keys from their token-major f16 rows.
+// AVX2 + F16C twins of score_key_rows_ref and add_weighted_row_ref
+// (gather_attention.cpp): the scores of scattered keys from their token-major
+// f16 rows, and one value row into the query rows' accumulators.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -46,6 +47,19 @@ void score_key_rows_avx2(const float* q, int n_q, int head_dim, const std::uint1
     int r = 0;
     for (; r + 4 <= n_q; r += 4) score_one<4>(q + static_cast<std::size_t>(r) * head_dim, head_dim, key, scores + r * ld + e, ld);
     for (; r < n_q; ++r) score_one<1>(q + static_cast<std::size_t>(r) * head_dim, head_dim, key, scores + r * ld + e, ld);
+  }
+}
+
+// REQUIRES: head_dim % 8 == 0.
+void add_weighted_row_avx2(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q,
+                           float* acc) {
+  for (int r = 0; r < n_q; ++r) {
+    const float wr = w[r * w_stride];
+    if (wr == 0.0f) continue;
+    const __m256 wv = _mm256_set1_ps(wr);
+    float* a = acc + static_cast<std::size_t>(r) * head_dim;
+    for (int d = 0; d < head_dim; d += 8)
+      _mm256_storeu_ps(a + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + d), _mm256_loadu_ps(a + d)));
   }
 }
 

@@ -274,6 +274,27 @@ TEST(gather_attention, score_key_rows_matches_reference) {
   }
 }
 
+TEST(gather_attention, add_weighted_row_matches_reference) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  test::simd_level_guard guard;
+  for (simd_level lv : test::simd_levels_under_test()) {
+    PAGODA_USE_SIMD_LEVEL(lv);
+    for (int hd : {8, 64, 128, 36})
+      for (int n_q : {1, 4, 5}) {
+        std::vector<float> row(hd), w(static_cast<std::size_t>(n_q) * 3), got(static_cast<std::size_t>(n_q) * hd);
+        for (float& x : row) x = nd(rng);
+        for (float& x : w) x = rng() % 4 == 0 ? 0.0f : nd(rng);
+        for (float& x : got) x = nd(rng);
+        std::vector<float> want = got;
+        add_weighted_row(row.data(), hd, w.data(), 3, n_q, got.data());
+        add_weighted_row_ref(row.data(), hd, w.data(), 3, n_q, want.data());
+        // One FMA against a multiply and an add: at most an ulp or two of values ~N(0, 2).
+        for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "hd " << hd;
+      }
+  }
+}
+
 TEST(gather_attention, slots_of_ranges) {
   std::vector<std::int32_t> out = {99};
   const std::vector<slot_range> r = {{0, 2}, {5, 6}, {9, 12}};
