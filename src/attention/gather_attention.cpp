@@ -21,6 +21,8 @@ namespace {
 constexpr int k_dense_divisor = 4;
 // Blocks in one qk/av run: a run's scores ([rows][run tokens]) stay in L2.
 constexpr int k_max_run_blocks = 64;
+// Scattered value rows decoded before any is added (gather_scratch::row).
+constexpr std::size_t k_row_batch = 8;
 
 // Listed entries [j0, j1) in table blocks [b0, b1]; the codec reads tokens
 // [b0 * bs, b0 * bs + n_tokens) of the run (up to its last listed slot).
@@ -139,13 +141,19 @@ void add_values(const attention_task& t, std::span<const std::int32_t> slots, in
   const paged_kv_view& v = *t.v;
   const int bs = v.shape.block_size, hd = t.head_dim;
   const std::size_t n = slots.size();
-  sc.row.resize(hd);
+  sc.row.resize(static_cast<std::size_t>(k_row_batch) * hd);
   for (std::size_t j = 0; j < n;) {
     if (!dense(j, block_end(slots, j, bs), bs)) {  // few rows of this block: decode just those
-      for (const std::size_t e = block_end(slots, j, bs); j < e; ++j) {
-        decode_kv_rows(v, t.kv_head, slots[j], 1, sc.row.data());
-        add_weighted_row(sc.row.data(), hd, sc.scores.data() + j, n, rows, sc.acc.data());
-      }
+      // Entries of this and the following sparse blocks, k_row_batch rows at
+      // a time: their decodes (scattered reads) are independent of each
+      // other, so their cache misses overlap before the rows are added.
+      std::size_t e = block_end(slots, j, bs);
+      while (e < n && e - j < k_row_batch && !dense(e, block_end(slots, e, bs), bs)) e = block_end(slots, e, bs);
+      e = std::min(e, j + k_row_batch);
+      for (std::size_t i = j; i < e; ++i) decode_kv_rows(v, t.kv_head, slots[i], 1, &sc.row[(i - j) * hd]);
+      for (std::size_t i = j; i < e; ++i)
+        add_weighted_row(&sc.row[(i - j) * hd], hd, sc.scores.data() + i, n, rows, sc.acc.data());
+      j = e;
       continue;
     }
     const run ru = next_run(v, slots, j, [bs](std::size_t j0, std::size_t j1) { return dense(j0, j1, bs); });

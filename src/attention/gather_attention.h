@@ -36,7 +36,7 @@ struct gather_scratch {
   std::vector<float> q;        // [rows][head_dim], pre-scaled
   std::vector<float> scores;   // [rows][n_slots]
   std::vector<float> tile_io;  // [rows][run tokens]: one qk/av run's scores or weights
-  std::vector<float> row;      // [head_dim]: one decoded value row
+  std::vector<float> row;      // [8][head_dim]: a batch of decoded value rows
   std::vector<float> acc;      // [rows][head_dim]
   std::vector<float> inv;      // [rows]: 1 / each row's softmax sum
   std::vector<int> lo, hi;     // [tokens]: the listed entries each query token sees, [lo, hi)

@@ -246,54 +246,55 @@ TEST(gather_attention, unseen_list_gives_zeros) {
   for (float x : run(c, how::gather, {}, 1)) EXPECT_EQ(x, 0.0f);
 }
 
-// score_key_rows against its reference twin on random shapes, at every SIMD
-// level (head_dim not a multiple of 8 takes the reference path).
-TEST(gather_attention, score_key_rows_matches_reference) {
+// The row kernels against their reference twins on random shapes, one SIMD
+// level each (head_dim not a multiple of 8 takes the reference path).
+class gather_kernels : public ::testing::TestWithParam<simd_level> {
+  test::simd_level_guard guard_;  // the level is restored afterwards
+};
+
+TEST_P(gather_kernels, score_key_rows_matches_reference) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  test::simd_level_guard guard;
-  for (simd_level lv : test::simd_levels_under_test()) {
-    PAGODA_USE_SIMD_LEVEL(lv);
-    for (int hd : {8, 40, 64, 128, 36})
-      for (int n_q : {1, 3, 4, 5, 8}) {
-        const int n_rows = 300;
-        std::vector<std::uint16_t> rows(static_cast<std::size_t>(n_rows) * hd);
-        for (auto& x : rows) x = f32_to_fp16(nd(rng));
-        std::vector<float> q(static_cast<std::size_t>(n_q) * hd);
-        for (float& x : q) x = nd(rng);
-        std::vector<std::int32_t> slots;
-        for (int s = 0; s < n_rows; ++s)
-          if (rng() % 3 == 0) slots.push_back(s);
-        const std::size_t ld = slots.size() + 2;
-        std::vector<float> got(n_q * ld, -1.0f), want(n_q * ld, -1.0f);
-        score_key_rows(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), got.data(), ld);
-        score_key_rows_ref(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), want.data(), ld);
-        // Sums of hd products of N(0, 1) values in another order: 1e-5 relative to sqrt(hd).
-        for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * std::sqrt(hd) * 4) << "hd " << hd;
-      }
-  }
+  for (int hd : {8, 40, 64, 128, 36})
+    for (int n_q : {1, 3, 4, 5, 8}) {
+      const int n_rows = 300;
+      std::vector<std::uint16_t> rows(static_cast<std::size_t>(n_rows) * hd);
+      for (auto& x : rows) x = f32_to_fp16(nd(rng));
+      std::vector<float> q(static_cast<std::size_t>(n_q) * hd);
+      for (float& x : q) x = nd(rng);
+      std::vector<std::int32_t> slots;
+      for (int s = 0; s < n_rows; ++s)
+        if (rng() % 3 == 0) slots.push_back(s);
+      const std::size_t ld = slots.size() + 2;
+      std::vector<float> got(n_q * ld, -1.0f), want(n_q * ld, -1.0f);
+      score_key_rows(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), got.data(), ld);
+      score_key_rows_ref(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), want.data(), ld);
+      // Sums of hd products of N(0, 1) values in another order: 4e-5 sqrt(hd).
+      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 4e-5 * std::sqrt(hd)) << "hd " << hd;
+    }
 }
 
-TEST(gather_attention, add_weighted_row_matches_reference) {
+TEST_P(gather_kernels, add_weighted_row_matches_reference) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
   std::mt19937 rng(4);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  test::simd_level_guard guard;
-  for (simd_level lv : test::simd_levels_under_test()) {
-    PAGODA_USE_SIMD_LEVEL(lv);
-    for (int hd : {8, 64, 128, 36})
-      for (int n_q : {1, 4, 5}) {
-        std::vector<float> row(hd), w(static_cast<std::size_t>(n_q) * 3), got(static_cast<std::size_t>(n_q) * hd);
-        for (float& x : row) x = nd(rng);
-        for (float& x : w) x = rng() % 4 == 0 ? 0.0f : nd(rng);
-        for (float& x : got) x = nd(rng);
-        std::vector<float> want = got;
-        add_weighted_row(row.data(), hd, w.data(), 3, n_q, got.data());
-        add_weighted_row_ref(row.data(), hd, w.data(), 3, n_q, want.data());
-        // One FMA against a multiply and an add: at most an ulp or two of values ~N(0, 2).
-        for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "hd " << hd;
-      }
-  }
+  for (int hd : {8, 64, 128, 36})
+    for (int n_q : {1, 4, 5}) {
+      std::vector<float> row(hd), w(static_cast<std::size_t>(n_q) * 3), got(static_cast<std::size_t>(n_q) * hd);
+      for (float& x : row) x = nd(rng);
+      for (float& x : w) x = rng() % 4 == 0 ? 0.0f : nd(rng);
+      for (float& x : got) x = nd(rng);
+      std::vector<float> want = got;
+      add_weighted_row(row.data(), hd, w.data(), 3, n_q, got.data());
+      add_weighted_row_ref(row.data(), hd, w.data(), 3, n_q, want.data());
+      // One FMA against a multiply and an add: an ulp or two of values ~N(0, 2).
+      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "hd " << hd;
+    }
 }
+
+INSTANTIATE_TEST_SUITE_P(levels, gather_kernels, ::testing::ValuesIn(test::simd_levels_under_test()),
+                         [](const auto& info) { return std::string(simd_level_name(info.param)); });
 
 TEST(gather_attention, slots_of_ranges) {
   std::vector<std::int32_t> out = {99};
