@@ -9,7 +9,7 @@
 
 namespace pagoda {
 
-void score_key_rows_avx2(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
+void score_key_rows_avx2(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
                          std::size_t n, float* scores, std::size_t ld);  // gather_attention_avx2.cpp
 void add_weighted_row_avx2(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q,
                            float* acc);  // gather_attention_avx2.cpp
@@ -91,8 +91,8 @@ void score_keys(const attention_task& t, std::span<const std::int32_t> slots, in
   const int bs = k.shape.block_size;
   const std::size_t n = slots.size();
   const std::size_t n_copied =
-      kr.f16 ? static_cast<std::size_t>(std::lower_bound(slots.begin(), slots.end(), kr.n_slots) - slots.begin()) : 0;
-  if (n_copied > 0) score_key_rows(sc.q.data(), rows, t.head_dim, kr.f16, slots.data(), n_copied, sc.scores.data(), n);
+      kr.chunks ? static_cast<std::size_t>(std::lower_bound(slots.begin(), slots.end(), kr.n_slots) - slots.begin()) : 0;
+  if (n_copied > 0) score_key_rows(sc.q.data(), rows, t.head_dim, kr, slots.data(), n_copied, sc.scores.data(), n);
   for (std::size_t j = n_copied; j < n;) {
     const run r = next_run(k, slots, j, [](std::size_t, std::size_t) { return true; });
     const run_tiles rt = tiles_of(k, t.kv_head, r, sc.tiles);
@@ -194,10 +194,10 @@ void add_weighted_row(const float* row, int head_dim, const float* w, std::size_
   add_weighted_row_ref(row, head_dim, w, w_stride, n_q, acc);
 }
 
-void score_key_rows_ref(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
+void score_key_rows_ref(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
                         std::size_t n, float* scores, std::size_t ld) {
   for (std::size_t e = 0; e < n; ++e) {
-    const std::uint16_t* key = rows + static_cast<std::size_t>(slots[e]) * head_dim;
+    const std::uint16_t* key = rows.row(slots[e], head_dim);
     for (int r = 0; r < n_q; ++r) {
       const float* qr = q + static_cast<std::size_t>(r) * head_dim;
       float s = 0.0f;
@@ -207,7 +207,7 @@ void score_key_rows_ref(const float* q, int n_q, int head_dim, const std::uint16
   }
 }
 
-void score_key_rows(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
+void score_key_rows(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
                     std::size_t n, float* scores, std::size_t ld) {
   if (active_simd_level() >= simd_level::avx2 && head_dim % 8 == 0)
     return score_key_rows_avx2(q, n_q, head_dim, rows, slots, n, scores, ld);

@@ -56,12 +56,12 @@ void gather_attention(const attention_task& t, std::span<const std::int32_t> slo
 // double precision, one query row at a time, the masks spelled out slot by slot.
 void gather_attention_ref(const attention_task& t, std::span<const std::int32_t> slots);
 
-// scores[r * ld + e] = q[r] . (key row slots[e] of rows), for r < n_q and
-// e < n: q is [n_q][head_dim] f32, rows [*][head_dim] f16. Dispatches on the
-// SIMD level; the reference twin sums in float in index order.
-void score_key_rows(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
+// scores[r * ld + e] = q[r] . rows.row(slots[e]), for r < n_q and e < n: q
+// is [n_q][head_dim] f32. Dispatches on the SIMD level; the reference twin
+// sums in float in index order. REQUIRES: every slots[e] < rows.n_slots.
+void score_key_rows(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
                     std::size_t n, float* scores, std::size_t ld);
-void score_key_rows_ref(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
+void score_key_rows_ref(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
                         std::size_t n, float* scores, std::size_t ld);
 
 // acc[r][d] += w[r * w_stride] * row[d] for r < n_q, d < head_dim, rows of

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/kv_selector.h"
+
 namespace pagoda {
 namespace {
 
@@ -32,7 +34,7 @@ void score_one(const float* q, int head_dim, const std::uint16_t* key, float* ou
 }  // namespace
 
 // REQUIRES: head_dim % 8 == 0.
-void score_key_rows_avx2(const float* q, int n_q, int head_dim, const std::uint16_t* rows, const std::int32_t* slots,
+void score_key_rows_avx2(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
                          std::size_t n, float* scores, std::size_t ld) {
   // The rows are scattered across a copy far larger than the caches: fetch
   // the row a few keys ahead while this one is scored.
@@ -40,10 +42,10 @@ void score_key_rows_avx2(const float* q, int n_q, int head_dim, const std::uint1
   const std::size_t row_bytes = static_cast<std::size_t>(head_dim) * sizeof(std::uint16_t);
   for (std::size_t e = 0; e < n; ++e) {
     if (e + k_ahead < n) {
-      const char* next = reinterpret_cast<const char*>(rows + static_cast<std::size_t>(slots[e + k_ahead]) * head_dim);
+      const char* next = reinterpret_cast<const char*>(rows.row(slots[e + k_ahead], head_dim));
       for (std::size_t b = 0; b < row_bytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
     }
-    const std::uint16_t* key = rows + static_cast<std::size_t>(slots[e]) * head_dim;
+    const std::uint16_t* key = rows.row(slots[e], head_dim);
     int r = 0;
     for (; r + 4 <= n_q; r += 4) score_one<4>(q + static_cast<std::size_t>(r) * head_dim, head_dim, key, scores + r * ld + e, ld);
     for (; r < n_q; ++r) score_one<1>(q + static_cast<std::size_t>(r) * head_dim, head_dim, key, scores + r * ld + e, ld);

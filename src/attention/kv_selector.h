@@ -26,9 +26,16 @@ struct slot_range {
 // at a time: a channel-major key tile (one SIMD lane per token) costs its
 // whole 4 KiB for any one of its keys. Row s is slot s's key exactly as the
 // view decodes it (every value f16-representable), or zeros for a dead slot.
+// Rows are held in chunks of 2^chunk_shift, so that a growing copy never
+// moves (a doubling vector would copy the whole copy inside a decode step).
 struct key_rows {
-  const std::uint16_t* f16 = nullptr;  // [n_slots][head_dim] f16
-  int n_slots = 0;                     // rows of slots [0, n_slots) are held
+  const std::uint16_t* const* chunks = nullptr;  // [chunk] -> [1 << chunk_shift][head_dim] f16
+  int chunk_shift = 0;
+  int n_slots = 0;  // rows of slots [0, n_slots) are held
+  // REQUIRES: 0 <= s < n_slots.
+  const std::uint16_t* row(std::int32_t s, int head_dim) const {
+    return chunks[s >> chunk_shift] + static_cast<std::size_t>(s & ((1 << chunk_shift) - 1)) * head_dim;
+  }
 };
 
 // What a selector may look at when it chooses for one (layer, KV head).

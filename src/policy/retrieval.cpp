@@ -222,11 +222,17 @@ void retrieval_selector::add_blocks(int layer, const paged_kv_view& k, std::span
 // must score exactly what the view holds).
 void retrieval_selector::copy_rows(int layer, int h, int b0, const float* keys, std::span<const std::int32_t> kv_pos) {
   const auto hd = static_cast<std::size_t>(head_dim_);
-  std::vector<std::uint16_t>& rows = rows_[row(layer, h)];
-  PAGODA_DASSERT(rows.size() == static_cast<std::size_t>(b0) * hd);
-  rows.resize(rows.size() + static_cast<std::size_t>(block_size_) * hd);
-  std::uint16_t* dst = rows.data() + static_cast<std::size_t>(b0) * hd;
-  for (int i = 0; i < block_size_; ++i, dst += hd) {
+  constexpr int chunk_rows = 1 << k_chunk_shift;
+  row_copy& rc = rows_[row(layer, h)];
+  for (int i = 0; i < block_size_; ++i) {
+    const int slot = b0 + i;
+    const auto c = static_cast<std::size_t>(slot >> k_chunk_shift);
+    PAGODA_DASSERT(c <= rc.owned.size());
+    if (c == rc.owned.size()) {
+      rc.owned.push_back(std::make_unique_for_overwrite<std::uint16_t[]>(chunk_rows * hd));
+      rc.chunks.push_back(rc.owned.back().get());
+    }
+    std::uint16_t* dst = rc.owned[c].get() + static_cast<std::size_t>(slot & (chunk_rows - 1)) * hd;
     const float* x = keys + static_cast<std::size_t>(i) * hd;
     if (kv_pos[b0 + i] < 0) {
       std::fill_n(dst, hd, std::uint16_t{0});
@@ -236,25 +242,31 @@ void retrieval_selector::copy_rows(int layer, int h, int b0, const float* keys, 
       dst[d] = f32_to_fp16(x[d]);
       if (fp16_to_f32(dst[d]) != x[d]) {  // NaN included
         rows_exact_[layer] = 0;
-        for (int g = 0; g < n_kv_heads_; ++g) std::vector<std::uint16_t>().swap(rows_[row(layer, g)]);
+        for (int g = 0; g < n_kv_heads_; ++g) trim_rows(layer, g, 0);
         return;
       }
     }
   }
 }
 
+void retrieval_selector::trim_rows(int layer, int h, int slot) {
+  row_copy& rc = rows_[row(layer, h)];
+  const std::size_t keep = (static_cast<std::size_t>(slot) + (1u << k_chunk_shift) - 1) >> k_chunk_shift;
+  if (rc.owned.size() <= keep) return;
+  rc.owned.resize(keep);
+  rc.chunks.resize(keep);
+}
+
 key_rows retrieval_selector::key_rows_of(int layer, int kv_head) const {
-  if (!rows_exact_[layer] || failed_[layer]) return {};
-  const std::vector<std::uint16_t>& rows = rows_[row(layer, kv_head)];
-  // rows may run past indexed_end when a block's add failed (failed_ then).
-  return {rows.data(), indexed_end_[layer]};
+  // The copy may run past indexed_end when a block's add failed (failed_ then).
+  if (!rows_exact_[layer] || failed_[layer] || indexed_end_[layer] == 0) return {};
+  return {rows_[row(layer, kv_head)].chunks.data(), k_chunk_shift, indexed_end_[layer]};
 }
 
 void retrieval_selector::forget_from(int layer, int slot) {
   for (int h = 0; h < n_kv_heads_; ++h) {
     indexes_[row(layer, h)]->remove_from(slot);
-    std::vector<std::uint16_t>& rows = rows_[row(layer, h)];
-    rows.resize(std::min(rows.size(), static_cast<std::size_t>(slot) * head_dim_));
+    trim_rows(layer, h, slot);
   }
   indexed_end_[layer] = std::min(indexed_end_[layer], slot);
 }
@@ -264,7 +276,7 @@ void retrieval_selector::on_slots_changed(int n_kv, bool kept) {
     if (!kept) {
       for (int h = 0; h < n_kv_heads_; ++h) {
         indexes_[row(l, h)]->clear();
-        rows_[row(l, h)].clear();
+        trim_rows(l, h, 0);
       }
       indexed_end_[l] = 0;
       failed_[l] = 0;
@@ -280,7 +292,9 @@ std::size_t retrieval_selector::memory_bytes() const {
                       failed_.capacity() + rows_exact_.capacity() + rows_.capacity() * sizeof(rows_[0]) +
                       block_keys_.capacity() * sizeof(float) + block_slots_.capacity() * sizeof(std::int32_t);
   for (const auto& ix : indexes_) bytes += ix->memory_bytes();
-  for (const auto& r : rows_) bytes += r.capacity() * sizeof(std::uint16_t);
+  for (const row_copy& rc : rows_)
+    bytes += rc.owned.size() * (std::size_t{1} << k_chunk_shift) * head_dim_ * sizeof(std::uint16_t) +
+             rc.owned.capacity() * sizeof(rc.owned[0]) + rc.chunks.capacity() * sizeof(rc.chunks[0]);
   return bytes;
 }
 

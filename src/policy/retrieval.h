@@ -90,6 +90,8 @@ class retrieval_selector final : public kv_read_selector {
   std::size_t row(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * n_kv_heads_ + kv_head; }
   void add_blocks(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos, int end);
   void copy_rows(int layer, int h, int b0, const float* keys, std::span<const std::int32_t> kv_pos);
+  // Keeps the chunks of (layer, h)'s copy that hold rows below slot.
+  void trim_rows(int layer, int h, int slot);
   void forget_from(int layer, int slot);
   // The index's top-k for each query row, within [lo, hi), sorted, unique.
   void candidates(const kv_select_query& q, int k, int lo, int hi, std::vector<std::int32_t>& out) const;
@@ -100,9 +102,16 @@ class retrieval_selector final : public kv_read_selector {
   std::vector<std::unique_ptr<key_index>> indexes_;  // [layer][kv head]
   std::vector<int> indexed_end_;                      // [layer]: a block boundary
   std::vector<std::uint8_t> failed_;                  // [layer]: an add failed: read everything
-  // [layer][kv head]: [indexed_end][head_dim] f16, the keys as decoded (dead
-  // slots zero); emptied for a layer whose keys f16 does not hold exactly.
-  std::vector<std::vector<std::uint16_t>> rows_;
+  // The key copy of one (layer, KV head): [indexed_end][head_dim] f16, the
+  // keys as decoded (dead slots zero), in chunks of 2^k_chunk_shift rows.
+  // 256 rows: 64 KiB at head_dim 128, the least a (layer, KV head) holds
+  // once a block is sealed (x 32 layers x 8 KV heads: 16 MiB).
+  static constexpr int k_chunk_shift = 8;
+  struct row_copy {
+    std::vector<std::unique_ptr<std::uint16_t[]>> owned;
+    std::vector<const std::uint16_t*> chunks;  // owned's, for key_rows
+  };
+  std::vector<row_copy> rows_;  // [layer][kv head]; emptied for a layer whose keys f16 does not hold exactly
   std::vector<std::uint8_t> rows_exact_;  // [layer]
   std::vector<float> block_keys_;         // add_blocks' scratch: [block_size][head_dim]
   std::vector<std::int32_t> block_slots_; // add_blocks' scratch: the block's live slots

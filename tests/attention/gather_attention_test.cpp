@@ -176,6 +176,8 @@ TEST_P(gather_attention_p, copied_key_rows_match_reference) {
   std::vector<std::vector<std::uint16_t>> copies;
   for (int h = 0; h < p.n_kv_heads; ++h) copies.push_back(key_copy(c, h, n_copied));
   if (copies[0].empty()) GTEST_SKIP() << p.spec << " keys are not f16 values";
+  std::vector<const std::uint16_t*> chunk;  // each head's copy as one chunk
+  for (const auto& c : copies) chunk.push_back(c.data());
   const double tol = simd_tolerance(p.spec, level());
   for (double density : {0.03, 0.3}) {
     const auto slots = scattered(p.n_ctx, 20, density, 5);
@@ -183,7 +185,7 @@ TEST_P(gather_attention_p, copied_key_rows_match_reference) {
       std::vector<float> out(static_cast<std::size_t>(n) * c.q_stride(), NAN);
       gather_scratch sc;
       for (int kh = 0; kh < c.n_kv_heads; ++kh)
-        gather_attention(c.task(kh, n, out.data()), slots, sc, key_rows{copies[kh].data(), n_copied});
+        gather_attention(c.task(kh, n, out.data()), slots, sc, key_rows{&chunk[kh], 24, n_copied});
       expect_near(out, run(c, how::gather_ref, slots, n), tol);
     }
   }
@@ -268,8 +270,12 @@ TEST_P(gather_kernels, score_key_rows_matches_reference) {
         if (rng() % 3 == 0) slots.push_back(s);
       const std::size_t ld = slots.size() + 2;
       std::vector<float> got(n_q * ld, -1.0f), want(n_q * ld, -1.0f);
-      score_key_rows(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), got.data(), ld);
-      score_key_rows_ref(q.data(), n_q, hd, rows.data(), slots.data(), slots.size(), want.data(), ld);
+      // Chunks of 32 rows, as the retrieval selector holds them (of 256).
+      std::vector<const std::uint16_t*> chunks;
+      for (int c = 0; c < n_rows; c += 32) chunks.push_back(&rows[static_cast<std::size_t>(c) * hd]);
+      const key_rows kr{chunks.data(), 5, n_rows};
+      score_key_rows(q.data(), n_q, hd, kr, slots.data(), slots.size(), got.data(), ld);
+      score_key_rows_ref(q.data(), n_q, hd, kr, slots.data(), slots.size(), want.data(), ld);
       // Sums of hd products of N(0, 1) values in another order: 4e-5 sqrt(hd).
       for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 4e-5 * std::sqrt(hd)) << "hd " << hd;
     }

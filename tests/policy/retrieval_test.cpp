@@ -502,7 +502,7 @@ TEST(retrieval_selector, key_rows_copy_the_indexed_keys) {
       for (int slot = 0; slot < r.n_slots; ++slot) {
         decode_kv_rows(kv, h, slot, 1, x.data());
         for (int d = 0; d < s.head_dim; ++d)
-          ASSERT_EQ(fp16_to_f32(r.f16[static_cast<std::size_t>(slot) * s.head_dim + d]), s.pos[slot] < 0 ? 0.0f : x[d])
+          ASSERT_EQ(fp16_to_f32(r.row(slot, s.head_dim)[d]), s.pos[slot] < 0 ? 0.0f : x[d])
               << "slot " << slot;
       }
     }
@@ -532,7 +532,7 @@ TEST(retrieval_selector, key_rows_copy_the_indexed_keys) {
   retrieval_selector qsel(exact_params(3), 1, q.n_kv_heads, q.head_dim);
   q.write(100, qsel);
   EXPECT_EQ(qsel.indexed_end(0), 96);
-  EXPECT_EQ(qsel.key_rows_of(0, 0).f16, nullptr);
+  EXPECT_EQ(qsel.key_rows_of(0, 0).chunks, nullptr);
   EXPECT_EQ(qsel.key_rows_of(0, 0).n_slots, 0);
 }
 
