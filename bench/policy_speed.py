@@ -107,7 +107,8 @@ SYMBOL_KINDS = [
     ("selection", r"quest|hnswlib|retrieval|l2sq|mips_l2|faiss|key_summary_of|select_reads|ivfpq|key_index|top_k|"
                   r"exact_index|scattered"),
     ("attention", r"float_kv|paged_attention|gather_attention|softmax_unnormalized|gather_tiles|visible_slots|"
-                  r"column_of|plan_reads|row_weights|append_slots_of_ranges|run_qk|run_av|decode_kv_rows|codec"),
+                  r"column_of|plan_reads|row_weights|append_slots_of_ranges|run_qk|run_av|decode_kv_rows|codec|"
+                  r"score_key_rows"),
     ("weights", r"matmul|quant_cols|dequantize|rms_norm|silu_mul|add_inplace|vec_dot|rope"),
 ]
 
@@ -330,6 +331,19 @@ def store_arg(a):
 # --- speed ----------------------------------------------------------------------------
 
 
+def speed_variants(a):
+    """SPEED_VARIANTS, those --variants names (full and any others), retrieval
+    specs with --retrieval-params appended."""
+    out = []
+    for label, spec in SPEED_VARIANTS:
+        if a.variants and label != "full" and label not in a.variants:
+            continue
+        if spec.startswith("retrieval") and a.retrieval_params:
+            spec += "," + a.retrieval_params
+        out.append((label, spec))
+    return out
+
+
 def part_speed(a, results):
     model = speed_model(a)
     short = random_prompt(64, seed=7)
@@ -348,7 +362,7 @@ def part_speed(a, results):
             log(f"ctx {ctx}: prompt ready in {first.first_token_s:.1f} s ({first.cached_tokens} tokens cached)")
             for rnd in range(a.rounds):
                 row = {}
-                for label, spec in [("short", "none")] + SPEED_VARIANTS:
+                for label, spec in [("short", "none")] + speed_variants(a):
                     if spec.startswith("retrieval") and rnd >= a.retrieval_rounds:
                         continue  # an index build per request: minutes to hours on a loaded machine
                     perf_path = os.path.join(a.workdir, "perf-decode.data") if a.perf else None
@@ -533,6 +547,9 @@ def main():
     p.add_argument("--retrieval-rounds", type=int, default=1,
                    help="speed: rounds that run the retrieval variants (each builds its index over the whole prompt)")
     p.add_argument("--gen", type=int, default=64, help="speed, memory: tokens generated per request")
+    p.add_argument("--variants", default="",
+                   help="speed: the variants to run besides full, by label, ';'-separated (default: all)")
+    p.add_argument("--retrieval-params", default="", help="speed: appended to each retrieval spec (e.g. nprobe=8)")
     p.add_argument("--kv-store", action="store_true",
                    help="speed: keep the prompts' KV on disk, so a second run skips the cold prefill")
     p.add_argument("--prefill-threads", type=int, default=2, help="prefill: threads of the batch that fills the store")
@@ -551,6 +568,7 @@ def main():
     p.add_argument("--json", help="write every raw figure here")
     a = p.parse_args()
     a.contexts = [int(x) for x in a.contexts.split(",")]
+    a.variants = [x for x in a.variants.split(";") if x]
     a.perf = a.perf and have_perf()
     a.load_policies = a.load_policies.split(";")
     os.makedirs(a.workdir, exist_ok=True)

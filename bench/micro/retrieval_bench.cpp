@@ -406,13 +406,18 @@ struct decode_setup {
   double build_hnsw_s = 0, build_ivfpq_s = 0;
 };
 
-decode_setup& decode_for(int n_ctx) {
+// keys: clustered (RoPE-rotated topics, as above) or Gaussian (i.i.d.
+// N(0, 1) keys and queries: the case of a random-weight model such as
+// bench/policy_speed.py's synth file, the hardest for an ANN index).
+decode_setup& decode_for(int n_ctx, bool gaussian_keys) {
   static std::unique_ptr<decode_setup> s;
   static int built_for = 0;
-  if (s && built_for == n_ctx) return *s;
+  static bool built_gaussian = false;
+  if (s && built_for == n_ctx && built_gaussian == gaussian_keys) return *s;
   s.reset();  // one context at a time: 128K is 512 MiB of KV and as much of HNSW
   s = std::make_unique<decode_setup>();
   built_for = n_ctx;
+  built_gaussian = gaussian_keys;
   kv_layout layout = kv_layout::uniform(1, k_kv_heads, k_hd, k_block, kv_type::f16, kv_type::f16);
   const int n_blocks = (n_ctx + k_block - 1) / k_block;
   s->kv = std::move(*kv_storage::create(layout, n_blocks, 1));
@@ -421,7 +426,8 @@ decode_setup& decode_for(int n_ctx) {
   for (int p = 0; p < n_ctx; p += chunk) {
     const int m = std::min(chunk, n_ctx - p);
     std::vector<float> k(static_cast<std::size_t>(m) * k_kv_heads * k_hd), v = gaussian(k.size(), 100 + p);
-    for (int h = 0; h < k_kv_heads; ++h) {  // each head its own topics' order
+    if (gaussian_keys) k = gaussian(k.size(), 200 + p);
+    for (int h = 0; h < k_kv_heads && !gaussian_keys; ++h) {  // each head its own topics' order
       const auto kh = clustered_keys(p, m, 10 + h);
       for (int t = 0; t < m; ++t)
         std::copy_n(&kh[static_cast<std::size_t>(t) * k_hd], k_hd, &k[(static_cast<std::size_t>(t) * k_kv_heads + h) * k_hd]);
@@ -438,7 +444,8 @@ decode_setup& decode_for(int n_ctx) {
     const int topic = static_cast<int>(rng() % 64);
     std::vector<float> row(k_hd);
     for (int j = 0; j < k_rep; ++j) {
-      clustered_row(row.data(), topic, n_ctx - 1, rng);
+      if (gaussian_keys) row = gaussian(k_hd, 400 + h * k_rep + j);
+      else clustered_row(row.data(), topic, n_ctx - 1, rng);
       s->q.insert(s->q.end(), row.begin(), row.end());
     }
   }
@@ -475,17 +482,20 @@ attention_task decode_task(const decode_setup& s, const paged_kv_view& k, const 
   return t;
 }
 
-// One retrieval step over every KV head; returns the seconds spent in select.
-double retrieval_step(decode_setup& s, retrieval_selector& sel, const paged_kv_view& k, const paged_kv_view& v,
-                      float* out, gather_scratch& sc, std::size_t& n_read) {
+double thread_cpu_seconds();
+
+// One retrieval step over every KV head; returns the thread CPU seconds spent
+// in select (search) and in gather_attention.
+std::pair<double, double> retrieval_step(decode_setup& s, retrieval_selector& sel, const paged_kv_view& k,
+                                         const paged_kv_view& v, float* out, gather_scratch& sc, std::size_t& n_read) {
   std::vector<slot_range> ranges;
   std::vector<std::int32_t> slots;
   std::vector<float> qs(static_cast<std::size_t>(k_rep) * k_hd);
-  double select_s = 0;
+  double select_s = 0, gather_s = 0;
   n_read = 0;
   for (int h = 0; h < k_kv_heads; ++h) {
     const attention_task t = decode_task(s, k, v, h, out);
-    const auto t0 = clock_type::now();
+    const double t0 = thread_cpu_seconds();
     for (std::size_t i = 0; i < qs.size(); ++i) qs[i] = s.q[h * qs.size() + i] * t.scale;
     kv_select_query q;
     q.kv_head = h;
@@ -499,11 +509,13 @@ double retrieval_step(decode_setup& s, retrieval_selector& sel, const paged_kv_v
     q.q_pos = std::span(&s.pos.back(), 1);
     slots.clear();
     if (sel.select(q, ranges)) append_slots_of_ranges(ranges, slots);
-    select_s += seconds_since(t0);
+    const double t1 = thread_cpu_seconds();
+    select_s += t1 - t0;
     n_read += slots.size();
-    gather_attention(t, slots, sc);
+    gather_attention(t, slots, sc, sel.key_rows_of(0, h));
+    gather_s += thread_cpu_seconds() - t1;
   }
-  return select_s;
+  return {select_s, gather_s};
 }
 
 // This thread's CPU time: on a shared, oversubscribed machine the wall time
@@ -535,13 +547,14 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
 
 void bm_decode(benchmark::State& st) {
   const int n_ctx = static_cast<int>(st.range(0));
-  decode_setup& s = decode_for(n_ctx);
+  const bool gaussian_keys = st.range(1) != 0;
+  decode_setup& s = decode_for(n_ctx, gaussian_keys);
   const paged_kv_view k = s.kv->k_view(0, s.table, n_ctx), v = s.kv->v_view(0, s.table, n_ctx);
   std::vector<float> out_full(s.q.size()), out_hnsw(s.q.size()), out_ivf(s.q.size());
   attention_scratch asc;
   gather_scratch gsc;
   // [0] full, [1] hnsw, [2] ivfpq: wall and CPU seconds per step.
-  std::vector<double> wall[3], cpu[3], search_s;
+  std::vector<double> wall[3], cpu[3], search_s[2], gather_s[2];
   std::size_t read_hnsw = 0, read_ivf = 0;
   auto keep = [&](int i, std::pair<double, double> t) {
     wall[i].push_back(t.first);
@@ -551,8 +564,12 @@ void bm_decode(benchmark::State& st) {
     keep(0, timed([&] {
            for (int h = 0; h < k_kv_heads; ++h) paged_attention(decode_task(s, k, v, h, out_full.data()), asc);
          }));
-    keep(1, timed([&] { search_s.push_back(retrieval_step(s, *s.hnsw, k, v, out_hnsw.data(), gsc, read_hnsw)); }));
-    keep(2, timed([&] { retrieval_step(s, *s.ivfpq, k, v, out_ivf.data(), gsc, read_ivf); }));
+    auto split = [&](int i, std::pair<double, double> sg) {
+      search_s[i].push_back(sg.first);
+      gather_s[i].push_back(sg.second);
+    };
+    keep(1, timed([&] { split(0, retrieval_step(s, *s.hnsw, k, v, out_hnsw.data(), gsc, read_hnsw)); }));
+    keep(2, timed([&] { split(1, retrieval_step(s, *s.ivfpq, k, v, out_ivf.data(), gsc, read_ivf)); }));
     benchmark::DoNotOptimize(out_full.data());
   }
   const char* names[3] = {"full", "hnsw", "ivfpq"};
@@ -566,7 +583,11 @@ void bm_decode(benchmark::State& st) {
   }
   st.counters["err_hnsw"] = relative_error(out_hnsw, out_full);
   st.counters["err_ivfpq"] = relative_error(out_ivf, out_full);
-  st.counters["search_ms"] = median(search_s) * 1e3;
+  // Thread CPU time of select (the searches) and of gather_attention, per step.
+  st.counters["search_cpu_ms_hnsw"] = median(search_s[0]) * 1e3;
+  st.counters["search_cpu_ms_ivfpq"] = median(search_s[1]) * 1e3;
+  st.counters["gather_cpu_ms_hnsw"] = median(gather_s[0]) * 1e3;
+  st.counters["gather_cpu_ms_ivfpq"] = median(gather_s[1]) * 1e3;
   st.counters["read_frac_hnsw"] = static_cast<double>(read_hnsw) / (static_cast<double>(n_ctx) * k_kv_heads);
   st.counters["read_frac_ivfpq"] = static_cast<double>(read_ivf) / (static_cast<double>(n_ctx) * k_kv_heads);
   st.counters["hnsw_MiB"] = static_cast<double>(s.hnsw->memory_bytes()) / (1 << 20);
@@ -574,7 +595,8 @@ void bm_decode(benchmark::State& st) {
   st.counters["kv_MiB"] = static_cast<double>(n_ctx) * k_kv_heads * k_hd * 2 * 2 / (1 << 20);
   st.counters["build_s_hnsw"] = s.build_hnsw_s;
   st.counters["build_s_ivfpq"] = s.build_ivfpq_s;
-  st.SetLabel("1 layer, 8 KV heads x 4, head_dim 128, f16 KV, k=128, sinks 4, recent 64, 1 thread");
+  st.SetLabel(fmt::format("{} keys, 1 layer, 8 KV heads x 4, head_dim 128, f16 KV, k=128, sinks 4, recent 64, 1 thread",
+                          gaussian_keys ? "Gaussian" : "clustered"));
 }
 
 void register_all() {
@@ -594,9 +616,8 @@ void register_all() {
           ->Iterations(1)
           ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("decode", bm_decode)
-      ->ArgName("ctx")
-      ->Arg(32768)
-      ->Arg(131072)
+      ->ArgNames({"ctx", "gaussian"})
+      ->ArgsProduct({{32768, 131072}, {0, 1}})
       ->Iterations(20)
       ->Unit(benchmark::kMillisecond);
 }

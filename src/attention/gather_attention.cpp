@@ -4,8 +4,16 @@
 #include <cmath>
 
 #include "core/assert.h"
+#include "core/cpu.h"
+#include "core/half.h"
 
 namespace pagoda {
+
+void score_key_rows_avx2(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
+                         std::size_t n, float* scores, std::size_t ld);  // gather_attention_avx2.cpp
+void add_weighted_row_avx2(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q,
+                           float* acc);  // gather_attention_avx2.cpp
+
 namespace {
 
 // A block with at least block_size / k_dense_divisor listed slots has its
@@ -13,6 +21,8 @@ namespace {
 constexpr int k_dense_divisor = 4;
 // Blocks in one qk/av run: a run's scores ([rows][run tokens]) stay in L2.
 constexpr int k_max_run_blocks = 64;
+// Scattered value rows decoded before any is added (gather_scratch::row).
+constexpr std::size_t k_row_batch = 8;
 
 // Listed entries [j0, j1) in table blocks [b0, b1]; the codec reads tokens
 // [b0 * bs, b0 * bs + n_tokens) of the run (up to its last listed slot).
@@ -72,12 +82,18 @@ run_tiles tiles_of(const paged_kv_view& v, int h, const run& r, std::vector<cons
   return {v.codec, &v.format, v.params(h)};
 }
 
-// scores[r * n + e] = q_r . k(slots[e]) for every listed entry.
-void score_keys(const attention_task& t, std::span<const std::int32_t> slots, int rows, gather_scratch& sc) {
+// scores[r * n + e] = q_r . k(slots[e]) for every listed entry: the ones the
+// copy holds (they lead: slots are sorted) from their rows, the rest a tile run
+// at a time.
+void score_keys(const attention_task& t, std::span<const std::int32_t> slots, int rows, const key_rows& kr,
+                gather_scratch& sc) {
   const paged_kv_view& k = *t.k;
   const int bs = k.shape.block_size;
   const std::size_t n = slots.size();
-  for (std::size_t j = 0; j < n;) {
+  const std::size_t n_copied =
+      kr.chunks ? static_cast<std::size_t>(std::lower_bound(slots.begin(), slots.end(), kr.n_slots) - slots.begin()) : 0;
+  if (n_copied > 0) score_key_rows(sc.q.data(), rows, t.head_dim, kr, slots.data(), n_copied, sc.scores.data(), n);
+  for (std::size_t j = n_copied; j < n;) {
     const run r = next_run(k, slots, j, [](std::size_t, std::size_t) { return true; });
     const run_tiles rt = tiles_of(k, t.kv_head, r, sc.tiles);
     const int ld = r.n_tokens;
@@ -125,18 +141,19 @@ void add_values(const attention_task& t, std::span<const std::int32_t> slots, in
   const paged_kv_view& v = *t.v;
   const int bs = v.shape.block_size, hd = t.head_dim;
   const std::size_t n = slots.size();
-  sc.row.resize(hd);
+  sc.row.resize(static_cast<std::size_t>(k_row_batch) * hd);
   for (std::size_t j = 0; j < n;) {
     if (!dense(j, block_end(slots, j, bs), bs)) {  // few rows of this block: decode just those
-      for (const std::size_t e = block_end(slots, j, bs); j < e; ++j) {
-        decode_kv_rows(v, t.kv_head, slots[j], 1, sc.row.data());
-        for (int r = 0; r < rows; ++r) {
-          const float w = sc.scores[r * n + j];
-          if (w == 0.0f) continue;
-          float* a = sc.acc.data() + static_cast<std::size_t>(r) * hd;
-          for (int d = 0; d < hd; ++d) a[d] += w * sc.row[d];
-        }
-      }
+      // Entries of this and the following sparse blocks, k_row_batch rows at
+      // a time: their decodes (scattered reads) are independent of each
+      // other, so their cache misses overlap before the rows are added.
+      std::size_t e = block_end(slots, j, bs);
+      while (e < n && e - j < k_row_batch && !dense(e, block_end(slots, e, bs), bs)) e = block_end(slots, e, bs);
+      e = std::min(e, j + k_row_batch);
+      for (std::size_t i = j; i < e; ++i) decode_kv_rows(v, t.kv_head, slots[i], 1, &sc.row[(i - j) * hd]);
+      for (std::size_t i = j; i < e; ++i)
+        add_weighted_row(&sc.row[(i - j) * hd], hd, sc.scores.data() + i, n, rows, sc.acc.data());
+      j = e;
       continue;
     }
     const run ru = next_run(v, slots, j, [bs](std::size_t j0, std::size_t j1) { return dense(j0, j1, bs); });
@@ -162,12 +179,48 @@ void decode_kv_rows(const paged_kv_view& v, int head, int slot, int n, float* ou
   else v.codec->decode(v.format, v.shape, v.params(head), v.tile(b, head), t0, n, out);
 }
 
+void add_weighted_row_ref(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q, float* acc) {
+  for (int r = 0; r < n_q; ++r) {
+    const float wr = w[r * w_stride];
+    if (wr == 0.0f) continue;
+    float* a = acc + static_cast<std::size_t>(r) * head_dim;
+    for (int d = 0; d < head_dim; ++d) a[d] += wr * row[d];
+  }
+}
+
+void add_weighted_row(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q, float* acc) {
+  if (active_simd_level() >= simd_level::avx2 && head_dim % 8 == 0)
+    return add_weighted_row_avx2(row, head_dim, w, w_stride, n_q, acc);
+  add_weighted_row_ref(row, head_dim, w, w_stride, n_q, acc);
+}
+
+void score_key_rows_ref(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
+                        std::size_t n, float* scores, std::size_t ld) {
+  for (std::size_t e = 0; e < n; ++e) {
+    const std::uint16_t* key = rows.row(slots[e], head_dim);
+    for (int r = 0; r < n_q; ++r) {
+      const float* qr = q + static_cast<std::size_t>(r) * head_dim;
+      float s = 0.0f;
+      for (int d = 0; d < head_dim; ++d) s += qr[d] * fp16_to_f32(key[d]);
+      scores[r * ld + e] = s;
+    }
+  }
+}
+
+void score_key_rows(const float* q, int n_q, int head_dim, const key_rows& rows, const std::int32_t* slots,
+                    std::size_t n, float* scores, std::size_t ld) {
+  if (active_simd_level() >= simd_level::avx2 && head_dim % 8 == 0)
+    return score_key_rows_avx2(q, n_q, head_dim, rows, slots, n, scores, ld);
+  score_key_rows_ref(q, n_q, head_dim, rows, slots, n, scores, ld);
+}
+
 void append_slots_of_ranges(std::span<const slot_range> ranges, std::vector<std::int32_t>& out) {
   for (const slot_range& r : ranges)
     for (std::int32_t s = r.begin; s < r.end; ++s) out.push_back(s);
 }
 
-void gather_attention(const attention_task& t, std::span<const std::int32_t> slots, gather_scratch& sc) {
+void gather_attention(const attention_task& t, std::span<const std::int32_t> slots, gather_scratch& sc,
+                      const key_rows& kr) {
   const int hd = t.head_dim;
   const int rows = t.n_tokens * t.n_rep;
   PAGODA_DASSERT(t.k->shape.head_dim == hd && t.v->shape.head_dim == hd);
@@ -186,7 +239,7 @@ void gather_attention(const attention_task& t, std::span<const std::int32_t> slo
   sc.acc.assign(static_cast<std::size_t>(rows) * hd, 0.0f);
   sc.inv.assign(rows, 0.0f);
   if (!slots.empty()) {
-    score_keys(t, slots, rows, sc);
+    score_keys(t, slots, rows, kr, sc);
     softmax_rows(t, slots, sc);
     add_values(t, slots, rows, sc);
   }

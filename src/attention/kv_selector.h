@@ -22,6 +22,22 @@ struct slot_range {
   friend bool operator==(const slot_range&, const slot_range&) = default;
 };
 
+// Token-major copies of one KV head's keys, for reading scattered keys a row
+// at a time: a channel-major key tile (one SIMD lane per token) costs its
+// whole 4 KiB for any one of its keys. Row s is slot s's key exactly as the
+// view decodes it (every value f16-representable), or zeros for a dead slot.
+// Rows are held in chunks of 2^chunk_shift, so that a growing copy never
+// moves (a doubling vector would copy the whole copy inside a decode step).
+struct key_rows {
+  const std::uint16_t* const* chunks = nullptr;  // [chunk] -> [1 << chunk_shift][head_dim] f16
+  int chunk_shift = 0;
+  int n_slots = 0;  // rows of slots [0, n_slots) are held
+  // REQUIRES: 0 <= s < n_slots.
+  const std::uint16_t* row(std::int32_t s, int head_dim) const {
+    return chunks[s >> chunk_shift] + static_cast<std::size_t>(s & ((1 << chunk_shift) - 1)) * head_dim;
+  }
+};
+
 // What a selector may look at when it chooses for one (layer, KV head).
 struct kv_select_query {
   int layer = 0;
@@ -53,6 +69,10 @@ class kv_read_selector {
   // or returns false to read every slot (short contexts, prompt chunks).
   // Causal and window masks still apply inside the chosen ranges.
   virtual bool select(const kv_select_query& q, std::vector<slot_range>& out) = 0;
+  // The token-major key copies this selector holds for (layer, kv_head), if
+  // any ({} otherwise). Valid until the next on_layer_written or
+  // on_slots_changed; may be read concurrently with select().
+  virtual key_rows key_rows_of(int layer, int kv_head) const { return {}; }
   // The bytes this selector holds (indexes), for memory accounting.
   virtual std::size_t memory_bytes() const { return 0; }
   // Called when slots were truncated or compacted away: the selector forgets

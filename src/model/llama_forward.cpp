@@ -318,7 +318,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
             std::vector<std::int32_t>& slots = gather_slots_[ith];
             slots.clear();
             append_slots_of_ranges(t.ranges, slots);
-            gather_attention(t, slots, gather_scratch_[ith]);
+            gather_attention(t, slots, gather_scratch_[ith], s.selector->key_rows_of(l, a.head));
             continue;
           }
         }

@@ -8,6 +8,7 @@
 
 #include "attention/gather_attention.h"
 #include "core/assert.h"
+#include "core/half.h"
 
 namespace pagoda {
 namespace {
@@ -173,6 +174,8 @@ retrieval_selector::retrieval_selector(const retrieval_params& p, int n_layers, 
   }
   indexed_end_.assign(n_layers, 0);
   failed_.assign(n_layers, 0);
+  rows_.resize(indexes_.size());
+  rows_exact_.assign(n_layers, 1);
 }
 
 void retrieval_selector::on_layer_written(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos,
@@ -184,20 +187,23 @@ void retrieval_selector::on_layer_written(int layer, const paged_kv_view& k, std
   if (!failed_[layer]) add_blocks(layer, k, kv_pos, n_kv / block_size_ * block_size_);
 }
 
-// Decodes the sealed blocks in [indexed_end, end) of every head and adds
-// their live slots.
+// Decodes the sealed blocks in [indexed_end, end) of every head, copies them
+// (key_rows_of) and adds their live slots to the index.
 void retrieval_selector::add_blocks(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos, int end) {
+  if (end <= indexed_end_[layer]) return;  // most decode steps seal nothing
   const int bs = block_size_;
-  std::vector<float> keys(static_cast<std::size_t>(bs) * head_dim_);
-  std::vector<std::int32_t> slots;
+  const auto hd = static_cast<std::size_t>(head_dim_);
+  std::vector<float>& keys = block_keys_;
+  std::vector<std::int32_t>& slots = block_slots_;
+  keys.resize(static_cast<std::size_t>(bs) * hd);
   for (int h = 0; h < n_kv_heads_; ++h) {
     for (int b0 = indexed_end_[layer]; b0 < end; b0 += bs) {
       decode_kv_rows(k, h, b0, bs, keys.data());
+      if (rows_exact_[layer]) copy_rows(layer, h, b0, keys.data(), kv_pos);
       slots.clear();
       for (int i = 0; i < bs; ++i) {
         if (kv_pos[b0 + i] < 0) continue;  // dead: nothing to find
-        std::copy_n(&keys[static_cast<std::size_t>(i) * head_dim_], head_dim_,
-                    &keys[slots.size() * static_cast<std::size_t>(head_dim_)]);
+        std::copy_n(&keys[static_cast<std::size_t>(i) * hd], hd, &keys[slots.size() * hd]);
         slots.push_back(b0 + i);
       }
       status s = indexes_[row(layer, h)]->add(keys.data(), slots.data(), static_cast<int>(slots.size()));
@@ -211,17 +217,70 @@ void retrieval_selector::add_blocks(int layer, const paged_kv_view& k, std::span
   indexed_end_[layer] = std::max(indexed_end_[layer], end);
 }
 
+// Appends block [b0, b0 + block_size)'s decoded keys to (layer, h)'s copy, or
+// drops the layer's copies for good when one value is not an f16 (the copy
+// must score exactly what the view holds).
+void retrieval_selector::copy_rows(int layer, int h, int b0, const float* keys, std::span<const std::int32_t> kv_pos) {
+  const auto hd = static_cast<std::size_t>(head_dim_);
+  constexpr int chunk_rows = 1 << k_chunk_shift;
+  row_copy& rc = rows_[row(layer, h)];
+  for (int i = 0; i < block_size_; ++i) {
+    const int slot = b0 + i;
+    const auto c = static_cast<std::size_t>(slot >> k_chunk_shift);
+    PAGODA_DASSERT(c <= rc.owned.size());
+    if (c == rc.owned.size()) {
+      rc.owned.push_back(std::make_unique_for_overwrite<std::uint16_t[]>(chunk_rows * hd));
+      rc.chunks.push_back(rc.owned.back().get());
+    }
+    std::uint16_t* dst = rc.owned[c].get() + static_cast<std::size_t>(slot & (chunk_rows - 1)) * hd;
+    const float* x = keys + static_cast<std::size_t>(i) * hd;
+    if (kv_pos[b0 + i] < 0) {
+      std::fill_n(dst, hd, std::uint16_t{0});
+      continue;
+    }
+    for (std::size_t d = 0; d < hd; ++d) {
+      dst[d] = f32_to_fp16(x[d]);
+      if (fp16_to_f32(dst[d]) != x[d]) {  // NaN included
+        rows_exact_[layer] = 0;
+        for (int g = 0; g < n_kv_heads_; ++g) trim_rows(layer, g, 0);
+        return;
+      }
+    }
+  }
+}
+
+void retrieval_selector::trim_rows(int layer, int h, int slot) {
+  row_copy& rc = rows_[row(layer, h)];
+  const std::size_t keep = (static_cast<std::size_t>(slot) + (1u << k_chunk_shift) - 1) >> k_chunk_shift;
+  if (rc.owned.size() <= keep) return;
+  rc.owned.resize(keep);
+  rc.chunks.resize(keep);
+}
+
+key_rows retrieval_selector::key_rows_of(int layer, int kv_head) const {
+  // The copy may run past indexed_end when a block's add failed (failed_ then).
+  if (!rows_exact_[layer] || failed_[layer] || indexed_end_[layer] == 0) return {};
+  return {rows_[row(layer, kv_head)].chunks.data(), k_chunk_shift, indexed_end_[layer]};
+}
+
 void retrieval_selector::forget_from(int layer, int slot) {
-  for (int h = 0; h < n_kv_heads_; ++h) indexes_[row(layer, h)]->remove_from(slot);
+  for (int h = 0; h < n_kv_heads_; ++h) {
+    indexes_[row(layer, h)]->remove_from(slot);
+    trim_rows(layer, h, slot);
+  }
   indexed_end_[layer] = std::min(indexed_end_[layer], slot);
 }
 
 void retrieval_selector::on_slots_changed(int n_kv, bool kept) {
   for (int l = 0; l < n_layers_; ++l) {
     if (!kept) {
-      for (int h = 0; h < n_kv_heads_; ++h) indexes_[row(l, h)]->clear();
+      for (int h = 0; h < n_kv_heads_; ++h) {
+        indexes_[row(l, h)]->clear();
+        trim_rows(l, h, 0);
+      }
       indexed_end_[l] = 0;
       failed_[l] = 0;
+      rows_exact_[l] = 1;
     } else if (indexed_end_[l] > n_kv) {
       forget_from(l, n_kv / block_size_ * block_size_);
     }
@@ -230,15 +289,19 @@ void retrieval_selector::on_slots_changed(int n_kv, bool kept) {
 
 std::size_t retrieval_selector::memory_bytes() const {
   std::size_t bytes = sizeof(*this) + indexes_.capacity() * sizeof(indexes_[0]) + indexed_end_.capacity() * sizeof(int) +
-                      failed_.capacity();
+                      failed_.capacity() + rows_exact_.capacity() + rows_.capacity() * sizeof(rows_[0]) +
+                      block_keys_.capacity() * sizeof(float) + block_slots_.capacity() * sizeof(std::int32_t);
   for (const auto& ix : indexes_) bytes += ix->memory_bytes();
+  for (const row_copy& rc : rows_)
+    bytes += rc.owned.size() * (std::size_t{1} << k_chunk_shift) * head_dim_ * sizeof(std::uint16_t) +
+             rc.owned.capacity() * sizeof(rc.owned[0]) + rc.chunks.capacity() * sizeof(rc.chunks[0]);
   return bytes;
 }
 
 void retrieval_selector::candidates(const kv_select_query& q, int k, int lo, int hi,
                                     std::vector<std::int32_t>& out) const {
   const key_index& ix = *indexes_[row(q.layer, q.kv_head)];
-  for (int r = 0; r < q.n_rows; ++r) ix.search(q.q + static_cast<std::size_t>(r) * q.head_dim, k, out);
+  ix.search_rows(q.q, q.n_rows, q.head_dim, k, out);
   std::erase_if(out, [lo, hi](std::int32_t s) { return s < lo || s >= hi; });
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());

@@ -23,7 +23,12 @@
 // on_layer_written as blocks fill. Slots past the last full block are always
 // read, as part of the recent window, so a key is never missed for not being
 // indexed yet. select() returns false (read everything) for steps of more than
-// max_tokens query tokens. When k reaches the number of indexed keys, every
+// max_tokens query tokens. Beside its index, each (layer, KV head) keeps a
+// token-major f16 copy of the indexed keys (key_rows_of), from which
+// gather_attention scores the retrieved keys one row each instead of reading
+// their whole channel-major tiles; a layer whose decoded keys are not all
+// f16-representable (quantized KV) keeps no copy and is scored from the tiles.
+// When k reaches the number of indexed keys, every
 // indexed slot is read without a search, so retrieval with k >= the context
 // length is full attention. The top-k ranks raw q.k: soft-capping is monotone
 // and does not change it; a merged entry's bias (kv_backend.h) is not seen.
@@ -71,6 +76,7 @@ class retrieval_selector final : public kv_read_selector {
 
   void on_layer_written(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos, int n_kv) override;
   bool select(const kv_select_query& q, std::vector<slot_range>& out) override;
+  key_rows key_rows_of(int layer, int kv_head) const override;
   std::size_t memory_bytes() const override;
   void on_slots_changed(int n_kv, bool kept) override;
 
@@ -83,6 +89,9 @@ class retrieval_selector final : public kv_read_selector {
  private:
   std::size_t row(int layer, int kv_head) const { return static_cast<std::size_t>(layer) * n_kv_heads_ + kv_head; }
   void add_blocks(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos, int end);
+  void copy_rows(int layer, int h, int b0, const float* keys, std::span<const std::int32_t> kv_pos);
+  // Keeps the chunks of (layer, h)'s copy that hold rows below slot.
+  void trim_rows(int layer, int h, int slot);
   void forget_from(int layer, int slot);
   // The index's top-k for each query row, within [lo, hi), sorted, unique.
   void candidates(const kv_select_query& q, int k, int lo, int hi, std::vector<std::int32_t>& out) const;
@@ -93,6 +102,19 @@ class retrieval_selector final : public kv_read_selector {
   std::vector<std::unique_ptr<key_index>> indexes_;  // [layer][kv head]
   std::vector<int> indexed_end_;                      // [layer]: a block boundary
   std::vector<std::uint8_t> failed_;                  // [layer]: an add failed: read everything
+  // The key copy of one (layer, KV head): [indexed_end][head_dim] f16, the
+  // keys as decoded (dead slots zero), in chunks of 2^k_chunk_shift rows.
+  // 256 rows: 64 KiB at head_dim 128, the least a (layer, KV head) holds
+  // once a block is sealed (x 32 layers x 8 KV heads: 16 MiB).
+  static constexpr int k_chunk_shift = 8;
+  struct row_copy {
+    std::vector<std::unique_ptr<std::uint16_t[]>> owned;
+    std::vector<const std::uint16_t*> chunks;  // owned's, for key_rows
+  };
+  std::vector<row_copy> rows_;  // [layer][kv head]; emptied for a layer whose keys f16 does not hold exactly
+  std::vector<std::uint8_t> rows_exact_;  // [layer]
+  std::vector<float> block_keys_;         // add_blocks' scratch: [block_size][head_dim]
+  std::vector<std::int32_t> block_slots_; // add_blocks' scratch: the block's live slots
   status error_;
 };
 

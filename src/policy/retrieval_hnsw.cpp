@@ -82,7 +82,8 @@ class hnsw_index final : public key_index {
 
   void search(const float* q, int k, std::vector<std::int32_t>& out) const override {
     if (!graph_ || size() == 0 || k <= 0) return;
-    std::vector<char> h(space_.get_data_size());
+    thread_local std::vector<char> h;  // the query as a point; per thread, reused
+    h.assign(space_.get_data_size(), 0);
     fp16_t* x = reinterpret_cast<fp16_t*>(h.data());
     for (int d = 0; d < head_dim_; ++d) x[d] = f32_to_fp16(q[d]);  // e = 0 (zero bytes)
     auto found = graph_->searchKnn(h.data(), static_cast<std::size_t>(std::min(k, size())));

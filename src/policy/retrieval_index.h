@@ -44,6 +44,11 @@ class key_index {
   // Appends up to k slots whose keys have (approximately) the largest q.k, in
   // no particular order. q is [head_dim] f32.
   virtual void search(const float* q, int k, std::vector<std::int32_t>& out) const = 0;
+  // search() for each of n_q query rows [n_q][head_dim], the results appended
+  // one row after another (IVF-PQ searches the rows in one call).
+  virtual void search_rows(const float* q, int n_q, int head_dim, int k, std::vector<std::int32_t>& out) const {
+    for (int r = 0; r < n_q; ++r) search(q + static_cast<std::size_t>(r) * head_dim, k, out);
+  }
   // Forgets every slot >= slot (a rollback; the slots may be added again).
   virtual void remove_from(std::int32_t slot) = 0;
   // Forgets every key (training, if any, is kept).

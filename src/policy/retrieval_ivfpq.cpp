@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 
+#include "core/assert.h"
 #include "policy/retrieval_index.h"
 
 namespace pagoda {
@@ -40,15 +41,27 @@ class ivfpq_index final : public key_index {
   }
 
   void search(const float* q, int k, std::vector<std::int32_t>& out) const override {
-    if (!trained())
-      return exact_top_k(q, pending_keys_.data(), pending_slots_.data(), static_cast<int>(pending_slots_.size()),
-                         head_dim_, k, out);
+    search_rows(q, 1, head_dim_, k, out);
+  }
+
+  // One faiss call for the rows (its per-call set-up is paid once); the
+  // result buffers are per thread, reused from step to step.
+  void search_rows(const float* q, int n_q, int head_dim, int k, std::vector<std::int32_t>& out) const override {
+    if (!trained()) {
+      for (int r = 0; r < n_q; ++r)
+        exact_top_k(q + static_cast<std::size_t>(r) * head_dim, pending_keys_.data(), pending_slots_.data(),
+                    static_cast<int>(pending_slots_.size()), head_dim_, k, out);
+      return;
+    }
+    PAGODA_ASSERT(head_dim == head_dim_, "ivfpq: query rows of {} values, keys of {}", head_dim, head_dim_);
     const faiss::Index::idx_t kk = std::min<faiss::Index::idx_t>(k, ivf_->ntotal);
-    if (kk <= 0) return;
+    if (kk <= 0 || n_q <= 0) return;
     faiss_on_this_thread();
-    std::vector<float> dist(kk);
-    std::vector<faiss::Index::idx_t> labels(kk);
-    ivf_->search(1, q, kk, dist.data(), labels.data());
+    thread_local std::vector<float> dist;
+    thread_local std::vector<faiss::Index::idx_t> labels;
+    dist.resize(static_cast<std::size_t>(kk) * n_q);
+    labels.resize(static_cast<std::size_t>(kk) * n_q);
+    ivf_->search(n_q, q, kk, dist.data(), labels.data());
     for (faiss::Index::idx_t l : labels)
       if (l >= 0) out.push_back(static_cast<std::int32_t>(l));
   }

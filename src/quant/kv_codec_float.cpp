@@ -137,6 +137,12 @@ void decode(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, c
   const tile_info ti = info_of(fmt, s);
   const auto* tile = static_cast<const std::uint8_t*>(tile_v);
   const float hs = head_scale(fmt, sp);
+  // Unscaled f16 values are token-major rows of consecutive halves: converted
+  // in bulk (gather_attention decodes scattered value rows one at a time).
+  if (ti.e == elem::f16 && fmt.role == kv_role::value && !ti.per_token_scales && hs == 1.0f &&
+      active_simd_level() >= simd_level::avx2)
+    return f16_to_f32_avx2(tile + static_cast<std::size_t>(t0) * s.head_dim * 2,
+                           static_cast<std::size_t>(n) * s.head_dim, out);
   for (int i = 0; i < n; ++i)
     for (int d = 0; d < s.head_dim; ++d)
       out[static_cast<std::size_t>(i) * s.head_dim + d] = value(fmt, s, ti, hs, tile, t0 + i, d);

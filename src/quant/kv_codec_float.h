@@ -59,6 +59,10 @@ void qk_avx2(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* 
 void av_avx2(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
              int n_tokens, const float* w, int ld, int n_q, float* acc);
 
+// n f16 values at src to f32 (F16C: exact, as fp16_to_f32), for decode's
+// token-major rows (kv_codec_float_avx2.cpp).
+void f16_to_f32_avx2(const std::uint8_t* src, std::size_t n, float* out);
+
 // AVX-512 kernels (kv_codec_float_avx512.cpp). Same contracts as kv_codec::qk / av.
 void qk_avx512(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,
                int n_tokens, const float* q, int n_q, float* scores, int ld);

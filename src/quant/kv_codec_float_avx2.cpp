@@ -274,6 +274,17 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
 
 }  // namespace
 
+void f16_to_f32_avx2(const std::uint8_t* src, std::size_t n, float* out) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i))));
+  for (; i < n; ++i) {
+    fp16_t h;
+    __builtin_memcpy(&h, src + 2 * i, 2);
+    out[i] = fp16_to_f32(h);
+  }
+}
+
 void qk_avx2(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
                int n_tokens, const float* q, int n_q, float* scores, int ld) {
   const tile_info ti = info_of(fmt, s);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cpu.h"
+#include "core/half.h"
 #include "core/simd_levels.h"
 #include "attention/attention_test_util.h"
 #include "kv/kv_storage.h"
@@ -148,6 +149,48 @@ TEST_P(gather_attention_p, every_slot_is_full_attention) {
   expect_near(run(c, how::gather, all, 1, 9), run(c, how::full_ref, all, 1, 9), tol);
 }
 
+// The token-major copy of a head's keys over slots [0, n_slots), as the
+// retrieval selector keeps it; empty when a key is not an f16 exactly.
+std::vector<std::uint16_t> key_copy(const cache& c, int h, int n_slots) {
+  std::vector<std::uint16_t> rows(static_cast<std::size_t>(n_slots) * c.head_dim);
+  std::vector<float> x(c.head_dim);
+  for (int s = 0; s < n_slots; ++s) {
+    decode_kv_rows(c.kview, h, s, 1, x.data());
+    for (int d = 0; d < c.head_dim; ++d) {
+      std::uint16_t& y = rows[static_cast<std::size_t>(s) * c.head_dim + d];
+      y = f32_to_fp16(x[d]);
+      if (fp16_to_f32(y) != x[d]) return {};
+    }
+  }
+  return rows;
+}
+
+// Keys scored from a token-major copy of the sealed part (the retrieval
+// selector's) give what the tiles give: against the reference twin, which
+// reads the view, for every format whose keys an f16 holds exactly.
+TEST_P(gather_attention_p, copied_key_rows_match_reference) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const params& p = this->p();
+  cache c(p.spec, p.n_kv_heads, p.n_rep, p.head_dim, p.block_size, p.n_ctx, 11);
+  const int n_copied = (p.n_ctx - 30) / p.block_size * p.block_size;  // the tail stays in tiles
+  std::vector<std::vector<std::uint16_t>> copies;
+  for (int h = 0; h < p.n_kv_heads; ++h) copies.push_back(key_copy(c, h, n_copied));
+  if (copies[0].empty()) GTEST_SKIP() << p.spec << " keys are not f16 values";
+  std::vector<const std::uint16_t*> chunk;  // each head's copy as one chunk
+  for (const auto& c : copies) chunk.push_back(c.data());
+  const double tol = simd_tolerance(p.spec, level());
+  for (double density : {0.03, 0.3}) {
+    const auto slots = scattered(p.n_ctx, 20, density, 5);
+    for (int n : {1, 3}) {
+      std::vector<float> out(static_cast<std::size_t>(n) * c.q_stride(), NAN);
+      gather_scratch sc;
+      for (int kh = 0; kh < c.n_kv_heads; ++kh)
+        gather_attention(c.task(kh, n, out.data()), slots, sc, key_rows{&chunk[kh], 24, n_copied});
+      expect_near(out, run(c, how::gather_ref, slots, n), tol);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     shapes, gather_attention_p,
     ::testing::Combine(::testing::Values(params{"f32", 4, 2, 8, 16, 150}, params{"f16", 2, 4, 128, 16, 300},
@@ -204,6 +247,60 @@ TEST(gather_attention, unseen_list_gives_zeros) {
   for (float x : run(c, how::gather, early, 1, 8)) EXPECT_EQ(x, 0.0f);
   for (float x : run(c, how::gather, {}, 1)) EXPECT_EQ(x, 0.0f);
 }
+
+// The row kernels against their reference twins on random shapes, one SIMD
+// level each (head_dim not a multiple of 8 takes the reference path).
+class gather_kernels : public ::testing::TestWithParam<simd_level> {
+  test::simd_level_guard guard_;  // the level is restored afterwards
+};
+
+TEST_P(gather_kernels, score_key_rows_matches_reference) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int hd : {8, 40, 64, 128, 36})
+    for (int n_q : {1, 3, 4, 5, 8}) {
+      const int n_rows = 300;
+      std::vector<std::uint16_t> rows(static_cast<std::size_t>(n_rows) * hd);
+      for (auto& x : rows) x = f32_to_fp16(nd(rng));
+      std::vector<float> q(static_cast<std::size_t>(n_q) * hd);
+      for (float& x : q) x = nd(rng);
+      std::vector<std::int32_t> slots;
+      for (int s = 0; s < n_rows; ++s)
+        if (rng() % 3 == 0) slots.push_back(s);
+      const std::size_t ld = slots.size() + 2;
+      std::vector<float> got(n_q * ld, -1.0f), want(n_q * ld, -1.0f);
+      // Chunks of 32 rows, as the retrieval selector holds them (of 256).
+      std::vector<const std::uint16_t*> chunks;
+      for (int c = 0; c < n_rows; c += 32) chunks.push_back(&rows[static_cast<std::size_t>(c) * hd]);
+      const key_rows kr{chunks.data(), 5, n_rows};
+      score_key_rows(q.data(), n_q, hd, kr, slots.data(), slots.size(), got.data(), ld);
+      score_key_rows_ref(q.data(), n_q, hd, kr, slots.data(), slots.size(), want.data(), ld);
+      // Sums of hd products of N(0, 1) values in another order: 4e-5 sqrt(hd).
+      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 4e-5 * std::sqrt(hd)) << "hd " << hd;
+    }
+}
+
+TEST_P(gather_kernels, add_weighted_row_matches_reference) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int hd : {8, 64, 128, 36})
+    for (int n_q : {1, 4, 5}) {
+      std::vector<float> row(hd), w(static_cast<std::size_t>(n_q) * 3), got(static_cast<std::size_t>(n_q) * hd);
+      for (float& x : row) x = nd(rng);
+      for (float& x : w) x = rng() % 4 == 0 ? 0.0f : nd(rng);
+      for (float& x : got) x = nd(rng);
+      std::vector<float> want = got;
+      add_weighted_row(row.data(), hd, w.data(), 3, n_q, got.data());
+      add_weighted_row_ref(row.data(), hd, w.data(), 3, n_q, want.data());
+      // One FMA against a multiply and an add: an ulp or two of values ~N(0, 2).
+      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5) << "hd " << hd;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(levels, gather_kernels, ::testing::ValuesIn(test::simd_levels_under_test()),
+                         [](const auto& info) { return std::string(simd_level_name(info.param)); });
 
 TEST(gather_attention, slots_of_ranges) {
   std::vector<std::int32_t> out = {99};

@@ -158,6 +158,13 @@ TEST(retrieval_index, ivfpq_exact_until_trained_then_bounded_recall) {
   }
   // Chance would be k / n = 0.3%; this seeded case gives 0.48.
   EXPECT_GE(sum / n_q, 0.4) << "mean recall@10 of IVF-PQ with every list probed";
+  // Several rows in one call find what one call per row finds.
+  const auto rows = gaussian(static_cast<std::size_t>(5) * hd, 300);
+  got.clear();
+  want.clear();
+  ix->search_rows(rows.data(), 5, hd, k, got);
+  for (int r = 0; r < 5; ++r) ix->search(&rows[static_cast<std::size_t>(r) * hd], k, want);
+  EXPECT_EQ(got, want);
   // PQ codes: 8 bytes a key instead of 64.
   EXPECT_LT(ix->memory_bytes(), static_cast<std::size_t>(n) * hd * sizeof(float));
 }
@@ -436,7 +443,7 @@ TEST(retrieval_selector, k_at_context_length_is_full_attention) {
         t.n_kv = s.n;
         t.out = got.data();
         t.out_stride = t.q_stride;
-        gather_attention(t, slots, sc);
+        gather_attention(t, slots, sc, sel.key_rows_of(0, h));  // f16: sealed keys from the selector's copy
         t.out = want.data();
         paged_attention_ref(t);
       }
@@ -480,6 +487,53 @@ TEST(retrieval_selector, slots_changed) {
   s.write(1, sel);
   EXPECT_EQ(sel.indexed_end(0), 96);
   EXPECT_EQ(sel.index(0, 0).size(), 96);
+}
+
+// The token-major key copy (key_rows_of) holds exactly the decoded keys of
+// the indexed slots (zeros for dead ones) and follows rollbacks and
+// compactions; quantized keys that f16 does not hold exactly get no copy.
+TEST(retrieval_selector, key_rows_copy_the_indexed_keys) {
+  auto expect_copy = [](const sequence& s, const retrieval_selector& sel) {
+    const paged_kv_view kv = s.kview();
+    std::vector<float> x(s.head_dim);
+    for (int h = 0; h < s.n_kv_heads; ++h) {
+      const key_rows r = sel.key_rows_of(0, h);
+      ASSERT_EQ(r.n_slots, sel.indexed_end(0));
+      for (int slot = 0; slot < r.n_slots; ++slot) {
+        decode_kv_rows(kv, h, slot, 1, x.data());
+        for (int d = 0; d < s.head_dim; ++d)
+          ASSERT_EQ(fp16_to_f32(r.row(slot, s.head_dim)[d]), s.pos[slot] < 0 ? 0.0f : x[d])
+              << "slot " << slot;
+      }
+    }
+  };
+  sequence s("f16", 200);
+  for (int i = 0; i < 5; ++i) s.pos[i] = -1;
+  retrieval_selector sel(exact_params(3), 1, s.n_kv_heads, s.head_dim);
+  s.write(40, sel);
+  expect_copy(s, sel);
+  s.write(60, sel);
+  expect_copy(s, sel);
+  EXPECT_EQ(sel.key_rows_of(0, 1).n_slots, 96);
+  s.n = 70;
+  s.kv->truncate_block(s.table[4], 6);
+  s.kv->truncate_block(s.table[5], 0);
+  s.kv->truncate_block(s.table[6], 0);
+  sel.on_slots_changed(70, true);
+  EXPECT_EQ(sel.key_rows_of(0, 0).n_slots, 64);
+  s.write(30, sel);
+  expect_copy(s, sel);
+  sel.on_slots_changed(100, false);
+  EXPECT_EQ(sel.key_rows_of(0, 0).n_slots, 0);
+  s.write(1, sel);
+  expect_copy(s, sel);
+
+  sequence q("int8", 100);
+  retrieval_selector qsel(exact_params(3), 1, q.n_kv_heads, q.head_dim);
+  q.write(100, qsel);
+  EXPECT_EQ(qsel.indexed_end(0), 96);
+  EXPECT_EQ(qsel.key_rows_of(0, 0).chunks, nullptr);
+  EXPECT_EQ(qsel.key_rows_of(0, 0).n_slots, 0);
 }
 
 // Dead slots lead the row: they are never indexed and the sinks are the
