@@ -64,6 +64,24 @@ TEST(prometheus, renders_every_series) {
   EXPECT_EQ(escape_label("a\\b\n\"c\""), "a\\\\b\\n\\\"c\\\"");
 }
 
+// Window slots (sliding-window layers beside global ones): by state, only
+// when the engine has them.
+TEST(prometheus, renders_window_slots_when_there_are_some) {
+  engine_snapshot s;
+  s.kv.n_blocks_total = 10;
+  s.kv.block_size_tokens = 16;
+  EXPECT_EQ(render_metrics(s, {}, "m").find("pagoda:kv_window_slots"), std::string::npos);
+  s.kv.n_window_slots = 12;
+  s.kv.n_window_slots_bound = 9;
+  s.kv.n_window_slots_pinned = 4;
+  s.kv.n_window_kv_lost = 7;
+  auto m = test::parse_metrics(render_metrics(s, {}, "m"));
+  EXPECT_EQ(test::metric(m, "pagoda:kv_window_slots{state=\"pinned\"}"), 4);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_window_slots{state=\"retained\"}"), 5);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_window_slots{state=\"free\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_window_kv_lost_total"), 7);
+}
+
 TEST(prometheus, renders_store_tiers) {
   store_metrics sm;
   store_metrics::tier mem;
