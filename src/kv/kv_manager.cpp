@@ -458,6 +458,14 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens, std::spa
       s.keys.push_back(key);
       const auto block_tokens = std::span<const token_id>(s.tokens).subspan(i * static_cast<std::size_t>(block_size_),
                                                                              static_cast<std::size_t>(block_size_));
+      // Window slots: an idle cached block under this key whose windowed K/V
+      // were taken gives its key to ours, which has them; else a prefix hit
+      // would stop at it for good.
+      if (window_ && window_->bound(s.table[i]) && !index_.contains(s.table[i])) {
+        if (const auto old = index_.find(key, parent, block_tokens, extras_of(s, i));
+            old && *old != s.table[i] && pool_.ref_count(*old) == 0 && !window_->bound(*old))
+          drop_cached(*old);
+      }
       // Already cached by another block: keep ours (tables are append-only), register nothing.
       if (!index_.insert(s.table[i], key, parent, block_tokens, extras_of(s, i))) continue;
       pool_.set_hashed(s.table[i]);

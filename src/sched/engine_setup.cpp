@@ -210,6 +210,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
       cfg.kv.bytes_per_token() - static_cast<double>(slot_bytes) / static_cast<double>(cfg.kv.block_size);
   default_tokens = std::min<std::int64_t>(default_tokens, static_cast<std::int64_t>(k_default_cap_bytes / global_bytes_per_token));
   engine_config sized = opts;
+  bool windows_fit = true;
   if (windows.any() && opts.kv_cache_size_mib > 0) {
     // Slots first; then blocks at their global-layer cost (pool_blocks divides by bytes_per_block).
     constexpr double k_mib = 1024.0 * 1024.0;
@@ -219,14 +220,21 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
     const double slots = static_cast<double>(slot_bytes) * static_cast<double>(windows.n_slots);
     const double scale = static_cast<double>(cfg.kv.bytes_per_block()) /
                          static_cast<double>(cfg.kv.bytes_per_block() - slot_bytes);
-    const double for_blocks = std::max(0.0, opts.kv_cache_size_mib * k_mib - fixed - slots);
-    sized.kv_cache_size_mib = (for_blocks * scale + fixed) / k_mib;
+    const double for_blocks = opts.kv_cache_size_mib * k_mib - fixed - slots;
+    if (for_blocks > static_cast<double>(cfg.kv.bytes_per_block() - slot_bytes))
+      sized.kv_cache_size_mib = (for_blocks * scale + fixed) / k_mib;
+    else
+      windows_fit = false;  // the slots alone would eat the budget
   }
-  PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, sized, default_tokens,
-                                                    k_staging_slots_per_sequence * opts.max_num_seqs));
-  // Too small a pool for the slots to save anything: engine_core::create will
-  // keep every layer in the blocks, so size them at their full cost.
-  if (windows.any() && !plan_window_slots(model.hparams(), cfg, cfg.n_blocks).any()) {
+  if (windows_fit) {
+    PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, sized, default_tokens,
+                                                      k_staging_slots_per_sequence * opts.max_num_seqs));
+  }
+  // Slots that do not fit the budget, or too small a pool for them to save
+  // anything: every layer stays in the blocks (engine_core::create plans no
+  // slots), sized at their full cost.
+  if (windows.any() && (!windows_fit || !plan_window_slots(model.hparams(), cfg, cfg.n_blocks).any())) {
+    cfg.free_out_of_window = false;
     const std::int64_t full_tokens =
         std::min<std::int64_t>(static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len,
                                static_cast<std::int64_t>(k_default_cap_bytes / cfg.kv.bytes_per_token()));

@@ -570,10 +570,11 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   refresh_counts();
 }
 
-void scheduler::release_windows(const step_plan& plan) {
-  for (const scheduled_seq& q : plan.seqs) {
-    sequence* s = by_id(q.seq);
-    if (!s || !s->in_kv || s->phase != seq_phase::running) continue;
+void scheduler::release_windows(const step_plan&) {
+  // Every sequence in the pool, not only the step's: a sequence that only
+  // loaded blocks, or a child forked this step, claims what it just got.
+  for (sequence* s : running_) {
+    if (!s->in_kv || (s->phase != seq_phase::running && s->phase != seq_phase::loading)) continue;
     // The next query sits at position n_computed - pos_shift or later.
     const status st = kv_.release_window(s->id, s->n_computed - s->pos_shift);
     PAGODA_ASSERT(st.ok(), "releasing window slots: {}", st.message());

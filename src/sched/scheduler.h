@@ -209,7 +209,7 @@ class scheduler {
   void apply_policies(const step_plan& plan, const std::vector<int>& first_computed);
   // sliding_window_all: frees the leading blocks no query can see any more.
   void free_out_of_window(const step_plan& plan);
-  // Window slots: the scheduled sequences stop claiming blocks out of their window.
+  // Window slots: the sequences in the pool stop claiming blocks out of their window.
   void release_windows(const step_plan& plan);
   status make_policy(sequence& s) const;
   result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,

@@ -760,6 +760,14 @@ TEST(kv_manager_window, a_cached_prefix_whose_window_lost_its_kv_is_cut_and_allo
   ASSERT_TRUE(hit.ok());
   EXPECT_EQ(*hit, 0);
   expect_ok(m);
+  // Computing the prompt again gives its blocks fresh windowed K/V: they take
+  // over the keys of the cached blocks that lost theirs, so the next request
+  // with that prompt hits again.
+  std::vector<token_id> stored(p.begin(), p.end() - 1);
+  ASSERT_TRUE(m.allocate(seq_id(3), 8).has_value());
+  ASSERT_TRUE(m.commit(seq_id(3), stored).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.n_cached_prompt_blocks(p), 2);
   // Token-granular compaction is refused with window slots.
   kv_compaction c;
   c.gather = std::make_shared<kv_gather>();

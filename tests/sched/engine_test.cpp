@@ -722,6 +722,25 @@ TEST(engine_window_slots, the_kv_cache_size_pays_for_the_window_slots) {
   }
   // 2 of gemma3's 3 layers slide: a block costs a third, the slots are a few.
   EXPECT_GT(blocks[0], 2 * blocks[1]);
+  // Slots for 64 sequences would take more than the whole budget: none are
+  // planned, and the blocks alone stay within it (an unsealed and a sealed type).
+  for (const char* type : {"f16", "int4"}) {
+    engine_config c;
+    c.model_path = gguf;
+    c.kv_cache_dtype = type;
+    c.kv_cache_size_mib = 1.0;
+    c.max_num_seqs = 64;
+    auto core_config = make_engine_core_config(*model, c);
+    ASSERT_TRUE(core_config.ok()) << type << ": " << core_config.error().message();
+    auto e = engine_core::create(*model, *core_config);
+    ASSERT_TRUE(e.ok()) << e.error().message();
+    EXPECT_FALSE((*e)->config().windows.any()) << type;
+    EXPECT_LE((*e)->storage().total_bytes(), 1024.0 * 1024) << type;
+    // (int4 reserves staging for 128 sequences but maps at most one slot a block.)
+    if (std::string(type) == "f16") {
+      EXPECT_GT((*e)->storage().total_bytes(), 0.9 * 1024 * 1024);
+    }
+  }
 }
 
 // Against llama.cpp (tests/data/oracle: gemma2 and gemma3 files with a window
