@@ -109,11 +109,16 @@ std::int32_t kv_manager::window_start(std::int64_t next_position) const {
 
 std::size_t kv_manager::usable_hits(std::span<const block_id> hits) const {
   if (!window_) return hits.size();
-  for (std::size_t m = hits.size(); m > 0; --m) {
+  // Scan each candidate's window from its end: a block without K/V rules out
+  // every candidate whose window holds it, so the next one to try ends there.
+  // Every block is looked at once or twice: O(hits).
+  std::size_t m = hits.size();
+  while (m > 0) {
     const auto from = static_cast<std::size_t>(window_start(static_cast<std::int64_t>(m) * block_size_));
-    bool held = true;
-    for (std::size_t j = from; j < m && held; ++j) held = window_->bound(hits[j]);
-    if (held) return m;
+    std::size_t j = m;
+    while (j > from && window_->bound(hits[j - 1])) --j;
+    if (j == from) return m;
+    m = j - 1;  // hits[j - 1] holds nothing: a usable prefix ends before it
   }
   return 0;
 }

@@ -566,11 +566,11 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   }
   apply_policies(plan, first_computed);
   if (config_.sliding_window_all > 0) free_out_of_window(plan);
-  if (kv_.windows()) release_windows(plan);
+  if (kv_.windows()) release_windows();
   refresh_counts();
 }
 
-void scheduler::release_windows(const step_plan&) {
+void scheduler::release_windows() {
   // Every sequence in the pool, not only the step's: a sequence that only
   // loaded blocks, or a child forked this step, claims what it just got.
   for (sequence* s : running_) {

@@ -210,7 +210,7 @@ class scheduler {
   // sliding_window_all: frees the leading blocks no query can see any more.
   void free_out_of_window(const step_plan& plan);
   // Window slots: the sequences in the pool stop claiming blocks out of their window.
-  void release_windows(const step_plan& plan);
+  void release_windows();
   status make_policy(sequence& s) const;
   result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,
                                                 std::span<const prompt_segment> segments = {}) const;

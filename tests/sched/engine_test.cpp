@@ -691,6 +691,43 @@ TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
   }
 }
 
+// n = 2 completions (forked children share the parent's blocks and claims)
+// beside a long prompt, with exactly the slots plan_window_slots gives: no
+// preemption, and every completion is what it is with every position kept.
+TEST(engine_window_slots, forked_completions_with_the_planned_slots) {
+  auto model = *llama_model::load(std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/gguf/gemma2-F32.gguf");
+  const llama_hparams& hp = model->hparams();  // window 32
+  std::vector<token_id> long_prompt, short_prompt;
+  for (int i = 0; i < 150; ++i) long_prompt.push_back(static_cast<token_id>(40 + (i * 11) % 300));
+  for (int i = 0; i < 61; ++i) short_prompt.push_back(static_cast<token_id>(50 + (i * 13) % 300));
+  std::map<std::string, std::vector<token_id>> out[2];
+  for (int w = 0; w < 2; ++w) {
+    engine_core_config c = f32_engine(hp, 512, 3, 256, 200);  // 31 slots
+    c.free_out_of_window = w == 1;
+    auto e = *engine_core::create(*model, c);
+    ASSERT_EQ(e->config().windows.any(), w == 1);
+    ASSERT_TRUE(e->add_request(greedy_ids("a", long_prompt, 40)).ok());
+    request b = greedy_ids("b", short_prompt, 30);
+    b.n = 2;
+    b.sampling = sampling_params{};
+    b.sampling.temperature = 0.8f;
+    b.sampling.seed = 7;
+    ASSERT_TRUE(e->add_request(b).ok());
+    std::vector<engine_event> ev;
+    while (e->has_work()) {
+      ev.clear();
+      e->step(ev);
+      for (const engine_event& x : ev) {
+        auto& v = out[w][x.request_id + "/" + std::to_string(x.index)];
+        v.insert(v.end(), x.tokens.begin(), x.tokens.end());
+      }
+    }
+    EXPECT_EQ(e->kv_stats().n_preemptions, 0) << "windows " << w;
+  }
+  EXPECT_EQ(out[0].size(), 3u);
+  EXPECT_EQ(out[1], out[0]);
+}
+
 // --kv-cache-size with window slots: the slots are paid first, the blocks
 // at their global-layer cost, and the whole stays within the budget; more
 // blocks fit than with --swa-full. A pool too small for slots to save
