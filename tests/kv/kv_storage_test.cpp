@@ -707,6 +707,7 @@ TEST(kv_storage_classes, block_ops_stay_within_a_class) {
   const status wrong = s.write_block(block_id(7), class2);
   EXPECT_EQ(wrong.code(), errc::invalid_argument);
   EXPECT_NE(wrong.message().find("block class 1"), std::string::npos) << wrong.message();
+  EXPECT_DEATH(s.read_block(block_id(7), class2), "block 7 \\(class 1\\) has");
 
   // Releasing blocks of every class gives back their staging slots.
   s.release_block(block_id(13));
@@ -755,6 +756,33 @@ TEST(kv_storage_classes, gather_decodes_in_the_source_class_and_encodes_in_the_d
     EXPECT_EQ(read_token(moved, 2, 1)[d], dv[0][static_cast<std::size_t>(2 * H + 1) * D + d]);
     EXPECT_EQ(read_token(moved, 0, 1)[d], fp16_to_f32(f32_to_fp16(dv[0][static_cast<std::size_t>(1) * D + d])));
   }
+}
+
+// Merged entries in a class block: the fold writes their log mass as the
+// block's per-slot bias, which views of a mixed table hand to attention.
+TEST(kv_storage_classes, folded_entries_carry_their_bias_in_any_class) {
+  class_fixture f;
+  kv_gather g;
+  g.src_table = f.a;
+  g.dst_table = {block_id(14)};  // class 2, open after the fold
+  g.n = 2;
+  g.sources = {1, 5};                      // class 1 and class 0 sources
+  g.fold = kv_fold::nearest;
+  g.n_folded = 3;
+  g.folded = {0, 4, 13};
+  f.s->gather(g, nullptr);
+  for (int l = 0; l < class_fixture::L; ++l)
+    for (int h = 0; h < class_fixture::H; ++h) {
+      const float* bias = f.s->bias_of(block_id(14), l, h);
+      ASSERT_NE(bias, nullptr);
+      EXPECT_NEAR(std::exp(bias[0]) + std::exp(bias[1]), 5.0, 1e-5) << "two kept entries stand for five tokens";
+      const paged_kv_view kv = f.s->k_view(l, g.dst_table, 2);
+      ASSERT_EQ(kv.bias_of(0, h), bias);
+      EXPECT_TRUE(kv.is_staged(0));
+    }
+  EXPECT_EQ(f.s->bias_of(block_id(12), 0, 0), nullptr);
+  f.s->release_block(block_id(14));
+  EXPECT_EQ(f.s->bias_of(block_id(14), 1, 1), nullptr);
 }
 
 TEST(kv_storage_classes, rejects_classes_it_cannot_hold) {
