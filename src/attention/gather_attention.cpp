@@ -43,8 +43,9 @@ std::size_t block_end(std::span<const std::int32_t> slots, std::size_t j, int bs
 bool dense(std::size_t j0, std::size_t j1, int bs) { return static_cast<int>(j1 - j0) * k_dense_divisor >= bs; }
 
 // The run starting at entry j: block slots[j] / bs, then the following table
-// blocks while each holds listed slots, is not staged and satisfies `joins`
-// (a staged block is a run of its own: it has its own codec).
+// blocks while each holds listed slots, is not staged, is of the run's block
+// class and satisfies `joins` (a staged block is a run of its own, and a run
+// never spans two classes: one codec reads it).
 template <class Joins>
 run next_run(const paged_kv_view& v, std::span<const std::int32_t> slots, std::size_t j, Joins joins) {
   const int bs = v.shape.block_size;
@@ -55,7 +56,7 @@ run next_run(const paged_kv_view& v, std::span<const std::int32_t> slots, std::s
   r.j1 = block_end(slots, j, bs);
   while (!r.staged && r.j1 < slots.size() && r.b1 - r.b0 + 1 < k_max_run_blocks) {
     const int b = slots[r.j1] / bs;
-    if (b != r.b1 + 1 || v.is_staged(b)) break;
+    if (b != r.b1 + 1 || v.is_staged(b) || v.class_of(b) != v.class_of(r.b0)) break;
     const std::size_t e = block_end(slots, r.j1, bs);
     if (!joins(r.j1, e)) break;
     r.b1 = b;
@@ -79,7 +80,7 @@ run_tiles tiles_of(const paged_kv_view& v, int h, const run& r, std::vector<cons
     return {v.staged_codec, &v.staged_format, nullptr};
   }
   for (int b = r.b0; b <= r.b1; ++b) tiles.push_back(v.tile(b, h));
-  return {v.codec, &v.format, v.params(h)};
+  return {v.codec_of(r.b0), &v.format_of(r.b0), v.params_of(r.b0, h)};
 }
 
 // scores[r * n + e] = q_r . k(slots[e]) for every listed entry: the ones the
@@ -176,7 +177,7 @@ void decode_kv_rows(const paged_kv_view& v, int head, int slot, int n, float* ou
   const int b = slot / bs, t0 = slot % bs;
   PAGODA_DASSERT(n >= 1 && t0 + n <= bs && slot + n <= v.n_tokens);
   if (v.is_staged(b)) v.staged_codec->decode(v.staged_format, v.shape, nullptr, v.staged_tile(head), t0, n, out);
-  else v.codec->decode(v.format, v.shape, v.params(head), v.tile(b, head), t0, n, out);
+  else v.codec_of(b)->decode(v.format_of(b), v.shape, v.params_of(b, head), v.tile(b, head), t0, n, out);
 }
 
 void add_weighted_row_ref(const float* row, int head_dim, const float* w, std::size_t w_stride, int n_q, float* acc) {

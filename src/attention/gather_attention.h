@@ -15,8 +15,9 @@
 // tile. Listed slots that a token-major copy holds (key_rows, kept by the
 // retrieval selector) are scored from the copy, one row per key; the others
 // are scored a tile at a time through the codec's qk kernel, which costs the
-// same reads as one key of the tile (consecutive blocks with listed slots in
-// one qk run). Values are token-major: a block with few listed slots
+// same reads as one key of the tile (consecutive blocks of one block class
+// with listed slots in one qk run, through that class's codec). Values are
+// token-major: a block with few listed slots
 // decodes just those rows; a block where at least a quarter of the slots are
 // listed goes through the codec's av kernel with zero weights elsewhere (zero
 // weights add nothing, exactly).
@@ -75,7 +76,7 @@ void add_weighted_row_ref(const float* row, int head_dim, const float* w, std::s
 void append_slots_of_ranges(std::span<const slot_range> ranges, std::vector<std::int32_t>& out);
 
 // Decodes slots [slot, slot + n) of one head of a view (sealed tiles through
-// the view's codec, a staged last block through the staged codec) into
+// their block's class codec, a staged last block through the staged codec) into
 // out[n][head_dim]. REQUIRES: the slots lie in one block, below v.n_tokens.
 void decode_kv_rows(const paged_kv_view& v, int head, int slot, int n, float* out);
 

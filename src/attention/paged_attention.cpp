@@ -86,29 +86,44 @@ int gather_tiles(const paged_kv_view& v, int h, std::span<const int> blocks, int
   return m == 0 ? 0 : static_cast<int>(m - 1) * bs + std::min(bs, n_ctx - blocks[m - 1] * bs);
 }
 
-// scores[r * ld + c] = q_r . k(slot of column c) for the read blocks' slots below n_ctx.
-void run_qk(const paged_kv_view& k, int h, std::span<const int> blocks, int n_ctx, const float* q, int rows,
-            float* scores, int ld, std::vector<const void*>& tiles) {
-  const int n_tok = gather_tiles(k, h, blocks, n_ctx, tiles);
-  if (n_tok > 0) k.codec->qk(k.format, k.shape, k.params(h), tiles.data(), n_tok, q, rows, scores, ld);
+// Calls f(codec, format, static params, tiles, n_tokens, first column) once
+// per run of same-class tiles of head h of the read blocks (a codec reads one
+// format; a run's columns start at its first block's), then once for a
+// staged last block through the f16 codec. One class: one call for every
+// sealed tile, as before classes.
+template <class F>
+void for_each_run(const paged_kv_view& v, int h, std::span<const int> blocks, int n_ctx,
+                  std::vector<const void*>& tiles, F f) {
+  const int bs = v.shape.block_size;
+  const int n_tok = gather_tiles(v, h, blocks, n_ctx, tiles);
+  const std::span<const int> sealed = blocks.first(tiles.size());
+  for (std::size_t i = 0; i < sealed.size();) {
+    const std::size_t j = v.class_run_end(sealed, i);
+    const int first = static_cast<int>(i) * bs;
+    const int end = j == sealed.size() ? n_tok : static_cast<int>(j) * bs;
+    f(v.codec_of(sealed[i]), v.format_of(sealed[i]), v.params_of(sealed[i], h), tiles.data() + i, end - first, first);
+    i = j;
+  }
   if (tiles.size() < blocks.size()) {
-    const void* staged = k.staged_tile(h);
-    const int first = static_cast<int>(tiles.size()) * k.shape.block_size;
-    k.staged_codec->qk(k.staged_format, k.shape, nullptr, &staged, n_ctx - blocks.back() * k.shape.block_size, q,
-                       rows, scores + first, ld);
+    const void* staged = v.staged_tile(h);
+    f(v.staged_codec, v.staged_format, nullptr, &staged, n_ctx - blocks.back() * bs, static_cast<int>(tiles.size()) * bs);
   }
 }
 
+// scores[r * ld + c] = q_r . k(slot of column c) for the read blocks' slots below n_ctx.
+void run_qk(const paged_kv_view& k, int h, std::span<const int> blocks, int n_ctx, const float* q, int rows,
+            float* scores, int ld, std::vector<const void*>& tiles) {
+  for_each_run(k, h, blocks, n_ctx, tiles,
+               [&](const kv_codec* codec, const kv_format& fmt, const kv_static_params* sp, const void* const* t,
+                   int n, int first) { codec->qk(fmt, k.shape, sp, t, n, q, rows, scores + first, ld); });
+}
+
+// acc[r] += sum over columns c of w[r * ld + c] * v(slot of column c).
 void run_av(const paged_kv_view& v, int h, std::span<const int> blocks, int n_ctx, const float* w, int ld, int rows,
             float* acc, std::vector<const void*>& tiles) {
-  const int n_tok = gather_tiles(v, h, blocks, n_ctx, tiles);
-  if (n_tok > 0) v.codec->av(v.format, v.shape, v.params(h), tiles.data(), n_tok, w, ld, rows, acc);
-  if (tiles.size() < blocks.size()) {
-    const void* staged = v.staged_tile(h);
-    const int first = static_cast<int>(tiles.size()) * v.shape.block_size;
-    v.staged_codec->av(v.staged_format, v.shape, nullptr, &staged, n_ctx - blocks.back() * v.shape.block_size,
-                       w + first, ld, rows, acc);
-  }
+  for_each_run(v, h, blocks, n_ctx, tiles,
+               [&](const kv_codec* codec, const kv_format& fmt, const kv_static_params* sp, const void* const* t,
+                   int n, int first) { codec->av(fmt, v.shape, sp, t, n, w + first, ld, rows, acc); });
 }
 
 // One row's scores s[0, ld) become unnormalised softmax weights over the
@@ -284,7 +299,7 @@ void paged_attention_ref(const attention_task& t) {
     for (const paged_kv_view* x : {&k, &v}) {
       float* dst = &(x == &k ? keys : values)[static_cast<std::size_t>(p) * hd];
       if (x->is_staged(b)) x->staged_codec->decode(x->staged_format, x->shape, nullptr, x->staged_tile(t.kv_head), slot, 1, dst);
-      else x->codec->decode(x->format, x->shape, x->params(t.kv_head), x->tile(b, t.kv_head), slot, 1, dst);
+      else x->codec_of(b)->decode(x->format_of(b), x->shape, x->params_of(b, t.kv_head), x->tile(b, t.kv_head), slot, 1, dst);
     }
   }
   // What the ranges select and what the bias adds, slot by slot.

@@ -5,7 +5,10 @@
 // row over its own visible range, then the weighted value sum through the value
 // codec. Every KV byte is read once per group. Codecs get the whole run of a
 // head's tiles at once; a staged (f16) last block of a sealed format goes
-// through the f16 codec.
+// through the f16 codec. A table that mixes block classes (kv_backend.h) is
+// read one maximal run of same-class tiles at a time, each through its
+// class's codec, its scores in the columns of its blocks; with one class
+// there is one run, the call it always was.
 //
 // Masking is by stored positions, not by slot number: a query token at
 // position p sees the KV slots whose stored position is <= p and, with a

@@ -19,8 +19,24 @@
 // not they pass through staging), but attention results are not batch
 // invariant: a query reads its own block as f16 while the block is open and as
 // codes once it is sealed. They are deterministic.
+//
+// Block classes. A backend may store blocks in several CLASSES, each with its
+// own per-layer K and V formats (a long document in int4 beside a question in
+// f16): class 0 is layout(), the default; classes 1..n_classes()-1 have
+// class_layout(c), of the same shape (layers, KV heads, head_dim, block_size).
+// Class c owns the contiguous block ids [class_first_block(c),
+// class_first_block(c) + class_n_blocks(c)), in class order from 0; a block's
+// class never changes. A block table may mix classes, a block being wholly
+// one class, and every op takes any class: writes and views follow each
+// block's class, copy_block stays within a class, read_block / write_block
+// move class_layout(block_class(b)).tile_bytes_per_block() bytes, and gather
+// decodes each source slot in its block's class and encodes it in its
+// destination block's. A staged (open) block of a sealed format reads as f16
+// whatever its class. A backend of one class reports exactly what it did
+// before classes existed: block_class 0 and layout() for every block.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -34,7 +50,27 @@
 
 namespace pagoda {
 
+// Where one block class keeps one layer's K or V (paged_kv_view::classes):
+// head h's tile of block b (a block of this class) is at
+// base + h * head_stride + (b - first_block) * tile_bytes.
+struct paged_kv_class {
+  const kv_codec* codec = nullptr;
+  kv_format format;
+  const std::byte* base = nullptr;
+  std::size_t tile_bytes = 0;
+  std::size_t head_stride = 0;  // class blocks * tile_bytes
+  std::int32_t first_block = 0;
+  const kv_static_params* static_params = nullptr;  // [n_kv_heads], or nullptr
+
+  const void* tile(std::int32_t b, int head) const {
+    return base + static_cast<std::size_t>(head) * head_stride + static_cast<std::size_t>(b - first_block) * tile_bytes;
+  }
+};
+
 // One layer's K or V as one sequence sees it: its block table and length.
+// Read a block through the methods (tile, codec_of, format_of, params_of),
+// which follow its class; the raw fields codec .. static_params describe
+// class 0 and are the whole story only when classes is null.
 struct paged_kv_view {
   const kv_codec* codec = nullptr;
   kv_format format;
@@ -63,13 +99,43 @@ struct paged_kv_view {
   // tiles are at index remap[b] (-1: b holds none; attention never reads it,
   // as it is out of every query's window). nullptr: the block id is the index.
   const std::int32_t* remap = nullptr;  // [pool blocks]
+  // Block classes (see above), or nullptr when the backend has one: block b
+  // (pool id) is of class block_class[b], stored as classes[block_class[b]]
+  // says for this layer and role. Never set together with remap.
+  const paged_kv_class* classes = nullptr;     // [n classes]
+  const std::uint8_t* block_class = nullptr;   // [pool blocks]
 
   const void* tile(int block_index, int head) const {
     const std::int32_t b = blocks[block_index].value;
+    if (classes) return classes[block_class[b]].tile(b, head);
     return base + static_cast<std::size_t>(head) * head_stride +
            static_cast<std::size_t>(remap ? remap[b] : b) * tile_bytes;
   }
+  // Class 0's static parameters of head: use params_of for a given block.
   const kv_static_params* params(int head) const { return static_params ? static_params + head : nullptr; }
+  // The class of table block block_index (0 without classes).
+  int class_of(int block_index) const { return classes ? block_class[blocks[block_index].value] : 0; }
+  const kv_codec* codec_of(int block_index) const { return classes ? classes[class_of(block_index)].codec : codec; }
+  const kv_format& format_of(int block_index) const {
+    return classes ? classes[class_of(block_index)].format : format;
+  }
+  const kv_static_params* params_of(int block_index, int head) const {
+    if (!classes) return params(head);
+    const kv_static_params* sp = classes[class_of(block_index)].static_params;
+    return sp ? sp + head : nullptr;
+  }
+  // Same-class runs: the end of the maximal run of table blocks
+  // indices[i], indices[i + 1], ... that share indices[i]'s class, i.e. the
+  // least j > i whose block is of another class, or indices.size(). Without
+  // classes every run is the whole list. A codec call (qk, av) must not span
+  // two classes. REQUIRES: i < indices.size().
+  std::size_t class_run_end(std::span<const int> indices, std::size_t i) const {
+    if (!classes) return indices.size();
+    const int c = class_of(indices[i]);
+    std::size_t j = i + 1;
+    while (j < indices.size() && class_of(indices[j]) == c) ++j;
+    return j;
+  }
   // Whether block_index is read from staging rather than from its tile.
   bool is_staged(int block_index) const {
     return staged != nullptr && block_index == (n_tokens - 1) / shape.block_size;
@@ -96,8 +162,25 @@ class kv_backend {
  public:
   virtual ~kv_backend() = default;
 
+  // Class 0's layout (the default); every class has its shape.
   virtual const kv_layout& layout() const = 0;
+  // Blocks of every class.
   virtual std::int64_t n_blocks() const = 0;
+
+  // Block classes (see above). A backend of one class need not override these.
+  virtual int n_classes() const { return 1; }
+  virtual const kv_layout& class_layout(int c) const { return layout(); }
+  virtual std::int64_t class_first_block(int c) const { return 0; }
+  virtual std::int64_t class_n_blocks(int c) const { return n_blocks(); }
+  virtual int block_class(block_id b) const { return 0; }
+  // Bytes of b's read_block / write_block: its class's tile_bytes_per_block().
+  std::size_t block_bytes(block_id b) const { return class_layout(block_class(b)).tile_bytes_per_block(); }
+  // The most bytes any block's read_block takes (a buffer for every class).
+  std::size_t max_block_bytes() const {
+    std::size_t most = 0;
+    for (int c = 0; c < n_classes(); ++c) most = std::max(most, class_layout(c).tile_bytes_per_block());
+    return most;
+  }
 
   // Stores K and V of n consecutive tokens of one sequence into KV slots
   // [slot, slot + n) of its table. k and v are [n][n_kv_heads][head_dim].
@@ -112,6 +195,7 @@ class kv_backend {
 
   // Block ops (kv_manager.h). copy_block: the first n_tokens slots of src, every
   // layer, K and V, into dst, which may be written from slot n_tokens on.
+  // REQUIRES: src and dst of the same class.
   virtual void copy_block(block_id src, block_id dst, int n_tokens) = 0;
   // Slots [n_tokens, block_size) of b become writable again; the first
   // n_tokens keep what they hold (a sealed block is reopened in staging).
@@ -123,11 +207,12 @@ class kv_backend {
   virtual void bind_window(block_id b, std::int32_t slot) = 0;
 
   // A whole FULL block as bytes: every layer's K and V tiles, scales included,
-  // in a fixed order; layout().tile_bytes_per_block() bytes. Meaningful only
-  // to a backend with the same layout. REQUIRES: every slot of b was written.
+  // in a fixed order; block_bytes(b) bytes (its class's layout). Meaningful
+  // only to a backend with the same layout for the block's class.
+  // REQUIRES: every slot of b was written.
   virtual void read_block(block_id b, std::span<std::byte> out) const = 0;
   // The inverse: b then holds a full block with these bytes (key summaries
-  // are recomputed). Errors: a size that is not tile_bytes_per_block().
+  // are recomputed). Errors: a size that is not block_bytes(b).
   virtual status write_block(block_id b, std::span<const std::byte> in) = 0;
 
   // The key summary of a sealed block for (layer, KV head); std::nullopt when

@@ -71,4 +71,13 @@ struct kv_layout {
   std::string describe() const;
 };
 
+// An extra block class of a KV storage (kv_storage.h): n_blocks blocks stored
+// in their own formats. layout has the default layout's shape (n_layers,
+// n_kv_heads, head_dim, block_size, key_summaries); its k_formats, v_formats
+// and scales are the class's own.
+struct kv_class_spec {
+  kv_layout layout;
+  std::int64_t n_blocks = 0;
+};
+
 }  // namespace pagoda

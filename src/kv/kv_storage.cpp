@@ -37,16 +37,47 @@ std::size_t kv_window_layout::slot_bytes(const kv_layout& layout) const {
   return bytes;
 }
 
+namespace {
+
+// An extra class's layout must have the default's shape: blocks of every
+// class share block tables, biases and key summaries.
+status check_class_shape(const kv_layout& base, const kv_layout& c, int index) {
+  if (c.n_layers != base.n_layers || c.n_kv_heads != base.n_kv_heads || c.head_dim != base.head_dim ||
+      c.block_size != base.block_size || c.key_summaries != base.key_summaries)
+    return error(errc::invalid_argument,
+                 "KV block class {}: shape {} layers x {} KV heads x head_dim {}, block_size {}, key summaries {} "
+                 "differs from the default layout's {} x {} x {}, {}, {}",
+                 index, c.n_layers, c.n_kv_heads, c.head_dim, c.block_size, c.key_summaries ? "on" : "off",
+                 base.n_layers, base.n_kv_heads, base.head_dim, base.block_size, base.key_summaries ? "on" : "off");
+  return {};
+}
+
+}  // namespace
+
 result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, std::int64_t n_blocks,
-                                                       std::int64_t n_staging_slots, const kv_window_layout& windows) {
+                                                       std::int64_t n_staging_slots, const kv_window_layout& windows,
+                                                       std::span<const kv_class_spec> extra_classes) {
   PAGODA_RETURN_IF_ERROR(layout.check());
   if (n_blocks <= 0) return error(errc::invalid_argument, "KV pool needs at least one block (got {})", n_blocks);
-  if (n_blocks > INT32_MAX) return error(errc::invalid_argument, "KV pool of {} blocks is too large", n_blocks);
+  std::int64_t total = n_blocks;
+  for (std::size_t i = 0; i < extra_classes.size(); ++i) {
+    const kv_class_spec& c = extra_classes[i];
+    const int index = static_cast<int>(i) + 1;
+    if (status st = c.layout.check(); !st.ok())
+      return error(st.code(), "KV block class {}: {}", index, st.message());
+    PAGODA_RETURN_IF_ERROR(check_class_shape(layout, c.layout, index));
+    if (c.n_blocks <= 0)
+      return error(errc::invalid_argument, "KV block class {} needs at least one block (got {})", index, c.n_blocks);
+    total += std::min<std::int64_t>(c.n_blocks, INT32_MAX);
+  }
+  if (total > INT32_MAX) return error(errc::invalid_argument, "KV pool of {} blocks is too large", total);
+  if (extra_classes.size() + 1 > 256)
+    return error(errc::invalid_argument, "{} KV block classes; at most 256", extra_classes.size() + 1);
+  if (!extra_classes.empty() && windows.any())
+    return error(errc::unsupported,
+                 "KV block classes cannot be combined with window slots (sliding-window layers keep their K/V in "
+                 "window slots of the default layout only)");
   std::unique_ptr<kv_storage> s(new kv_storage());
-  s->layout_ = layout;
-  s->n_blocks_ = n_blocks;
-  s->k_.resize(layout.n_layers);
-  s->v_.resize(layout.n_layers);
   if (windows.any()) {
     if (windows.layers.size() != static_cast<std::size_t>(layout.n_layers) || windows.n_slots > n_blocks)
       return error(errc::invalid_argument, "window slots: {} layer flags for {} layers, {} slots for {} blocks",
@@ -55,68 +86,114 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
     s->window_slot_.assign(static_cast<std::size_t>(n_blocks), -1);
     s->window_block_.assign(static_cast<std::size_t>(windows.n_slots), -1);
   }
-  for (int l = 0; l < layout.n_layers; ++l) {
-    const bool windowed = windows.any() && windows.layers[static_cast<std::size_t>(l)] != 0;
-    PAGODA_RETURN_IF_ERROR(s->init_tensor(s->k_[l], layout.k_formats[l], l, windowed));
-    PAGODA_RETURN_IF_ERROR(s->init_tensor(s->v_[l], layout.v_formats[l], l, windowed));
+  PAGODA_RETURN_IF_ERROR(s->add_class(layout, n_blocks, windows));
+  for (const kv_class_spec& c : extra_classes) PAGODA_RETURN_IF_ERROR(s->add_class(c.layout, c.n_blocks, {}));
+  if (s->classes_.size() > 1) {
+    s->block_class_.resize(static_cast<std::size_t>(total));
+    for (std::size_t c = 0; c < s->classes_.size(); ++c)
+      std::fill_n(s->block_class_.begin() + s->classes_[c].first_block, s->classes_[c].n_blocks,
+                  static_cast<std::uint8_t>(c));
+    s->build_view_classes();
   }
   s->gather_.resize(static_cast<std::size_t>(layout.block_size) * layout.head_dim);
-  if (s->n_sealed_ > 0) {
+  if (s->slot_stride_ > 0) {
     s->staged_tile_bytes_ = kv_staged_tile_bytes(layout.tile_shape());
-    s->slot_bytes_ = static_cast<std::size_t>(s->n_sealed_) * layout.n_kv_heads * s->staged_tile_bytes_;
-    s->block_slot_.assign(n_blocks, -1);
-    s->n_slots_ = std::clamp<std::int64_t>(n_staging_slots, 1, n_blocks);
+    s->slot_bytes_ = static_cast<std::size_t>(s->slot_stride_) * layout.n_kv_heads * s->staged_tile_bytes_;
+    s->block_slot_.assign(total, -1);
+    s->n_slots_ = std::clamp<std::int64_t>(n_staging_slots, 1, total);
     s->staging_ = static_cast<std::byte*>(map_zeroed(s->slot_bytes_ * s->n_slots_));
     if (!s->staging_)
       return error(errc::resource_exhausted, "cannot map {} bytes of KV staging: {}", s->slot_bytes_ * s->n_slots_,
                    std::strerror(errno));
     s->slot_block_.assign(s->n_slots_, -1);
-    s->slot_fill_.assign(s->n_slots_ * s->n_sealed_, 0);
+    s->slot_fill_.assign(s->n_slots_ * s->slot_stride_, 0);
     for (std::int64_t i = s->n_slots_ - 1; i >= 0; --i) s->free_slots_.push_back(static_cast<std::int32_t>(i));
   }
   {
     // Per-slot biases of merged entries: mapped now, touched only where a
     // merge policy writes one (anonymous memory costs nothing until then).
-    s->bias_bytes_ = sizeof(float) * static_cast<std::size_t>(layout.n_layers) * static_cast<std::size_t>(n_blocks) *
+    s->bias_bytes_ = sizeof(float) * static_cast<std::size_t>(layout.n_layers) * static_cast<std::size_t>(total) *
                      layout.n_kv_heads * layout.block_size;
     s->bias_ = static_cast<float*>(map_zeroed(s->bias_bytes_));
     if (!s->bias_)
       return error(errc::resource_exhausted, "cannot map {} bytes of per-slot biases: {}", s->bias_bytes_,
                    std::strerror(errno));
-    s->has_bias_.assign(static_cast<std::size_t>(layout.n_layers) * static_cast<std::size_t>(n_blocks), 0);
+    s->has_bias_.assign(static_cast<std::size_t>(layout.n_layers) * static_cast<std::size_t>(total), 0);
   }
   if (layout.key_summaries) {
-    s->summaries_bytes_ = layout.summary_bytes_per_block() * static_cast<std::size_t>(n_blocks);
+    s->summaries_bytes_ = layout.summary_bytes_per_block() * static_cast<std::size_t>(total);
     s->summaries_ = static_cast<float*>(map_zeroed(s->summaries_bytes_));
     if (!s->summaries_)
       return error(errc::resource_exhausted, "cannot map {} bytes of key summaries: {}", s->summaries_bytes_,
                    std::strerror(errno));
-    s->summarized_.assign(static_cast<std::size_t>(n_blocks) * layout.n_layers, 0);
+    s->summarized_.assign(static_cast<std::size_t>(total) * layout.n_layers, 0);
   }
   return s;
 }
 
+status kv_storage::add_class(const kv_layout& layout, std::int64_t n_blocks, const kv_window_layout& windows) {
+  block_class_data& c = classes_.emplace_back();
+  c.layout = layout;
+  c.first_block = n_blocks_;
+  c.n_blocks = n_blocks;
+  n_blocks_ += n_blocks;
+  c.k.resize(layout.n_layers);
+  c.v.resize(layout.n_layers);
+  const int cls = static_cast<int>(classes_.size()) - 1;
+  for (int l = 0; l < layout.n_layers; ++l) {
+    const bool windowed = windows.any() && windows.layers[static_cast<std::size_t>(l)] != 0;
+    for (auto [t, fmt] : {std::pair{&c.k[l], layout.k_formats[l]}, std::pair{&c.v[l], layout.v_formats[l]}}) {
+      t->cls = cls;
+      PAGODA_RETURN_IF_ERROR(init_tensor(*t, fmt, l, windowed));
+    }
+  }
+  slot_stride_ = std::max(slot_stride_, c.n_sealed);
+  return {};
+}
+
+void kv_storage::build_view_classes() {
+  const int n_layers = layout().n_layers;
+  const std::size_t n_classes = classes_.size();
+  view_classes_.resize(static_cast<std::size_t>(n_layers) * 2 * n_classes);
+  for (int l = 0; l < n_layers; ++l)
+    for (std::size_t c = 0; c < n_classes; ++c)
+      for (int role = 0; role < 2; ++role) {
+        const tensor& t = role == 0 ? classes_[c].k[l] : classes_[c].v[l];
+        paged_kv_class& vc = view_classes_[(static_cast<std::size_t>(l) * 2 + role) * n_classes + c];
+        vc.codec = t.codec;
+        vc.format = t.format;
+        vc.base = t.data;
+        vc.tile_bytes = t.tile_bytes;
+        vc.head_stride = t.tile_bytes * static_cast<std::size_t>(t.n_tiles);
+        vc.first_block = static_cast<std::int32_t>(t.first_block);
+        vc.static_params = t.params(0);
+      }
+}
+
 status kv_storage::init_tensor(tensor& t, const kv_format& fmt, int layer, bool windowed) {
-  const kv_tile_shape shape = layout_.tile_shape();
+  const block_class_data& c = classes_[t.cls];
+  const kv_layout& layout = c.layout;
+  const kv_tile_shape shape = layout.tile_shape();
   t.codec = get_kv_codec(fmt.type);
   t.format = fmt;
   t.tile_bytes = t.codec->tile_bytes(fmt, shape);
   t.windowed = windowed;
-  t.n_tiles = windowed ? n_window_slots_ : n_blocks_;
-  t.size_bytes = t.tile_bytes * layout_.n_kv_heads * static_cast<std::size_t>(t.n_tiles);
+  t.first_block = windowed ? 0 : c.first_block;
+  t.n_tiles = windowed ? n_window_slots_ : c.n_blocks;
+  t.size_bytes = t.tile_bytes * layout.n_kv_heads * static_cast<std::size_t>(t.n_tiles);
   t.data = static_cast<std::byte*>(map_zeroed(t.size_bytes));
   if (!t.data)
     return error(errc::resource_exhausted, "cannot map {} bytes for the KV cache: {}", t.size_bytes,
                  std::strerror(errno));
-  if (kv_format_sealed(fmt)) t.sealed_index = n_sealed_++;
+  if (kv_format_sealed(fmt)) t.sealed_index = classes_[t.cls].n_sealed++;
   if (fmt.scale_mode == kv_scale_mode::static_scales) {
-    const int H = layout_.n_kv_heads, D = layout_.head_dim;
+    const int H = layout.n_kv_heads, D = layout.head_dim;
     t.static_values.resize(2 * static_cast<std::size_t>(H) * D);
     t.static_params.resize(H);
     for (int h = 0; h < H; ++h) {
       float* scale = t.static_values.data() + static_cast<std::size_t>(h) * D;
       float* offset = scale + static_cast<std::size_t>(H) * D;
-      t.codec->make_static(fmt, D, layout_.scales->lo(fmt.role, layer, h), layout_.scales->hi(fmt.role, layer, h),
+      t.codec->make_static(fmt, D, layout.scales->lo(fmt.role, layer, h), layout.scales->hi(fmt.role, layer, h),
                            scale, offset);
       t.static_params[h] = {scale, offset};
     }
@@ -125,9 +202,10 @@ status kv_storage::init_tensor(tensor& t, const kv_format& fmt, int layer, bool 
 }
 
 kv_storage::~kv_storage() {
-  for (auto* tensors : {&k_, &v_})
-    for (tensor& t : *tensors)
-      if (t.data) munmap(t.data, t.size_bytes);
+  for (block_class_data& c : classes_)
+    for (auto* tensors : {&c.k, &c.v})
+      for (tensor& t : *tensors)
+        if (t.data) munmap(t.data, t.size_bytes);
   if (staging_) munmap(staging_, slot_bytes_ * n_slots_);
   if (summaries_) munmap(summaries_, summaries_bytes_);
   if (bias_) munmap(bias_, bias_bytes_);
@@ -135,8 +213,9 @@ kv_storage::~kv_storage() {
 
 std::size_t kv_storage::total_bytes() const {
   std::size_t total = slot_bytes_ * static_cast<std::size_t>(n_slots_) + summaries_bytes_;
-  for (auto* tensors : {&k_, &v_})
-    for (const tensor& t : *tensors) total += t.size_bytes + t.static_values.size() * sizeof(float);
+  for (const block_class_data& c : classes_)
+    for (auto* tensors : {&c.k, &c.v})
+      for (const tensor& t : *tensors) total += t.size_bytes + t.static_values.size() * sizeof(float);
   return total;
 }
 
@@ -150,7 +229,9 @@ kv_staging_stats kv_storage::staging() const {
 }
 
 std::byte* kv_storage::tile(const tensor& t, block_id b, int head) const {
-  std::int64_t index = b.value;
+  PAGODA_DASSERT(t.windowed || (b.value >= t.first_block && b.value - t.first_block < t.n_tiles),
+                 "block {} is not of class {}", b.value, t.cls);
+  std::int64_t index = b.value - t.first_block;
   if (t.windowed) {
     index = window_slot_[static_cast<std::size_t>(b.value)];
     PAGODA_ASSERT(index >= 0, "block {} holds no window slot for a sliding-window layer", b.value);
@@ -177,7 +258,7 @@ std::byte* kv_storage::slot_data(std::int32_t slot) const {
 }
 
 std::byte* kv_storage::staged_tile(std::int32_t slot, int sealed_index, int head) const {
-  return slot_data(slot) + (static_cast<std::size_t>(sealed_index) * layout_.n_kv_heads + head) * staged_tile_bytes_;
+  return slot_data(slot) + (static_cast<std::size_t>(sealed_index) * layout().n_kv_heads + head) * staged_tile_bytes_;
 }
 
 std::int32_t kv_storage::acquire_slot(block_id b) {
@@ -189,7 +270,7 @@ std::int32_t kv_storage::acquire_slot(block_id b) {
   free_slots_.pop_back();
   slot_block_[slot] = b.value;
   block_slot_[b.value] = slot;
-  std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(slot) * n_sealed_, n_sealed_, 0);
+  std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(slot) * slot_stride_, slot_stride_, 0);
   peak_slots_in_use_ = std::max(peak_slots_in_use_, ++slots_in_use_);
   return slot;
 }
@@ -202,32 +283,31 @@ void kv_storage::release_slot(std::int32_t slot) {
 }
 
 void kv_storage::stage_from_tile(tensor& t, block_id b, std::int32_t slot, int n) {
-  const kv_tile_shape shape = layout_.tile_shape();
+  const kv_tile_shape shape = layout().tile_shape();
   const kv_codec* f16 = get_kv_codec(kv_type::f16);
   const kv_format staged_fmt = kv_staged_format(t.format.role);
-  for (int h = 0; h < layout_.n_kv_heads; ++h) {
+  for (int h = 0; h < layout().n_kv_heads; ++h) {
     if (n > 0) {
       t.codec->decode(t.format, shape, nullptr, tile(t, b, h), 0, n, gather_.data());
       f16->encode(staged_fmt, shape, nullptr, gather_.data(), 0, n, staged_tile(slot, t.sealed_index, h));
     }
   }
-  slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + t.sealed_index] = n;
+  slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + t.sealed_index] = n;
 }
 
 // --- key summaries -----------------------------------------------------------
 
 float* kv_storage::summary(block_id b, int layer, int head) const {
-  const std::size_t per_head = 3 * static_cast<std::size_t>(layout_.head_dim);
-  return summaries_ + ((static_cast<std::size_t>(b.value) * layout_.n_layers + layer) * layout_.n_kv_heads + head) * per_head;
+  const std::size_t per_head = 3 * static_cast<std::size_t>(layout().head_dim);
+  return summaries_ + ((static_cast<std::size_t>(b.value) * layout().n_layers + layer) * layout().n_kv_heads + head) * per_head;
 }
 
 void kv_storage::summarize(int layer, block_id b) {
   if (!summaries_) return;
-  const tensor& t = k_[layer];
-  const int bs = layout_.block_size, hd = layout_.head_dim;
-  for (int h = 0; h < layout_.n_kv_heads; ++h) {
-    t.codec->decode(t.format, layout_.tile_shape(), t.static_params.empty() ? nullptr : &t.static_params[h],
-                    tile(t, b, h), 0, bs, gather_.data());
+  const tensor& t = k_of(b, layer);
+  const int bs = layout().block_size, hd = layout().head_dim;
+  for (int h = 0; h < layout().n_kv_heads; ++h) {
+    t.codec->decode(t.format, layout().tile_shape(), t.params(h), tile(t, b, h), 0, bs, gather_.data());
     float* mn = summary(b, layer, h);
     float* mx = mn + hd;
     float* mean = mx + hd;
@@ -245,30 +325,30 @@ void kv_storage::summarize(int layer, block_id b) {
       mean[d] = static_cast<float>(sum / bs);
     }
   }
-  summarized_[static_cast<std::size_t>(b.value) * layout_.n_layers + layer] = 1;
+  summarized_[static_cast<std::size_t>(b.value) * layout().n_layers + layer] = 1;
 }
 
 void kv_storage::forget_summaries(block_id b) {
   if (!summaries_) return;
-  std::fill_n(summarized_.begin() + static_cast<std::ptrdiff_t>(b.value) * layout_.n_layers, layout_.n_layers, 0);
+  std::fill_n(summarized_.begin() + static_cast<std::ptrdiff_t>(b.value) * layout().n_layers, layout().n_layers, 0);
 }
 
 std::optional<key_summary> kv_storage::key_summary_of(block_id b, int layer, int head) const {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout_.n_layers && head >= 0 &&
-                head < layout_.n_kv_heads);
-  if (!summaries_ || !summarized_[static_cast<std::size_t>(b.value) * layout_.n_layers + layer]) return std::nullopt;
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout().n_layers && head >= 0 &&
+                head < layout().n_kv_heads);
+  if (!summaries_ || !summarized_[static_cast<std::size_t>(b.value) * layout().n_layers + layer]) return std::nullopt;
   const float* s = summary(b, layer, head);
-  const int hd = layout_.head_dim;
+  const int hd = layout().head_dim;
   return key_summary{s, s + hd, s + 2 * hd};
 }
 
 // --- writes and views ---------------------------------------------------------
 
 void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, const float* x) {
-  const int bs = layout_.block_size;
-  const int hd = layout_.head_dim;
-  const int n_heads = layout_.n_kv_heads;
-  const kv_tile_shape shape = layout_.tile_shape();
+  const int bs = layout().block_size;
+  const int hd = layout().head_dim;
+  const int n_heads = layout().n_kv_heads;
+  const kv_tile_shape shape = layout().tile_shape();
   const std::size_t row = static_cast<std::size_t>(n_heads) * hd;
   const kv_codec* f16 = get_kv_codec(kv_type::f16);
   const kv_format staged_fmt = kv_staged_format(a.format.role);
@@ -280,14 +360,13 @@ void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, c
       std::memcpy(gather + static_cast<std::size_t>(j) * hd, x + j * row + static_cast<std::size_t>(h) * hd,
                   sizeof(float) * hd);
   };
-  if (is_key && summaries_ && t0 == 0) summarized_[static_cast<std::size_t>(id.value) * layout_.n_layers + layer] = 0;
+  if (is_key && summaries_ && t0 == 0) summarized_[static_cast<std::size_t>(id.value) * layout().n_layers + layer] = 0;
   if (is_key && has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(id.value)])
     for (int h = 0; h < n_heads; ++h) std::fill_n(bias_at(id, layer, h) + t0, run, 0.0f);  // new tokens stand for one each
   if (a.sealed_index < 0) {
     for (int h = 0; h < n_heads; ++h) {
       gather_head(h);
-      a.codec->encode(a.format, shape, a.static_params.empty() ? nullptr : &a.static_params[h], gather, t0, run,
-                      tile(a, id, h));
+      a.codec->encode(a.format, shape, a.params(h), gather, t0, run, tile(a, id, h));
     }
   } else {
     std::int32_t slot = block_slot_[id.value];
@@ -298,13 +377,13 @@ void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, c
         for (std::size_t j = 0; j < static_cast<std::size_t>(bs) * hd; ++j) gather[j] = fp16_to_f32(f32_to_fp16(gather[j]));
         a.codec->encode(a.format, shape, nullptr, gather, 0, bs, tile(a, id, h));
       }
-      if (slot >= 0) slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index] = bs;
+      if (slot >= 0) slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + a.sealed_index] = bs;
     } else {
       if (slot < 0) {
         PAGODA_ASSERT(t0 == 0, "block {} is written at slot {} but its first slots were never staged", id.value, t0);
         slot = acquire_slot(id);
       }
-      std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index];
+      std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + a.sealed_index];
       PAGODA_ASSERT(t0 == 0 || fill == t0, "block {}: write at slot {} but {} tokens are staged", id.value, t0, fill);
       for (int h = 0; h < n_heads; ++h) {
         gather_head(h);
@@ -318,17 +397,18 @@ void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, c
         }
     }
     if (slot >= 0) {
-      const std::int32_t* fills = &slot_fill_[static_cast<std::size_t>(slot) * n_sealed_];
-      if (std::all_of(fills, fills + n_sealed_, [&](std::int32_t f) { return f == bs; })) release_slot(slot);
+      const std::int32_t* fills = &slot_fill_[static_cast<std::size_t>(slot) * slot_stride_];
+      if (std::all_of(fills, fills + classes_[a.cls].n_sealed, [&](std::int32_t f) { return f == bs; }))
+        release_slot(slot);
     }
   }
   if (is_key && t0 + run == bs) summarize(layer, id);
 }
 
 void kv_storage::write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v) {
-  PAGODA_ASSERT(layer >= 0 && layer < layout_.n_layers);
-  const int bs = layout_.block_size;
-  const std::size_t row = static_cast<std::size_t>(layout_.n_kv_heads) * layout_.head_dim;
+  PAGODA_ASSERT(layer >= 0 && layer < layout().n_layers);
+  const int bs = layout().block_size;
+  const std::size_t row = static_cast<std::size_t>(layout().n_kv_heads) * layout().head_dim;
   // Block by block, K then V: a block's staging slot is released once every
   // sealed tensor of it is sealed, before the next block takes one.
   for (int i = 0; i < n;) {
@@ -338,80 +418,90 @@ void kv_storage::write(int layer, std::span<const block_id> blocks, int slot, in
     PAGODA_ASSERT(b < static_cast<int>(blocks.size()), "slot {} has no block (table holds {})", p, blocks.size());
     const block_id id = blocks[b];
     PAGODA_ASSERT(id.value >= 0 && id.value < n_blocks_, "block id {} out of range", id.value);
-    write_run(k_[layer], layer, id, t0, run, k + static_cast<std::size_t>(i) * row);
-    write_run(v_[layer], layer, id, t0, run, v + static_cast<std::size_t>(i) * row);
+    write_run(k_of(id, layer), layer, id, t0, run, k + static_cast<std::size_t>(i) * row);
+    write_run(v_of(id, layer), layer, id, t0, run, v + static_cast<std::size_t>(i) * row);
     i += run;
   }
 }
 
-paged_kv_view kv_storage::view(const tensor& a, std::span<const block_id> blocks, int n_tokens) const {
+paged_kv_view kv_storage::view(int layer, kv_role role, std::span<const block_id> blocks, int n_tokens) const {
+  const tensor& a = role == kv_role::key ? classes_[0].k[layer] : classes_[0].v[layer];
   paged_kv_view view;
   view.codec = a.codec;
   view.format = a.format;
-  view.shape = layout_.tile_shape();
+  view.shape = layout().tile_shape();
   view.base = a.data;
   view.tile_bytes = a.tile_bytes;
   view.head_stride = a.tile_bytes * static_cast<std::size_t>(a.n_tiles);
   if (a.windowed) view.remap = window_slot_.data();
   view.blocks = blocks;
   view.n_tokens = n_tokens;
-  view.static_params = a.static_params.empty() ? nullptr : a.static_params.data();
-  if (any_bias_ && a.format.role == kv_role::key) {
-    const int layer = static_cast<int>(&a - k_.data());
+  view.static_params = a.params(0);
+  if (!view_classes_.empty()) {
+    const std::size_t at = static_cast<std::size_t>(layer) * 2 + (role == kv_role::key ? 0 : 1);
+    view.classes = view_classes_.data() + at * classes_.size();
+    view.block_class = block_class_.data();
+  }
+  if (any_bias_ && role == kv_role::key) {
     view.bias = bias_at(block_id(0), layer, 0);
     view.has_bias = has_bias_.data() + static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_blocks_);
-    view.n_kv_heads = layout_.n_kv_heads;
+    view.n_kv_heads = layout().n_kv_heads;
   }
-  const int bs = layout_.block_size;
-  if (a.sealed_index >= 0 && n_tokens > 0 && n_tokens % bs != 0) {
+  const int bs = layout().block_size;
+  if (slot_stride_ > 0 && n_tokens > 0 && n_tokens % bs != 0) {
     const block_id last = blocks[(n_tokens - 1) / bs];
-    const std::int32_t slot = block_slot_[last.value];
+    const int sealed_index = tensor_of(last, layer, role).sealed_index;
+    const std::int32_t slot = sealed_index >= 0 ? block_slot_[last.value] : -1;
+    const std::int32_t fill = slot >= 0 ? slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + sealed_index] : bs;
     // Not staged: the block was sealed since (the view covers a prefix of it).
-    if (slot >= 0 && slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index] < bs) {
-      PAGODA_ASSERT(slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + a.sealed_index] >= n_tokens % bs,
-                    "view of {} tokens past the staged tokens of block {}", n_tokens, last.value);
-      view.staged = staged_tile(slot, a.sealed_index, 0);
+    if (fill < bs) {
+      PAGODA_ASSERT(fill >= n_tokens % bs, "view of {} tokens past the staged tokens of block {}", n_tokens, last.value);
+      view.staged = staged_tile(slot, sealed_index, 0);
       view.staged_tile_bytes = staged_tile_bytes_;
       view.staged_codec = get_kv_codec(kv_type::f16);
-      view.staged_format = kv_staged_format(a.format.role);
+      view.staged_format = kv_staged_format(role);
     }
   }
   return view;
 }
 
 paged_kv_view kv_storage::k_view(int layer, std::span<const block_id> blocks, int n_slots) const {
-  return view(k_[layer], blocks, n_slots);
+  return view(layer, kv_role::key, blocks, n_slots);
 }
 
 paged_kv_view kv_storage::v_view(int layer, std::span<const block_id> blocks, int n_slots) const {
-  return view(v_[layer], blocks, n_slots);
+  return view(layer, kv_role::value, blocks, n_slots);
 }
 
 // --- block ops ------------------------------------------------------------------
 
 void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
   PAGODA_ASSERT(src.value >= 0 && src.value < n_blocks_ && dst.value >= 0 && dst.value < n_blocks_ && src != dst);
-  PAGODA_ASSERT(n_tokens >= 0 && n_tokens <= layout_.block_size, "copy of {} tokens", n_tokens);
-  const int bs = layout_.block_size;
-  const std::int32_t from = n_sealed_ > 0 ? block_slot_[src.value] : -1;
-  std::int32_t to = n_sealed_ > 0 ? block_slot_[dst.value] : -1;
+  PAGODA_ASSERT(n_tokens >= 0 && n_tokens <= layout().block_size, "copy of {} tokens", n_tokens);
+  PAGODA_ASSERT(block_class(src) == block_class(dst), "copy_block from block {} of class {} to block {} of class {}",
+                src.value, block_class(src), dst.value, block_class(dst));
+  block_class_data& c = classes_[block_class(src)];
+  const int bs = layout().block_size;
+  const bool sealed = c.n_sealed > 0;
+  const std::int32_t from = sealed ? block_slot_[src.value] : -1;
+  std::int32_t to = sealed ? block_slot_[dst.value] : -1;
   // Tiles are copied whole: slots past n_tokens hold garbage until written.
-  for (auto* tensors : {&k_, &v_})
+  for (auto* tensors : {&c.k, &c.v})
     for (tensor& t : *tensors)
-      for (int h = 0; h < layout_.n_kv_heads; ++h) std::memcpy(tile(t, dst, h), tile(t, src, h), t.tile_bytes);
+      for (int h = 0; h < layout().n_kv_heads; ++h) std::memcpy(tile(t, dst, h), tile(t, src, h), t.tile_bytes);
   if (n_tokens == bs && from < 0) {
     // A whole sealed block: dst needs no staging.
     if (to >= 0) release_slot(to);
-  } else if (n_sealed_ > 0) {
+  } else if (sealed) {
     if (to < 0) to = acquire_slot(dst);
-    for (auto* tensors : {&k_, &v_})
+    for (auto* tensors : {&c.k, &c.v})
       for (tensor& t : *tensors) {
         if (t.sealed_index < 0) continue;
-        const std::size_t at = static_cast<std::size_t>(to) * n_sealed_ + t.sealed_index;
+        const std::size_t at = static_cast<std::size_t>(to) * slot_stride_ + t.sealed_index;
         if (from >= 0) {
           // Staged in src: copy the staged f16 tokens.
-          const std::int32_t src_fill = slot_fill_[static_cast<std::size_t>(from) * n_sealed_ + t.sealed_index];
-          for (int h = 0; h < layout_.n_kv_heads; ++h)
+          const std::int32_t src_fill = slot_fill_[static_cast<std::size_t>(from) * slot_stride_ + t.sealed_index];
+          for (int h = 0; h < layout().n_kv_heads; ++h)
             std::memcpy(staged_tile(to, t.sealed_index, h), staged_tile(from, t.sealed_index, h), staged_tile_bytes_);
           slot_fill_[at] = std::min(src_fill, n_tokens);
           if (src_fill == bs && n_tokens < bs) stage_from_tile(t, dst, to, n_tokens);  // sealed in src's tile
@@ -420,31 +510,32 @@ void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
         }
       }
   }
-  for (int l = 0; l < layout_.n_layers; ++l) {
+  for (int l = 0; l < layout().n_layers; ++l) {
     const auto at_src = static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(src.value);
     const auto at_dst = static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(dst.value);
     has_bias_[at_dst] = has_bias_[at_src];
     if (has_bias_[at_src])
-      std::memcpy(bias_at(dst, l, 0), bias_at(src, l, 0), sizeof(float) * layout_.n_kv_heads * bs);
+      std::memcpy(bias_at(dst, l, 0), bias_at(src, l, 0), sizeof(float) * layout().n_kv_heads * bs);
   }
   if (summaries_) {
-    const auto at_src = static_cast<std::size_t>(src.value) * layout_.n_layers;
-    const auto at_dst = static_cast<std::size_t>(dst.value) * layout_.n_layers;
-    for (int l = 0; l < layout_.n_layers; ++l) {
+    const auto at_src = static_cast<std::size_t>(src.value) * layout().n_layers;
+    const auto at_dst = static_cast<std::size_t>(dst.value) * layout().n_layers;
+    for (int l = 0; l < layout().n_layers; ++l) {
       const bool keep = n_tokens == bs && summarized_[at_src + l];
       summarized_[at_dst + l] = keep;
       if (keep)
         std::memcpy(summary(dst, l, 0), summary(src, l, 0),
-                    sizeof(float) * 3 * static_cast<std::size_t>(layout_.head_dim) * layout_.n_kv_heads);
+                    sizeof(float) * 3 * static_cast<std::size_t>(layout().head_dim) * layout().n_kv_heads);
     }
   }
 }
 
 void kv_storage::truncate_block(block_id b, int n_tokens) {
   PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_);
-  PAGODA_ASSERT(n_tokens >= 0 && n_tokens < layout_.block_size, "truncate to {} tokens", n_tokens);
+  PAGODA_ASSERT(n_tokens >= 0 && n_tokens < layout().block_size, "truncate to {} tokens", n_tokens);
   forget_summaries(b);
-  if (n_sealed_ == 0) return;  // codes of other formats are per token: later writes just overwrite
+  block_class_data& c = classes_[block_class(b)];
+  if (c.n_sealed == 0) return;  // codes of other formats are per token: later writes just overwrite
   std::int32_t slot = block_slot_[b.value];
   if (n_tokens == 0) {
     if (slot >= 0) release_slot(slot);
@@ -452,18 +543,18 @@ void kv_storage::truncate_block(block_id b, int n_tokens) {
   }
   const bool sealed = slot < 0;  // no slot: every sealed tensor of b is encoded in its tile
   if (sealed) slot = acquire_slot(b);
-  for (auto* tensors : {&k_, &v_})
+  for (auto* tensors : {&c.k, &c.v})
     for (tensor& t : *tensors) {
       if (t.sealed_index < 0) continue;
-      std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * n_sealed_ + t.sealed_index];
-      if (sealed || fill == layout_.block_size) stage_from_tile(t, b, slot, n_tokens);  // back to staging
+      std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + t.sealed_index];
+      if (sealed || fill == layout().block_size) stage_from_tile(t, b, slot, n_tokens);  // back to staging
       else fill = std::min(fill, n_tokens);
     }
 }
 
 void kv_storage::release_block(block_id b) {
   PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
-  if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+  if (slot_stride_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
   if (n_window_slots_ > 0) {
     std::int32_t& slot = window_slot_[static_cast<std::size_t>(b.value)];
     if (slot >= 0) window_block_[static_cast<std::size_t>(slot)] = -1;
@@ -475,13 +566,14 @@ void kv_storage::release_block(block_id b) {
 
 void kv_storage::read_block(block_id b, std::span<std::byte> out) const {
   PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
-  PAGODA_ASSERT(out.size() == layout_.tile_bytes_per_block(), "read_block into {} bytes, block has {}", out.size(),
-                layout_.tile_bytes_per_block());
-  PAGODA_ASSERT(n_sealed_ == 0 || block_slot_[b.value] < 0, "read_block of block {}, which is still staged", b.value);
+  const block_class_data& c = classes_[block_class(b)];
+  PAGODA_ASSERT(out.size() == c.layout.tile_bytes_per_block(), "read_block into {} bytes, block {} (class {}) has {}",
+                out.size(), b.value, block_class(b), c.layout.tile_bytes_per_block());
+  PAGODA_ASSERT(c.n_sealed == 0 || block_slot_[b.value] < 0, "read_block of block {}, which is still staged", b.value);
   std::byte* dst = out.data();
-  for (int l = 0; l < layout_.n_layers; ++l)
-    for (const tensor* t : {&k_[l], &v_[l]})
-      for (int h = 0; h < layout_.n_kv_heads; ++h) {
+  for (int l = 0; l < layout().n_layers; ++l)
+    for (const tensor* t : {&c.k[l], &c.v[l]})
+      for (int h = 0; h < layout().n_kv_heads; ++h) {
         std::memcpy(dst, tile(*t, b, h), t->tile_bytes);
         dst += t->tile_bytes;
       }
@@ -489,19 +581,24 @@ void kv_storage::read_block(block_id b, std::span<std::byte> out) const {
 
 status kv_storage::write_block(block_id b, std::span<const std::byte> in) {
   PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
-  if (in.size() != layout_.tile_bytes_per_block())
-    return error(errc::invalid_argument, "a KV block of this layout ({}) has {} bytes, not {}", layout_.describe(),
-                 layout_.tile_bytes_per_block(), in.size());
-  if (n_sealed_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+  const block_class_data& c = classes_[block_class(b)];
+  if (in.size() != c.layout.tile_bytes_per_block()) {
+    if (classes_.size() > 1)
+      return error(errc::invalid_argument, "a KV block of block class {} ({}) has {} bytes, not {}", block_class(b),
+                   c.layout.describe(), c.layout.tile_bytes_per_block(), in.size());
+    return error(errc::invalid_argument, "a KV block of this layout ({}) has {} bytes, not {}", c.layout.describe(),
+                 c.layout.tile_bytes_per_block(), in.size());
+  }
+  if (slot_stride_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
   clear_bias(b);
   const std::byte* src = in.data();
-  for (int l = 0; l < layout_.n_layers; ++l)
-    for (const tensor* t : {&k_[l], &v_[l]})
-      for (int h = 0; h < layout_.n_kv_heads; ++h) {
+  for (int l = 0; l < layout().n_layers; ++l)
+    for (const tensor* t : {&c.k[l], &c.v[l]})
+      for (int h = 0; h < layout().n_kv_heads; ++h) {
         std::memcpy(tile(*t, b, h), src, t->tile_bytes);
         src += t->tile_bytes;
       }
-  for (int l = 0; l < layout_.n_layers; ++l) summarize(l, b);
+  for (int l = 0; l < layout().n_layers; ++l) summarize(l, b);
   return {};
 }
 

@@ -7,6 +7,15 @@
 // sequential ones).
 // Each layer's K and V have their own format (type and scale granularity).
 //
+// Block classes (kv_backend.h): each class has arenas of its own, laid out as
+// above over its own blocks (tile index = block id - the class's first block),
+// so a class's tiles are as contiguous as a one-class pool's. Per block the
+// storage keeps its class ([n_blocks] bytes) and, per layer and role, one
+// paged_kv_class per class that views point at (built once at create). With
+// one class views carry no class arrays and every path is the one-class one.
+// Per-slot biases and key summaries do not depend on formats: one array over
+// every block serves all classes.
+//
 // Windowed layers (kv_window_layout): a sliding-window layer may keep its
 // tiles in a smaller arena of window slots instead, indexed by the slot the
 // KV manager bound to the block (kv_backend::bind_window; window_slots.h).
@@ -15,7 +24,9 @@
 //
 // Staging slots (sealed formats, see kv_backend.h):
 //   - A slot holds an f16 copy of one block of every sealed tensor (all layers,
-//     K and/or V): bytes = kv_layout::staging_bytes_per_slot().
+//     K and/or V) of its block's class: bytes = the largest
+//     kv_layout::staging_bytes_per_slot() over the classes, so any slot serves
+//     a block of any class. Sealed tensors are numbered per class.
 //   - Slots are bound to blocks lazily: the first write into a block (at its
 //     first slot) takes a slot; sealing releases it, and so do release_block()
 //     and a copy or write of a whole block.
@@ -61,17 +72,27 @@ struct kv_staging_stats {
 
 class kv_storage final : public kv_backend {
  public:
-  // Maps (lazily zeroed) memory for n_blocks blocks and, when a format is
-  // sealed, n_staging_slots staging slots (at least 1, at most n_blocks).
+  // Maps (lazily zeroed) memory for n_blocks blocks of class 0 (layout), then
+  // each extra class's blocks, and, when a format of any class is sealed,
+  // n_staging_slots staging slots (at least 1, at most n_blocks()).
+  // Errors: a bad layout; an extra class whose shape differs from layout's
+  // or that has no block (invalid_argument); extra classes together with
+  // window slots (unsupported).
   static result<std::unique_ptr<kv_storage>> create(const kv_layout& layout, std::int64_t n_blocks,
                                                     std::int64_t n_staging_slots = 1,
-                                                    const kv_window_layout& windows = {});
+                                                    const kv_window_layout& windows = {},
+                                                    std::span<const kv_class_spec> extra_classes = {});
   ~kv_storage() override;
   kv_storage(const kv_storage&) = delete;
   kv_storage& operator=(const kv_storage&) = delete;
 
-  const kv_layout& layout() const override { return layout_; }
+  const kv_layout& layout() const override { return classes_[0].layout; }
   std::int64_t n_blocks() const override { return n_blocks_; }
+  int n_classes() const override { return static_cast<int>(classes_.size()); }
+  const kv_layout& class_layout(int c) const override { return classes_[c].layout; }
+  std::int64_t class_first_block(int c) const override { return classes_[c].first_block; }
+  std::int64_t class_n_blocks(int c) const override { return classes_[c].n_blocks; }
+  int block_class(block_id b) const override { return block_class_.empty() ? 0 : block_class_[b.value]; }
   // Every byte this storage holds: tiles, staging slots, static parameters, key summaries.
   std::size_t total_bytes() const;
   kv_staging_stats staging() const;
@@ -98,17 +119,38 @@ class kv_storage final : public kv_backend {
     std::size_t tile_bytes = 0;
     const kv_codec* codec = nullptr;
     kv_format format;
-    int sealed_index = -1;  // position among the sealed tensors; -1: not sealed
+    int cls = 0;            // the block class it belongs to
+    int sealed_index = -1;  // position among its class's sealed tensors; -1: not sealed
     bool windowed = false;  // tiles indexed by window slot, not block id
-    std::int64_t n_tiles = 0;  // per KV head: n_blocks, or the window slots
+    std::int64_t first_block = 0;  // the class's first block id: tile index = block id - first_block
+    std::int64_t n_tiles = 0;  // per KV head: the class's blocks, or the window slots
     std::vector<float> static_values;               // [2][n_kv_heads][head_dim]: scales, offsets
     std::vector<kv_static_params> static_params;    // [n_kv_heads]
+    const kv_static_params* params(int head) const { return static_params.empty() ? nullptr : &static_params[head]; }
+  };
+  // One block class: blocks [first_block, first_block + n_blocks) in layout's formats.
+  struct block_class_data {
+    kv_layout layout;
+    std::int64_t first_block = 0;
+    std::int64_t n_blocks = 0;
+    std::vector<tensor> k;  // [n_layers]
+    std::vector<tensor> v;  // [n_layers]
+    int n_sealed = 0;       // sealed tensors of this class
   };
   kv_storage() = default;
+  status add_class(const kv_layout& layout, std::int64_t n_blocks, const kv_window_layout& windows);
   status init_tensor(tensor& t, const kv_format& fmt, int layer, bool windowed);
+  void build_view_classes();
+  // Block b's tensor of (layer, role).
+  tensor& k_of(block_id b, int layer) { return classes_[block_class(b)].k[layer]; }
+  tensor& v_of(block_id b, int layer) { return classes_[block_class(b)].v[layer]; }
+  const tensor& tensor_of(block_id b, int layer, kv_role role) const {
+    const block_class_data& c = classes_[block_class(b)];
+    return role == kv_role::key ? c.k[layer] : c.v[layer];
+  }
   // Slots [t0, t0 + run) of one block of one tensor; x is [run][n_kv_heads][head_dim].
   void write_run(tensor& a, int layer, block_id b, int t0, int run, const float* x);
-  paged_kv_view view(const tensor& a, std::span<const block_id> blocks, int n_tokens) const;
+  paged_kv_view view(int layer, kv_role role, std::span<const block_id> blocks, int n_tokens) const;
   std::byte* tile(const tensor& t, block_id b, int head) const;
   // Fills slot `slot`'s f16 staging of tensor t with the first n tokens decoded from its tile.
   void stage_from_tile(tensor& t, block_id b, std::int32_t slot, int n);
@@ -118,10 +160,11 @@ class kv_storage final : public kv_backend {
   float* summary(block_id b, int layer, int head) const;
 
   // Compaction (kv_storage_gather.cpp).
-  // Decodes row `head` of the given slots of a table into out (row stride
-  // `stride` floats), from the staged f16 copy where a block is staged.
-  void decode_slots(const tensor& t, std::span<const block_id> table, int head, std::span<const std::int32_t> slots,
-                    float* out, std::size_t stride);
+  // Decodes row `head` of (layer, role) of the given slots of a table into
+  // out (row stride `stride` floats), each in its block's class, from the
+  // staged f16 copy where a block is staged.
+  void decode_slots(int layer, kv_role role, std::span<const block_id> table, int head,
+                    std::span<const std::int32_t> slots, float* out, std::size_t stride);
   // Slots [t0, t1) of block b of tensor t (layer `layer`) get rows
   // x[t1 - t0][n_kv_heads][head_dim]; slots below t0 keep what they hold.
   void rewrite_block(tensor& t, int layer, block_id b, int t0, int t1, const float* x);
@@ -135,19 +178,22 @@ class kv_storage final : public kv_backend {
   std::int32_t acquire_slot(block_id b);
   void release_slot(std::int32_t slot);
 
-  kv_layout layout_;
-  std::int64_t n_blocks_ = 0;
-  std::vector<tensor> k_;  // [n_layers]
-  std::vector<tensor> v_;  // [n_layers]
+  std::int64_t n_blocks_ = 0;  // over every class
+  std::vector<block_class_data> classes_;  // [n classes]; class 0 is the default layout
+  // With more than one class: [n_blocks] each block's class, and
+  // [n_layers][2 (K, V)][n classes] what views point at. Empty with one.
+  std::vector<std::uint8_t> block_class_;
+  std::vector<paged_kv_class> view_classes_;
 
-  int n_sealed_ = 0;                 // sealed tensors
+  int slot_stride_ = 0;              // fills per staging slot: the most sealed tensors of a class
   std::size_t staged_tile_bytes_ = 0;  // one head's f16 tile
   std::size_t slot_bytes_ = 0;
   std::int64_t n_slots_ = 0;
   std::byte* staging_ = nullptr;   // [n_slots_][slot_bytes_]
   std::vector<std::int32_t> block_slot_;  // [n_blocks]: slot or -1
   std::vector<std::int32_t> slot_block_;  // [slots]: block or -1
-  std::vector<std::int32_t> slot_fill_;   // [slots][n_sealed_]: tokens staged (block_size: sealed)
+  std::vector<std::int32_t> slot_fill_;   // [slots][slot_stride_]: tokens staged per sealed tensor of
+                                          // the slot's block's class (block_size: sealed)
   std::vector<std::int32_t> free_slots_;
   std::int64_t slots_in_use_ = 0;
   std::int64_t peak_slots_in_use_ = 0;

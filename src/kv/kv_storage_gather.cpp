@@ -11,58 +11,58 @@
 namespace pagoda {
 
 float* kv_storage::bias_at(block_id b, int layer, int head) const {
-  const std::size_t per_block = static_cast<std::size_t>(layout_.n_kv_heads) * layout_.block_size;
+  const std::size_t per_block = static_cast<std::size_t>(layout().n_kv_heads) * layout().block_size;
   return bias_ + (static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)) * per_block +
-         static_cast<std::size_t>(head) * layout_.block_size;
+         static_cast<std::size_t>(head) * layout().block_size;
 }
 
 const float* kv_storage::bias_of(block_id b, int layer, int head) const {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout_.n_layers);
+  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout().n_layers);
   return has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)]
              ? bias_at(b, layer, head)
              : nullptr;
 }
 
 void kv_storage::clear_bias(block_id b) {
-  for (int l = 0; l < layout_.n_layers; ++l) {
+  for (int l = 0; l < layout().n_layers; ++l) {
     std::uint8_t& has = has_bias_[static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(b.value)];
     if (!has) continue;
-    std::fill_n(bias_at(b, l, 0), static_cast<std::size_t>(layout_.n_kv_heads) * layout_.block_size, 0.0f);
+    std::fill_n(bias_at(b, l, 0), static_cast<std::size_t>(layout().n_kv_heads) * layout().block_size, 0.0f);
     has = 0;
   }
 }
 
-void kv_storage::decode_slots(const tensor& t, std::span<const block_id> table, int head,
+void kv_storage::decode_slots(int layer, kv_role role, std::span<const block_id> table, int head,
                               std::span<const std::int32_t> slots, float* out, std::size_t stride) {
-  const int bs = layout_.block_size;
-  const kv_tile_shape shape = layout_.tile_shape();
+  const int bs = layout().block_size;
+  const kv_tile_shape shape = layout().tile_shape();
   const kv_codec* f16 = get_kv_codec(kv_type::f16);
-  const kv_format staged_fmt = kv_staged_format(t.format.role);
-  const kv_static_params* sp = t.static_params.empty() ? nullptr : &t.static_params[head];
+  const kv_format staged_fmt = kv_staged_format(role);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     float* dst = out + i * stride;
     const std::int32_t slot = slots[i];
     if (slot < 0) {
-      std::fill_n(dst, layout_.head_dim, 0.0f);
+      std::fill_n(dst, layout().head_dim, 0.0f);
       continue;
     }
     const block_id b = table[static_cast<std::size_t>(slot / bs)];
+    const tensor& t = tensor_of(b, layer, role);  // each slot in its own block's class
     const int at = slot % bs;
     const std::int32_t ss = t.sealed_index >= 0 ? block_slot_[b.value] : -1;
-    const std::int32_t fill = ss >= 0 ? slot_fill_[static_cast<std::size_t>(ss) * n_sealed_ + t.sealed_index] : bs;
+    const std::int32_t fill = ss >= 0 ? slot_fill_[static_cast<std::size_t>(ss) * slot_stride_ + t.sealed_index] : bs;
     if (ss >= 0 && fill < bs) {
       PAGODA_ASSERT(at < fill, "gather reads slot {} of block {}, which stages {}", at, b.value, fill);
       f16->decode(staged_fmt, shape, nullptr, staged_tile(ss, t.sealed_index, head), at, 1, dst);
     } else {
-      t.codec->decode(t.format, shape, sp, tile(t, b, head), at, 1, dst);
+      t.codec->decode(t.format, shape, t.params(head), tile(t, b, head), at, 1, dst);
     }
   }
 }
 
 void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1, const float* x) {
-  const int bs = layout_.block_size;
+  const int bs = layout().block_size;
   if (t.format.role == kv_role::key && summaries_ && t1 < bs)
-    summarized_[static_cast<std::size_t>(b.value) * layout_.n_layers + layer] = 0;  // no longer full
+    summarized_[static_cast<std::size_t>(b.value) * layout().n_layers + layer] = 0;  // no longer full
   if (t.sealed_index >= 0) {
     // Sealed: the kept leading slots must be staged (from the tile when the
     // block was sealed) for the write path to append after them; it seals
@@ -78,11 +78,11 @@ void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1,
       // A sealed block rewritten to its end: encoded whole from its kept
       // leading tokens and the new rows, without a staging slot (a compaction
       // must not hold more slots than the sequence's two).
-      const int H = layout_.n_kv_heads, hd = layout_.head_dim;
+      const int H = layout().n_kv_heads, hd = layout().head_dim;
       const std::size_t row = static_cast<std::size_t>(H) * hd;
       std::vector<float> whole(static_cast<std::size_t>(bs) * row);
       for (int h = 0; h < H; ++h) {
-        t.codec->decode(t.format, layout_.tile_shape(), nullptr, tile(t, b, h), 0, t0, gather_.data());
+        t.codec->decode(t.format, layout().tile_shape(), nullptr, tile(t, b, h), 0, t0, gather_.data());
         for (int j = 0; j < t0; ++j)
           std::memcpy(&whole[static_cast<std::size_t>(j) * row + static_cast<std::size_t>(h) * hd],
                       &gather_[static_cast<std::size_t>(j) * hd], sizeof(float) * hd);
@@ -93,9 +93,9 @@ void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1,
     }
     if (ss < 0) {
       ss = acquire_slot(b);
-      std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(ss) * n_sealed_, n_sealed_, bs);
+      std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(ss) * slot_stride_, slot_stride_, bs);
     }
-    std::int32_t& fill = slot_fill_[static_cast<std::size_t>(ss) * n_sealed_ + t.sealed_index];
+    std::int32_t& fill = slot_fill_[static_cast<std::size_t>(ss) * slot_stride_ + t.sealed_index];
     if (t0 > 0 && fill == bs) {
       stage_from_tile(t, b, ss, t0);
     } else {
@@ -109,11 +109,11 @@ void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1,
 
 void kv_storage::gather(const kv_gather& g, const key_rotation& rotate) {
   PAGODA_ASSERT(g.rotate.empty() || rotate, "a gather that re-rotates keys needs the model's rotation");
-  for (int l = 0; l < layout_.n_layers; ++l) gather_layer(g, l, rotate);
+  for (int l = 0; l < layout().n_layers; ++l) gather_layer(g, l, rotate);
 }
 
 void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation& rotate) {
-  const int bs = layout_.block_size, hd = layout_.head_dim, H = layout_.n_kv_heads;
+  const int bs = layout().block_size, hd = layout().head_dim, H = layout().n_kv_heads;
   const std::size_t row = static_cast<std::size_t>(H) * hd;
   const int n = g.n;
   // Everything this layer's rewrite reads, before anything of it is written.
@@ -130,8 +130,8 @@ void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation&
   for (int h = 0; h < H; ++h) {
     const int r = g.n_rows == 1 ? 0 : layer * H + h;
     const std::span<const std::int32_t> src(g.row_sources(r), static_cast<std::size_t>(n));
-    decode_slots(k_[layer], g.src_table, h, src, k.data() + static_cast<std::size_t>(h) * hd, row);
-    decode_slots(v_[layer], g.src_table, h, src, v.data() + static_cast<std::size_t>(h) * hd, row);
+    decode_slots(layer, kv_role::key, g.src_table, h, src, k.data() + static_cast<std::size_t>(h) * hd, row);
+    decode_slots(layer, kv_role::value, g.src_table, h, src, v.data() + static_cast<std::size_t>(h) * hd, row);
     for (int i = 0; i < n; ++i) {
       mass[static_cast<std::size_t>(i) * H + h] = slot_mass(src[static_cast<std::size_t>(i)], h);
       any_mass |= mass[static_cast<std::size_t>(i) * H + h] != 1.0f && src[static_cast<std::size_t>(i)] >= 0;
@@ -140,8 +140,8 @@ void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation&
     // Fold this head's evicted entries into its kept ones.
     const std::span<const std::int32_t> folded(g.row_folded(r), static_cast<std::size_t>(nf));
     const int n_ev = static_cast<int>(std::count_if(folded.begin(), folded.end(), [](std::int32_t s) { return s >= 0; }));
-    decode_slots(k_[layer], g.src_table, h, folded.first(static_cast<std::size_t>(n_ev)), fk.data(), hd);
-    decode_slots(v_[layer], g.src_table, h, folded.first(static_cast<std::size_t>(n_ev)), fv.data(), hd);
+    decode_slots(layer, kv_role::key, g.src_table, h, folded.first(static_cast<std::size_t>(n_ev)), fk.data(), hd);
+    decode_slots(layer, kv_role::value, g.src_table, h, folded.first(static_cast<std::size_t>(n_ev)), fv.data(), hd);
     for (int e = 0; e < n_ev; ++e) fmass[static_cast<std::size_t>(e)] = slot_mass(folded[static_cast<std::size_t>(e)], h);
     // The live kept entries of this head, contiguous for the fold.
     std::vector<int> live;
@@ -180,8 +180,9 @@ void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation&
     const int slot = g.first + i;
     const block_id b = g.dst_table[static_cast<std::size_t>(slot / bs)];
     const int t0 = slot % bs, t1 = std::min(bs, t0 + (n - i));
-    rewrite_block(k_[layer], layer, b, t0, t1, k.data() + static_cast<std::size_t>(i) * row);
-    rewrite_block(v_[layer], layer, b, t0, t1, v.data() + static_cast<std::size_t>(i) * row);
+    // Encoded in the destination block's class, whatever the sources' were.
+    rewrite_block(k_of(b, layer), layer, b, t0, t1, k.data() + static_cast<std::size_t>(i) * row);
+    rewrite_block(v_of(b, layer), layer, b, t0, t1, v.data() + static_cast<std::size_t>(i) * row);
     std::uint8_t& has = has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)];
     if (any_mass || has) {
       for (int h = 0; h < H; ++h) {

@@ -103,14 +103,22 @@ struct fixture {
   // Attention for query tokens [first, first + n) over positions [0, first +
   // n), with a sliding window and soft-capping as given.
   std::vector<float> run(int first, int n, bool reference, int window = 0, float softcap = 0.0f) {
+    return run_on(*kv, table, first, n, reference, window, softcap);
+  }
+  // The same over another backend's table that holds this fixture's K/V
+  // (block classes), reading only `ranges` when there are any.
+  std::vector<float> run_on(const kv_backend& backend, std::span<const block_id> blocks, int first, int n,
+                            bool reference, int window = 0, float softcap = 0.0f,
+                            std::span<const slot_range> ranges = {}) const {
     std::vector<float> out(static_cast<std::size_t>(n) * q_stride(), NAN);
-    paged_kv_view kview = kv->k_view(0, table, first + n);
-    paged_kv_view vview = kv->v_view(0, table, first + n);
+    paged_kv_view kview = backend.k_view(0, blocks, first + n);
+    paged_kv_view vview = backend.v_view(0, blocks, first + n);
     attention_scratch scratch;
     for (int h = 0; h < n_kv_heads; ++h) {
       attention_task t = task(kview, vview, h, first, n, pos.data() + first, pos.data(), first + n, out.data());
       t.window = window;
       t.softcap = softcap;
+      t.ranges = ranges;
       if (reference) paged_attention_ref(t);
       else paged_attention(t, scratch);
     }

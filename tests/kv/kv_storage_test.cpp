@@ -90,13 +90,22 @@ TEST(kv_storage, write_view_and_copy_block) {
   EXPECT_EQ(out[3], 513.0f);
 }
 
-// Decodes token p of head h through a view, staged or sealed.
+// Decodes token p of head h through a view, staged or sealed, in its block's class.
 std::vector<float> read_token(const paged_kv_view& v, int p, int h) {
   std::vector<float> out(v.shape.head_dim);
   int b = p / v.shape.block_size, slot = p % v.shape.block_size;
   if (v.is_staged(b)) v.staged_codec->decode(v.staged_format, v.shape, nullptr, v.staged_tile(h), slot, 1, out.data());
-  else v.codec->decode(v.format, v.shape, v.params(h), v.tile(b, h), slot, 1, out.data());
+  else v.codec_of(b)->decode(v.format_of(b), v.shape, v.params_of(b, h), v.tile(b, h), slot, 1, out.data());
   return out;
+}
+
+// k and v get n normal values each.
+void fill_normal(std::mt19937& rng, std::size_t n, std::vector<float>& k, std::vector<float>& v) {
+  std::normal_distribution<float> nd;
+  k.resize(n);
+  v.resize(n);
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
 }
 
 struct sealed_fixture {
@@ -107,11 +116,7 @@ struct sealed_fixture {
   explicit sealed_fixture(int n_tokens, int slots = 2) {
     s = std::move(*kv_storage::create(layout, 16, slots));
     std::mt19937 rng(9);
-    std::normal_distribution<float> nd;
-    k.resize(static_cast<std::size_t>(n_tokens) * H * D);
-    v.resize(k.size());
-    for (float& x : k) x = nd(rng);
-    for (float& x : v) x = nd(rng);
+    fill_normal(rng, static_cast<std::size_t>(n_tokens) * H * D, k, v);
   }
   void write(std::span<const block_id> table, int pos, int n) {
     for (int l = 0; l < L; ++l)
@@ -508,6 +513,318 @@ TEST(kv_storage, nearest_fold_writes_means_and_log_mass) {
   // A released block forgets them.
   s->release_block(table[0]);
   EXPECT_EQ(s->bias_of(table[0], 0, 0), nullptr);
+}
+
+}  // namespace
+}  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// Block classes: f16 (the default), a class with int8 but KIVI int2 keys in
+// layer 1 (one sealed tensor) and KIVI int4 (both layers' keys sealed), so
+// the classes number their sealed tensors differently. Every block of the
+// mixed storage must hold what a storage of its class alone holds for the
+// same tokens.
+struct class_fixture {
+  static constexpr int L = 2, H = 2, D = 16, B = 4;
+  std::vector<kv_class_spec> extra;
+  kv_layout base;
+  std::unique_ptr<kv_storage> s;                 // classes 0: [0, 6), 1: [6, 11), 2: [11, 17)
+  std::vector<std::unique_ptr<kv_storage>> ref;  // [class]: 8 blocks of that class alone
+  std::vector<float> k, v;                       // [n][H][D]
+  // Sequence A mixes every class and ends in a staged class 2 block; B is one staged class 1 block.
+  std::vector<block_id> a{block_id(7), block_id(2), block_id(12), block_id(8), block_id(3), block_id(13)};
+  std::vector<block_id> b{block_id(9)};
+  std::vector<block_id> ref_a{block_id(0), block_id(1), block_id(2), block_id(3), block_id(4), block_id(5)};
+  std::vector<block_id> ref_b{block_id(6)};
+  static constexpr int n_a = 22, n_b = 3;
+
+  static kv_layout layout_of(int c) {
+    kv_layout l = kv_layout::uniform(L, H, D, B, kv_type::f16, kv_type::f16);
+    if (c == 1) {
+      l = kv_layout::uniform(L, H, D, B, kv_type::int8, kv_type::int8);
+      l.k_formats[1] = default_kv_format(kv_type::int2, kv_role::key);  // per channel: sealed
+    }
+    if (c == 2) l = kv_layout::uniform(L, H, D, B, kv_type::int4, kv_type::int4);
+    l.key_summaries = true;
+    return l;
+  }
+  static std::unique_ptr<kv_storage> make_mixed() {
+    const std::vector<kv_class_spec> extra{{layout_of(1), 5}, {layout_of(2), 6}};
+    return std::move(*kv_storage::create(layout_of(0), 6, 4, {}, extra));
+  }
+
+  class_fixture() {
+    s = make_mixed();
+    for (int c = 0; c < 3; ++c) ref.push_back(std::move(*kv_storage::create(layout_of(c), 8, 4)));
+    std::mt19937 rng(17);
+    fill_normal(rng, static_cast<std::size_t>(n_a) * H * D, k, v);
+    // Uneven chunks, the same for every storage.
+    for (int p = 0; p < n_a;) {
+      const int n = std::min(n_a - p, 1 + static_cast<int>(rng() % 7));
+      write_all(a, ref_a, p, n);
+      p += n;
+    }
+    write_all(b, ref_b, 0, n_b);
+  }
+  void write_all(std::span<const block_id> t, std::span<const block_id> rt, int p, int n) {
+    const std::size_t at = static_cast<std::size_t>(p) * H * D;
+    for (int l = 0; l < L; ++l) {
+      s->write(l, t, p, n, &k[at], &v[at]);
+      for (auto& r : ref) r->write(l, rt, p, n, &k[at], &v[at]);
+    }
+  }
+};
+
+// Table block i of x (n tokens) holds what table block i of y does: the same
+// format and tile bytes when full, the same staged tokens when open, the same
+// decoded values either way, every layer, K and V, head.
+void expect_same_block(const kv_backend& x, std::span<const block_id> xt, const kv_backend& y,
+                       std::span<const block_id> yt, int n, int i) {
+  const int bs = x.layout().block_size;
+  const int n_in = std::min(bs, n - i * bs);
+  for (int l = 0; l < x.layout().n_layers; ++l)
+    for (bool key : {true, false}) {
+      const paged_kv_view xv = key ? x.k_view(l, xt, n) : x.v_view(l, xt, n);
+      const paged_kv_view yv = key ? y.k_view(l, yt, n) : y.v_view(l, yt, n);
+      ASSERT_EQ(xv.format_of(i), yv.format_of(i)) << "layer " << l << " block " << i;
+      ASSERT_EQ(xv.is_staged(i), yv.is_staged(i)) << "layer " << l << " block " << i;
+      for (int h = 0; h < x.layout().n_kv_heads; ++h) {
+        if (n_in == bs) {
+          const std::size_t bytes = xv.codec_of(i)->tile_bytes(xv.format_of(i), xv.shape);
+          EXPECT_EQ(std::memcmp(xv.tile(i, h), yv.tile(i, h), bytes), 0)
+              << "layer " << l << (key ? " K" : " V") << " block " << i << " head " << h;
+        }
+        for (int p = i * bs; p < i * bs + n_in; ++p)
+          ASSERT_EQ(read_token(xv, p, h), read_token(yv, p, h))
+              << "layer " << l << (key ? " K" : " V") << " slot " << p << " head " << h;
+      }
+    }
+}
+
+TEST(kv_storage_classes, each_block_is_stored_in_its_class) {
+  class_fixture f;
+  kv_storage& s = *f.s;
+  ASSERT_EQ(s.n_classes(), 3);
+  EXPECT_EQ(s.n_blocks(), 17);
+  EXPECT_EQ(s.class_first_block(1), 6);
+  EXPECT_EQ(s.class_n_blocks(1), 5);
+  EXPECT_EQ(s.class_first_block(2), 11);
+  EXPECT_EQ(s.class_n_blocks(2), 6);
+  EXPECT_EQ(s.block_class(block_id(5)), 0);
+  EXPECT_EQ(s.block_class(block_id(6)), 1);
+  EXPECT_EQ(s.block_class(block_id(16)), 2);
+  EXPECT_EQ(s.layout().k_formats[0].type, kv_type::f16);
+  EXPECT_EQ(s.class_layout(1).k_formats[1].type, kv_type::int2);
+  EXPECT_EQ(s.block_bytes(block_id(12)), class_fixture::layout_of(2).tile_bytes_per_block());
+  EXPECT_EQ(s.max_block_bytes(), class_fixture::layout_of(0).tile_bytes_per_block());
+  // Every class's blocks, and staging slots sized for the class that stages most.
+  std::size_t want = 0;
+  const std::int64_t counts[3] = {6, 5, 6};
+  for (int c = 0; c < 3; ++c) want += counts[c] * class_fixture::layout_of(c).bytes_per_block();
+  const std::size_t slot = class_fixture::layout_of(2).staging_bytes_per_slot();
+  EXPECT_GT(slot, class_fixture::layout_of(1).staging_bytes_per_slot());
+  EXPECT_EQ(s.total_bytes(), want + 4 * slot);
+  EXPECT_EQ(s.staging().slots_in_use, 2) << "A's last block (class 2) and B's (class 1) are open";
+
+  for (int i = 0; i < 6; ++i) {
+    SCOPED_TRACE("block " + std::to_string(i));
+    expect_same_block(s, f.a, *f.ref[s.block_class(f.a[static_cast<std::size_t>(i)])], f.ref_a, class_fixture::n_a,
+                      i);
+  }
+  expect_same_block(s, f.b, *f.ref[1], f.ref_b, class_fixture::n_b, 0);
+  // Which tensors stage follows the last block's class: class 2 keys of both
+  // layers, class 1 keys of layer 1 only; values never.
+  EXPECT_TRUE(s.k_view(0, f.a, class_fixture::n_a).is_staged(5));
+  EXPECT_FALSE(s.v_view(1, f.a, class_fixture::n_a).is_staged(5));
+  EXPECT_FALSE(s.k_view(0, f.b, class_fixture::n_b).is_staged(0));
+  EXPECT_TRUE(s.k_view(1, f.b, class_fixture::n_b).is_staged(0));
+  // Key summaries come from each block's decoded keys.
+  for (int l = 0; l < 2; ++l) {
+    const auto got = s.key_summary_of(block_id(12), l, 1), want_sum = f.ref[2]->key_summary_of(block_id(2), l, 1);
+    ASSERT_TRUE(got.has_value() && want_sum.has_value());
+    for (int d = 0; d < class_fixture::D; ++d) {
+      EXPECT_EQ(got->min[d], want_sum->min[d]);
+      EXPECT_EQ(got->mean[d], want_sum->mean[d]);
+    }
+  }
+  // Sealing B's block (class 1) frees its slot.
+  std::vector<float> more(static_cast<std::size_t>(class_fixture::H) * class_fixture::D, 0.25f);
+  for (int l = 0; l < 2; ++l) s.write(l, f.b, 3, 1, more.data(), more.data());
+  EXPECT_EQ(s.staging().slots_in_use, 1);
+}
+
+TEST(kv_storage_classes, block_ops_stay_within_a_class) {
+  class_fixture f;
+  kv_storage& s = *f.s;
+  // Copy-on-write of the open class 2 block and of a full class 1 block.
+  s.copy_block(block_id(13), block_id(14), 2);
+  s.copy_block(block_id(7), block_id(10), 4);
+  for (auto& r : f.ref) {
+    r->copy_block(block_id(5), block_id(7), 2);
+    r->copy_block(block_id(0), block_id(6), 4);
+  }
+  std::vector<block_id> a2 = f.a, ra2 = f.ref_a;
+  a2[5] = block_id(14);
+  ra2[5] = block_id(7);
+  expect_same_block(s, a2, *f.ref[2], ra2, class_fixture::n_a, 5);
+  std::vector<block_id> c1{block_id(10)}, rc1{block_id(6)};
+  expect_same_block(s, c1, *f.ref[1], rc1, 4, 0);
+  EXPECT_DEATH(s.copy_block(block_id(2), block_id(9), 4), "copy_block from block 2 of class 0 to block 9 of class 1");
+
+  // Truncating a sealed class 2 block reopens it in staging; new tokens seal it again.
+  s.truncate_block(block_id(12), 2);
+  f.ref[2]->truncate_block(block_id(2), 2);
+  expect_same_block(s, f.a, *f.ref[2], f.ref_a, 10, 2);
+  std::vector<float> nk(2 * class_fixture::H * class_fixture::D), nv(nk.size());
+  for (std::size_t i = 0; i < nk.size(); ++i) {
+    nk[i] = std::sin(static_cast<float>(i));
+    nv[i] = std::cos(static_cast<float>(i));
+  }
+  for (int l = 0; l < 2; ++l) {
+    s.write(l, f.a, 10, 2, nk.data(), nv.data());
+    f.ref[2]->write(l, f.ref_a, 10, 2, nk.data(), nv.data());
+  }
+  expect_same_block(s, f.a, *f.ref[2], f.ref_a, 12, 2);
+
+  // Whole blocks as bytes, each class its own size; a size of another class is an error.
+  for (block_id blk : {block_id(2), block_id(7), block_id(12)}) {
+    const int c = s.block_class(blk);
+    const block_id to(static_cast<std::int32_t>(s.class_first_block(c) + s.class_n_blocks(c) - 1));
+    std::vector<std::byte> bytes(s.block_bytes(blk));
+    EXPECT_EQ(bytes.size(), class_fixture::layout_of(c).tile_bytes_per_block());
+    s.read_block(blk, bytes);
+    ASSERT_TRUE(s.write_block(to, bytes).ok());
+    std::vector<std::byte> back(bytes.size());
+    s.read_block(to, back);
+    EXPECT_EQ(back, bytes) << "class " << c;
+    std::vector<block_id> from_t{blk}, to_t{to};
+    expect_same_block(s, to_t, s, from_t, 4, 0);
+    EXPECT_TRUE(s.key_summary_of(to, 1, 0).has_value());
+  }
+  std::vector<std::byte> class2(s.block_bytes(block_id(12)));
+  const status wrong = s.write_block(block_id(7), class2);
+  EXPECT_EQ(wrong.code(), errc::invalid_argument);
+  EXPECT_NE(wrong.message().find("block class 1"), std::string::npos) << wrong.message();
+  EXPECT_DEATH(s.read_block(block_id(7), class2), "block 7 \\(class 1\\) has");
+
+  // Releasing blocks of every class gives back their staging slots.
+  s.release_block(block_id(13));
+  s.release_block(block_id(14));
+  s.release_block(block_id(9));
+  s.release_block(block_id(12));
+  EXPECT_EQ(s.staging().slots_in_use, 0);
+}
+
+// Compaction across classes: each source slot is decoded in its block's class
+// and encoded in its destination block's, exactly as writing the decoded
+// values there would encode them.
+TEST(kv_storage_classes, gather_decodes_in_the_source_class_and_encodes_in_the_destination_class) {
+  class_fixture f;
+  constexpr int H = class_fixture::H, D = class_fixture::D, L = class_fixture::L;
+  kv_gather g;
+  g.src_table = f.a;
+  g.dst_table = {block_id(2), block_id(12), block_id(10)};  // classes 0, 2, 1
+  g.first = 0;
+  g.n = 10;
+  g.sources = {0, 1, 5, 6, 9, 10, 13, 17, 20, 21};  // from every class, the last two staged
+  // What the sources decode to, per layer, as [n][H][D] rows.
+  std::vector<std::vector<float>> dk(L), dv(L);
+  for (int l = 0; l < L; ++l) {
+    const paged_kv_view kv = f.s->k_view(l, f.a, class_fixture::n_a), vv = f.s->v_view(l, f.a, class_fixture::n_a);
+    for (std::int32_t src : g.sources)
+      for (int h = 0; h < H; ++h) {
+        const auto kr = read_token(kv, src, h), vr = read_token(vv, src, h);
+        dk[l].insert(dk[l].end(), kr.begin(), kr.end());
+        dv[l].insert(dv[l].end(), vr.begin(), vr.end());
+      }
+  }
+  f.s->gather(g, nullptr);
+  auto want = class_fixture::make_mixed();
+  for (int l = 0; l < L; ++l) want->write(l, g.dst_table, 0, g.n, dk[l].data(), dv[l].data());
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE("block " + std::to_string(i));
+    expect_same_block(*f.s, g.dst_table, *want, g.dst_table, g.n, i);
+  }
+  // The int2 keys of block 10 (class 1, layer 1) are open: two tokens staged.
+  EXPECT_TRUE(f.s->k_view(1, g.dst_table, g.n).is_staged(2));
+  // Into the f16 block: an f16 source (slot 5) comes back exactly, an int8
+  // one (slot 0) as its decoded value rounded to f16.
+  const paged_kv_view moved = f.s->v_view(0, g.dst_table, g.n);
+  for (int d = 0; d < D; ++d) {
+    EXPECT_EQ(read_token(moved, 2, 1)[d], dv[0][static_cast<std::size_t>(2 * H + 1) * D + d]);
+    EXPECT_EQ(read_token(moved, 0, 1)[d], fp16_to_f32(f32_to_fp16(dv[0][static_cast<std::size_t>(1) * D + d])));
+  }
+}
+
+// Merged entries in a class block: the fold writes their log mass as the
+// block's per-slot bias, which views of a mixed table hand to attention.
+TEST(kv_storage_classes, folded_entries_carry_their_bias_in_any_class) {
+  class_fixture f;
+  kv_gather g;
+  g.src_table = f.a;
+  g.dst_table = {block_id(14)};  // class 2, open after the fold
+  g.n = 2;
+  g.sources = {1, 5};                      // class 1 and class 0 sources
+  g.fold = kv_fold::nearest;
+  g.n_folded = 3;
+  g.folded = {0, 4, 13};
+  f.s->gather(g, nullptr);
+  for (int l = 0; l < class_fixture::L; ++l)
+    for (int h = 0; h < class_fixture::H; ++h) {
+      const float* bias = f.s->bias_of(block_id(14), l, h);
+      ASSERT_NE(bias, nullptr);
+      EXPECT_NEAR(std::exp(bias[0]) + std::exp(bias[1]), 5.0, 1e-5) << "two kept entries stand for five tokens";
+      const paged_kv_view kv = f.s->k_view(l, g.dst_table, 2);
+      ASSERT_EQ(kv.bias_of(0, h), bias);
+      EXPECT_TRUE(kv.is_staged(0));
+    }
+  EXPECT_EQ(f.s->bias_of(block_id(12), 0, 0), nullptr);
+  f.s->release_block(block_id(14));
+  EXPECT_EQ(f.s->bias_of(block_id(14), 1, 1), nullptr);
+}
+
+TEST(kv_storage_classes, rejects_classes_it_cannot_hold) {
+  const kv_layout base = class_fixture::layout_of(0);
+  auto create = [&](kv_layout extra, std::int64_t n = 4, const kv_window_layout& w = {}) {
+    const std::vector<kv_class_spec> spec{{std::move(extra), n}};
+    return kv_storage::create(base, 4, 1, w, spec);
+  };
+  auto heads = class_fixture::layout_of(2);
+  heads.n_kv_heads = 1;
+  heads.k_formats.resize(2);
+  auto r = create(heads);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), errc::invalid_argument);
+  EXPECT_NE(r.error().message().find("KV block class 1"), std::string::npos) << r.error().message();
+  auto block = class_fixture::layout_of(2);
+  block.block_size = 8;
+  EXPECT_EQ(create(block).error().code(), errc::invalid_argument);
+  auto summaries = class_fixture::layout_of(2);
+  summaries.key_summaries = false;
+  EXPECT_EQ(create(summaries).error().code(), errc::invalid_argument);
+  auto layers = kv_layout::uniform(3, 2, 16, 4, kv_type::int8, kv_type::int8);
+  layers.key_summaries = true;
+  EXPECT_EQ(create(layers).error().code(), errc::invalid_argument);
+  auto bad_format = class_fixture::layout_of(2);
+  bad_format.v_formats[1] = {kv_type::int4, kv_role::value, kv_scale_mode::group, 3};
+  auto bf = create(bad_format);
+  ASSERT_FALSE(bf.ok());
+  EXPECT_NE(bf.error().message().find("KV block class 1: "), std::string::npos) << bf.error().message();
+  EXPECT_EQ(create(class_fixture::layout_of(2), 0).error().code(), errc::invalid_argument);
+  kv_window_layout windows;
+  windows.layers = {1, 0};
+  windows.n_slots = 2;
+  auto w = create(class_fixture::layout_of(2), 4, windows);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.error().code(), errc::unsupported);
+  EXPECT_NE(w.error().message().find("window slots"), std::string::npos) << w.error().message();
+  // One class behaves as before: no class arrays in views.
+  auto one = *kv_storage::create(base, 4);
+  EXPECT_EQ(one->n_classes(), 1);
+  std::vector<block_id> t{block_id(1)};
+  EXPECT_EQ(one->k_view(0, t, 0).classes, nullptr);
 }
 
 }  // namespace
