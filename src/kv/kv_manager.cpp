@@ -255,10 +255,10 @@ bool kv_manager::can_take(tenant_id t, const class_demand& d) const {
   return take_blocker(t, d) == alloc_blocker::none;
 }
 
-std::vector<block_id> kv_manager::take_blocks(tenant_id t, std::span<const std::int32_t> classes) {
-  class_demand d;
-  for (const std::int32_t c : classes) d.add(c);
-  PAGODA_ASSERT(can_take(t, d), "take_blocks({}) without can_take", d.total);
+std::vector<block_id> kv_manager::take_blocks(tenant_id t, const class_demand& d,
+                                              std::span<const std::int32_t> classes) {
+  PAGODA_ASSERT(can_take(t, d) && classes.size() == static_cast<std::size_t>(d.total),
+                "take_blocks({} of {} classes) without can_take", d.total, classes.size());
   // At its quota a tenant pays with its own cached blocks first (LRU among its
   // own of the class it needs); the rest come from the head of the class's
   // queue. Own cached blocks of other classes that still keep it above its
@@ -302,7 +302,7 @@ kv_manager::sequence& kv_manager::seq_at(seq_id seq) {
 std::string kv_manager::extras_of(const sequence& s, std::size_t block_index) const {
   // Tenant and salt key block 0 only; the chain carries them to every later
   // block. The class keys each block of a class other than 0.
-  return block_extras(s.first_extras, block_index, pool_.class_of(s.table[block_index]));
+  return block_extras(s.first_extras, block_index, pool_.n_classes() == 1 ? 0 : pool_.class_of(s.table[block_index]));
 }
 
 block_key kv_manager::chain_key(const sequence& s, std::size_t block_index, block_key parent,
@@ -356,7 +356,7 @@ std::vector<block_id> kv_manager::match_prefix(std::span<const token_id> tokens,
                         const auto hit = index_.find(key, parent, block_tokens, extras);
                         // A block of another tenant or class can only match through a chained collision: a miss.
                         if (!hit || pool_.owner(*hit) != t ||
-                            pool_.class_of(*hit) != prompt_block_class(runs, i, block_size_))
+                            (pool_.n_classes() > 1 && pool_.class_of(*hit) != prompt_block_class(runs, i, block_size_)))
                           return false;
                         hits.push_back(*hit);
                         return true;
@@ -445,14 +445,16 @@ kv_manager::class_demand kv_manager::demand(const sequence& s, std::int32_t n_ne
     d.add(c);
     if (order) order->push_back(c);
   };
-  // A copy is of the class of the block it replaces.
-  if (needs_cow(s, n_new_tokens)) put(pool_.class_of(s.table[static_cast<std::size_t>(s.n_stored / block_size_)]));
+  const bool cow = needs_cow(s, n_new_tokens);
   const std::int32_t n_appended = n_appended_blocks(s, n_new_tokens);
-  if (s.classes.empty() && !order) {
-    d.add(0, n_appended);
-  } else {
-    for (std::int32_t k = 0; k < n_appended; ++k) put(new_block_class(s, s.table.size() + static_cast<std::size_t>(k)));
+  if (s.classes.empty()) {  // then every block of s is of class 0, a copy's source too
+    d.add(0, n_appended + (cow ? 1 : 0));
+    if (order) order->assign(static_cast<std::size_t>(d.total), 0);
+    return d;
   }
+  // A copy is of the class of the block it replaces.
+  if (cow) put(pool_.class_of(s.table[static_cast<std::size_t>(s.n_stored / block_size_)]));
+  for (std::int32_t k = 0; k < n_appended; ++k) put(new_block_class(s, s.table.size() + static_cast<std::size_t>(k)));
   return d;
 }
 
@@ -472,10 +474,12 @@ alloc_blocker kv_manager::allocation_blocker(seq_id seq, std::int32_t n_new_toke
 
 std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_tokens) {
   sequence& s = seq_at(seq);
-  std::vector<std::int32_t> classes;
-  if (!can_take(s.tenant, demand(s, n_new_tokens, &classes))) return std::nullopt;
+  class_order_.clear();
+  const class_demand d = demand(s, n_new_tokens, &class_order_);
+  if (d.total == 0) return allocation{};  // the slots exist (no copy either: it would take a block)
+  if (!can_take(s.tenant, d)) return std::nullopt;
   const bool cow = needs_cow(s, n_new_tokens);
-  const std::vector<block_id> fresh = take_blocks(s.tenant, classes);
+  const std::vector<block_id> fresh = take_blocks(s.tenant, d, class_order_);
 
   allocation a;
   std::size_t next = 0;
@@ -699,7 +703,7 @@ status kv_manager::compact(seq_id seq, kv_compaction c) {
   std::vector<block_id> old_table = s.table;
   std::vector<std::int32_t> classes;
   for (const std::int32_t bi : replaced) classes.push_back(pool_.class_of(s.table[static_cast<std::size_t>(bi)]));
-  const std::vector<block_id> fresh = take_blocks(s.tenant, classes);
+  const std::vector<block_id> fresh = take_blocks(s.tenant, need, classes);
   for (std::size_t i = 0; i < replaced.size(); ++i) {
     const auto bi = static_cast<std::size_t>(replaced[i]);
     s.table[bi] = fresh[i];

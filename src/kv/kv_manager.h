@@ -410,8 +410,8 @@ class kv_manager {
   class_demand demand(const sequence& s, std::int32_t n_new_tokens, std::vector<std::int32_t>* order = nullptr) const;
   bool can_take(tenant_id t, const class_demand& d) const;
   alloc_blocker take_blocker(tenant_id t, const class_demand& d) const;
-  // One block of each class in `classes`, in that order. REQUIRES: can_take for them.
-  std::vector<block_id> take_blocks(tenant_id t, std::span<const std::int32_t> classes);
+  // One block of each class in `classes`, in that order; d counts them. REQUIRES: can_take(t, d).
+  std::vector<block_id> take_blocks(tenant_id t, const class_demand& d, std::span<const std::int32_t> classes);
   void hold(block_id b);
   void release(block_id b);
   void drop_cached(block_id b);
@@ -445,6 +445,7 @@ class kv_manager {
   std::int64_t stored_tokens_in_used_ = 0;
 
   std::function<void(const kv_op&)> op_listener_;
+  std::vector<std::int32_t> class_order_;  // allocate()'s scratch: the class of each block it takes
   std::optional<window_slots> window_;
   std::int32_t window_tokens_ = 0;
   std::vector<std::int32_t> claims_;  // [n_blocks]: sequences claiming the block's window slot
