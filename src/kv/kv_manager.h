@@ -40,6 +40,9 @@
 // - Every block held by a sequence belongs to that sequence's tenant; blocks are
 //   never shared across tenants (the tenant enters the first block's key).
 // - Quotas: a tenant's used blocks never grow past its quota through allocate().
+// - Classes: a sequence without class runs holds only class-0 blocks; a block
+//   under a prefix key in a table is of the class its sequence's runs give its
+//   index, and that class is part of its key.
 //
 // KV classes (per-segment KV type). The pool's blocks are split into classes
 // (block_pool.h): class 0 holds the default KV type, classes 1..C-1 other
