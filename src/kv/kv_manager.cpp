@@ -8,14 +8,71 @@ namespace pagoda {
 
 namespace {
 std::int32_t ceil_div(std::int64_t a, std::int64_t b) { return static_cast<std::int32_t>((a + b - 1) / b); }
+
+// The extra key that names a block's KV class (classes other than 0 only).
+// prefix_index.h has no name for it yet: kinds 1 and 2 are taken, 3 and 4 reserved.
+constexpr auto k_kv_class_extra_key = static_cast<extra_key_kind>(5);
+
+// The class whose runs hold every one of n increasing positions pos(0), ...,
+// pos(n - 1); 0 when one of them is outside every run or two are in runs of
+// different classes. O(n + log runs).
+template <typename Pos>
+std::int32_t class_of_positions(std::span<const kv_class_run> runs, std::int32_t n, Pos pos) {
+  if (runs.empty() || n <= 0) return 0;
+  // The first run that ends after pos(0) (runs are sorted, so their ends increase).
+  auto r = std::upper_bound(runs.begin(), runs.end(), pos(0),
+                            [](std::int64_t p, const kv_class_run& run) { return p < run.end; });
+  if (r == runs.end() || r->begin > pos(0)) return 0;
+  const std::uint8_t cls = r->cls;
+  for (std::int32_t i = 1; i < n; ++i) {
+    const std::int64_t p = pos(i);
+    while (r != runs.end() && r->end <= p) ++r;
+    if (r == runs.end() || r->begin > p || r->cls != cls) return 0;
+  }
+  return cls;
+}
+
+// The class of prompt block i of a sequence whose slot k holds position k.
+std::int32_t prompt_block_class(std::span<const kv_class_run> runs, std::size_t i, std::int32_t block_size) {
+  const auto first = static_cast<std::int64_t>(i) * block_size;
+  return class_of_positions(runs, block_size, [first](std::int32_t k) { return first + k; });
+}
+
+std::string block_extras(std::string_view first_extras, std::size_t block_index, std::int32_t cls) {
+  std::string out(block_index == 0 ? first_extras : std::string_view());
+  if (cls != 0) out += extra_keys().add(k_kv_class_extra_key, "kvc=" + std::to_string(cls)).bytes();
+  return out;
+}
+
+// Calls visit(i, key, parent, block tokens, extras) for the chained key of
+// each of the first max_blocks full blocks of prompt, as a sequence with
+// these first-block extras and class runs keys them (slot k at position k),
+// until visit returns false.
+template <typename Visit>
+void for_each_prompt_key(std::span<const token_id> prompt, std::string_view first_extras,
+                         std::span<const kv_class_run> runs, std::int32_t block_size, std::size_t max_blocks,
+                         Visit visit) {
+  const auto bs = static_cast<std::size_t>(block_size);
+  block_key parent = k_root_parent_key;
+  for (std::size_t i = 0; i < max_blocks && (i + 1) * bs <= prompt.size(); ++i) {
+    const auto block_tokens = prompt.subspan(i * bs, bs);
+    const std::string extras = block_extras(first_extras, i, prompt_block_class(runs, i, block_size));
+    const block_key key = hash_block(parent, block_tokens, extras);
+    if (!visit(i, key, parent, block_tokens, std::string_view(extras))) return;
+    parent = key;
+  }
+}
 }  // namespace
 
 kv_manager::kv_manager(std::int32_t block_size, std::int32_t n_blocks, bool enable_prefix_caching)
+    : kv_manager(block_size, std::vector<std::int32_t>{n_blocks}, enable_prefix_caching) {}
+
+kv_manager::kv_manager(std::int32_t block_size, std::vector<std::int32_t> class_blocks, bool enable_prefix_caching)
     : block_size_(block_size),
       prefix_caching_(enable_prefix_caching),
-      pool_(n_blocks),
-      index_(block_size, n_blocks),
-      fill_(static_cast<std::size_t>(std::max(n_blocks, 0)), 0) {
+      pool_(std::move(class_blocks)),
+      index_(block_size, pool_.n_blocks()),
+      fill_(static_cast<std::size_t>(pool_.n_blocks()), 0) {
   PAGODA_ASSERT(block_size > 0, "block size {}", block_size);
   tenant("");  // tenant 0: the default
 }
@@ -77,6 +134,7 @@ void kv_manager::release(block_id b) {
 void kv_manager::enable_window_slots(std::int32_t window_tokens, std::int32_t n_slots) {
   PAGODA_ASSERT(seqs_.empty() && window_tokens > 0 && n_slots > 0, "window slots: window {}, {} slots, {} sequences",
                 window_tokens, n_slots, seqs_.size());
+  PAGODA_ASSERT(pool_.n_classes() == 1, "window slots need a KV cache of one block class, not {}", pool_.n_classes());
   window_.emplace(pool_.n_blocks(), n_slots);
   window_tokens_ = window_tokens;
   claims_.assign(static_cast<std::size_t>(pool_.n_blocks()), 0);
@@ -183,21 +241,29 @@ void kv_manager::drop_cached(block_id b) {
   pool_.drop_hash(b);
 }
 
-alloc_blocker kv_manager::take_blocker(tenant_id t, std::int32_t n) const {
-  if (n <= 0) return alloc_blocker::none;
+alloc_blocker kv_manager::take_blocker(tenant_id t, const class_demand& d) const {
+  if (d.total <= 0) return alloc_blocker::none;
   const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks;
-  if (quota && pool_.n_used(t) + n > *quota) return alloc_blocker::quota;
-  if (n > pool_.n_takeable()) return alloc_blocker::pool;
-  if (window_ && n > window_->n_takeable()) return alloc_blocker::pool;
+  if (quota && pool_.n_used(t) + d.total > *quota) return alloc_blocker::quota;
+  for (std::int32_t c = 0; c < pool_.n_classes(); ++c)
+    if (d.n[static_cast<std::size_t>(c)] > pool_.n_takeable(c)) return alloc_blocker::pool;
+  if (window_ && d.total > window_->n_takeable()) return alloc_blocker::pool;
   return alloc_blocker::none;
 }
 
-bool kv_manager::can_take(tenant_id t, std::int32_t n) const { return take_blocker(t, n) == alloc_blocker::none; }
+bool kv_manager::can_take(tenant_id t, const class_demand& d) const {
+  return take_blocker(t, d) == alloc_blocker::none;
+}
 
-std::vector<block_id> kv_manager::take_blocks(tenant_id t, std::int32_t n) {
-  PAGODA_ASSERT(can_take(t, n), "take_blocks({}) without can_take", n);
+std::vector<block_id> kv_manager::take_blocks(tenant_id t, const class_demand& d,
+                                              std::span<const std::int32_t> classes) {
+  PAGODA_ASSERT(can_take(t, d) && classes.size() == static_cast<std::size_t>(d.total),
+                "take_blocks({} of {} classes) without can_take", d.total, classes.size());
   // At its quota a tenant pays with its own cached blocks first (LRU among its
-  // own); the rest come from the head of the global queue.
+  // own of the class it needs); the rest come from the head of the class's
+  // queue. Own cached blocks of other classes that still keep it above its
+  // quota are evicted at the end.
+  const std::int32_t n = d.total;
   std::int32_t n_own = 0;
   if (const auto& quota = tenants_[static_cast<std::size_t>(t.value)].quota_blocks) {
     const std::int32_t footprint = pool_.n_used(t) + pool_.n_cached(t);
@@ -205,13 +271,16 @@ std::vector<block_id> kv_manager::take_blocks(tenant_id t, std::int32_t n) {
   }
   std::vector<block_id> out;
   out.reserve(static_cast<std::size_t>(n));
-  for (std::int32_t i = 0; i < n; ++i) {
-    const auto got = i < n_own ? pool_.take_cached_of(t) : pool_.take(t);
-    PAGODA_ASSERT(got.has_value(), "pool ran dry after can_take (own {}, i {})", n_own, i);
+  for (const std::int32_t c : classes) {
+    std::optional<block_pool::taken> got;
+    if (n_own > 0 && (got = pool_.take_cached_of(t, c))) --n_own;
+    if (!got) got = pool_.take(t, c);
+    PAGODA_ASSERT(got.has_value(), "class {} ran dry after can_take (taken {} of {})", c, out.size(), n);
     if (got->evicted) forget_cached(got->id);
     fill_[static_cast<std::size_t>(got->id.value)] = 0;
     out.push_back(got->id);
   }
+  evict_over_quota(t);
   note_peak();
   return out;
 }
@@ -230,15 +299,17 @@ kv_manager::sequence& kv_manager::seq_at(seq_id seq) {
   return const_cast<sequence&>(static_cast<const kv_manager*>(this)->seq_at(seq));
 }
 
-std::string_view kv_manager::extras_of(const sequence& s, std::size_t block_index) const {
-  // Tenant and salt key block 0 only; the chain carries them to every later block.
-  return block_index == 0 ? std::string_view(s.first_extras) : std::string_view();
+std::string kv_manager::extras_of(const sequence& s, std::size_t block_index) const {
+  // Tenant and salt key block 0 only; the chain carries them to every later
+  // block. The class keys each block of a class other than 0.
+  return block_extras(s.first_extras, block_index, pool_.n_classes() == 1 ? 0 : pool_.class_of(s.table[block_index]));
 }
 
-block_key kv_manager::chain_key(const sequence& s, std::size_t block_index, block_key parent) const {
+block_key kv_manager::chain_key(const sequence& s, std::size_t block_index, block_key parent,
+                                std::string_view extras) const {
   const auto tokens = std::span<const token_id>(s.tokens).subspan(block_index * static_cast<std::size_t>(block_size_),
                                                                    static_cast<std::size_t>(block_size_));
-  return hash_block(parent, tokens, extras_of(s, block_index));
+  return hash_block(parent, tokens, extras);
 }
 
 std::string kv_manager::first_block_extras(const sequence_options& options) {
@@ -248,60 +319,77 @@ std::string kv_manager::first_block_extras(const sequence_options& options) {
   return std::string(extras.bytes());
 }
 
-std::vector<block_key> kv_manager::prompt_keys(std::span<const token_id> prompt, const sequence_options& options) const {
-  const std::string first = first_block_extras(options);
-  const auto bs = static_cast<std::size_t>(block_size_);
-  std::vector<block_key> keys;
-  block_key parent = k_root_parent_key;
-  for (std::size_t i = 0; (i + 1) * bs <= prompt.size(); ++i) {
-    parent = hash_block(parent, prompt.subspan(i * bs, bs), i == 0 ? std::string_view(first) : std::string_view());
-    keys.push_back(parent);
+status kv_manager::check_class_runs(std::span<const kv_class_run> runs, std::size_t n_prompt) const {
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const kv_class_run& r = runs[i];
+    if (r.cls >= pool_.n_classes())
+      return error(errc::invalid_argument, "KV class run {}: class {}, but the KV cache has classes 0 to {}", i, r.cls,
+                   pool_.n_classes() - 1);
+    if (r.begin < 0 || r.end <= r.begin || static_cast<std::size_t>(r.end) > n_prompt)
+      return error(errc::invalid_argument, "KV class run {}: positions [{}, {}) are not a non-empty range of the {}-token prompt",
+                   i, r.begin, r.end, n_prompt);
+    if (i > 0 && r.begin < runs[i - 1].end)
+      return error(errc::invalid_argument, "KV class run {} (from position {}) overlaps or precedes run {} (to {})", i,
+                   r.begin, i - 1, runs[i - 1].end);
   }
+  return ok_status();
+}
+
+std::vector<block_key> kv_manager::prompt_keys(std::span<const token_id> prompt, const sequence_options& options) const {
+  std::vector<block_key> keys;
+  for_each_prompt_key(prompt, first_block_extras(options), options.classes, block_size_, prompt.size(),
+                      [&](std::size_t, block_key key, block_key, std::span<const token_id>, std::string_view) {
+                        keys.push_back(key);
+                        return true;
+                      });
   return keys;
 }
 
 std::vector<block_id> kv_manager::match_prefix(std::span<const token_id> tokens, std::string_view first_extras,
-                                               tenant_id t, std::size_t max_blocks) const {
+                                               std::span<const kv_class_run> runs, tenant_id t,
+                                               std::size_t max_blocks) const {
   std::vector<block_id> hits;
   if (!prefix_caching_) return hits;
-  const auto bs = static_cast<std::size_t>(block_size_);
-  block_key parent = k_root_parent_key;
-  for (std::size_t i = 0; i < max_blocks; ++i) {
-    const auto block_tokens = tokens.subspan(i * bs, bs);
-    const std::string_view extras = i == 0 ? first_extras : std::string_view();
-    const block_key key = hash_block(parent, block_tokens, extras);
-    const auto hit = index_.find(key, parent, block_tokens, extras);
-    // A block of another tenant can only match through a chained collision: a miss.
-    if (!hit || pool_.owner(*hit) != t) break;
-    hits.push_back(*hit);
-    parent = key;
-  }
+  for_each_prompt_key(tokens, first_extras, runs, block_size_, max_blocks,
+                      [&](std::size_t i, block_key key, block_key parent, std::span<const token_id> block_tokens,
+                          std::string_view extras) {
+                        const auto hit = index_.find(key, parent, block_tokens, extras);
+                        // A block of another tenant or class can only match through a chained collision: a miss.
+                        if (!hit || pool_.owner(*hit) != t ||
+                            (pool_.n_classes() > 1 && pool_.class_of(*hit) != prompt_block_class(runs, i, block_size_)))
+                          return false;
+                        hits.push_back(*hit);
+                        return true;
+                      });
   return hits;
 }
 
 std::int32_t kv_manager::n_cached_prompt_blocks(std::span<const token_id> prompt, const sequence_options& options) const {
-  if (prompt.empty() || !options.lookup) return 0;
+  if (prompt.empty() || !options.lookup || !check_class_runs(options.classes, prompt.size()).ok()) return 0;
   const auto t = find_tenant(options.tenant);
   if (!t) return 0;  // a tenant never seen holds nothing
   const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
-  return static_cast<std::int32_t>(usable_hits(match_prefix(prompt, first_block_extras(options), *t, n_reusable)));
+  return static_cast<std::int32_t>(
+      usable_hits(match_prefix(prompt, first_block_extras(options), options.classes, *t, n_reusable)));
 }
 
 result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_id> prompt,
                                               const sequence_options& options) {
   if (contains(seq)) return error(errc::invalid_argument, "sequence {} already exists", seq.value);
   if (prompt.empty()) return error(errc::invalid_argument, "sequence {}: empty prompt", seq.value);
+  PAGODA_RETURN_IF_ERROR(check_class_runs(options.classes, prompt.size()).with_context(fmt::format("sequence {}", seq.value)));
 
   sequence s;
   s.tenant = tenant(options.tenant);
   s.first_extras = first_block_extras(options);
+  s.classes.assign(options.classes.begin(), options.classes.end());
   s.tokens.assign(prompt.begin(), prompt.end());
 
   if (prefix_caching_) {
     // The last prompt token is always computed (its logits start generation).
     const std::size_t n_reusable =
         options.lookup ? (prompt.size() - 1) / static_cast<std::size_t>(block_size_) : std::size_t{0};
-    std::vector<block_id> hits = match_prefix(prompt, s.first_extras, s.tenant, n_reusable);
+    std::vector<block_id> hits = match_prefix(prompt, s.first_extras, s.classes, s.tenant, n_reusable);
     hits.resize(usable_hits(hits));
     for (const block_id b : hits) {
       hold(b);
@@ -338,26 +426,60 @@ std::int32_t kv_manager::n_appended_blocks(const sequence& s, std::int32_t n_new
   return std::max(0, n_blocks - static_cast<std::int32_t>(s.table.size()));
 }
 
-std::int32_t kv_manager::n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) const {
+std::int32_t kv_manager::new_block_class(const sequence& s, std::size_t block_index) const {
+  if (s.classes.empty()) return 0;
+  // Appended blocks lie past the stored slots: their positions continue
+  // consecutively from the last stored one (slot i at i when nothing is stored).
+  const std::int64_t last = s.n_stored > 0 ? s.positions[static_cast<std::size_t>(s.n_stored) - 1] : -1;
+  const std::int64_t first = last + 1 + static_cast<std::int64_t>(block_index) * block_size_ - s.n_stored;
+  PAGODA_ASSERT(static_cast<std::int64_t>(block_index) * block_size_ >= s.n_stored, "block {} holds stored slots",
+                block_index);
+  return class_of_positions(s.classes, block_size_, [first](std::int32_t k) { return first + k; });
+}
+
+kv_manager::class_demand kv_manager::demand(const sequence& s, std::int32_t n_new_tokens,
+                                            std::vector<std::int32_t>* order) const {
   PAGODA_ASSERT(n_new_tokens >= 0, "n_new_tokens {}", n_new_tokens);
-  const sequence& s = seq_at(seq);
-  return n_appended_blocks(s, n_new_tokens) + (needs_cow(s, n_new_tokens) ? 1 : 0);
+  class_demand d;
+  const auto put = [&](std::int32_t c) {
+    d.add(c);
+    if (order) order->push_back(c);
+  };
+  const bool cow = needs_cow(s, n_new_tokens);
+  const std::int32_t n_appended = n_appended_blocks(s, n_new_tokens);
+  if (s.classes.empty()) {  // then every block of s is of class 0, a copy's source too
+    d.add(0, n_appended + (cow ? 1 : 0));
+    if (order) order->assign(static_cast<std::size_t>(d.total), 0);
+    return d;
+  }
+  // A copy is of the class of the block it replaces.
+  if (cow) put(pool_.class_of(s.table[static_cast<std::size_t>(s.n_stored / block_size_)]));
+  for (std::int32_t k = 0; k < n_appended; ++k) put(new_block_class(s, s.table.size() + static_cast<std::size_t>(k)));
+  return d;
+}
+
+std::int32_t kv_manager::n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) const {
+  return demand(seq_at(seq), n_new_tokens).total;
 }
 
 bool kv_manager::can_allocate(seq_id seq, std::int32_t n_new_tokens) const {
-  return can_take(seq_at(seq).tenant, n_blocks_needed(seq, n_new_tokens));
+  const sequence& s = seq_at(seq);
+  return can_take(s.tenant, demand(s, n_new_tokens));
 }
 
 alloc_blocker kv_manager::allocation_blocker(seq_id seq, std::int32_t n_new_tokens) const {
-  return take_blocker(seq_at(seq).tenant, n_blocks_needed(seq, n_new_tokens));
+  const sequence& s = seq_at(seq);
+  return take_blocker(s.tenant, demand(s, n_new_tokens));
 }
 
 std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_tokens) {
-  const std::int32_t n_needed = n_blocks_needed(seq, n_new_tokens);
   sequence& s = seq_at(seq);
-  if (!can_take(s.tenant, n_needed)) return std::nullopt;
+  class_order_.clear();
+  const class_demand d = demand(s, n_new_tokens, &class_order_);
+  if (d.total == 0) return allocation{};  // the slots exist (no copy either: it would take a block)
+  if (!can_take(s.tenant, d)) return std::nullopt;
   const bool cow = needs_cow(s, n_new_tokens);
-  const std::vector<block_id> fresh = take_blocks(s.tenant, n_needed);
+  const std::vector<block_id> fresh = take_blocks(s.tenant, d, class_order_);
 
   allocation a;
   std::size_t next = 0;
@@ -459,7 +581,8 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens, std::spa
         if (s.positions[j] != static_cast<std::int32_t>(j)) s.off_chain = true;
       if (s.off_chain) break;
       const block_key parent = i == 0 ? k_root_parent_key : s.keys[i - 1];
-      const block_key key = chain_key(s, i, parent);
+      const std::string extras = extras_of(s, i);
+      const block_key key = chain_key(s, i, parent, extras);
       s.keys.push_back(key);
       const auto block_tokens = std::span<const token_id>(s.tokens).subspan(i * static_cast<std::size_t>(block_size_),
                                                                              static_cast<std::size_t>(block_size_));
@@ -467,12 +590,12 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens, std::spa
       // were taken gives its key to ours, which has them; else a prefix hit
       // would stop at it for good.
       if (window_ && window_->bound(s.table[i]) && !index_.contains(s.table[i])) {
-        if (const auto old = index_.find(key, parent, block_tokens, extras_of(s, i));
+        if (const auto old = index_.find(key, parent, block_tokens, extras);
             old && *old != s.table[i] && pool_.ref_count(*old) == 0 && !window_->bound(*old))
           drop_cached(*old);
       }
       // Already cached by another block: keep ours (tables are append-only), register nothing.
-      if (!index_.insert(s.table[i], key, parent, block_tokens, extras_of(s, i))) continue;
+      if (!index_.insert(s.table[i], key, parent, block_tokens, extras)) continue;
       pool_.set_hashed(s.table[i]);
       if (op_listener_) {
         kv_op op{.kind = kv_op_kind::cache, .block = s.table[i], .key = key, .parent = parent};
@@ -543,34 +666,44 @@ status kv_manager::compact(seq_id seq, kv_compaction c) {
   // Rewritten blocks this sequence may not write: shared ones need a fresh
   // copy; a cached one only it holds takes a fresh block while the pool has
   // free ones (its K/V stay cached), else it quietly leaves the index.
+  // A replacement is of the class of the block it replaces.
   std::vector<std::int32_t> must, may;
+  class_demand need;
   for (std::int32_t bi = b_first; bi < n_blocks; ++bi) {
     const block_id b = s.table[static_cast<std::size_t>(bi)];
-    if (pool_.ref_count(b) > 1) must.push_back(bi);
-    else if (pool_.is_hashed(b)) may.push_back(bi);
+    if (pool_.ref_count(b) > 1) {
+      must.push_back(bi);
+      need.add(pool_.class_of(b));
+    } else if (pool_.is_hashed(b)) {
+      may.push_back(bi);
+    }
   }
-  const auto n_must = static_cast<std::int32_t>(must.size());
-  if (!can_take(s.tenant, n_must))
+  if (!can_take(s.tenant, need))
     return error(errc::resource_exhausted, "compact: sequence {} needs {} fresh blocks for copies of shared blocks",
-                 seq.value, n_must);
-  std::int32_t n_may = 0;
-  while (n_may < static_cast<std::int32_t>(may.size()) && n_may < pool_.n_free() - n_must &&
-         can_take(s.tenant, n_must + n_may + 1))
-    ++n_may;
+                 seq.value, need.total);
   std::vector<std::int32_t> replaced(must);
-  replaced.insert(replaced.end(), may.begin(), may.begin() + n_may);
-  // No longer shareable. Not an eviction: the block stays with this sequence
-  // (the commit hook saw its bytes when it entered the cache).
-  for (auto bi = may.begin() + n_may; bi != may.end(); ++bi) {
-    const block_id b = s.table[static_cast<std::size_t>(*bi)];
-    index_.erase(b);
-    pool_.clear_hash(b);
+  for (const std::int32_t bi : may) {
+    const block_id b = s.table[static_cast<std::size_t>(bi)];
+    const std::int32_t cls = pool_.class_of(b);
+    class_demand more = need;
+    more.add(cls);
+    if (need.n[static_cast<std::size_t>(cls)] < pool_.n_free_in(cls) && can_take(s.tenant, more)) {
+      need = more;
+      replaced.push_back(bi);
+    } else {
+      // No longer shareable. Not an eviction: the block stays with this
+      // sequence (the commit hook saw its bytes when it entered the cache).
+      index_.erase(b);
+      pool_.clear_hash(b);
+    }
   }
 
   auto g = c.gather;
   g->src_table = s.table;
   std::vector<block_id> old_table = s.table;
-  const std::vector<block_id> fresh = take_blocks(s.tenant, static_cast<std::int32_t>(replaced.size()));
+  std::vector<std::int32_t> classes;
+  for (const std::int32_t bi : replaced) classes.push_back(pool_.class_of(s.table[static_cast<std::size_t>(bi)]));
+  const std::vector<block_id> fresh = take_blocks(s.tenant, need, classes);
   for (std::size_t i = 0; i < replaced.size(); ++i) {
     const auto bi = static_cast<std::size_t>(replaced[i]);
     s.table[bi] = fresh[i];
@@ -752,11 +885,13 @@ tenant_id kv_manager::tenant_of(seq_id seq) const { return seq_at(seq).tenant; }
 // --- pool-level helpers -----------------------------------------------------------
 
 status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t n_max_new_tokens,
-                                      std::string_view tenant, std::int32_t n_completions) const {
+                                      std::string_view tenant, std::int32_t n_completions,
+                                      std::span<const kv_class_run> classes) const {
   if (n_prompt_tokens <= 0 || n_max_new_tokens < 0 || n_completions <= 0) {
     return error(errc::invalid_argument, "request of {} prompt tokens, {} new tokens, {} completions", n_prompt_tokens,
                  n_max_new_tokens, n_completions);
   }
+  PAGODA_RETURN_IF_ERROR(check_class_runs(classes, static_cast<std::size_t>(n_prompt_tokens)));
   const std::int64_t n_total = static_cast<std::int64_t>(n_prompt_tokens) + n_max_new_tokens;
   const std::int64_t per_seq = ceil_div(n_total, block_size_);
   const std::int64_t shared = n_prompt_tokens / block_size_;
@@ -766,6 +901,26 @@ status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t
                  "request needs {} KV blocks ({} prompt + {} new tokens x {} completions, {} tokens a block) but the "
                  "KV cache holds {} blocks; shorten the prompt, lower max_tokens or enlarge the KV cache",
                  n_needed, n_prompt_tokens, n_max_new_tokens, n_completions, block_size_, n_blocks());
+  }
+  if (pool_.n_classes() > 1) {
+    // Each class against its own blocks: the shared full prompt blocks once,
+    // every other block once per completion.
+    std::array<std::int64_t, k_max_kv_classes> per_class{};
+    for (std::int64_t i = 0; i < per_seq; ++i) {
+      const std::int32_t c = prompt_block_class(classes, static_cast<std::size_t>(i), block_size_);
+      per_class[static_cast<std::size_t>(c)] += i < shared ? 1 : n_completions;
+    }
+    for (std::int32_t c = 0; c < pool_.n_classes(); ++c) {
+      if (per_class[static_cast<std::size_t>(c)] > pool_.class_size(c)) {
+        return error(errc::resource_exhausted,
+                     "request needs {} KV blocks of class {} ({} prompt + {} new tokens x {} completions, {} tokens a "
+                     "block) but the KV cache holds {} blocks of class {}; {}",
+                     per_class[static_cast<std::size_t>(c)], c, n_prompt_tokens, n_max_new_tokens, n_completions,
+                     block_size_, pool_.class_size(c), c,
+                     c == 0 ? "shorten the prompt outside its KV class runs, lower max_tokens or enlarge KV class 0"
+                            : "shorten the prompt's runs of that class or enlarge the class");
+      }
+    }
   }
   if (const auto t = find_tenant(tenant)) {
     const auto& quota = tenants_[static_cast<std::size_t>(t->value)].quota_blocks;
@@ -824,6 +979,9 @@ kv_metrics kv_manager::metrics() const {
     m.n_window_slots_pinned_peak = window_->peak_pinned();
     m.n_window_kv_lost = window_->n_lost();
   }
+  m.classes.reserve(static_cast<std::size_t>(pool_.n_classes()));
+  for (std::int32_t c = 0; c < pool_.n_classes(); ++c)
+    m.classes.push_back(kv_class_usage{pool_.class_size(c), pool_.n_used_in(c), pool_.n_cached_in(c), pool_.n_free_in(c)});
   m.tenants.reserve(tenants_.size());
   for (std::size_t i = 0; i < tenants_.size(); ++i) {
     const tenant_id t(static_cast<std::int32_t>(i));
@@ -870,6 +1028,13 @@ status kv_manager::check_invariants() const {
       auto& mv = max_valid[static_cast<std::size_t>(b.value)];
       mv = std::max(mv, static_cast<std::int32_t>(valid));
     }
+    PAGODA_RETURN_IF_ERROR(check_class_runs(s.classes, SIZE_MAX).with_context(fmt::format("sequence {}", id.value)));
+    if (s.classes.empty()) {
+      for (const block_id b : s.table)
+        if (pool_.class_of(b) != 0)
+          return error(errc::internal, "sequence {} without KV class runs holds block {} of class {}", id.value,
+                       b.value, pool_.class_of(b));
+    }
     const std::size_t n_full = static_cast<std::size_t>(s.n_stored / block_size_);
     const bool keys_ok = !prefix_caching_ ? s.keys.empty() : s.off_chain ? s.keys.size() <= n_full : s.keys.size() == n_full;
     if (!keys_ok) {
@@ -884,12 +1049,17 @@ status kv_manager::check_invariants() const {
                      s.positions[i - 1]);
     block_key parent = k_root_parent_key;
     for (std::size_t i = 0; i < s.keys.size(); ++i) {
-      if (s.keys[i] != chain_key(s, i, parent)) {
+      if (s.keys[i] != chain_key(s, i, parent, extras_of(s, i))) {
         return error(errc::internal, "sequence {}: key of block {} does not chain", id.value, i);
       }
       parent = s.keys[i];
-      // A hashed block in a table holds exactly this sequence's block there.
+      // A keyed block holds slot k at position k: its class is the one the runs give its index.
       const block_id b = s.table[i];
+      if (pool_.class_of(b) != prompt_block_class(s.classes, i, block_size_)) {
+        return error(errc::internal, "sequence {}: keyed block {} at index {} is of class {}, its runs say {}", id.value,
+                     b.value, i, pool_.class_of(b), prompt_block_class(s.classes, i, block_size_));
+      }
+      // A hashed block in a table holds exactly this sequence's block there.
       if (pool_.is_hashed(b) && index_.key_of(b) != s.keys[i]) {
         return error(errc::internal, "sequence {}: block {} is indexed under another key", id.value, b.value);
       }

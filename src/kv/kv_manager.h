@@ -1,5 +1,6 @@
 // The KV manager: sequences -> block tables over one block pool, with prefix
-// caching, copy-on-write forks, tenants with block quotas, and metrics. It holds
+// caching, copy-on-write forks, tenants with block quotas, KV block classes,
+// and metrics. It holds
 // no tensors: the caller (the engine) writes K/V into kv_storage at the slots the
 // tables name and performs the copies allocate() reports. One engine thread owns
 // it: no locks.
@@ -39,13 +40,44 @@
 // - Every block held by a sequence belongs to that sequence's tenant; blocks are
 //   never shared across tenants (the tenant enters the first block's key).
 // - Quotas: a tenant's used blocks never grow past its quota through allocate().
+// - Classes: a sequence without class runs holds only class-0 blocks; a block
+//   under a prefix key in a table is of the class its sequence's runs give its
+//   index, and that class is part of its key.
+//
+// KV classes (per-segment KV type). The pool's blocks are split into classes
+// (block_pool.h): class 0 holds the default KV type, classes 1..C-1 other
+// formats. A prompt may ask for a class over positions [begin, end) of itself
+// (sequence_options::classes, kv_class_run). The class of a block is fixed
+// when it is taken and never changes; a table may mix classes:
+// - A new block appended to a table is of class c when EVERY slot of it holds
+//   a position inside runs of class c (adjacent runs of the same class count as
+//   one); otherwise, straddling a run's edge or outside every run, it is of
+//   class 0 (default precision). Its slots are not stored yet: their positions
+//   are taken to continue consecutively from the last stored position (slot i
+//   at position i when nothing is stored). Runs end inside the prompt, so the
+//   blocks of generated tokens are of class 0.
+// - A copy-on-write copy, and a block compact() puts in place of a shared or
+//   cached one, is of the class of the block it replaces.
+// - Blocks of class c come only from class c's free queue, and evictions to
+//   supply them take only class c's cached blocks. When class c has no
+//   takeable block, allocate() fails with alloc_blocker::pool even if other
+//   classes have room. Quotas count the blocks of every class together.
+// - Prefix keys: a block of class c != 0 carries the class among its extra
+//   keys, so its key differs from that of a class-0 block of the same tokens,
+//   and through the chain so does every key after it. A prompt asking for
+//   int4 never reuses f16 blocks of the same tokens, and vice versa; two
+//   prompts with the same runs share. A hit is also checked to be of the class
+//   the rule gives its index.
+// - Window slots (enable_window_slots) need a pool of one class.
 //
 // Tenants and quotas. A tenant's footprint is its used blocks plus its cached
 // (ref-0, still indexed) blocks, and a quota bounds the footprint: a tenant at its
 // quota that allocates evicts its OWN least recently used cached blocks first and
-// never anyone else's. A tenant below its quota takes from the global free queue:
-// free blocks first, then the globally least recently used cached block, whoever
-// owns it. So no tenant can hold more than its quota of the pool, in use or in
+// never anyone else's: its cached blocks of the class it needs are taken
+// first, and if its footprint is still above the quota, its least recently
+// used cached blocks of other classes are evicted. A tenant below its quota
+// takes from the class's free queue: free blocks first, then the least
+// recently used cached block of that class, whoever owns it. So no tenant can hold more than its quota of the pool, in use or in
 // cache, and a tenant over its quota cannot push out other tenants' cache.
 // allocate() fails (std::nullopt) when used + new blocks would exceed the quota.
 // Cache hits move a block from cached to used within the same tenant and never
@@ -54,6 +86,7 @@
 // cache: blocks its sequences release are dropped until it is back under.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -75,10 +108,20 @@
 
 namespace pagoda {
 
+// Positions [begin, end) of a prompt whose KV should be of block class cls
+// (see "KV classes"). Runs of one prompt are sorted and do not overlap;
+// 0 <= begin < end <= the prompt's length; cls < n_classes().
+struct kv_class_run {
+  std::int32_t begin = 0;
+  std::int32_t end = 0;
+  std::uint8_t cls = 0;
+};
+
 struct sequence_options {
   std::string_view tenant;      // "" is the default tenant, which shares the global cache
   std::string_view cache_salt;  // vLLM's cache_salt; "" for none
   bool lookup = true;           // take cached blocks of the prompt (false: compute it all, e.g. to score it)
+  std::span<const kv_class_run> classes;  // none: every block of class 0. add_sequence copies them.
 };
 
 // Copy the first n_tokens token slots of src into dst, every layer, K and V.
@@ -133,12 +176,18 @@ struct allocation {
 
 class kv_manager {
  public:
-  // REQUIRES: block_size > 0, n_blocks >= 0.
+  // One block class. REQUIRES: block_size > 0, n_blocks >= 0.
   kv_manager(std::int32_t block_size, std::int32_t n_blocks, bool enable_prefix_caching = true);
+  // class_blocks[c] blocks of class c (ids in class order, block_pool.h).
+  // REQUIRES: block_size > 0, 1 <= class_blocks.size() <= k_max_kv_classes, every count >= 0.
+  kv_manager(std::int32_t block_size, std::vector<std::int32_t> class_blocks, bool enable_prefix_caching = true);
 
   std::int32_t block_size() const { return block_size_; }
-  std::int32_t n_blocks() const { return pool_.n_blocks(); }
+  std::int32_t n_blocks() const { return pool_.n_blocks(); }  // all classes
   bool prefix_caching_enabled() const { return prefix_caching_; }
+  std::int32_t n_classes() const { return pool_.n_classes(); }
+  // The class of a block (fixed for its lifetime). REQUIRES: 0 <= b < n_blocks().
+  std::int32_t block_class(block_id b) const { return pool_.class_of(b); }
 
   // --- tenants ---------------------------------------------------------------
   // The id of a tenant, registered on first use. "" is tenant 0, the default.
@@ -154,7 +203,8 @@ class kv_manager {
   // blocks of it (ref + 1 each). Returns the number of prompt tokens reused: a
   // multiple of block_size, at most floor((n_prompt - 1) / block_size) blocks, so
   // the last prompt token is always computed. Never allocates and never fails for
-  // capacity. Errors: seq already present, empty prompt.
+  // capacity. Errors: seq already present, empty prompt, class runs that are
+  // out of order, overlap, leave the prompt or name a class the pool lacks.
   result<std::int32_t> add_sequence(seq_id seq, std::span<const token_id> prompt, const sequence_options& options = {});
 
   // Blocks allocate(seq, n_new_tokens) would take from the pool: appended blocks
@@ -163,7 +213,8 @@ class kv_manager {
   std::int32_t n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) const;
   bool can_allocate(seq_id seq, std::int32_t n_new_tokens) const;
   // What stands in the way of allocate(seq, n_new_tokens): the pool (free +
-  // evictable blocks) or the tenant's quota; none when it would succeed.
+  // evictable blocks of a class the new blocks need) or the tenant's quota;
+  // none when it would succeed.
   alloc_blocker allocation_blocker(seq_id seq, std::int32_t n_new_tokens) const;
   // Ensures the table has slots for n_new_tokens tokens beyond the stored ones.
   // Copy-on-write: when n_new_tokens > 0 and the block holding the next write
@@ -215,7 +266,7 @@ class kv_manager {
   // [0, n_stored].
   status truncate(seq_id seq, std::int32_t n_slots);
   // For n > 1 completions: child shares every block of parent (ref + 1) and copies
-  // its tokens and tenant. The shared partial block is copied on first write.
+  // its tokens, tenant and class runs. The shared partial block is copied on first write.
   // Errors: unknown parent, existing child, parent holding slots past its stored
   // tokens (fork between commit and the next allocate).
   status fork(seq_id parent, seq_id child);
@@ -241,20 +292,27 @@ class kv_manager {
   // Blocks an allocation could take now: free + evictable cached (vLLM's
   // get_num_free_blocks). Not kv_metrics::n_blocks_free, which excludes cached.
   std::int32_t n_takeable_blocks() const { return pool_.n_takeable(); }
+  // The same for class cls. REQUIRES: 0 <= cls < n_classes().
+  std::int32_t n_takeable_blocks(std::int32_t cls) const { return pool_.n_takeable(cls); }
   // The chained keys of prompt's full blocks for a sequence with these options
   // (the keys add_sequence looks up): what a scheduler compares to see two
   // prompts share blocks, and what an external KV source is asked for.
   std::vector<block_key> prompt_keys(std::span<const token_id> prompt, const sequence_options& options = {}) const;
   // How many leading blocks of prompt add_sequence would take from the cache
-  // now (at most floor((n_prompt - 1) / block_size)); changes nothing.
+  // now (at most floor((n_prompt - 1) / block_size)); changes nothing. 0 for
+  // class runs add_sequence would refuse.
   std::int32_t n_cached_prompt_blocks(std::span<const token_id> prompt, const sequence_options& options = {}) const;
   // The receiver of block ops (see "Block ops"); none by default.
   void set_op_listener(std::function<void(const kv_op&)> listener) { op_listener_ = std::move(listener); }
   // Whether a request could ever run: the blocks for n_completions sequences of
-  // prompt + max new tokens (full prompt blocks shared) against the pool and the
-  // tenant's quota. An error the user can act on when not.
+  // prompt + max new tokens (full prompt blocks shared) against the pool, each
+  // class's share of it (blocks classed by the rule of "KV classes", slot i at
+  // position i) and the tenant's quota. An error the user can act on when not:
+  // invalid_argument for bad class runs, resource_exhausted naming the class
+  // that is too small.
   status check_request_fits(std::int32_t n_prompt_tokens, std::int32_t n_max_new_tokens,
-                            std::string_view tenant = {}, std::int32_t n_completions = 1) const;
+                            std::string_view tenant = {}, std::int32_t n_completions = 1,
+                            std::span<const kv_class_run> classes = {}) const;
   // Drops every cached (ref-0) block from the prefix index (vLLM's
   // reset_prefix_cache). Returns how many; each counts as an eviction.
   std::int32_t evict_cached_blocks();
@@ -272,7 +330,10 @@ class kv_manager {
   // (and fails, like a full pool, when none is takeable); add_sequence() takes
   // only a cached prefix whose blocks in the first query's window still hold
   // their windowed K/V. drop() and compact() are refused.
-  // REQUIRES: no sequence yet, window_tokens > 0, n_slots > 0.
+  // REQUIRES: no sequence yet, window_tokens > 0, n_slots > 0, and a pool of
+  // one block class (window slots are indexed by block, not by class; the
+  // call aborts with a message otherwise: a configuration bug, checked when
+  // the engine is built).
   void enable_window_slots(std::int32_t window_tokens, std::int32_t n_slots);
   const window_slots* windows() const { return window_ ? &*window_ : nullptr; }
   std::int32_t window_tokens() const { return window_tokens_; }
@@ -291,13 +352,15 @@ class kv_manager {
 
   // Recomputes everything from scratch (O(blocks + table entries)): pool and
   // index consistency, ref counts = table memberships, table validity, prefix
-  // keys, tenant ownership and quotas, stored-token accounting.
+  // keys (with the block's class), class runs and the class of keyed blocks,
+  // tenant ownership and quotas, stored-token accounting.
   status check_invariants() const;
 
  private:
   struct sequence {
     tenant_id tenant;
     std::string first_extras;       // extra keys of block 0
+    std::vector<kv_class_run> classes;  // sorted, non-overlapping
     std::vector<block_id> table;
     std::vector<token_id> tokens;   // [slot]: stored tokens, then the prompt tokens not stored yet
     std::vector<std::int32_t> positions;  // [n_stored]
@@ -316,23 +379,42 @@ class kv_manager {
     std::optional<std::int32_t> quota_blocks;
   };
 
+  // Blocks to take, per class.
+  struct class_demand {
+    std::array<std::int32_t, k_max_kv_classes> n{};  // [class]
+    std::int32_t total = 0;
+    void add(std::int32_t cls, std::int32_t k = 1) {
+      n[static_cast<std::size_t>(cls)] += k;
+      total += k;
+    }
+  };
+
   const sequence& seq_at(seq_id seq) const;
   sequence& seq_at(seq_id seq);
-  std::string_view extras_of(const sequence& s, std::size_t block_index) const;
-  block_key chain_key(const sequence& s, std::size_t block_index, block_key parent) const;
+  // The extra keys of table entry block_index of s: tenant and salt for block 0, the block's class.
+  std::string extras_of(const sequence& s, std::size_t block_index) const;
+  block_key chain_key(const sequence& s, std::size_t block_index, block_key parent, std::string_view extras) const;
   static std::string first_block_extras(const sequence_options& options);
-  // Leading blocks of `tokens` (at most max_blocks) found in the index for tenant t.
-  std::vector<block_id> match_prefix(std::span<const token_id> tokens, std::string_view first_extras, tenant_id t,
-                                     std::size_t max_blocks) const;
+  // Errors for class runs that are out of order, overlap, leave [0, n_prompt) or name a missing class.
+  status check_class_runs(std::span<const kv_class_run> runs, std::size_t n_prompt) const;
+  // Leading blocks of `tokens` (at most max_blocks) found in the index for
+  // tenant t, each of the class the runs give its index.
+  std::vector<block_id> match_prefix(std::span<const token_id> tokens, std::string_view first_extras,
+                                     std::span<const kv_class_run> runs, tenant_id t, std::size_t max_blocks) const;
   void emit(kv_op op);
   // Whether the next write of s lands in a partly filled block that it may not
   // write: shared with another table, or cached under a key (after truncate()).
   bool needs_cow(const sequence& s, std::int32_t n_new_tokens) const;
   std::int32_t n_appended_blocks(const sequence& s, std::int32_t n_new_tokens) const;
-  bool can_take(tenant_id t, std::int32_t n) const;
-  alloc_blocker take_blocker(tenant_id t, std::int32_t n) const;
-  // REQUIRES: can_take(t, n).
-  std::vector<block_id> take_blocks(tenant_id t, std::int32_t n);
+  // The class of table entry block_index when appended now (see "KV classes"). REQUIRES: block_index >= table size.
+  std::int32_t new_block_class(const sequence& s, std::size_t block_index) const;
+  // The blocks allocate(s, n_new_tokens) takes, by class; with `order`, also
+  // the class of each in the order taken (the copy-on-write block first).
+  class_demand demand(const sequence& s, std::int32_t n_new_tokens, std::vector<std::int32_t>* order = nullptr) const;
+  bool can_take(tenant_id t, const class_demand& d) const;
+  alloc_blocker take_blocker(tenant_id t, const class_demand& d) const;
+  // One block of each class in `classes`, in that order; d counts them. REQUIRES: can_take(t, d).
+  std::vector<block_id> take_blocks(tenant_id t, const class_demand& d, std::span<const std::int32_t> classes);
   void hold(block_id b);
   void release(block_id b);
   void drop_cached(block_id b);
@@ -366,6 +448,7 @@ class kv_manager {
   std::int64_t stored_tokens_in_used_ = 0;
 
   std::function<void(const kv_op&)> op_listener_;
+  std::vector<std::int32_t> class_order_;  // allocate()'s scratch: the class of each block it takes
   std::optional<window_slots> window_;
   std::int32_t window_tokens_ = 0;
   std::vector<std::int32_t> claims_;  // [n_blocks]: sequences claiming the block's window slot

@@ -26,6 +26,12 @@ std::string format_kv_metrics(const kv_metrics& m) {
       m.n_blocks_used, m.n_blocks_total, 100.0 * m.usage(), m.n_blocks_cached, m.n_blocks_free,
       m.n_blocks_used_peak, 100.0 * m.fragmentation(), m.n_prefix_hit_tokens, m.n_prefix_query_tokens,
       100.0 * m.prefix_hit_ratio(), m.n_evictions, m.n_preemptions, m.n_cow_copies);
+  if (m.classes.size() > 1) {
+    for (std::size_t c = 0; c < m.classes.size(); ++c) {
+      const kv_class_usage& k = m.classes[c];
+      out += fmt::format("; class {} {}/{} used {} cached", c, k.n_used, k.n_blocks, k.n_cached);
+    }
+  }
   for (const tenant_kv_usage& t : m.tenants) {
     if (t.name.empty() && t.n_used_blocks == 0 && t.n_cached_blocks == 0) continue;
     out += fmt::format("; tenant '{}' {} used {} cached", t.name, t.n_used_blocks, t.n_cached_blocks);

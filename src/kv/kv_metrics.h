@@ -17,10 +17,20 @@ struct tenant_kv_usage {
   std::optional<std::int32_t> quota_blocks;  // std::nullopt: no quota
 };
 
+// One block class of the pool (kv_manager.h, "KV classes"):
+// n_used + n_cached + n_free == n_blocks.
+struct kv_class_usage {
+  std::int32_t n_blocks = 0;
+  std::int32_t n_used = 0;
+  std::int32_t n_cached = 0;
+  std::int32_t n_free = 0;
+};
+
 struct kv_metrics {
   std::int32_t block_size_tokens = 0;
 
-  // Block states; n_blocks_used + n_blocks_cached + n_blocks_free == n_blocks_total.
+  // Block states, all classes together; n_blocks_used + n_blocks_cached +
+  // n_blocks_free == n_blocks_total.
   std::int32_t n_blocks_total = 0;
   std::int32_t n_blocks_used = 0;    // ref > 0
   std::int32_t n_blocks_cached = 0;  // ref 0, still in the prefix index (evictable)
@@ -50,6 +60,9 @@ struct kv_metrics {
   std::int64_t n_window_kv_lost = 0;  // retained slots taken for new blocks (their cached blocks lost windowed K/V)
 
   std::vector<tenant_kv_usage> tenants;  // by tenant id
+  // By class, always filled: one entry per block class ([0] the default KV
+  // type; a single-class pool has one, equal to the totals). Sums to the totals.
+  std::vector<kv_class_usage> classes;
 
   // n_blocks_used / n_blocks_total (0 for an empty pool).
   double usage() const;

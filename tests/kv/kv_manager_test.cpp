@@ -1,5 +1,6 @@
 #include "kv/kv_manager.h"
 
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -675,6 +676,304 @@ TEST(kv_manager, prompt_keys_and_cached_prompt_blocks) {
   EXPECT_EQ(m.n_cached_prompt_blocks(toks(8)), 1);  // the last prompt token is always computed
   EXPECT_EQ(m.n_cached_prompt_blocks(toks(9), of_tenant("other")), 0);
   EXPECT_NE(m.prompt_keys(toks(9), of_tenant("other"))[0], keys[0]);
+}
+
+// --- KV classes ----------------------------------------------------------------
+
+sequence_options with_runs(std::span<const kv_class_run> runs, std::string_view tenant = {}) {
+  sequence_options o;
+  o.tenant = tenant;
+  o.classes = runs;
+  return o;
+}
+
+std::vector<std::int32_t> classes_of(const kv_manager& m, std::int64_t id) {
+  std::vector<std::int32_t> out;
+  for (const block_id b : m.block_table(seq_id(id))) out.push_back(m.block_class(b));
+  return out;
+}
+
+TEST(kv_manager_classes, blocks_inside_a_run_get_its_class_straddling_and_decode_blocks_get_0) {
+  kv_manager m(4, std::vector<std::int32_t>{16, 8});
+  EXPECT_EQ(m.n_classes(), 2);
+  EXPECT_EQ(m.n_blocks(), 24);
+  const kv_class_run runs[] = {{2, 13, 1}};
+  add_and_prefill(m, 1, toks(16), with_runs(runs));
+  // [0,4) starts outside the run, [4,8) and [8,12) lie inside, [12,16) leaves it.
+  EXPECT_EQ(classes_of(m, 1), (std::vector<std::int32_t>{0, 1, 1, 0}));
+  for (const block_id b : m.block_table(seq_id(1)))
+    EXPECT_EQ(b.value >= 16, m.block_class(b) == 1) << b.value;  // class 1 owns ids [16, 24)
+  ASSERT_TRUE(decode_one(m, 1, 7).has_value());
+  EXPECT_EQ(classes_of(m, 1), (std::vector<std::int32_t>{0, 1, 1, 0, 0}));
+
+  // Adjacent runs of one class count as one; of two classes, the block straddles.
+  kv_manager m3(4, std::vector<std::int32_t>{8, 8, 8});
+  const kv_class_run same[] = {{0, 6, 1}, {6, 8, 1}};
+  const kv_class_run differ[] = {{0, 6, 1}, {6, 8, 2}};
+  add_and_prefill(m3, 1, toks(8), with_runs(same));
+  add_and_prefill(m3, 2, toks(8, 300), with_runs(differ));
+  EXPECT_EQ(classes_of(m3, 1), (std::vector<std::int32_t>{1, 1}));
+  EXPECT_EQ(classes_of(m3, 2), (std::vector<std::int32_t>{1, 0}));
+  expect_ok(m3);
+}
+
+TEST(kv_manager_classes, chunked_prefill_classes_blocks_as_one_chunk_and_unstored_slots_follow_the_last_position) {
+  kv_manager m(4, std::vector<std::int32_t>{16, 8});
+  const kv_class_run runs[] = {{0, 12, 1}};
+  const auto prompt = toks(14);
+  ASSERT_TRUE(m.add_sequence(seq_id(1), prompt, with_runs(runs)).ok());
+  for (std::size_t done = 0; done < prompt.size(); done += 3) {
+    const std::size_t n = std::min<std::size_t>(3, prompt.size() - done);
+    ASSERT_TRUE(m.allocate(seq_id(1), static_cast<std::int32_t>(n)).has_value());
+    ASSERT_TRUE(m.commit(seq_id(1), std::span<const token_id>(prompt).subspan(done, n)).ok());
+  }
+  EXPECT_EQ(classes_of(m, 1), (std::vector<std::int32_t>{1, 1, 1, 0}));
+
+  // Stored at positions 0, 1, 2, 9: the next block's slots are taken to hold
+  // 10..13, which leave the run [0, 12).
+  const auto other = toks(14, 300);
+  ASSERT_EQ(*m.add_sequence(seq_id(2), other, with_runs(runs)), 0);
+  ASSERT_TRUE(m.allocate(seq_id(2), 4).has_value());
+  const std::int32_t gap[] = {0, 1, 2, 9};
+  ASSERT_TRUE(m.commit(seq_id(2), std::span<const token_id>(other).subspan(0, 4), gap).ok());
+  ASSERT_TRUE(m.allocate(seq_id(2), 4).has_value());
+  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 0}));
+  expect_ok(m);
+}
+
+TEST(kv_manager_classes, a_full_class_blocks_allocation_even_when_another_has_room) {
+  kv_manager m(4, std::vector<std::int32_t>{2, 2});
+  const kv_class_run runs[] = {{0, 8, 1}};
+  add_and_prefill(m, 1, toks(8), with_runs(runs));  // class 1 is full
+  EXPECT_EQ(m.n_takeable_blocks(1), 0);
+  EXPECT_EQ(m.n_takeable_blocks(0), 2);
+  const kv_class_run first_block[] = {{0, 4, 1}};
+  ASSERT_TRUE(m.add_sequence(seq_id(2), toks(5, 200), with_runs(first_block)).ok());
+  EXPECT_EQ(m.n_blocks_needed(seq_id(2), 5), 2);
+  EXPECT_EQ(m.allocation_blocker(seq_id(2), 5), alloc_blocker::pool);
+  EXPECT_FALSE(m.can_allocate(seq_id(2), 5));
+  EXPECT_FALSE(m.allocate(seq_id(2), 5).has_value());
+  EXPECT_TRUE(m.block_table(seq_id(2)).empty());
+  EXPECT_EQ(m.allocation_blocker(seq_id(2), 0), alloc_blocker::none);
+  // Without runs the same prompt takes class-0 blocks only: it fits.
+  add_and_prefill(m, 3, toks(5, 200));
+  EXPECT_EQ(classes_of(m, 3), (std::vector<std::int32_t>{0, 0}));
+  expect_ok(m);
+
+  // The reverse: class 0 full, class 1 with room.
+  kv_manager r(4, std::vector<std::int32_t>{2, 2});
+  add_and_prefill(r, 1, toks(8));
+  ASSERT_TRUE(r.add_sequence(seq_id(2), toks(1, 200)).ok());
+  EXPECT_EQ(r.n_takeable_blocks(1), 2);
+  EXPECT_EQ(r.allocation_blocker(seq_id(2), 1), alloc_blocker::pool);
+  EXPECT_FALSE(r.allocate(seq_id(2), 1).has_value());
+  add_and_prefill(r, 3, toks(4, 300), with_runs(first_block));
+  EXPECT_EQ(classes_of(r, 3), (std::vector<std::int32_t>{1}));
+  expect_ok(r);
+}
+
+TEST(kv_manager_classes, allocation_evicts_cached_blocks_of_its_class_only) {
+  kv_manager m(4, std::vector<std::int32_t>{2, 2});
+  const kv_class_run runs[] = {{0, 8, 1}};
+  add_and_prefill(m, 1, toks(8));
+  add_and_prefill(m, 2, toks(8, 200), with_runs(runs));
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  EXPECT_EQ(m.metrics().n_blocks_cached, 4);
+  // The class-0 cache is older, but a class-1 prompt evicts class-1 blocks.
+  add_and_prefill(m, 3, toks(8, 400), with_runs(runs));
+  EXPECT_EQ(m.metrics().n_evictions, 2);
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9)), 2);
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9, 200), with_runs(runs)), 0);
+  expect_ok(m);
+}
+
+TEST(kv_manager_classes, copy_on_write_copies_into_a_block_of_the_same_class) {
+  kv_manager m(4, std::vector<std::int32_t>{4, 3});
+  const kv_class_run runs[] = {{0, 8, 1}};
+  add_and_prefill(m, 1, toks(8), with_runs(runs));
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(2)).ok());
+  ASSERT_TRUE(m.truncate(seq_id(2), 6).ok());  // block 1 is shared and partly kept
+  const block_id shared = m.block_table(seq_id(2))[1];
+  const auto a = decode_one(m, 2, 9);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_EQ(a->copies.size(), 1u);
+  EXPECT_EQ(a->copies[0].src, shared);
+  EXPECT_EQ(m.block_class(a->copies[0].dst), 1);
+  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 1}));
+
+  // With class 1 out of blocks, the copy waits, though class 0 has room.
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(3)).ok());
+  ASSERT_TRUE(m.truncate(seq_id(3), 5).ok());
+  EXPECT_EQ(m.n_takeable_blocks(1), 0);
+  EXPECT_EQ(m.allocation_blocker(seq_id(3), 1), alloc_blocker::pool);
+  EXPECT_FALSE(m.allocate(seq_id(3), 1).has_value());
+  expect_ok(m);
+}
+
+TEST(kv_manager_classes, compaction_replaces_shared_blocks_by_blocks_of_their_class) {
+  kv_manager m(4, std::vector<std::int32_t>{4, 4});
+  const kv_class_run runs[] = {{0, 8, 1}};
+  const auto prompt = toks(8);
+  add_and_prefill(m, 1, prompt, with_runs(runs));
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(2)).ok());
+  // Keep slots 0, 1, 3, 4, 5, 6: slots [2, 6) are rewritten, in both shared blocks.
+  kv_compaction c;
+  c.first = 2;
+  c.n_slots = 6;
+  c.gather = std::make_shared<kv_gather>();
+  for (const std::int32_t slot : {3, 4, 5, 6}) {
+    c.tokens.push_back(prompt[static_cast<std::size_t>(slot)]);
+    c.positions.push_back(slot);
+    c.gather->sources.push_back(slot);
+  }
+  ASSERT_TRUE(m.compact(seq_id(2), c).ok());
+  ASSERT_EQ(m.block_table(seq_id(2)).size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_NE(m.block_table(seq_id(2))[i], m.block_table(seq_id(1))[i]);
+  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 1}));
+  expect_ok(m);
+}
+
+TEST(kv_manager_classes, prefix_keys_carry_the_class) {
+  kv_manager m(4, std::vector<std::int32_t>{16, 8});
+  const kv_class_run all[] = {{0, 8, 1}};
+  const kv_class_run second[] = {{4, 8, 1}};
+  const kv_class_run first[] = {{0, 4, 1}};
+  const auto plain = m.prompt_keys(toks(9));
+  const auto keys_all = m.prompt_keys(toks(9), with_runs(all));
+  const auto keys_second = m.prompt_keys(toks(9), with_runs(second));
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_NE(keys_all[0], plain[0]);
+  EXPECT_NE(keys_all[1], plain[1]);
+  EXPECT_EQ(keys_second[0], plain[0]);  // block 0 is of class 0 in both
+  EXPECT_NE(keys_second[1], plain[1]);
+
+  add_and_prefill(m, 1, toks(9), with_runs(all));
+  EXPECT_EQ(m.index().key_of(m.block_table(seq_id(1))[0]), keys_all[0]);
+  EXPECT_EQ(m.index().key_of(m.block_table(seq_id(1))[1]), keys_all[1]);
+  // The same tokens without the class do not share; with the same runs they do.
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9)), 0);
+  EXPECT_EQ(add_and_prefill(m, 2, toks(9)), 0);
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9), with_runs(all)), 2);
+  EXPECT_EQ(add_and_prefill(m, 3, toks(9), with_runs(all)), 8);
+  EXPECT_EQ(ids(m.block_table(seq_id(3))).front(), ids(m.block_table(seq_id(1))).front());
+  // Class 1 only over block 0: block 0 hits, block 1 (class 0 for it) does not.
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9), with_runs(first)), 1);
+  EXPECT_EQ(add_and_prefill(m, 4, toks(9), with_runs(first)), 4);
+  // And the reverse: a class-0 cache serves no class-1 prompt.
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9, 500), with_runs(all)), 0);
+  add_and_prefill(m, 5, toks(9, 500));
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9, 500), with_runs(all)), 0);
+  EXPECT_EQ(m.n_cached_prompt_blocks(toks(9, 500)), 2);
+}
+
+TEST(kv_manager_classes, bad_class_runs_are_refused) {
+  kv_manager m(4, std::vector<std::int32_t>{8, 8});
+  const kv_class_run no_such_class[] = {{0, 4, 2}};
+  const kv_class_run overlap[] = {{0, 4, 1}, {3, 6, 1}};
+  const kv_class_run unsorted[] = {{4, 6, 1}, {0, 2, 1}};
+  const kv_class_run empty[] = {{3, 3, 1}};
+  const kv_class_run past_the_prompt[] = {{0, 9, 1}};
+  for (const auto runs : {std::span<const kv_class_run>(no_such_class), std::span<const kv_class_run>(overlap),
+                          std::span<const kv_class_run>(unsorted), std::span<const kv_class_run>(empty),
+                          std::span<const kv_class_run>(past_the_prompt)}) {
+    const auto r = m.add_sequence(seq_id(1), toks(8), with_runs(runs));
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code(), errc::invalid_argument) << r.error().message();
+    EXPECT_EQ(m.check_request_fits(8, 4, "", 1, runs).code(), errc::invalid_argument);
+    EXPECT_EQ(m.n_cached_prompt_blocks(toks(8), with_runs(runs)), 0);
+  }
+  EXPECT_FALSE(m.contains(seq_id(1)));
+  // A single-class manager knows class 0 only.
+  kv_manager one(4, 8);
+  const kv_class_run class1[] = {{0, 4, 1}};
+  EXPECT_EQ(one.add_sequence(seq_id(1), toks(8), with_runs(class1)).error().code(), errc::invalid_argument);
+  expect_ok(m);
+}
+
+TEST(kv_manager_classes, check_request_fits_counts_each_class_against_its_blocks) {
+  kv_manager m(4, std::vector<std::int32_t>{8, 2});
+  const kv_class_run twelve[] = {{0, 12, 1}};
+  const kv_class_run eight[] = {{0, 8, 1}};
+  const status too_big = m.check_request_fits(12, 4, "", 1, twelve);
+  EXPECT_EQ(too_big.code(), errc::resource_exhausted);
+  EXPECT_NE(too_big.message().find("3 KV blocks of class 1"), std::string::npos) << too_big.message();
+  EXPECT_NE(too_big.message().find("2 blocks of class 1"), std::string::npos) << too_big.message();
+  EXPECT_TRUE(m.check_request_fits(12, 4, "", 1, eight).ok());
+  // 40 slots in all, but only 32 of class 0.
+  const status class0 = m.check_request_fits(36, 4);
+  EXPECT_EQ(class0.code(), errc::resource_exhausted);
+  EXPECT_NE(class0.message().find("of class 0"), std::string::npos) << class0.message();
+  EXPECT_TRUE(m.check_request_fits(28, 4).ok());
+  // Two completions share the two full class-1 blocks; each has its own class-0 block.
+  EXPECT_TRUE(m.check_request_fits(8, 4, "", 2, eight).ok());
+  EXPECT_TRUE(m.check_request_fits(8, 16, "", 2, eight).ok());   // 2 x 4 class-0 blocks
+  EXPECT_FALSE(m.check_request_fits(8, 20, "", 2, eight).ok());  // 2 x 5 class-0 blocks > 8
+}
+
+TEST(kv_manager_classes, fork_copies_the_class_runs) {
+  kv_manager m(4, std::vector<std::int32_t>{8, 8});
+  const kv_class_run runs[] = {{0, 12, 1}};
+  const auto prompt = toks(13);
+  ASSERT_TRUE(m.add_sequence(seq_id(1), prompt, with_runs(runs)).ok());
+  ASSERT_TRUE(m.allocate(seq_id(1), 4).has_value());
+  ASSERT_TRUE(m.commit(seq_id(1), std::span<const token_id>(prompt).subspan(0, 4)).ok());
+  ASSERT_TRUE(m.fork(seq_id(1), seq_id(2)).ok());
+  ASSERT_TRUE(m.allocate(seq_id(2), 9).has_value());
+  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 1, 1, 0}));
+  expect_ok(m);
+}
+
+TEST(kv_manager_classes, quotas_count_every_class_and_evict_own_cache_of_any_class) {
+  kv_manager m(4, std::vector<std::int32_t>{4, 4});
+  ASSERT_TRUE(m.set_tenant_quota("t", 3).ok());
+  const kv_class_run runs[] = {{0, 8, 1}};
+  add_and_prefill(m, 1, toks(9), with_runs(runs, "t"));  // 2 class-1 blocks + 1 class-0 block
+  EXPECT_EQ(classes_of(m, 1), (std::vector<std::int32_t>{1, 1, 0}));
+  ASSERT_TRUE(m.add_sequence(seq_id(2), toks(1, 300), of_tenant("t")).ok());
+  EXPECT_EQ(m.allocation_blocker(seq_id(2), 1), alloc_blocker::quota);
+  ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  EXPECT_EQ(m.pool().n_cached(m.tenant("t")), 2);  // its two class-1 blocks
+
+  // Three class-0 blocks at a quota of 3: its class-1 cache has to go.
+  add_and_prefill(m, 3, toks(12, 500), of_tenant("t"));
+  EXPECT_EQ(m.pool().n_used(m.tenant("t")), 3);
+  EXPECT_EQ(m.pool().n_cached(m.tenant("t")), 0);
+  EXPECT_EQ(m.metrics().n_evictions, 2);
+  expect_ok(m);
+}
+
+TEST(kv_manager_classes, metrics_report_each_class) {
+  kv_manager m(4, std::vector<std::int32_t>{4, 2});
+  const kv_class_run runs[] = {{0, 4, 1}};
+  add_and_prefill(m, 1, toks(9), with_runs(runs));
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  const kv_class_run three[] = {{0, 3, 1}};
+  add_and_prefill(m, 2, toks(3, 300), with_runs(three));  // a block the run does not fill: class 0
+  const kv_metrics km = m.metrics();
+  ASSERT_EQ(km.classes.size(), 2u);
+  EXPECT_EQ(km.classes[0].n_blocks, 4);
+  EXPECT_EQ(km.classes[0].n_used, 1);
+  EXPECT_EQ(km.classes[0].n_cached, 1);
+  EXPECT_EQ(km.classes[0].n_free, 2);
+  EXPECT_EQ(km.classes[1].n_blocks, 2);
+  EXPECT_EQ(km.classes[1].n_used, 0);
+  EXPECT_EQ(km.classes[1].n_cached, 1);
+  EXPECT_EQ(km.classes[1].n_free, 1);
+  EXPECT_EQ(km.n_blocks_used, 1);
+  EXPECT_EQ(km.n_blocks_cached, 2);
+  EXPECT_NE(format_kv_metrics(km).find("class 1 0/2 used 1 cached"), std::string::npos) << format_kv_metrics(km);
+
+  kv_manager one(4, 8);
+  ASSERT_EQ(one.metrics().classes.size(), 1u);
+  EXPECT_EQ(one.metrics().classes[0].n_blocks, 8);
+  EXPECT_EQ(format_kv_metrics(one.metrics()).find("class"), std::string::npos);
+}
+
+TEST(kv_manager_classes_death, window_slots_need_one_class) {
+  kv_manager m(4, std::vector<std::int32_t>{4, 4});
+  EXPECT_DEATH(m.enable_window_slots(8, 4), "one block class");
 }
 
 }  // namespace

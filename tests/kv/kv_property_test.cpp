@@ -23,8 +23,14 @@
 // Window-slot scenarios (a sliding-window layer keeping only its window)
 // simulate that layer too, in slots bound by the bind_window ops: every token
 // the next query of a sequence can see reads back from its block's slot.
+// KV-class scenarios split the pool into block classes and give prompts
+// random class runs (some shared with their prefix, so class blocks are hit):
+// every block an allocate takes is of the class a brute-force reading of the
+// rule gives (a copy: its source's class), per-class counts add up, and
+// check_request_fits agrees with a per-class count.
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -39,32 +45,56 @@ namespace {
 
 struct scenario {
   std::int32_t block_size;
-  std::int32_t n_blocks;
+  std::int32_t n_blocks;  // with classes: their sum
   bool prefix_caching;
   std::int32_t window_tokens = 0;  // > 0: window slots
   std::int32_t window_slots = 0;
+  std::vector<std::int32_t> classes = {};  // blocks of each KV class; empty: one class
 };
 
 scenario scenario_for(std::uint32_t seed) {
   static const scenario k_scenarios[] = {{4, 48, true},         {1, 96, true},        {3, 64, true},
                                          {16, 24, true},        {4, 48, false},       {4, 48, true, 9, 20},
-                                         {3, 64, true, 5, 12}};
+                                         {3, 64, true, 5, 12},  {4, 52, true, 0, 0, {32, 12, 8}},
+                                         {3, 60, true, 0, 0, {40, 20}},               {4, 48, false, 0, 0, {30, 18}}};
   return k_scenarios[seed % std::size(k_scenarios)];
 }
 
 struct live_seq {
   sequence_options options;
   std::string tenant, salt;  // owned storage behind options
+  std::vector<kv_class_run> runs;
   std::size_t n_prompt = 0;
   std::size_t max_tokens = 0;
+  // options views point into the strings and runs: refresh them after a move or copy.
+  void refresh() {
+    options.tenant = tenant;
+    options.cache_salt = salt;
+    options.classes = runs;
+  }
 };
+
+// The class rule read directly: the class of the run holding each position
+// (0 outside every run); the block's class when they all agree, else 0.
+std::int32_t rule_class(std::span<const kv_class_run> runs, std::span<const std::int64_t> positions) {
+  std::int32_t cls = -1;
+  for (const std::int64_t p : positions) {
+    std::int32_t c = 0;
+    for (const kv_class_run& r : runs)
+      if (r.begin <= p && p < r.end) c = r.cls;
+    if (c == 0 || (cls >= 0 && c != cls)) return 0;
+    cls = c;
+  }
+  return std::max(cls, 0);
+}
 
 class harness {
  public:
   harness(std::uint32_t seed, const scenario& sc)
       : rng_(seed),
         bs_(sc.block_size),
-        m_(sc.block_size, sc.n_blocks, sc.prefix_caching),
+        m_(sc.block_size, sc.classes.empty() ? std::vector<std::int32_t>{sc.n_blocks} : sc.classes,
+           sc.prefix_caching),
         kv_(static_cast<std::size_t>(sc.n_blocks) * static_cast<std::size_t>(sc.block_size), k_no_token),
         pos_(kv_.size(), -1) {
     if (sc.window_tokens > 0) {
@@ -124,6 +154,7 @@ class harness {
     EXPECT_EQ(km.n_stored_tokens, 0);
     EXPECT_EQ(km.n_blocks_free + km.n_blocks_cached, km.n_blocks_total);
     EXPECT_EQ(m_.n_takeable_blocks(), km.n_blocks_total);
+    for (std::int32_t c = 0; c < m_.n_classes(); ++c) EXPECT_EQ(m_.n_takeable_blocks(c), m_.pool().class_size(c));
     EXPECT_EQ(km.n_preemptions, n_preemptions_);
     EXPECT_EQ(km.n_cow_copies, n_copies_);
     EXPECT_EQ(km.n_evictions, n_evict_ops_);
@@ -140,6 +171,10 @@ class harness {
       EXPECT_GT(n_truncate_ops_, 0);
     }
     EXPECT_GT(n_truncates_, 0);
+    if (m_.n_classes() > 1) {
+      EXPECT_GT(n_class_blocks_, 0);
+      if (m_.prefix_caching_enabled()) EXPECT_GT(n_class_hits_, 0);
+    }
     if (window_ == 0) {
       EXPECT_GT(n_drops_, 0);
       EXPECT_GT(n_compactions_, 0);
@@ -264,6 +299,7 @@ class harness {
   void op_add() {
     if (seqs_.size() >= 16) return;
     std::vector<token_id> prompt = prefixes_[static_cast<std::size_t>(uniform(0, 3))];
+    const std::size_t prefix_len = prompt.size();
     const int n_suffix = uniform(1, 2 * bs_);
     for (int i = 0; i < n_suffix; ++i) prompt.push_back(static_cast<token_id>(uniform(0, 5)));
     static const char* const k_tenants[] = {"", "", "t1", "t2"};
@@ -271,14 +307,39 @@ class harness {
     live_seq s;
     s.tenant = k_tenants[uniform(0, 3)];
     s.salt = k_salts[uniform(0, 3)];
+    s.runs = random_runs(static_cast<std::int32_t>(prompt.size()), static_cast<std::int32_t>(prefix_len));
     s.n_prompt = prompt.size();
     s.max_tokens = prompt.size() + static_cast<std::size_t>(uniform(1, 3 * bs_));
     add(seq_id(next_id_++), std::move(s), prompt);
   }
 
+  // No runs (with one class always), the whole shared prefix in class 1, a
+  // run of the last class from inside the first block, or random runs.
+  std::vector<kv_class_run> random_runs(std::int32_t n_prompt, std::int32_t n_prefix) {
+    const std::int32_t n_classes = m_.n_classes();
+    if (n_classes == 1) return {};
+    std::vector<kv_class_run> runs;
+    switch (uniform(0, 3)) {
+      case 0:
+        break;
+      case 1:
+        if (n_prefix > 0) runs.push_back({0, n_prefix, 1});
+        break;
+      case 2:
+        runs.push_back({std::min(bs_ / 2, n_prompt - 1), n_prompt, static_cast<std::uint8_t>(n_classes - 1)});
+        break;
+      default:
+        for (std::int32_t p = 0; p < n_prompt;) {
+          const std::int32_t end = std::min(n_prompt, p + uniform(1, 3 * bs_));
+          if (uniform(0, 2) > 0) runs.push_back({p, end, static_cast<std::uint8_t>(uniform(0, n_classes - 1))});
+          p = end + uniform(0, bs_);
+        }
+    }
+    return runs;
+  }
+
   void add(seq_id id, live_seq s, std::span<const token_id> prompt) {
-    s.options.tenant = s.tenant;
-    s.options.cache_salt = s.salt;
+    s.refresh();
     const auto cached = m_.add_sequence(id, prompt, s.options);
     ASSERT_TRUE(cached.ok()) << cached.error().message();
     ASSERT_EQ(*cached % bs_, 0);
@@ -288,11 +349,10 @@ class harness {
       ASSERT_EQ(*cached, 0);
     }
     n_hit_tokens_ += *cached;
+    for (const block_id b : m_.block_table(id)) n_class_hits_ += m_.block_class(b) != 0 ? 1 : 0;
     auto [it, inserted] = seqs_.emplace(id, std::move(s));
     ASSERT_TRUE(inserted);
-    // options views point into the moved strings: refresh them.
-    it->second.options.tenant = it->second.tenant;
-    it->second.options.cache_salt = it->second.salt;
+    it->second.refresh();
   }
 
   void op_step() {
@@ -333,6 +393,7 @@ class harness {
     ASSERT_LE(m_.metrics().n_blocks_used - before.n_blocks_used, needed);
     ASSERT_EQ(a->n_new_blocks + static_cast<std::int32_t>(a->copies.size()), needed);
     ASSERT_LE(a->copies.size(), 1u);
+    check_new_classes(*id, table_before, *a);
     // The model writes K/V of the n tokens at their slots, at increasing
     // positions (sometimes with gaps, as after a position shift).
     std::vector<token_id> written;
@@ -364,6 +425,25 @@ class harness {
       ASSERT_TRUE(m_.release_window(*id, m_.positions(*id).back() + 1).ok());
     }
     (void)s;
+  }
+
+  // A copy is of its source's class; an appended block of the class the runs
+  // give its slots' positions, which continue from the last stored one.
+  void check_new_classes(seq_id id, const std::vector<block_id>& table_before, const allocation& a) {
+    const auto table = m_.block_table(id);
+    for (const block_copy& c : a.copies) ASSERT_EQ(m_.block_class(c.dst), m_.block_class(c.src)) << "op " << op_;
+    const auto positions = m_.positions(id);
+    const std::int64_t n_stored = static_cast<std::int64_t>(positions.size());
+    const std::int64_t last = positions.empty() ? -1 : positions.back();
+    const std::span<const kv_class_run> runs = seqs_.at(id).runs;
+    for (std::size_t i = table_before.size(); i < table.size(); ++i) {
+      std::vector<std::int64_t> slots_at(static_cast<std::size_t>(bs_));
+      for (std::int32_t k = 0; k < bs_; ++k)
+        slots_at[static_cast<std::size_t>(k)] = last + 1 + static_cast<std::int64_t>(i) * bs_ + k - n_stored;
+      const std::int32_t cls = m_.block_class(table[i]);
+      ASSERT_EQ(cls, rule_class(runs, slots_at)) << "op " << op_ << " seq " << id.value << " block " << i;
+      n_class_blocks_ += cls != 0 ? 1 : 0;
+    }
   }
 
   // A policy frees some full blocks from anywhere in the table.
@@ -467,9 +547,7 @@ class harness {
     live_seq c = seqs_.at(*id);
     ASSERT_EQ(m_.n_stored_tokens(child), n_stored);
     seqs_.emplace(child, std::move(c));
-    auto& cs = seqs_.at(child);
-    cs.options.tenant = cs.tenant;
-    cs.options.cache_salt = cs.salt;
+    seqs_.at(child).refresh();
   }
 
   void op_finish() {
@@ -494,6 +572,10 @@ class harness {
     ASSERT_TRUE(m_.preempt_sequence(*id).ok());
     ++n_preemptions_;
     s.max_tokens = std::max(s.max_tokens, all.size() + 1);
+    // A truncate may have cut into the prompt: runs end inside the new one.
+    const auto n_all = static_cast<std::int32_t>(all.size());
+    std::erase_if(s.runs, [&](const kv_class_run& r) { return r.begin >= n_all; });
+    for (kv_class_run& r : s.runs) r.end = std::min(r.end, n_all);
     add(*id, std::move(s), all);
   }
 
@@ -508,8 +590,18 @@ class harness {
   void op_fits() {
     const int n_prompt = uniform(1, m_.n_blocks() * bs_);
     const int n_new = uniform(0, m_.n_blocks() * bs_);
-    const status st = m_.check_request_fits(n_prompt, n_new);
-    const bool fits = (n_prompt + n_new + bs_ - 1) / bs_ <= m_.n_blocks();
+    const std::vector<kv_class_run> runs = random_runs(n_prompt, uniform(0, n_prompt));
+    const status st = m_.check_request_fits(n_prompt, n_new, "", 1, runs);
+    const int n_blocks = (n_prompt + n_new + bs_ - 1) / bs_;
+    bool fits = n_blocks <= m_.n_blocks();
+    std::vector<std::int32_t> per_class(static_cast<std::size_t>(m_.n_classes()), 0);
+    for (int i = 0; i < n_blocks; ++i) {
+      std::vector<std::int64_t> slots_at(static_cast<std::size_t>(bs_));
+      std::iota(slots_at.begin(), slots_at.end(), static_cast<std::int64_t>(i) * bs_);
+      ++per_class[static_cast<std::size_t>(rule_class(runs, slots_at))];
+    }
+    for (std::int32_t c = 0; c < m_.n_classes(); ++c)
+      fits = fits && per_class[static_cast<std::size_t>(c)] <= m_.pool().class_size(c);
     ASSERT_EQ(st.ok(), fits) << st.message();
   }
 
@@ -519,6 +611,18 @@ class harness {
     const kv_metrics km = m_.metrics();
     ASSERT_EQ(km.n_blocks_free + km.n_blocks_used + km.n_blocks_cached, km.n_blocks_total);
     ASSERT_EQ(static_cast<std::size_t>(km.n_sequences), seqs_.size());
+    ASSERT_EQ(km.classes.size(), static_cast<std::size_t>(m_.n_classes()));
+    kv_class_usage sum;
+    for (std::size_t c = 0; c < km.classes.size(); ++c) {
+      const kv_class_usage& k = km.classes[c];
+      ASSERT_EQ(k.n_used + k.n_cached + k.n_free, k.n_blocks) << "op " << op_ << " class " << c;
+      ASSERT_EQ(m_.n_takeable_blocks(static_cast<std::int32_t>(c)), k.n_free + k.n_cached);
+      sum = {sum.n_blocks + k.n_blocks, sum.n_used + k.n_used, sum.n_cached + k.n_cached, sum.n_free + k.n_free};
+    }
+    ASSERT_EQ(sum.n_blocks, km.n_blocks_total);
+    ASSERT_EQ(sum.n_used, km.n_blocks_used);
+    ASSERT_EQ(sum.n_cached, km.n_blocks_cached);
+    ASSERT_EQ(sum.n_free, km.n_blocks_free);
     // Every stored token reads back from the slot its table names.
     for (const auto& [id, s] : seqs_) {
       const auto table = m_.block_table(id);
@@ -584,6 +688,8 @@ class harness {
   std::int64_t n_drops_ = 0;
   std::int64_t n_truncates_ = 0;
   std::int64_t n_compactions_ = 0;
+  std::int64_t n_class_blocks_ = 0;  // blocks of a class other than 0 taken by allocate
+  std::int64_t n_class_hits_ = 0;    // of those, served again from the prefix cache
   std::int32_t window_ = 0;            // window slots: the window, else 0
   std::vector<token_id> wkv_;          // [window slots][block_size]
   std::vector<std::int32_t> wslot_;    // [n_blocks]: bound slot or -1
@@ -600,12 +706,13 @@ TEST_P(kv_property, random_operations_keep_every_invariant) {
   const scenario sc = scenario_for(seed);
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " block_size " << sc.block_size << " n_blocks "
                                     << sc.n_blocks << " prefix_caching " << sc.prefix_caching << " window "
-                                    << sc.window_tokens << " window slots " << sc.window_slots);
+                                    << sc.window_tokens << " window slots " << sc.window_slots << " classes "
+                                    << sc.classes.size());
   harness h(seed, sc);
   h.run(5000);
 }
 
-INSTANTIATE_TEST_SUITE_P(seeds, kv_property, ::testing::Range(1u, 29u));
+INSTANTIATE_TEST_SUITE_P(seeds, kv_property, ::testing::Range(1u, 31u));
 
 }  // namespace
 }  // namespace pagoda
