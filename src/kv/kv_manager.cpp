@@ -11,7 +11,7 @@ std::int32_t ceil_div(std::int64_t a, std::int64_t b) { return static_cast<std::
 
 // The extra key that names a block's KV class (classes other than 0 only).
 // prefix_index.h has no name for it yet: kinds 1 and 2 are taken, 3 and 4 reserved.
-constexpr auto k_kv_class_extra_key = static_cast<extra_key_kind>(5);
+constexpr auto k_kv_class_extra_key = extra_key_kind::kv_class;
 
 // The class whose runs hold every one of n increasing positions pos(0), ...,
 // pos(n - 1); 0 when one of them is outside every run or two are in runs of
