@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace pagoda {
 
@@ -42,6 +43,11 @@ struct engine_config {
   // layer slides; window slots when some do), and a request's KV policy is
   // refused on such models (a default --kv-policy keeps every position).
   bool swa_full = false;
+  // KV classes for prompt segments that ask for their own KV type (a part's
+  // "kv": {"type": ...}): each "TYPE[:FRACTION]" adds a class of blocks of
+  // TYPE (as --kv-cache-dtype takes it) that gets FRACTION (default 0.25) of
+  // the pool's bytes; --kv-cache-dtype's blocks get the rest.
+  std::vector<std::string> kv_segment_dtypes;
 
   // --- KV warehouse (persistent tiers behind the pool) ---------------------
   std::string kv_store_path;         // local disk tier directory (LMDB); "" = none

@@ -54,7 +54,12 @@ struct sampling_params {
 struct prompt_segment {
   std::int32_t begin = 0;
   std::int32_t end = 0;
-  std::string kv_policy;  // "NAME[:key=value,...]", "none" keeps the segment whole
+  std::string kv_policy;  // "NAME[:key=value,...]", "none" keeps the segment whole; "": the request's
+  // The KV type of the segment's blocks ("int4", as --kv-cache-dtype takes
+  // it); "": the engine's default. The engine must keep a class of that type
+  // (--kv-segment-dtype). A block takes it only when every one of its tokens
+  // is in such segments; a block that straddles a boundary keeps the default.
+  std::string kv_type;
 };
 
 struct request {

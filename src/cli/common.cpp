@@ -103,6 +103,11 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_flag("--swa-full", opts.swa_full,
                 "sliding-window layers keep every position's K/V, as global layers do (default: only their window; "
                 "needed for KV policies on such models)");
+  app->add_option("--kv-segment-dtype", opts.kv_segment_dtypes,
+                  "TYPE[:FRACTION], repeatable: a class of KV blocks of TYPE (as --kv-cache-dtype) for prompt parts "
+                  "that ask for it (\"kv\": {\"type\": TYPE}), holding FRACTION (default 0.25) of the pool's bytes")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
 result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) {

@@ -13,8 +13,10 @@ void cpu_runner::apply(const kv_op& op) {
     case kv_op_kind::truncate: kv_.truncate_block(op.block, op.n_tokens); break;
     case kv_op_kind::release: kv_.release_block(op.block); break;
     case kv_op_kind::bind_window: kv_.bind_window(op.block, op.slot); break;
+    // Blocks of another KV class (kv_storage.h) have another size and stay
+    // out of the external tiers, whose blocks are the default layout's.
     case kv_op_kind::evict:
-      if (on_evict_) {
+      if (on_evict_ && kv_.block_class(op.block) == 0) {
         kv_.read_block(op.block, block_buf_);
         on_evict_(evicted_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
       }
@@ -26,7 +28,7 @@ void cpu_runner::apply(const kv_op& op) {
       });
       break;
     case kv_op_kind::cache:
-      if (on_cache_) {
+      if (on_cache_ && kv_.block_class(op.block) == 0) {
         kv_.read_block(op.block, block_buf_);
         on_cache_(cached_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
       }
@@ -42,6 +44,9 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.loaded.assign(plan.loads.size(), 0);
   for (std::size_t i = 0; i < plan.loads.size(); ++i) {
     const block_load& l = plan.loads[i];
+    // Loaded blocks are of the default layout (the tiers hold no other), and so
+    // is a block whose key is in them (a class enters the key).
+    if (kv_.block_class(l.block) != 0) continue;
     const int tier = source_ ? source_->read(l.tenant, l.key, block_buf_) : -1;
     if (tier < 0 || tier >= k_max_source_tiers) continue;
     if (kv_.write_block(l.block, block_buf_).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);

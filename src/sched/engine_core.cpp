@@ -2,7 +2,10 @@
 
 #include <exception>
 
+#include <fmt/format.h>
+
 #include "policy/kv_policy.h"
+#include "quant/kv_format_spec.h"
 
 namespace pagoda {
 
@@ -21,6 +24,15 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
   s.sliding_window_all = c.sliding_window_all;
+  if (!c.kv_classes.empty()) {
+    s.kv_class_blocks.push_back(static_cast<std::int32_t>(c.n_blocks));
+    for (const kv_segment_class& k : c.kv_classes) s.kv_class_blocks.push_back(static_cast<std::int32_t>(k.n_blocks));
+    s.n_blocks = 0;
+    for (std::int32_t n : s.kv_class_blocks) s.n_blocks += n;
+  }
+  // With one type too: a part may name the default type, and a type the
+  // engine lacks gets the flag that would add it.
+  s.kv_class_of = [c](const std::string& type) { return find_kv_class(c, type); };
   if (c.windows.any()) {
     s.window_slot_tokens = c.window_tokens;
     s.n_window_slots = c.windows.n_slots;
@@ -43,6 +55,28 @@ kv_window_layout plan_window_slots(const llama_hparams& hp, const engine_core_co
   w.layers.resize(static_cast<std::size_t>(hp.n_layer));
   for (int l = 0; l < hp.n_layer; ++l) w.layers[static_cast<std::size_t>(l)] = hp.is_swa(l) ? 1 : 0;
   return w;
+}
+
+result<std::uint8_t> find_kv_class(const engine_core_config& config, const std::string& kv_type) {
+  auto spec = parse_kv_pair_spec(kv_type);
+  if (!spec.ok()) return spec.error().with_context(fmt::format("KV type '{}'", kv_type));
+  auto same = [&](const kv_layout& l) {
+    for (int i = 0; i < l.n_layers; ++i)
+      if (l.k_formats[i] != spec->k.resolve(kv_role::key, l.scales != nullptr) ||
+          l.v_formats[i] != spec->v.resolve(kv_role::value, l.scales != nullptr))
+        return false;
+    return true;
+  };
+  if (same(config.kv)) return std::uint8_t{0};
+  std::string kept = fmt::format("{} (the default)", config.kv.describe());
+  for (std::size_t i = 0; i < config.kv_classes.size(); ++i) {
+    if (same(config.kv_classes[i].layout)) return static_cast<std::uint8_t>(i + 1);
+    kept += ", " + config.kv_classes[i].name;
+  }
+  return error(errc::invalid_argument,
+               "KV type '{}' is not one this engine keeps ({}); start it with --kv-segment-dtype {} to give parts "
+               "that type",
+               kv_type, kept, kv_type);
 }
 
 result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& model, const engine_core_config& config) {
@@ -73,8 +107,13 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     if (c.windows.any()) c.window_tokens = hp.sliding_window;
   }
   // Staging slots for every sequence that can hold open blocks (kv_storage.h).
+  std::vector<kv_class_spec> classes;
+  for (const kv_segment_class& k : c.kv_classes) {
+    if (k.n_blocks < 1) return error(errc::invalid_argument, "KV class {} has no block", k.name);
+    classes.push_back(kv_class_spec{k.layout, k.n_blocks});
+  }
   PAGODA_ASSIGN_OR_RETURN(auto storage, kv_storage::create(c.kv, c.n_blocks, k_staging_slots_per_sequence * c.max_num_seqs,
-                                                           c.windows));
+                                                           c.windows, classes));
   std::unique_ptr<engine_core> e(new engine_core(model, c, std::move(storage)));
   PAGODA_RETURN_IF_ERROR(e->sched_.check());
   return e;

@@ -32,6 +32,15 @@
 
 namespace pagoda {
 
+// A class of KV blocks of another type, for prompt segments that ask for it
+// (kv_manager.h, kv_storage.h): its layout (the default's shape, its own
+// formats), its blocks, and the type as the user named it.
+struct kv_segment_class {
+  std::string name;
+  kv_layout layout;
+  std::int64_t n_blocks = 0;
+};
+
 struct engine_core_config {
   int n_threads = 0;                  // 0: every core
   int max_model_len = 0;              // 0: the model's trained context
@@ -39,7 +48,8 @@ struct engine_core_config {
   int max_num_batched_tokens = 2048;  // tokens per step (decode + prompt chunks)
   bool enable_prefix_caching = true;
   kv_layout kv;                       // types and block size (n_layers etc. must match the model)
-  std::int64_t n_blocks = 0;          // pool size in blocks
+  std::int64_t n_blocks = 0;          // pool size in blocks (the default type's; classes have their own)
+  std::vector<kv_segment_class> kv_classes;  // extra KV classes, 1, 2, ... (none: one type)
   std::map<std::string, std::int32_t> tenant_quota_blocks;
   int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
@@ -61,6 +71,11 @@ struct engine_core_config {
 // when no layer or every layer slides, or when the slots would not be fewer
 // than n_blocks (nothing to save).
 kv_window_layout plan_window_slots(const llama_hparams& hp, const engine_core_config& config, std::int64_t n_blocks);
+
+// The class whose blocks have the formats `kv_type` (as --kv-cache-dtype
+// takes it) gives every layer: 0 for the default layout, i + 1 for
+// config.kv_classes[i]. Errors name the types the engine keeps.
+result<std::uint8_t> find_kv_class(const engine_core_config& config, const std::string& kv_type);
 
 class engine_core {
  public:

@@ -150,6 +150,10 @@ void engine_loop::publish() {
   const engine_stats& st = engine_->stats();
   engine_snapshot s;
   s.kv = engine_->kv_stats();
+  if (!s.kv.classes.empty()) {
+    s.kv_class_types.push_back(engine_->config().kv.describe());
+    for (const kv_segment_class& k : engine_->config().kv_classes) s.kv_class_types.push_back(k.name);
+  }
   s.n_steps = st.n_steps;
   s.n_prompt_tokens = st.n_prompt_tokens;
   s.n_computed_prompt_tokens = st.n_computed_prompt_tokens;

@@ -67,6 +67,7 @@ class request_channel {
 // that belong together (blocks, requests, tokens) are consistent with each other.
 struct engine_snapshot {
   kv_metrics kv;
+  std::vector<std::string> kv_class_types;  // [kv.classes]: the type of each KV class (0: the default)
   std::int64_t n_steps = 0;
   std::int64_t n_prompt_tokens = 0;           // admitted prompt tokens
   std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model

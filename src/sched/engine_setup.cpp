@@ -4,6 +4,8 @@
 #include <climits>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "core/hash.h"
 #include "quant/kv_format_spec.h"
 #include "quant/kv_scales.h"
@@ -185,6 +187,62 @@ status parse_kv_store_option(engine_config& config, const std::string& spec) {
   return {};
 }
 
+namespace {
+
+// --kv-segment-dtype: the extra KV classes, and the pool's bytes shared out
+// between them and the default type.
+status add_kv_segment_classes(const llama_model& model, const engine_config& opts, engine_core_config& cfg) {
+  if (opts.kv_segment_dtypes.empty()) return {};
+  if (opts.kv_segment_dtypes.size() > 8)
+    return error(errc::invalid_argument, "--kv-segment-dtype: at most 8 KV classes, got {}", opts.kv_segment_dtypes.size());
+  std::vector<double> shares;
+  double total_share = 0;
+  for (const std::string& text : opts.kv_segment_dtypes) {
+    const std::size_t colon = text.rfind(':');
+    const std::string type = text.substr(0, colon);
+    double share = 0.25;
+    if (colon != std::string::npos) {
+      const std::string v = text.substr(colon + 1);
+      const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), share);
+      if (ec != std::errc() || p != v.data() + v.size() || !(share > 0) || !(share < 1))
+        return error(errc::invalid_argument, "--kv-segment-dtype '{}': FRACTION must be a number in (0, 1)", text);
+    }
+    engine_config one = opts;
+    one.kv_cache_dtype = type;
+    one.cache_type_k.clear();
+    one.cache_type_v.clear();
+    one.kv_layer_types.clear();
+    auto layout = make_kv_layout(model, one);
+    if (!layout.ok()) return layout.error().with_context(fmt::format("--kv-segment-dtype '{}'", text));
+    layout->key_summaries = cfg.kv.key_summaries;
+    auto known = find_kv_class(cfg, type);  // the default, or a class given before
+    if (known.ok())
+      return error(errc::invalid_argument, "--kv-segment-dtype '{}': the engine already keeps that type ({})", text,
+                   *known == 0 ? "it is the default" : "given twice");
+    cfg.kv_classes.push_back(kv_segment_class{type, std::move(*layout), 0});
+    shares.push_back(share);
+    total_share += share;
+  }
+  if (!(total_share < 1))
+    return error(errc::invalid_argument, "--kv-segment-dtype: the classes' fractions add up to {}, which leaves no "
+                 "blocks of the default type; keep their sum below 1", total_share);
+  // The default type's pool as sized so far is the bytes to share out.
+  const double bytes = static_cast<double>(cfg.n_blocks) * static_cast<double>(cfg.kv.bytes_per_block());
+  for (std::size_t i = 0; i < cfg.kv_classes.size(); ++i) {
+    kv_segment_class& k = cfg.kv_classes[i];
+    k.n_blocks = static_cast<std::int64_t>(bytes * shares[i] / static_cast<double>(k.layout.bytes_per_block()));
+    if (k.n_blocks < 1)
+      return error(errc::invalid_argument, "--kv-segment-dtype '{}': {} of a {}-block pool holds no block of it; "
+                   "raise the fraction or the pool", opts.kv_segment_dtypes[i], shares[i], cfg.n_blocks);
+  }
+  cfg.n_blocks = static_cast<std::int64_t>(bytes * (1 - total_share) / static_cast<double>(cfg.kv.bytes_per_block()));
+  if (cfg.n_blocks < 1)
+    return error(errc::invalid_argument, "--kv-segment-dtype: no block of the default type is left; lower the fractions");
+  return {};
+}
+
+}  // namespace
+
 result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& opts) {
   engine_core_config cfg;
   cfg.n_threads = opts.n_threads;
@@ -241,6 +299,11 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
     PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, opts, full_tokens,
                                                       k_staging_slots_per_sequence * opts.max_num_seqs));
   }
+  if (!opts.kv_segment_dtypes.empty() && windows.any() && cfg.free_out_of_window)
+    return error(errc::unsupported,
+                 "--kv-segment-dtype: this model's sliding-window layers keep only their window (window slots), "
+                 "which KV classes cannot share; add --swa-full");
+  PAGODA_RETURN_IF_ERROR(add_kv_segment_classes(model, opts, cfg));
   return cfg;
 }
 

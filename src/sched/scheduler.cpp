@@ -19,6 +19,7 @@ struct scheduler::request_state {
   int cached_tokens = -1;       // prompt tokens from the prefix cache (or loaded) at first admission
   std::vector<int> loaded_by_tier;  // of those, loaded from each tier of the KV source
   int completion_tokens = 0;
+  std::vector<kv_class_run> kv_classes;  // positions whose blocks are of another KV class (segments' kv_type)
 };
 
 struct scheduler::sequence {
@@ -59,10 +60,21 @@ struct scheduler::sequence {
         stops(r->req.stop) {}
 };
 
+namespace {
+
+bool any_segment_policy(std::span<const prompt_segment> segments) {
+  return std::any_of(segments.begin(), segments.end(), [](const prompt_segment& p) { return !p.kv_policy.empty(); });
+}
+
+}  // namespace
+
 scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
     : config_(config),
       vocab_(vocab),
-      kv_(config.block_size, static_cast<std::int32_t>(std::clamp<std::int64_t>(config.n_blocks, 0, INT32_MAX)),
+      kv_(config.block_size,
+          config.kv_class_blocks.empty()
+              ? std::vector<std::int32_t>{static_cast<std::int32_t>(std::clamp<std::int64_t>(config.n_blocks, 0, INT32_MAX))}
+              : config.kv_class_blocks,
           config.enable_prefix_caching) {
   if (config_.max_num_seqs < 1) config_status_ = error(errc::invalid_argument, "--max-num-seqs must be at least 1");
   if (config_.max_num_batched_tokens < 1)
@@ -111,6 +123,16 @@ status scheduler::add_request(request req) {
   PAGODA_RETURN_IF_ERROR(req.sampling.validate());
   if (req.prompt_chunk < 0) return error(errc::invalid_argument, "prompt_chunk must not be negative");
   if (req.kv_policy.empty()) req.kv_policy = config_.kv_policy;
+  std::vector<kv_class_run> classes;
+  for (const prompt_segment& p : req.segments) {
+    if (p.kv_type.empty()) continue;
+    if (!config_.kv_class_of)
+      return error(errc::invalid_argument, "segment [{}, {}): this engine keeps one KV type; start it with "
+                   "--kv-segment-dtype {} to give parts that type", p.begin, p.end, p.kv_type);
+    auto cls = config_.kv_class_of(p.kv_type);
+    if (!cls.ok()) return cls.error().with_context(fmt::format("segment [{}, {})", p.begin, p.end));
+    if (*cls != 0) classes.push_back(kv_class_run{p.begin, p.end, *cls});
+  }
   {
     auto spec = parse_kv_policy_spec(req.kv_policy);
     if (!spec.ok()) return spec.error();
@@ -136,13 +158,14 @@ status scheduler::add_request(request req) {
   if (total > config_.max_model_len)
     return error(errc::out_of_range, "prompt ({} tokens) plus max_tokens ({}) is {} tokens, beyond the context of {}",
                  req.prompt.size(), req.max_tokens, total, config_.max_model_len);
-  PAGODA_RETURN_IF_ERROR(
-      kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()), req.max_tokens, req.tenant, req.n));
+  PAGODA_RETURN_IF_ERROR(kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()), req.max_tokens,
+                                                req.tenant, req.n, classes));
   if (static_cast<int>(waiting_.size()) >= config_.max_waiting)
     return error(errc::resource_exhausted, "the request queue is full ({} waiting)", waiting_.size());
 
   auto r = std::make_unique<request_state>();
   r->req = std::move(req);
+  r->kv_classes = std::move(classes);
   r->arrival = next_arrival_++;
   r->arrival_us = now_us();
   // Completion i draws from seed + i, so completion 0 equals an n = 1 request.
@@ -198,6 +221,7 @@ sequence_options scheduler::kv_options(const sequence& s) const {
   o.tenant = s.req->req.tenant;
   o.cache_salt = s.req->req.cache_salt;
   o.lookup = !s.req->req.prompt_logits;
+  o.classes = s.req->kv_classes;
   return o;
 }
 
@@ -631,7 +655,7 @@ status scheduler::make_policy(sequence& s) const {
   std::unique_ptr<kv_policy> p;
   auto spec = parse_kv_policy_spec(r.kv_policy.empty() ? config_.kv_policy : r.kv_policy);
   if (!spec.ok()) return spec.error();
-  if (!spec->is_none() || !r.segments.empty()) {
+  if (!spec->is_none() || any_segment_policy(r.segments)) {
     auto made = new_policy(*spec, r.segments);
     if (!made.ok()) return made.error();
     p = std::move(*made);
@@ -643,9 +667,10 @@ status scheduler::make_policy(sequence& s) const {
 
 result<std::unique_ptr<kv_policy>> scheduler::new_policy(const kv_policy_spec& spec,
                                                          std::span<const prompt_segment> segments) const {
-  if (segments.empty()) return config_.policy_factory ? config_.policy_factory(spec) : make_kv_policy(spec);
+  if (!any_segment_policy(segments)) return config_.policy_factory ? config_.policy_factory(spec) : make_kv_policy(spec);
   std::vector<kv_segment> parts;
   for (const prompt_segment& p : segments) {
+    if (p.kv_policy.empty()) continue;  // a KV type only: the request's policy applies
     auto part = parse_kv_policy_spec(p.kv_policy.empty() ? "none" : p.kv_policy);
     if (!part.ok()) return part.error().with_context(fmt::format("segment [{}, {})", p.begin, p.end));
     parts.push_back(kv_segment{p.begin, p.end, std::move(*part)});

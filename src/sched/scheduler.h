@@ -90,6 +90,11 @@ struct scheduler_config {
   int window_slot_tokens = 0;
   std::int64_t n_window_slots = 0;
   bool key_summaries = false;  // the KV backend keeps per-block key summaries (query-aware policies need them)
+  // KV classes (kv_manager.h): blocks per class, class 0 (the default type)
+  // first; empty: one class of n_blocks. kv_class_of names the class of a
+  // segment's kv_type, or an error the user can act on.
+  std::vector<std::int32_t> kv_class_blocks;
+  std::function<result<std::uint8_t>(const std::string& kv_type)> kv_class_of;
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
 };

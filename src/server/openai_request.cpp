@@ -383,17 +383,17 @@ std::vector<token_id> encode_text(const api_context& ctx, const std::string& tex
 }
 
 // prompt: a string, an array of token ids, or an array of either (several prompts).
-// The pieces with a policy become the request's segments.
+// The pieces with a KV policy or type become the request's segments.
 maybe_error segments_of(const api_context& ctx, const std::string& text, std::size_t n_tokens,
                         std::span<const text_piece> pieces, request& base) {
-  if (std::none_of(pieces.begin(), pieces.end(), [](const text_piece& p) { return !p.kv_policy.empty(); })) return {};
+  if (std::none_of(pieces.begin(), pieces.end(), [](const text_piece& p) { return p.kv.any(); })) return {};
   auto placed = place_segments(*ctx.vocab, ctx.vocab->add_bos_default(), text, n_tokens, pieces);
   if (!placed.ok()) return std::move(placed.error);
   base.segments = std::move(*placed.value);
   return {};
 }
 
-// prompt as parts of one prompt: [{"text": "...", "kv": {"policy": "..."}}, ...], concatenated.
+// prompt as parts of one prompt: [{"text": "...", "kv": {"policy": "...", "type": "..."}}, ...], concatenated.
 maybe_error parse_prompt_parts(const json& parts, const api_context& ctx, std::size_t max_text_bytes,
                                std::vector<token_id>& ids, request& base) {
   std::string text;
@@ -404,8 +404,8 @@ maybe_error parse_prompt_parts(const json& parts, const api_context& ctx, std::s
     if (!part.is_object()) return type_error(name, "an object {\"text\": ..., \"kv\": {...}} like the others", part);
     const auto t = part.find("text");
     if (t == part.end() || !t->is_string()) return bad_request(name + ".text", "a prompt part needs 'text' to be a string");
-    text_piece piece{t->get<std::string>(), "", name};
-    PAGODA_API_TRY(read_kv_object(part, name, piece.kv_policy));
+    text_piece piece{t->get<std::string>(), {}, name};
+    PAGODA_API_TRY(read_kv_object(part, name, piece.kv));
     text += piece.text;
     pieces.push_back(std::move(piece));
   }
@@ -465,11 +465,11 @@ maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<
 // messages[i].content: a string, or an array of {"type": "text", "text": ...} parts (joined by newlines).
 // Each part (or the whole string) is a piece of text with the message's KV
 // policy, or its own (`kv`).
-maybe_error parse_content(const json& c, const std::string& name, std::string& out, const std::string& policy,
+maybe_error parse_content(const json& c, const std::string& name, std::string& out, const kv_choice& kv,
                           std::vector<text_piece>& pieces) {
   if (c.is_string()) {
     out = c.get<std::string>();
-    pieces.push_back({out, policy, name});
+    pieces.push_back({out, kv, name});
     return {};
   }
   if (!c.is_array()) return type_error(name, "a string or an array of content parts", c);
@@ -487,8 +487,8 @@ maybe_error parse_content(const json& c, const std::string& name, std::string& o
       return bad_request(pname + ".text", "a text part needs 'text' to be a string");
     if (!out.empty()) out += '\n';
     out += t->get<std::string>();
-    text_piece piece{t->get<std::string>(), policy, pname};
-    PAGODA_API_TRY(read_kv_object(part, pname, piece.kv_policy));
+    text_piece piece{t->get<std::string>(), kv, pname};
+    PAGODA_API_TRY(read_kv_object(part, pname, piece.kv));
     pieces.push_back(std::move(piece));
   }
   return {};
@@ -534,11 +534,11 @@ maybe_error parse_messages(const json& body, const api_context& ctx, std::vector
       return bad_request(name + ".role",
                          fmt::format("role {} is not supported (system, developer, user, assistant)", excerpt(*role)));
     chat_message cm{r, {}};
-    std::string policy = by_role.contains(r) ? by_role[r] : std::string();
-    PAGODA_API_TRY(read_kv_object(msg, name, policy));
+    kv_choice kv{by_role.contains(r) ? by_role[r] : std::string(), ""};
+    PAGODA_API_TRY(read_kv_object(msg, name, kv));
     auto content = msg.find("content");
     if (content != msg.end() && !content->is_null())
-      PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, policy, pieces));
+      PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, kv, pieces));
     else if (r != "assistant") return bad_request(name + ".content", "'content' is required");
     if (auto tc = msg.find("tool_calls"); tc != msg.end() && !tc->is_null() && !(tc->is_array() && tc->empty()))
       return unsupported(name + ".tool_calls", "[]");

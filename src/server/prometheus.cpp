@@ -99,6 +99,19 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
     w.metric("pagoda:kv_window_kv_lost_total", "counter",
              "Cached blocks whose sliding-window K/V gave their slot to a new block.", kv.n_window_kv_lost);
   }
+  if (!kv.classes.empty()) {
+    // Blocks of each KV class (--kv-segment-dtype): the default type and the segments' types.
+    w.family("pagoda:kv_class_blocks", "gauge",
+             "KV blocks by class (type=\"...\": the default type, then each --kv-segment-dtype) and state.");
+    for (std::size_t c = 0; c < kv.classes.size(); ++c) {
+      const kv_class_usage& u = kv.classes[c];
+      const std::string tl = fmt::format(
+          "type=\"{}\"", escape_label(c < s.kv_class_types.size() ? s.kv_class_types[c] : fmt::format("class{}", c)));
+      w.sample("pagoda:kv_class_blocks", tl + ",state=\"used\"", u.n_used);
+      w.sample("pagoda:kv_class_blocks", tl + ",state=\"cached\"", u.n_cached);
+      w.sample("pagoda:kv_class_blocks", tl + ",state=\"free\"", u.n_free);
+    }
+  }
 
   w.family("pagoda:tenant_kv_blocks", "gauge", "KV blocks per tenant and state (tenant=\"\" is the global cache).");
   for (const tenant_kv_usage& t : kv.tenants) {

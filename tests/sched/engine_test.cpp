@@ -816,3 +816,165 @@ TEST(engine_window_slots, gemma_oracle_greedy_ids_with_window_slots) {
 
 }  // namespace
 }  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+using test::greedy_request;
+using test::stories;
+
+// KV classes (--kv-segment-dtype): an f16 engine that keeps int8 blocks for
+// the prompt parts that ask for them.
+engine_core_config class_config(std::int64_t n_f16_blocks, std::int64_t n_int8_blocks) {
+  engine_core_config c = config(n_f16_blocks, 8, 2048, kv_type::f16);
+  c.kv_classes.push_back(kv_segment_class{"int8", c.kv, n_int8_blocks});
+  c.kv_classes.back().layout = kv_layout::uniform(c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, 16, kv_type::int8,
+                                                  kv_type::int8);
+  return c;
+}
+
+// The logits of every prompt position of a request that computes its prompt only.
+std::vector<float> prompt_logits(engine_core& e, request r) {
+  r.max_tokens = 0;
+  r.prompt_logits = true;
+  EXPECT_TRUE(e.add_request(r).ok());
+  std::vector<float> out;
+  std::vector<engine_event> events;
+  while (e.has_work()) {
+    events.clear();
+    e.step(events);
+    for (const engine_event& ev : events) out.insert(out.end(), ev.prompt_logits.begin(), ev.prompt_logits.end());
+  }
+  return out;
+}
+
+request typed_request(const std::string& id, std::vector<token_id> prompt, std::int32_t begin, std::int32_t end,
+                      const std::string& type) {
+  request r = greedy_request(id, "", 8);
+  r.prompt = std::move(prompt);
+  if (!type.empty()) r.segments.push_back(prompt_segment{begin, end, "", type});
+  return r;
+}
+
+std::vector<token_id> story_tokens(std::size_t n) {
+  std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/tinystories_dev.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::vector<token_id> t = stories().vocab().encode(text.substr(0, 4000), true);
+  EXPECT_GE(t.size(), n);
+  t.resize(n);
+  return t;
+}
+
+// The block-class rule seen through the logits alone. Prefill reads the K/V
+// it just wrote from the cache, so a prompt position's logits depend on the
+// types of the blocks it attends to: with every prompt block int8 the logits
+// are bit for bit those of an all-int8 engine; with the segment starting at
+// the second block, the first block's positions are bit for bit those of an
+// all-f16 engine and later positions are not.
+TEST(engine_kv_classes, a_segment_reads_its_blocks_in_its_own_type) {
+  const std::vector<token_id> prompt = story_tokens(64);
+  const int n_vocab = stories().vocab().n_vocab();
+  auto f16 = *engine_core::create(stories(), config(64, 8, 2048, kv_type::f16));
+  auto int8 = *engine_core::create(stories(), config(64, 8, 2048, kv_type::int8));
+  const std::vector<float> ref_f16 = prompt_logits(*f16, typed_request("f", prompt, 0, 0, ""));
+  const std::vector<float> ref_int8 = prompt_logits(*int8, typed_request("i", prompt, 0, 0, ""));
+  ASSERT_EQ(ref_f16.size(), prompt.size() * n_vocab);
+  ASSERT_NE(ref_f16, ref_int8);
+
+  auto mixed = *engine_core::create(stories(), class_config(64, 16));
+  EXPECT_EQ(prompt_logits(*mixed, typed_request("all", prompt, 0, 64, "int8")), ref_int8);
+  EXPECT_EQ(mixed->kv_stats().classes.at(1).n_cached, 4) << "the prompt's four int8 blocks stay cached";
+
+  const std::vector<float> part = prompt_logits(*mixed, typed_request("part", prompt, 16, 64, "int8"));
+  ASSERT_EQ(part.size(), ref_f16.size());
+  const std::size_t block0 = 16 * static_cast<std::size_t>(n_vocab);
+  EXPECT_TRUE(std::equal(part.begin(), part.begin() + block0, ref_f16.begin()));
+  EXPECT_FALSE(std::equal(part.begin() + block0, part.end(), ref_f16.begin() + block0));
+  EXPECT_FALSE(std::equal(part.begin() + block0, part.end(), ref_int8.begin() + block0))
+      << "block 0 is f16: later positions read it as f16, not int8";
+  // A segment that covers no whole block leaves every block f16.
+  EXPECT_EQ(prompt_logits(*mixed, typed_request("none", prompt, 3, 30, "int8")), ref_f16);
+  EXPECT_TRUE(mixed->kv().check_invariants().ok());
+}
+
+// Blocks of another type are never served under the plain prefix key, and
+// blocks of the same type are.
+TEST(engine_kv_classes, the_prefix_cache_keeps_types_apart) {
+  const std::vector<token_id> prompt = story_tokens(70);
+  auto e = *engine_core::create(stories(), class_config(64, 16));
+  outcome a = run_all(*e, {typed_request("a", prompt, 0, 70, "int8")});
+  EXPECT_EQ(a.usage["a"].cached_tokens, 0);
+  outcome b = run_all(*e, {typed_request("b", prompt, 0, 0, "")});
+  EXPECT_EQ(b.usage["b"].cached_tokens, 0) << "f16 request hit int8 blocks";
+  outcome c = run_all(*e, {typed_request("c", prompt, 0, 70, "int8")});
+  EXPECT_EQ(c.usage["c"].cached_tokens, 64);
+  EXPECT_EQ(c.tokens["c"], a.tokens["a"]);
+  outcome d = run_all(*e, {typed_request("d", prompt, 0, 0, "")});
+  EXPECT_EQ(d.usage["d"].cached_tokens, 64);
+  EXPECT_EQ(d.tokens["d"], b.tokens["b"]);
+  // The default type named as a segment's type is the default class: it hits the f16 blocks.
+  outcome f = run_all(*e, {typed_request("f", prompt, 0, 70, "f16")});
+  EXPECT_EQ(f.usage["f"].cached_tokens, 64);
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+}
+
+// Each class is its own pool: a request that needs more int8 blocks than the
+// class holds is refused at once, requests that fit one at a time run one at
+// a time (with the same output as alone), and an unknown type is refused
+// with the flag that would add it.
+TEST(engine_kv_classes, each_class_is_its_own_pool) {
+  const std::vector<token_id> prompt = story_tokens(64);
+  auto e = *engine_core::create(stories(), class_config(256, 5));
+  status big = e->add_request(typed_request("big", story_tokens(100), 0, 100, "int8"));
+  EXPECT_EQ(big.code(), errc::resource_exhausted) << big.message();
+  EXPECT_NE(big.message().find("class"), std::string::npos) << big.message();
+  status unknown = e->add_request(typed_request("u", prompt, 0, 64, "int4"));
+  EXPECT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.message().find("--kv-segment-dtype int4"), std::string::npos) << unknown.message();
+  status garbage = e->add_request(typed_request("g", prompt, 0, 64, "int9"));
+  EXPECT_FALSE(garbage.ok());
+
+  std::vector<request> reqs;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<token_id> p = prompt;
+    p[5] = static_cast<token_id>(100 + i);  // different prompts: no sharing
+    reqs.push_back(typed_request("r" + std::to_string(i), p, 0, 64, "int8"));
+    reqs.back().max_tokens = 24;
+  }
+  outcome together = run_all(*e, reqs);
+  for (const request& r : reqs) {
+    auto alone = *engine_core::create(stories(), class_config(256, 5));
+    EXPECT_EQ(run_all(*alone, {r}).tokens[r.id], together.tokens[r.id]) << r.id;
+    EXPECT_EQ(together.tokens[r.id][0].size(), 24u);
+  }
+  EXPECT_LE(e->kv_stats().classes.at(1).n_used + e->kv_stats().classes.at(1).n_cached, 5);
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+}
+
+// --kv-segment-dtype: the pool's bytes shared out by fraction; bad values refused.
+TEST(engine_kv_classes, segment_dtypes_share_the_kv_cache_size) {
+  engine_config opts;
+  opts.kv_cache_dtype = "f16";
+  opts.kv_cache_size_mib = 4;
+  opts.max_num_seqs = 4;
+  opts.n_ctx = 256;
+  opts.kv_segment_dtypes = {"int4:0.5"};
+  auto cfg = make_engine_core_config(stories(), opts);
+  ASSERT_TRUE(cfg.ok()) << cfg.error().message();
+  ASSERT_EQ(cfg->kv_classes.size(), 1u);
+  const double f16_bytes = static_cast<double>(cfg->n_blocks) * static_cast<double>(cfg->kv.bytes_per_block());
+  const double int4_bytes =
+      static_cast<double>(cfg->kv_classes[0].n_blocks) * static_cast<double>(cfg->kv_classes[0].layout.bytes_per_block());
+  EXPECT_NEAR(int4_bytes / f16_bytes, 1.0, 0.02);
+  EXPECT_NEAR(f16_bytes + int4_bytes, 4.0 * 1024 * 1024, 0.02 * 4 * 1024 * 1024);
+  // With head_dim 8 an int4 token's scale is most of its bytes: more blocks in the same bytes, not four times.
+  EXPECT_GT(cfg->kv_classes[0].n_blocks, 2 * cfg->n_blocks);
+  for (std::vector<std::string> bad : {std::vector<std::string>{"int4:0.6", "int8:0.5"}, {"int4:1"}, {"int4:x"},
+                                        {"f16"}, {"int4", "int4"}, {"int9"}}) {
+    opts.kv_segment_dtypes = bad;
+    EXPECT_FALSE(make_engine_core_config(stories(), opts).ok()) << bad[0];
+  }
+}
+
+}  // namespace
+}  // namespace pagoda

@@ -279,10 +279,26 @@ TEST(openai_request, prompt_parts_become_segments) {
   EXPECT_EQ(q.segments[0].begin, 1);  // after BOS
   EXPECT_EQ(q.segments[0].end, static_cast<std::int32_t>(doc_tokens.size()));
   EXPECT_EQ(q.segments[0].kv_policy, "h2o:budget=0.25");
-  // Per-segment KV types are refused by name.
+  // A part's KV type rides along (the engine says whether it keeps it); a
+  // part with a type only is a segment too.
   body["prompt"][0]["kv"]["type"] = "int4";
-  const api_error e = completion_error(body);
-  EXPECT_EQ(e.param, "prompt[0].kv.type");
+  body["prompt"][1]["kv"] = {{"type", "int8/token"}};
+  auto typed = parse_request(api_kind::completion, body, ctx, "");
+  ASSERT_TRUE(typed.ok()) << typed.error.message;
+  const request& t = typed.value->requests[0];
+  ASSERT_EQ(t.segments.size(), 2u);
+  EXPECT_EQ(t.segments[0].kv_type, "int4");
+  EXPECT_EQ(t.segments[0].kv_policy, "h2o:budget=0.25");
+  EXPECT_EQ(t.segments[1].kv_type, "int8/token");
+  EXPECT_EQ(t.segments[1].kv_policy, "");
+  EXPECT_EQ(t.segments[1].begin, t.segments[0].end);
+  EXPECT_EQ(t.segments[1].end, static_cast<std::int32_t>(t.prompt.size()));
+  for (const json& bad : {json("int9"), json(4), json(std::string(65, 'a'))}) {
+    body["prompt"][0]["kv"]["type"] = bad;
+    EXPECT_EQ(completion_error(body).param, "prompt[0].kv.type") << bad.dump();
+  }
+  body["prompt"][0]["kv"] = {{"dtype", "int4"}};
+  EXPECT_EQ(completion_error(body).param, "prompt[0].kv.dtype");
 }
 
 // Chat: policies by role and per message, placed on the messages' tokens.

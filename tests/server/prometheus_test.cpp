@@ -82,6 +82,29 @@ TEST(prometheus, renders_window_slots_when_there_are_some) {
   EXPECT_EQ(test::metric(m, "pagoda:kv_window_kv_lost_total"), 7);
 }
 
+// KV classes (--kv-segment-dtype): each class's blocks by state, labelled
+// with its type; absent with one type.
+TEST(prometheus, renders_kv_classes_when_there_are_some) {
+  engine_snapshot s;
+  s.kv.n_blocks_total = 30;
+  EXPECT_EQ(render_metrics(s, {}, "m").find("pagoda:kv_class_blocks"), std::string::npos);
+  s.kv.classes.resize(2);
+  s.kv.classes[0].n_blocks = 10;
+  s.kv.classes[0].n_used = 3;
+  s.kv.classes[0].n_cached = 2;
+  s.kv.classes[0].n_free = 5;
+  s.kv.classes[1].n_blocks = 20;
+  s.kv.classes[1].n_used = 1;
+  s.kv.classes[1].n_cached = 0;
+  s.kv.classes[1].n_free = 19;
+  s.kv_class_types = {"f16+f16", "int4"};
+  auto m = test::parse_metrics(render_metrics(s, {}, "m"));
+  EXPECT_EQ(test::metric(m, "pagoda:kv_class_blocks{type=\"f16+f16\",state=\"used\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_class_blocks{type=\"f16+f16\",state=\"cached\"}"), 2);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_class_blocks{type=\"int4\",state=\"used\"}"), 1);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_class_blocks{type=\"int4\",state=\"free\"}"), 19);
+}
+
 TEST(prometheus, renders_store_tiers) {
   store_metrics sm;
   store_metrics::tier mem;
