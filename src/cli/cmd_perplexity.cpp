@@ -21,6 +21,13 @@
 // KV cache over the same requests, and reports the mean KL(exact ||
 // configured) of the next-token distributions, how often their top-1 tokens
 // agree, and the perplexity change.
+//
+// --segment-kv-type T gives the first --segment-fraction of each piece's
+// tokens KV type T (a prompt segment's type: a KV class, kv_manager.h), the
+// rest the configured type; with --kl-divergence the rows past the segment
+// (the part that reads the compressed segment with its own KV exact) are also
+// reported apart.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -51,6 +58,9 @@ struct ppl_options {
   bool truncate = false;  // cut long documents at the context (no windows)
   int max_chunks = -1;    // llama-perplexity's --chunks: at most this many chunks; -1: all
   int policy_step = 16;   // with a KV policy: tokens fed per step, the policy acting between steps
+  std::string segment_kv_type;   // "": no segment
+  double segment_fraction = 0.75;  // of each piece's tokens, from its start
+  bool tail_rows = false;  // report the rows past the first segment_fraction apart (set with a segment or the fraction)
 };
 
 // One request: row j of its prompt logits predicts tokens[j + 1]; rows from
@@ -136,6 +146,11 @@ double nll(const float* logits, int n_vocab, token_id target) {
 }
 
 // The exact-vs-configured comparison of --kl-divergence, accumulated per predicted token.
+// The end of a piece's typed segment: the first `fraction` of its tokens.
+std::int32_t segment_end(const piece& p, double fraction) {
+  return static_cast<std::int32_t>(std::floor(fraction * static_cast<double>(p.tokens.size())));
+}
+
 struct kl_stats {
   double sum_kl = 0;
   double sum_nll_exact = 0;
@@ -225,6 +240,17 @@ int perplexity(const ppl_options& o) {
   cfg.enable_prefix_caching = false;  // every position is scored, so every position is computed
   const std::int64_t max_live = std::min<std::int64_t>(o.max_seqs, static_cast<std::int64_t>(docs.size()));
   if (cfg.kv_cache_size_mib <= 0 && cfg.max_kv_tokens <= 0) cfg.max_kv_tokens = max_live * (n_ctx + cfg.block_size);
+  const bool segmented = !o.segment_kv_type.empty();
+  if (segmented) {
+    // The segment's type as a KV class with half the pool's bytes (unless
+    // --kv-segment-dtype names it), on a pool twice as large: each half holds
+    // every piece in flight whatever the fraction.
+    const bool named = std::any_of(cfg.kv_segment_dtypes.begin(), cfg.kv_segment_dtypes.end(), [&](const std::string& t) {
+      return t == o.segment_kv_type || t.rfind(o.segment_kv_type + ":", 0) == 0;
+    });
+    if (!named) cfg.kv_segment_dtypes.push_back(o.segment_kv_type + ":0.5");
+    if (cfg.kv_cache_size_mib <= 0) cfg.max_kv_tokens *= 2;
+  }
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config core_cfg, make_engine_core_config(*model, cfg));
   core_cfg.max_model_len = n_ctx;
   const kv_layout& layout = core_cfg.kv;
@@ -235,6 +261,7 @@ int perplexity(const ppl_options& o) {
     engine_core_config exact_cfg = core_cfg;
     exact_cfg.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, layout.block_size, kv_type::f32, kv_type::f32);
     exact_cfg.kv_policy = "none";
+    exact_cfg.kv_classes.clear();
     PAGODA_ASSIGN_OR_RETURN_CLI(exact, engine_core::create(*model, exact_cfg));
   }
   const bool with_policy = core_cfg.kv_policy != "none";
@@ -250,10 +277,12 @@ int perplexity(const ppl_options& o) {
       // time and the policy acts between steps, so every token is scored
       // with the cache as the policy left it.
       if (with_policy && e == eng.get()) r.prompt_chunk = o.policy_step;
+      if (segmented && e == eng.get())
+        r.segments.push_back(prompt_segment{0, segment_end(docs[d], o.segment_fraction), "", o.segment_kv_type});
       if (auto st = e->add_request(std::move(r)); !st.ok()) return fail(st.with_context(fmt::format("document {}", d)));
     }
 
-  kl_stats kl;
+  kl_stats kl, kl_tail;  // every scored row; with a segment, the rows past it
   row_map rows_configured, rows_exact;
   double kept_sum = 0, kept_frac_sum = 0;  // KV tokens kept after each step, x rows scored then
   std::int64_t kept_rows = 0;
@@ -312,7 +341,10 @@ int perplexity(const ppl_options& o) {
         continue;
       }
       const auto& ids = docs[static_cast<std::size_t>(it->first.first)].tokens;
-      kl.add(other->second.data(), it->second.data(), hp.n_vocab, ids[static_cast<std::size_t>(it->first.second) + 1]);
+      const token_id next = ids[static_cast<std::size_t>(it->first.second) + 1];
+      kl.add(other->second.data(), it->second.data(), hp.n_vocab, next);
+      if (o.tail_rows && it->first.second >= segment_end(docs[static_cast<std::size_t>(it->first.first)], o.segment_fraction))
+        kl_tail.add(other->second.data(), it->second.data(), hp.n_vocab, next);
       rows_exact.erase(other);
       it = rows_configured.erase(it);
     }
@@ -337,6 +369,8 @@ int perplexity(const ppl_options& o) {
         core_cfg.kv_policy, o.policy_step);
   const double kept_mean = kept_rows ? kept_sum / kept_rows : 0.0;
   const double kept_frac = kept_rows ? kept_frac_sum / kept_rows : 1.0;
+  // The segment's layout (a class the engine was given above).
+  const kv_layout& seg = segmented ? core_cfg.kv_classes.at(*find_kv_class(core_cfg, o.segment_kv_type) - 1u).layout : layout;
   if (o.json) {
     nlohmann::json j = {{"method", pl.chunks ? "chunks" : "documents"},
                         {"scoring", method},
@@ -362,6 +396,19 @@ int perplexity(const ppl_options& o) {
                                 {"bytes_per_token_at_context", layout.bytes_per_token_at(n_ctx)},
                                 {"bytes_total", eng->storage().total_bytes()},
                                 {"staging_slots_peak", staging.peak_slots_in_use}}}};
+    if (segmented) {
+      j["segment"] = {{"kv_type", o.segment_kv_type},
+                      {"layout", seg.describe()},
+                      {"fraction", o.segment_fraction},
+                      {"bytes_per_token", seg.bytes_per_token()},
+                      {"mean_bytes_per_token", o.segment_fraction * seg.bytes_per_token() +
+                                                   (1 - o.segment_fraction) * layout.bytes_per_token()}};
+    }
+    if (o.tail_rows && exact_ctx)
+      j["after_segment"] = {{"fraction", o.segment_fraction},
+                            {"rows", kl_tail.n},
+                            {"mean_kl", kl_tail.sum_kl / std::max<std::int64_t>(kl_tail.n, 1)},
+                            {"top1_agreement", static_cast<double>(kl_tail.top1_agree) / std::max<std::int64_t>(kl_tail.n, 1)}};
     if (with_policy)
       j["kv_policy"] = {{"policy", core_cfg.kv_policy},
                         {"step_tokens", o.policy_step},
@@ -379,6 +426,11 @@ int perplexity(const ppl_options& o) {
     std::printf("predicted tokens: %lld\n", static_cast<long long>(n_predicted));
     std::printf("KV cache:         %s, %.2f bits/element, %s/token\n", layout.describe().c_str(),
                 layout.bits_per_element(), human_bytes(layout.bytes_per_token()).c_str());
+    if (segmented) {
+      std::printf("segment:          the first %.0f%% of each piece in %s (%s/token): %s/token on average\n",
+                  o.segment_fraction * 100, seg.describe().c_str(), human_bytes(seg.bytes_per_token()).c_str(),
+                  human_bytes(o.segment_fraction * seg.bytes_per_token() + (1 - o.segment_fraction) * layout.bytes_per_token()).c_str());
+    }
     if (with_policy)
       std::printf("KV policy:        %s: kept %.1f tokens on average, %.2f%% of those seen\n", core_cfg.kv_policy.c_str(),
                   kept_mean, kept_frac * 100.0);
@@ -391,6 +443,11 @@ int perplexity(const ppl_options& o) {
       std::printf("mean KL divergence: %.6g nats/token (exact || configured)\n", kl_mean);
       std::printf("top-1 agreement:  %.4f%%\n", top1 * 100.0);
     }
+    if (o.tail_rows && exact_ctx)
+      std::printf("past the first %.0f%%: mean KL %.6g nats/token, top-1 agreement %.4f%% (%lld rows)\n",
+                  o.segment_fraction * 100, kl_tail.sum_kl / std::max<std::int64_t>(kl_tail.n, 1),
+                  100.0 * static_cast<double>(kl_tail.top1_agree) / std::max<std::int64_t>(kl_tail.n, 1),
+                  static_cast<long long>(kl_tail.n));
     std::printf("speed:            %.1f tokens/s (%.2f s)\n", n_tokens_total / std::max(secs, 1e-9), secs);
   }
   return 0;
@@ -420,7 +477,18 @@ void register_perplexity(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--policy-step", opts->policy_step,
                   "with --kv-policy: tokens fed per step; the policy acts between steps (decode-time setting)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->callback([opts, &action] { action = [opts] { return perplexity(*opts); }; });
+  cmd->add_option("--segment-kv-type", opts->segment_kv_type,
+                  "give the first --segment-fraction of each piece's tokens this KV type (a prompt segment's type; "
+                  "a KV class with half the pool unless --kv-segment-dtype names it)");
+  CLI::Option* fraction =
+      cmd->add_option("--segment-fraction", opts->segment_fraction,
+                      "the typed part of each piece (default 0.75); with --kl-divergence the rows past it are "
+                      "reported apart, with or without --segment-kv-type")
+          ->check(CLI::Range(0.0, 1.0));
+  cmd->callback([opts, fraction, &action] {
+    opts->tail_rows = fraction->count() > 0 || !opts->segment_kv_type.empty();
+    action = [opts] { return perplexity(*opts); };
+  });
 }
 
 }  // namespace pagoda::cli
