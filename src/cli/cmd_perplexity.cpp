@@ -277,8 +277,9 @@ int perplexity(const ppl_options& o) {
       // time and the policy acts between steps, so every token is scored
       // with the cache as the policy left it.
       if (with_policy && e == eng.get()) r.prompt_chunk = o.policy_step;
-      if (segmented && e == eng.get())
-        r.segments.push_back(prompt_segment{0, segment_end(docs[d], o.segment_fraction), "", o.segment_kv_type});
+      // A piece too short for the fraction to cover a token has no segment (an empty run is refused).
+      if (const std::int32_t end = segment_end(docs[d], o.segment_fraction); segmented && e == eng.get() && end > 0)
+        r.segments.push_back(prompt_segment{0, end, "", o.segment_kv_type});
       if (auto st = e->add_request(std::move(r)); !st.ok()) return fail(st.with_context(fmt::format("document {}", d)));
     }
 

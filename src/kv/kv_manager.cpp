@@ -472,6 +472,20 @@ alloc_blocker kv_manager::allocation_blocker(seq_id seq, std::int32_t n_new_toke
   return take_blocker(s.tenant, demand(s, n_new_tokens));
 }
 
+std::uint32_t kv_manager::short_classes(seq_id seq, std::int32_t n_new_tokens) const {
+  if (pool_.n_classes() == 1) return 0;
+  const class_demand d = demand(seq_at(seq), n_new_tokens);
+  std::uint32_t mask = 0;
+  for (std::int32_t c = 0; c < pool_.n_classes(); ++c)
+    if (d.n[static_cast<std::size_t>(c)] > pool_.n_takeable(c)) mask |= 1u << c;
+  return mask;
+}
+
+bool kv_manager::holds_class(seq_id seq, std::uint32_t mask) const {
+  const sequence& s = seq_at(seq);
+  return std::any_of(s.table.begin(), s.table.end(), [&](block_id b) { return (mask >> pool_.class_of(b)) & 1u; });
+}
+
 std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_tokens) {
   sequence& s = seq_at(seq);
   class_order_.clear();

@@ -216,6 +216,12 @@ class kv_manager {
   // evictable blocks of a class the new blocks need) or the tenant's quota;
   // none when it would succeed.
   alloc_blocker allocation_blocker(seq_id seq, std::int32_t n_new_tokens) const;
+  // With more than one block class: the classes (bit c for class c) that
+  // allocate(seq, n_new_tokens) needs more blocks of than they can supply
+  // now; 0 with one class, or when no class is short.
+  std::uint32_t short_classes(seq_id seq, std::int32_t n_new_tokens) const;
+  // Whether seq's table holds a block of one of the classes in mask (bit c for class c).
+  bool holds_class(seq_id seq, std::uint32_t mask) const;
   // Ensures the table has slots for n_new_tokens tokens beyond the stored ones.
   // Copy-on-write: when n_new_tokens > 0 and the block holding the next write
   // position is partly filled and shared (ref > 1), it is replaced in this table

@@ -98,7 +98,10 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     if (!spec.ok()) return spec.error().with_context("--kv-policy");
     auto policy = make_kv_policy(*spec);
     if (!policy.ok()) return policy.error().with_context("--kv-policy");
-    if ((*policy)->needs().key_summaries) c.kv.key_summaries = true;
+    if ((*policy)->needs().key_summaries) {
+      c.kv.key_summaries = true;
+      for (kv_segment_class& k : c.kv_classes) k.layout.key_summaries = true;  // every class has class 0's shape
+    }
   }
   c.windows = {};
   c.window_tokens = 0;

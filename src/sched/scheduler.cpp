@@ -252,12 +252,15 @@ void scheduler::remove_from_running(sequence* s) {
   s->start_order = -1;
 }
 
-scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why) const {
+scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why, std::uint32_t short_classes) const {
   // Lowest priority (largest value) first, then the most recently started;
-  // only the blocked tenant's own sequences when its quota is what blocks.
+  // only the blocked tenant's own sequences when its quota is what blocks,
+  // and only holders of the KV classes s lacks (or s) when a class is short:
+  // preempting another frees nothing s can take.
   sequence* victim = nullptr;
   for (sequence* c : running_) {
     if (why == alloc_blocker::quota && c->req->req.tenant != s.req->req.tenant) continue;
+    if (why == alloc_blocker::pool && short_classes != 0 && c != &s && !kv_.holds_class(c->id, short_classes)) continue;
     if (!victim || c->req->req.priority > victim->req->req.priority ||
         (c->req->req.priority == victim->req->req.priority && c->start_order > victim->start_order))
       victim = c;
@@ -410,7 +413,7 @@ step_plan scheduler::schedule() {
         budget -= n;
         break;
       }
-      sequence* victim = victim_for(*s, kv_.allocation_blocker(s->id, n));
+      sequence* victim = victim_for(*s, kv_.allocation_blocker(s->id, n), kv_.short_classes(s->id, n));
       unplan(plan, budget, victim);
       preempt(victim);
       preempted = true;

@@ -194,7 +194,9 @@ class scheduler {
     int n;
   };
 
-  sequence* victim_for(const sequence& s, alloc_blocker why) const;
+  // short_classes: the KV classes s lacks blocks of (kv_manager::short_classes);
+  // when not 0, only s itself or a sequence holding a block of one is chosen.
+  sequence* victim_for(const sequence& s, alloc_blocker why, std::uint32_t short_classes = 0) const;
   void preempt(sequence* s);
   void unplan(std::vector<planned>& plan, int& budget, const sequence* s) const;
   bool admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,

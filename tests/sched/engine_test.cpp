@@ -978,3 +978,26 @@ TEST(engine_kv_classes, segment_dtypes_share_the_kv_cache_size) {
 
 }  // namespace
 }  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// Review: an engine-wide policy that needs key summaries turns them on for
+// class 0 in engine_core::create, but not for the extra classes, whose shape
+// then differs and kv_storage::create refuses the pool.
+TEST(engine_kv_classes_review, a_summary_policy_works_with_classes) {
+  engine_core_config c = config(64, 8, 2048, kv_type::f16);
+  c.kv_classes.push_back(kv_segment_class{"int8", kv_layout::uniform(c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, 16,
+                                                                     kv_type::int8, kv_type::int8),
+                                          16});
+  c.kv_policy = "quest";
+  auto e = engine_core::create(test::stories(), c);
+  ASSERT_TRUE(e.ok()) << e.error().message();
+  // And a request with an int8 part runs under it.
+  outcome o = run_all(**e, {typed_request("q", story_tokens(70), 0, 64, "int8")});
+  EXPECT_EQ(o.tokens["q"].at(0).size(), 8u);
+  EXPECT_TRUE((*e)->kv().check_invariants().ok());
+}
+
+}  // namespace
+}  // namespace pagoda

@@ -715,3 +715,83 @@ TEST(scheduler_policy, unknown_policies_are_refused) {
 
 }  // namespace
 }  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// Review: KV classes in the scheduler. Class 0 of 32 blocks, class 1 ("int4") of 4.
+scheduler_config class_sched_config(int budget = 64) {
+  scheduler_config c = config(36, 8, budget);
+  c.kv_class_blocks = {32, 4};
+  c.kv_class_of = [](const std::string& t) -> result<std::uint8_t> {
+    if (t == "int4") return std::uint8_t{1};
+    if (t == "f16") return std::uint8_t{0};
+    return error(errc::invalid_argument, "unknown type {}", t);
+  };
+  return c;
+}
+
+request typed(const std::string& id, std::vector<token_id> prompt, int max_tokens, std::int32_t begin, std::int32_t end) {
+  request r = req(id, std::move(prompt), max_tokens);
+  r.segments.push_back(prompt_segment{begin, end, "", "int4"});
+  return r;
+}
+
+// A sequence blocked on class 1 only: preempting a sequence that holds no
+// class-1 block frees nothing it can use. C holds 3 of the 4 int4 blocks, A
+// the 4th and wants another; B (f16 only, lowest priority) holds none.
+TEST(scheduler_kv_classes_review, a_class_blocked_sequence_preempts_only_holders_of_that_class) {
+  harness h(class_sched_config());
+  h.add(typed("C", prompt_of(12, 1), 30, 0, 12));  // 3 int4 blocks
+  request a = typed("A", prompt_of(9, 2), 4, 0, 8);  // 2 int4 blocks, fed 4 tokens a step
+  a.prompt_chunk = 4;
+  h.add(a);
+  request b = req("B", prompt_of(4, 3), 30);
+  b.priority = 5;
+  h.add(b);
+  h.step();
+  ASSERT_TRUE(h.s.find_sequence("C").has_value());
+  ASSERT_TRUE(h.s.find_sequence("A").has_value());
+  ASSERT_TRUE(h.s.find_sequence("B").has_value());
+  bool b_preempted = false;
+  while (h.s.has_work()) {
+    h.step();
+    if (!h.s.find_sequence("B").has_value() && h.results["B"].finish.empty()) b_preempted = true;
+  }
+  EXPECT_FALSE(b_preempted) << "B holds no int4 block, yet was preempted for A's";
+  EXPECT_EQ(h.results["B"].tokens.size(), 30u);
+}
+
+// A request waiting for a block of class 1 holds back requests behind it
+// that need only class 0 blocks, which are plenty.
+// Disabled: documents a confirmed issue left unfixed (admission stops at the first
+// request a class blocks; see the review report).
+TEST(scheduler_kv_classes_review, DISABLED_a_request_waiting_for_class_1_does_not_block_class_0_requests) {
+  harness h(class_sched_config());
+  h.add(typed("C", prompt_of(16, 1), 40, 0, 16));  // all 4 int4 blocks until it ends
+  h.step();
+  h.add(typed("A", prompt_of(8, 2), 4, 0, 8));  // needs 2 int4 blocks: waits for C
+  h.add(req("B", prompt_of(4, 3), 4));          // f16 only
+  h.step();
+  EXPECT_TRUE(h.s.find_sequence("B").has_value()) << "B waits behind A although class 0 is nearly empty";
+  h.run();
+}
+
+// Preempted with generated tokens, a sequence is re-added with prompt +
+// generated tokens and the same runs; its outputs match a run alone.
+TEST(scheduler_kv_classes_review, readmission_after_preemption_keeps_classes_valid) {
+  std::vector<request> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(typed("r" + std::to_string(i), prompt_of(9, i), 20, 0, 9));
+  harness h(class_sched_config());
+  for (const request& r : reqs) h.add(r);
+  h.run();
+  for (const request& r : reqs) {
+    harness one(class_sched_config());
+    one.add(r);
+    one.run();
+    EXPECT_EQ(h.results[r.id].tokens, one.results[r.id].tokens) << r.id;
+  }
+}
+
+}  // namespace
+}  // namespace pagoda
