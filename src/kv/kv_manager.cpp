@@ -38,9 +38,11 @@ std::int32_t prompt_block_class(std::span<const kv_class_run> runs, std::size_t 
   return class_of_positions(runs, block_size, [first](std::int32_t k) { return first + k; });
 }
 
-std::string block_extras(std::string_view first_extras, std::size_t block_index, std::int32_t cls) {
+// class_keys[c]: what a block of class c carries in its key ("" for class 0).
+std::string block_extras(std::string_view first_extras, std::size_t block_index, std::int32_t cls,
+                         std::span<const std::string> class_keys) {
   std::string out(block_index == 0 ? first_extras : std::string_view());
-  if (cls != 0) out += extra_keys().add(k_kv_class_extra_key, "kvc=" + std::to_string(cls)).bytes();
+  if (cls != 0) out += extra_keys().add(k_kv_class_extra_key, class_keys[static_cast<std::size_t>(cls)]).bytes();
   return out;
 }
 
@@ -50,13 +52,13 @@ std::string block_extras(std::string_view first_extras, std::size_t block_index,
 // until visit returns false.
 template <typename Visit>
 void for_each_prompt_key(std::span<const token_id> prompt, std::string_view first_extras,
-                         std::span<const kv_class_run> runs, std::int32_t block_size, std::size_t max_blocks,
-                         Visit visit) {
+                         std::span<const kv_class_run> runs, std::span<const std::string> class_keys,
+                         std::int32_t block_size, std::size_t max_blocks, Visit visit) {
   const auto bs = static_cast<std::size_t>(block_size);
   block_key parent = k_root_parent_key;
   for (std::size_t i = 0; i < max_blocks && (i + 1) * bs <= prompt.size(); ++i) {
     const auto block_tokens = prompt.subspan(i * bs, bs);
-    const std::string extras = block_extras(first_extras, i, prompt_block_class(runs, i, block_size));
+    const std::string extras = block_extras(first_extras, i, prompt_block_class(runs, i, block_size), class_keys);
     const block_key key = hash_block(parent, block_tokens, extras);
     if (!visit(i, key, parent, block_tokens, std::string_view(extras))) return;
     parent = key;
@@ -75,6 +77,14 @@ kv_manager::kv_manager(std::int32_t block_size, std::vector<std::int32_t> class_
       fill_(static_cast<std::size_t>(pool_.n_blocks()), 0) {
   PAGODA_ASSERT(block_size > 0, "block size {}", block_size);
   tenant("");  // tenant 0: the default
+  class_keys_.resize(static_cast<std::size_t>(pool_.n_classes()));
+  for (std::size_t c = 1; c < class_keys_.size(); ++c) class_keys_[c] = "kvc=" + std::to_string(c);
+}
+
+void kv_manager::set_class_keys(std::vector<std::string> keys) {
+  PAGODA_ASSERT(seqs_.empty() && keys.size() == class_keys_.size(), "set_class_keys: {} keys for {} classes, {} sequences",
+                keys.size(), class_keys_.size(), seqs_.size());
+  for (std::size_t c = 1; c < keys.size(); ++c) class_keys_[c] = "kvc=" + keys[c];
 }
 
 // --- tenants -------------------------------------------------------------------
@@ -302,7 +312,8 @@ kv_manager::sequence& kv_manager::seq_at(seq_id seq) {
 std::string kv_manager::extras_of(const sequence& s, std::size_t block_index) const {
   // Tenant and salt key block 0 only; the chain carries them to every later
   // block. The class keys each block of a class other than 0.
-  return block_extras(s.first_extras, block_index, pool_.n_classes() == 1 ? 0 : pool_.class_of(s.table[block_index]));
+  return block_extras(s.first_extras, block_index, pool_.n_classes() == 1 ? 0 : pool_.class_of(s.table[block_index]),
+                      class_keys_);
 }
 
 block_key kv_manager::chain_key(const sequence& s, std::size_t block_index, block_key parent,
@@ -337,7 +348,7 @@ status kv_manager::check_class_runs(std::span<const kv_class_run> runs, std::siz
 
 std::vector<block_key> kv_manager::prompt_keys(std::span<const token_id> prompt, const sequence_options& options) const {
   std::vector<block_key> keys;
-  for_each_prompt_key(prompt, first_block_extras(options), options.classes, block_size_, prompt.size(),
+  for_each_prompt_key(prompt, first_block_extras(options), options.classes, class_keys_, block_size_, prompt.size(),
                       [&](std::size_t, block_key key, block_key, std::span<const token_id>, std::string_view) {
                         keys.push_back(key);
                         return true;
@@ -350,7 +361,7 @@ std::vector<block_id> kv_manager::match_prefix(std::span<const token_id> tokens,
                                                std::size_t max_blocks) const {
   std::vector<block_id> hits;
   if (!prefix_caching_) return hits;
-  for_each_prompt_key(tokens, first_extras, runs, block_size_, max_blocks,
+  for_each_prompt_key(tokens, first_extras, runs, class_keys_, block_size_, max_blocks,
                       [&](std::size_t i, block_key key, block_key parent, std::span<const token_id> block_tokens,
                           std::string_view extras) {
                         const auto hit = index_.find(key, parent, block_tokens, extras);

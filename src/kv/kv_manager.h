@@ -77,8 +77,13 @@
 // first, and if its footprint is still above the quota, its least recently
 // used cached blocks of other classes are evicted. A tenant below its quota
 // takes from the class's free queue: free blocks first, then the least
-// recently used cached block of that class, whoever owns it. So no tenant can hold more than its quota of the pool, in use or in
-// cache, and a tenant over its quota cannot push out other tenants' cache.
+// recently used cached block of that class, whoever owns it. So no tenant can
+// hold more than its quota of the pool, in use or in cache, and with one class
+// a tenant at its quota cannot push out other tenants' cache. With several
+// classes it can, once: a tenant at its quota whose own cache holds no block
+// of the class it needs takes that block like a tenant below its quota (which
+// may evict another tenant's cached block of that class) and pays for it by
+// evicting its own cached block of another class.
 // allocate() fails (std::nullopt) when used + new blocks would exceed the quota.
 // Cache hits move a block from cached to used within the same tenant and never
 // change a footprint. Lowering a quota drops the tenant's cached blocks beyond it,
@@ -188,6 +193,12 @@ class kv_manager {
   std::int32_t n_classes() const { return pool_.n_classes(); }
   // The class of a block (fixed for its lifetime). REQUIRES: 0 <= b < n_blocks().
   std::int32_t block_class(block_id b) const { return pool_.class_of(b); }
+  // What each class's blocks carry in their prefix keys: keys[c] names class
+  // c's KV type (keys[0] is not used), so that a key names the type its K/V
+  // were computed against whatever the class's number is in another process
+  // (a persistent KV store across restarts). Default: the class number.
+  // REQUIRES: no sequence yet, keys.size() == n_classes().
+  void set_class_keys(std::vector<std::string> keys);
 
   // --- tenants ---------------------------------------------------------------
   // The id of a tenant, registered on first use. "" is tenant 0, the default.
@@ -442,6 +453,7 @@ class kv_manager {
 
   std::int32_t block_size_;
   bool prefix_caching_;
+  std::vector<std::string> class_keys_;  // [class]: its extra key value ("" for class 0)
   block_pool pool_;
   prefix_index index_;
   std::unordered_map<seq_id, sequence> seqs_;

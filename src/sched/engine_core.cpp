@@ -26,7 +26,11 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.sliding_window_all = c.sliding_window_all;
   if (!c.kv_classes.empty()) {
     s.kv_class_blocks.push_back(static_cast<std::int32_t>(c.n_blocks));
-    for (const kv_segment_class& k : c.kv_classes) s.kv_class_blocks.push_back(static_cast<std::int32_t>(k.n_blocks));
+    s.kv_class_keys.push_back("");
+    for (const kv_segment_class& k : c.kv_classes) {
+      s.kv_class_blocks.push_back(static_cast<std::int32_t>(k.n_blocks));
+      s.kv_class_keys.push_back(k.layout.describe());
+    }
     s.n_blocks = 0;
     for (std::int32_t n : s.kv_class_blocks) s.n_blocks += n;
   }

@@ -1,5 +1,6 @@
 #include "sched/engine_setup.h"
 
+#include <algorithm>
 #include <charconv>
 #include <climits>
 #include <cmath>
@@ -226,8 +227,21 @@ status add_kv_segment_classes(const llama_model& model, const engine_config& opt
   if (!(total_share < 1))
     return error(errc::invalid_argument, "--kv-segment-dtype: the classes' fractions add up to {}, which leaves no "
                  "blocks of the default type; keep their sum below 1", total_share);
-  // The default type's pool as sized so far is the bytes to share out.
-  const double bytes = static_cast<double>(cfg.n_blocks) * static_cast<double>(cfg.kv.bytes_per_block());
+  // The default type's pool as sized so far is the bytes to share out. Under
+  // a --kv-cache-size budget, less what the classes add besides blocks:
+  // staging slots sized for the class that stages most (kv_storage.h) and
+  // their static scales.
+  double bytes = static_cast<double>(cfg.n_blocks) * static_cast<double>(cfg.kv.bytes_per_block());
+  if (opts.kv_cache_size_mib > 0) {
+    std::size_t staging = cfg.kv.staging_bytes_per_slot(), statics = 0;
+    for (const kv_segment_class& k : cfg.kv_classes) {
+      staging = std::max(staging, k.layout.staging_bytes_per_slot());
+      statics += k.layout.static_bytes();
+    }
+    bytes -= static_cast<double>(staging - cfg.kv.staging_bytes_per_slot()) *
+                 static_cast<double>(k_staging_slots_per_sequence * opts.max_num_seqs) +
+             static_cast<double>(statics);
+  }
   for (std::size_t i = 0; i < cfg.kv_classes.size(); ++i) {
     kv_segment_class& k = cfg.kv_classes[i];
     k.n_blocks = static_cast<std::int64_t>(bytes * shares[i] / static_cast<double>(k.layout.bytes_per_block()));

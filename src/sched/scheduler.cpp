@@ -84,6 +84,10 @@ scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
   for (const auto& [tenant, quota] : config_.tenant_quota_blocks)
     if (status st = kv_.set_tenant_quota(tenant, quota); !st.ok()) config_status_ = st;
   kv_.set_op_listener([this](const kv_op& op) { pending_ops_.push_back(op); });
+  if (!config_.kv_class_keys.empty()) {
+    if (config_.kv_class_keys.size() == static_cast<std::size_t>(kv_.n_classes())) kv_.set_class_keys(config_.kv_class_keys);
+    else config_status_ = error(errc::invalid_argument, "{} KV class keys for {} classes", config_.kv_class_keys.size(), kv_.n_classes());
+  }
   config_.policy_shape.block_size = config_.block_size;
   if (config_.window_slot_tokens > 0 && config_.n_window_slots > 0 && config_status_.ok())
     kv_.enable_window_slots(config_.window_slot_tokens,
@@ -145,6 +149,11 @@ status scheduler::add_request(request req) {
       return error(errc::unsupported,
                    "kv_policy: KV policies are not available while this model's sliding-window layers keep only "
                    "their window; start the engine with --swa-full to use them");
+    if (const std::string* pos = spec->find("positions"); !classes.empty() && pos && *pos == "cache")
+      return error(errc::invalid_argument,
+                   "kv_policy {}: positions=cache renumbers the cache, which a part's KV type (placed by position) "
+                   "cannot follow; keep positions or drop the parts' types",
+                   spec->to_string());
     if ((*made)->needs().key_summaries && !config_.key_summaries)
       return error(errc::invalid_argument,
                    "kv_policy {} reads per-block key summaries, which this engine does not keep; start it with "
@@ -223,6 +232,12 @@ sequence_options scheduler::kv_options(const sequence& s) const {
   o.lookup = !s.req->req.prompt_logits;
   o.classes = s.req->kv_classes;
   return o;
+}
+
+std::uint32_t scheduler::classes_needed(const sequence& s) {
+  std::uint32_t mask = 1;  // class 0: the blocks past the runs, the generated tokens'
+  for (const kv_class_run& r : s.req->kv_classes) mask |= 1u << r.cls;
+  return mask;
 }
 
 const std::vector<block_key>& scheduler::prompt_keys_of(sequence* s) {
@@ -318,7 +333,7 @@ std::unordered_set<block_key> scheduler::blocks_in_flight() const {
 }
 
 bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
-                      const std::unordered_set<block_key>& in_flight, bool& stop) {
+                      const std::unordered_set<block_key>& in_flight, bool& stop, std::uint32_t& short_classes) {
   request_state* r = s->req;
   const int slots = (s->index == 0 && !r->forked) ? r->req.n : 1;
   if (static_cast<int>(running_.size()) + slots > config_.max_num_seqs || kv_.n_takeable_blocks() == 0) {
@@ -369,12 +384,19 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   const int n = std::min<int>(next_chunk(*s), budget);
   if (!kv_.allocate(s->id, n)) {
     const alloc_blocker why = kv_.allocation_blocker(s->id, n);
+    const std::uint32_t short_mask = kv_.short_classes(s->id, n);
     status st = kv_.free_sequence(s->id);
     PAGODA_ASSERT(st.ok(), "free: {}", st.message());
     s->in_kv = false;
     s->n_computed = 0;
-    // The pool is short for everyone (first come, first served); a quota only for this tenant.
-    stop = why != alloc_blocker::quota;
+    // The pool is short for everyone (first come, first served); a quota only
+    // for this tenant. With KV classes, a short class only for the requests
+    // that need it: those behind this one that need none of its short classes
+    // go on being admitted.
+    if (why != alloc_blocker::quota) {
+      if (short_mask == 0) stop = true;
+      else short_classes |= short_mask;
+    }
     return false;
   }
   s->phase = seq_phase::running;
@@ -430,10 +452,15 @@ step_plan scheduler::schedule() {
   if (!preempted) {
     std::unordered_set<block_key> in_flight = blocks_in_flight();
     const auto bs = static_cast<std::size_t>(config_.block_size);
+    std::uint32_t short_classes = 0;  // KV classes a request before could not get: the ones needing them wait
     for (std::size_t i = 0; i < waiting_.size() && budget > 0;) {
       bool stop = false;
       sequence* s = waiting_[i];
-      if (admit(s, budget, plan, out, in_flight, stop)) {
+      if (short_classes & classes_needed(*s)) {
+        ++i;
+        continue;
+      }
+      if (admit(s, budget, plan, out, in_flight, stop, short_classes)) {
         // What it computes (or loads) from now on is in flight for those behind it.
         for (std::size_t b = static_cast<std::size_t>(s->n_computed) / bs; b < s->keys.size(); ++b)
           in_flight.insert(s->keys[b]);

@@ -94,6 +94,7 @@ struct scheduler_config {
   // first; empty: one class of n_blocks. kv_class_of names the class of a
   // segment's kv_type, or an error the user can act on.
   std::vector<std::int32_t> kv_class_blocks;
+  std::vector<std::string> kv_class_keys;  // [class]: its KV type in prefix keys (kv_manager::set_class_keys); empty: numbers
   std::function<result<std::uint8_t>(const std::string& kv_type)> kv_class_of;
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
@@ -199,8 +200,12 @@ class scheduler {
   sequence* victim_for(const sequence& s, alloc_blocker why, std::uint32_t short_classes = 0) const;
   void preempt(sequence* s);
   void unplan(std::vector<planned>& plan, int& budget, const sequence* s) const;
+  // stop: admit no one after s; short_classes gains the KV classes s could
+  // not get (only the requests needing one of them wait behind it).
   bool admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
-             const std::unordered_set<block_key>& in_flight, bool& stop);
+             const std::unordered_set<block_key>& in_flight, bool& stop, std::uint32_t& short_classes);
+  // The KV classes (bit c for class c) a sequence's blocks may be of.
+  static std::uint32_t classes_needed(const sequence& s);
   std::unordered_set<block_key> blocks_in_flight() const;
   std::span<const block_key> load_keys(const sequence& s) const;
   // A loading sequence's blocks go into the plan once the source has them.

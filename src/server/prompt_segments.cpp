@@ -48,8 +48,9 @@ api_result<std::vector<prompt_segment>> place_segments(const tokenizer& vocab, b
   for (const text_piece& p : pieces) {
     const std::size_t at = p.text.empty() ? from : text.find(p.text, from);
     if (at == std::string::npos)
-      return bad_request(p.param, fmt::format("the text of '{}' does not appear as it is in the rendered prompt, so its "
-                                              "KV policy has no place; give the policy to the whole request instead",
+      return bad_request(p.param, fmt::format("the text of '{}' does not appear as it is in the rendered prompt, so the "
+                                              "parts' KV policies and types have no place; give a policy to the whole "
+                                              "request instead",
                                               p.param));
     from = at + p.text.size();
     if (!p.kv.any() || p.text.empty()) continue;

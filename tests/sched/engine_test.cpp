@@ -969,6 +969,13 @@ TEST(engine_kv_classes, segment_dtypes_share_the_kv_cache_size) {
   EXPECT_NEAR(f16_bytes + int4_bytes, 4.0 * 1024 * 1024, 0.02 * 4 * 1024 * 1024);
   // With head_dim 8 an int4 token's scale is most of its bytes: more blocks in the same bytes, not four times.
   EXPECT_GT(cfg->kv_classes[0].n_blocks, 2 * cfg->n_blocks);
+  // int4 keys stage in f16 (KIVI) while the f16 default does not: the staging
+  // slots come out of the same budget.
+  auto e = engine_core::create(stories(), *cfg);
+  ASSERT_TRUE(e.ok()) << e.error().message();
+  EXPECT_GT((*e)->storage().staging().bytes_mapped, 0u);
+  EXPECT_LE((*e)->storage().total_bytes(), 4u * 1024 * 1024);
+  EXPECT_GE((*e)->storage().total_bytes(), 4u * 1024 * 1024 * 96 / 100);
   for (std::vector<std::string> bad : {std::vector<std::string>{"int4:0.6", "int8:0.5"}, {"int4:1"}, {"int4:x"},
                                         {"f16"}, {"int4", "int4"}, {"int9"}}) {
     opts.kv_segment_dtypes = bad;
@@ -985,7 +992,7 @@ namespace {
 // Review: an engine-wide policy that needs key summaries turns them on for
 // class 0 in engine_core::create, but not for the extra classes, whose shape
 // then differs and kv_storage::create refuses the pool.
-TEST(engine_kv_classes_review, a_summary_policy_works_with_classes) {
+TEST(engine_kv_classes, a_summary_policy_works_with_classes) {
   engine_core_config c = config(64, 8, 2048, kv_type::f16);
   c.kv_classes.push_back(kv_segment_class{"int8", kv_layout::uniform(c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, 16,
                                                                      kv_type::int8, kv_type::int8),
@@ -997,6 +1004,51 @@ TEST(engine_kv_classes_review, a_summary_policy_works_with_classes) {
   outcome o = run_all(**e, {typed_request("q", story_tokens(70), 0, 64, "int8")});
   EXPECT_EQ(o.tokens["q"].at(0).size(), 8u);
   EXPECT_TRUE((*e)->kv().check_invariants().ok());
+}
+
+// A typed block's prefix key names its KV type, not its class's number: two
+// engines whose classes are numbered differently give the same prompt the
+// same keys, and an engine whose class 1 is another type does not.
+TEST(engine_kv_classes, prefix_keys_name_the_type_not_the_class_number) {
+  const std::vector<token_id> prompt = story_tokens(70);
+  auto keys_of = [&](std::vector<kv_type> types) {
+    engine_core_config c = config(64, 8, 2048, kv_type::f16);
+    for (kv_type t : types)
+      c.kv_classes.push_back(kv_segment_class{
+          kv_type_name(t), kv_layout::uniform(c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, 16, t, t), 16});
+    auto e = *engine_core::create(stories(), c);
+    const std::uint8_t cls = *find_kv_class(e->config(), "int8");
+    const kv_class_run run{0, 70, cls};
+    sequence_options o;
+    o.classes = std::span(&run, 1);
+    return e->kv().prompt_keys(prompt, o);
+  };
+  const auto a = keys_of({kv_type::int8, kv_type::int4});
+  EXPECT_EQ(a, keys_of({kv_type::int4, kv_type::int8}));
+  // The same text under another type: no key in common.
+  engine_core_config c = config(64, 8, 2048, kv_type::f16);
+  c.kv_classes.push_back(kv_segment_class{
+      "int8", kv_layout::uniform(c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, 16, kv_type::int4, kv_type::int4), 16});
+  auto other = *engine_core::create(stories(), c);
+  const kv_class_run run{0, 70, 1};
+  sequence_options o;
+  o.classes = std::span(&run, 1);
+  const auto b = other->kv().prompt_keys(prompt, o);
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NE(a[i], b[i]) << i;
+}
+
+// A policy that renumbers the cache (positions=cache) cannot place typed
+// parts by position: refused at once, with the reason.
+TEST(engine_kv_classes, repositioning_policies_and_typed_parts_are_refused) {
+  auto e = *engine_core::create(stories(), class_config(64, 16));
+  request r = typed_request("w", story_tokens(70), 0, 64, "int8");
+  r.kv_policy = "window:budget=32,positions=cache";
+  const status st = e->add_request(r);
+  EXPECT_EQ(st.code(), errc::invalid_argument);
+  EXPECT_NE(st.message().find("positions=cache"), std::string::npos) << st.message();
+  r.kv_policy = "window:budget=32";
+  EXPECT_TRUE(e->add_request(r).ok());
 }
 
 }  // namespace

@@ -740,7 +740,7 @@ request typed(const std::string& id, std::vector<token_id> prompt, int max_token
 // A sequence blocked on class 1 only: preempting a sequence that holds no
 // class-1 block frees nothing it can use. C holds 3 of the 4 int4 blocks, A
 // the 4th and wants another; B (f16 only, lowest priority) holds none.
-TEST(scheduler_kv_classes_review, a_class_blocked_sequence_preempts_only_holders_of_that_class) {
+TEST(scheduler_kv_classes, a_class_blocked_sequence_preempts_only_holders_of_that_class) {
   harness h(class_sched_config());
   h.add(typed("C", prompt_of(12, 1), 30, 0, 12));  // 3 int4 blocks
   request a = typed("A", prompt_of(9, 2), 4, 0, 8);  // 2 int4 blocks, fed 4 tokens a step
@@ -762,24 +762,26 @@ TEST(scheduler_kv_classes_review, a_class_blocked_sequence_preempts_only_holders
   EXPECT_EQ(h.results["B"].tokens.size(), 30u);
 }
 
-// A request waiting for a block of class 1 holds back requests behind it
-// that need only class 0 blocks, which are plenty.
-// Disabled: documents a confirmed issue left unfixed (admission stops at the first
-// request a class blocks; see the review report).
-TEST(scheduler_kv_classes_review, DISABLED_a_request_waiting_for_class_1_does_not_block_class_0_requests) {
+// A request waiting for a block of class 1 does not hold back requests behind
+// it that need only class 0 blocks, which are plenty; one behind it that needs
+// class 1 waits its turn.
+TEST(scheduler_kv_classes, a_request_waiting_for_class_1_does_not_block_class_0_requests) {
   harness h(class_sched_config());
   h.add(typed("C", prompt_of(16, 1), 40, 0, 16));  // all 4 int4 blocks until it ends
   h.step();
   h.add(typed("A", prompt_of(8, 2), 4, 0, 8));  // needs 2 int4 blocks: waits for C
   h.add(req("B", prompt_of(4, 3), 4));          // f16 only
+  h.add(typed("D", prompt_of(4, 4), 4, 0, 4));  // needs 1 int4 block: behind A
   h.step();
   EXPECT_TRUE(h.s.find_sequence("B").has_value()) << "B waits behind A although class 0 is nearly empty";
+  EXPECT_FALSE(h.s.find_sequence("A").has_value());
+  EXPECT_FALSE(h.s.find_sequence("D").has_value()) << "D jumped ahead of A for class 1";
   h.run();
 }
 
 // Preempted with generated tokens, a sequence is re-added with prompt +
 // generated tokens and the same runs; its outputs match a run alone.
-TEST(scheduler_kv_classes_review, readmission_after_preemption_keeps_classes_valid) {
+TEST(scheduler_kv_classes, readmission_after_preemption_keeps_classes_valid) {
   std::vector<request> reqs;
   for (int i = 0; i < 4; ++i) reqs.push_back(typed("r" + std::to_string(i), prompt_of(9, i), 20, 0, 9));
   harness h(class_sched_config());
