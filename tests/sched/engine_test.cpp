@@ -1038,6 +1038,33 @@ TEST(engine_kv_classes, prefix_keys_name_the_type_not_the_class_number) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NE(a[i], b[i]) << i;
 }
 
+// A part with its own type and its own eviction policy: the policy compacts
+// the part's int8 blocks (tokens moved within and across classes keep being
+// read in their block's type) and frees them; everything comes back at the end.
+TEST(engine_kv_classes, a_typed_part_with_its_own_eviction_policy) {
+  auto e = *engine_core::create(stories(), class_config(128, 32));
+  request r = typed_request("h", story_tokens(200), 0, 0, "");
+  r.segments.push_back(prompt_segment{0, 160, "h2o:budget=0.25", "int8"});
+  r.max_tokens = 60;
+  r.prompt_chunk = 16;  // the policy acts between chunks
+  ASSERT_TRUE(e->add_request(r).ok());
+  std::vector<engine_event> events;
+  std::int32_t peak_int8 = 0;
+  int generated = 0;
+  while (e->has_work()) {
+    events.clear();
+    e->step(events);
+    ASSERT_TRUE(e->kv().check_invariants().ok()) << e->kv().check_invariants().message();
+    peak_int8 = std::max(peak_int8, e->kv_stats().classes.at(1).n_used);
+    for (const engine_event& ev : events) generated += static_cast<int>(ev.tokens.size());
+  }
+  EXPECT_EQ(generated, 60);
+  EXPECT_GT(e->stats().n_policy_compactions, 0);
+  EXPECT_GT(peak_int8, 0);
+  EXPECT_LT(peak_int8, 160 / 16) << "the part's blocks were never freed";
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+}
+
 // A policy that renumbers the cache (positions=cache) cannot place typed
 // parts by position: refused at once, with the reason.
 TEST(engine_kv_classes, repositioning_policies_and_typed_parts_are_refused) {
