@@ -329,5 +329,27 @@ TEST(openai_request, chat_policies_by_role_and_message) {
   EXPECT_EQ(parse_request(api_kind::chat, body, ctx, "").error.param, "kv_policy_by_role.robot");
 }
 
+// Chat: a message's KV type applies to its content parts, which may name
+// their own; a part's type and the role's policy combine.
+TEST(openai_request, chat_kv_types_per_message_and_part) {
+  api_context ctx = context();
+  json body = {{"messages", json::array({{{"role", "user"},
+                                          {"kv", {{"type", "int4"}}},
+                                          {"content", json::array({{{"type", "text"}, {"text", "A story about a cat."}},
+                                                                   {{"type", "text"},
+                                                                    {"text", "And a dog."},
+                                                                    {"kv", {{"type", "int8"}}}}})}}})},
+               {"kv_policy_by_role", {{"user", "h2o:budget=0.5"}}}};
+  auto r = parse_request(api_kind::chat, body, ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  const request& q = r.value->requests[0];
+  ASSERT_EQ(q.segments.size(), 2u);
+  EXPECT_EQ(q.segments[0].kv_type, "int4");
+  EXPECT_EQ(q.segments[1].kv_type, "int8");
+  for (const prompt_segment& p : q.segments) EXPECT_EQ(p.kv_policy, "h2o:budget=0.5");
+  body["messages"][0]["kv"]["type"] = json::array();
+  EXPECT_EQ(parse_request(api_kind::chat, body, ctx, "").error.param, "messages[0].kv.type");
+}
+
 }  // namespace
 }  // namespace pagoda::server
