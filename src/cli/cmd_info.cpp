@@ -143,17 +143,20 @@ int info(const info_options& o) {
               hp.n_layer, hp.n_head_kv, hp.head_dim, o.config.block_size);
   std::printf("  %-32s %7s %12s %12s %14s %14s\n", "K+V format", "bits/el", "bytes/token", "f16 window",
               "B/token @1K", "B/token @32K");
-  auto row = [&](const std::string& k, const std::string& v) {
+  // One type for every layer, K and V (as --kv-cache-dtype takes it); scales
+  // only when the configured ones apply (keep_scales).
+  auto type_row = [&](const std::string& type, bool keep_scales) {
     engine_config opts = o.config;
-    opts.kv_cache_dtype = k + "+" + v;
+    opts.kv_cache_dtype = type;
     opts.cache_type_k.clear();
     opts.cache_type_v.clear();
     opts.kv_layer_types.clear();
-    opts.kv_scales_path.clear();
+    if (!keep_scales) opts.kv_scales_path.clear();
     auto layout = make_kv_layout(*model, opts);
     if (layout.ok()) print_kv_row(layout->describe(), *layout);
-    else std::printf("  %-32s %s\n", (k + "+" + v).c_str(), layout.error().message().c_str());
+    else std::printf("  %-32s %s\n", type.c_str(), layout.error().message().c_str());
   };
+  auto row = [&](const std::string& k, const std::string& v) { type_row(k + "+" + v, false); };
   for (int i = 0; i < k_n_kv_types; ++i) {
     const char* t = kv_type_name(static_cast<kv_type>(i));
     row(t, t);
@@ -166,6 +169,11 @@ int info(const info_options& o) {
   if (o.kv_given) {
     std::printf("configured:\n");
     print_kv_row(configured.describe(), configured);
+  }
+  if (!o.config.kv_segment_dtypes.empty()) {
+    std::printf("KV classes for prompt parts that ask for their type (--kv-segment-dtype TYPE[:FRACTION of the "
+                "pool's bytes, default 0.25]):\n");
+    for (const std::string& t : o.config.kv_segment_dtypes) type_row(t.substr(0, t.rfind(':')), true);
   }
   print_kv_by_layer_type(hp, configured);
   return 0;

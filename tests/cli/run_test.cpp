@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_util.h"
+#include "common/temp_files.h"
 
 namespace pagoda::test {
 namespace {
@@ -119,6 +120,37 @@ TEST(cli_info, reports_shape_and_kv_cost) {
   // 2 x 5 layers x 4 KV heads x 8 x 4 bytes = 1280; f16: 640.
   EXPECT_NE(r.out.find("1280.0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("640.0"), std::string::npos) << r.out;
+}
+
+// --kv-segment-dtype: info lists each class's cost beside the configured type.
+TEST(cli_info, reports_the_kv_classes) {
+  auto r = run_cli("info -m " + model_path() + " --kv-segment-dtype int4:0.5 --kv-segment-dtype int8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::size_t at = r.out.find("KV classes");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("int4/channel+int4/token", at), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("int8/token+int8/token", at), std::string::npos) << r.out;
+}
+
+// perplexity --segment-kv-type: the first 75% of each piece in int8, the rest
+// f16; the rows past it are reported apart, and the typed part costs less.
+TEST(cli_perplexity, a_typed_segment_of_each_piece) {
+  std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/tinystories_dev.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const std::string path = temp_file("cli", "segment.txt");
+  std::ofstream(path) << text.substr(0, text.find("<|endoftext|>", 6000));
+  auto r = run_cli("perplexity -m " + model_path() + " -f " + path +
+                   " --ctx 256 --kv-cache-dtype f16 --segment-kv-type int8 --kl-divergence --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["segment"]["kv_type"], "int8");
+  EXPECT_EQ(j["segment"]["fraction"].get<double>(), 0.75);
+  EXPECT_LT(j["segment"]["mean_bytes_per_token"].get<double>(), j["kv"]["bytes_per_token"].get<double>());
+  EXPECT_GT(j["after_segment"]["rows"].get<long>(), 100);
+  EXPECT_GT(j["kl_divergence"]["mean_kl"].get<double>(), 0.0) << "int8 blocks were read";
+  EXPECT_LT(j["after_segment"]["mean_kl"].get<double>(), j["kl_divergence"]["mean_kl"].get<double>());
+  auto bad = run_cli("perplexity -m " + model_path() + " -f " + path + " --segment-kv-type int9");
+  EXPECT_NE(bad.exit_code, 0);
 }
 
 // A llama-quantize Q4_K_M file (tests/data/oracle) mixes q4_K and q6_K: info
