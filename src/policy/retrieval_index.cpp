@@ -11,6 +11,7 @@
 namespace pagoda {
 
 float l2sq_f16_avx2(const std::uint16_t* a, const std::uint16_t* b, int n);  // retrieval_index_avx2.cpp
+void dots_f32_avx2(const float* q, const float* rows, int n_rows, int dim, float* out);  // retrieval_index_avx2.cpp
 
 namespace {
 
@@ -118,5 +119,14 @@ status check_ivfpq_params(const ivfpq_params& p, int head_dim) {
 }
 
 std::unique_ptr<key_index> make_exact_index(int head_dim) { return std::make_unique<exact_index>(head_dim); }
+
+void dots_f32_ref(const float* q, const float* rows, int n_rows, int dim, float* out) {
+  for (int i = 0; i < n_rows; ++i) out[i] = dot_f32(q, rows + static_cast<std::size_t>(i) * dim, dim);
+}
+
+void dots_f32(const float* q, const float* rows, int n_rows, int dim, float* out) {
+  if (active_simd_level() >= simd_level::avx2) return dots_f32_avx2(q, rows, n_rows, dim, out);
+  dots_f32_ref(q, rows, n_rows, dim, out);
+}
 
 }  // namespace pagoda

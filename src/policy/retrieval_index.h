@@ -71,6 +71,11 @@ struct ivfpq_params {
   int nbits = 8;     // bits per sub-quantizer code (2^nbits centroids each)
   int nprobe = 16;   // lists a search visits
   int n_train = 0;   // keys to train on; 0: 39 x max(nlist, 2^nbits), faiss's minimum for k-means
+  // Searches pick the lists to visit themselves (SIMD inner products with the
+  // coarse centroids, then faiss's search_preassigned) instead of through
+  // faiss's coarse quantizer, whose inner products Debian's build computes
+  // without SIMD; false: faiss's own search (the reference, for tests).
+  bool own_coarse = true;
   int resolved_n_train() const;
 };
 
@@ -91,6 +96,12 @@ void exact_top_k(const float* q, const float* keys, const std::int32_t* slots, i
 // Removes the entries whose slot is >= slot from keys [n][head_dim] and
 // slots [n], keeping the order of the others.
 void erase_slots_from(std::vector<float>& keys, std::vector<std::int32_t>& slots, int head_dim, std::int32_t slot);
+
+// out[i] = q . rows[i] for n_rows rows [n_rows][dim] (IVF-PQ's coarse
+// centroids); dispatches on the SIMD level. The reference twin sums in float
+// in index order; the SIMD one in 8 lanes (results differ by rounding).
+void dots_f32(const float* q, const float* rows, int n_rows, int dim, float* out);
+void dots_f32_ref(const float* q, const float* rows, int n_rows, int dim, float* out);
 
 // sum (a[i] - b[i])^2 over f16 vectors, for the HNSW distance; dispatches on
 // the SIMD level. The reference twin sums in float in index order.

@@ -61,7 +61,14 @@ class ivfpq_index final : public key_index {
     thread_local std::vector<faiss::Index::idx_t> labels;
     dist.resize(static_cast<std::size_t>(kk) * n_q);
     labels.resize(static_cast<std::size_t>(kk) * n_q);
-    ivf_->search(n_q, q, kk, dist.data(), labels.data());
+    if (params_.own_coarse) {
+      thread_local std::vector<faiss::Index::idx_t> assign;
+      thread_local std::vector<float> coarse;
+      assign_lists(q, n_q, assign, coarse);
+      ivf_->search_preassigned(n_q, q, kk, assign.data(), coarse.data(), dist.data(), labels.data(), false);
+    } else {
+      ivf_->search(n_q, q, kk, dist.data(), labels.data());
+    }
     for (faiss::Index::idx_t l : labels)
       if (l >= 0) out.push_back(static_cast<std::int32_t>(l));
   }
@@ -103,6 +110,35 @@ class ivfpq_index final : public key_index {
 
  private:
   bool trained() const { return ivf_ != nullptr; }
+
+  // What faiss's coarse quantizer (IndexFlatIP) gives a search: per row the
+  // nprobe lists of the largest q . centroid, in descending order (ties to
+  // the smaller list), and those inner products: assign and coarse
+  // [n_q][index nprobe] (-1 and -inf past the lists there are).
+  void assign_lists(const float* q, int n_q, std::vector<faiss::Index::idx_t>& assign, std::vector<float>& coarse) const {
+    thread_local std::vector<float> scores;
+    thread_local std::vector<int> order;
+    const int nlist = static_cast<int>(quantizer_->ntotal);
+    const int nprobe = std::min(static_cast<int>(ivf_->nprobe), nlist);
+    assign.resize(static_cast<std::size_t>(n_q) * ivf_->nprobe);
+    coarse.resize(assign.size());
+    scores.resize(static_cast<std::size_t>(nlist));
+    order.resize(static_cast<std::size_t>(nlist));
+    const float* centroids = quantizer_->get_xb();
+    for (int r = 0; r < n_q; ++r) {
+      dots_f32(q + static_cast<std::size_t>(r) * head_dim_, centroids, nlist, head_dim_, scores.data());
+      for (int i = 0; i < nlist; ++i) order[static_cast<std::size_t>(i)] = i;
+      std::partial_sort(order.begin(), order.begin() + nprobe, order.end(), [&](int a, int b) {
+        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+      });
+      faiss::Index::idx_t* out = assign.data() + static_cast<std::size_t>(r) * ivf_->nprobe;
+      float* dis = coarse.data() + static_cast<std::size_t>(r) * ivf_->nprobe;
+      for (int j = 0; j < static_cast<int>(ivf_->nprobe); ++j) {
+        out[j] = j < nprobe ? order[static_cast<std::size_t>(j)] : -1;
+        dis[j] = j < nprobe ? scores[order[static_cast<std::size_t>(j)]] : -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
 
   // k-means for the coarse lists and PQ codebooks on the buffered keys, which
   // then become the first entries of the lists.
