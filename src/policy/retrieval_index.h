@@ -103,6 +103,11 @@ void erase_slots_from(std::vector<float>& keys, std::vector<std::int32_t>& slots
 void dots_f32(const float* q, const float* rows, int n_rows, int dim, float* out);
 void dots_f32_ref(const float* q, const float* rows, int n_rows, int dim, float* out);
 
+// IVF-PQ's list scan (8-bit codes, inner product): out[i] = base + the sum
+// over m < m_sub of table[m * 256 + codes[i * m_sub + m]], added in m order
+// (so every level gives the same bits).
+void pq_scan(const float* table, int m_sub, const std::uint8_t* codes, int n, float base, float* out);
+
 // sum (a[i] - b[i])^2 over f16 vectors, for the HNSW distance; dispatches on
 // the SIMD level. The reference twin sums in float in index order.
 float l2sq_f16(const std::uint16_t* a, const std::uint16_t* b, int n);

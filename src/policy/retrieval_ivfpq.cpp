@@ -65,6 +65,7 @@ class ivfpq_index final : public key_index {
       thread_local std::vector<faiss::Index::idx_t> assign;
       thread_local std::vector<float> coarse;
       assign_lists(q, n_q, assign, coarse);
+      if (const auto* lists = own_scan_lists()) return scan_rows(q, n_q, kk, assign, coarse, *lists, out);
       ivf_->search_preassigned(n_q, q, kk, assign.data(), coarse.data(), dist.data(), labels.data(), false);
     } else {
       ivf_->search(n_q, q, kk, dist.data(), labels.data());
@@ -110,6 +111,50 @@ class ivfpq_index final : public key_index {
 
  private:
   bool trained() const { return ivf_ != nullptr; }
+
+  // The lists, when this index's search can scan them itself: 8-bit codes in
+  // faiss's in-memory lists (faiss's IndexIVFPQ is by residual: a key's inner
+  // product is q . centroid + the PQ table's terms).
+  const faiss::ArrayInvertedLists* own_scan_lists() const {
+    if (ivf_->pq.nbits != 8 || !ivf_->by_residual || ivf_->metric_type != faiss::METRIC_INNER_PRODUCT) return nullptr;
+    return dynamic_cast<const faiss::ArrayInvertedLists*>(ivf_->invlists);
+  }
+
+  // What faiss's IVF-PQ scan computes, with the per-query table in SIMD
+  // (dots_f32) and the codes summed by pq_scan: per row, the kk keys of the
+  // largest approximate q . key over the assigned lists, largest first (ties
+  // to the smaller slot), appended to out.
+  void scan_rows(const float* q, int n_q, faiss::Index::idx_t kk, const std::vector<faiss::Index::idx_t>& assign,
+                 const std::vector<float>& coarse, const faiss::ArrayInvertedLists& lists,
+                 std::vector<std::int32_t>& out) const {
+    const faiss::ProductQuantizer& pq = ivf_->pq;
+    const int m_sub = static_cast<int>(pq.M), ksub = static_cast<int>(pq.ksub), dsub = static_cast<int>(pq.dsub);
+    thread_local std::vector<float> table, scores;
+    thread_local std::vector<std::pair<float, faiss::Index::idx_t>> cand;
+    table.resize(static_cast<std::size_t>(m_sub) * ksub);
+    const auto nprobe = static_cast<std::size_t>(ivf_->nprobe);
+    for (int r = 0; r < n_q; ++r) {
+      const float* qr = q + static_cast<std::size_t>(r) * head_dim_;
+      for (int m = 0; m < m_sub; ++m)
+        dots_f32(qr + static_cast<std::size_t>(m) * dsub, pq.centroids.data() + static_cast<std::size_t>(m) * ksub * dsub,
+                 ksub, dsub, table.data() + static_cast<std::size_t>(m) * ksub);
+      cand.clear();
+      for (std::size_t j = 0; j < nprobe; ++j) {
+        const faiss::Index::idx_t l = assign[static_cast<std::size_t>(r) * nprobe + j];
+        if (l < 0) continue;
+        const auto& ids = lists.ids[static_cast<std::size_t>(l)];
+        const int n = static_cast<int>(ids.size());
+        scores.resize(static_cast<std::size_t>(n));
+        pq_scan(table.data(), m_sub, lists.codes[static_cast<std::size_t>(l)].data(), n,
+                coarse[static_cast<std::size_t>(r) * nprobe + j], scores.data());
+        for (int i = 0; i < n; ++i) cand.emplace_back(scores[static_cast<std::size_t>(i)], ids[static_cast<std::size_t>(i)]);
+      }
+      const auto take = static_cast<std::ptrdiff_t>(std::min<std::size_t>(static_cast<std::size_t>(kk), cand.size()));
+      auto better = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+      std::partial_sort(cand.begin(), cand.begin() + take, cand.end(), better);
+      for (std::ptrdiff_t i = 0; i < take; ++i) out.push_back(static_cast<std::int32_t>(cand[static_cast<std::size_t>(i)].second));
+    }
+  }
 
   // What faiss's coarse quantizer (IndexFlatIP) gives a search: per row the
   // nprobe lists of the largest q . centroid, in descending order (ties to

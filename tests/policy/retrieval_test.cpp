@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <set>
@@ -190,10 +191,12 @@ TEST(retrieval_index, ivfpq_exact_until_trained_then_bounded_recall) {
   EXPECT_LT(ix->memory_bytes(), static_cast<std::size_t>(n) * hd * sizeof(float));
 }
 
-// Picking the lists to visit ourselves (own_coarse, the default) finds what
-// faiss's own coarse quantizer finds: the same keys in the same order, with
-// a real head_dim and fewer lists probed than there are.
-TEST(retrieval_index, ivfpq_own_coarse_assignment_equals_faiss_search) {
+// Searching ourselves (own_coarse, the default: the lists picked with SIMD
+// inner products, the PQ table in SIMD, the codes summed by pq_scan) finds
+// what faiss's own search finds, with a real head_dim and fewer lists probed
+// than there are: the same keys, in the same order but where two scores
+// tie to the last bits (the inner products are summed in another order).
+TEST(retrieval_index, ivfpq_own_search_equals_faiss_search) {
   const int hd = 128, k = 32, n = 12000;
   ivfpq_params p;
   p.nlist = 64;
@@ -214,7 +217,8 @@ TEST(retrieval_index, ivfpq_own_coarse_assignment_equals_faiss_search) {
   test::simd_level_guard guard;
   for (simd_level l : test::simd_levels_to_run()) {
     set_simd_level(l);
-    int same = 0;
+    int same_order = 0;
+    double overlap = 0;
     const int n_q = 24;
     for (int t = 0; t < n_q; ++t) {
       const auto rows = gaussian(static_cast<std::size_t>(4) * hd, 400 + t);
@@ -222,11 +226,33 @@ TEST(retrieval_index, ivfpq_own_coarse_assignment_equals_faiss_search) {
       mine->search_rows(rows.data(), 4, hd, k, got);
       theirs->search_rows(rows.data(), 4, hd, k, want);
       ASSERT_EQ(got.size(), want.size()) << simd_level_name(l);
-      same += got == want;
+      same_order += got == want;
+      std::sort(got.begin(), got.end());
+      std::sort(want.begin(), want.end());
+      std::vector<std::int32_t> both;
+      std::set_intersection(got.begin(), got.end(), want.begin(), want.end(), std::back_inserter(both));
+      overlap += static_cast<double>(both.size()) / static_cast<double>(want.size());
     }
-    // Inner products summed in another order may swap two lists whose scores
-    // tie to the last bits; with Gaussian queries that does not happen here.
-    EXPECT_EQ(same, n_q) << simd_level_name(l);
+    EXPECT_GE(same_order, n_q - 2) << simd_level_name(l);
+    EXPECT_GE(overlap / n_q, 0.995) << simd_level_name(l);
+  }
+}
+
+// pq_scan against the sum written out, code by code, in m order: bit for bit.
+TEST(retrieval_index, pq_scan_sums_the_table_in_order) {
+  for (int m_sub : {1, 4, 16}) {
+    const auto table = gaussian(static_cast<std::size_t>(m_sub) * 256, 31);
+    for (int n : {0, 1, 3, 4, 5, 17}) {
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(n) * m_sub);
+      for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>((i * 37 + 11) % 256);
+      std::vector<float> got(static_cast<std::size_t>(n));
+      pq_scan(table.data(), m_sub, codes.data(), n, 0.25f, got.data());
+      for (int i = 0; i < n; ++i) {
+        float want = 0.25f;
+        for (int m = 0; m < m_sub; ++m) want += table[static_cast<std::size_t>(m) * 256 + codes[static_cast<std::size_t>(i) * m_sub + m]];
+        EXPECT_EQ(got[i], want) << "m_sub " << m_sub << " n " << n << " code " << i;
+      }
+    }
   }
 }
 
