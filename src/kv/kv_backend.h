@@ -36,7 +36,6 @@
 // before classes existed: block_class 0 and layout() for every block.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -175,12 +174,6 @@ class kv_backend {
   virtual int block_class(block_id b) const { return 0; }
   // Bytes of b's read_block / write_block: its class's tile_bytes_per_block().
   std::size_t block_bytes(block_id b) const { return class_layout(block_class(b)).tile_bytes_per_block(); }
-  // The most bytes any block's read_block takes (a buffer for every class).
-  std::size_t max_block_bytes() const {
-    std::size_t most = 0;
-    for (int c = 0; c < n_classes(); ++c) most = std::max(most, class_layout(c).tile_bytes_per_block());
-    return most;
-  }
 
   // Stores K and V of n consecutive tokens of one sequence into KV slots
   // [slot, slot + n) of its table. k and v are [n][n_kv_heads][head_dim].

@@ -618,7 +618,6 @@ TEST(kv_storage_classes, each_block_is_stored_in_its_class) {
   EXPECT_EQ(s.layout().k_formats[0].type, kv_type::f16);
   EXPECT_EQ(s.class_layout(1).k_formats[1].type, kv_type::int2);
   EXPECT_EQ(s.block_bytes(block_id(12)), class_fixture::layout_of(2).tile_bytes_per_block());
-  EXPECT_EQ(s.max_block_bytes(), class_fixture::layout_of(0).tile_bytes_per_block());
   // Every class's blocks, and staging slots sized for the class that stages most.
   std::size_t want = 0;
   const std::int64_t counts[3] = {6, 5, 6};
