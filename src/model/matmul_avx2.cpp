@@ -143,7 +143,11 @@ void avx2_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_
 // q8_0 / q4_0 tiles (plain layout)
 // ---------------------------------------------------------------------------
 
-template <tensor_type T>
+// Stream (decode, one row, a 1 x 1 tile): prefetch k_decode_prefetch_bytes
+// down the weight stream as it goes (matmul_internal.h) instead of the next
+// tile into L2 before it (block_cols' Prefetch); about 2x the 2 x 4 tile's
+// speed from memory for q8_0 (bench/RESULTS.md).
+template <tensor_type T, bool Stream>
 struct q_tile {
   template <int R, int C>
   struct shape {
@@ -152,9 +156,9 @@ struct q_tile {
   };
 };
 
-template <tensor_type T>
+template <tensor_type T, bool Stream>
 template <int R, int C>
-void q_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, std::int64_t n_in,
+void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, std::int64_t n_in,
                                  const std::byte* w, std::size_t w_stride, float* y, std::int64_t ldy) {
   constexpr std::size_t block_bytes = T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
   const std::int64_t nb = n_in / k_block;
@@ -165,6 +169,8 @@ void q_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, s
   __m256 acc[R][C];
   zero_tile(acc, _mm256_setzero_ps());
   for (std::int64_t b = 0; b < nb; ++b) {
+    if constexpr (Stream)
+      _mm_prefetch(reinterpret_cast<const char*>(w + b * block_bytes + k_decode_prefetch_bytes), _MM_HINT_T0);
     __m256i xv[R], corr[R];
     __m256 dx[R];
 #pragma GCC unroll 8
@@ -210,6 +216,12 @@ bool has_avx2_kernel(tensor_type t) {
   return !is_quantized(t) || t == tensor_type::q8_0 || t == tensor_type::q4_0 || has_kq_kernel_avx2(t);
 }
 
+template <tensor_type T>
+void q_cols(const job& jb, std::int64_t c0, std::int64_t c1) {
+  if (jb.m == 1) return block_cols<q_tile<T, true>::template shape, 1, 1, false>(jb, c0, c1);
+  block_cols<q_tile<T, false>::template shape, k_qr, k_tc, true>(jb, c0, c1);
+}
+
 std::size_t avx2_pack_bytes(tensor_type t, std::int64_t n_in) {
   return has_avx2_kernel(t) ? 0 : generic_pack_bytes(t, n_in);
 }
@@ -219,8 +231,8 @@ void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack)
     case tensor_type::f32: return float_cols<f_tile<tensor_type::f32>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::f16: return float_cols<f_tile<tensor_type::f16>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_tc>(jb, c0, c1);
-    case tensor_type::q8_0: return block_cols<q_tile<tensor_type::q8_0>::shape, k_qr, k_tc, true>(jb, c0, c1);
-    case tensor_type::q4_0: return block_cols<q_tile<tensor_type::q4_0>::shape, k_qr, k_tc, true>(jb, c0, c1);
+    case tensor_type::q8_0: return q_cols<tensor_type::q8_0>(jb, c0, c1);
+    case tensor_type::q4_0: return q_cols<tensor_type::q4_0>(jb, c0, c1);
     case tensor_type::q4_k:
     case tensor_type::q6_k: return kq_cols_avx2(jb, c0, c1);
     default: return generic_quant_cols(jb, c0, c1, pack);

@@ -47,6 +47,7 @@ constexpr int k_qc = 4;  // q tile: columns
 // arithmetic and pays off only when several rows share the packed tile.
 constexpr int k_inplace_max_rows = 3;
 constexpr int k_inplace_rows = 2;  // in-place tile: rows (all of them)
+constexpr int k_inplace_cols = 1;  // and one column: one weight stream (k_decode_prefetch_bytes)
 
 // Packed weight group: w'[8][64] u8 + dw[16] f32 (+ mw[16] f32 for q4_1 / q5_1).
 constexpr std::size_t group_pack_bytes(bool has_min) { return has_min ? 640 : 576; }
@@ -378,7 +379,9 @@ void q_tile<MIN>::shape<R, C>::run(const std::byte* act, std::size_t act_stride,
 // dword lanes, and reduce_blocks gathers the sixteen exact block sums into
 // lane p = block p, the lane q_tile's packed layout gives them. From there the
 // float steps are q_tile's own (init, scale, fma), so a row's outputs are
-// bitwise those of the packed kernel (matmul.h's batch invariance).
+// bitwise those of the packed kernel (matmul.h's batch invariance). The tiles
+// are one column wide and prefetch down the weight stream
+// (k_decode_prefetch_bytes).
 // ---------------------------------------------------------------------------
 
 // v[q] holds the partial sums of block 2q in lanes 0-7 and of block 2q + 1 in
@@ -490,9 +493,9 @@ void inplace_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_str
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       const std::byte* wg = w + c * w_stride + g * group_bytes;
-      // The same group one tile ahead (the next tile's rows follow), into L1.
+      // Further down the column range's stream of rows, into L1.
       for (std::size_t o = 0; o < group_bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(wg + C * w_stride + o), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wg + k_decode_prefetch_bytes + o), _MM_HINT_T0);
       __m512i v[R][8];
 #pragma GCC unroll 8
       for (int q = 0; q < 8; ++q) {
@@ -531,7 +534,7 @@ void inplace_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_str
 template <tensor_type T>
 void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end, std::byte* pack) {
   if (jb.m < k_inplace_max_rows)
-    return block_cols<inplace_tile<T>::template shape, k_inplace_rows, k_qc, false>(jb, col_begin, col_end);
+    return block_cols<inplace_tile<T>::template shape, k_inplace_rows, k_inplace_cols, false>(jb, col_begin, col_end);
   constexpr std::size_t pack_bytes = group_pack_bytes(has_min(T));
   const weight_view& w = *jb.w;
   const std::int64_t nb = w.n_in / k_block, ng = n_groups(w.n_in);

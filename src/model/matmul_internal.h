@@ -260,6 +260,15 @@ inline void store_tile(const V (&acc)[R][C], float* y, std::int64_t ldy, H&& hsu
     for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
 }
 
+// Decode (one activation row) reads every weight once, so its speed is the
+// memory's. Its tiles take one weight row (column) at a time: a column range's
+// rows are adjacent, so the kernel reads a single sequential stream, and it
+// prefetches into L1 this many bytes ahead in that stream as it goes. Four
+// columns read side by side with the next tile prefetched (the earlier decode
+// tiles) made four interleaved streams, which this VM served 15-25% slower at
+// one and two threads (bench/RESULTS.md, "Decode tiles read one stream").
+inline constexpr std::size_t k_decode_prefetch_bytes = 8192;
+
 // Fetches into L2 this row tile's share of the next column tile's weight rows, so
 // that the next tile's memory traffic overlaps this tile's arithmetic: each of
 // the ceil(m / R) row tiles of column tile c0 fetches its slice. With m <= R this
@@ -323,8 +332,8 @@ struct kq_act_rows {
 
 // Column kernel for super-block weights, every level the same: tiles of at
 // most R x C, each running K<nr, nc>::run(rows, weight rows, row stride,
-// super-blocks, y, ldy) straight from the file's bytes, the next tile's rows
-// prefetched meanwhile.
+// super-blocks, y, ldy) straight from the file's bytes (the kernels prefetch
+// as they go).
 template <template <int, int> class K, int R, int C>
 void kq_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
   const weight_view& w = *jb.w;

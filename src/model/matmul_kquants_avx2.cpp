@@ -24,6 +24,10 @@ namespace {
 
 constexpr int k_kr = 2;  // rows per tile
 constexpr int k_kc = 2;  // columns per tile
+// Decode (one row): one column at a time, one stream of weights prefetched
+// k_decode_prefetch_bytes ahead (matmul_internal.h); 1.2x the 2 x 2 tile's
+// speed from memory for q4_K and q6_K (bench/RESULTS.md).
+constexpr int k_decode_kc = 1;
 
 inline __m256i load256(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
@@ -113,8 +117,9 @@ struct fmt_q6_k {
   }
 };
 
-// y[r][c] for r < R, c < C.
-template <typename F>
+// y[r][c] for r < R, c < C. Stream: the decode tile's prefetch down the
+// stream instead of the same super-block one tile ahead.
+template <typename F, bool Stream>
 struct kq_tile {
   template <int R, int C>
   struct shape {
@@ -127,8 +132,9 @@ struct kq_tile {
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
           const std::byte* p = w + c * w_stride + static_cast<std::size_t>(b) * F::bytes;
-          for (std::size_t o = 0; o < F::bytes; o += 64)  // the same super-block one tile ahead
-            _mm_prefetch(reinterpret_cast<const char*>(p + C * w_stride + o), _MM_HINT_T0);
+          const std::size_t ahead = Stream ? k_decode_prefetch_bytes : C * w_stride;
+          for (std::size_t o = 0; o < F::bytes; o += 64)  // into L1 as it goes
+            _mm_prefetch(reinterpret_cast<const char*>(p + ahead + o), _MM_HINT_T0);
           F::load(p, cs[c]);
         }
         __m256i s[R][C];
@@ -217,9 +223,19 @@ void quantize_q8_k_avx2(const float* x, block_q8_k& out) {
 
 bool has_kq_kernel_avx2(tensor_type t) { return t == tensor_type::q4_k || t == tensor_type::q6_k; }
 
+namespace {
+
+template <typename F>
+void run_cols(const job& jb, std::int64_t c0, std::int64_t c1) {
+  if (jb.m == 1) return kq_cols<kq_tile<F, true>::template shape, 1, k_decode_kc>(jb, c0, c1);
+  kq_cols<kq_tile<F, false>::template shape, k_kr, k_kc>(jb, c0, c1);
+}
+
+}  // namespace
+
 void kq_cols_avx2(const job& jb, std::int64_t c0, std::int64_t c1) {
-  if (jb.w->type == tensor_type::q4_k) return kq_cols<kq_tile<fmt_q4_k>::template shape, k_kr, k_kc>(jb, c0, c1);
-  kq_cols<kq_tile<fmt_q6_k>::template shape, k_kr, k_kc>(jb, c0, c1);
+  if (jb.w->type == tensor_type::q4_k) return run_cols<fmt_q4_k>(jb, c0, c1);
+  run_cols<fmt_q6_k>(jb, c0, c1);
 }
 
 }  // namespace pagoda::matmul_detail

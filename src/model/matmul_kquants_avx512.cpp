@@ -31,9 +31,10 @@
 // pair's sequence is fixed by n_in alone (batch invariance, model/matmul.h):
 // tile shapes and threads only decide which pairs run side by side.
 //
-// Decode reads every weight once: each column's next super-block one tile
-// ahead is prefetched into L1 as it goes, and q4_K / q6_K run at 85-95% of the
-// machine's read bandwidth (bench/RESULTS.md).
+// Decode reads every weight once: its tiles take one column at a time and
+// prefetch k_decode_prefetch_bytes ahead in the column range's stream of rows
+// (matmul_internal.h); batch tiles prefetch each column's next super-block one
+// tile ahead.
 #include <immintrin.h>
 
 #include <cstring>
@@ -44,12 +45,13 @@
 namespace pagoda::matmul_detail {
 namespace {
 
-// Tile shapes: one row by four columns for decode (m < 3: the decoding of
-// weights dominates, so more columns give more independent work; in L2 this
-// ran q4_K twice as fast as 1 x 2), three rows by two columns for batches
-// (weights decoded once for three rows). Threads split columns on multiples of
-// four, so both shapes keep whole tiles.
-constexpr int k_decode_rows = 1, k_decode_cols = 4;
+// Tile shapes: one row by one column for decode (m < 3), reading one stream
+// of weights: from L2 four columns side by side give more independent work
+// (q4_K 1.2x, q6_K 1.1x faster), but from memory, where decode runs, one
+// stream reads 1.15-1.25x faster (bench/RESULTS.md); three rows by two columns
+// for batches (weights decoded once for three rows). Threads split columns on
+// multiples of four, so both shapes keep whole tiles.
+constexpr int k_decode_rows = 1, k_decode_cols = 1;
 constexpr int k_batch_rows = 3, k_batch_cols = 2;
 constexpr int k_col_tile = 4;
 
@@ -318,7 +320,9 @@ struct fmt_iq3_s {
 // ---------------------------------------------------------------------------
 
 
-template <typename F>
+// Stream: the decode tiles' prefetch (k_decode_prefetch_bytes down the
+// stream) instead of the same super-block one tile ahead.
+template <typename F, bool Stream>
 struct kq_tile {
   template <int R, int C>
   struct shape {
@@ -327,9 +331,9 @@ struct kq_tile {
   };
 };
 
-template <typename F>
+template <typename F, bool Stream>
 template <int R, int C>
-void kq_tile<F>::shape<R, C>::run(const kq_act_rows& a, const std::byte* w, std::size_t w_stride, std::int64_t nsb,
+void kq_tile<F, Stream>::shape<R, C>::run(const kq_act_rows& a, const std::byte* w, std::size_t w_stride, std::int64_t nsb,
                                   float* y, std::int64_t ldy) {
   __m512 acc[R][C];
   zero_tile(acc, _mm512_setzero_ps());
@@ -338,12 +342,12 @@ void kq_tile<F>::shape<R, C>::run(const kq_act_rows& a, const std::byte* w, std:
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       const std::byte* p = w + c * w_stride + static_cast<std::size_t>(b) * F::bytes;
-      // The same super-block one tile ahead: the tiles of a column range are
-      // consecutive rows, so this streams the next tile into L1 while this one
-      // computes (where it ran one tile ahead into L2 at the tile's start,
-      // q6_K decode reached half the read bandwidth; with this, about all of it).
+      // Into L1 as it goes (the tiles of a column range are consecutive rows);
+      // where batch tiles fetched the next tile into L2 at the tile's start,
+      // q6_K reached half the read bandwidth.
+      const std::size_t ahead = Stream ? k_decode_prefetch_bytes : C * w_stride;
       for (std::size_t o = 0; o < F::bytes; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(p + C * w_stride + o), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + ahead + o), _MM_HINT_T0);
       cs[c] = F::load(p);
     }
     __m512i s[R][C];
@@ -451,8 +455,9 @@ void quantize_q8_k(const float* x, std::int8_t* qs, const int* dst, float* d, st
 
 template <typename F>
 void run_cols(const job& jb, std::int64_t c0, std::int64_t c1) {
-  if (jb.m < k_batch_rows) return kq_cols<kq_tile<F>::template shape, k_decode_rows, k_decode_cols>(jb, c0, c1);
-  kq_cols<kq_tile<F>::template shape, k_batch_rows, k_batch_cols>(jb, c0, c1);
+  if (jb.m < k_batch_rows)
+    return kq_cols<kq_tile<F, true>::template shape, k_decode_rows, k_decode_cols>(jb, c0, c1);
+  kq_cols<kq_tile<F, false>::template shape, k_batch_rows, k_batch_cols>(jb, c0, c1);
 }
 
 }  // namespace
