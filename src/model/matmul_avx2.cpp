@@ -159,7 +159,7 @@ struct q_tile {
 template <tensor_type T, bool Stream>
 template <int R, int C>
 void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, std::int64_t n_in,
-                                 const std::byte* w, std::size_t w_stride, float* y, std::int64_t ldy) {
+                                         const std::byte* w, std::size_t w_stride, float* y, std::int64_t ldy) {
   constexpr std::size_t block_bytes = T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
   const std::int64_t nb = n_in / k_block;
   const std::size_t d_off = plain_qs_bytes(n_in);

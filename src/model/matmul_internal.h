@@ -265,7 +265,7 @@ inline void store_tile(const V (&acc)[R][C], float* y, std::int64_t ldy, H&& hsu
 // rows are adjacent, so the kernel reads a single sequential stream, and it
 // prefetches into L1 this many bytes ahead in that stream as it goes. Four
 // columns read side by side with the next tile prefetched (the earlier decode
-// tiles) made four interleaved streams, which this VM served 15-25% slower at
+// tiles) made four interleaved streams, which this VM served 15-30% slower at
 // one and two threads (bench/RESULTS.md, "Decode tiles read one stream").
 inline constexpr std::size_t k_decode_prefetch_bytes = 8192;
 

@@ -25,8 +25,8 @@ namespace {
 constexpr int k_kr = 2;  // rows per tile
 constexpr int k_kc = 2;  // columns per tile
 // Decode (one row): one column at a time, one stream of weights prefetched
-// k_decode_prefetch_bytes ahead (matmul_internal.h); 1.2x the 2 x 2 tile's
-// speed from memory for q4_K and q6_K (bench/RESULTS.md).
+// k_decode_prefetch_bytes ahead (matmul_internal.h); 1.04-1.2x the 2 x 2
+// tile's speed from memory for q4_K and q6_K (bench/RESULTS.md).
 constexpr int k_decode_kc = 1;
 
 inline __m256i load256(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }

@@ -47,8 +47,9 @@ namespace {
 
 // Tile shapes: one row by one column for decode (m < 3), reading one stream
 // of weights: from L2 four columns side by side give more independent work
-// (q4_K 1.2x, q6_K 1.1x faster), but from memory, where decode runs, one
-// stream reads 1.15-1.25x faster (bench/RESULTS.md); three rows by two columns
+// (q4_K 1.2x, q6_K 1.1x faster), but from memory, where decode runs, the one
+// column was 1.04-1.35x faster at one and two threads but for q5_K at one
+// thread (0.97x; bench/RESULTS.md); three rows by two columns
 // for batches (weights decoded once for three rows). Threads split columns on
 // multiples of four, so both shapes keep whole tiles.
 constexpr int k_decode_rows = 1, k_decode_cols = 1;
@@ -333,8 +334,8 @@ struct kq_tile {
 
 template <typename F, bool Stream>
 template <int R, int C>
-void kq_tile<F, Stream>::shape<R, C>::run(const kq_act_rows& a, const std::byte* w, std::size_t w_stride, std::int64_t nsb,
-                                  float* y, std::int64_t ldy) {
+void kq_tile<F, Stream>::shape<R, C>::run(const kq_act_rows& a, const std::byte* w, std::size_t w_stride,
+                                          std::int64_t nsb, float* y, std::int64_t ldy) {
   __m512 acc[R][C];
   zero_tile(acc, _mm512_setzero_ps());
   for (std::int64_t b = 0; b < nsb; ++b) {

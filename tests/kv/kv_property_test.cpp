@@ -173,7 +173,9 @@ class harness {
     EXPECT_GT(n_truncates_, 0);
     if (m_.n_classes() > 1) {
       EXPECT_GT(n_class_blocks_, 0);
-      if (m_.prefix_caching_enabled()) EXPECT_GT(n_class_hits_, 0);
+      if (m_.prefix_caching_enabled()) {
+        EXPECT_GT(n_class_hits_, 0);
+      }
     }
     if (window_ == 0) {
       EXPECT_GT(n_drops_, 0);

@@ -319,7 +319,9 @@ TEST(openai_request, chat_policies_by_role_and_message) {
   for (std::size_t i = 0; i < q.segments.size(); ++i) {
     EXPECT_LT(q.segments[i].begin, q.segments[i].end);
     EXPECT_LE(q.segments[i].end, static_cast<std::int32_t>(q.prompt.size()));
-    if (i > 0) EXPECT_LE(q.segments[i - 1].end, q.segments[i].begin);
+    if (i > 0) {
+      EXPECT_LE(q.segments[i - 1].end, q.segments[i].begin);
+    }
   }
   // The first user message's tokens decode to its text.
   const std::string text = ctx.vocab->decode(std::span<const token_id>(q.prompt).subspan(
