@@ -48,6 +48,10 @@ inline __m256 load_w8(const std::byte* p) {
 }
 
 // y[r][c] for r < R, c < C: rows of x at x + r * ldx, weight rows at w + c * w_stride.
+// Decode uses these tiles too: a one-column tile streaming its weights
+// (the AVX-512 decode tiles) ran f16 at 0.85x and f32 at 0.96-1.03x of the
+// 3 x 4 tile at one thread here (eight lanes: one accumulator's FMA latency
+// bounds it), and 1 x 2 / 1 x 4 stream tiles at 0.76-0.98x (bench/RESULTS.md).
 template <tensor_type T>
 struct f_tile {
   template <int R, int C>

@@ -74,7 +74,11 @@ constexpr std::size_t elem_bytes() {
 }
 
 // y[r][c] for r < R, c < C: rows of x at x + r * ldx, weight rows at w + c * w_stride.
-template <tensor_type T>
+// Stream (decode, one row, one column): prefetch k_decode_prefetch_bytes down
+// the weight stream as it goes (matmul_internal.h) instead of the next tile
+// into L2 before it; f16 1.45x the 1 x 5 tile's speed from memory
+// (bench/RESULTS.md).
+template <tensor_type T, bool Stream>
 struct f_tile {
   template <int R, int C>
   struct shape {
@@ -83,10 +87,10 @@ struct f_tile {
   };
 };
 
-template <tensor_type T>
+template <tensor_type T, bool Stream>
 template <int R, int C>
-void f_tile<T>::shape<R, C>::run(const float* x, std::int64_t ldx, const std::byte* w, std::size_t w_stride,
-                                 std::int64_t n, float* y, std::int64_t ldy) {
+void f_tile<T, Stream>::shape<R, C>::run(const float* x, std::int64_t ldx, const std::byte* w, std::size_t w_stride,
+                                         std::int64_t n, float* y, std::int64_t ldy) {
   __m512 acc[R][C];
   zero_tile(acc, _mm512_setzero_ps());
   // One k step: the same operations for full chunks and for the masked tail.
@@ -102,7 +106,15 @@ void f_tile<T>::shape<R, C>::run(const float* x, std::int64_t ldx, const std::by
     }
   };
   std::int64_t k = 0;
-  for (; k + 16 <= n; k += 16) step(k, __mmask16(0xffff));
+  for (; k + 16 <= n; k += 16) {
+    if constexpr (Stream)
+      if (k * elem_bytes<T>() % 64 == 0)  // each cache line once
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(w + c * w_stride + k * elem_bytes<T>() + k_decode_prefetch_bytes),
+                       _MM_HINT_T0);
+    step(k, __mmask16(0xffff));
+  }
   if (k < n) step(k, static_cast<__mmask16>((1u << (n - k)) - 1));
   store_tile(acc, y, ldy, hsum16);
 }
@@ -552,6 +564,13 @@ void quant_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end, std
   });
 }
 
+// Float weights: one-column stream tiles for decode, register tiles otherwise.
+template <tensor_type T>
+void f_cols(const job& jb, std::int64_t c0, std::int64_t c1) {
+  if (jb.m == 1) return float_cols<f_tile<T, true>::template shape, 1, 1, false>(jb, c0, c1);
+  float_cols<f_tile<T, false>::template shape, k_fr, k_fc>(jb, c0, c1);
+}
+
 std::size_t avx512_act_row_bytes(tensor_type t, std::int64_t n_in) {
   if (uses_groups(t)) return grouped_act_row_bytes(t, n_in);
   return is_quantized(t) ? kq_act_row_bytes_avx512(t, n_in) : 0;
@@ -570,9 +589,9 @@ std::size_t avx512_pack_bytes(tensor_type t, std::int64_t n_in) {
 
 void avx512_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack) {
   switch (jb.w->type) {
-    case tensor_type::f32: return float_cols<f_tile<tensor_type::f32>::shape, k_fr, k_fc>(jb, c0, c1);
-    case tensor_type::f16: return float_cols<f_tile<tensor_type::f16>::shape, k_fr, k_fc>(jb, c0, c1);
-    case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_fc>(jb, c0, c1);
+    case tensor_type::f32: return f_cols<tensor_type::f32>(jb, c0, c1);
+    case tensor_type::f16: return f_cols<tensor_type::f16>(jb, c0, c1);
+    case tensor_type::bf16: return f_cols<tensor_type::bf16>(jb, c0, c1);
     case tensor_type::q8_0: return quant_cols<tensor_type::q8_0>(jb, c0, c1, pack);
     case tensor_type::q4_0: return quant_cols<tensor_type::q4_0>(jb, c0, c1, pack);
     case tensor_type::q4_1: return quant_cols<tensor_type::q4_1>(jb, c0, c1, pack);

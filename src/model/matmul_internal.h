@@ -288,13 +288,15 @@ inline void prefetch_next_tile(const std::byte* wbase, std::size_t row_bytes, st
 
 // Column kernel for float weights, the same at every level: tiles of at most
 // R x C, each running K<nr, nc>::run(x rows, ldx, weight rows, row stride, n_in,
-// y, ldy) straight from the weights, the next tile's rows prefetched meanwhile.
-template <template <int, int> class K, int R, int C>
+// y, ldy) straight from the weights; with Prefetch, the next tile's rows are
+// fetched into L2 meanwhile (decode tiles, which prefetch as they go, pass
+// false).
+template <template <int, int> class K, int R, int C, bool Prefetch = true>
 void float_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
   const weight_view& w = *jb.w;
   const auto* wbase = static_cast<const std::byte*>(w.data);
   for_each_tile<R, C>(jb.m, col_begin, col_end, [&](std::int64_t r0, int nr, std::int64_t c0, int nc) {
-    prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
+    if constexpr (Prefetch) prefetch_next_tile(wbase, w.row_bytes, c0, C, col_end, r0, R, jb.m);
     tiles<K, R, C>.at(nr, nc)(jb.x + r0 * w.n_in, w.n_in, wbase + static_cast<std::size_t>(c0) * w.row_bytes,
                               w.row_bytes, w.n_in, jb.y + r0 * w.n_out + c0, w.n_out);
   });
