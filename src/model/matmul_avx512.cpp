@@ -76,7 +76,7 @@ constexpr std::size_t elem_bytes() {
 // y[r][c] for r < R, c < C: rows of x at x + r * ldx, weight rows at w + c * w_stride.
 // Stream (decode, one row, one column): prefetch k_decode_prefetch_bytes down
 // the weight stream as it goes (matmul_internal.h) instead of the next tile
-// into L2 before it; f16 1.45x the 1 x 5 tile's speed from memory
+// into L2 before it; f16 1.39x the 1 x 5 tile's speed from memory
 // (bench/RESULTS.md).
 template <tensor_type T, bool Stream>
 struct f_tile {
