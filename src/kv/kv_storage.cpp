@@ -12,16 +12,19 @@
 namespace pagoda {
 namespace {
 
-// Anonymous, lazily zeroed memory, backed by huge pages where the kernel allows
-// (attention reads tiles at scattered addresses: one TLB entry per 2 MiB
-// instead of per 4 KiB tile). The advice is a hint; failing it changes nothing.
+// Anonymous, lazily zeroed memory in base pages, touched as blocks are first
+// written. Not MADV_HUGEPAGE: the arenas are head-major, so the first block
+// touches one page per (layer, K|V, KV head) (64 on a 4-layer 8-head model),
+// and a huge page there is 2 MiB the fault must find and zero. Where memory
+// is fragmented (the page cache full of model files) the kernel compacts for
+// each, synchronously: a fresh process's first prompt took 30-830 ms with the
+// advice and 23-28 ms without (3 tokens, a 128 MiB pool), and a 512-token
+// prompt 1.5x longer. Huge pages made decode attention at 32K tokens 2-6%
+// faster (fewer TLB misses); a step's latency matters more (bench/RESULTS.md,
+// "KV pool pages").
 void* map_zeroed(std::size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-#ifdef MADV_HUGEPAGE
-  if (bytes >= (std::size_t{2} << 20)) madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-  return p;
+  return p == MAP_FAILED ? nullptr : p;
 }
 
 }  // namespace
