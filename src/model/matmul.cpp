@@ -139,13 +139,22 @@ constexpr std::int64_t k_parallel_min_macs = std::int64_t{1} << 18;
 // barrier per matmul made every call wait for a descheduled worker).
 constexpr std::int64_t k_chunks_per_thread = 8;
 
+// The job's rows r0 .. r0 + rows.
+job rows_of(const job& jb, std::int64_t r0, std::int64_t rows) {
+  const std::int64_t n_in = jb.w->n_in, n_out = jb.w->n_out;
+  return job{jb.w, jb.x + r0 * n_in, jb.act + static_cast<std::size_t>(r0) * jb.act_row_bytes,
+             jb.act_row_bytes, std::min(rows, jb.m - r0), jb.y + r0 * n_out};
+}
+
 struct run_ctx {
   const kernel_set* ks;
   job jb;
   std::byte* pack_base;
   std::size_t pack_stride;
   std::int64_t chunk_cols;  // a multiple of the column tile
-  std::int64_t n_chunks;
+  std::int64_t n_col_chunks;
+  std::int64_t block_rows;  // rows per row block
+  std::int64_t n_chunks;    // row blocks x column chunks
   alignas(64) std::atomic<std::int64_t> next_chunk;
 };
 
@@ -154,6 +163,12 @@ struct run_ctx {
 namespace matmul_detail {
 
 const kernel_set& kernels_scalar() { return k_scalar_kernels; }
+
+std::int64_t row_block_of(std::size_t act_row, std::int64_t m) {
+  if (act_row == 0) return m;
+  const auto rows = static_cast<std::int64_t>(k_row_block_bytes / act_row) / k_row_block_multiple;
+  return std::min(m, std::max<std::int64_t>(1, rows) * k_row_block_multiple);
+}
 
 namespace {
 
@@ -260,22 +275,27 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
 
   auto* base = static_cast<std::byte*>(scratch.reserve(act_bytes + pack_stride * static_cast<std::size_t>(nth)));
   if (quant) ks.prepare(w.type, x, m, w.n_in, base, act_row);
+  const job all{&w, x, base, act_row, m, y};
+  const std::int64_t block_rows = row_block_of(act_row, m);
   if (nth == 1) {
-    ks.cols(job{&w, x, base, act_row, m, y}, 0, w.n_out, base + act_bytes);
+    for (std::int64_t r0 = 0; r0 < m; r0 += block_rows)
+      ks.cols(rows_of(all, r0, block_rows), 0, w.n_out, base + act_bytes);
     return;
   }
   const std::int64_t tiles_per_chunk = std::max<std::int64_t>(1, n_tiles / (nth * k_chunks_per_thread));
   const std::int64_t chunk_cols = tiles_per_chunk * col_tile;
-  run_ctx ctx{&ks, job{&w, x, base, act_row, m, y}, base + act_bytes, pack_stride, chunk_cols,
-              (w.n_out + chunk_cols - 1) / chunk_cols, {0}};
+  const std::int64_t n_col_chunks = (w.n_out + chunk_cols - 1) / chunk_cols;
+  const std::int64_t n_chunks = n_col_chunks * ((m + block_rows - 1) / block_rows);
+  run_ctx ctx{&ks, all, base + act_bytes, pack_stride, chunk_cols, n_col_chunks, block_rows, n_chunks, {0}};
   // Capture one pointer: std::function keeps it inline, with no allocation.
   run_ctx* c = &ctx;
   pool.run_shared([c](int ith, int) {
     std::byte* pack = c->pack_base + c->pack_stride * static_cast<std::size_t>(ith);
     for (std::int64_t i = c->next_chunk.fetch_add(1, std::memory_order_relaxed); i < c->n_chunks;
          i = c->next_chunk.fetch_add(1, std::memory_order_relaxed)) {
-      const std::int64_t b = i * c->chunk_cols;
-      c->ks->cols(c->jb, b, std::min(b + c->chunk_cols, c->jb.w->n_out), pack);
+      const std::int64_t b = i % c->n_col_chunks * c->chunk_cols;
+      c->ks->cols(rows_of(c->jb, i / c->n_col_chunks * c->block_rows, c->block_rows), b,
+                  std::min(b + c->chunk_cols, c->jb.w->n_out), pack);
     }
   });
 }

@@ -313,6 +313,42 @@ TEST(Matmul, BatchInvariantBitwise) {
   }
 }
 
+// A batch runs in row blocks that fit in L2 (matmul_detail::row_block_of): a
+// batch spanning several blocks, on 1-3 threads, gives each row the bits it
+// gets alone, and stays within the reference's bound.
+TEST(Matmul, RowBlocksKeepBatchInvariance) {
+  using namespace matmul_detail;
+  level_guard guard;
+  std::mt19937 rng(29);
+  constexpr std::int64_t n_in = 4096, n_out = 21;
+  const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
+  thread_pool pools[] = {thread_pool(1), thread_pool(2), thread_pool(3)};
+  for (simd_level level : k_levels) {
+    if (!use_level(level)) continue;
+    for (tensor_type t : k_quant_types) {
+      SCOPED_TRACE(testing::Message() << type_name(t) << " level " << simd_level_name(level));
+      const std::size_t act_row = sets[static_cast<int>(level)]->act_row_bytes(t, n_in);
+      const std::int64_t block = row_block_of(act_row, std::int64_t{1} << 20);
+      const std::int64_t m = 2 * block + 7;  // two whole blocks and a partial one
+      ASSERT_EQ(row_block_of(act_row, m), block);
+      weights w = make_weights(t, n_out, n_in, rng);
+      const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(m * n_in), -3.0f, 3.0f);
+      matmul_scratch scratch;
+      std::vector<float> alone(static_cast<std::size_t>(m * n_out)), y(alone.size());
+      for (std::int64_t i = 0; i < m; ++i)
+        matmul(w.view, x.data() + i * n_in, 1, alone.data() + i * n_out, pools[0], scratch);
+      for (thread_pool& pool : pools) {
+        std::fill(y.begin(), y.end(), NAN);
+        matmul(w.view, x.data(), m, y.data(), pool, scratch);
+        for (std::int64_t i = 0; i < m; ++i)
+          ASSERT_EQ(0, std::memcmp(y.data() + i * n_out, alone.data() + i * n_out, n_out * sizeof(float)))
+              << "row " << i << " of m=" << m << " (blocks of " << block << ") with " << pool.size() << " threads";
+      }
+      check_against_ref(t, m, n_in, n_out, pools[1], rng);
+    }
+  }
+}
+
 // Block-32 formats at AVX-512 read the weights in place below three rows
 // (decode) and pack them per column tile above: the two kernels must give the
 // same bits. Row lengths with whole groups of 16 blocks, a partial last group
