@@ -44,6 +44,13 @@ bool is_k(tensor_type t) { return act_format_of(t) == act_format::q8_k; }
 using test::level_guard;
 using test::use_level;
 
+// The kernels of one SIMD level (indexed as simd_level).
+const matmul_detail::kernel_set& level_kernels(simd_level level) {
+  const matmul_detail::kernel_set* sets[] = {&matmul_detail::kernels_scalar(), &matmul_detail::kernels_avx2(),
+                                             &matmul_detail::kernels_avx512()};
+  return *sets[static_cast<int>(level)];
+}
+
 // A weight matrix owning its bytes. row_bytes may exceed the dense row size
 // (padding between rows), which the kernels must honour.
 struct weights {
@@ -317,20 +324,18 @@ TEST(Matmul, BatchInvariantBitwise) {
 // batch spanning several blocks, on 1-3 threads, gives each row the bits it
 // gets alone, and stays within the reference's bound.
 TEST(Matmul, RowBlocksKeepBatchInvariance) {
-  using namespace matmul_detail;
   level_guard guard;
   std::mt19937 rng(29);
   constexpr std::int64_t n_in = 4096, n_out = 21;
-  const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
   thread_pool pools[] = {thread_pool(1), thread_pool(2), thread_pool(3)};
   for (simd_level level : k_levels) {
     if (!use_level(level)) continue;
     for (tensor_type t : k_quant_types) {
       SCOPED_TRACE(testing::Message() << type_name(t) << " level " << simd_level_name(level));
-      const std::size_t act_row = sets[static_cast<int>(level)]->act_row_bytes(t, n_in);
-      const std::int64_t block = row_block_of(act_row, std::int64_t{1} << 20);
+      const std::size_t act_row = level_kernels(level).act_row_bytes(t, n_in);
+      const std::int64_t block = matmul_detail::row_block_of(act_row, std::int64_t{1} << 20);
       const std::int64_t m = 2 * block + 7;  // two whole blocks and a partial one
-      ASSERT_EQ(row_block_of(act_row, m), block);
+      ASSERT_EQ(matmul_detail::row_block_of(act_row, m), block);
       weights w = make_weights(t, n_out, n_in, rng);
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(m * n_in), -3.0f, 3.0f);
       matmul_scratch scratch;
@@ -391,11 +396,10 @@ TEST(Matmul, ColumnTileShapeDoesNotChangeResults) {
   level_guard guard;
   std::mt19937 rng(21);
   constexpr std::int64_t n_out = 23, m = 7;
-  const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
   for (simd_level lv : k_levels) {
     const int level = static_cast<int>(lv);
     if (!use_level(lv)) continue;
-    const kernel_set& ks = *sets[level];
+    const kernel_set& ks = level_kernels(lv);
     for (tensor_type t : all_types()) {
       const std::int64_t n_in = !is_q(t) ? 37 : is_k(t) ? 512 : 96;
       weights w = make_weights(t, n_out, n_in, rng);
@@ -673,7 +677,6 @@ TEST(Quantize, SimdActivationQuantizersAreBitExact) {
   level_guard guard;
   std::mt19937 rng(11);
   constexpr std::int64_t m = 3;
-  const kernel_set* sets[] = {&kernels_scalar(), &kernels_avx2(), &kernels_avx512()};
   for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0, tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q4_1,
                         tensor_type::q5_1, tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k,
                         tensor_type::q6_k, tensor_type::iq4_xs, tensor_type::iq3_s}) {
@@ -696,7 +699,7 @@ TEST(Quantize, SimdActivationQuantizersAreBitExact) {
       const int level = static_cast<int>(lv);
       if (!use_level(lv)) continue;
       SCOPED_TRACE(testing::Message() << type_name(t) << " level " << level);
-      const kernel_set& ks = *sets[level];
+      const kernel_set& ks = level_kernels(lv);
       const std::size_t row_bytes = ks.act_row_bytes(t, n);
       aligned_buffer act(row_bytes * m);
       ks.prepare(t, x.data(), m, n, act.data(), row_bytes);
