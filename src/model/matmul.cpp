@@ -137,7 +137,14 @@ constexpr std::int64_t k_parallel_min_macs = std::int64_t{1} << 18;
 // computes alone. The pool runs this as a shared job: a worker that has not
 // started when the calling thread runs out of chunks is not waited for (a
 // barrier per matmul made every call wait for a descheduled worker).
-constexpr std::int64_t k_chunks_per_thread = 8;
+//
+// Chunks shrink as the call nears its end (guided scheduling): each takes
+// 1 / (k_guided_divisor x threads) of the tiles left, at least one, and none
+// crosses a row block. With equal chunks (8 per thread) the thread that
+// finished first waited half a chunk on average at every call's end, about
+// 15 us of a 2-thread decode matmul's 250 (bench/RESULTS.md, "Guided
+// chunks"); the last chunks are now one tile.
+constexpr std::int64_t k_guided_divisor = 2;
 
 // The job's rows r0 .. r0 + rows.
 job rows_of(const job& jb, std::int64_t r0, std::int64_t rows) {
@@ -151,12 +158,24 @@ struct run_ctx {
   job jb;
   std::byte* pack_base;
   std::size_t pack_stride;
-  std::int64_t chunk_cols;  // a multiple of the column tile
-  std::int64_t n_col_chunks;
+  std::int64_t col_tile;
+  std::int64_t n_tiles;     // column tiles per row block
   std::int64_t block_rows;  // rows per row block
-  std::int64_t n_chunks;    // row blocks x column chunks
-  alignas(64) std::atomic<std::int64_t> next_chunk;
+  std::int64_t total;       // row blocks x n_tiles
+  std::int64_t nth;
+  alignas(64) std::atomic<std::int64_t> next_tile;  // over row blocks x column tiles
 };
+
+// Claims the next chunk, tiles [g, g + take) of the index over row blocks x
+// column tiles; false when none are left.
+bool claim(run_ctx& c, std::int64_t& g, std::int64_t& take) {
+  g = c.next_tile.load(std::memory_order_relaxed);
+  do {
+    if (g >= c.total) return false;
+    take = std::clamp<std::int64_t>((c.total - g) / (k_guided_divisor * c.nth), 1, c.n_tiles - g % c.n_tiles);
+  } while (!c.next_tile.compare_exchange_weak(g, g + take, std::memory_order_relaxed));
+  return true;
+}
 
 }  // namespace
 
@@ -282,20 +301,17 @@ void matmul(const weight_view& w, const float* x, std::int64_t m, float* y, thre
       ks.cols(rows_of(all, r0, block_rows), 0, w.n_out, base + act_bytes);
     return;
   }
-  const std::int64_t tiles_per_chunk = std::max<std::int64_t>(1, n_tiles / (nth * k_chunks_per_thread));
-  const std::int64_t chunk_cols = tiles_per_chunk * col_tile;
-  const std::int64_t n_col_chunks = (w.n_out + chunk_cols - 1) / chunk_cols;
-  const std::int64_t n_chunks = n_col_chunks * ((m + block_rows - 1) / block_rows);
-  run_ctx ctx{&ks, all, base + act_bytes, pack_stride, chunk_cols, n_col_chunks, block_rows, n_chunks, {0}};
+  run_ctx ctx{&ks, all, base + act_bytes, pack_stride, col_tile, n_tiles, block_rows,
+              n_tiles * ((m + block_rows - 1) / block_rows), nth, {0}};
   // Capture one pointer: std::function keeps it inline, with no allocation.
   run_ctx* c = &ctx;
   pool.run_shared([c](int ith, int) {
     std::byte* pack = c->pack_base + c->pack_stride * static_cast<std::size_t>(ith);
-    for (std::int64_t i = c->next_chunk.fetch_add(1, std::memory_order_relaxed); i < c->n_chunks;
-         i = c->next_chunk.fetch_add(1, std::memory_order_relaxed)) {
-      const std::int64_t b = i % c->n_col_chunks * c->chunk_cols;
-      c->ks->cols(rows_of(c->jb, i / c->n_col_chunks * c->block_rows, c->block_rows), b,
-                  std::min(b + c->chunk_cols, c->jb.w->n_out), pack);
+    std::int64_t g = 0, take = 0;
+    while (claim(*c, g, take)) {
+      const std::int64_t t = g % c->n_tiles;
+      c->ks->cols(rows_of(c->jb, g / c->n_tiles * c->block_rows, c->block_rows), t * c->col_tile,
+                  std::min((t + take) * c->col_tile, c->jb.w->n_out), pack);
     }
   });
 }

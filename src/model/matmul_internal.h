@@ -67,8 +67,8 @@ const kernel_set& kernels_avx512();
 // block's rows, so with one block of 512 rows (2.4 MiB at n_in 4096) each
 // tile streamed them from the last-level cache, and a 512-token Q4_K_M prompt
 // ran 1.25x faster in steps of 128 tokens than in one of 512 (bench/RESULTS.md,
-// "Row blocks"). The weights are read once per block instead of once; a
-// block's columns are what every thread works through before the next block.
+// "Row blocks"). The weights are read once per block instead of once; no
+// chunk of columns a thread claims spans two blocks.
 // Blocks are multiples of 12 rows, so every kernel's row tile (2 or 3)
 // stays whole. Float weights read f32 rows directly and are not blocked.
 inline constexpr std::size_t k_row_block_bytes = std::size_t{512} << 10;
