@@ -15,9 +15,14 @@ usage:
       [--pagoda new-read=build/release/pagoda,--no-mmap]
       --model Q8_0=/tmp/l3-4l-q8_0.gguf [--model Q4_K_M=...] [--threads 1,2] [--rounds 3]
       [--batch] [--bandwidth build/release/bench/matmul_bench]
+      [--llama-bench /path/to/llama-bench,-fa,off]
 
 A binary's label may carry extra flags after commas (",--no-mmap": the weights
-read into memory instead of mapped).
+read into memory instead of mapped). With --llama-bench, llama.cpp's
+llama-bench runs each model and thread count once per round too (one
+repetition after its own warm-up), and a second table gives pagoda /
+llama.cpp as the median of each round's ratio. Neither llama.cpp nor its
+code is part of this project: bring your own build or distribution package.
 
 Files: pagoda synth --preset llama3-8b --layers 4 --ffn 4096 --vocab 512
 --weight-type {q8_0,Q4_K_M,Q5_K_M,q6_K} -o FILE (the oracle README's shapes).
@@ -134,6 +139,16 @@ def batch_once(pagoda, model, threads, n_gen, tmp):
     return json.loads(line)["decode_tokens_per_s"]
 
 
+def llama_bench_once(llama, model, threads, n_gen, no_prompt):
+    """llama-bench's pp512 and tg<n_gen> tokens/s (one repetition after its warm-up run)."""
+    args = [llama[0], "-m", model, "-p", "0" if no_prompt else "512", "-n", str(n_gen), "-t", str(threads),
+            "-r", "1", "-o", "json"] + llama[1:]
+    out = {}
+    for test in json.loads(sh(args).stdout):
+        out["pp" if test["n_prompt"] else "tg"] = test["avg_ts"]
+    return out
+
+
 def bandwidth(bench, threads):
     """The larger of matmul_bench's read bandwidths in 4 KiB and in 2 MiB pages."""
     if not bench:
@@ -141,6 +156,11 @@ def bandwidth(bench, threads):
     r = sh([bench, f"--benchmark_filter=read_bandwidth(_huge)?/threads:{threads}/", "--benchmark_min_time=0.3"])
     found = [float(x) for x in re.findall(r"GB/s=([0-9.]+)", r.stdout)]
     return max(found) if found else None
+
+
+def paired(res, a, b):
+    """The median over rounds of a / b, each round's two figures taken minutes apart at most."""
+    return statistics.median(x / y for x, y in zip(res[a], res[b]))
 
 
 def load_average():
@@ -157,8 +177,11 @@ def main():
     ap.add_argument("--no-prompt", action="store_true", help="skip pp512")
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--bandwidth", help="matmul_bench binary for the read bandwidth of each round")
+    ap.add_argument("--llama-bench", help="PATH[,ARG...] of llama.cpp's llama-bench, run in the same rounds "
+                    "(pp512 and tg128 of each model and thread count, one repetition per round)")
     a = ap.parse_args()
     binaries = [(p.split("=", 1)[0], p.split("=", 1)[1].split(",")) for p in a.pagoda]
+    llama = a.llama_bench.split(",") if a.llama_bench else None
     models = [m.split("=", 1) for m in a.model]
     threads = [int(t) for t in a.threads.split(",")]
 
@@ -193,6 +216,9 @@ def main():
                         res.setdefault(("pp",) + key, []).append(pp["prompt_tokens_per_s"])
                     if a.batch:
                         res.setdefault(("batch",) + key, []).append(batch_once(bp, mp, t, a.n_gen + 1, tmp))
+                if llama:
+                    for what, v in llama_bench_once(llama, mp, t, a.n_gen, a.no_prompt).items():
+                        res.setdefault((what, "llama.cpp", ml, t), []).append(v)
         loads.append(load_average())
         print(f"round {rnd + 1}/{a.rounds} done, {time.time() - t0:.0f} s, load {loads[-1]:.1f}", file=sys.stderr)
 
@@ -224,6 +250,28 @@ def main():
                     b = med[("batch",) + key]
                     row += [f"{b:.1f}", f"{b / tg:.2f}"]
                 print("| " + " | ".join(row) + " |")
+    if llama:
+        print()
+        print("Against llama.cpp (llama-bench in the same rounds): medians, and the median of each round's "
+              "ratio (pagoda / llama.cpp).")
+        print()
+        print("| weights | threads | binary | decode tok/s (run) | llama.cpp tg | run / llama.cpp |" +
+              (" batch / llama.cpp |" if a.batch else "") +
+              (" prompt 512 tok/s | llama.cpp pp512 | prompt / llama.cpp |" if not a.no_prompt else ""))
+        print("|---|---|---|---|---|---|" + ("---|" if a.batch else "") + ("---|---|---|" if not a.no_prompt else ""))
+        for ml, _ in models:
+            for t in threads:
+                lk = ("llama.cpp", ml, t)
+                for bl, _ in binaries:
+                    key = (bl, ml, t)
+                    row = [ml, str(t), bl, f"{med[('tg',) + key]:.1f}", f"{med[('tg',) + lk]:.1f}",
+                           f"{paired(res, ('tg',) + key, ('tg',) + lk):.2f}x"]
+                    if a.batch:
+                        row.append(f"{paired(res, ('batch',) + key, ('tg',) + lk):.2f}x")
+                    if not a.no_prompt:
+                        row += [f"{med[('pp',) + key]:.1f}", f"{med[('pp',) + lk]:.1f}",
+                                f"{paired(res, ('pp',) + key, ('pp',) + lk):.2f}x"]
+                    print("| " + " | ".join(row) + " |")
     print()
     print("raw (every round, in order):")
     for k, v in sorted(res.items()):
