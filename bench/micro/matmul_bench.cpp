@@ -148,8 +148,9 @@ void bm_read_bandwidth(benchmark::State& st, int threads, bool huge) {
   for (auto _ : st) {
     // One sequential stream per thread, prefetched into L1 as far ahead as the
     // decode tiles prefetch their weights (k_decode_prefetch_bytes): without
-    // it this loop read 20-23 GB/s at one thread where the q8_0 decode kernel
-    // read 35-37, so it was no limit.
+    // the prefetch the q8_0 decode kernel read more than this loop (110-122%
+    // of it in bench/decode_speed.py's runs), so it was no limit; with it the
+    // loop reads 1.1-1.2x more (bench/RESULTS.md, "The read-bandwidth limit").
     pool.parallel_for(n, [&](std::size_t b, std::size_t e) {
       constexpr std::size_t k_ahead = pagoda::matmul_detail::k_decode_prefetch_bytes / sizeof(std::uint64_t);
       std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
