@@ -286,6 +286,14 @@ TEST(Matmul, StoriesShapesAndPaddedRows) {
   }
 }
 
+// The outputs of x's first m rows, each row multiplied alone (m = 1).
+std::vector<float> rows_alone(const weight_view& w, const std::vector<float>& x, std::int64_t m, thread_pool& pool,
+                              matmul_scratch& scratch) {
+  std::vector<float> out(static_cast<std::size_t>(m * w.n_out));
+  for (std::int64_t i = 0; i < m; ++i) matmul(w, x.data() + i * w.n_in, 1, out.data() + i * w.n_out, pool, scratch);
+  return out;
+}
+
 // The CONTRACT: a row's outputs are bitwise the same alone or anywhere in a
 // batch of any size, on any number of threads.
 TEST(Matmul, BatchInvariantBitwise) {
@@ -302,9 +310,7 @@ TEST(Matmul, BatchInvariantBitwise) {
       weights w = make_weights(t, n_out, n_in, rng);
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(2 * k_rows * n_in), -3.0f, 3.0f);
       matmul_scratch scratch;
-      std::vector<float> alone(static_cast<std::size_t>(2 * k_rows * n_out));
-      for (std::int64_t i = 0; i < 2 * k_rows; ++i)
-        matmul(w.view, x.data() + i * n_in, 1, alone.data() + i * n_out, pools[0], scratch);
+      const std::vector<float> alone = rows_alone(w.view, x, 2 * k_rows, pools[0], scratch);
       std::vector<float> y(static_cast<std::size_t>(k_rows * n_out));
       for (thread_pool& pool : pools) {
         for (std::int64_t m = 1; m <= k_rows; ++m) {
@@ -339,9 +345,8 @@ TEST(Matmul, RowBlocksKeepBatchInvariance) {
       weights w = make_weights(t, n_out, n_in, rng);
       const std::vector<float> x = random_floats(rng, static_cast<std::size_t>(m * n_in), -3.0f, 3.0f);
       matmul_scratch scratch;
-      std::vector<float> alone(static_cast<std::size_t>(m * n_out)), y(alone.size());
-      for (std::int64_t i = 0; i < m; ++i)
-        matmul(w.view, x.data() + i * n_in, 1, alone.data() + i * n_out, pools[0], scratch);
+      const std::vector<float> alone = rows_alone(w.view, x, m, pools[0], scratch);
+      std::vector<float> y(alone.size());
       for (thread_pool& pool : pools) {
         std::fill(y.begin(), y.end(), NAN);
         matmul(w.view, x.data(), m, y.data(), pool, scratch);
