@@ -332,31 +332,42 @@ TEST(server, penalties_pick_the_best_penalised_token) {
 TEST(server, disconnect_cancels_and_frees_blocks) {
   test_server s(default_setup());
   const std::string long_request = completion_body(k_story, 400, {{"ignore_eos", true}});
-  // Non-streaming: the client sends the request and hangs up while it runs.
+  // The client sends the request and hangs up while it runs. stories260K
+  // generates 400 tokens in a few tens of milliseconds, so on a loaded
+  // machine the request can finish before the hang-up is seen: each mode
+  // tries until one request is cut short. Every try must free its blocks.
+  int aborted = 0;
   for (bool stream : {false, true}) {
     json body = json::parse(long_request);
     body["stream"] = stream;
     const std::string payload = body.dump();
     const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                              std::to_string(payload.size()) + "\r\n\r\n" + payload;
-    int fd = raw_connect(s.port());
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(send(fd, http.data(), http.size(), MSG_NOSIGNAL), static_cast<ssize_t>(http.size()));
-    // Wait until the request holds blocks, then hang up.
-    bool running = false;
-    for (int i = 0; i < 2000 && !running; ++i) {
-      running = s.snapshot().kv.n_blocks_used > 0;
-      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    bool cut_short = false;
+    for (int attempt = 0; attempt < 10 && !cut_short; ++attempt) {
+      const std::int64_t generated_before = s.snapshot().n_generated_tokens;
+      int fd = raw_connect(s.port());
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(send(fd, http.data(), http.size(), MSG_NOSIGNAL), static_cast<ssize_t>(http.size()));
+      // Wait until the request holds blocks, then hang up.
+      bool running = false;
+      for (int i = 0; i < 2000 && !running; ++i) {
+        running = s.snapshot().kv.n_blocks_used > 0;
+        if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      ASSERT_TRUE(running);
+      close(fd);
+      ASSERT_TRUE(wait_idle(s, 10000)) << "stream=" << stream;
+      engine_snapshot snap = s.snapshot();
+      EXPECT_EQ(snap.kv.n_blocks_used, 0);
+      cut_short = snap.n_generated_tokens - generated_before < 400;  // stopped before the end
     }
-    ASSERT_TRUE(running);
-    close(fd);
-    EXPECT_TRUE(wait_idle(s, 10000)) << "stream=" << stream;
-    engine_snapshot snap = s.snapshot();
-    EXPECT_EQ(snap.kv.n_blocks_used, 0);
-    EXPECT_LT(snap.n_generated_tokens, 400 * (stream ? 2 : 1));  // stopped well before the end
+    EXPECT_TRUE(cut_short) << "stream=" << stream << ": no request was cut short by its hang-up in 10 tries";
+    aborted += cut_short;
   }
   auto m = s.metrics();
-  EXPECT_EQ(metric(m, "pagoda:request_success_total{finished_reason=\"abort\"}"), 2);
+  // A try whose hang-up lands after its last token may still end as an abort.
+  EXPECT_GE(metric(m, "pagoda:request_success_total{finished_reason=\"abort\"}"), aborted);
   EXPECT_EQ(metric(m, "pagoda:kv_cache_blocks{state=\"used\"}"), 0);
 }
 
