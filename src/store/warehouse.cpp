@@ -1,5 +1,6 @@
 #include "store/warehouse.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/assert.h"
@@ -57,6 +58,19 @@ void kv_warehouse::flush() {
   cv_idle_.wait(lock, [&] { return write_queue_.empty() && !writing_; });
 }
 
+void kv_warehouse::flush(std::string_view tenant, std::span<const block_key> keys) {
+  std::vector<store_key> wanted;
+  wanted.reserve(keys.size());
+  for (const block_key k : keys) wanted.push_back(make_store_key(o_.space, tenant, k));
+  std::sort(wanted.begin(), wanted.end());
+  const auto is_wanted = [&](const store_key& k) { return std::binary_search(wanted.begin(), wanted.end(), k); };
+  std::unique_lock lock(mu_);
+  cv_idle_.wait(lock, [&] {
+    if (writing_ && is_wanted(writing_key_)) return false;
+    return std::none_of(write_queue_.begin(), write_queue_.end(), [&](const block_record& r) { return is_wanted(r.key); });
+  });
+}
+
 void kv_warehouse::write_loop() {
   for (;;) {
     block_record r;
@@ -69,6 +83,7 @@ void kv_warehouse::write_loop() {
       queue_bytes_ -= r.bytes.size();
       c_.queue_blocks = static_cast<std::int64_t>(write_queue_.size());
       writing_ = true;
+      writing_key_ = r.key;
     }
     std::vector<std::byte> encoded;
     bool any = false, failed = false;
@@ -85,7 +100,7 @@ void kv_warehouse::write_loop() {
     else if (!failed) ++c_.already_stored;
     if (failed) ++c_.write_errors;
     writing_ = false;
-    if (write_queue_.empty()) cv_idle_.notify_all();
+    cv_idle_.notify_all();  // flush() of everything, or of some keys
   }
 }
 

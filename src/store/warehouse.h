@@ -75,6 +75,9 @@ class kv_warehouse final : public kv_block_source {
   void write(const cached_block& block);
   // Waits until every queued write is done (tests, shutdown).
   void flush();
+  // Waits until none of these blocks of `tenant` is queued or being written
+  // (/v1/kv/warm answers once its own blocks are stored, whatever else waits).
+  void flush(std::string_view tenant, std::span<const block_key> keys);
   // Drains the queue and stops the threads. Idempotent.
   void close();
 
@@ -113,6 +116,7 @@ class kv_warehouse final : public kv_block_source {
   std::deque<block_record> write_queue_;
   std::size_t queue_bytes_ = 0;
   bool writing_ = false;
+  store_key writing_key_;  // the record being written, while writing_
   std::deque<store_key> fetch_queue_;
   std::map<store_key, fetched> fetched_;
   bool stopping_ = false;

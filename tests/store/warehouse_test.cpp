@@ -4,6 +4,7 @@
 #include "store/warehouse.h"
 
 #include <condition_variable>
+#include <future>
 #include <mutex>
 
 #include <gtest/gtest.h>
@@ -173,6 +174,28 @@ TEST(warehouse, a_full_queue_drops_and_counts_and_shutdown_drains) {
   w->close();
   EXPECT_EQ(w->counters().written, 4);
   EXPECT_EQ(w->tiers()[0]->stats().entries, 4);
+}
+
+// flush(tenant, keys) waits for those blocks only: not for a stuck write of
+// another block, and it returns once its own are stored.
+TEST(warehouse, a_keyed_flush_waits_for_its_own_blocks_only) {
+  std::vector<std::unique_ptr<block_store>> tiers;
+  auto gate = std::make_unique<gated_store>(make_memory_store());
+  gated_store* g = gate.get();
+  tiers.push_back(std::move(gate));
+  g->close();
+  kv_warehouse w(std::move(tiers), {});
+  const block_data a = make_block(1), b = make_block(2);
+  w.write(a.view("t"));
+  w.write(b.view("t"));
+  const block_key other[] = {3}, mine[] = {2};
+  w.flush("t", other);  // block 3 was never queued: nothing to wait for, whatever is stuck
+  w.flush("u", mine);   // another tenant's block 2 neither
+  auto done = std::async(std::launch::async, [&] { w.flush("t", mine); });
+  g->open();
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  const store_key sk[] = {make_store_key(w.space(), "t", 2)};
+  EXPECT_EQ(*w.tiers()[0]->count_present(sk), 1u);
 }
 
 // A tier that refuses writes (a full disk): the error is counted, the next
