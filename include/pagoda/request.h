@@ -73,7 +73,7 @@ struct request {
   bool ignore_eos = false;
   std::string cache_salt;          // vLLM's cache_salt: only requests with the same salt share KV
   std::string tenant;              // "" = the global cache
-  int priority = 0;                // lower runs first (vLLM's convention)
+  int priority = 0;                // lower runs first (vLLM's convention), within the request's tenant only
   int logprobs = -1;               // -1: none; k >= 0: the chosen token's and k alternatives
   // Return the logits of every prompt position (perplexity, KL divergence).
   // The prompt is then computed in full: no prefix-cache hits.

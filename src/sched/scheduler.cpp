@@ -182,14 +182,7 @@ status scheduler::add_request(request req) {
   sequence* s = r->seqs[0].get();
   PAGODA_RETURN_IF_ERROR(make_policy(*s));
   seqs_.emplace(s->id, s);
-  // Waiting order: priority, then arrival; preempted sequences stay at the front.
-  auto pos = waiting_.end();
-  while (pos != waiting_.begin()) {
-    const sequence* prev = *(pos - 1);
-    if (prev->n_generated == 0 && prev->n_computed == 0 && prev->req->req.priority > r->req.priority) --pos;
-    else break;
-  }
-  waiting_.insert(pos, s);
+  enqueue_by_priority(s);
   stats_.n_prompt_tokens += static_cast<std::int64_t>(r->req.prompt.size());
   requests_.emplace(r->req.id, std::move(r));
   refresh_counts();
@@ -261,6 +254,24 @@ void scheduler::refresh_counts() {
 
 // --- planning --------------------------------------------------------------------
 
+void scheduler::enqueue_by_priority(sequence* s) {
+  // Arrival order across tenants; within s's tenant, priority then arrival
+  // over the places its new requests hold. A client's priority never moves
+  // it past another tenant's request (a tenant's own requests are its to
+  // order), and preempted sequences, which wait at the front, keep their place.
+  waiting_.push_back(s);
+  const std::string& tenant = s->req->req.tenant;
+  std::size_t i = waiting_.size() - 1;  // s's place, moved back over its tenant's lower-priority requests
+  for (std::size_t j = i; j-- > 0;) {
+    sequence* w = waiting_[j];
+    if (w->req->req.tenant != tenant) continue;
+    const bool preempted = w->n_generated > 0 || w->n_computed > 0 || w->req->forked;
+    if (preempted || w->req->req.priority <= s->req->req.priority) break;
+    std::swap(waiting_[i], waiting_[j]);  // w takes s's later place, s the earlier one
+    i = j;
+  }
+}
+
 void scheduler::remove_from_running(sequence* s) {
   auto it = std::find(running_.begin(), running_.end(), s);
   if (it != running_.end()) running_.erase(it);
@@ -268,19 +279,30 @@ void scheduler::remove_from_running(sequence* s) {
 }
 
 scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why, std::uint32_t short_classes) const {
-  // Lowest priority (largest value) first, then the most recently started;
-  // only the blocked tenant's own sequences when its quota is what blocks,
-  // and only holders of the KV classes s lacks (or s) when a class is short:
-  // preempting another frees nothing s can take.
+  // Candidates: only the blocked tenant's own sequences when its quota is
+  // what blocks, and only holders of the KV classes s lacks (or s) when a
+  // class is short: preempting another frees nothing s can take. The tenant
+  // that pays is the one whose candidate started most recently; among that
+  // tenant's candidates, the lowest priority (largest value) goes first,
+  // then the most recently started. Priority orders a tenant's own
+  // sequences: no client shields itself from preemption with it.
+  auto candidate = [&](const sequence* c) {
+    if (why == alloc_blocker::quota && c->req->req.tenant != s.req->req.tenant) return false;
+    if (why == alloc_blocker::pool && short_classes != 0 && c != &s && !kv_.holds_class(c->id, short_classes))
+      return false;
+    return true;
+  };
+  const sequence* latest = nullptr;
+  for (const sequence* c : running_)
+    if (candidate(c) && (!latest || c->start_order > latest->start_order)) latest = c;
+  PAGODA_ASSERT(latest != nullptr, "no sequence to preempt (the blocked one runs)");
   sequence* victim = nullptr;
   for (sequence* c : running_) {
-    if (why == alloc_blocker::quota && c->req->req.tenant != s.req->req.tenant) continue;
-    if (why == alloc_blocker::pool && short_classes != 0 && c != &s && !kv_.holds_class(c->id, short_classes)) continue;
+    if (!candidate(c) || c->req->req.tenant != latest->req->req.tenant) continue;
     if (!victim || c->req->req.priority > victim->req->req.priority ||
         (c->req->req.priority == victim->req->req.priority && c->start_order > victim->start_order))
       victim = c;
   }
-  PAGODA_ASSERT(victim != nullptr, "no sequence to preempt (the blocked one runs)");
   return victim;
 }
 
@@ -357,8 +379,12 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     s->in_kv = true;
     s->n_computed = *cached;
     if (s->pol) s->pol->commit(*cached, nullptr);  // cached slots are the sequence's first
-    if (r->cached_tokens < 0) r->cached_tokens = std::min(*cached, s->n_prompt);
   }
+  // The first admission that runs records what the cache gave (a refused one
+  // leaves nothing behind, below).
+  const auto admitted = [&] {
+    if (r->cached_tokens < 0) r->cached_tokens = std::min(s->n_computed, s->n_prompt);
+  };
   // Loading: the prompt continues in the external KV source.
   const int first = s->n_computed / bs;
   if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
@@ -378,6 +404,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
       plan_loads_if_settled(s, out);
       s->start_order = next_start_++;
       running_.push_back(s);
+      admitted();
       return true;
     }
   }
@@ -385,10 +412,14 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   if (!kv_.allocate(s->id, n)) {
     const alloc_blocker why = kv_.allocation_blocker(s->id, n);
     const std::uint32_t short_mask = kv_.short_classes(s->id, n);
+    // Back to waiting as if never admitted: no blocks, no policy state (it
+    // counted the cached slots, which the next attempt takes again).
     status st = kv_.free_sequence(s->id);
     PAGODA_ASSERT(st.ok(), "free: {}", st.message());
     s->in_kv = false;
     s->n_computed = 0;
+    s->pos_shift = 0;
+    if (s->pol) s->pol->reset();
     // The pool is short for everyone (first come, first served); a quota only
     // for this tenant. With KV classes, a short class only for the requests
     // that need it: those behind this one that need none of its short classes
@@ -404,6 +435,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   running_.push_back(s);
   plan.push_back({s, n});
   budget -= n;
+  admitted();
   return true;
 }
 

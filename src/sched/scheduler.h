@@ -14,11 +14,13 @@
 //   1. Running sequences, oldest first, get their next chunk or decode token.
 //      When the pool cannot supply a sequence's blocks, a victim is preempted
 //      (its blocks freed, it goes back to the front of the queue; the prefix
-//      cache makes recomputing cheap): the lowest priority, most recently
-//      started running sequence; when the sequence's TENANT QUOTA is what
-//      blocks it, the victim is one of that tenant's own sequences, never
-//      another tenant's.
-//   2. Waiting sequences are admitted in order (priority, then arrival) while
+//      cache makes recomputing cheap): of the tenant whose sequence started
+//      most recently, its lowest-priority, most recently started one; when
+//      the sequence's TENANT QUOTA is what blocks it, the victim is one of
+//      that tenant's own sequences, never another tenant's.
+//   2. Waiting sequences are admitted in order (arrival; within a tenant,
+//      priority then arrival: a client's priority orders only its own
+//      tenant's requests, and preemption likewise) while
 //      the budget, the sequence cap and the pool allow (none after a
 //      preemption: the pool is short). A request held back by its tenant's
 //      quota does not hold back the others. A request whose next prompt block
@@ -199,6 +201,8 @@ class scheduler {
   // when not 0, only s itself or a sequence holding a block of one is chosen.
   sequence* victim_for(const sequence& s, alloc_blocker why, std::uint32_t short_classes = 0) const;
   void preempt(sequence* s);
+  // Puts a new request's sequence in the waiting queue (priority within its tenant only).
+  void enqueue_by_priority(sequence* s);
   void unplan(std::vector<planned>& plan, int& budget, const sequence* s) const;
   // stop: admit no one after s; short_classes gains the KV classes s could
   // not get (only the requests needing one of them wait behind it).

@@ -285,6 +285,53 @@ TEST(scheduler, a_failed_step_commits_nothing_and_fails_its_requests) {
 // drop_blocks frees blocks from the middle: the pool's usage falls, the
 // sequence goes on with its remaining slots at their original positions, and
 // what it generates is what the model computes over exactly those slots.
+// Priority orders a tenant's own requests, never another tenant's: admission
+// (one sequence at a time) keeps arrival order across tenants, and a tenant's
+// urgent request goes ahead of its own earlier ones only.
+TEST(scheduler, priority_orders_admission_within_a_tenant_only) {
+  harness h(config(64, 1, 64));
+  h.add(req("a1", prompt_of(4, 1), 2, "alice"));
+  h.add(req("a2", prompt_of(4, 2), 2, "alice"));
+  request b = req("b", prompt_of(4, 3), 2, "bob");
+  b.priority = -100;
+  h.add(b);
+  request a3 = req("a3", prompt_of(4, 4), 2, "alice");
+  a3.priority = -1;
+  h.add(a3);
+  std::vector<std::string> order;
+  while (h.s.has_work()) {
+    h.step();
+    for (const std::string id : {"a1", "a2", "a3", "b"})
+      if (h.s.find_sequence(id) && std::find(order.begin(), order.end(), id) == order.end()) order.push_back(id);
+  }
+  // Alice's requests keep the places they arrived at (1st, 2nd, 4th) and
+  // fill them by priority; bob's urgent request keeps its 3rd place.
+  EXPECT_EQ(order, (std::vector<std::string>{"a3", "a1", "b", "a2"}));
+}
+
+// Preemption picks the tenant by recency, not by priority: bob's urgent
+// sequence, started last, is the one that makes room, not alice's older one.
+TEST(scheduler, priority_does_not_shield_a_tenant_from_preemption) {
+  harness h(config(10, 4, 64));
+  h.add(req("a", prompt_of(12, 1), 20, "alice"));  // 3 blocks, grows to 8
+  h.step();
+  request b = req("b", prompt_of(12, 2), 20, "bob");
+  b.priority = -100;
+  h.add(b);
+  h.step();
+  ASSERT_TRUE(h.s.find_sequence("a") && h.s.find_sequence("b"));
+  bool a_preempted = false, b_preempted = false;
+  while (h.s.has_work()) {
+    h.step();
+    if (!h.s.find_sequence("a") && h.results["a"].finish.empty()) a_preempted = true;
+    if (!h.s.find_sequence("b") && h.results["b"].finish.empty()) b_preempted = true;
+  }
+  EXPECT_TRUE(b_preempted) << "the pool never ran short: the test no longer preempts";
+  EXPECT_FALSE(a_preempted) << "alice's older sequence paid for bob's priority";
+  EXPECT_EQ(h.results["a"].tokens, alone(req("a", prompt_of(12, 1), 20, "alice")));
+  EXPECT_EQ(h.results["b"].tokens.size(), 20u);
+}
+
 TEST(scheduler, drop_frees_blocks_and_keeps_positions) {
   harness h(config(64, 8, 64));
   h.add(req("a", prompt_of(17, 4), 6));
@@ -701,6 +748,38 @@ TEST(scheduler_policy, forked_sequences_compact_their_own_blocks) {
   h.run();
   EXPECT_EQ(h.results["a"].tokens.size(), 90u);
   EXPECT_EQ(h.s.kv().metrics().n_blocks_used, 0);
+}
+
+// A first admission that takes a cached prefix and then cannot get the
+// blocks of its first chunk leaves nothing behind: the policy does not count
+// the cached slots once per attempt (which aborted the engine when its
+// statistics met the sequence's slots), and the request's cached tokens are
+// those of the admission that ran. A (12 tokens) leaves 3 cached blocks; C
+// keeps the pool short while B (A's prompt + 8, h2o) is refused again and
+// again, and C's growth evicts two of A's blocks before B gets in.
+TEST(scheduler_policy, a_failed_first_admission_leaves_the_policy_and_usage_untouched) {
+  harness h(policy_config(12));
+  const std::vector<token_id> pa = prompt_of(12, 5);
+  h.add(req("A", pa, 1));
+  h.run();
+  ASSERT_EQ(h.s.kv().metrics().n_blocks_cached, 3);
+  h.add(req("C", prompt_of(30, 6), 14));
+  h.step();
+  std::vector<token_id> pb = pa;
+  for (int i = 0; i < 8; ++i) pb.push_back(static_cast<token_id>(100 + i));
+  request b = req("B", pb, 6);
+  b.kv_policy = "h2o:budget=0.5";
+  h.add(b);
+  int refused = 0;
+  while (h.s.has_work()) {
+    h.step();
+    if (!h.s.find_sequence("B") && h.results["B"].finish.empty()) ++refused;
+  }
+  h.step();
+  EXPECT_GT(refused, 3) << "B was never refused: the test no longer reaches the failed admission";
+  EXPECT_EQ(h.results["B"].finish, "length");
+  EXPECT_EQ(h.results["B"].tokens.size(), 6u);
+  EXPECT_EQ(h.results["B"].usage.cached_tokens, 4) << "cached tokens of a refused attempt, not of the admission";
 }
 
 // A bad policy is a clear error when the request is added.
