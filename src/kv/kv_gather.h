@@ -22,6 +22,7 @@ enum class kv_fold : std::uint8_t {
 };
 
 struct kv_gather {
+  std::int32_t group = 0;           // the KV group whose layers and tables these are (kv_manager.h)
   std::vector<block_id> src_table;  // the table sources index: the sequence's table before compaction
   std::vector<block_id> dst_table;  // its table after, covering slots [0, first + n)
   std::int32_t first = 0;           // destination slots [first, first + n) are rewritten

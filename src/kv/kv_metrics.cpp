@@ -26,6 +26,14 @@ std::string format_kv_metrics(const kv_metrics& m) {
       m.n_blocks_used, m.n_blocks_total, 100.0 * m.usage(), m.n_blocks_cached, m.n_blocks_free,
       m.n_blocks_used_peak, 100.0 * m.fragmentation(), m.n_prefix_hit_tokens, m.n_prefix_query_tokens,
       100.0 * m.prefix_hit_ratio(), m.n_evictions, m.n_preemptions, m.n_cow_copies);
+  if (m.groups.size() > 1) {
+    for (std::size_t g = 1; g < m.groups.size(); ++g) {
+      const kv_group_usage& k = m.groups[g];
+      out += fmt::format("; group {} ({}", g, k.kind);
+      if (k.window_tokens > 0) out += fmt::format(" {}", k.window_tokens);
+      out += fmt::format(") {}/{} used {} cached", k.n_used, k.n_blocks, k.n_cached);
+    }
+  }
   if (m.classes.size() > 1) {
     for (std::size_t c = 0; c < m.classes.size(); ++c) {
       const kv_class_usage& k = m.classes[c];

@@ -17,6 +17,21 @@ struct tenant_kv_usage {
   std::optional<std::int32_t> quota_blocks;  // std::nullopt: no quota
 };
 
+// One KV group (kv_group.h): its kind, its blocks and what they hold.
+// n_used + n_cached + n_free == n_blocks.
+struct kv_group_usage {
+  std::string kind;            // "full" or "sliding_window"
+  std::int32_t window_tokens = 0;
+  std::int32_t n_blocks = 0;
+  std::int32_t n_used = 0;
+  std::int32_t n_cached = 0;
+  std::int32_t n_free = 0;
+  std::int32_t n_used_peak = 0;
+  std::int64_t n_stored_tokens = 0;
+  std::int64_t n_evictions = 0;
+  std::int64_t n_freed_out_of_window = 0;  // blocks a sliding window let go (still cached while the pool allows)
+};
+
 // One block class of the pool (kv_manager.h, "KV classes"):
 // n_used + n_cached + n_free == n_blocks.
 struct kv_class_usage {
@@ -29,8 +44,8 @@ struct kv_class_usage {
 struct kv_metrics {
   std::int32_t block_size_tokens = 0;
 
-  // Block states, all classes together; n_blocks_used + n_blocks_cached +
-  // n_blocks_free == n_blocks_total.
+  // Block states of group 0 (the main group; every group in `groups`), all
+  // classes together; n_blocks_used + n_blocks_cached + n_blocks_free == n_blocks_total.
   std::int32_t n_blocks_total = 0;
   std::int32_t n_blocks_used = 0;    // ref > 0
   std::int32_t n_blocks_cached = 0;  // ref 0, still in the prefix index (evictable)
@@ -47,21 +62,14 @@ struct kv_metrics {
   std::int64_t n_prefix_hit_tokens = 0;    // of those, served from the cache
   std::int64_t n_prefix_query_blocks = 0;  // full prompt blocks that could have come from the cache
   std::int64_t n_prefix_hit_blocks = 0;    // of those, found in it
-  std::int64_t n_evictions = 0;            // cached blocks dropped from the index
+  std::int64_t n_evictions = 0;            // cached blocks dropped from the indexes (every group)
   std::int64_t n_preemptions = 0;
   std::int64_t n_cow_copies = 0;
 
-  // Window slots of sliding-window layers (kv_manager::enable_window_slots);
-  // all 0 without them.
-  std::int32_t n_window_slots = 0;
-  std::int32_t n_window_slots_pinned = 0;  // claimed by a sequence
-  std::int32_t n_window_slots_bound = 0;   // pinned + retained for the prefix cache
-  std::int32_t n_window_slots_pinned_peak = 0;
-  std::int64_t n_window_kv_lost = 0;  // retained slots taken for new blocks (their cached blocks lost windowed K/V)
-
+  std::vector<kv_group_usage> groups;    // by group, always filled ([0] is the totals' group)
   std::vector<tenant_kv_usage> tenants;  // by tenant id
-  // By class, always filled: one entry per block class ([0] the default KV
-  // type; a single-class pool has one, equal to the totals). Sums to the totals.
+  // Group 0 by class, always filled: one entry per block class ([0] the
+  // default KV type; a single-class pool has one, equal to the totals). Sums to the totals.
   std::vector<kv_class_usage> classes;
 
   // n_blocks_used / n_blocks_total (0 for an empty pool).

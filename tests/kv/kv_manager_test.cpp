@@ -1,5 +1,6 @@
 #include "kv/kv_manager.h"
 
+#include <algorithm>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -717,7 +718,7 @@ TEST(kv_manager_classes, blocks_inside_a_run_get_its_class_straddling_and_decode
   expect_ok(m3);
 }
 
-TEST(kv_manager_classes, chunked_prefill_classes_blocks_as_one_chunk_and_unstored_slots_follow_the_last_position) {
+TEST(kv_manager_classes, chunked_prefill_classes_blocks_as_one_chunk_and_unstored_slots_take_the_next_tokens) {
   kv_manager m(4, std::vector<std::int32_t>{16, 8});
   const kv_class_run runs[] = {{0, 12, 1}};
   const auto prompt = toks(14);
@@ -729,15 +730,28 @@ TEST(kv_manager_classes, chunked_prefill_classes_blocks_as_one_chunk_and_unstore
   }
   EXPECT_EQ(classes_of(m, 1), (std::vector<std::int32_t>{1, 1, 1, 0}));
 
-  // Stored at positions 0, 1, 2, 9: the next block's slots are taken to hold
-  // 10..13, which leave the run [0, 12).
+  // Stored at positions 0, 1, 2, 9 (a policy renumbered them, or skipped):
+  // runs name tokens, not positions, so the next block holds tokens 4..7,
+  // inside the run [0, 12), whatever their positions.
   const auto other = toks(14, 300);
   ASSERT_EQ(*m.add_sequence(seq_id(2), other, with_runs(runs)), 0);
   ASSERT_TRUE(m.allocate(seq_id(2), 4).has_value());
   const std::int32_t gap[] = {0, 1, 2, 9};
   ASSERT_TRUE(m.commit(seq_id(2), std::span<const token_id>(other).subspan(0, 4), gap).ok());
   ASSERT_TRUE(m.allocate(seq_id(2), 4).has_value());
-  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 0}));
+  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 1}));
+  // Tokens 8..11 too; after a drop of the first block the table is shorter,
+  // but the block after takes tokens 12..15, which leave the run.
+  const std::int32_t more[] = {10, 11, 12, 13};
+  ASSERT_TRUE(m.commit(seq_id(2), std::span<const token_id>(other).subspan(4, 4), more).ok());
+  const std::int32_t first[] = {0};
+  ASSERT_TRUE(m.drop(seq_id(2), first).ok());
+  ASSERT_TRUE(m.allocate(seq_id(2), 4).has_value());
+  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 1}));  // [tokens 4..7], then 8..11
+  const std::int32_t last[] = {14, 15, 16, 17};
+  ASSERT_TRUE(m.commit(seq_id(2), std::span<const token_id>(other).subspan(8, 4), last).ok());
+  ASSERT_TRUE(m.allocate(seq_id(2), 2).has_value());
+  EXPECT_EQ(classes_of(m, 2), (std::vector<std::int32_t>{1, 1, 0}));  // tokens 12..15 leave the run
   expect_ok(m);
 }
 
@@ -971,87 +985,99 @@ TEST(kv_manager_classes, metrics_report_each_class) {
   EXPECT_EQ(format_kv_metrics(one.metrics()).find("class"), std::string::npos);
 }
 
-TEST(kv_manager_classes_death, window_slots_need_one_class) {
-  kv_manager m(4, std::vector<std::int32_t>{4, 4});
-  EXPECT_DEATH(m.enable_window_slots(8, 4), "one block class");
-}
-
 }  // namespace
 }  // namespace pagoda
 
 namespace pagoda {
 namespace {
 
-// Window slots (sliding-window layers keep only their window): a sequence
-// claims its blocks' slots until its next query cannot see them, a freed
-// sequence's slots stay bound (retained) for the prefix cache, and a cached
-// prefix is used only as far as its last window still holds K/V.
-TEST(kv_manager_window, slots_follow_the_window_and_are_retained_for_the_cache) {
-  kv_manager m(4, 32);
-  m.enable_window_slots(/*window_tokens=*/6, /*n_slots=*/6);
-  std::vector<kv_op> ops;
-  m.set_op_listener([&](const kv_op& op) { ops.push_back(op); });
+// A full-attention group of full_blocks and a sliding window of window_tokens
+// over window_blocks (Gemma's layers, kv_group.h), class_count classes each.
+kv_manager window_manager(std::int32_t full_blocks, std::int32_t window_blocks, std::int32_t window_tokens,
+                          std::int32_t class_count = 1) {
+  kv_group_config full, window;
+  full.class_blocks.assign(static_cast<std::size_t>(class_count), full_blocks);
+  window.kind = kv_group_kind::sliding_window;
+  window.window_tokens = window_tokens;
+  window.class_blocks.assign(static_cast<std::size_t>(class_count), window_blocks);
+  return kv_manager(4, std::vector<kv_group_config>{full, window});
+}
+
+std::int32_t n_null(std::span<const block_id> table) {
+  return static_cast<std::int32_t>(std::count_if(table.begin(), table.end(), [](block_id b) { return !b.valid(); }));
+}
+
+// A sliding-window group: a sequence holds the blocks its next query reads,
+// the ones the window moved past become NULL and stay cached in the group's
+// pool for prefix hits, and a cached prefix needs only the blocks of its
+// first query's window. The full group keeps every block.
+TEST(kv_manager_window, blocks_follow_the_window_and_stay_cached) {
+  kv_manager m = window_manager(32, 6, /*window_tokens=*/6);
+  ASSERT_EQ(m.n_groups(), 2);
+  EXPECT_TRUE(m.has_sliding_window());
   const seq_id a(1);
-  add_and_prefill(m, 1, toks(10));  // 3 blocks, each bound to a slot as it is allocated
-  int binds = 0;
-  for (const kv_op& op : ops) binds += op.kind == kv_op_kind::bind_window;
-  EXPECT_EQ(binds, 3);
-  EXPECT_EQ(m.metrics().n_window_slots_pinned, 3);
+  add_and_prefill(m, 1, toks(10));  // 3 blocks in each group
+  EXPECT_EQ(m.metrics().groups[1].n_used, 3);
   // The next query at position 10 sees positions 5..10: block 0 (0..3) is out.
-  ASSERT_TRUE(m.release_window(a, 10).ok());
+  EXPECT_EQ(*m.release_window(a, 10), 1);
   expect_ok(m);
-  EXPECT_EQ(m.metrics().n_window_slots_pinned, 2);
-  EXPECT_EQ(m.metrics().n_window_slots_bound, 3);  // block 0's K/V are retained
-  // Decode to 20 tokens: blocks out of the window keep being released.
+  EXPECT_EQ(n_null(m.block_table(a, 1)), 1);
+  EXPECT_EQ(n_null(m.block_table(a, 0)), 0);
+  EXPECT_EQ(m.metrics().groups[1].n_used, 2);
+  EXPECT_EQ(m.metrics().groups[1].n_cached, 1);  // block 0's K/V stay for the prefix cache
   for (int i = 10; i < 20; ++i) {
     ASSERT_TRUE(m.allocate(a, 1).has_value());
     const token_id t[] = {static_cast<token_id>(100 + i)};
     ASSERT_TRUE(m.commit(a, t).ok());
     ASSERT_TRUE(m.release_window(a, i + 1).ok());
     expect_ok(m);
-    EXPECT_LE(m.metrics().n_window_slots_pinned, 3);
+    EXPECT_LE(m.metrics().groups[1].n_used, 3);
   }
-  EXPECT_EQ(m.metrics().n_window_slots_pinned, 2);  // blocks 3 and 4 (positions 12..19)
-  EXPECT_EQ(m.metrics().n_window_slots_bound, 5);   // blocks 0..2 retained: 6 slots, nothing taken from them
+  EXPECT_EQ(m.metrics().groups[1].n_used, 2);    // blocks 3 and 4 (positions 12..19)
+  EXPECT_EQ(m.metrics().groups[1].n_cached, 3);  // blocks 0..2, nothing taken from them
+  EXPECT_EQ(m.metrics().groups[1].n_freed_out_of_window, 3);
+  EXPECT_EQ(m.metrics().groups[0].n_used, 5);
   // Rolling back past the window given up is refused; within it, allowed.
   EXPECT_EQ(m.truncate(a, 8).code(), errc::out_of_range);
   ASSERT_TRUE(m.truncate(a, 18).ok());
   expect_ok(m);
   ASSERT_TRUE(m.free_sequence(a).ok());
   expect_ok(m);
-  EXPECT_EQ(m.metrics().n_window_slots_pinned, 0);
+  EXPECT_EQ(m.metrics().groups[1].n_used, 0);
 
-  // The same 20 tokens again: all 5 cached blocks match and a query at 20
-  // needs positions 15..20, blocks 3 and 4, whose K/V are retained: all are
-  // used, and only blocks 3 and 4 are claimed.
+  // The same 20 tokens again: the full group holds all 5 blocks and a query at
+  // 20 needs positions 15..20, blocks 3 and 4 of the window, which are cached:
+  // all are used, and the window table holds only those two.
   std::vector<token_id> again = toks(20);
   again.push_back(7);
   const auto hit = m.add_sequence(seq_id(2), again);
   ASSERT_TRUE(hit.ok());
   EXPECT_EQ(*hit, 20);
   expect_ok(m);
-  EXPECT_EQ(m.metrics().n_window_slots_pinned, 2);
+  EXPECT_EQ(n_null(m.block_table(seq_id(2), 1)), 3);
+  EXPECT_EQ(m.metrics().groups[1].n_used, 2);
   ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
   expect_ok(m);
 }
 
-TEST(kv_manager_window, a_cached_prefix_whose_window_lost_its_kv_is_cut_and_allocation_waits_for_slots) {
-  kv_manager m(4, 32);
-  m.enable_window_slots(/*window_tokens=*/4, /*n_slots=*/3);
+TEST(kv_manager_window, a_prefix_whose_window_was_evicted_is_cut_and_allocation_waits_for_the_window) {
+  kv_manager m = window_manager(32, 3, /*window_tokens=*/4);
   add_and_prefill(m, 1, toks(8));  // blocks 0, 1
-  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());  // both cached, slots retained
-  // Another sequence takes all three slots: blocks 0 and 1 lose theirs (the least recently retained first).
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());  // both cached in both groups
+  // Another sequence takes all three window blocks: the cached 0 and 1 are evicted from the window group.
   add_and_prefill(m, 2, toks(12, 500));
-  EXPECT_EQ(m.metrics().n_window_slots_pinned, 3);
-  // A fourth block needs a slot: none is takeable, so allocation fails as if the pool were full.
+  EXPECT_EQ(m.metrics().groups[1].n_used, 3);
+  EXPECT_EQ(m.metrics().groups[1].n_evictions, 2);
+  // A fourth block has no window block to take: allocation fails as if the pool were full.
   EXPECT_FALSE(m.can_allocate(seq_id(2), 1));
   EXPECT_EQ(m.allocation_blocker(seq_id(2), 1), alloc_blocker::pool);
+  EXPECT_NE(m.short_classes(seq_id(2), 1) & (std::uint64_t{1} << k_max_kv_classes), 0u);  // group 1, class 0
   EXPECT_FALSE(m.allocate(seq_id(2), 1).has_value());
-  ASSERT_TRUE(m.release_window(seq_id(2), 12).ok());  // blocks 0, 1 of seq 2 (positions 0..7) are out
+  EXPECT_EQ(*m.release_window(seq_id(2), 12), 2);  // blocks 0, 1 of seq 2 (positions 0..7) are out
   EXPECT_TRUE(m.can_allocate(seq_id(2), 1));
   ASSERT_TRUE(m.free_sequence(seq_id(2)).ok());
-  // The first prompt's cached blocks lost their windowed K/V: a query at 8
-  // needs block 1 (positions 5..8), so no cached block can be used.
+  // The first prompt's window blocks are gone: a query at 8 needs block 1
+  // (positions 5..8), so no cached block can be used, though the full group has both.
   std::vector<token_id> p = toks(8);
   p.push_back(1);
   EXPECT_EQ(m.n_cached_prompt_blocks(p), 0);
@@ -1059,18 +1085,80 @@ TEST(kv_manager_window, a_cached_prefix_whose_window_lost_its_kv_is_cut_and_allo
   ASSERT_TRUE(hit.ok());
   EXPECT_EQ(*hit, 0);
   expect_ok(m);
-  // Computing the prompt again gives its blocks fresh windowed K/V: they take
-  // over the keys of the cached blocks that lost theirs, so the next request
-  // with that prompt hits again.
+  // Computing the prompt again caches its window blocks: the next request hits.
   std::vector<token_id> stored(p.begin(), p.end() - 1);
   ASSERT_TRUE(m.allocate(seq_id(3), 8).has_value());
   ASSERT_TRUE(m.commit(seq_id(3), stored).ok());
   expect_ok(m);
   EXPECT_EQ(m.n_cached_prompt_blocks(p), 2);
-  // Token-granular compaction is refused with window slots.
+}
+
+// Token-granular compaction on a sliding window: the full group's table is
+// rewritten as before; the window group rewrites only the blocks the next
+// query reads, the others become NULL, and each group gets its own gather.
+TEST(kv_manager_window, compaction_rewrites_each_group_and_the_window_keeps_only_its_blocks) {
+  kv_manager m = window_manager(32, 12, /*window_tokens=*/6);
+  std::vector<kv_op> ops;
+  m.set_op_listener([&](const kv_op& op) { ops.push_back(op); });
+  const seq_id a(1);
+  add_and_prefill(m, 1, toks(24));  // 6 blocks
+  ASSERT_TRUE(m.release_window(a, 24).ok());
+  expect_ok(m);
+  ops.clear();
+  // Keep 2 sinks and the last 10 tokens: slots [2, 12) from slots 14..23.
   kv_compaction c;
+  c.first = 2;
+  c.n_slots = 12;
   c.gather = std::make_shared<kv_gather>();
-  EXPECT_EQ(m.compact(seq_id(3), c).code(), errc::unsupported);
+  for (int i = 0; i < 10; ++i) {
+    c.tokens.push_back(100 + 14 + i);
+    c.positions.push_back(14 + i);
+    c.gather->sources.push_back(14 + i);
+  }
+  ASSERT_TRUE(m.compact(a, c).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.n_stored_tokens(a), 12);
+  EXPECT_EQ(m.block_table(a, 0).size(), 3u);
+  // The next query at 24 reads positions 19..24: slots 7..11, blocks 1 and 2.
+  EXPECT_EQ(n_null(m.block_table(a, 1)), 1);
+  int gathers[2] = {0, 0};
+  for (const kv_op& op : ops) {
+    if (op.kind != kv_op_kind::gather) continue;
+    ++gathers[op.group];
+    EXPECT_EQ(op.gather->group, op.group);
+    EXPECT_EQ(op.gather->dst_table, std::vector<block_id>(m.block_table(a, op.group).begin(), m.block_table(a, op.group).end()));
+    if (op.group == 1) {
+      EXPECT_EQ(op.gather->first, 4);  // block 0 is not the window's
+      // Slot 4 (position 16) is out of the next query's window; its source
+      // block (slot 16, block 4) is still held, the ones before are NULL.
+      for (const std::int32_t src : op.gather->sources) EXPECT_TRUE(src == -1 || src >= 16) << src;
+    }
+  }
+  EXPECT_EQ(gathers[0], 1);
+  EXPECT_EQ(gathers[1], 1);
+  ASSERT_TRUE(m.free_sequence(a).ok());
+  expect_ok(m);
+  EXPECT_EQ(m.metrics().groups[0].n_used + m.metrics().groups[1].n_used, 0);
+}
+
+// Every group has the pool's classes, and the blocks at one table index are
+// of one class in every group: a typed prompt's window blocks are typed too.
+TEST(kv_manager_window, typed_runs_take_the_same_class_in_every_group) {
+  kv_manager m = window_manager(16, 8, /*window_tokens=*/8, /*class_count=*/2);
+  const kv_class_run runs[] = {{0, 8, 1}};
+  sequence_options o;
+  o.classes = runs;
+  add_and_prefill(m, 1, toks(13), o);
+  for (std::int32_t g = 0; g < 2; ++g) {
+    const auto table = m.block_table(seq_id(1), g);
+    ASSERT_EQ(table.size(), 4u);
+    EXPECT_EQ(m.block_class(table[0]), 1) << g;
+    EXPECT_EQ(m.block_class(table[1]), 1) << g;
+    EXPECT_EQ(m.block_class(table[2]), 0) << g;
+    EXPECT_EQ(m.group_of(table[0]), g);
+  }
+  ASSERT_TRUE(m.free_sequence(seq_id(1)).ok());
+  expect_ok(m);
 }
 
 }  // namespace
