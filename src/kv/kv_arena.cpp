@@ -1,4 +1,4 @@
-#include "kv/kv_storage.h"
+#include "kv/kv_arena.h"
 
 #include <sys/mman.h>
 
@@ -29,72 +29,33 @@ void* map_zeroed(std::size_t bytes) {
 
 }  // namespace
 
-bool kv_window_layout::any() const {
-  return n_slots > 0 && std::any_of(layers.begin(), layers.end(), [](std::uint8_t w) { return w != 0; });
-}
-
-std::size_t kv_window_layout::slot_bytes(const kv_layout& layout) const {
-  std::size_t bytes = 0;
-  for (std::size_t l = 0; l < layers.size() && l < static_cast<std::size_t>(layout.n_layers); ++l)
-    if (layers[l]) bytes += layout.layer_tile_bytes_per_block(static_cast<int>(l));
-  return bytes;
-}
-
-namespace {
-
-// An extra class's layout must have the default's shape: blocks of every
-// class share block tables, biases and key summaries.
-status check_class_shape(const kv_layout& base, const kv_layout& c, int index) {
-  if (c.n_layers != base.n_layers || c.n_kv_heads != base.n_kv_heads || c.head_dim != base.head_dim ||
-      c.block_size != base.block_size || c.key_summaries != base.key_summaries)
-    return error(errc::invalid_argument,
-                 "KV block class {}: shape {} layers x {} KV heads x head_dim {}, block_size {}, key summaries {} "
-                 "differs from the default layout's {} x {} x {}, {}, {}",
-                 index, c.n_layers, c.n_kv_heads, c.head_dim, c.block_size, c.key_summaries ? "on" : "off",
-                 base.n_layers, base.n_kv_heads, base.head_dim, base.block_size, base.key_summaries ? "on" : "off");
-  return {};
-}
-
-}  // namespace
-
-result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, std::int64_t n_blocks,
-                                                       std::int64_t n_staging_slots, const kv_window_layout& windows,
-                                                       std::span<const kv_class_spec> extra_classes) {
-  PAGODA_RETURN_IF_ERROR(layout.check());
-  if (n_blocks <= 0) return error(errc::invalid_argument, "KV pool needs at least one block (got {})", n_blocks);
-  std::int64_t total = n_blocks;
-  for (std::size_t i = 0; i < extra_classes.size(); ++i) {
-    const kv_class_spec& c = extra_classes[i];
-    const int index = static_cast<int>(i) + 1;
-    if (status st = c.layout.check(); !st.ok())
-      return error(st.code(), "KV block class {}: {}", index, st.message());
-    PAGODA_RETURN_IF_ERROR(check_class_shape(layout, c.layout, index));
+result<std::unique_ptr<kv_arena>> kv_arena::create(std::span<const kv_class_spec> classes, std::int64_t first_block,
+                                                   std::vector<int> model_layers, std::int64_t n_staging_slots) {
+  if (classes.empty()) return error(errc::invalid_argument, "a KV arena needs a block class");
+  const kv_layout& layout = classes[0].layout;
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < classes.size(); ++i) {
+    const kv_class_spec& c = classes[i];
+    const int index = static_cast<int>(i);
+    if (status st = c.layout.check(); !st.ok()) return error(st.code(), "KV block class {}: {}", index, st.message());
+    if (i > 0) PAGODA_RETURN_IF_ERROR(check_kv_class_shape(layout, c.layout, index));
     if (c.n_blocks <= 0)
       return error(errc::invalid_argument, "KV block class {} needs at least one block (got {})", index, c.n_blocks);
     total += std::min<std::int64_t>(c.n_blocks, INT32_MAX);
   }
-  if (total > INT32_MAX) return error(errc::invalid_argument, "KV pool of {} blocks is too large", total);
-  if (extra_classes.size() + 1 > 256)
-    return error(errc::invalid_argument, "{} KV block classes; at most 256", extra_classes.size() + 1);
-  if (!extra_classes.empty() && windows.any())
-    return error(errc::unsupported,
-                 "KV block classes cannot be combined with window slots (sliding-window layers keep their K/V in "
-                 "window slots of the default layout only)");
-  std::unique_ptr<kv_storage> s(new kv_storage());
-  if (windows.any()) {
-    if (windows.layers.size() != static_cast<std::size_t>(layout.n_layers) || windows.n_slots > n_blocks)
-      return error(errc::invalid_argument, "window slots: {} layer flags for {} layers, {} slots for {} blocks",
-                   windows.layers.size(), layout.n_layers, windows.n_slots, n_blocks);
-    s->n_window_slots_ = windows.n_slots;
-    s->window_slot_.assign(static_cast<std::size_t>(n_blocks), -1);
-    s->window_block_.assign(static_cast<std::size_t>(windows.n_slots), -1);
-  }
-  PAGODA_RETURN_IF_ERROR(s->add_class(layout, n_blocks, windows));
-  for (const kv_class_spec& c : extra_classes) PAGODA_RETURN_IF_ERROR(s->add_class(c.layout, c.n_blocks, {}));
+  if (first_block < 0 || first_block + total > INT32_MAX)
+    return error(errc::invalid_argument, "KV pool of {} blocks from block {} is too large", total, first_block);
+  if (classes.size() > 256) return error(errc::invalid_argument, "{} KV block classes; at most 256", classes.size());
+  if (model_layers.size() != static_cast<std::size_t>(layout.n_layers))
+    return error(errc::invalid_argument, "{} model layers named for a KV arena of {}", model_layers.size(), layout.n_layers);
+  std::unique_ptr<kv_arena> s(new kv_arena());
+  s->first_block_ = first_block;
+  s->model_layers_ = std::move(model_layers);
+  for (const kv_class_spec& c : classes) PAGODA_RETURN_IF_ERROR(s->add_class(c.layout, c.n_blocks));
   if (s->classes_.size() > 1) {
     s->block_class_.resize(static_cast<std::size_t>(total));
     for (std::size_t c = 0; c < s->classes_.size(); ++c)
-      std::fill_n(s->block_class_.begin() + s->classes_[c].first_block, s->classes_[c].n_blocks,
+      std::fill_n(s->block_class_.begin() + (s->classes_[c].first_block - first_block), s->classes_[c].n_blocks,
                   static_cast<std::uint8_t>(c));
     s->build_view_classes();
   }
@@ -134,27 +95,26 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
   return s;
 }
 
-status kv_storage::add_class(const kv_layout& layout, std::int64_t n_blocks, const kv_window_layout& windows) {
+status kv_arena::add_class(const kv_layout& layout, std::int64_t n_blocks) {
   block_class_data& c = classes_.emplace_back();
   c.layout = layout;
-  c.first_block = n_blocks_;
+  c.first_block = first_block_ + n_blocks_;
   c.n_blocks = n_blocks;
   n_blocks_ += n_blocks;
   c.k.resize(layout.n_layers);
   c.v.resize(layout.n_layers);
   const int cls = static_cast<int>(classes_.size()) - 1;
   for (int l = 0; l < layout.n_layers; ++l) {
-    const bool windowed = windows.any() && windows.layers[static_cast<std::size_t>(l)] != 0;
     for (auto [t, fmt] : {std::pair{&c.k[l], layout.k_formats[l]}, std::pair{&c.v[l], layout.v_formats[l]}}) {
       t->cls = cls;
-      PAGODA_RETURN_IF_ERROR(init_tensor(*t, fmt, l, windowed));
+      PAGODA_RETURN_IF_ERROR(init_tensor(*t, fmt, l));
     }
   }
   slot_stride_ = std::max(slot_stride_, c.n_sealed);
   return {};
 }
 
-void kv_storage::build_view_classes() {
+void kv_arena::build_view_classes() {
   const int n_layers = layout().n_layers;
   const std::size_t n_classes = classes_.size();
   view_classes_.resize(static_cast<std::size_t>(n_layers) * 2 * n_classes);
@@ -173,16 +133,15 @@ void kv_storage::build_view_classes() {
       }
 }
 
-status kv_storage::init_tensor(tensor& t, const kv_format& fmt, int layer, bool windowed) {
+status kv_arena::init_tensor(tensor& t, const kv_format& fmt, int layer) {
   const block_class_data& c = classes_[t.cls];
   const kv_layout& layout = c.layout;
   const kv_tile_shape shape = layout.tile_shape();
   t.codec = get_kv_codec(fmt.type);
   t.format = fmt;
   t.tile_bytes = t.codec->tile_bytes(fmt, shape);
-  t.windowed = windowed;
-  t.first_block = windowed ? 0 : c.first_block;
-  t.n_tiles = windowed ? n_window_slots_ : c.n_blocks;
+  t.first_block = c.first_block;
+  t.n_tiles = c.n_blocks;
   t.size_bytes = t.tile_bytes * layout.n_kv_heads * static_cast<std::size_t>(t.n_tiles);
   t.data = static_cast<std::byte*>(map_zeroed(t.size_bytes));
   if (!t.data)
@@ -204,7 +163,7 @@ status kv_storage::init_tensor(tensor& t, const kv_format& fmt, int layer, bool 
   return {};
 }
 
-kv_storage::~kv_storage() {
+kv_arena::~kv_arena() {
   for (block_class_data& c : classes_)
     for (auto* tensors : {&c.k, &c.v})
       for (tensor& t : *tensors)
@@ -214,7 +173,7 @@ kv_storage::~kv_storage() {
   if (bias_) munmap(bias_, bias_bytes_);
 }
 
-std::size_t kv_storage::total_bytes() const {
+std::size_t kv_arena::total_bytes() const {
   std::size_t total = slot_bytes_ * static_cast<std::size_t>(n_slots_) + summaries_bytes_;
   for (const block_class_data& c : classes_)
     for (auto* tensors : {&c.k, &c.v})
@@ -222,7 +181,7 @@ std::size_t kv_storage::total_bytes() const {
   return total;
 }
 
-kv_staging_stats kv_storage::staging() const {
+kv_staging_stats kv_arena::staging() const {
   kv_staging_stats s;
   s.slots_mapped = n_slots_;
   s.slots_in_use = slots_in_use_;
@@ -231,40 +190,25 @@ kv_staging_stats kv_storage::staging() const {
   return s;
 }
 
-std::byte* kv_storage::tile(const tensor& t, block_id b, int head) const {
-  PAGODA_DASSERT(t.windowed || (b.value >= t.first_block && b.value - t.first_block < t.n_tiles),
-                 "block {} is not of class {}", b.value, t.cls);
-  std::int64_t index = b.value - t.first_block;
-  if (t.windowed) {
-    index = window_slot_[static_cast<std::size_t>(b.value)];
-    PAGODA_ASSERT(index >= 0, "block {} holds no window slot for a sliding-window layer", b.value);
-  }
+std::byte* kv_arena::tile(const tensor& t, block_id b, int head) const {
+  PAGODA_DASSERT(b.value >= t.first_block && b.value - t.first_block < t.n_tiles, "block {} is not of class {}", b.value,
+                 t.cls);
+  const std::int64_t index = b.value - t.first_block;
   return t.data + (static_cast<std::size_t>(head) * static_cast<std::size_t>(t.n_tiles) + static_cast<std::size_t>(index)) *
                       t.tile_bytes;
 }
 
-void kv_storage::bind_window(block_id b, std::int32_t slot) {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && slot >= 0 && slot < n_window_slots_,
-                "bind_window: block {} to slot {} of {}", b.value, slot, n_window_slots_);
-  std::int32_t& old = window_block_[static_cast<std::size_t>(slot)];
-  if (old >= 0) window_slot_[static_cast<std::size_t>(old)] = -1;
-  if (window_slot_[static_cast<std::size_t>(b.value)] >= 0)
-    window_block_[static_cast<std::size_t>(window_slot_[static_cast<std::size_t>(b.value)])] = -1;
-  old = b.value;
-  window_slot_[static_cast<std::size_t>(b.value)] = slot;
-}
-
 // --- staging slots -----------------------------------------------------------
 
-std::byte* kv_storage::slot_data(std::int32_t slot) const {
+std::byte* kv_arena::slot_data(std::int32_t slot) const {
   return staging_ + static_cast<std::size_t>(slot) * slot_bytes_;
 }
 
-std::byte* kv_storage::staged_tile(std::int32_t slot, int sealed_index, int head) const {
+std::byte* kv_arena::staged_tile(std::int32_t slot, int sealed_index, int head) const {
   return slot_data(slot) + (static_cast<std::size_t>(sealed_index) * layout().n_kv_heads + head) * staged_tile_bytes_;
 }
 
-std::int32_t kv_storage::acquire_slot(block_id b) {
+std::int32_t kv_arena::acquire_slot(block_id b) {
   PAGODA_ASSERT(!free_slots_.empty(),
                 "all {} KV staging slots are in use: more partly filled blocks of a sealed KV format than sequences "
                 "the storage was sized for",
@@ -272,20 +216,20 @@ std::int32_t kv_storage::acquire_slot(block_id b) {
   std::int32_t slot = free_slots_.back();
   free_slots_.pop_back();
   slot_block_[slot] = b.value;
-  block_slot_[b.value] = slot;
+  block_slot_[at(b)] = slot;
   std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(slot) * slot_stride_, slot_stride_, 0);
   peak_slots_in_use_ = std::max(peak_slots_in_use_, ++slots_in_use_);
   return slot;
 }
 
-void kv_storage::release_slot(std::int32_t slot) {
-  block_slot_[slot_block_[slot]] = -1;
+void kv_arena::release_slot(std::int32_t slot) {
+  block_slot_[at(block_id(slot_block_[slot]))] = -1;
   slot_block_[slot] = -1;
   free_slots_.push_back(slot);
   --slots_in_use_;
 }
 
-void kv_storage::stage_from_tile(tensor& t, block_id b, std::int32_t slot, int n) {
+void kv_arena::stage_from_tile(tensor& t, block_id b, std::int32_t slot, int n) {
   const kv_tile_shape shape = layout().tile_shape();
   const kv_codec* f16 = get_kv_codec(kv_type::f16);
   const kv_format staged_fmt = kv_staged_format(t.format.role);
@@ -300,12 +244,12 @@ void kv_storage::stage_from_tile(tensor& t, block_id b, std::int32_t slot, int n
 
 // --- key summaries -----------------------------------------------------------
 
-float* kv_storage::summary(block_id b, int layer, int head) const {
+float* kv_arena::summary(block_id b, int layer, int head) const {
   const std::size_t per_head = 3 * static_cast<std::size_t>(layout().head_dim);
-  return summaries_ + ((static_cast<std::size_t>(b.value) * layout().n_layers + layer) * layout().n_kv_heads + head) * per_head;
+  return summaries_ + ((at(b) * layout().n_layers + layer) * layout().n_kv_heads + head) * per_head;
 }
 
-void kv_storage::summarize(int layer, block_id b) {
+void kv_arena::summarize(int layer, block_id b) {
   if (!summaries_) return;
   const tensor& t = k_of(b, layer);
   const int bs = layout().block_size, hd = layout().head_dim;
@@ -328,18 +272,18 @@ void kv_storage::summarize(int layer, block_id b) {
       mean[d] = static_cast<float>(sum / bs);
     }
   }
-  summarized_[static_cast<std::size_t>(b.value) * layout().n_layers + layer] = 1;
+  summarized_[at(b) * layout().n_layers + layer] = 1;
 }
 
-void kv_storage::forget_summaries(block_id b) {
+void kv_arena::forget_summaries(block_id b) {
   if (!summaries_) return;
-  std::fill_n(summarized_.begin() + static_cast<std::ptrdiff_t>(b.value) * layout().n_layers, layout().n_layers, 0);
+  std::fill_n(summarized_.begin() + static_cast<std::ptrdiff_t>(at(b)) * layout().n_layers, layout().n_layers, 0);
 }
 
-std::optional<key_summary> kv_storage::key_summary_of(block_id b, int layer, int head) const {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout().n_layers && head >= 0 &&
+std::optional<key_summary> kv_arena::key_summary_of(block_id b, int layer, int head) const {
+  PAGODA_ASSERT(owns(b) && layer >= 0 && layer < layout().n_layers && head >= 0 &&
                 head < layout().n_kv_heads);
-  if (!summaries_ || !summarized_[static_cast<std::size_t>(b.value) * layout().n_layers + layer]) return std::nullopt;
+  if (!summaries_ || !summarized_[at(b) * layout().n_layers + layer]) return std::nullopt;
   const float* s = summary(b, layer, head);
   const int hd = layout().head_dim;
   return key_summary{s, s + hd, s + 2 * hd};
@@ -347,7 +291,7 @@ std::optional<key_summary> kv_storage::key_summary_of(block_id b, int layer, int
 
 // --- writes and views ---------------------------------------------------------
 
-void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, const float* x) {
+void kv_arena::write_run(tensor& a, int layer, block_id id, int t0, int run, const float* x) {
   const int bs = layout().block_size;
   const int hd = layout().head_dim;
   const int n_heads = layout().n_kv_heads;
@@ -363,8 +307,8 @@ void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, c
       std::memcpy(gather + static_cast<std::size_t>(j) * hd, x + j * row + static_cast<std::size_t>(h) * hd,
                   sizeof(float) * hd);
   };
-  if (is_key && summaries_ && t0 == 0) summarized_[static_cast<std::size_t>(id.value) * layout().n_layers + layer] = 0;
-  if (is_key && has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(id.value)])
+  if (is_key && summaries_ && t0 == 0) summarized(id, layer) = 0;
+  if (is_key && has_bias(id, layer))
     for (int h = 0; h < n_heads; ++h) std::fill_n(bias_at(id, layer, h) + t0, run, 0.0f);  // new tokens stand for one each
   if (a.sealed_index < 0) {
     for (int h = 0; h < n_heads; ++h) {
@@ -372,7 +316,7 @@ void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, c
       a.codec->encode(a.format, shape, a.params(h), gather, t0, run, tile(a, id, h));
     }
   } else {
-    std::int32_t slot = block_slot_[id.value];
+    std::int32_t slot = block_slot_[at(id)];
     if (t0 == 0 && run == bs) {
       // The whole block at once: encode directly, through f16 as if staged.
       for (int h = 0; h < n_heads; ++h) {
@@ -408,7 +352,7 @@ void kv_storage::write_run(tensor& a, int layer, block_id id, int t0, int run, c
   if (is_key && t0 + run == bs) summarize(layer, id);
 }
 
-void kv_storage::write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v) {
+void kv_arena::write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v) {
   PAGODA_ASSERT(layer >= 0 && layer < layout().n_layers);
   const int bs = layout().block_size;
   const std::size_t row = static_cast<std::size_t>(layout().n_kv_heads) * layout().head_dim;
@@ -420,14 +364,14 @@ void kv_storage::write(int layer, std::span<const block_id> blocks, int slot, in
     const int run = std::min(n - i, bs - t0);
     PAGODA_ASSERT(b < static_cast<int>(blocks.size()), "slot {} has no block (table holds {})", p, blocks.size());
     const block_id id = blocks[b];
-    PAGODA_ASSERT(id.value >= 0 && id.value < n_blocks_, "block id {} out of range", id.value);
+    PAGODA_ASSERT(owns(id), "block id {} out of range", id.value);
     write_run(k_of(id, layer), layer, id, t0, run, k + static_cast<std::size_t>(i) * row);
     write_run(v_of(id, layer), layer, id, t0, run, v + static_cast<std::size_t>(i) * row);
     i += run;
   }
 }
 
-paged_kv_view kv_storage::view(int layer, kv_role role, std::span<const block_id> blocks, int n_tokens) const {
+paged_kv_view kv_arena::view(int layer, kv_role role, std::span<const block_id> blocks, int n_tokens) const {
   const tensor& a = role == kv_role::key ? classes_[0].k[layer] : classes_[0].v[layer];
   paged_kv_view view;
   view.codec = a.codec;
@@ -436,8 +380,8 @@ paged_kv_view kv_storage::view(int layer, kv_role role, std::span<const block_id
   view.base = a.data;
   view.tile_bytes = a.tile_bytes;
   view.head_stride = a.tile_bytes * static_cast<std::size_t>(a.n_tiles);
-  if (a.windowed) view.remap = window_slot_.data();
   view.blocks = blocks;
+  view.first_block = static_cast<std::int32_t>(first_block_);
   view.n_tokens = n_tokens;
   view.static_params = a.params(0);
   if (!view_classes_.empty()) {
@@ -445,16 +389,17 @@ paged_kv_view kv_storage::view(int layer, kv_role role, std::span<const block_id
     view.classes = view_classes_.data() + at * classes_.size();
     view.block_class = block_class_.data();
   }
+  const int bs = layout().block_size;
   if (any_bias_ && role == kv_role::key) {
-    view.bias = bias_at(block_id(0), layer, 0);
+    view.bias = bias_ + static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_blocks_) *
+                            static_cast<std::size_t>(layout().n_kv_heads) * static_cast<std::size_t>(bs);
     view.has_bias = has_bias_.data() + static_cast<std::size_t>(layer) * static_cast<std::size_t>(n_blocks_);
     view.n_kv_heads = layout().n_kv_heads;
   }
-  const int bs = layout().block_size;
   if (slot_stride_ > 0 && n_tokens > 0 && n_tokens % bs != 0) {
     const block_id last = blocks[(n_tokens - 1) / bs];
     const int sealed_index = tensor_of(last, layer, role).sealed_index;
-    const std::int32_t slot = sealed_index >= 0 ? block_slot_[last.value] : -1;
+    const std::int32_t slot = sealed_index >= 0 ? block_slot_[at(last)] : -1;
     const std::int32_t fill = slot >= 0 ? slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + sealed_index] : bs;
     // Not staged: the block was sealed since (the view covers a prefix of it).
     if (fill < bs) {
@@ -468,26 +413,26 @@ paged_kv_view kv_storage::view(int layer, kv_role role, std::span<const block_id
   return view;
 }
 
-paged_kv_view kv_storage::k_view(int layer, std::span<const block_id> blocks, int n_slots) const {
+paged_kv_view kv_arena::k_view(int layer, std::span<const block_id> blocks, int n_slots) const {
   return view(layer, kv_role::key, blocks, n_slots);
 }
 
-paged_kv_view kv_storage::v_view(int layer, std::span<const block_id> blocks, int n_slots) const {
+paged_kv_view kv_arena::v_view(int layer, std::span<const block_id> blocks, int n_slots) const {
   return view(layer, kv_role::value, blocks, n_slots);
 }
 
 // --- block ops ------------------------------------------------------------------
 
-void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
-  PAGODA_ASSERT(src.value >= 0 && src.value < n_blocks_ && dst.value >= 0 && dst.value < n_blocks_ && src != dst);
+void kv_arena::copy_block(block_id src, block_id dst, int n_tokens) {
+  PAGODA_ASSERT(owns(src) && owns(dst) && src != dst);
   PAGODA_ASSERT(n_tokens >= 0 && n_tokens <= layout().block_size, "copy of {} tokens", n_tokens);
   PAGODA_ASSERT(block_class(src) == block_class(dst), "copy_block from block {} of class {} to block {} of class {}",
                 src.value, block_class(src), dst.value, block_class(dst));
   block_class_data& c = classes_[block_class(src)];
   const int bs = layout().block_size;
   const bool sealed = c.n_sealed > 0;
-  const std::int32_t from = sealed ? block_slot_[src.value] : -1;
-  std::int32_t to = sealed ? block_slot_[dst.value] : -1;
+  const std::int32_t from = sealed ? block_slot_[at(src)] : -1;
+  std::int32_t to = sealed ? block_slot_[at(dst)] : -1;
   // Tiles are copied whole: slots past n_tokens hold garbage until written.
   for (auto* tensors : {&c.k, &c.v})
     for (tensor& t : *tensors)
@@ -514,15 +459,13 @@ void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
       }
   }
   for (int l = 0; l < layout().n_layers; ++l) {
-    const auto at_src = static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(src.value);
-    const auto at_dst = static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(dst.value);
-    has_bias_[at_dst] = has_bias_[at_src];
-    if (has_bias_[at_src])
+    has_bias(dst, l) = has_bias(src, l);
+    if (has_bias(src, l))
       std::memcpy(bias_at(dst, l, 0), bias_at(src, l, 0), sizeof(float) * layout().n_kv_heads * bs);
   }
   if (summaries_) {
-    const auto at_src = static_cast<std::size_t>(src.value) * layout().n_layers;
-    const auto at_dst = static_cast<std::size_t>(dst.value) * layout().n_layers;
+    const auto at_src = at(src) * layout().n_layers;
+    const auto at_dst = at(dst) * layout().n_layers;
     for (int l = 0; l < layout().n_layers; ++l) {
       const bool keep = n_tokens == bs && summarized_[at_src + l];
       summarized_[at_dst + l] = keep;
@@ -533,13 +476,13 @@ void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
   }
 }
 
-void kv_storage::truncate_block(block_id b, int n_tokens) {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_);
+void kv_arena::truncate_block(block_id b, int n_tokens) {
+  PAGODA_ASSERT(owns(b));
   PAGODA_ASSERT(n_tokens >= 0 && n_tokens < layout().block_size, "truncate to {} tokens", n_tokens);
   forget_summaries(b);
   block_class_data& c = classes_[block_class(b)];
   if (c.n_sealed == 0) return;  // codes of other formats are per token: later writes just overwrite
-  std::int32_t slot = block_slot_[b.value];
+  std::int32_t slot = block_slot_[at(b)];
   if (n_tokens == 0) {
     if (slot >= 0) release_slot(slot);
     return;
@@ -555,24 +498,19 @@ void kv_storage::truncate_block(block_id b, int n_tokens) {
     }
 }
 
-void kv_storage::release_block(block_id b) {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
-  if (slot_stride_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
-  if (n_window_slots_ > 0) {
-    std::int32_t& slot = window_slot_[static_cast<std::size_t>(b.value)];
-    if (slot >= 0) window_block_[static_cast<std::size_t>(slot)] = -1;
-    slot = -1;
-  }
+void kv_arena::release_block(block_id b) {
+  PAGODA_ASSERT(owns(b), "block id {} out of range", b.value);
+  if (slot_stride_ > 0 && block_slot_[at(b)] >= 0) release_slot(block_slot_[at(b)]);
   forget_summaries(b);
   clear_bias(b);
 }
 
-void kv_storage::read_block(block_id b, std::span<std::byte> out) const {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
+void kv_arena::read_block(block_id b, std::span<std::byte> out) const {
+  PAGODA_ASSERT(owns(b), "block id {} out of range", b.value);
   const block_class_data& c = classes_[block_class(b)];
   PAGODA_ASSERT(out.size() == c.layout.tile_bytes_per_block(), "read_block into {} bytes, block {} (class {}) has {}",
                 out.size(), b.value, block_class(b), c.layout.tile_bytes_per_block());
-  PAGODA_ASSERT(c.n_sealed == 0 || block_slot_[b.value] < 0, "read_block of block {}, which is still staged", b.value);
+  PAGODA_ASSERT(c.n_sealed == 0 || block_slot_[at(b)] < 0, "read_block of block {}, which is still staged", b.value);
   std::byte* dst = out.data();
   for (int l = 0; l < layout().n_layers; ++l)
     for (const tensor* t : {&c.k[l], &c.v[l]})
@@ -582,8 +520,8 @@ void kv_storage::read_block(block_id b, std::span<std::byte> out) const {
       }
 }
 
-status kv_storage::write_block(block_id b, std::span<const std::byte> in) {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_, "block id {} out of range", b.value);
+status kv_arena::write_block(block_id b, std::span<const std::byte> in) {
+  PAGODA_ASSERT(owns(b), "block id {} out of range", b.value);
   const block_class_data& c = classes_[block_class(b)];
   if (in.size() != c.layout.tile_bytes_per_block()) {
     if (classes_.size() > 1)
@@ -592,7 +530,7 @@ status kv_storage::write_block(block_id b, std::span<const std::byte> in) {
     return error(errc::invalid_argument, "a KV block of this layout ({}) has {} bytes, not {}", c.layout.describe(),
                  c.layout.tile_bytes_per_block(), in.size());
   }
-  if (slot_stride_ > 0 && block_slot_[b.value] >= 0) release_slot(block_slot_[b.value]);
+  if (slot_stride_ > 0 && block_slot_[at(b)] >= 0) release_slot(block_slot_[at(b)]);
   clear_bias(b);
   const std::byte* src = in.data();
   for (int l = 0; l < layout().n_layers; ++l)

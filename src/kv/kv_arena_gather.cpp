@@ -6,33 +6,31 @@
 #include "core/assert.h"
 #include "core/half.h"
 #include "kv/kv_fold.h"
-#include "kv/kv_storage.h"
+#include "kv/kv_arena.h"
 
 namespace pagoda {
 
-float* kv_storage::bias_at(block_id b, int layer, int head) const {
+float* kv_arena::bias_at(block_id b, int layer, int head) const {
   const std::size_t per_block = static_cast<std::size_t>(layout().n_kv_heads) * layout().block_size;
-  return bias_ + (static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)) * per_block +
+  return bias_ + (static_cast<std::size_t>(layer) * n_blocks_ + at(b)) * per_block +
          static_cast<std::size_t>(head) * layout().block_size;
 }
 
-const float* kv_storage::bias_of(block_id b, int layer, int head) const {
-  PAGODA_ASSERT(b.value >= 0 && b.value < n_blocks_ && layer >= 0 && layer < layout().n_layers);
-  return has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)]
-             ? bias_at(b, layer, head)
-             : nullptr;
+const float* kv_arena::bias_of(block_id b, int layer, int head) const {
+  PAGODA_ASSERT(owns(b) && layer >= 0 && layer < layout().n_layers);
+  return has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + at(b)] ? bias_at(b, layer, head) : nullptr;
 }
 
-void kv_storage::clear_bias(block_id b) {
+void kv_arena::clear_bias(block_id b) {
   for (int l = 0; l < layout().n_layers; ++l) {
-    std::uint8_t& has = has_bias_[static_cast<std::size_t>(l) * n_blocks_ + static_cast<std::size_t>(b.value)];
+    std::uint8_t& has = has_bias(b, l);
     if (!has) continue;
     std::fill_n(bias_at(b, l, 0), static_cast<std::size_t>(layout().n_kv_heads) * layout().block_size, 0.0f);
     has = 0;
   }
 }
 
-void kv_storage::decode_slots(int layer, kv_role role, std::span<const block_id> table, int head,
+void kv_arena::decode_slots(int layer, kv_role role, std::span<const block_id> table, int head,
                               std::span<const std::int32_t> slots, float* out, std::size_t stride) {
   const int bs = layout().block_size;
   const kv_tile_shape shape = layout().tile_shape();
@@ -47,29 +45,29 @@ void kv_storage::decode_slots(int layer, kv_role role, std::span<const block_id>
     }
     const block_id b = table[static_cast<std::size_t>(slot / bs)];
     const tensor& t = tensor_of(b, layer, role);  // each slot in its own block's class
-    const int at = slot % bs;
-    const std::int32_t ss = t.sealed_index >= 0 ? block_slot_[b.value] : -1;
+    const int in_block = slot % bs;
+    const std::int32_t ss = t.sealed_index >= 0 ? block_slot_[at(b)] : -1;
     const std::int32_t fill = ss >= 0 ? slot_fill_[static_cast<std::size_t>(ss) * slot_stride_ + t.sealed_index] : bs;
     if (ss >= 0 && fill < bs) {
-      PAGODA_ASSERT(at < fill, "gather reads slot {} of block {}, which stages {}", at, b.value, fill);
-      f16->decode(staged_fmt, shape, nullptr, staged_tile(ss, t.sealed_index, head), at, 1, dst);
+      PAGODA_ASSERT(in_block < fill, "gather reads slot {} of block {}, which stages {}", in_block, b.value, fill);
+      f16->decode(staged_fmt, shape, nullptr, staged_tile(ss, t.sealed_index, head), in_block, 1, dst);
     } else {
-      t.codec->decode(t.format, shape, t.params(head), tile(t, b, head), at, 1, dst);
+      t.codec->decode(t.format, shape, t.params(head), tile(t, b, head), in_block, 1, dst);
     }
   }
 }
 
-void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1, const float* x) {
+void kv_arena::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1, const float* x) {
   const int bs = layout().block_size;
   if (t.format.role == kv_role::key && summaries_ && t1 < bs)
-    summarized_[static_cast<std::size_t>(b.value) * layout().n_layers + layer] = 0;  // no longer full
+    summarized(b, layer) = 0;  // no longer full
   if (t.sealed_index >= 0) {
     // Sealed: the kept leading slots must be staged (from the tile when the
     // block was sealed) for the write path to append after them; it seals
     // the block again when it fills. A block without a staging slot has every
     // sealed tensor in its tile (fill = block_size) until that tensor's own
     // layer is rewritten: other layers may still read it as a source.
-    std::int32_t ss = block_slot_[b.value];
+    std::int32_t ss = block_slot_[at(b)];
     if (ss < 0 && t0 == 0 && t1 == bs) {
       write_run(t, layer, b, 0, bs, x);  // a whole block: encoded at once, no staging
       return;
@@ -107,12 +105,12 @@ void kv_storage::rewrite_block(tensor& t, int layer, block_id b, int t0, int t1,
   write_run(t, layer, b, t0, t1 - t0, x);
 }
 
-void kv_storage::gather(const kv_gather& g, const key_rotation& rotate) {
+void kv_arena::gather(const kv_gather& g, const kv_backend::key_rotation& rotate) {
   PAGODA_ASSERT(g.rotate.empty() || rotate, "a gather that re-rotates keys needs the model's rotation");
   for (int l = 0; l < layout().n_layers; ++l) gather_layer(g, l, rotate);
 }
 
-void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation& rotate) {
+void kv_arena::gather_layer(const kv_gather& g, int layer, const kv_backend::key_rotation& rotate) {
   const int bs = layout().block_size, hd = layout().head_dim, H = layout().n_kv_heads;
   const std::size_t row = static_cast<std::size_t>(H) * hd;
   const int n = g.n;
@@ -128,7 +126,8 @@ void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation&
   };
   bool any_mass = false;
   for (int h = 0; h < H; ++h) {
-    const int r = g.n_rows == 1 ? 0 : layer * H + h;
+    // Rows are the model's: r = model layer * H + head.
+    const int r = g.n_rows == 1 ? 0 : model_layers_[static_cast<std::size_t>(layer)] * H + h;
     const std::span<const std::int32_t> src(g.row_sources(r), static_cast<std::size_t>(n));
     decode_slots(layer, kv_role::key, g.src_table, h, src, k.data() + static_cast<std::size_t>(h) * hd, row);
     decode_slots(layer, kv_role::value, g.src_table, h, src, v.data() + static_cast<std::size_t>(h) * hd, row);
@@ -173,7 +172,7 @@ void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation&
     }
     any_mass = true;
   }
-  if (!g.rotate.empty()) rotate(layer, k.data(), n, g.rotate.data());
+  if (!g.rotate.empty()) rotate(model_layers_[static_cast<std::size_t>(layer)], k.data(), n, g.rotate.data());
 
   // Write block by block.
   for (int i = 0; i < n;) {
@@ -183,7 +182,7 @@ void kv_storage::gather_layer(const kv_gather& g, int layer, const key_rotation&
     // Encoded in the destination block's class, whatever the sources' were.
     rewrite_block(k_of(b, layer), layer, b, t0, t1, k.data() + static_cast<std::size_t>(i) * row);
     rewrite_block(v_of(b, layer), layer, b, t0, t1, v.data() + static_cast<std::size_t>(i) * row);
-    std::uint8_t& has = has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + static_cast<std::size_t>(b.value)];
+    std::uint8_t& has = has_bias(b, layer);
     if (any_mass || has) {
       for (int h = 0; h < H; ++h) {
         float* bias = bias_at(b, layer, h);

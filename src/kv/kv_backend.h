@@ -20,20 +20,26 @@
 // invariant: a query reads its own block as f16 while the block is open and as
 // codes once it is sealed. They are deterministic.
 //
-// Block classes. A backend may store blocks in several CLASSES, each with its
-// own per-layer K and V formats (a long document in int4 beside a question in
-// f16): class 0 is layout(), the default; classes 1..n_classes()-1 have
-// class_layout(c), of the same shape (layers, KV heads, head_dim, block_size).
-// Class c owns the contiguous block ids [class_first_block(c),
-// class_first_block(c) + class_n_blocks(c)), in class order from 0; a block's
-// class never changes. A block table may mix classes, a block being wholly
-// one class, and every op takes any class: writes and views follow each
-// block's class, copy_block stays within a class, read_block / write_block
-// move class_layout(block_class(b)).tile_bytes_per_block() bytes, and gather
-// decodes each source slot in its block's class and encodes it in its
-// destination block's. A staged (open) block of a sealed format reads as f16
-// whatever its class. A backend of one class reports exactly what it did
-// before classes existed: block_class 0 and layout() for every block.
+// Groups and classes. The model's layers are split into KV GROUPS (kv_group.h):
+// the layers of one group share block tables, and each group has its own
+// blocks, global ids [first, first + n) of one id space (group_of(b) names
+// it). A layer's writes and views take its group's table (layer_group). A
+// group's blocks come in CLASSES (a long document in int4 beside a question
+// in f16), each with its own per-layer K and V formats; class c of a group
+// owns a contiguous run of its ids; a block's group and class never change.
+// A table may mix classes, a block being wholly one class, and every op takes
+// any block: writes and views follow each block's class, copy_block stays
+// within a group and class, read_block / write_block move
+// block_layout(b).tile_bytes_per_block() bytes (the group's layers in the
+// class's formats), and gather decodes each source slot in its block's class
+// and encodes it in its destination block's. A staged (open) block of a
+// sealed format reads as f16 whatever its class. A backend of one group and
+// one class reports exactly what it did before either existed.
+//
+// NULL table entries (block_id()): a sliding-window group frees the leading
+// blocks of a table that no later query reads. A view's tables may hold them;
+// attention never reads them (they are out of every query's window), and
+// writes never target them.
 #pragma once
 
 #include <cstddef>
@@ -50,7 +56,7 @@
 namespace pagoda {
 
 // Where one block class keeps one layer's K or V (paged_kv_view::classes):
-// head h's tile of block b (a block of this class) is at
+// head h's tile of block b (a block of this class, global id) is at
 // base + h * head_stride + (b - first_block) * tile_bytes.
 struct paged_kv_class {
   const kv_codec* codec = nullptr;
@@ -77,7 +83,8 @@ struct paged_kv_view {
   const std::byte* base = nullptr;
   std::size_t tile_bytes = 0;
   std::size_t head_stride = 0;  // n_blocks * tile_bytes
-  std::span<const block_id> blocks;
+  std::span<const block_id> blocks;  // the layer's group's table (NULL entries are never read)
+  std::int32_t first_block = 0;      // the group's first block id: per-block arrays are indexed by b - first_block
   int n_tokens = 0;  // KV slots covered
   // [n_kv_heads] static parameters, or nullptr.
   const kv_static_params* static_params = nullptr;
@@ -89,31 +96,26 @@ struct paged_kv_view {
   kv_format staged_format;
   // Per-slot additive logits (keys only), or nullptr: a merged entry that
   // stands for m tokens adds log m to its score, so the softmax gives it the
-  // mass of m tokens. Block b's (pool id) bias for head h is
-  // bias + (b * n_kv_heads + h) * block_size, meaningful where has_bias[b].
-  const float* bias = nullptr;              // [pool blocks][n_kv_heads][block_size], this layer
-  const std::uint8_t* has_bias = nullptr;   // [pool blocks]
+  // mass of m tokens. Block b's bias for head h is
+  // bias + ((b - first_block) * n_kv_heads + h) * block_size, meaningful where has_bias[b - first_block].
+  const float* bias = nullptr;              // [group blocks][n_kv_heads][block_size], this layer
+  const std::uint8_t* has_bias = nullptr;   // [group blocks]
   int n_kv_heads = 0;
-  // A layer whose K/V live in window slots (kv/window_slots.h): block b's
-  // tiles are at index remap[b] (-1: b holds none; attention never reads it,
-  // as it is out of every query's window). nullptr: the block id is the index.
-  const std::int32_t* remap = nullptr;  // [pool blocks]
-  // Block classes (see above), or nullptr when the backend has one: block b
-  // (pool id) is of class block_class[b], stored as classes[block_class[b]]
-  // says for this layer and role. Never set together with remap.
+  // Block classes (see above), or nullptr when the group has one: block b is
+  // of class block_class[b - first_block], stored as that class's entry says
+  // for this layer and role.
   const paged_kv_class* classes = nullptr;     // [n classes]
-  const std::uint8_t* block_class = nullptr;   // [pool blocks]
+  const std::uint8_t* block_class = nullptr;   // [group blocks]
 
   const void* tile(int block_index, int head) const {
     const std::int32_t b = blocks[block_index].value;
-    if (classes) return classes[block_class[b]].tile(b, head);
-    return base + static_cast<std::size_t>(head) * head_stride +
-           static_cast<std::size_t>(remap ? remap[b] : b) * tile_bytes;
+    if (classes) return classes[block_class[b - first_block]].tile(b, head);
+    return base + static_cast<std::size_t>(head) * head_stride + static_cast<std::size_t>(b - first_block) * tile_bytes;
   }
   // Class 0's static parameters of head: use params_of for a given block.
   const kv_static_params* params(int head) const { return static_params ? static_params + head : nullptr; }
   // The class of table block block_index (0 without classes).
-  int class_of(int block_index) const { return classes ? block_class[blocks[block_index].value] : 0; }
+  int class_of(int block_index) const { return classes ? block_class[blocks[block_index].value - first_block] : 0; }
   const kv_codec* codec_of(int block_index) const { return classes ? classes[class_of(block_index)].codec : codec; }
   const kv_format& format_of(int block_index) const {
     return classes ? classes[class_of(block_index)].format : format;
@@ -143,7 +145,7 @@ struct paged_kv_view {
   // The bias of block_index's slots for head, or nullptr when it has none.
   const float* bias_of(int block_index, int head) const {
     if (!bias) return nullptr;
-    const auto b = static_cast<std::size_t>(blocks[block_index].value);
+    const auto b = static_cast<std::size_t>(blocks[block_index].value - first_block);
     return has_bias[b] ? bias + (b * static_cast<std::size_t>(n_kv_heads) + head) * shape.block_size : nullptr;
   }
 };
@@ -161,19 +163,22 @@ class kv_backend {
  public:
   virtual ~kv_backend() = default;
 
-  // Class 0's layout (the default); every class has its shape.
+  // The model's shape (every layer, KV heads, head_dim, block_size) in class
+  // 0's formats: what a layer's writes and views are shaped by.
   virtual const kv_layout& layout() const = 0;
-  // Blocks of every class.
+  // Blocks of every group and class (ids 0 .. n_blocks() - 1).
   virtual std::int64_t n_blocks() const = 0;
 
-  // Block classes (see above). A backend of one class need not override these.
-  virtual int n_classes() const { return 1; }
-  virtual const kv_layout& class_layout(int c) const { return layout(); }
-  virtual std::int64_t class_first_block(int c) const { return 0; }
-  virtual std::int64_t class_n_blocks(int c) const { return n_blocks(); }
+  // Groups and classes (see above). A backend of one group and one class need not override these.
+  virtual int n_groups() const { return 1; }
+  // The group holding layer's K/V (its writes and views take that group's table).
+  virtual int layer_group(int layer) const { return 0; }
+  virtual int group_of(block_id b) const { return 0; }
   virtual int block_class(block_id b) const { return 0; }
-  // Bytes of b's read_block / write_block: its class's tile_bytes_per_block().
-  std::size_t block_bytes(block_id b) const { return class_layout(block_class(b)).tile_bytes_per_block(); }
+  // What b's bytes are: its group's layers in its class's formats.
+  virtual const kv_layout& block_layout(block_id b) const { return layout(); }
+  // Bytes of b's read_block / write_block.
+  std::size_t block_bytes(block_id b) const { return block_layout(b).tile_bytes_per_block(); }
 
   // Stores K and V of n consecutive tokens of one sequence into KV slots
   // [slot, slot + n) of its table. k and v are [n][n_kv_heads][head_dim].
@@ -187,21 +192,17 @@ class kv_backend {
   virtual paged_kv_view v_view(int layer, std::span<const block_id> blocks, int n_slots) const = 0;
 
   // Block ops (kv_manager.h). copy_block: the first n_tokens slots of src, every
-  // layer, K and V, into dst, which may be written from slot n_tokens on.
-  // REQUIRES: src and dst of the same class.
+  // layer of its group, K and V, into dst, which may be written from slot n_tokens on.
+  // REQUIRES: src and dst of the same group and class.
   virtual void copy_block(block_id src, block_id dst, int n_tokens) = 0;
   // Slots [n_tokens, block_size) of b become writable again; the first
   // n_tokens keep what they hold (a sealed block is reopened in staging).
   virtual void truncate_block(block_id b, int n_tokens) = 0;
   // b went back to the free pool: drop whatever per-block state it holds.
   virtual void release_block(block_id b) = 0;
-  // Window slots (kv/window_slots.h): b's windowed-layer K/V live in `slot`
-  // from now on; the block that held the slot before loses them.
-  virtual void bind_window(block_id b, std::int32_t slot) = 0;
-
-  // A whole FULL block as bytes: every layer's K and V tiles, scales included,
-  // in a fixed order; block_bytes(b) bytes (its class's layout). Meaningful
-  // only to a backend with the same layout for the block's class.
+  // A whole FULL block as bytes: every layer of its group, K and V tiles,
+  // scales included, in a fixed order; block_bytes(b) bytes (block_layout(b)).
+  // Meaningful only to a backend with the same block_layout.
   // REQUIRES: every slot of b was written.
   virtual void read_block(block_id b, std::span<std::byte> out) const = 0;
   // The inverse: b then holds a full block with these bytes (key summaries
@@ -212,12 +213,13 @@ class kv_backend {
   // the layout keeps none or b is not full.
   virtual std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const = 0;
 
-  // Compaction (kv_gather.h, kv_manager::compact): for every layer, K and V,
-  // slots [g.first, g.first + g.n) of g.dst_table are rewritten from slots of
-  // g.src_table (decoded, folded as g.fold says, re-encoded), with their
-  // per-slot biases. Slots of g.dst_table below g.first keep what they hold.
-  // rotate (needed when g.rotate is set) turns keys by a number of positions:
-  // rotate(layer, k [n][n_kv_heads][head_dim], n, delta [n]).
+  // Compaction (kv_gather.h, kv_manager::compact): for every layer of group
+  // g.group, K and V, slots [g.first, g.first + g.n) of g.dst_table (that
+  // group's table) are rewritten from slots of g.src_table (decoded, folded as
+  // g.fold says, re-encoded), with their per-slot biases. Slots of
+  // g.dst_table below g.first keep what they hold. rotate (needed when
+  // g.rotate is set) turns keys by a number of positions:
+  // rotate(model layer, k [n][n_kv_heads][head_dim], n, delta [n]).
   using key_rotation = std::function<void(int layer, float* k, int n, const std::int32_t* delta)>;
   virtual void gather(const kv_gather& g, const key_rotation& rotate) = 0;
 };

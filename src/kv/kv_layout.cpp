@@ -100,4 +100,39 @@ std::string kv_layout::describe() const {
   return out;
 }
 
+status check_kv_class_shape(const kv_layout& base, const kv_layout& c, int index) {
+  if (c.n_layers != base.n_layers || c.n_kv_heads != base.n_kv_heads || c.head_dim != base.head_dim ||
+      c.block_size != base.block_size || c.key_summaries != base.key_summaries)
+    return error(errc::invalid_argument,
+                 "KV block class {}: shape {} layers x {} KV heads x head_dim {}, block_size {}, key summaries {} "
+                 "differs from the default layout's {} x {} x {}, {}, {}",
+                 index, c.n_layers, c.n_kv_heads, c.head_dim, c.block_size, c.key_summaries ? "on" : "off",
+                 base.n_layers, base.n_kv_heads, base.head_dim, base.block_size, base.key_summaries ? "on" : "off");
+  return {};
+}
+
+kv_layout kv_layout::select_layers(std::span<const int> layers) const {
+  kv_layout out = *this;
+  out.n_layers = static_cast<int>(layers.size());
+  out.k_formats.clear();
+  out.v_formats.clear();
+  for (const int l : layers) {
+    out.k_formats.push_back(k_formats[static_cast<std::size_t>(l)]);
+    out.v_formats.push_back(v_formats[static_cast<std::size_t>(l)]);
+  }
+  if (scales) {
+    auto sub = std::make_shared<kv_scales>(*scales);
+    sub->n_layers = out.n_layers;
+    for (auto* v : {&sub->k_lo, &sub->k_hi, &sub->v_lo, &sub->v_hi}) v->clear();
+    for (const int l : layers)
+      for (auto [dst, src] : {std::pair{&sub->k_lo, &scales->k_lo}, std::pair{&sub->k_hi, &scales->k_hi},
+                              std::pair{&sub->v_lo, &scales->v_lo}, std::pair{&sub->v_hi, &scales->v_hi}}) {
+        const auto at = src->begin() + static_cast<std::ptrdiff_t>(scales->index(l, 0));
+        dst->insert(dst->end(), at, at + static_cast<std::ptrdiff_t>(n_kv_heads) * head_dim);
+      }
+    out.scales = std::move(sub);
+  }
+  return out;
+}
+
 }  // namespace pagoda

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,7 +70,15 @@ struct kv_layout {
   double bits_per_element() const;
   // "int8/token+int4/token", or per layer ranges when layers differ.
   std::string describe() const;
+  // The layout of some of these layers only (a KV group's, kv_group.h): their
+  // formats, in this order, and their calibrated scales. REQUIRES: valid layer numbers.
+  kv_layout select_layers(std::span<const int> layers) const;
 };
+
+// An extra class's layout must have the default's shape (blocks of every
+// class share block tables, biases and key summaries): an error naming class
+// `index` and both shapes when not.
+status check_kv_class_shape(const kv_layout& base, const kv_layout& c, int index);
 
 // An extra block class of a KV storage (kv_storage.h): n_blocks blocks stored
 // in their own formats. layout has the default layout's shape (n_layers,

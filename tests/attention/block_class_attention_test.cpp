@@ -54,7 +54,7 @@ struct mixed_cache {
 
   mixed_cache(const fixture& f, std::span<const int> classes, unsigned seed) {
     const std::vector<kv_class_spec> extra{{layout_of(k_specs[1]), k_per_class}, {layout_of(k_specs[2]), k_per_class}};
-    kv = std::move(*kv_storage::create(layout_of(k_specs[0]), k_per_class, 2, {}, extra));
+    kv = std::move(*kv_storage::create(layout_of(k_specs[0]), k_per_class, 2, extra));
     std::mt19937 rng(seed);
     std::vector<std::vector<int>> ids(3, std::vector<int>(k_per_class));
     for (int c = 0; c < 3; ++c) {

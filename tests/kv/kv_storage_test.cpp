@@ -552,7 +552,7 @@ struct class_fixture {
   }
   static std::unique_ptr<kv_storage> make_mixed() {
     const std::vector<kv_class_spec> extra{{layout_of(1), 5}, {layout_of(2), 6}};
-    return std::move(*kv_storage::create(layout_of(0), 6, 4, {}, extra));
+    return std::move(*kv_storage::create(layout_of(0), 6, 4, extra));
   }
 
   class_fixture() {
@@ -608,15 +608,16 @@ TEST(kv_storage_classes, each_block_is_stored_in_its_class) {
   kv_storage& s = *f.s;
   ASSERT_EQ(s.n_classes(), 3);
   EXPECT_EQ(s.n_blocks(), 17);
-  EXPECT_EQ(s.class_first_block(1), 6);
-  EXPECT_EQ(s.class_n_blocks(1), 5);
-  EXPECT_EQ(s.class_first_block(2), 11);
-  EXPECT_EQ(s.class_n_blocks(2), 6);
+  EXPECT_EQ(s.arena(0).class_first_block(1), 6);
+  EXPECT_EQ(s.arena(0).class_n_blocks(1), 5);
+  EXPECT_EQ(s.arena(0).class_first_block(2), 11);
+  EXPECT_EQ(s.arena(0).class_n_blocks(2), 6);
   EXPECT_EQ(s.block_class(block_id(5)), 0);
   EXPECT_EQ(s.block_class(block_id(6)), 1);
   EXPECT_EQ(s.block_class(block_id(16)), 2);
   EXPECT_EQ(s.layout().k_formats[0].type, kv_type::f16);
-  EXPECT_EQ(s.class_layout(1).k_formats[1].type, kv_type::int2);
+  EXPECT_EQ(s.arena(0).class_layout(1).k_formats[1].type, kv_type::int2);
+  EXPECT_EQ(s.block_layout(block_id(7)).k_formats[1].type, kv_type::int2);
   EXPECT_EQ(s.block_bytes(block_id(12)), class_fixture::layout_of(2).tile_bytes_per_block());
   // Every class's blocks, and staging slots sized for the class that stages most.
   std::size_t want = 0;
@@ -690,7 +691,7 @@ TEST(kv_storage_classes, block_ops_stay_within_a_class) {
   // Whole blocks as bytes, each class its own size; a size of another class is an error.
   for (block_id blk : {block_id(2), block_id(7), block_id(12)}) {
     const int c = s.block_class(blk);
-    const block_id to(static_cast<std::int32_t>(s.class_first_block(c) + s.class_n_blocks(c) - 1));
+    const block_id to(static_cast<std::int32_t>(s.arena(0).class_first_block(c) + s.arena(0).class_n_blocks(c) - 1));
     std::vector<std::byte> bytes(s.block_bytes(blk));
     EXPECT_EQ(bytes.size(), class_fixture::layout_of(c).tile_bytes_per_block());
     s.read_block(blk, bytes);
@@ -786,9 +787,9 @@ TEST(kv_storage_classes, folded_entries_carry_their_bias_in_any_class) {
 
 TEST(kv_storage_classes, rejects_classes_it_cannot_hold) {
   const kv_layout base = class_fixture::layout_of(0);
-  auto create = [&](kv_layout extra, std::int64_t n = 4, const kv_window_layout& w = {}) {
+  auto create = [&](kv_layout extra, std::int64_t n = 4) {
     const std::vector<kv_class_spec> spec{{std::move(extra), n}};
-    return kv_storage::create(base, 4, 1, w, spec);
+    return kv_storage::create(base, 4, 1, spec);
   };
   auto heads = class_fixture::layout_of(2);
   heads.n_kv_heads = 1;
@@ -812,18 +813,96 @@ TEST(kv_storage_classes, rejects_classes_it_cannot_hold) {
   ASSERT_FALSE(bf.ok());
   EXPECT_NE(bf.error().message().find("KV block class 1: "), std::string::npos) << bf.error().message();
   EXPECT_EQ(create(class_fixture::layout_of(2), 0).error().code(), errc::invalid_argument);
-  kv_window_layout windows;
-  windows.layers = {1, 0};
-  windows.n_slots = 2;
-  auto w = create(class_fixture::layout_of(2), 4, windows);
-  ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.error().code(), errc::unsupported);
-  EXPECT_NE(w.error().message().find("window slots"), std::string::npos) << w.error().message();
   // One class behaves as before: no class arrays in views.
   auto one = *kv_storage::create(base, 4);
   EXPECT_EQ(one->n_classes(), 1);
   std::vector<block_id> t{block_id(1)};
   EXPECT_EQ(one->k_view(0, t, 0).classes, nullptr);
+}
+
+// KV groups: layers 0 and 2 in group 0 (8 blocks, ids 0..7), layer 1 in
+// group 1 (4 blocks, ids 8..11), each with a second class. Each layer reads
+// and writes its group's table, read back equal to a one-group storage fed
+// the same; a block's bytes are its group's layers in its class's formats;
+// ops stay in their group; views take tables with leading NULL entries.
+TEST(kv_storage_groups, each_layer_lives_in_its_group) {
+  const kv_layout f16 = kv_layout::uniform(3, 2, 8, 4, kv_type::f16, kv_type::f16);
+  const kv_layout int8 = kv_layout::uniform(3, 2, 8, 4, kv_type::int8, kv_type::int8);
+  const std::vector<kv_layout> layouts{f16, int8};
+  const std::vector<kv_group_blocks> groups{{{0, 2}, {6, 2}}, {{1}, {3, 1}}};
+  auto s = *kv_storage::create(layouts, groups, 2);
+  EXPECT_EQ(s->n_groups(), 2);
+  EXPECT_EQ(s->n_blocks(), 12);
+  EXPECT_EQ(s->layer_group(0), 0);
+  EXPECT_EQ(s->layer_group(1), 1);
+  EXPECT_EQ(s->layer_group(2), 0);
+  EXPECT_EQ(s->group_of(block_id(7)), 0);
+  EXPECT_EQ(s->group_of(block_id(8)), 1);
+  EXPECT_EQ(s->block_class(block_id(6)), 1);
+  EXPECT_EQ(s->block_class(block_id(11)), 1);
+  EXPECT_EQ(s->block_bytes(block_id(2)), f16.select_layers(std::vector<int>{0, 2}).tile_bytes_per_block());
+  EXPECT_EQ(s->block_bytes(block_id(9)), f16.select_layers(std::vector<int>{1}).tile_bytes_per_block());
+  EXPECT_EQ(s->block_bytes(block_id(11)), int8.select_layers(std::vector<int>{1}).tile_bytes_per_block());
+  EXPECT_EQ(s->total_bytes(),
+            6 * f16.select_layers(std::vector<int>{0, 2}).bytes_per_block() +
+                2 * int8.select_layers(std::vector<int>{0, 2}).bytes_per_block() +
+                3 * f16.select_layers(std::vector<int>{1}).bytes_per_block() +
+                1 * int8.select_layers(std::vector<int>{1}).bytes_per_block());
+
+  auto ref = *kv_storage::create(f16, 8, 2);
+  std::mt19937 rng(5);
+  std::vector<float> k, v;
+  fill_normal(rng, 7 * 2 * 8, k, v);
+  const std::vector<block_id> t0{block_id(3), block_id(1)}, t1{block_id(9), block_id(10)}, tr{block_id(0), block_id(1)};
+  for (int l = 0; l < 3; ++l) {
+    s->write(l, s->layer_group(l) == 0 ? t0 : t1, 0, 7, k.data(), v.data());
+    ref->write(l, tr, 0, 7, k.data(), v.data());
+  }
+  for (int l = 0; l < 3; ++l) {
+    const auto& table = s->layer_group(l) == 0 ? t0 : t1;
+    const paged_kv_view a = s->k_view(l, table, 7), b = ref->k_view(l, tr, 7);
+    EXPECT_EQ(a.first_block, s->layer_group(l) == 0 ? 0 : 8);
+    for (int p = 0; p < 7; ++p)
+      for (int h = 0; h < 2; ++h) ASSERT_EQ(read_token(a, p, h), read_token(b, p, h)) << "layer " << l << " slot " << p;
+  }
+  // A sliding window's table: a NULL first entry, never read; the live block reads as before.
+  const std::vector<block_id> windowed{block_id(), block_id(10)};
+  const paged_kv_view w = s->k_view(1, windowed, 7), r = ref->k_view(1, tr, 7);
+  for (int p = 4; p < 7; ++p)
+    for (int h = 0; h < 2; ++h) ASSERT_EQ(read_token(w, p, h), read_token(r, p, h)) << "slot " << p;
+  // Whole blocks as bytes, each its group's size; copies stay in their group.
+  std::vector<std::byte> bytes(s->block_bytes(block_id(9)));
+  s->read_block(block_id(9), bytes);
+  ASSERT_TRUE(s->write_block(block_id(8), bytes).ok());
+  std::vector<std::byte> back(bytes.size());
+  s->read_block(block_id(8), back);
+  EXPECT_EQ(back, bytes);
+  EXPECT_FALSE(s->write_block(block_id(2), bytes).ok());  // group 0's blocks have two layers
+  s->copy_block(block_id(3), block_id(4), 4);
+  std::vector<float> x(8), y(8);
+  const std::vector<block_id> c0{block_id(4)}, c1{block_id(3)};
+  for (int l : {0, 2}) {
+    const paged_kv_view a = s->k_view(l, c0, 4), b = s->k_view(l, c1, 4);
+    EXPECT_EQ(read_token(a, 3, 1), read_token(b, 3, 1));
+  }
+  EXPECT_DEATH(s->copy_block(block_id(3), block_id(8), 4), "group");
+}
+
+TEST(kv_storage_groups, rejects_groups_that_do_not_split_the_layers) {
+  const kv_layout f16 = kv_layout::uniform(3, 2, 8, 4, kv_type::f16, kv_type::f16);
+  const std::vector<kv_layout> layouts{f16};
+  const std::vector<kv_group_blocks> twice{{{0, 1}, {4}}, {{1, 2}, {4}}};
+  auto r = kv_storage::create(layouts, twice);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("two groups"), std::string::npos) << r.error().message();
+  const std::vector<kv_group_blocks> missing{{{0, 1}, {4}}};
+  r = kv_storage::create(layouts, missing);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("layer 2 is in no KV group"), std::string::npos) << r.error().message();
+  const std::vector<kv_group_blocks> empty{{{0, 1}, {4}}, {{2}, {0}}};
+  r = kv_storage::create(layouts, empty);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("KV group 1"), std::string::npos) << r.error().message();
 }
 
 }  // namespace
