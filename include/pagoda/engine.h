@@ -39,13 +39,14 @@ struct engine_info {
   std::string kv_layout;           // "f16+f16", "int8/token+int4/token", or per layer ranges
   int kv_block_size = 0;           // tokens per KV block
   std::int64_t kv_blocks = 0;      // blocks in the pool
-  std::size_t kv_bytes_per_block = 0;  // with window slots: the global layers' part
+  std::size_t kv_bytes_per_block = 0;  // of the pool's blocks: with a window group, the full layers' part
   double kv_bytes_per_token = 0;
   std::size_t kv_bytes_total = 0;  // every byte the KV cache maps
-  // Sliding-window layers beside global ones keep their window in window
-  // slots (0 slots: none, or --swa-full): slots, bytes of one, the window.
-  std::int64_t kv_window_slots = 0;
-  std::size_t kv_window_slot_bytes = 0;
+  // Sliding-window layers beside full ones keep only their window, in a KV
+  // group of their own (0 blocks: none, or --swa-full): its blocks (per KV
+  // type), the bytes of one, the window.
+  std::int64_t kv_window_blocks = 0;
+  std::size_t kv_window_block_bytes = 0;
   int kv_window_tokens = 0;
 };
 
@@ -56,7 +57,7 @@ struct kv_usage {
   std::int32_t n_blocks_cached = 0;  // held only by the prefix cache, reusable
   std::int64_t n_prefix_hit_tokens = 0;
   std::int64_t n_preemptions = 0;
-  std::int32_t n_window_slots_pinned_peak = 0;  // window slots (engine_info) claimed at once, at most
+  std::int32_t n_window_blocks_used_peak = 0;  // blocks of the window group (engine_info) used at once, at most
 };
 
 class engine {

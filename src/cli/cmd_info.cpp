@@ -85,8 +85,8 @@ std::string block_features(const llama_hparams& hp) {
 // layers keep every position; sliding-window layers only need the last
 // `window` positions (their column at 32K shows that). When every layer
 // slides (Mistral v0.1) the cache frees blocks the window moved past; beside
-// global layers (Gemma 2/3) the sliding ones keep their window in window
-// slots, about one window per sequence (--swa-full keeps them whole, as
+// global layers (Gemma 2/3) the sliding ones keep their window in a KV group
+// of their own, about one window per sequence (--swa-full keeps them whole, as
 // llama.cpp's swa_full does).
 void print_kv_by_layer_type(const llama_hparams& hp, const kv_layout& layout) {
   double bytes[2] = {0, 0};
@@ -98,7 +98,7 @@ void print_kv_by_layer_type(const llama_hparams& hp, const kv_layout& layout) {
   }
   std::printf("\nKV per token by layer type (%s; %s):\n", layout.describe().c_str(),
               n[0] == 0 ? "a window on every layer: blocks it moved past are freed"
-                        : "sliding-window layers keep their window in window slots unless --swa-full");
+                        : "sliding-window layers keep their window in a KV group of their own unless --swa-full");
   std::printf("  %-26s %6s %14s %14s %22s\n", "layer type", "layers", "B/token/layer", "B/token", "needed for 32K tokens");
   constexpr std::int64_t k_ctx = 32768;
   if (n[0] > 0)

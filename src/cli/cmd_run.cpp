@@ -160,7 +160,7 @@ int run(run_options o) {
   const kv_usage kv = eng->usage();
   // Window slots (sliding-window layers beside global ones) are paid for apart from the blocks.
   const std::size_t kv_used = static_cast<std::size_t>(kv.n_blocks_used_peak) * info.kv_bytes_per_block +
-                              static_cast<std::size_t>(kv.n_window_slots_pinned_peak) * info.kv_window_slot_bytes;
+                              static_cast<std::size_t>(kv.n_window_blocks_used_peak) * info.kv_window_block_bytes;
   const std::string type_k = info.kv_layout.substr(0, info.kv_layout.find_first_of("+/:,"));
   const std::size_t plus = info.kv_layout.find('+');
   const std::string type_v =
@@ -189,9 +189,9 @@ int run(run_options o) {
                {"bytes_used", kv_used},
                {"bytes_total", info.kv_bytes_total},
                {"bytes_per_token", info.kv_bytes_per_token},
-               {"window_slots", info.kv_window_slots},
-               {"window_slots_used", kv.n_window_slots_pinned_peak},
-               {"window_slot_bytes", info.kv_window_slot_bytes}};
+               {"window_blocks", info.kv_window_blocks},
+               {"window_blocks_used", kv.n_window_blocks_used_peak},
+               {"window_block_bytes", info.kv_window_block_bytes}};
     std::string out = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::printf("%s\n", out.c_str());
   } else {

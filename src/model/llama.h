@@ -126,6 +126,10 @@ struct forward_seq {
   // [n_stored]: the position each stored slot was computed at. Empty: its slot number.
   std::span<const std::int32_t> stored_positions;
   std::span<const block_id> blocks;  // block table covering n_stored + tokens.size() slots
+  // Per KV group (kv_backend::layer_group), the table of that group's layers;
+  // empty: `blocks` serves every layer (a backend of one group). A sliding
+  // window's tables may start with NULL entries, which nothing reads.
+  std::span<const std::span<const block_id>> tables;
   bool all_logits = false;           // logits for every new token (scoring) or only the last
   // Optional: the step's attention statistics of this sequence, reset to
   // [layers][kv heads][n_stored + tokens] with a window of stats_window rows.
@@ -137,7 +141,8 @@ struct forward_seq {
   const std::int32_t* row_positions = nullptr;
   std::size_t row_stride = 0;
   // Optional: a sparse-read selector; `sparse` is set when it chose to read
-  // less than everything for some (layer, head).
+  // less than everything for some (layer, head). It is asked for the layers
+  // without a sliding window: a windowed layer reads its window, already bounded.
   kv_read_selector* selector = nullptr;
   bool* sparse = nullptr;
 

@@ -138,6 +138,12 @@ void llama_context::ensure_capacity(int n_tokens) {
   capacity_ = n_tokens;
 }
 
+namespace {
+std::span<const block_id> table_of(const forward_seq& s, int group) {
+  return s.tables.empty() ? s.blocks : s.tables[static_cast<std::size_t>(group)];
+}
+}  // namespace
+
 status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits) {
   const llama_hparams& hp = model_.hparams();
   const kv_layout& layout = kv_.layout();
@@ -149,17 +155,27 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   for (const forward_seq& s : seqs) {
     if (s.tokens.empty()) return error(errc::invalid_argument, "a sequence in the step has no tokens");
     std::int64_t end = static_cast<std::int64_t>(s.n_stored) + static_cast<std::int64_t>(s.tokens.size());
-    if (s.n_stored < 0 || end > static_cast<std::int64_t>(s.blocks.size()) * layout.block_size)
-      return error(errc::out_of_range, "sequence needs {} KV slots but its block table holds {}", end,
-                   s.blocks.size() * layout.block_size);
+    if (!s.tables.empty() && s.tables.size() != static_cast<std::size_t>(kv_.n_groups()))
+      return error(errc::invalid_argument, "{} block tables for {} KV groups", s.tables.size(), kv_.n_groups());
+    for (int g = 0; g < kv_.n_groups(); ++g) {
+      const std::span<const block_id> table = table_of(s, g);
+      if (s.n_stored < 0 || end > static_cast<std::int64_t>(table.size()) * layout.block_size)
+        return error(errc::out_of_range, "sequence needs {} KV slots but its block table holds {}", end,
+                     table.size() * layout.block_size);
+      // NULL entries only where no new token writes (a sliding window's past).
+      for (std::size_t i = 0; i < table.size(); ++i) {
+        const block_id b = table[i];
+        if (!b.valid() && static_cast<std::int64_t>(i + 1) * layout.block_size <= s.n_stored) continue;
+        if (b.value < 0 || b.value >= kv_.n_blocks() || kv_.group_of(b) != g)
+          return error(errc::invalid_argument, "block id {} is outside the pool of {} or of another KV group",
+                       b.value, kv_.n_blocks());
+      }
+    }
     if (!s.positions.empty() && s.positions.size() != s.tokens.size())
       return error(errc::invalid_argument, "{} new tokens but {} positions", s.tokens.size(), s.positions.size());
     if (!s.stored_positions.empty() && s.stored_positions.size() != static_cast<std::size_t>(s.n_stored))
       return error(errc::invalid_argument, "{} stored slots but {} stored positions", s.n_stored,
                    s.stored_positions.size());
-    for (block_id b : s.blocks)
-      if (b.value < 0 || b.value >= kv_.n_blocks())
-        return error(errc::invalid_argument, "block id {} is outside the pool of {}", b.value, kv_.n_blocks());
     for (token_id t : s.tokens)
       if (t < 0 || t >= hp.n_vocab) return error(errc::invalid_argument, "token id {} outside the vocabulary of {}", t, hp.n_vocab);
     n_tok += static_cast<int>(s.tokens.size());
@@ -272,11 +288,12 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       for (std::size_t si = 0; si < seqs.size(); ++si) {
         const forward_seq& s = seqs[si];
         int n = static_cast<int>(s.tokens.size());
-        kv_.write(l, s.blocks, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
+        const std::span<const block_id> table = table_of(s, kv_.layer_group(l));
+        kv_.write(l, table, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
                   v + static_cast<std::size_t>(row0) * KVD);
-        k_views[si] = kv_.k_view(l, s.blocks, s.n_stored + n);
-        v_views[si] = kv_.v_view(l, s.blocks, s.n_stored + n);
-        if (s.selector)
+        k_views[si] = kv_.k_view(l, table, s.n_stored + n);
+        v_views[si] = kv_.v_view(l, table, s.n_stored + n);
+        if (s.selector && !hp.is_swa(l))
           s.selector->on_layer_written(
               l, k_views[si],
               std::span<const std::int32_t>(kv_positions_.data() + kv_pos_at[si], static_cast<std::size_t>(s.n_stored + n)),
@@ -310,7 +327,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.out = attn + static_cast<std::size_t>(a.row0) * QD;
         t.out_stride = QD;
         if (s.stats) t.stats = s.stats->out(l, a.head);
-        if (s.selector && select_reads(s, t, l, attn_scratch_[ith])) {
+        if (s.selector && !hp.is_swa(l) && select_reads(s, t, l, attn_scratch_[ith])) {
           sparse_items[it] = 1;
           // Scattered tokens (retrieval's top-k) are gathered one by one;
           // runs of whole blocks (Quest's pages) go through paged attention.

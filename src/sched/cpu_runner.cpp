@@ -5,18 +5,20 @@
 namespace pagoda {
 
 cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads)
-    : kv_(kv), ctx_(model, kv, n_threads), block_buf_(kv.layout().tile_bytes_per_block()) {}
+    : kv_(kv), ctx_(model, kv, n_threads) {}
+
+bool cpu_runner::in_store(block_id b) const { return kv_.block_class(b) == 0 && kv_.group_of(b) == 0; }
 
 void cpu_runner::apply(const kv_op& op) {
   switch (op.kind) {
     case kv_op_kind::copy: kv_.copy_block(op.src, op.block, op.n_tokens); break;
     case kv_op_kind::truncate: kv_.truncate_block(op.block, op.n_tokens); break;
     case kv_op_kind::release: kv_.release_block(op.block); break;
-    case kv_op_kind::bind_window: kv_.bind_window(op.block, op.slot); break;
     // Blocks of another KV class (kv_storage.h) have another size and stay
     // out of the external tiers, whose blocks are the default layout's.
     case kv_op_kind::evict:
-      if (on_evict_ && kv_.block_class(op.block) == 0) {
+      if (on_evict_ && in_store(op.block)) {
+        block_buf_.resize(kv_.block_bytes(op.block));
         kv_.read_block(op.block, block_buf_);
         on_evict_(evicted_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
       }
@@ -28,7 +30,8 @@ void cpu_runner::apply(const kv_op& op) {
       });
       break;
     case kv_op_kind::cache:
-      if (on_cache_ && kv_.block_class(op.block) == 0) {
+      if (on_cache_ && in_store(op.block)) {
+        block_buf_.resize(kv_.block_bytes(op.block));
         kv_.read_block(op.block, block_buf_);
         on_cache_(cached_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
       }
@@ -46,7 +49,8 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
     const block_load& l = plan.loads[i];
     // Loaded blocks are of the default layout (the tiers hold no other), and so
     // is a block whose key is in them (a class enters the key).
-    if (kv_.block_class(l.block) != 0) continue;
+    if (!in_store(l.block)) continue;
+    block_buf_.resize(kv_.block_bytes(l.block));
     const int tier = source_ ? source_->read(l.tenant, l.key, block_buf_) : -1;
     if (tier < 0 || tier >= k_max_source_tiers) continue;
     if (kv_.write_block(l.block, block_buf_).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);
@@ -64,6 +68,7 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
     f.n_stored = q.n_stored;
     f.stored_positions = q.stored_positions;
     f.blocks = q.blocks;
+    f.tables = q.tables;
     f.all_logits = q.all_logits;
     if (q.stats_window >= 0) {
       f.stats = &out.stats[i];

@@ -33,6 +33,8 @@ class cpu_runner final : public model_runner {
 
  private:
   void apply(const kv_op& op);
+  // Whether b's bytes go to and come from the external tiers (their blocks are group 0's, class 0's layout).
+  bool in_store(block_id b) const;
 
   kv_backend& kv_;
   llama_context ctx_;

@@ -31,11 +31,13 @@ result<std::unique_ptr<engine>> engine::create(const engine_config& config) {
   i.kv_layout = kv.describe();
   i.kv_block_size = kv.block_size;
   i.kv_blocks = p->core->config().n_blocks;
-  const kv_window_layout& windows = p->core->config().windows;
-  i.kv_window_slots = windows.any() ? windows.n_slots : 0;
-  i.kv_window_slot_bytes = windows.any() ? windows.slot_bytes(kv) : 0;
-  i.kv_window_tokens = windows.any() ? p->core->config().window_tokens : 0;
-  i.kv_bytes_per_block = kv.bytes_per_block() - i.kv_window_slot_bytes;
+  const std::vector<engine_kv_group>& groups = p->core->config().groups;
+  i.kv_bytes_per_block = kv.select_layers(groups.front().layers).bytes_per_block();
+  if (groups.size() > 1) {
+    i.kv_window_blocks = groups[1].class_blocks.front();
+    i.kv_window_block_bytes = kv.select_layers(groups[1].layers).bytes_per_block();
+    i.kv_window_tokens = groups[1].window_tokens;
+  }
   i.kv_bytes_per_token = static_cast<double>(i.kv_bytes_per_block) / kv.block_size;
   i.kv_bytes_total = p->core->storage().total_bytes();
   return std::unique_ptr<engine>(new engine(std::move(p)));
@@ -65,7 +67,7 @@ const engine_info& engine::info() const { return impl_->info; }
 kv_usage engine::usage() const {
   const kv_metrics m = impl_->core->kv_stats();
   return {m.n_blocks_used,        m.n_blocks_used_peak, m.n_blocks_cached,
-          m.n_prefix_hit_tokens, m.n_preemptions,      m.n_window_slots_pinned_peak};
+          m.n_prefix_hit_tokens, m.n_preemptions,      m.groups.size() > 1 ? m.groups[1].n_used_peak : 0};
 }
 
 }  // namespace pagoda

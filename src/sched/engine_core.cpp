@@ -23,7 +23,6 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.kv_policy = c.kv_policy;
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
-  s.sliding_window_all = c.sliding_window_all;
   if (!c.kv_classes.empty()) {
     s.kv_class_blocks.push_back(static_cast<std::int32_t>(c.n_blocks));
     s.kv_class_keys.push_back("");
@@ -34,31 +33,57 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
     s.n_blocks = 0;
     for (std::int32_t n : s.kv_class_blocks) s.n_blocks += n;
   }
+  for (const engine_kv_group& g : c.groups) {
+    kv_group_config k;
+    k.kind = g.kind;
+    k.window_tokens = g.window_tokens;
+    for (const std::int64_t n : g.class_blocks) k.class_blocks.push_back(static_cast<std::int32_t>(n));
+    s.kv_groups.push_back(std::move(k));
+  }
   // With one type too: a part may name the default type, and a type the
   // engine lacks gets the flag that would add it.
   s.kv_class_of = [c](const std::string& type) { return find_kv_class(c, type); };
-  if (c.windows.any()) {
-    s.window_slot_tokens = c.window_tokens;
-    s.n_window_slots = c.windows.n_slots;
-  }
   return s;
 }
 
-kv_window_layout plan_window_slots(const llama_hparams& hp, const engine_core_config& c, std::int64_t n_blocks) {
-  kv_window_layout w;
-  const int n_swa = hp.n_swa_layers();
-  if (n_swa == 0 || n_swa == hp.n_layer || hp.sliding_window <= 0) return w;
+std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_config& c) {
   const std::int64_t bs = c.kv.block_size;
   const std::int64_t step_tokens = std::min<std::int64_t>(c.max_num_batched_tokens, std::max(c.max_model_len, 1));
-  // Claimed at once by one sequence: the blocks its window reaches into, its
+  // Held at once by one sequence: the blocks its window reaches into, its
   // open block and one step's new blocks; the step's tokens are shared by all.
   const std::int64_t per_seq = (hp.sliding_window + bs - 1) / bs + 3;
-  const std::int64_t n_slots = c.max_num_seqs * per_seq + (step_tokens + bs - 1) / bs;
-  if (n_slots >= n_blocks) return w;
-  w.n_slots = n_slots;
-  w.layers.resize(static_cast<std::size_t>(hp.n_layer));
-  for (int l = 0; l < hp.n_layer; ++l) w.layers[static_cast<std::size_t>(l)] = hp.is_swa(l) ? 1 : 0;
-  return w;
+  return c.max_num_seqs * per_seq + (step_tokens + bs - 1) / bs;
+}
+
+std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& c) {
+  std::vector<int> full, windowed;
+  for (int l = 0; l < hp.n_layer; ++l) (hp.is_swa(l) ? windowed : full).push_back(l);
+  engine_kv_group main;
+  main.class_blocks.push_back(c.n_blocks);
+  for (const kv_segment_class& k : c.kv_classes) main.class_blocks.push_back(k.n_blocks);
+  if (!c.free_out_of_window || windowed.empty()) {
+    for (int l = 0; l < hp.n_layer; ++l) main.layers.push_back(l);
+    return {main};
+  }
+  if (full.empty()) {  // every layer slides: the one group is a window
+    main.kind = kv_group_kind::sliding_window;
+    main.window_tokens = hp.sliding_window;
+    main.layers = windowed;
+    return {main};
+  }
+  const std::int64_t n_window = c.window_blocks > 0 ? c.window_blocks : window_group_blocks(hp, c);
+  if (n_window >= c.n_blocks) {  // nothing to save: every position stays
+    for (int l = 0; l < hp.n_layer; ++l) main.layers.push_back(l);
+    return {main};
+  }
+  main.layers = full;
+  engine_kv_group window;
+  window.kind = kv_group_kind::sliding_window;
+  window.window_tokens = hp.sliding_window;
+  window.layers = windowed;
+  // Every class gets the window's blocks: any running sequence may be inside a part of any type.
+  window.class_blocks.assign(main.class_blocks.size(), n_window);
+  return {main, window};
 }
 
 result<std::uint8_t> find_kv_class(const engine_core_config& config, const std::string& kv_type) {
@@ -93,9 +118,6 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
   if (config.max_num_seqs < 1) return error(errc::invalid_argument, "--max-num-seqs must be at least 1");
   engine_core_config c = config;
   if (c.max_model_len <= 0) c.max_model_len = hp.n_ctx_train;
-  c.sliding_window_all = c.free_out_of_window ? hp.sliding_window : 0;
-  for (int l = 0; l < hp.n_layer; ++l)
-    if (!hp.is_swa(l)) c.sliding_window_all = 0;  // a global layer still reads every position
   {
     // The default policy must be valid, and what it needs of the KV layout is kept.
     auto spec = parse_kv_policy_spec(c.kv_policy);
@@ -107,20 +129,17 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
       for (kv_segment_class& k : c.kv_classes) k.layout.key_summaries = true;  // every class has class 0's shape
     }
   }
-  c.windows = {};
-  c.window_tokens = 0;
-  if (c.free_out_of_window && c.sliding_window_all == 0 && parse_kv_policy_spec(c.kv_policy)->is_none()) {
-    c.windows = plan_window_slots(hp, c, c.n_blocks);
-    if (c.windows.any()) c.window_tokens = hp.sliding_window;
-  }
-  // Staging slots for every sequence that can hold open blocks (kv_storage.h).
-  std::vector<kv_class_spec> classes;
+  std::vector<kv_layout> class_layouts{c.kv};
   for (const kv_segment_class& k : c.kv_classes) {
     if (k.n_blocks < 1) return error(errc::invalid_argument, "KV class {} has no block", k.name);
-    classes.push_back(kv_class_spec{k.layout, k.n_blocks});
+    class_layouts.push_back(k.layout);
   }
-  PAGODA_ASSIGN_OR_RETURN(auto storage, kv_storage::create(c.kv, c.n_blocks, k_staging_slots_per_sequence * c.max_num_seqs,
-                                                           c.windows, classes));
+  c.groups = plan_kv_groups(hp, c);
+  std::vector<kv_group_blocks> groups;
+  for (const engine_kv_group& g : c.groups) groups.push_back(kv_group_blocks{g.layers, g.class_blocks});
+  // Staging slots for every sequence that can hold open blocks (kv_arena.h).
+  PAGODA_ASSIGN_OR_RETURN(auto storage,
+                          kv_storage::create(class_layouts, groups, k_staging_slots_per_sequence * c.max_num_seqs));
   std::unique_ptr<engine_core> e(new engine_core(model, c, std::move(storage)));
   PAGODA_RETURN_IF_ERROR(e->sched_.check());
   return e;

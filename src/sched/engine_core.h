@@ -41,6 +41,14 @@ struct kv_segment_class {
   std::int64_t n_blocks = 0;
 };
 
+// One KV group of an engine (kv_group.h): its kind, its layers, its blocks per class.
+struct engine_kv_group {
+  kv_group_kind kind = kv_group_kind::full;
+  int window_tokens = 0;
+  std::vector<int> layers;
+  std::vector<std::int64_t> class_blocks;  // [class]: 0 the default type, then kv_classes'
+};
+
 struct engine_core_config {
   int n_threads = 0;                  // 0: every core
   int max_model_len = 0;              // 0: the model's trained context
@@ -54,23 +62,27 @@ struct engine_core_config {
   int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
   std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
-  // A sliding window on every layer of the model frees the blocks it moved
-  // past (create() sets sliding_window_all from the model unless this is off).
-  // A model that mixes sliding-window and global layers (Gemma 2/3) keeps
-  // the windowed layers' K/V in window slots instead (kv_storage.h,
-  // window_slots.h; create() plans them with plan_window_slots unless this is
-  // off, a KV policy is the default, or they would not save anything).
+  // Sliding-window layers keep only their window in a KV group of their own
+  // (kv_group.h): beside full-attention layers (Gemma 2/3) a small group of
+  // window_blocks blocks per class (0: planned by plan_kv_groups); when every
+  // layer slides (Mistral v0.1) the one group is a sliding window. Off
+  // (--swa-full): every layer in one full-attention group, as llama.cpp's swa_full.
   bool free_out_of_window = true;
-  int sliding_window_all = 0;
-  kv_window_layout windows;
-  int window_tokens = 0;  // the window of the windowed layers, when windows.any()
+  std::int64_t window_blocks = 0;
+  // The groups create() planned (plan_kv_groups), group 0 first.
+  std::vector<engine_kv_group> groups;
 };
 
-// The window slots a model's mixed sliding-window layers need for this
-// configuration: about one window plus a step's tokens per sequence. Empty
-// when no layer or every layer slides, or when the slots would not be fewer
-// than n_blocks (nothing to save).
-kv_window_layout plan_window_slots(const llama_hparams& hp, const engine_core_config& config, std::int64_t n_blocks);
+// The KV groups of a model under this configuration: one full-attention
+// group of every layer; or, when sliding-window layers keep only their
+// window, a full group of the others and a sliding-window group of about one
+// window plus a step's tokens per sequence (unless that would not be fewer
+// blocks than the full group's: then one full group), or one sliding-window
+// group of every layer when every layer slides. Group 0's class blocks are
+// config.n_blocks and the kv_classes' own.
+std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& config);
+// The blocks per class a sliding-window group of this model needs at most.
+std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_config& config);
 
 // The class whose blocks have the formats `kv_type` (as --kv-cache-dtype
 // takes it) gives every layer: 0 for the default layout, i + 1 for
@@ -100,15 +112,7 @@ class engine_core {
 
   // Hooks (step_plan.h): the eviction hook gets every block evicted from the
   // prefix cache with its bytes; the source feeds the load path.
-  // With window slots (config().windows) a block evicted from the prefix
-  // cache may have lost its windowed layers' K/V: the eviction hook, which
-  // reads evicted blocks, is refused (a broken invariant). Committed and
-  // loaded blocks always hold theirs (kv_manager binds a slot to every block
-  // it allocates, and the op order keeps it until the hook has read it).
-  void set_eviction_hook(eviction_hook hook) {
-    PAGODA_ASSERT(!config_.windows.any() || !hook, "an eviction hook needs --swa-full on a sliding-window model");
-    cpu_->set_eviction_hook(std::move(hook));
-  }
+  void set_eviction_hook(eviction_hook hook) { cpu_->set_eviction_hook(std::move(hook)); }
   void set_commit_hook(commit_hook hook) { cpu_->set_commit_hook(std::move(hook)); }
   void set_kv_source(kv_block_source* source) {
     sched_.set_kv_source(source);

@@ -231,25 +231,40 @@ status add_kv_segment_classes(const llama_model& model, const engine_config& opt
   // a --kv-cache-size budget, less what the classes add besides blocks:
   // staging slots sized for the class that stages most (kv_storage.h) and
   // their static scales.
-  double bytes = static_cast<double>(cfg.n_blocks) * static_cast<double>(cfg.kv.bytes_per_block());
+  // Group 0's blocks hold its layers only (the full ones, when sliding-window
+  // layers have a group of their own; that group's blocks of each class come
+  // out of a MiB budget first).
+  const llama_hparams& hp = model.hparams();
+  std::vector<int> main_layers, window_layers;
+  for (int l = 0; l < hp.n_layer; ++l)
+    (cfg.free_out_of_window && hp.is_swa(l) ? window_layers : main_layers).push_back(l);
+  if (main_layers.empty()) main_layers.swap(window_layers);  // every layer slides: one group
+  const auto main_bytes = [&](const kv_layout& l) {
+    return static_cast<double>(l.select_layers(main_layers).bytes_per_block());
+  };
+  double bytes = static_cast<double>(cfg.n_blocks) * main_bytes(cfg.kv);
   if (opts.kv_cache_size_mib > 0) {
     std::size_t staging = cfg.kv.staging_bytes_per_slot(), statics = 0;
+    double window = 0;
     for (const kv_segment_class& k : cfg.kv_classes) {
       staging = std::max(staging, k.layout.staging_bytes_per_slot());
       statics += k.layout.static_bytes();
+      if (!window_layers.empty())
+        window += static_cast<double>(k.layout.select_layers(window_layers).bytes_per_block()) *
+                  static_cast<double>(window_group_blocks(hp, cfg));
     }
     bytes -= static_cast<double>(staging - cfg.kv.staging_bytes_per_slot()) *
                  static_cast<double>(k_staging_slots_per_sequence * opts.max_num_seqs) +
-             static_cast<double>(statics);
+             static_cast<double>(statics) + window;
   }
   for (std::size_t i = 0; i < cfg.kv_classes.size(); ++i) {
     kv_segment_class& k = cfg.kv_classes[i];
-    k.n_blocks = static_cast<std::int64_t>(bytes * shares[i] / static_cast<double>(k.layout.bytes_per_block()));
+    k.n_blocks = static_cast<std::int64_t>(bytes * shares[i] / main_bytes(k.layout));
     if (k.n_blocks < 1)
       return error(errc::invalid_argument, "--kv-segment-dtype '{}': {} of a {}-block pool holds no block of it; "
                    "raise the fraction or the pool", opts.kv_segment_dtypes[i], shares[i], cfg.n_blocks);
   }
-  cfg.n_blocks = static_cast<std::int64_t>(bytes * (1 - total_share) / static_cast<double>(cfg.kv.bytes_per_block()));
+  cfg.n_blocks = static_cast<std::int64_t>(bytes * (1 - total_share) / main_bytes(cfg.kv));
   if (cfg.n_blocks < 1)
     return error(errc::invalid_argument, "--kv-segment-dtype: no block of the default type is left; lower the fractions");
   return {};
@@ -270,53 +285,48 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
   if (opts.kv_key_summaries) cfg.kv.key_summaries = true;
   cfg.free_out_of_window = !opts.swa_full;
-  // Window slots (engine_core.h) hold the windowed layers: the pool's blocks
-  // then pay only for the global layers, and a MiB budget pays for the slots first.
-  const kv_window_layout windows = cfg.free_out_of_window && (opts.kv_policy.empty() || opts.kv_policy == "none")
-                                       ? plan_window_slots(model.hparams(), cfg, INT32_MAX)
-                                       : kv_window_layout{};
-  const std::size_t slot_bytes = windows.slot_bytes(cfg.kv);
+  // Sliding-window layers beside full ones keep only their window in a group
+  // of their own (engine_core.h, plan_kv_groups): the pool's blocks then pay
+  // only for the full layers, and a MiB budget pays for the window group first.
+  const llama_hparams& hp = model.hparams();
+  std::vector<int> full_layers, window_layers;
+  for (int l = 0; l < hp.n_layer; ++l) (hp.is_swa(l) ? window_layers : full_layers).push_back(l);
+  const bool mixed = cfg.free_out_of_window && !window_layers.empty() && !full_layers.empty();
+  const kv_layout main_layout = mixed ? cfg.kv.select_layers(full_layers) : cfg.kv;
   const double k_default_cap_bytes = 4.0 * 1024 * 1024 * 1024;
-  std::int64_t default_tokens = static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len;
-  const double global_bytes_per_token =
-      cfg.kv.bytes_per_token() - static_cast<double>(slot_bytes) / static_cast<double>(cfg.kv.block_size);
-  default_tokens = std::min<std::int64_t>(default_tokens, static_cast<std::int64_t>(k_default_cap_bytes / global_bytes_per_token));
-  engine_config sized = opts;
-  bool windows_fit = true;
-  if (windows.any() && opts.kv_cache_size_mib > 0) {
-    // Slots first; then blocks at their global-layer cost (pool_blocks divides by bytes_per_block).
-    constexpr double k_mib = 1024.0 * 1024.0;
-    const double fixed = static_cast<double>(cfg.kv.staging_bytes_per_slot()) *
-                             static_cast<double>(k_staging_slots_per_sequence * opts.max_num_seqs) +
-                         static_cast<double>(cfg.kv.static_bytes());
-    const double slots = static_cast<double>(slot_bytes) * static_cast<double>(windows.n_slots);
-    const double scale = static_cast<double>(cfg.kv.bytes_per_block()) /
-                         static_cast<double>(cfg.kv.bytes_per_block() - slot_bytes);
-    const double for_blocks = opts.kv_cache_size_mib * k_mib - fixed - slots;
-    if (for_blocks > static_cast<double>(cfg.kv.bytes_per_block() - slot_bytes))
-      sized.kv_cache_size_mib = (for_blocks * scale + fixed) / k_mib;
-    else
-      windows_fit = false;  // the slots alone would eat the budget
+  const std::int64_t staging_slots = k_staging_slots_per_sequence * opts.max_num_seqs;
+  const auto default_tokens = [&](const kv_layout& l) {
+    return std::min<std::int64_t>(static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len,
+                                  static_cast<std::int64_t>(k_default_cap_bytes / l.bytes_per_token()));
+  };
+  bool windows_fit = mixed;
+  if (mixed) {
+    engine_config sized = opts;
+    if (opts.kv_cache_size_mib > 0) {
+      // The window group first (its blocks and staging), then the full layers' blocks.
+      const kv_layout window_layout = cfg.kv.select_layers(window_layers);
+      const double window_bytes =
+          static_cast<double>(window_layout.bytes_per_block()) * static_cast<double>(window_group_blocks(hp, cfg)) +
+          static_cast<double>(window_layout.staging_bytes_per_slot()) * static_cast<double>(staging_slots) +
+          static_cast<double>(window_layout.static_bytes());
+      sized.kv_cache_size_mib = opts.kv_cache_size_mib - window_bytes / (1024.0 * 1024.0);
+      windows_fit = sized.kv_cache_size_mib > 0;
+    }
+    if (windows_fit) {
+      auto blocks = pool_blocks(main_layout, sized, default_tokens(main_layout), staging_slots);
+      windows_fit = blocks.ok();
+      if (blocks.ok()) cfg.n_blocks = *blocks;
+    }
+    // Too small a pool for the window group to save anything: every position stays.
+    if (windows_fit) {
+      engine_core_config probe = cfg;
+      windows_fit = plan_kv_groups(hp, probe).size() == 2;
+    }
   }
-  if (windows_fit) {
-    PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, sized, default_tokens,
-                                                      k_staging_slots_per_sequence * opts.max_num_seqs));
+  if (!windows_fit) {
+    if (mixed) cfg.free_out_of_window = false;
+    PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, opts, default_tokens(cfg.kv), staging_slots));
   }
-  // Slots that do not fit the budget, or too small a pool for them to save
-  // anything: every layer stays in the blocks (engine_core::create plans no
-  // slots), sized at their full cost.
-  if (windows.any() && (!windows_fit || !plan_window_slots(model.hparams(), cfg, cfg.n_blocks).any())) {
-    cfg.free_out_of_window = false;
-    const std::int64_t full_tokens =
-        std::min<std::int64_t>(static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len,
-                               static_cast<std::int64_t>(k_default_cap_bytes / cfg.kv.bytes_per_token()));
-    PAGODA_ASSIGN_OR_RETURN(cfg.n_blocks, pool_blocks(cfg.kv, opts, full_tokens,
-                                                      k_staging_slots_per_sequence * opts.max_num_seqs));
-  }
-  if (!opts.kv_segment_dtypes.empty() && windows.any() && cfg.free_out_of_window)
-    return error(errc::unsupported,
-                 "--kv-segment-dtype: this model's sliding-window layers keep only their window (window slots), "
-                 "which KV classes cannot share; add --swa-full");
   PAGODA_RETURN_IF_ERROR(add_kv_segment_classes(model, opts, cfg));
   return cfg;
 }

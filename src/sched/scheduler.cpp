@@ -68,14 +68,21 @@ bool any_segment_policy(std::span<const prompt_segment> segments) {
 
 }  // namespace
 
+namespace {
+
+std::vector<kv_group_config> groups_of(const scheduler_config& c) {
+  if (!c.kv_groups.empty()) return c.kv_groups;
+  kv_group_config g;
+  g.class_blocks = c.kv_class_blocks.empty()
+                       ? std::vector<std::int32_t>{static_cast<std::int32_t>(std::clamp<std::int64_t>(c.n_blocks, 0, INT32_MAX))}
+                       : c.kv_class_blocks;
+  return {g};
+}
+
+}  // namespace
+
 scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
-    : config_(config),
-      vocab_(vocab),
-      kv_(config.block_size,
-          config.kv_class_blocks.empty()
-              ? std::vector<std::int32_t>{static_cast<std::int32_t>(std::clamp<std::int64_t>(config.n_blocks, 0, INT32_MAX))}
-              : config.kv_class_blocks,
-          config.enable_prefix_caching) {
+    : config_(config), vocab_(vocab), kv_(config.block_size, groups_of(config), config.enable_prefix_caching) {
   if (config_.max_num_seqs < 1) config_status_ = error(errc::invalid_argument, "--max-num-seqs must be at least 1");
   if (config_.max_num_batched_tokens < 1)
     config_status_ = error(errc::invalid_argument, "--max-num-batched-tokens must be at least 1");
@@ -89,9 +96,7 @@ scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
     else config_status_ = error(errc::invalid_argument, "{} KV class keys for {} classes", config_.kv_class_keys.size(), kv_.n_classes());
   }
   config_.policy_shape.block_size = config_.block_size;
-  if (config_.window_slot_tokens > 0 && config_.n_window_slots > 0 && config_status_.ok())
-    kv_.enable_window_slots(config_.window_slot_tokens,
-                            static_cast<std::int32_t>(std::min<std::int64_t>(config_.n_window_slots, config_.n_blocks)));
+  kv_.set_max_step_tokens(config_.max_num_batched_tokens);
 }
 
 scheduler::~scheduler() = default;
@@ -145,14 +150,14 @@ status scheduler::add_request(request req) {
     const bool any_policy = !spec->is_none() || std::any_of(req.segments.begin(), req.segments.end(), [](const prompt_segment& p) {
       return !p.kv_policy.empty() && p.kv_policy != "none";
     });
-    if (any_policy && kv_.windows())
+    (void)any_policy;
+    // Renumbered positions would bring tokens a sliding window already let go
+    // back into its window: the one combination that cannot work.
+    if (const std::string* pos = spec->find("positions"); pos && *pos == "cache" && kv_.has_sliding_window())
       return error(errc::unsupported,
-                   "kv_policy: KV policies are not available while this model's sliding-window layers keep only "
-                   "their window; start the engine with --swa-full to use them");
-    if (const std::string* pos = spec->find("positions"); !classes.empty() && pos && *pos == "cache")
-      return error(errc::invalid_argument,
-                   "kv_policy {}: positions=cache renumbers the cache, which a part's KV type (placed by position) "
-                   "cannot follow; keep positions or drop the parts' types",
+                   "kv_policy {}: positions=cache renumbers the cache, which would bring tokens this model's "
+                   "sliding-window layers have already let go back into their window; keep positions, or start "
+                   "the engine with --swa-full",
                    spec->to_string());
     if ((*made)->needs().key_summaries && !config_.key_summaries)
       return error(errc::invalid_argument,
@@ -227,9 +232,11 @@ sequence_options scheduler::kv_options(const sequence& s) const {
   return o;
 }
 
-std::uint32_t scheduler::classes_needed(const sequence& s) {
-  std::uint32_t mask = 1;  // class 0: the blocks past the runs, the generated tokens'
-  for (const kv_class_run& r : s.req->kv_classes) mask |= 1u << r.cls;
+std::uint64_t scheduler::classes_needed(const sequence& s) const {
+  std::uint64_t classes = 1;  // class 0: the blocks past the runs, the generated tokens'
+  for (const kv_class_run& r : s.req->kv_classes) classes |= std::uint64_t{1} << r.cls;
+  std::uint64_t mask = 0;  // in every group
+  for (std::int32_t g = 0; g < kv_.n_groups(); ++g) mask |= classes << (g * k_max_kv_classes);
   return mask;
 }
 
@@ -278,7 +285,7 @@ void scheduler::remove_from_running(sequence* s) {
   s->start_order = -1;
 }
 
-scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why, std::uint32_t short_classes) const {
+scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why, std::uint64_t short_classes) const {
   // Candidates: only the blocked tenant's own sequences when its quota is
   // what blocks, and only holders of the KV classes s lacks (or s) when a
   // class is short: preempting another frees nothing s can take. The tenant
@@ -314,10 +321,12 @@ std::span<const block_key> scheduler::load_keys(const sequence& s) const {
 void scheduler::plan_loads_if_settled(sequence* s, step_plan& out) {
   const auto keys = load_keys(*s);
   if (!source_->settled(s->req->req.tenant, keys)) return;
-  const auto table = kv_.block_table(s->id);
+  // Every group's block at each loaded index (a sliding window's NULL ones are not read).
   for (int j = 0; j < s->load_count; ++j)
-    out.loads.push_back({s->id, table[static_cast<std::size_t>(s->load_first + j)], keys[static_cast<std::size_t>(j)],
-                         s->req->req.tenant});
+    for (std::int32_t g = 0; g < kv_.n_groups(); ++g) {
+      const block_id b = kv_.block_table(s->id, g)[static_cast<std::size_t>(s->load_first + j)];
+      if (b.valid()) out.loads.push_back({s->id, b, keys[static_cast<std::size_t>(j)], s->req->req.tenant, j});
+    }
   s->load_planned = true;
 }
 
@@ -355,10 +364,10 @@ std::unordered_set<block_key> scheduler::blocks_in_flight() const {
 }
 
 bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
-                      const std::unordered_set<block_key>& in_flight, bool& stop, std::uint32_t& short_classes) {
+                      const std::unordered_set<block_key>& in_flight, bool& stop, std::uint64_t& short_classes) {
   request_state* r = s->req;
   const int slots = (s->index == 0 && !r->forked) ? r->req.n : 1;
-  if (static_cast<int>(running_.size()) + slots > config_.max_num_seqs || kv_.n_takeable_blocks() == 0) {
+  if (static_cast<int>(running_.size()) + slots > config_.max_num_seqs || kv_.any_group_exhausted()) {
     stop = true;
     return false;
   }
@@ -390,12 +399,10 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
     const auto keys = std::span<const block_key>(s->keys).subspan(static_cast<std::size_t>(first),
                                                                    static_cast<std::size_t>(n_reusable - first));
-    int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
-    // Window slots: every loaded block takes one until the sequence's first
-    // step releases those out of its window, so load what they allow now and
-    // compute the rest.
-    if (const window_slots* w = kv_.windows()) n_load = std::min(n_load, w->n_takeable());
-    if (n_load > 0 && kv_.allocate(s->id, n_load * bs)) {
+    const int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
+    // A sliding-window group takes blocks only for what the first query after
+    // the loaded ones reads (allocate_blocks): nothing unread is loaded.
+    if (n_load > 0 && kv_.allocate_blocks(s->id, n_load, static_cast<std::int64_t>(first + n_load) * bs)) {
       s->phase = seq_phase::loading;
       s->load_first = first;
       s->load_count = n_load;
@@ -411,7 +418,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   const int n = std::min<int>(next_chunk(*s), budget);
   if (!kv_.allocate(s->id, n)) {
     const alloc_blocker why = kv_.allocation_blocker(s->id, n);
-    const std::uint32_t short_mask = kv_.short_classes(s->id, n);
+    const std::uint64_t short_mask = kv_.short_classes(s->id, n);
     // Back to waiting as if never admitted: no blocks, no policy state (it
     // counted the cached slots, which the next attempt takes again).
     status st = kv_.free_sequence(s->id);
@@ -484,7 +491,7 @@ step_plan scheduler::schedule() {
   if (!preempted) {
     std::unordered_set<block_key> in_flight = blocks_in_flight();
     const auto bs = static_cast<std::size_t>(config_.block_size);
-    std::uint32_t short_classes = 0;  // KV classes a request before could not get: the ones needing them wait
+    std::uint64_t short_classes = 0;  // pools a request before could not get: the ones needing them wait
     for (std::size_t i = 0; i < waiting_.size() && budget > 0;) {
       bool stop = false;
       sequence* s = waiting_[i];
@@ -516,6 +523,7 @@ step_plan scheduler::schedule() {
     q.n_stored = kv_.n_stored_tokens(s->id);
     q.stored_positions = kv_.positions(s->id);
     q.blocks = kv_.block_table(s->id);
+    for (std::int32_t g = 0; g < kv_.n_groups(); ++g) q.tables.push_back(kv_.block_table(s->id, g));
     q.all_logits = s->req->req.prompt_logits && s->n_computed < s->n_prompt;
     if (s->pol) {
       q.stats_window = s->pol->stats_window();
@@ -536,17 +544,32 @@ step_plan scheduler::schedule() {
 // --- committing --------------------------------------------------------------------
 
 void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
-  // Per sequence, the leading run of filled blocks counts as computed; a block
-  // that failed and everything after it are computed instead (their slots
-  // stay allocated).
+  // Per sequence, the leading run of indices whose every group's block was
+  // filled counts as computed; an index that failed and everything after it
+  // are computed instead (their slots stay allocated). With a sliding window,
+  // whose blocks before the loaded end were never taken, a partial load is
+  // no load: the sequence gives the blocks back and computes it all.
   std::size_t i = 0;
   while (i < plan.loads.size()) {
     sequence* s = by_id(plan.loads[i].seq);
     PAGODA_ASSERT(s && s->phase == seq_phase::loading, "a load for a sequence that is not loading");
     std::size_t end = i;
     while (end < plan.loads.size() && plan.loads[end].seq == s->id) ++end;
+    std::vector<std::uint8_t> filled(static_cast<std::size_t>(s->load_count), 1);
+    std::vector<std::uint8_t> tier_of(static_cast<std::size_t>(s->load_count), 0);  // 1 + the tier group 0's block came from
+    for (std::size_t k = i; k < end; ++k) {
+      const auto j = static_cast<std::size_t>(plan.loads[k].index);
+      const std::uint8_t got = k < out.loaded.size() ? out.loaded[k] : 0;
+      if (!got) filled[j] = 0;
+      else if (tier_of[j] == 0) tier_of[j] = got;
+    }
     std::size_t n_ok = 0;
-    while (i + n_ok < end && i + n_ok < out.loaded.size() && out.loaded[i + n_ok]) ++n_ok;
+    while (n_ok < filled.size() && filled[n_ok]) ++n_ok;
+    if (n_ok < filled.size() && kv_.has_sliding_window()) {
+      n_ok = 0;
+      const status st = kv_.truncate(s->id, kv_.n_stored_tokens(s->id));
+      PAGODA_ASSERT(st.ok(), "giving back blocks of a failed load: {}", st.message());
+    }
     const int n_tokens = static_cast<int>(n_ok) * config_.block_size;
     if (n_tokens > 0) {
       std::vector<std::int32_t> positions(static_cast<std::size_t>(n_tokens));
@@ -561,8 +584,8 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
       if (!s->req->first_token_seen) {
         s->req->cached_tokens = std::min(std::max(s->req->cached_tokens, 0) + n_tokens, s->n_prompt);
         std::vector<int>& by_tier = s->req->loaded_by_tier;
-        for (std::size_t j = i; j < i + n_ok; ++j) {
-          const std::size_t tier = out.loaded[j] - 1u;
+        for (std::size_t j = 0; j < n_ok; ++j) {
+          const std::size_t tier = tier_of[j] - 1u;
           if (by_tier.size() <= tier) by_tier.resize(tier + 1, 0);
           by_tier[tier] += config_.block_size;
         }
@@ -651,38 +674,19 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     sample_next(s, last, events);
   }
   apply_policies(plan, first_computed);
-  if (config_.sliding_window_all > 0) free_out_of_window(plan);
-  if (kv_.windows()) release_windows();
+  if (kv_.has_sliding_window()) release_windows();
   refresh_counts();
 }
 
 void scheduler::release_windows() {
   // Every sequence in the pool, not only the step's: a sequence that only
-  // loaded blocks, or a child forked this step, claims what it just got.
+  // loaded blocks, or a child forked this step, lets go of what it just got.
   for (sequence* s : running_) {
     if (!s->in_kv || (s->phase != seq_phase::running && s->phase != seq_phase::loading)) continue;
     // The next query sits at position n_computed - pos_shift or later.
-    const status st = kv_.release_window(s->id, s->n_computed - s->pos_shift);
-    PAGODA_ASSERT(st.ok(), "releasing window slots: {}", st.message());
-  }
-}
-
-void scheduler::free_out_of_window(const step_plan& plan) {
-  const int bs = config_.block_size;
-  for (const scheduled_seq& q : plan.seqs) {
-    sequence* s = by_id(q.seq);
-    if (!s || !s->in_kv || s->phase != seq_phase::running) continue;
-    // The next query sits at position n_computed - pos_shift or later and sees
-    // positions above it minus the window: anything at or below that is dead.
-    const std::int32_t gone = s->n_computed - s->pos_shift - config_.sliding_window_all;
-    const auto pos = kv_.positions(s->id);
-    const int n_full = kv_.n_stored_tokens(s->id) / bs;
-    std::vector<std::int32_t> blocks;
-    for (int b = 0; b < n_full && pos[static_cast<std::size_t>((b + 1) * bs - 1)] <= gone; ++b) blocks.push_back(b);
-    if (blocks.empty()) continue;
-    const status st = drop_blocks(s->id, blocks);
-    PAGODA_ASSERT(st.ok(), "dropping blocks out of the window: {}", st.message());
-    stats_.n_window_freed_blocks += static_cast<std::int64_t>(blocks.size());
+    const auto freed = kv_.release_window(s->id, s->n_computed - s->pos_shift);
+    PAGODA_ASSERT(freed.ok(), "releasing out-of-window blocks: {}", freed.error().message());
+    stats_.n_window_freed_blocks += *freed;
   }
 }
 
@@ -699,6 +703,7 @@ void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& fi
     std::optional<kv_compaction> c = s->pol->decide(kv_, s->id, ctx);
     if (!c) continue;
     const bool renumbered = !c->gather->rotate.empty();
+    c->next_position = s->n_computed - s->pos_shift;  // a sliding window keeps only what that query reads
     const std::int64_t n_before = kv_.n_stored_tokens(s->id);
     kv_compaction kept = *c;
     // resource_exhausted: a shared block needs a copy and the pool has none;

@@ -81,16 +81,11 @@ struct scheduler_config {
   // none, and the model's shape their per-row state needs.
   std::string kv_policy = "none";
   seq_policy_shape policy_shape;
-  // > 0: every layer of the model attends to at most this many positions
-  // back (a sliding window on all layers, Mistral v0.1): blocks wholly out of
-  // every future query's window are freed after each step.
-  int sliding_window_all = 0;
-  // > 0 (with n_window_slots > 0): some layers (not all) attend to at most
-  // this many positions back, and keep their K/V in n_window_slots window
-  // slots (kv_manager::enable_window_slots): after each step a sequence stops
-  // claiming the blocks its next query cannot see. KV policies are refused.
-  int window_slot_tokens = 0;
-  std::int64_t n_window_slots = 0;
+  // KV groups (kv_manager.h, kv_group.h): the layers kept differently (a
+  // sliding window) have groups of their own; empty: one full-attention
+  // group of kv_class_blocks (or n_blocks). After each step a sequence's
+  // sliding-window groups free the blocks its next query no longer reads.
+  std::vector<kv_group_config> kv_groups;
   bool key_summaries = false;  // the KV backend keeps per-block key summaries (query-aware policies need them)
   // KV classes (kv_manager.h): blocks per class, class 0 (the default type)
   // first; empty: one class of n_blocks. kv_class_of names the class of a
@@ -112,7 +107,7 @@ struct engine_stats {
   std::int64_t n_generated_tokens = 0;
   std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
   std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed
-  std::int64_t n_window_freed_blocks = 0;   // blocks freed as a sliding window on every layer moved past them
+  std::int64_t n_window_freed_blocks = 0;   // blocks sliding-window groups let go as windows moved past them
   // Memory of the sequences' sparse-read selectors (Quest's key bounds,
   // retrieval's ANN indexes): now, and the most at any step.
   std::int64_t selector_bytes = 0;
@@ -197,9 +192,9 @@ class scheduler {
     int n;
   };
 
-  // short_classes: the KV classes s lacks blocks of (kv_manager::short_classes);
+  // short_classes: the (group, class) pools s lacks blocks of (kv_manager::short_classes);
   // when not 0, only s itself or a sequence holding a block of one is chosen.
-  sequence* victim_for(const sequence& s, alloc_blocker why, std::uint32_t short_classes = 0) const;
+  sequence* victim_for(const sequence& s, alloc_blocker why, std::uint64_t short_classes = 0) const;
   void preempt(sequence* s);
   // Puts a new request's sequence in the waiting queue (priority within its tenant only).
   void enqueue_by_priority(sequence* s);
@@ -207,9 +202,9 @@ class scheduler {
   // stop: admit no one after s; short_classes gains the KV classes s could
   // not get (only the requests needing one of them wait behind it).
   bool admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
-             const std::unordered_set<block_key>& in_flight, bool& stop, std::uint32_t& short_classes);
-  // The KV classes (bit c for class c) a sequence's blocks may be of.
-  static std::uint32_t classes_needed(const sequence& s);
+             const std::unordered_set<block_key>& in_flight, bool& stop, std::uint64_t& short_classes);
+  // The (group, class) pools a sequence's blocks may come from (bits as kv_manager::short_classes).
+  std::uint64_t classes_needed(const sequence& s) const;
   std::unordered_set<block_key> blocks_in_flight() const;
   std::span<const block_key> load_keys(const sequence& s) const;
   // A loading sequence's blocks go into the plan once the source has them.
@@ -223,9 +218,7 @@ class scheduler {
   void fork_children(sequence* parent);
   // After a committed step: each sequence's policy may evict (compact its KV).
   void apply_policies(const step_plan& plan, const std::vector<int>& first_computed);
-  // sliding_window_all: frees the leading blocks no query can see any more.
-  void free_out_of_window(const step_plan& plan);
-  // Window slots: the sequences in the pool stop claiming blocks out of their window.
+  // Sliding-window groups: every sequence in the pool lets go of the blocks its next query no longer reads.
   void release_windows();
   status make_policy(sequence& s) const;
   result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,

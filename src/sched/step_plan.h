@@ -29,7 +29,8 @@ struct scheduled_seq {
   std::int32_t n_stored = 0;             // KV slots stored before this step
   // Views into the scheduler's KV manager, valid until update():
   std::span<const std::int32_t> stored_positions;  // [n_stored]
-  std::span<const block_id> blocks;      // block table covering n_stored + tokens.size() slots
+  std::span<const block_id> blocks;      // group 0's block table covering n_stored + tokens.size() slots
+  std::vector<std::span<const block_id>> tables;  // [KV group]: each group's table (tables[0] == blocks)
   bool all_logits = false;               // one logits row per new token (prompt scoring), else one
   int stats_window = -1;                 // >= 0: collect attention statistics, this many window rows
   // Rows that hold different tokens (a per-head policy): row r = layer *
@@ -48,6 +49,7 @@ struct block_load {
   block_id block;
   block_key key;
   std::string tenant;
+  std::int32_t index = 0;  // which of the sequence's loaded blocks (every group has one per index, or NULL)
 };
 
 struct step_plan {

@@ -88,16 +88,21 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   w.metric("pagoda:num_preemptions_total", "counter", "Cumulative number of preemptions.", kv.n_preemptions);
   w.metric("pagoda:kv_cache_evictions_total", "counter", "Cached KV blocks evicted to make room.", kv.n_evictions);
   w.metric("pagoda:kv_cache_cow_copies_total", "counter", "KV blocks copied on write (n > 1 forks).", kv.n_cow_copies);
-  if (kv.n_window_slots > 0) {
-    // Sliding-window layers beside global ones keep their window in window slots.
-    w.family("pagoda:kv_window_slots", "gauge",
-             "Window slots of the sliding-window layers by state (pinned: in a running window; retained: for the "
-             "prefix cache; free).");
-    w.sample("pagoda:kv_window_slots", "state=\"pinned\"", kv.n_window_slots_pinned);
-    w.sample("pagoda:kv_window_slots", "state=\"retained\"", kv.n_window_slots_bound - kv.n_window_slots_pinned);
-    w.sample("pagoda:kv_window_slots", "state=\"free\"", kv.n_window_slots - kv.n_window_slots_bound);
-    w.metric("pagoda:kv_window_kv_lost_total", "counter",
-             "Cached blocks whose sliding-window K/V gave their slot to a new block.", kv.n_window_kv_lost);
+  if (kv.groups.size() > 1) {
+    // KV groups (layers kept differently, e.g. sliding-window layers beside
+    // full ones): every group's blocks by state; group 0 is the totals above.
+    w.family("pagoda:kv_group_blocks", "gauge",
+             "KV blocks of each KV group (group=\"N\", kind=\"full|sliding_window\") by state.");
+    for (std::size_t g = 0; g < kv.groups.size(); ++g) {
+      const kv_group_usage& u = kv.groups[g];
+      for (const auto& [state, n] : {std::pair{"used", u.n_used}, std::pair{"cached", u.n_cached}, std::pair{"free", u.n_free}})
+        w.sample("pagoda:kv_group_blocks", fmt::format("group=\"{}\",kind=\"{}\",state=\"{}\"", g, u.kind, state), n);
+    }
+    w.family("pagoda:kv_window_freed_blocks_total", "counter",
+             "Blocks sliding-window groups let go as windows moved past them (cached while their pool allows).");
+    for (std::size_t g = 0; g < kv.groups.size(); ++g)
+      if (kv.groups[g].kind == "sliding_window")
+        w.sample("pagoda:kv_window_freed_blocks_total", fmt::format("group=\"{}\"", g), kv.groups[g].n_freed_out_of_window);
   }
   if (!kv.classes.empty()) {
     // Blocks of each KV class (--kv-segment-dtype): the default type and the segments' types.

@@ -50,9 +50,10 @@ namespace pagoda::test {
 namespace {
 
 // run on gemma2 (window 32) past several windows: the sliding layer keeps its
-// window in window slots by default, every position with --swa-full; the
-// greedy tokens are the same, and the KV used is smaller.
-TEST(cli_run, window_slots_by_default_and_swa_full_agree) {
+// window in a window group by default, every position with --swa-full; the
+// greedy tokens are the same, and the KV used is smaller. A KV policy works
+// on the window group too.
+TEST(cli_run, a_window_group_by_default_and_swa_full_agree) {
   const std::string args = " -m " + data_path("oracle/gguf/gemma2-F32.gguf") +
                            " -p " + shell_quote("Once upon a time") + " -n 150 --temp 0 --ignore-eos --json -t 1 -c 256 --max-num-batched-tokens 64";
   auto a = run_cli("run" + args);
@@ -62,13 +63,16 @@ TEST(cli_run, window_slots_by_default_and_swa_full_agree) {
   const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
   EXPECT_EQ(ja["tokens"].size(), 150u);
   EXPECT_EQ(ja["tokens"], jb["tokens"]);
-  EXPECT_GT(ja["kv"]["window_slots"].get<int>(), 0);
-  EXPECT_EQ(jb["kv"]["window_slots"].get<int>(), 0);
+  EXPECT_GT(ja["kv"]["window_blocks"].get<int>(), 0);
+  EXPECT_EQ(jb["kv"]["window_blocks"].get<int>(), 0);
   EXPECT_LT(ja["kv"]["bytes_used"].get<double>(), jb["kv"]["bytes_used"].get<double>());
-  // A default KV policy keeps every position in the blocks, where the policy can evict.
+  // A default KV policy evicts in both groups, with the same tokens as with every position kept.
   auto p = run_cli("run" + args + " --kv-policy h2o:budget=64");
+  auto q = run_cli("run" + args + " --kv-policy h2o:budget=64 --swa-full");
   ASSERT_EQ(p.exit_code, 0) << p.err;
-  EXPECT_EQ(nlohmann::json::parse(p.out)["kv"]["window_slots"].get<int>(), 0);
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_GT(nlohmann::json::parse(p.out)["kv"]["window_blocks"].get<int>(), 0);
+  EXPECT_EQ(nlohmann::json::parse(p.out)["tokens"], nlohmann::json::parse(q.out)["tokens"]);
 }
 
 }  // namespace

@@ -610,6 +610,35 @@ TEST(engine_policy, a_window_on_every_layer_frees_the_blocks_it_leaves) {
   EXPECT_EQ(out[1], out[0]);  // bit for bit: the freed positions were never seen
   EXPECT_EQ(peak[0], (10 + 300 + 15) / 16);
   EXPECT_LE(peak[1], (hp.sliding_window + 15) / 16 + 2);
+
+  // The window's blocks it let go stay cached: a request continuing the
+  // first one's text takes its cached prefix (only the last window's blocks
+  // are needed), and continues as it does computed from scratch.
+  request more = r;
+  more.id = "b";
+  more.prompt.insert(more.prompt.end(), out[0].begin(), out[0].begin() + 200);
+  more.max_tokens = 20;
+  std::vector<token_id> cont[2];
+  std::int64_t hit = 0;
+  for (int f = 0; f < 2; ++f) {
+    auto e = *engine_core::create(*model, cfg(true));
+    if (f == 1) {
+      ASSERT_TRUE(e->add_request(r).ok());
+      std::vector<engine_event> ev;
+      while (e->has_work()) e->step(ev);
+    }
+    const std::int64_t before = e->kv_stats().n_prefix_hit_tokens;
+    ASSERT_TRUE(e->add_request(more).ok());
+    std::vector<engine_event> ev;
+    while (e->has_work()) {
+      ev.clear();
+      e->step(ev);
+      for (const engine_event& x : ev) cont[f].insert(cont[f].end(), x.tokens.begin(), x.tokens.end());
+    }
+    if (f == 1) hit = e->kv_stats().n_prefix_hit_tokens - before;
+  }
+  EXPECT_GE(hit, 192);  // 210 prompt tokens: 13 full blocks, the last window's among them
+  EXPECT_EQ(cont[1], cont[0]);
 }
 
 }  // namespace
@@ -620,11 +649,11 @@ namespace {
 
 // Sliding-window layers mixed with global ones (Gemma 2 alternates them,
 // Gemma 3 has 2 local to 1 global here): the windowed layers keep their K/V
-// in window slots, far fewer than the pool's blocks. Greedy output is bit
-// for bit that of keeping every position (--swa-full), also for a request
-// served from the prefix cache of an earlier one whose prompt is longer than
-// the window; window slots pinned never exceed the slots.
-TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
+// in a sliding-window KV group, far fewer blocks than the full group's.
+// Greedy output is bit for bit that of keeping every position (--swa-full),
+// also for a request served from the prefix cache of an earlier one whose
+// prompt is longer than the window.
+TEST(engine_window_group, mixed_sliding_window_models_keep_only_the_window) {
   for (const char* preset : {"tiny-gemma2", "tiny-gemma3"}) {
     SCOPED_TRACE(preset);
     auto model = f32_synth(preset);
@@ -644,11 +673,12 @@ TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
     std::int64_t hits[2] = {0, 0};
     for (int w = 0; w < 2; ++w) {
       auto e = *engine_core::create(*model, cfg(w == 1));
-      EXPECT_EQ(e->config().windows.any(), w == 1);
+      EXPECT_EQ(e->config().groups.size(), w == 1 ? 2u : 1u);
       if (w == 1) {
-        EXPECT_LT(e->kv_stats().n_window_slots, 64 / 2);
+        EXPECT_LT(e->kv_stats().groups[1].n_blocks, 64 / 2);
+        EXPECT_EQ(e->kv_stats().groups[1].kind, "sliding_window");
         request bad = req("p", shared, 4);
-        bad.kv_policy = "h2o:budget=32";
+        bad.kv_policy = "window:budget=32,positions=cache";  // the one policy a window cannot follow
         EXPECT_EQ(e->add_request(bad).code(), errc::unsupported);
       }
       auto drain = [&] {
@@ -665,8 +695,8 @@ TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
       ASSERT_TRUE(e->add_request(req("c", {1, 5, 9, 13, 17}, 120)).ok());
       drain();
       // b continues a's prompt and 150 of its tokens: its cached prefix is far
-      // longer than the window, and a's early blocks lost their windowed K/V
-      // to later blocks (more blocks were bound than there are slots).
+      // longer than the window, and a's early window blocks were evicted for
+      // later ones (more were taken than the window group holds).
       std::vector<token_id> p_b = shared;
       p_b.insert(p_b.end(), out[w]["a"].begin(), out[w]["a"].begin() + 150);
       p_b.push_back(300);
@@ -676,10 +706,10 @@ TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
       hits[w] = e->kv_stats().n_prefix_hit_tokens - before;
       const kv_metrics m = e->kv_stats();
       if (w == 1) {
-        EXPECT_GT(m.n_window_kv_lost, 0);  // cached blocks gave up their windowed K/V
-        EXPECT_GT(m.n_window_slots_pinned_peak, 0);
-        EXPECT_LE(m.n_window_slots_pinned_peak, m.n_window_slots);
-        EXPECT_EQ(m.n_window_slots_pinned, 0);
+        EXPECT_GT(m.groups[1].n_evictions, 0);  // cached window blocks made room for new ones
+        EXPECT_GT(m.groups[1].n_freed_out_of_window, 0);
+        EXPECT_GT(m.groups[1].n_used_peak, 0);
+        EXPECT_EQ(m.groups[1].n_used, 0);
       }
     }
     for (const char* id : {"a", "b", "c"}) {
@@ -691,10 +721,72 @@ TEST(engine_window_slots, mixed_sliding_window_models_keep_only_the_window) {
   }
 }
 
-// n = 2 completions (forked children share the parent's blocks and claims)
-// beside a long prompt, with exactly the slots plan_window_slots gives: no
+// What used to be refused on sliding-window models now composes (KV groups):
+// KV policies that evict (h2o, snapkv, pyramid's per-head budgets), a prompt
+// part in a KV type of its own (an int4 class, whose window blocks are int4
+// too), and both at once. With the sliding-window layers in their own group,
+// greedy output is bit for bit that of one group keeping every position
+// (--swa-full), and the window group lets blocks go as windows move.
+TEST(engine_window_group, policies_and_typed_parts_equal_keeping_every_position) {
+  struct variant {
+    const char* policy;
+    bool typed;
+  };
+  const variant variants[] = {{"h2o:budget=48", false}, {"snapkv:budget=48", false}, {"pyramid:budget=48", false},
+                              {"none", true},          {"h2o:budget=48", true}};
+  for (const char* preset : {"tiny-gemma2", "tiny-gemma3"}) {
+    auto model = f32_synth(preset);
+    ASSERT_TRUE(model);
+    const llama_hparams& hp = model->hparams();
+    for (const variant& v : variants) {
+      SCOPED_TRACE(::testing::Message() << preset << " " << v.policy << (v.typed ? " typed" : ""));
+      std::vector<token_id> prompt;
+      for (int i = 0; i < 150; ++i) prompt.push_back(static_cast<token_id>(40 + (i * 13) % 250));
+      std::vector<token_id> out[2];
+      for (int w = 0; w < 2; ++w) {
+        engine_core_config c = f32_engine(hp, 512, 4, 48, 96);
+        c.free_out_of_window = w == 1;
+        c.attention_stats_window = 8;
+        if (v.typed) {
+          kv_layout int4 = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::int4, kv_type::int4);
+          c.kv_classes.push_back(kv_segment_class{"int4", int4, 32});
+        }
+        auto e = *engine_core::create(*model, c);
+        ASSERT_EQ(e->config().groups.size(), w == 1 ? 2u : 1u);
+        request r = greedy_ids("a", prompt, 120);
+        r.kv_policy = v.policy;
+        if (v.typed) r.segments.push_back(prompt_segment{16, 112, "", "int4"});
+        const status added = e->add_request(r);
+        ASSERT_TRUE(added.ok()) << added.message();
+        std::vector<engine_event> ev;
+        while (e->has_work()) {
+          ev.clear();
+          e->step(ev);
+          for (const engine_event& x : ev) {
+            ASSERT_TRUE(x.error.empty()) << x.error;
+            out[w].insert(out[w].end(), x.tokens.begin(), x.tokens.end());
+          }
+          const status st = e->kv().check_invariants();
+          ASSERT_TRUE(st.ok()) << st.message();
+        }
+        if (w == 1) {
+          EXPECT_GT(e->kv_stats().groups[1].n_freed_out_of_window, 0);
+        }
+        if (std::string(v.policy) != "none") {
+          EXPECT_GT(e->stats().n_policy_compactions, 0);
+        }
+        EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+      }
+      EXPECT_EQ(out[0].size(), 120u);
+      EXPECT_EQ(out[1], out[0]);
+    }
+  }
+}
+
+// n = 2 completions (forked children share the parent's blocks) beside a
+// long prompt, with exactly the window blocks plan_kv_groups gives: no
 // preemption, and every completion is what it is with every position kept.
-TEST(engine_window_slots, forked_completions_with_the_planned_slots) {
+TEST(engine_window_group, forked_completions_with_the_planned_blocks) {
   auto model = *llama_model::load(std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/gguf/gemma2-F32.gguf");
   const llama_hparams& hp = model->hparams();  // window 32
   std::vector<token_id> long_prompt, short_prompt;
@@ -705,7 +797,7 @@ TEST(engine_window_slots, forked_completions_with_the_planned_slots) {
     engine_core_config c = f32_engine(hp, 512, 3, 256, 200);  // 31 slots
     c.free_out_of_window = w == 1;
     auto e = *engine_core::create(*model, c);
-    ASSERT_EQ(e->config().windows.any(), w == 1);
+    ASSERT_EQ(e->config().groups.size(), w == 1 ? 2u : 1u);
     ASSERT_TRUE(e->add_request(greedy_ids("a", long_prompt, 40)).ok());
     request b = greedy_ids("b", short_prompt, 30);
     b.n = 2;
@@ -728,11 +820,11 @@ TEST(engine_window_slots, forked_completions_with_the_planned_slots) {
   EXPECT_EQ(out[1], out[0]);
 }
 
-// --kv-cache-size with window slots: the slots are paid first, the blocks
-// at their global-layer cost, and the whole stays within the budget; more
-// blocks fit than with --swa-full. A pool too small for slots to save
-// anything keeps every layer in its blocks, still within the budget.
-TEST(engine_window_slots, the_kv_cache_size_pays_for_the_window_slots) {
+// --kv-cache-size with a window group: its blocks are paid first, the full
+// group's at their full-layer cost, and the whole stays within the budget;
+// more blocks fit than with --swa-full. A pool too small for the window
+// group to save anything keeps every layer in one group, still within the budget.
+TEST(engine_window_group, the_kv_cache_size_pays_for_the_window_group) {
   const std::string gguf = std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/gguf/gemma3-F32.gguf";
   auto model = *llama_model::load(gguf);
   std::int64_t blocks[2] = {0, 0};
@@ -752,15 +844,15 @@ TEST(engine_window_slots, the_kv_cache_size_pays_for_the_window_slots) {
       EXPECT_LE((*e)->storage().total_bytes(), mib * 1024 * 1024) << mib << " full " << full;
       EXPECT_GT((*e)->storage().total_bytes(), 0.97 * mib * 1024 * 1024) << mib << " full " << full;
       if (mib == 8.0) {
-        EXPECT_EQ((*e)->config().windows.any(), full == 0);
+        EXPECT_EQ((*e)->config().groups.size(), full == 0 ? 2u : 1u);
         blocks[full] = (*e)->config().n_blocks;
       }
     }
   }
-  // 2 of gemma3's 3 layers slide: a block costs a third, the slots are a few.
+  // 2 of gemma3's 3 layers slide: a block costs a third, the window's blocks are a few.
   EXPECT_GT(blocks[0], 2 * blocks[1]);
-  // Slots for 64 sequences would take more than the whole budget: none are
-  // planned, and the blocks alone stay within it (an unsealed and a sealed type).
+  // A window group for 64 sequences would take more than the whole budget:
+  // none is planned, and the blocks alone stay within it (an unsealed and a sealed type).
   for (const char* type : {"f16", "int4"}) {
     engine_config c;
     c.model_path = gguf;
@@ -771,7 +863,7 @@ TEST(engine_window_slots, the_kv_cache_size_pays_for_the_window_slots) {
     ASSERT_TRUE(core_config.ok()) << type << ": " << core_config.error().message();
     auto e = engine_core::create(*model, *core_config);
     ASSERT_TRUE(e.ok()) << e.error().message();
-    EXPECT_FALSE((*e)->config().windows.any()) << type;
+    EXPECT_EQ((*e)->config().groups.size(), 1u) << type;
     EXPECT_LE((*e)->storage().total_bytes(), 1024.0 * 1024) << type;
     // (int4 reserves staging for 128 sequences but maps at most one slot a block.)
     if (std::string(type) == "f16") {
@@ -782,10 +874,10 @@ TEST(engine_window_slots, the_kv_cache_size_pays_for_the_window_slots) {
 
 // Against llama.cpp (tests/data/oracle: gemma2 and gemma3 files with a window
 // of 32, 96 prompt ids and llama.cpp's 32 greedy ids): through the engine,
-// with the sliding-window layers in window slots and the prompt fed in chunks
-// of 16 so that blocks leave the window during the prompt, the greedy
+// with the sliding-window layers in a window group and the prompt fed in
+// chunks of 16 so that blocks leave the window during the prompt, the greedy
 // continuation is llama.cpp's, every id.
-TEST(engine_window_slots, gemma_oracle_greedy_ids_with_window_slots) {
+TEST(engine_window_group, gemma_oracle_greedy_ids_with_a_window_group) {
   for (const char* name : {"gemma2-F32", "gemma3-F32"}) {
     SCOPED_TRACE(name);
     const std::string dir = std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle";
@@ -799,8 +891,8 @@ TEST(engine_window_slots, gemma_oracle_greedy_ids_with_window_slots) {
     const llama_hparams& hp = model->hparams();
     ASSERT_EQ(hp.sliding_window, 32);
     auto e = *engine_core::create(*model, f32_engine(hp, 128, 1, 16, 16));
-    ASSERT_TRUE(e->config().windows.any());
-    EXPECT_LT(e->kv_stats().n_window_slots, 8);  // for 8 blocks of the 128 tokens
+    ASSERT_EQ(e->config().groups.size(), 2u);
+    EXPECT_LT(e->kv_stats().groups[1].n_blocks, 8);  // for 8 blocks of the 128 tokens
     ASSERT_TRUE(e->add_request(greedy_ids("o", {tokens.begin(), tokens.begin() + 96}, 32)).ok());
     std::vector<token_id> got;
     std::vector<engine_event> ev;
@@ -810,7 +902,7 @@ TEST(engine_window_slots, gemma_oracle_greedy_ids_with_window_slots) {
       for (const engine_event& x : ev) got.insert(got.end(), x.tokens.begin(), x.tokens.end());
     }
     EXPECT_EQ(got, greedy);
-    EXPECT_GT(e->kv_stats().n_window_kv_lost, 0);  // slots were reused as the window moved
+    EXPECT_GT(e->kv_stats().groups[1].n_freed_out_of_window, 0);  // blocks were let go as the window moved
   }
 }
 
@@ -1067,15 +1159,34 @@ TEST(engine_kv_classes, a_typed_part_with_its_own_eviction_policy) {
 
 // A policy that renumbers the cache (positions=cache) cannot place typed
 // parts by position: refused at once, with the reason.
-TEST(engine_kv_classes, repositioning_policies_and_typed_parts_are_refused) {
+// A policy that renumbers positions (positions=cache) and a typed part work
+// together: the class rule follows tokens, not positions, so the blocks the
+// renumbered prompt still fills take the part's type where its tokens lie in
+// it. (Before KV groups this was refused.)
+TEST(engine_kv_classes, repositioning_policies_and_typed_parts_work_together) {
   auto e = *engine_core::create(stories(), class_config(64, 16));
   request r = typed_request("w", story_tokens(70), 0, 64, "int8");
-  r.kv_policy = "window:budget=32,positions=cache";
+  r.kv_policy = "window:budget=16,positions=cache";
+  r.prompt_chunk = 8;  // renumbered while the typed prompt is still being fed
+  r.max_tokens = 40;
   const status st = e->add_request(r);
-  EXPECT_EQ(st.code(), errc::invalid_argument);
-  EXPECT_NE(st.message().find("positions=cache"), std::string::npos) << st.message();
-  r.kv_policy = "window:budget=32";
-  EXPECT_TRUE(e->add_request(r).ok());
+  ASSERT_TRUE(st.ok()) << st.message();
+  std::vector<engine_event> ev;
+  int n_tokens = 0;
+  std::int32_t class_blocks = 0;
+  while (e->has_work()) {
+    ev.clear();
+    e->step(ev);
+    for (const engine_event& x : ev) {
+      ASSERT_TRUE(x.error.empty()) << x.error;
+      n_tokens += static_cast<int>(x.tokens.size());
+    }
+    class_blocks = std::max(class_blocks, e->kv_stats().classes[1].n_used);
+    ASSERT_TRUE(e->kv().check_invariants().ok());
+  }
+  EXPECT_EQ(n_tokens, 40);
+  EXPECT_GT(e->stats().n_policy_compactions, 0);
+  EXPECT_GT(class_blocks, 0);
 }
 
 }  // namespace

@@ -111,7 +111,6 @@ class fake_runner final : public model_runner {
       case kv_op_kind::release:
         for (int i = 0; i < bs_; ++i) slot(op.block, i) = {k_poison, -1};
         break;
-      case kv_op_kind::bind_window: break;  // the fake KV has no windowed layer
       case kv_op_kind::evict: {
         auto& saved = evicted[op.key];
         saved.clear();

@@ -64,22 +64,23 @@ TEST(prometheus, renders_every_series) {
   EXPECT_EQ(escape_label("a\\b\n\"c\""), "a\\\\b\\n\\\"c\\\"");
 }
 
-// Window slots (sliding-window layers beside global ones): by state, only
-// when the engine has them.
-TEST(prometheus, renders_window_slots_when_there_are_some) {
+// KV groups (sliding-window layers beside full ones): every group's blocks
+// by state, and what the windows let go; only with more than one group.
+TEST(prometheus, renders_kv_groups_when_there_are_several) {
   engine_snapshot s;
   s.kv.n_blocks_total = 10;
   s.kv.block_size_tokens = 16;
-  EXPECT_EQ(render_metrics(s, {}, "m").find("pagoda:kv_window_slots"), std::string::npos);
-  s.kv.n_window_slots = 12;
-  s.kv.n_window_slots_bound = 9;
-  s.kv.n_window_slots_pinned = 4;
-  s.kv.n_window_kv_lost = 7;
+  s.kv.groups.push_back(kv_group_usage{"full", 0, 10, 6, 3, 1});
+  EXPECT_EQ(render_metrics(s, {}, "m").find("pagoda:kv_group_blocks"), std::string::npos);
+  kv_group_usage w{"sliding_window", 32, 12, 4, 5, 3};
+  w.n_freed_out_of_window = 7;
+  s.kv.groups.push_back(w);
   auto m = test::parse_metrics(render_metrics(s, {}, "m"));
-  EXPECT_EQ(test::metric(m, "pagoda:kv_window_slots{state=\"pinned\"}"), 4);
-  EXPECT_EQ(test::metric(m, "pagoda:kv_window_slots{state=\"retained\"}"), 5);
-  EXPECT_EQ(test::metric(m, "pagoda:kv_window_slots{state=\"free\"}"), 3);
-  EXPECT_EQ(test::metric(m, "pagoda:kv_window_kv_lost_total"), 7);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_group_blocks{group=\"0\",kind=\"full\",state=\"used\"}"), 6);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_group_blocks{group=\"1\",kind=\"sliding_window\",state=\"used\"}"), 4);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_group_blocks{group=\"1\",kind=\"sliding_window\",state=\"cached\"}"), 5);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_group_blocks{group=\"1\",kind=\"sliding_window\",state=\"free\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_window_freed_blocks_total{group=\"1\"}"), 7);
 }
 
 // KV classes (--kv-segment-dtype): each class's blocks by state, labelled
