@@ -82,7 +82,10 @@ std::vector<kv_group_config> groups_of(const scheduler_config& c) {
 }  // namespace
 
 scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
-    : config_(config), vocab_(vocab), kv_(config.block_size, groups_of(config), config.enable_prefix_caching) {
+    : config_(config),
+      clock_(config.clock ? config.clock : &system_clock_source()),
+      vocab_(vocab),
+      kv_(config.block_size, groups_of(config), config.enable_prefix_caching) {
   if (config_.max_num_seqs < 1) config_status_ = error(errc::invalid_argument, "--max-num-seqs must be at least 1");
   if (config_.max_num_batched_tokens < 1)
     config_status_ = error(errc::invalid_argument, "--max-num-batched-tokens must be at least 1");

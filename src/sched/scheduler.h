@@ -52,6 +52,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/histogram.h"
 #include "kv/kv_manager.h"
 #include "model/sampler.h"
@@ -95,6 +96,9 @@ struct scheduler_config {
   std::function<result<std::uint8_t>(const std::string& kv_type)> kv_class_of;
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
+  // Arrival times and latency histograms (TTFT, inter-token, end to end) read
+  // this clock; null: the system's. Tests pass a manual_clock.
+  const clock_source* clock = nullptr;
 };
 
 struct engine_stats {
@@ -230,7 +234,10 @@ class scheduler {
   void refresh_counts();
   sequence* by_id(seq_id id) const;
 
+  std::int64_t now_us() const { return clock_->monotonic_us(); }
+
   scheduler_config config_;
+  const clock_source* clock_;
   status config_status_;
   const tokenizer& vocab_;
   kv_manager kv_;

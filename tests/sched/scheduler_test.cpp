@@ -332,6 +332,30 @@ TEST(scheduler, priority_does_not_shield_a_tenant_from_preemption) {
   EXPECT_EQ(h.results["b"].tokens.size(), 20u);
 }
 
+// Latency histograms read the injected clock: a request that waited 2 s
+// before its first step has a TTFT of 2 s, tokens 0.25 s apart an
+// inter-token latency of 0.25 s, whatever the real time was.
+TEST(scheduler, latencies_come_from_the_injected_clock) {
+  manual_clock clock;
+  scheduler_config c = config(64);
+  c.clock = &clock;
+  harness h(c);
+  h.add(req("a", prompt_of(6), 3));
+  clock.advance_seconds(2.0);
+  h.step();  // the prompt and the first token
+  clock.advance_seconds(0.25);
+  h.step();
+  clock.advance_seconds(0.25);
+  h.step();
+  EXPECT_TRUE(h.results["a"].finish == "length");
+  const engine_stats& st = h.s.stats();
+  EXPECT_EQ(st.ttft_seconds.snapshot().count, 1u);
+  EXPECT_DOUBLE_EQ(st.ttft_seconds.snapshot().sum, 2.0);
+  EXPECT_EQ(st.itl_seconds.snapshot().count, 2u);
+  EXPECT_DOUBLE_EQ(st.itl_seconds.snapshot().sum, 0.5);
+  EXPECT_DOUBLE_EQ(st.e2e_seconds.snapshot().sum, 2.5);
+}
+
 TEST(scheduler, drop_frees_blocks_and_keeps_positions) {
   harness h(config(64, 8, 64));
   h.add(req("a", prompt_of(17, 4), 6));
