@@ -252,38 +252,6 @@ std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_to
   return a;
 }
 
-std::optional<allocation> kv_manager::allocate_blocks(seq_id seq, std::int32_t n_blocks, std::int64_t next_position) {
-  sequence& s = seq_at(seq);
-  PAGODA_ASSERT(s.n_stored % block_size_ == 0 && s.n_table() * static_cast<std::size_t>(block_size_) ==
-                                                     static_cast<std::size_t>(s.n_stored),
-                "allocate_blocks after {} stored slots in {} blocks", s.n_stored, s.n_table());
-  if (n_blocks <= 0) return allocation{};
-  demands d = demand(s, n_blocks * block_size_);
-  // A sliding window takes no block for what the query at next_position no longer reads.
-  std::array<std::int32_t, k_max_kv_groups> n_null{};
-  const std::int32_t n_full_after = static_cast<std::int32_t>(s.n_table()) + n_blocks;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const std::int32_t need = groups_[g]->first_needed_block({}, n_full_after, next_position);
-    n_null[g] = std::clamp(need - static_cast<std::int32_t>(s.n_table()), 0, n_blocks);
-    if (n_null[g] == 0) continue;
-    d[g].order.erase(d[g].order.begin(), d[g].order.begin() + n_null[g]);
-    d[g].d = {};
-    for (const std::int32_t c : d[g].order) d[g].d.add(c);
-  }
-  if (take_blocker(s.tenant, d) != alloc_blocker::none) return std::nullopt;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const std::vector<block_id> fresh = take(s, static_cast<std::int32_t>(g), d[g]);
-    s.tables[g].insert(s.tables[g].end(), static_cast<std::size_t>(n_null[g]), block_id());
-    s.tables[g].insert(s.tables[g].end(), fresh.begin(), fresh.end());
-  }
-  for (std::int32_t k = 0; k < n_blocks; ++k)
-    s.block_classes.push_back(static_cast<std::uint8_t>(new_block_class(s, s.block_classes.size())));
-  evict_over_quota(s.tenant);
-  allocation a;
-  a.n_new_blocks = n_blocks;
-  return a;
-}
-
 // --- sequences -------------------------------------------------------------------
 
 const kv_manager::sequence& kv_manager::seq_at(seq_id seq) const {
@@ -481,7 +449,7 @@ status kv_manager::commit(seq_id seq, std::span<const token_id> tokens, std::spa
     const kv_group& grp = *groups_[g];
     for (std::int32_t bi = first_block; bi <= last_block; ++bi) {
       const block_id b = s.tables[g][static_cast<std::size_t>(bi)];
-      if (!b.valid()) continue;  // a sliding window that needs none of it (loaded blocks: allocate_blocks)
+      if (!b.valid()) continue;  // a sliding window's NULL partial block is refilled by allocate()
       if (grp.ref_count(b) != 1 || grp.is_hashed(b)) {
         return error(errc::internal,
                      "commit: sequence {} wrote into block {} held by {} tables, cached {} (allocate skipped)",

@@ -215,12 +215,6 @@ class kv_manager final : private kv_group_host {
   // quota cannot supply the blocks; then nothing has changed. Call it before
   // every write; it is idempotent once slots exist.
   std::optional<allocation> allocate(seq_id seq, std::int32_t n_new_tokens);
-  // The same for n_blocks whole blocks that will be filled from elsewhere (a
-  // KV store) and hold slots up to next_position's block: a sliding-window
-  // group appends NULL for the blocks a query at next_position no longer
-  // reads, so nothing unread is loaded or cached.
-  // REQUIRES: contains(seq), n_stored a multiple of block_size.
-  std::optional<allocation> allocate_blocks(seq_id seq, std::int32_t n_blocks, std::int64_t next_position);
   // Records that K/V of these tokens are now stored in the next slots, computed
   // at `positions` (a prompt chunk, a sampled token fed back, or blocks loaded
   // from elsewhere). Blocks that become full are keyed and registered in their

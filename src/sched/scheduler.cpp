@@ -324,7 +324,7 @@ std::span<const block_key> scheduler::load_keys(const sequence& s) const {
 void scheduler::plan_loads_if_settled(sequence* s, step_plan& out) {
   const auto keys = load_keys(*s);
   if (!source_->settled(s->req->req.tenant, keys)) return;
-  // Every group's block at each loaded index (a sliding window's NULL ones are not read).
+  // Every group's block at each loaded index.
   for (int j = 0; j < s->load_count; ++j)
     for (std::int32_t g = 0; g < kv_.n_groups(); ++g) {
       const block_id b = kv_.block_table(s->id, g)[static_cast<std::size_t>(s->load_first + j)];
@@ -402,10 +402,11 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
     const auto keys = std::span<const block_key>(s->keys).subspan(static_cast<std::size_t>(first),
                                                                    static_cast<std::size_t>(n_reusable - first));
-    const int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
-    // A sliding-window group takes blocks only for what the first query after
-    // the loaded ones reads (allocate_blocks): nothing unread is loaded.
-    if (n_load > 0 && kv_.allocate_blocks(s->id, n_load, static_cast<std::int64_t>(first + n_load) * bs)) {
+    int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
+    // Every group's blocks are loaded (a sliding window's let go after the
+    // first step): load what the smallest pool can take now, compute the rest.
+    for (std::int32_t g = 0; g < kv_.n_groups(); ++g) n_load = std::min(n_load, kv_.group(g).pool().n_takeable());
+    if (n_load > 0 && kv_.allocate(s->id, n_load * bs)) {
       s->phase = seq_phase::loading;
       s->load_first = first;
       s->load_count = n_load;
@@ -549,9 +550,7 @@ step_plan scheduler::schedule() {
 void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
   // Per sequence, the leading run of indices whose every group's block was
   // filled counts as computed; an index that failed and everything after it
-  // are computed instead (their slots stay allocated). With a sliding window,
-  // whose blocks before the loaded end were never taken, a partial load is
-  // no load: the sequence gives the blocks back and computes it all.
+  // are computed instead (their slots stay allocated).
   std::size_t i = 0;
   while (i < plan.loads.size()) {
     sequence* s = by_id(plan.loads[i].seq);
@@ -568,11 +567,6 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
     }
     std::size_t n_ok = 0;
     while (n_ok < filled.size() && filled[n_ok]) ++n_ok;
-    if (n_ok < filled.size() && kv_.has_sliding_window()) {
-      n_ok = 0;
-      const status st = kv_.truncate(s->id, kv_.n_stored_tokens(s->id));
-      PAGODA_ASSERT(st.ok(), "giving back blocks of a failed load: {}", st.message());
-    }
     const int n_tokens = static_cast<int>(n_ok) * config_.block_size;
     if (n_tokens > 0) {
       std::vector<std::int32_t> positions(static_cast<std::size_t>(n_tokens));
