@@ -1,6 +1,10 @@
 #include "store/warehouse.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "core/assert.h"
 
@@ -12,6 +16,10 @@ namespace {
 // the stale ones go, then all): a bound on memory, not a cache size to tune.
 constexpr std::size_t k_max_known = 1 << 16;
 
+// The calling thread yields the CPU to normal-priority ones when they contend
+// (nice 10); a failure leaves it as it was.
+void lower_priority() { (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10); }
+
 }  // namespace
 
 kv_warehouse::kv_warehouse(std::vector<std::unique_ptr<block_store>> tiers, const warehouse_options& options)
@@ -21,7 +29,10 @@ kv_warehouse::kv_warehouse(std::vector<std::unique_ptr<block_store>> tiers, cons
   load_seconds_.assign(tiers_.size(), histogram(load_buckets_seconds()));
   known_.resize(tiers_.size());
   down_until_us_.assign(tiers_.size(), INT64_MIN);
-  writer_ = std::thread([this] { write_loop(); });
+  writer_ = std::thread([this] {
+    lower_priority();
+    write_loop();
+  });
   fetcher_ = std::thread([this] { fetch_loop(); });
   if (std::any_of(tiers_.begin(), tiers_.end(), [](const auto& t) { return !t->indexed(); }))
     looker_ = std::thread([this] { lookup_loop(); });
@@ -78,15 +89,21 @@ void kv_warehouse::write(const cached_block& b) {
     ++c_.dropped;
     return;
   }
+  const bool was_empty = write_queue_.empty();
   queue_bytes_ += r.bytes.size();
   write_queue_.push_back(std::move(r));
   c_.queue_blocks = static_cast<std::int64_t>(write_queue_.size());
-  cv_write_.notify_one();
+  // The writer sleeps on an empty queue or lingers for a full batch: woken
+  // for those only, not once per block.
+  if (was_empty || queue_bytes_ >= o_.batch_bytes) cv_write_.notify_one();
 }
 
 void kv_warehouse::flush() {
   std::unique_lock lock(mu_);
+  ++flushing_;
+  cv_write_.notify_one();
   cv_idle_.wait(lock, [&] { return write_queue_.empty() && !writing_batch_; });
+  --flushing_;
 }
 
 void kv_warehouse::flush(std::string_view tenant, std::span<const stored_block_ref> refs) {
@@ -96,10 +113,13 @@ void kv_warehouse::flush(std::string_view tenant, std::span<const stored_block_r
   std::sort(wanted.begin(), wanted.end());
   const auto is_wanted = [&](const store_key& k) { return std::binary_search(wanted.begin(), wanted.end(), k); };
   std::unique_lock lock(mu_);
+  ++flushing_;
+  cv_write_.notify_one();
   cv_idle_.wait(lock, [&] {
     if (std::any_of(writing_.begin(), writing_.end(), is_wanted)) return false;
     return std::none_of(write_queue_.begin(), write_queue_.end(), [&](const block_record& r) { return is_wanted(r.key); });
   });
+  --flushing_;
 }
 
 void kv_warehouse::write_loop() {
@@ -109,6 +129,8 @@ void kv_warehouse::write_loop() {
       std::unique_lock lock(mu_);
       cv_write_.wait(lock, [&] { return !write_queue_.empty() || stopping_; });
       if (write_queue_.empty()) return;  // stopping, and drained
+      cv_write_.wait_for(lock, std::chrono::microseconds(o_.write_linger_us),
+                         [&] { return stopping_ || flushing_ > 0 || queue_bytes_ >= o_.batch_bytes; });
       // Everything queued, as one batch: one transaction (and one sync) per tier.
       batch.reserve(write_queue_.size());
       writing_.clear();

@@ -6,9 +6,12 @@
 // settled(), read() and release(); each answers from memory and takes only
 // mu_, which no thread holds across disk or network I/O. The I/O runs on the
 // warehouse's own threads:
-// - the writer: takes everything queued, encodes it (block_record: checksum,
-//   zstd when it pays) and puts the batch into every tier that lacks it, one
-//   put_many per tier (one LMDB transaction, one sync, on disk);
+// - the writer: takes everything queued (after lingering for more, a group
+//   commit), encodes it (block_record: checksum, zstd when it pays) and puts
+//   the batch into every tier that lacks it, one put_many per tier (one LMDB
+//   transaction, one sync, on disk). It runs at a lower priority (nice 10):
+//   under CPU contention its work, on no request's path, yields to the
+//   engine thread;
 // - the fetcher: fetches and verifies prefetched blocks;
 // - the looker: answers lookups in tiers without an in-memory index (Redis).
 // Other callers (HTTP handlers: flush, n_stored, erase_tenant, stats) may
@@ -68,6 +71,13 @@ struct warehouse_options {
   std::uint64_t model = 0;  // model_fingerprint (sched/engine_setup.h); each block brings its layout
   std::size_t max_queue_blocks = 1024;
   std::size_t max_queue_bytes = std::size_t{256} << 20;
+  // Group commit: once a block is queued, the writer waits up to this long
+  // for more (or for batch_bytes, a flush, close) before it writes, so that
+  // neither its wake-ups nor its syncs come once per block. Real time: it
+  // only delays when a block reaches the tiers, never what a caller sees
+  // (flush() cuts it short).
+  std::int64_t write_linger_us = 20'000;
+  std::size_t batch_bytes = std::size_t{16} << 20;
   // Prefetched blocks held for loading sequences, at most (KV bytes): past
   // it new prefetches are refused (those blocks are computed).
   std::size_t max_prefetch_bytes = std::size_t{512} << 20;
@@ -182,6 +192,7 @@ class kv_warehouse final : public kv_block_source {
   std::size_t queue_bytes_ = 0;
   std::vector<store_key> writing_;  // sorted: the batch being written
   bool writing_batch_ = false;
+  int flushing_ = 0;  // flush() calls waiting: the writer does not linger
   std::deque<store_key> fetch_queue_;
   std::map<store_key, held> held_;
   std::size_t held_bytes_ = 0;
