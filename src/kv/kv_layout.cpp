@@ -116,7 +116,9 @@ kv_layout kv_layout::select_layers(std::span<const int> layers) const {
   out.n_layers = static_cast<int>(layers.size());
   out.k_formats.clear();
   out.v_formats.clear();
+  out.model_layers.clear();
   for (const int l : layers) {
+    out.model_layers.push_back(model_layers.empty() ? l : model_layers[static_cast<std::size_t>(l)]);
     out.k_formats.push_back(k_formats[static_cast<std::size_t>(l)]);
     out.v_formats.push_back(v_formats[static_cast<std::size_t>(l)]);
   }

@@ -37,6 +37,10 @@ struct kv_layout {
   // policies that read them (query-aware sparsity); off by default, as it
   // costs 3 x 4 bytes per key channel per block.
   bool key_summaries = false;
+  // Which model layers these are, when a layout covers some of them only
+  // (select_layers: a KV group's); empty means 0..n_layers-1. Two groups with
+  // the same formats over other layers hold other bytes for the same tokens.
+  std::vector<int> model_layers;
 
   // Every layer K and V of the given types, in their default formats.
   static kv_layout uniform(int n_layers, int n_kv_heads, int head_dim, int block_size, kv_type k_type,

@@ -339,13 +339,11 @@ std::vector<block_key> kv_manager::prompt_keys(std::span<const token_id> prompt,
   return probe_of(prompt, first_block_extras(options), options.classes, prompt.size()).keys;
 }
 
-std::vector<std::uint8_t> kv_manager::prompt_block_classes(std::span<const token_id> prompt,
+std::vector<std::int32_t> kv_manager::prompt_block_classes(std::span<const token_id> prompt,
                                                            const sequence_options& options) const {
-  if (!check_class_runs(options.classes, prompt.size()).ok()) return {};
-  std::vector<std::uint8_t> out;
-  for (std::size_t i = 0; (i + 1) * static_cast<std::size_t>(block_size_) <= prompt.size(); ++i)
-    out.push_back(static_cast<std::uint8_t>(kv_rule::prompt_block_class(options.classes, i, block_size_)));
-  return out;
+  std::vector<std::int32_t> classes(prompt.size() / static_cast<std::size_t>(block_size_));
+  for (std::size_t i = 0; i < classes.size(); ++i) classes[i] = kv_rule::prompt_block_class(options.classes, i, block_size_);
+  return classes;
 }
 
 std::int32_t kv_manager::n_cached_prompt_blocks(std::span<const token_id> prompt, const sequence_options& options) const {

@@ -303,9 +303,9 @@ class kv_manager final : private kv_group_host {
   // (the keys add_sequence looks up): what a scheduler compares to see two
   // prompts share blocks, and what an external KV source is asked for.
   std::vector<block_key> prompt_keys(std::span<const token_id> prompt, const sequence_options& options = {}) const;
-  // The class of each of prompt's full blocks for these options (the class
-  // rule, slot k at position k); empty for class runs add_sequence would refuse.
-  std::vector<std::uint8_t> prompt_block_classes(std::span<const token_id> prompt,
+  // [full blocks of prompt]: the KV class each would be of (see "KV classes"),
+  // beside prompt_keys: what an external KV source is asked for is in that class's layout.
+  std::vector<std::int32_t> prompt_block_classes(std::span<const token_id> prompt,
                                                  const sequence_options& options = {}) const;
   // How many leading blocks of prompt add_sequence would take from the cache
   // now (at most floor((n_prompt - 1) / block_size)); changes nothing. 0 for

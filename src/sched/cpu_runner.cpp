@@ -1,26 +1,38 @@
 #include "sched/cpu_runner.h"
 
+#include <algorithm>
+
 #include "core/assert.h"
+#include "store/store_key.h"
 
 namespace pagoda {
 
-cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads)
-    : kv_(kv), ctx_(model, kv, n_threads) {}
+cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads) : kv_(kv), ctx_(model, kv, n_threads) {}
 
-bool cpu_runner::in_store(block_id b) const { return kv_.block_class(b) == 0 && kv_.group_of(b) == 0; }
+std::uint64_t cpu_runner::layout_of(block_id b) const {
+  // One fingerprint per (group, class), computed once.
+  const std::size_t at = static_cast<std::size_t>(kv_.group_of(b)) * k_max_kv_classes + static_cast<std::size_t>(kv_.block_class(b));
+  if (layouts_.size() <= at) layouts_.resize(at + 1, 0);
+  if (layouts_[at] == 0) layouts_[at] = layout_fingerprint(kv_.block_layout(b));
+  return layouts_[at];
+}
+
+std::span<std::byte> cpu_runner::read_block(block_id b) {
+  block_buf_.resize(kv_.block_bytes(b));
+  kv_.read_block(b, block_buf_);
+  return block_buf_;
+}
 
 void cpu_runner::apply(const kv_op& op) {
   switch (op.kind) {
     case kv_op_kind::copy: kv_.copy_block(op.src, op.block, op.n_tokens); break;
     case kv_op_kind::truncate: kv_.truncate_block(op.block, op.n_tokens); break;
     case kv_op_kind::release: kv_.release_block(op.block); break;
-    // Blocks of another KV class (kv_storage.h) have another size and stay
-    // out of the external tiers, whose blocks are the default layout's.
+    // Every group's and class's blocks, each named with its layout.
     case kv_op_kind::evict:
-      if (on_evict_ && in_store(op.block)) {
-        block_buf_.resize(kv_.block_bytes(op.block));
-        kv_.read_block(op.block, block_buf_);
-        on_evict_(evicted_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
+      if (on_evict_) {
+        const auto bytes = read_block(op.block);
+        on_evict_(evicted_block{layout_of(op.block), op.key, op.parent, op.tenant, op.tokens, bytes});
       }
       kv_.release_block(op.block);
       break;
@@ -30,10 +42,9 @@ void cpu_runner::apply(const kv_op& op) {
       });
       break;
     case kv_op_kind::cache:
-      if (on_cache_ && in_store(op.block)) {
-        block_buf_.resize(kv_.block_bytes(op.block));
-        kv_.read_block(op.block, block_buf_);
-        on_cache_(cached_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
+      if (on_cache_) {
+        const auto bytes = read_block(op.block);
+        on_cache_(cached_block{layout_of(op.block), op.key, op.parent, op.tenant, op.tokens, bytes});
       }
       break;
   }
@@ -47,13 +58,13 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.loaded.assign(plan.loads.size(), 0);
   for (std::size_t i = 0; i < plan.loads.size(); ++i) {
     const block_load& l = plan.loads[i];
-    // Loaded blocks are of the default layout (the tiers hold no other), and so
-    // is a block whose key is in them (a class enters the key).
-    if (!in_store(l.block)) continue;
+    // Bytes of another layout than the block's would be garbage in it: not read, computed.
+    if (!source_ || layout_of(l.block) != l.ref.layout) continue;
     block_buf_.resize(kv_.block_bytes(l.block));
-    const int tier = source_ ? source_->read(l.tenant, l.key, block_buf_) : -1;
+    const auto bytes = std::span<std::byte>(block_buf_);
+    const int tier = source_->read(l.tenant, l.ref, bytes);
     if (tier < 0 || tier >= k_max_source_tiers) continue;
-    if (kv_.write_block(l.block, block_buf_).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);
+    if (kv_.write_block(l.block, bytes).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);
   }
 
   if (plan.seqs.empty()) return;

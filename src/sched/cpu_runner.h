@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "kv/kv_backend.h"
@@ -33,14 +35,17 @@ class cpu_runner final : public model_runner {
 
  private:
   void apply(const kv_op& op);
-  // Whether b's bytes go to and come from the external tiers (their blocks are group 0's, class 0's layout).
-  bool in_store(block_id b) const;
+  // Block b's bytes, in block_buf_ (valid until the next call).
+  std::span<std::byte> read_block(block_id b);
+  // layout_fingerprint of what b's bytes are (its group's layers in its class's formats).
+  std::uint64_t layout_of(block_id b) const;
 
   kv_backend& kv_;
   llama_context ctx_;
   eviction_hook on_evict_;
   commit_hook on_cache_;
   kv_block_source* source_ = nullptr;
+  mutable std::vector<std::uint64_t> layouts_;  // [group * k_max_kv_classes + class]: fingerprints, 0 until computed
   std::vector<std::byte> block_buf_;  // one block's bytes
   std::vector<forward_seq> batch_;
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)

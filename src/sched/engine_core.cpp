@@ -6,6 +6,7 @@
 
 #include "policy/kv_policy.h"
 #include "quant/kv_format_spec.h"
+#include "store/store_key.h"
 
 namespace pagoda {
 
@@ -153,6 +154,19 @@ engine_core::engine_core(const llama_model& model, const engine_core_config& con
 }
 
 engine_core::~engine_core() = default;
+
+std::vector<std::vector<std::uint64_t>> engine_core::block_layouts() const {
+  std::vector<std::vector<std::uint64_t>> layouts(static_cast<std::size_t>(storage_->n_groups()));
+  for (int g = 0; g < storage_->n_groups(); ++g)
+    for (int c = 0; c < storage_->arena(g).n_classes(); ++c)
+      layouts[static_cast<std::size_t>(g)].push_back(layout_fingerprint(storage_->arena(g).class_layout(c)));
+  return layouts;
+}
+
+void engine_core::set_kv_source(kv_block_source* source) {
+  sched_.set_kv_source(source, block_layouts());
+  cpu_->set_kv_source(source);
+}
 
 bool engine_core::step(std::vector<engine_event>& events) {
   step_plan plan = sched_.schedule();

@@ -114,10 +114,10 @@ class engine_core {
   // prefix cache with its bytes; the source feeds the load path.
   void set_eviction_hook(eviction_hook hook) { cpu_->set_eviction_hook(std::move(hook)); }
   void set_commit_hook(commit_hook hook) { cpu_->set_commit_hook(std::move(hook)); }
-  void set_kv_source(kv_block_source* source) {
-    sched_.set_kv_source(source);
-    cpu_->set_kv_source(source);
-  }
+  // Refs name each block's layout: its group's layers in its class's formats.
+  void set_kv_source(kv_block_source* source);
+  // [KV group][KV class]: the layout fingerprint that group's blocks of that class are stored under.
+  std::vector<std::vector<std::uint64_t>> block_layouts() const;
   // Puts another runner in front of the CPU one (failure injection in tests,
   // instrumentation): `wrap` receives the current runner and returns its replacement.
   void wrap_runner(const std::function<std::unique_ptr<model_runner>(std::unique_ptr<model_runner>)>& wrap) {

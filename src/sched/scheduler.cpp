@@ -42,9 +42,10 @@ struct scheduler::sequence {
   std::unique_ptr<seq_policy> pol;
   int pos_shift = 0;
   // Loading: table entries [load_first, load_first + load_count) wait for the
-  // source; load_planned once they are in a plan.
+  // source; load_planned once they are in a plan. load_refs: what was prefetched.
   int load_first = 0, load_count = 0;
   bool load_planned = false;
+  std::vector<stored_block_ref> load_refs;
   sampler smp;
   stream_decoder decoder;
   stop_matcher stops;
@@ -316,21 +317,39 @@ scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why,
   return victim;
 }
 
-std::span<const block_key> scheduler::load_keys(const sequence& s) const {
-  return std::span<const block_key>(s.keys).subspan(static_cast<std::size_t>(s.load_first),
-                                                     static_cast<std::size_t>(s.load_count));
+std::vector<stored_block_ref> scheduler::source_refs(const sequence& s, int first, int end) const {
+  const std::vector<std::int32_t> classes = kv_.prompt_block_classes(s.tokens, kv_options(s));
+  return group_block_refs(layouts_, kv_.n_groups(), s.keys, classes, first, end);
+}
+
+int scheduler::n_available(const sequence& s, std::span<const stored_block_ref> refs, int count) const {
+  int n = count;
+  for (std::int32_t g = 0; g < kv_.n_groups(); ++g) {
+    const int got = source_->n_available(s.req->req.tenant, refs.subspan(static_cast<std::size_t>(g * count),
+                                                                          static_cast<std::size_t>(count)));
+    if (got == k_source_pending) return k_source_pending;
+    n = std::min(n, got);
+  }
+  return std::clamp(n, 0, count);
 }
 
 void scheduler::plan_loads_if_settled(sequence* s, step_plan& out) {
-  const auto keys = load_keys(*s);
-  if (!source_->settled(s->req->req.tenant, keys)) return;
-  // Every group's block at each loaded index.
+  if (!source_->settled(s->req->req.tenant, s->load_refs)) return;
+  // Every group's block at each loaded index, with that group's ref.
   for (int j = 0; j < s->load_count; ++j)
     for (std::int32_t g = 0; g < kv_.n_groups(); ++g) {
       const block_id b = kv_.block_table(s->id, g)[static_cast<std::size_t>(s->load_first + j)];
-      if (b.valid()) out.loads.push_back({s->id, b, keys[static_cast<std::size_t>(j)], s->req->req.tenant, j});
+      const stored_block_ref& ref = s->load_refs[static_cast<std::size_t>(g * s->load_count + j)];
+      if (b.valid()) out.loads.push_back({s->id, b, ref, s->req->req.tenant, j});
     }
   s->load_planned = true;
+}
+
+void scheduler::end_loading(sequence* s) {
+  if (source_ && !s->load_refs.empty()) source_->release(s->req->req.tenant, s->load_refs);
+  s->load_refs.clear();
+  s->load_count = 0;
+  s->load_planned = false;
 }
 
 void scheduler::preempt(sequence* s) {
@@ -340,8 +359,7 @@ void scheduler::preempt(sequence* s) {
   s->n_computed = 0;
   s->pos_shift = 0;
   if (s->pol) s->pol->reset();
-  s->load_count = 0;
-  s->load_planned = false;
+  end_loading(s);
   s->phase = seq_phase::waiting;
   remove_from_running(s);
   waiting_.push_front(s);
@@ -379,12 +397,26 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   const sequence_options opts = kv_options(*s);
   const int n_reusable = (static_cast<int>(s->tokens.size()) - 1) / bs;
   if (sharing) prompt_keys_of(s);
+  // The external KV source's blocks after the cached prefix (block load_from on).
+  int n_in_source = 0;
+  int load_from = -1;
   if (!s->in_kv) {
     // Pending: the block after the cached prefix is being computed by a
     // running sequence right now; wait for it to be committed.
-    if (sharing && !in_flight.empty()) {
-      const std::int32_t m = kv_.n_cached_prompt_blocks(s->tokens, opts);
-      if (m < n_reusable && in_flight.contains(s->keys[static_cast<std::size_t>(m)])) return false;
+    const bool ask_source = sharing && source_;
+    const std::int32_t m =
+        sharing && (ask_source || !in_flight.empty()) ? kv_.n_cached_prompt_blocks(s->tokens, opts) : 0;
+    if (sharing && !in_flight.empty() && m < n_reusable && in_flight.contains(s->keys[static_cast<std::size_t>(m)]))
+      return false;
+    // Loading: asked before the sequence takes anything, so that an answer
+    // not known yet (a remote tier's lookup in flight) leaves it waiting as it
+    // was, asked again at the next step, without holding back those behind it.
+    if (ask_source && m < n_reusable) {
+      const std::vector<stored_block_ref> refs = source_refs(*s, m, n_reusable);
+      const int n = n_available(*s, refs, n_reusable - m);
+      if (n == k_source_pending) return false;
+      n_in_source = n;
+      load_from = m;
     }
     auto cached = kv_.add_sequence(s->id, s->tokens, opts);
     PAGODA_ASSERT(cached.ok(), "add_sequence: {}", cached.error().message());
@@ -397,21 +429,20 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   const auto admitted = [&] {
     if (r->cached_tokens < 0) r->cached_tokens = std::min(s->n_computed, s->n_prompt);
   };
-  // Loading: the prompt continues in the external KV source.
-  const int first = s->n_computed / bs;
-  if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
-    const auto keys = std::span<const block_key>(s->keys).subspan(static_cast<std::size_t>(first),
-                                                                   static_cast<std::size_t>(n_reusable - first));
-    int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
-    // Every group's blocks are loaded (a sliding window's let go after the
-    // first step): load what the smallest pool can take now, compute the rest.
+  // Loading: the prompt continues in the external KV source, from the
+  // cached prefix add_sequence took. Every group's blocks are loaded (a
+  // sliding window's let go after the first step): what the smallest pool
+  // can take now; the rest is computed.
+  if (n_in_source > 0 && s->n_computed == load_from * bs) {
+    int n_load = n_in_source;
     for (std::int32_t g = 0; g < kv_.n_groups(); ++g) n_load = std::min(n_load, kv_.group(g).pool().n_takeable());
     if (n_load > 0 && kv_.allocate(s->id, n_load * bs)) {
       s->phase = seq_phase::loading;
-      s->load_first = first;
+      s->load_first = load_from;
       s->load_count = n_load;
       s->load_planned = false;
-      source_->prefetch(r->req.tenant, load_keys(*s));
+      s->load_refs = source_refs(*s, load_from, load_from + n_load);
+      source_->prefetch(r->req.tenant, s->load_refs);
       plan_loads_if_settled(s, out);
       s->start_order = next_start_++;
       running_.push_back(s);
@@ -589,8 +620,7 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
       }
     }
     s->phase = seq_phase::running;
-    s->load_count = 0;
-    s->load_planned = false;
+    end_loading(s);
     i = end;
   }
 }
@@ -772,6 +802,7 @@ void scheduler::fork_children(sequence* parent) {
 void scheduler::finish(sequence* s, const std::string& reason, std::vector<engine_event>& events,
                        const std::string& why) {
   request_state* r = s->req;
+  end_loading(s);  // a loading sequence aborted or failed
   if (s->in_kv) {
     status st = kv_.free_sequence(s->id);
     PAGODA_ASSERT(st.ok(), "free: {}", st.message());

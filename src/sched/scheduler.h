@@ -181,7 +181,13 @@ class scheduler {
   // The sequence's policy state (nullptr without a policy or statistics).
   const seq_policy* policy_of(seq_id seq) const;
   // The external KV source for the load path; nullptr for none.
-  void set_kv_source(kv_block_source* source) { source_ = source; }
+  // layouts[g][c]: the layout fingerprint of KV group g's class c (what the
+  // runner names those blocks' bytes with), which the source is asked for;
+  // empty: 0 for every block.
+  void set_kv_source(kv_block_source* source, std::vector<std::vector<std::uint64_t>> layouts = {}) {
+    source_ = source;
+    layouts_ = std::move(layouts);
+  }
 
   const engine_stats& stats() const { return stats_; }
   const scheduler_config& config() const { return config_; }
@@ -210,9 +216,17 @@ class scheduler {
   // The (group, class) pools a sequence's blocks may come from (bits as kv_manager::short_classes).
   std::uint64_t classes_needed(const sequence& s) const;
   std::unordered_set<block_key> blocks_in_flight() const;
-  std::span<const block_key> load_keys(const sequence& s) const;
+  // The source's refs of s's full prompt blocks [first, end) (s->keys must be current).
+  // The source's refs of s's prompt blocks [first, end) in every KV group,
+  // group-major: group g's are [g * (end - first), (g + 1) * (end - first)).
+  std::vector<stored_block_ref> source_refs(const sequence& s, int first, int end) const;
+  // How many leading blocks of such refs every group's blocks are available
+  // for in the source, or k_source_pending.
+  int n_available(const sequence& s, std::span<const stored_block_ref> refs, int count) const;
   // A loading sequence's blocks go into the plan once the source has them.
   void plan_loads_if_settled(sequence* s, step_plan& out);
+  // s leaves the loading state (loaded, preempted, finished): the source may drop what it prefetched.
+  void end_loading(sequence* s);
   const std::vector<block_key>& prompt_keys_of(sequence* s);
   sequence_options kv_options(const sequence& s) const;
   void commit_loads(const step_plan& plan, const step_output& out);
@@ -242,6 +256,7 @@ class scheduler {
   const tokenizer& vocab_;
   kv_manager kv_;
   kv_block_source* source_ = nullptr;
+  std::vector<std::vector<std::uint64_t>> layouts_;  // [KV group][KV class]: layout fingerprints for source refs
   std::vector<kv_op> pending_ops_;  // reported by the KV manager, not yet planned
 
   std::unordered_map<std::string, std::unique_ptr<request_state>> requests_;

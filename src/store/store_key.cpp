@@ -63,6 +63,14 @@ std::uint64_t layout_fingerprint(const kv_layout& l) {
                                   static_cast<std::int32_t>(f->scale_mode), f->group_size};
       h.update(fmt, sizeof(fmt));
     }
+  // A layout over some model layers only (a KV group's) names them; over
+  // every layer in order it keeps the fingerprint it had before groups.
+  bool every_layer = l.model_layers.empty();
+  if (!every_layer && static_cast<int>(l.model_layers.size()) == l.n_layers) {
+    every_layer = true;
+    for (int i = 0; i < l.n_layers; ++i) every_layer = every_layer && l.model_layers[static_cast<std::size_t>(i)] == i;
+  }
+  if (!every_layer) h.update(l.model_layers.data(), sizeof(int) * l.model_layers.size());
   if (l.scales) {
     // Static scales change what codes mean: their values enter the fingerprint.
     for (kv_role role : {kv_role::key, kv_role::value})
