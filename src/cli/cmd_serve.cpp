@@ -167,7 +167,7 @@ int serve(serve_options o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, cfg));
   // Declared before the loop: the engine thread writes to it until the loop
   // stops; its destructor then drains the write-back queue.
-  PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<kv_warehouse> warehouse, open_warehouse(*model, o.engine, cfg));
+  PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<kv_warehouse> warehouse, open_warehouse(*model, o.engine));
   if (warehouse) attach_warehouse(*eng, *warehouse);
   if (warehouse) ctx.store_tiers = warehouse->tier_names();
   const kv_metrics kv = eng->kv_stats();

@@ -42,16 +42,15 @@ result<engine_stack> open_engine(const llama_model& model, engine_options opts) 
   PAGODA_RETURN_IF_ERROR(finish_engine_options(opts));
   PAGODA_ASSIGN_OR_RETURN(engine_core_config cfg, make_engine_core_config(model, opts.config));
   engine_stack s;
-  PAGODA_ASSIGN_OR_RETURN(s.warehouse, make_warehouse(opts.config, model, cfg.kv));
+  PAGODA_ASSIGN_OR_RETURN(s.warehouse, make_warehouse(opts.config, model));
   PAGODA_ASSIGN_OR_RETURN(s.core, engine_core::create(model, cfg));
   if (s.warehouse) attach_warehouse(*s.core, *s.warehouse);
   return s;
 }
 
-result<std::unique_ptr<kv_warehouse>> open_warehouse(const llama_model& model, engine_options opts,
-                                                     const engine_core_config& core_config) {
+result<std::unique_ptr<kv_warehouse>> open_warehouse(const llama_model& model, engine_options opts) {
   PAGODA_RETURN_IF_ERROR(finish_engine_options(opts));
-  return make_warehouse(opts.config, model, core_config.kv);
+  return make_warehouse(opts.config, model);
 }
 
 std::string default_kv_store_dir() {

@@ -39,10 +39,8 @@ struct engine_stack {
 };
 result<engine_stack> open_engine(const llama_model& model, engine_options opts);
 
-// The warehouse the flags ask for (null without --kv-store/--kv-store-remote),
-// for a core made from `core_config`.
-result<std::unique_ptr<kv_warehouse>> open_warehouse(const llama_model& model, engine_options opts,
-                                                     const engine_core_config& core_config);
+// The warehouse the flags ask for (null without --kv-store/--kv-store-remote).
+result<std::unique_ptr<kv_warehouse>> open_warehouse(const llama_model& model, engine_options opts);
 
 // Where `serve` keeps KV blocks unless told otherwise: $XDG_CACHE_HOME/pagoda/kv,
 // else ~/.cache/pagoda/kv; "" when neither variable is set.

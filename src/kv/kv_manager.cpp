@@ -356,6 +356,13 @@ std::vector<block_key> kv_manager::prompt_keys(std::span<const token_id> prompt,
   return keys;
 }
 
+std::vector<std::int32_t> kv_manager::prompt_block_classes(std::span<const token_id> prompt,
+                                                           const sequence_options& options) const {
+  std::vector<std::int32_t> classes(prompt.size() / static_cast<std::size_t>(block_size_));
+  for (std::size_t i = 0; i < classes.size(); ++i) classes[i] = prompt_block_class(options.classes, i, block_size_);
+  return classes;
+}
+
 std::vector<block_id> kv_manager::match_prefix(std::span<const token_id> tokens, std::string_view first_extras,
                                                std::span<const kv_class_run> runs, tenant_id t,
                                                std::size_t max_blocks) const {

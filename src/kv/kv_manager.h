@@ -315,6 +315,10 @@ class kv_manager {
   // (the keys add_sequence looks up): what a scheduler compares to see two
   // prompts share blocks, and what an external KV source is asked for.
   std::vector<block_key> prompt_keys(std::span<const token_id> prompt, const sequence_options& options = {}) const;
+  // [full blocks of prompt]: the KV class each would be of (see "KV classes"),
+  // beside prompt_keys: what an external KV source is asked for is in that class's layout.
+  std::vector<std::int32_t> prompt_block_classes(std::span<const token_id> prompt,
+                                                 const sequence_options& options = {}) const;
   // How many leading blocks of prompt add_sequence would take from the cache
   // now (at most floor((n_prompt - 1) / block_size)); changes nothing. 0 for
   // class runs add_sequence would refuse.

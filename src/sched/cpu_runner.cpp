@@ -1,11 +1,26 @@
 #include "sched/cpu_runner.h"
 
+#include <algorithm>
+
 #include "core/assert.h"
+#include "store/store_key.h"
 
 namespace pagoda {
 
-cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads)
-    : kv_(kv), ctx_(model, kv, n_threads), block_buf_(kv.layout().tile_bytes_per_block()) {}
+cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads) : kv_(kv), ctx_(model, kv, n_threads) {
+  std::size_t largest = 0;
+  for (int c = 0; c < kv.n_classes(); ++c) {
+    class_layouts_.push_back(layout_fingerprint(kv.class_layout(c)));
+    largest = std::max(largest, kv.class_layout(c).tile_bytes_per_block());
+  }
+  block_buf_.resize(largest);
+}
+
+std::span<std::byte> cpu_runner::read_block(block_id b) {
+  const auto bytes = std::span<std::byte>(block_buf_).first(kv_.block_bytes(b));
+  kv_.read_block(b, bytes);
+  return bytes;
+}
 
 void cpu_runner::apply(const kv_op& op) {
   switch (op.kind) {
@@ -13,12 +28,11 @@ void cpu_runner::apply(const kv_op& op) {
     case kv_op_kind::truncate: kv_.truncate_block(op.block, op.n_tokens); break;
     case kv_op_kind::release: kv_.release_block(op.block); break;
     case kv_op_kind::bind_window: kv_.bind_window(op.block, op.slot); break;
-    // Blocks of another KV class (kv_storage.h) have another size and stay
-    // out of the external tiers, whose blocks are the default layout's.
+    // Every KV class's blocks, each named with its class's layout.
     case kv_op_kind::evict:
-      if (on_evict_ && kv_.block_class(op.block) == 0) {
-        kv_.read_block(op.block, block_buf_);
-        on_evict_(evicted_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
+      if (on_evict_) {
+        const auto bytes = read_block(op.block);
+        on_evict_(evicted_block{layout_of(op.block), op.key, op.parent, op.tenant, op.tokens, bytes});
       }
       kv_.release_block(op.block);
       break;
@@ -28,9 +42,9 @@ void cpu_runner::apply(const kv_op& op) {
       });
       break;
     case kv_op_kind::cache:
-      if (on_cache_ && kv_.block_class(op.block) == 0) {
-        kv_.read_block(op.block, block_buf_);
-        on_cache_(cached_block{op.key, op.parent, op.tenant, op.tokens, block_buf_});
+      if (on_cache_) {
+        const auto bytes = read_block(op.block);
+        on_cache_(cached_block{layout_of(op.block), op.key, op.parent, op.tenant, op.tokens, bytes});
       }
       break;
   }
@@ -44,12 +58,12 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.loaded.assign(plan.loads.size(), 0);
   for (std::size_t i = 0; i < plan.loads.size(); ++i) {
     const block_load& l = plan.loads[i];
-    // Loaded blocks are of the default layout (the tiers hold no other), and so
-    // is a block whose key is in them (a class enters the key).
-    if (kv_.block_class(l.block) != 0) continue;
-    const int tier = source_ ? source_->read(l.tenant, l.key, block_buf_) : -1;
+    // Bytes of another layout than the block's class would be garbage in it: not read, computed.
+    if (!source_ || layout_of(l.block) != l.ref.layout) continue;
+    const auto bytes = std::span<std::byte>(block_buf_).first(kv_.block_bytes(l.block));
+    const int tier = source_->read(l.tenant, l.ref, bytes);
     if (tier < 0 || tier >= k_max_source_tiers) continue;
-    if (kv_.write_block(l.block, block_buf_).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);
+    if (kv_.write_block(l.block, bytes).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);
   }
 
   if (plan.seqs.empty()) return;

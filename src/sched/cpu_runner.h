@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "kv/kv_backend.h"
@@ -26,6 +28,9 @@ class cpu_runner final : public model_runner {
   void set_commit_hook(commit_hook hook) { on_cache_ = std::move(hook); }
   // Where loads read from; nullptr: every load fails (the blocks are computed).
   void set_kv_source(kv_block_source* source) { source_ = source; }
+  // [KV class]: layout_fingerprint of the class's layout, the layout hooks
+  // name and loads must match (stored_block_ref::layout).
+  std::span<const std::uint64_t> class_layouts() const { return class_layouts_; }
 
   void execute(const step_plan& plan, step_output& out) override;
 
@@ -33,13 +38,17 @@ class cpu_runner final : public model_runner {
 
  private:
   void apply(const kv_op& op);
+  // Block b's bytes, in block_buf_ (valid until the next call).
+  std::span<std::byte> read_block(block_id b);
+  std::uint64_t layout_of(block_id b) const { return class_layouts_[static_cast<std::size_t>(kv_.block_class(b))]; }
 
   kv_backend& kv_;
   llama_context ctx_;
   eviction_hook on_evict_;
   commit_hook on_cache_;
   kv_block_source* source_ = nullptr;
-  std::vector<std::byte> block_buf_;  // one block's bytes
+  std::vector<std::uint64_t> class_layouts_;  // [class], computed once
+  std::vector<std::byte> block_buf_;  // one block's bytes, of the largest class
   std::vector<forward_seq> batch_;
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
 };

@@ -18,7 +18,7 @@ result<std::unique_ptr<engine>> engine::create(const engine_config& config) {
   PAGODA_ASSIGN_OR_RETURN(p->model, llama_model::load(config.model_path, {config.use_mmap}));
   PAGODA_ASSIGN_OR_RETURN(engine_core_config core_config, make_engine_core_config(*p->model, config));
   PAGODA_ASSIGN_OR_RETURN(p->core, engine_core::create(*p->model, core_config));
-  PAGODA_ASSIGN_OR_RETURN(p->warehouse, make_warehouse(config, *p->model, core_config.kv));
+  PAGODA_ASSIGN_OR_RETURN(p->warehouse, make_warehouse(config, *p->model));
   if (p->warehouse) attach_warehouse(*p->core, *p->warehouse);
   const llama_hparams& hp = p->model->hparams();
   engine_info& i = p->info;

@@ -111,7 +111,7 @@ class engine_core {
   }
   void set_commit_hook(commit_hook hook) { cpu_->set_commit_hook(std::move(hook)); }
   void set_kv_source(kv_block_source* source) {
-    sched_.set_kv_source(source);
+    sched_.set_kv_source(source, cpu_->class_layouts());  // refs name each block's class layout
     cpu_->set_kv_source(source);
   }
   // Puts another runner in front of the CPU one (failure injection in tests,

@@ -138,7 +138,7 @@ std::uint64_t model_fingerprint(const llama_model& model) {
 }
 
 result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config, const llama_model& model,
-                                                     const kv_layout& layout) {
+                                                     const clock_source& clock) {
   std::vector<std::unique_ptr<block_store>> tiers;
   if (!config.kv_store_path.empty()) {
     if (!(config.kv_store_size_gib > 0) || config.kv_store_size_gib > (1 << 20))
@@ -147,7 +147,7 @@ result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config
     d.path = config.kv_store_path;
     d.capacity_bytes = static_cast<std::int64_t>(config.kv_store_size_gib * (1 << 30));
     d.ttl_seconds = config.kv_store_ttl_s;
-    PAGODA_ASSIGN_OR_RETURN(auto disk, make_disk_store(d));
+    PAGODA_ASSIGN_OR_RETURN(auto disk, make_disk_store(d, clock));
     tiers.push_back(std::move(disk));
   }
   if (!config.kv_store_remote.empty()) {
@@ -155,19 +155,33 @@ result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config
     r.ttl_seconds = config.kv_store_ttl_s;
     // A server that is down now is not fatal: the tier counts errors and
     // reconnects later, and serving goes on from the pool and the disk.
-    auto redis = make_redis_store(r, /*require_connection=*/false);
+    auto redis = make_redis_store(r, /*require_connection=*/false, clock);
     if (!redis.ok()) return redis.error().with_context("--kv-store-remote");
     tiers.push_back(std::move(*redis));
   }
   if (tiers.empty()) return std::unique_ptr<kv_warehouse>();
   warehouse_options o;
-  o.space = {model_fingerprint(model), layout_fingerprint(layout)};
+  o.model = model_fingerprint(model);
+  o.clock = &clock;
   return std::make_unique<kv_warehouse>(std::move(tiers), o);
 }
 
 void attach_warehouse(engine_core& core, kv_warehouse& w) {
   core.set_kv_source(&w);
   core.set_commit_hook([&w](const cached_block& b) { w.write(b); });
+}
+
+std::vector<stored_block_ref> prompt_refs(engine_core& core, std::span<const token_id> prompt,
+                                          const sequence_options& options) {
+  const std::vector<block_key> keys = core.kv().prompt_keys(prompt, options);
+  const std::vector<std::int32_t> classes = core.kv().prompt_block_classes(prompt, options);
+  std::vector<std::uint64_t> layouts(static_cast<std::size_t>(core.storage().n_classes()));
+  for (std::size_t c = 0; c < layouts.size(); ++c)
+    layouts[c] = layout_fingerprint(core.storage().class_layout(static_cast<int>(c)));
+  std::vector<stored_block_ref> refs;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    refs.push_back({layouts[static_cast<std::size_t>(classes[i])], keys[i]});
+  return refs;
 }
 
 status parse_kv_store_option(engine_config& config, const std::string& spec) {

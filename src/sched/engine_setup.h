@@ -39,13 +39,20 @@ status add_tenant_quota(engine_config& config, const std::string& spec);
 std::uint64_t model_fingerprint(const llama_model& model);
 
 // The KV warehouse the config asks for (disk and/or Redis tiers), keyed for
-// this model and layout; nullptr when it asks for none. Errors name the tier.
+// this model (each block brings its own layout); nullptr when it asks for
+// none. Errors name the tier. REQUIRES: clock outlives the warehouse.
 result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config, const llama_model& model,
-                                                     const kv_layout& layout);
+                                                     const clock_source& clock = system_clock_source());
 
 // Makes the warehouse the engine's KV source and the receiver of its commits.
 // REQUIRES: the warehouse outlives the engine's use of it.
 void attach_warehouse(engine_core& core, kv_warehouse& warehouse);
+
+// The store refs of prompt's full blocks as `core` would key and class them
+// (what the engine's load path asks a KV source for, and what it writes):
+// for HTTP handlers that ask the warehouse about a prompt.
+std::vector<stored_block_ref> prompt_refs(engine_core& core, std::span<const token_id> prompt,
+                                          const sequence_options& options);
 
 // "PATH" or "PATH,size=GiB" (--kv-store) into config.kv_store_path / kv_store_size_gib.
 status parse_kv_store_option(engine_config& config, const std::string& spec);

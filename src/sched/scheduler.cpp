@@ -42,9 +42,10 @@ struct scheduler::sequence {
   std::unique_ptr<seq_policy> pol;
   int pos_shift = 0;
   // Loading: table entries [load_first, load_first + load_count) wait for the
-  // source; load_planned once they are in a plan.
+  // source; load_planned once they are in a plan. load_refs: what was prefetched.
   int load_first = 0, load_count = 0;
   bool load_planned = false;
+  std::vector<stored_block_ref> load_refs;
   sampler smp;
   stream_decoder decoder;
   stop_matcher stops;
@@ -306,19 +307,30 @@ scheduler::sequence* scheduler::victim_for(const sequence& s, alloc_blocker why,
   return victim;
 }
 
-std::span<const block_key> scheduler::load_keys(const sequence& s) const {
-  return std::span<const block_key>(s.keys).subspan(static_cast<std::size_t>(s.load_first),
-                                                     static_cast<std::size_t>(s.load_count));
+std::vector<stored_block_ref> scheduler::source_refs(const sequence& s, int first, int end) const {
+  const std::vector<std::int32_t> classes = kv_.prompt_block_classes(s.tokens, kv_options(s));
+  std::vector<stored_block_ref> refs;
+  for (int i = first; i < end; ++i) {
+    const auto c = static_cast<std::size_t>(classes[static_cast<std::size_t>(i)]);
+    refs.push_back({c < class_layouts_.size() ? class_layouts_[c] : 0, s.keys[static_cast<std::size_t>(i)]});
+  }
+  return refs;
 }
 
 void scheduler::plan_loads_if_settled(sequence* s, step_plan& out) {
-  const auto keys = load_keys(*s);
-  if (!source_->settled(s->req->req.tenant, keys)) return;
+  if (!source_->settled(s->req->req.tenant, s->load_refs)) return;
   const auto table = kv_.block_table(s->id);
   for (int j = 0; j < s->load_count; ++j)
-    out.loads.push_back({s->id, table[static_cast<std::size_t>(s->load_first + j)], keys[static_cast<std::size_t>(j)],
-                         s->req->req.tenant});
+    out.loads.push_back({s->id, table[static_cast<std::size_t>(s->load_first + j)],
+                         s->load_refs[static_cast<std::size_t>(j)], s->req->req.tenant});
   s->load_planned = true;
+}
+
+void scheduler::end_loading(sequence* s) {
+  if (source_ && !s->load_refs.empty()) source_->release(s->req->req.tenant, s->load_refs);
+  s->load_refs.clear();
+  s->load_count = 0;
+  s->load_planned = false;
 }
 
 void scheduler::preempt(sequence* s) {
@@ -328,8 +340,7 @@ void scheduler::preempt(sequence* s) {
   s->n_computed = 0;
   s->pos_shift = 0;
   if (s->pol) s->pol->reset();
-  s->load_count = 0;
-  s->load_planned = false;
+  end_loading(s);
   s->phase = seq_phase::waiting;
   remove_from_running(s);
   waiting_.push_front(s);
@@ -367,12 +378,26 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   const sequence_options opts = kv_options(*s);
   const int n_reusable = (static_cast<int>(s->tokens.size()) - 1) / bs;
   if (sharing) prompt_keys_of(s);
+  // The external KV source's blocks after the cached prefix (block load_from on).
+  std::vector<stored_block_ref> load_refs;
+  int load_from = -1;
   if (!s->in_kv) {
     // Pending: the block after the cached prefix is being computed by a
     // running sequence right now; wait for it to be committed.
-    if (sharing && !in_flight.empty()) {
-      const std::int32_t m = kv_.n_cached_prompt_blocks(s->tokens, opts);
-      if (m < n_reusable && in_flight.contains(s->keys[static_cast<std::size_t>(m)])) return false;
+    const bool ask_source = sharing && source_;
+    const std::int32_t m =
+        sharing && (ask_source || !in_flight.empty()) ? kv_.n_cached_prompt_blocks(s->tokens, opts) : 0;
+    if (sharing && !in_flight.empty() && m < n_reusable && in_flight.contains(s->keys[static_cast<std::size_t>(m)]))
+      return false;
+    // Loading: asked before the sequence takes anything, so that an answer
+    // not known yet (a remote tier's lookup in flight) leaves it waiting as it
+    // was, asked again at the next step, without holding back those behind it.
+    if (ask_source && m < n_reusable) {
+      load_refs = source_refs(*s, m, n_reusable);
+      const int n = source_->n_available(r->req.tenant, load_refs);
+      if (n == k_source_pending) return false;
+      load_refs.resize(static_cast<std::size_t>(std::clamp(n, 0, n_reusable - m)));
+      load_from = m;
     }
     auto cached = kv_.add_sequence(s->id, s->tokens, opts);
     PAGODA_ASSERT(cached.ok(), "add_sequence: {}", cached.error().message());
@@ -385,22 +410,22 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   const auto admitted = [&] {
     if (r->cached_tokens < 0) r->cached_tokens = std::min(s->n_computed, s->n_prompt);
   };
-  // Loading: the prompt continues in the external KV source.
-  const int first = s->n_computed / bs;
-  if (sharing && source_ && s->n_computed % bs == 0 && first < n_reusable) {
-    const auto keys = std::span<const block_key>(s->keys).subspan(static_cast<std::size_t>(first),
-                                                                   static_cast<std::size_t>(n_reusable - first));
-    int n_load = std::clamp(source_->n_available(r->req.tenant, keys), 0, n_reusable - first);
+  // Loading: the prompt continues in the external KV source, from the
+  // cached prefix add_sequence took.
+  if (!load_refs.empty() && s->n_computed == load_from * bs) {
     // Window slots: every loaded block takes one until the sequence's first
     // step releases those out of its window, so load what they allow now and
     // compute the rest.
+    int n_load = static_cast<int>(load_refs.size());
     if (const window_slots* w = kv_.windows()) n_load = std::min(n_load, w->n_takeable());
     if (n_load > 0 && kv_.allocate(s->id, n_load * bs)) {
+      load_refs.resize(static_cast<std::size_t>(n_load));
       s->phase = seq_phase::loading;
-      s->load_first = first;
+      s->load_first = load_from;
       s->load_count = n_load;
       s->load_planned = false;
-      source_->prefetch(r->req.tenant, load_keys(*s));
+      s->load_refs = std::move(load_refs);
+      source_->prefetch(r->req.tenant, s->load_refs);
       plan_loads_if_settled(s, out);
       s->start_order = next_start_++;
       running_.push_back(s);
@@ -569,8 +594,7 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
       }
     }
     s->phase = seq_phase::running;
-    s->load_count = 0;
-    s->load_planned = false;
+    end_loading(s);
     i = end;
   }
 }
@@ -770,6 +794,7 @@ void scheduler::fork_children(sequence* parent) {
 void scheduler::finish(sequence* s, const std::string& reason, std::vector<engine_event>& events,
                        const std::string& why) {
   request_state* r = s->req;
+  end_loading(s);  // a loading sequence aborted or failed
   if (s->in_kv) {
     status st = kv_.free_sequence(s->id);
     PAGODA_ASSERT(st.ok(), "free: {}", st.message());

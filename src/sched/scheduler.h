@@ -182,7 +182,12 @@ class scheduler {
   // The sequence's policy state (nullptr without a policy or statistics).
   const seq_policy* policy_of(seq_id seq) const;
   // The external KV source for the load path; nullptr for none.
-  void set_kv_source(kv_block_source* source) { source_ = source; }
+  // class_layouts[c]: the layout fingerprint of KV class c (cpu_runner::
+  // class_layouts), which the source is asked for; empty: 0 for every class.
+  void set_kv_source(kv_block_source* source, std::span<const std::uint64_t> class_layouts = {}) {
+    source_ = source;
+    class_layouts_.assign(class_layouts.begin(), class_layouts.end());
+  }
 
   const engine_stats& stats() const { return stats_; }
   const scheduler_config& config() const { return config_; }
@@ -211,9 +216,12 @@ class scheduler {
   // The KV classes (bit c for class c) a sequence's blocks may be of.
   static std::uint32_t classes_needed(const sequence& s);
   std::unordered_set<block_key> blocks_in_flight() const;
-  std::span<const block_key> load_keys(const sequence& s) const;
+  // The source's refs of s's full prompt blocks [first, end) (s->keys must be current).
+  std::vector<stored_block_ref> source_refs(const sequence& s, int first, int end) const;
   // A loading sequence's blocks go into the plan once the source has them.
   void plan_loads_if_settled(sequence* s, step_plan& out);
+  // s leaves the loading state (loaded, preempted, finished): the source may drop what it prefetched.
+  void end_loading(sequence* s);
   const std::vector<block_key>& prompt_keys_of(sequence* s);
   sequence_options kv_options(const sequence& s) const;
   void commit_loads(const step_plan& plan, const step_output& out);
@@ -242,6 +250,7 @@ class scheduler {
   const tokenizer& vocab_;
   kv_manager kv_;
   kv_block_source* source_ = nullptr;
+  std::vector<std::uint64_t> class_layouts_;  // [KV class]: layout fingerprints for source refs
   std::vector<kv_op> pending_ops_;  // reported by the KV manager, not yet planned
 
   std::unordered_map<std::string, std::unique_ptr<request_state>> requests_;

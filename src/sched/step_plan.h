@@ -41,12 +41,12 @@ struct scheduled_seq {
   kv_read_selector* selector = nullptr;
 };
 
-// Fill `block` from an external KV source with the block stored under `key`
-// (for `tenant`).
+// Fill `block` from an external KV source with the block stored under `ref`
+// (its key and the layout of the class `block` is of), for `tenant`.
 struct block_load {
   seq_id seq;
   block_id block;
-  block_key key;
+  stored_block_ref ref;
   std::string tenant;
 };
 

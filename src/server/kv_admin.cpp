@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "sched/engine_setup.h"
 #include "server/auth.h"
 #include "server/prometheus.h"
 #include "store/store_key.h"
@@ -19,7 +20,7 @@ constexpr std::chrono::milliseconds k_wait_slice{50};
 struct warmed {
   int prompt_tokens = 0;
   int cached_tokens = 0;
-  std::vector<block_key> keys;  // the prompt's full blocks, as the prefix cache names them
+  std::vector<stored_block_ref> refs;  // the prompt's full blocks, as the prefix cache and the store name them
 };
 
 }  // namespace
@@ -97,7 +98,7 @@ api_result<json> kv_admin::warm(const json& body, const api_context& ctx, const 
   // applied, the commit hook has queued them for the store tiers.
   const status synced = loop_.run_synced([&](engine_core& core) {
     for (std::size_t i = 0; i < prompts.size(); ++i)
-      out[i].keys = core.kv().prompt_keys(prompts[i], sequence_options{tenant, salt, true});
+      out[i].refs = prompt_refs(core, prompts[i], sequence_options{tenant, salt, true});
   });
   if (!synced.ok()) return from_status(synced);
   if (warehouse_) warehouse_->flush();
@@ -105,8 +106,8 @@ api_result<json> kv_admin::warm(const json& body, const api_context& ctx, const 
   json prompts_json = json::array();
   int total_tokens = 0, total_cached = 0, total_blocks = 0, total_stored = 0;
   for (const warmed& w : out) {
-    const int blocks = static_cast<int>(w.keys.size());
-    const int stored = warehouse_ ? warehouse_->n_available(tenant, w.keys) : 0;
+    const int blocks = static_cast<int>(w.refs.size());
+    const int stored = warehouse_ ? warehouse_->n_stored(tenant, w.refs) : 0;
     prompts_json.push_back({{"prompt_tokens", w.prompt_tokens},
                             {"cached_tokens", w.cached_tokens},
                             {"blocks", blocks},
@@ -195,7 +196,8 @@ json kv_admin::stats() {
                          {"dropped", c.dropped},
                          {"errors", c.write_errors},
                          {"queue_blocks", c.queue_blocks}};
-    out["loads"] = {{"lookups", c.lookups}, {"loaded", c.loads}, {"misses", c.load_misses}, {"corrupt", c.corrupt}};
+    out["loads"] = {{"lookups", c.lookups},   {"pending", c.lookups_pending}, {"loaded", c.loads},
+                    {"misses", c.load_misses}, {"corrupt", c.corrupt},        {"refused", c.prefetch_refused}};
   }
   return out;
 }

@@ -5,7 +5,8 @@
 //
 // Implementations: memory_store (tests), disk_store (LMDB, the local default),
 // redis_store (shared between server replicas). All are safe to call from
-// several threads (the engine thread reads, the write-back thread writes).
+// several threads; the warehouse calls them from its own threads only, never
+// from the engine thread (a tier may wait on its disk or network).
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "pagoda/status.h"
 #include "store/store_key.h"
 
@@ -34,18 +36,35 @@ struct store_tier_stats {
   std::int64_t evictions = 0;        // entries dropped for capacity or age
 };
 
+// One entry of a batch to store.
+struct store_entry {
+  store_key key;
+  std::span<const std::byte> value;
+};
+
 class block_store {
  public:
   virtual ~block_store() = default;
   virtual const char* tier() const = 0;
+  // Whether count_present answers from memory, without I/O and without
+  // waiting on a lock held across I/O (an index of the tier's keys, kept up to
+  // date by the tier): then anyone may ask it at any time. A tier shared with
+  // other processes (Redis) has no such index.
+  virtual bool indexed() const { return false; }
 
   // The value under key; std::nullopt when absent. An error means the tier
   // failed (callers count it and treat it as a miss).
   virtual result<std::optional<std::vector<std::byte>>> get(const store_key& key) = 0;
   // How many of keys, from the first, are present.
   virtual result<std::size_t> count_present(std::span<const store_key> keys) = 0;
+  // [keys]: whether each key is present (one round trip where the tier can).
+  virtual result<std::vector<bool>> contains_each(std::span<const store_key> keys);
   // Stores value under key (an existing value is kept: same key, same bytes).
   virtual status put(const store_key& key, std::span<const std::byte> value) = 0;
+  // Stores a batch the same way: in one transaction where the tier has them
+  // (the disk tier: one LMDB commit, one sync, for the whole batch). An error
+  // means some of the batch, perhaps all of it, is not stored.
+  virtual status put_many(std::span<const store_entry> entries);
   virtual status erase(const store_key& key) = 0;
   // Erases every entry of one tenant (tenant_hash); returns how many.
   virtual result<std::size_t> erase_tenant(std::uint64_t tenant) = 0;
@@ -62,19 +81,29 @@ std::unique_ptr<block_store> make_memory_store();
 // missing) holding at most capacity_bytes of values. Over the cap, entries with
 // the lowest aged hit count go first (frequency-aware, not plain LRU: a block
 // read often keeps its place over one written once); with ttl_seconds > 0,
-// entries unused that long are misses and are dropped.
+// entries unused that long are misses, are dropped, and may be stored again.
+// It keeps an index of its keys in memory (read from the directory at open,
+// kept up to date by every put, erase, eviction and expiry): count_present
+// answers from it, and no lock it takes there is ever held across disk I/O.
+// Ages and the TTL are read from `clock` (wall time: they mean the same after
+// a restart); REQUIRES: clock outlives the store.
 struct disk_store_options {
   std::string path;
   std::int64_t capacity_bytes = std::int64_t{8} << 30;
   std::int64_t ttl_seconds = 0;
+  // Tests: called inside every write transaction, just before its commit
+  // (holds a write open, as a slow disk's sync would).
+  std::function<void()> before_commit;
 };
-result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& options);
+result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& options,
+                                                     const clock_source& clock = system_clock_source());
 
 // A tier in a Redis server shared by any number of `pagoda serve` processes.
 // Keys are "pagoda:kv:<32 hex digits>"; capacity is Redis's own (run it with
 // maxmemory and maxmemory-policy allkeys-lfu: frequency-aware); ttl_seconds > 0
 // sets an expiry on every entry. A server that is down or goes down makes calls
-// fail fast (counted errors); the connection is retried at most once a second.
+// fail fast (counted errors); the connection is retried at most once a second
+// of `clock`'s monotonic time (REQUIRES: clock outlives the store).
 struct redis_store_options {
   std::string host = "127.0.0.1";
   int port = 6379;
@@ -83,7 +112,9 @@ struct redis_store_options {
 };
 // require_connection: fail when the server cannot be reached now; otherwise
 // the tier starts down and connects when the server answers.
-result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options, bool require_connection = true);
+result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options,
+                                                      bool require_connection = true,
+                                                      const clock_source& clock = system_clock_source());
 // "redis://host:port" into options; errors name what is wrong.
 result<redis_store_options> parse_redis_url(const std::string& url);
 

@@ -5,29 +5,30 @@
 //
 // Two databases: "blocks" (store key -> encoded record) and "meta" (store key
 // -> size, hits, last use), so eviction scores entries without reading their
-// values. An in-memory copy of meta answers lookups; hit counts reach "meta"
-// with the next write transaction (a crash loses recent hit counts only).
+// values. An in-memory copy of meta (the index) answers lookups; hit counts
+// reach "meta" with the next write transaction (a crash loses recent hit counts only).
+//
+// Locks: index_mu_ guards the index, the pending hit counts and the counters,
+// and is never held across an LMDB call: a lookup (count_present, the start
+// of get) waits at most for another thread's in-memory work. write_mu_
+// serialises the writers (put_many, erase, the hit-count flush), each one
+// LMDB write transaction; it is the only lock held across a commit and its
+// sync, and nothing that answers a lookup takes it.
 #include <lmdb.h>
-#include <sys/stat.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <tuple>
 #include <mutex>
+#include <set>
+#include <tuple>
 
 #include "store/block_store.h"
 
 namespace pagoda {
 namespace {
-
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 struct entry_meta {
   std::uint32_t size = 0;
@@ -42,13 +43,17 @@ status lmdb_error(int rc, const char* what, const std::string& path) {
 
 MDB_val val_of(std::span<const std::byte> s) { return {s.size(), const_cast<std::byte*>(s.data())}; }
 
+// Expired entries are swept out with a write at most this often (between
+// sweeps they are misses already).
+constexpr std::int64_t k_sweep_interval_ms = 60'000;
+
 class disk_store final : public block_store {
  public:
-  explicit disk_store(disk_store_options o) : o_(std::move(o)) {}
+  disk_store(disk_store_options o, const clock_source& clock) : o_(std::move(o)), clock_(clock) {}
   ~disk_store() override {
     {
-      std::lock_guard lock(mu_);
-      (void)flush_hits_locked();
+      std::lock_guard w(write_mu_);
+      (void)flush_hits();
     }
     if (env_) mdb_env_close(env_);
   }
@@ -71,7 +76,7 @@ class disk_store final : public block_store {
       mdb_txn_abort(txn);
       return lmdb_error(rc, "open databases", o_.path);
     }
-    // Load the meta index.
+    // The index: every key of "meta" (the scan of the directory's keys).
     MDB_cursor* cur = nullptr;
     mdb_cursor_open(txn, meta_, &cur);
     MDB_val k, v;
@@ -84,16 +89,17 @@ class disk_store final : public block_store {
     }
     mdb_cursor_close(cur);
     if ((rc = mdb_txn_commit(txn))) return lmdb_error(rc, "commit", o_.path);
+    last_sweep_ms_ = clock_.wall_ms();
     return {};
   }
 
   const char* tier() const override { return "disk"; }
+  bool indexed() const override { return true; }
 
   result<std::optional<std::vector<std::byte>>> get(const store_key& key) override {
     {
-      std::lock_guard lock(mu_);
-      const auto it = index_.find(key);
-      if (it == index_.end() || expired(it->second)) {
+      std::lock_guard lock(index_mu_);
+      if (!live(key)) {
         ++stats_.misses;
         return std::optional<std::vector<std::byte>>();
       }
@@ -111,7 +117,7 @@ class disk_store final : public block_store {
     }
     mdb_txn_abort(txn);
     if (rc != 0 && rc != MDB_NOTFOUND) return fail(lmdb_error(rc, "get", o_.path));
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(index_mu_);
     if (!out) {
       ++stats_.misses;
       return out;
@@ -119,56 +125,109 @@ class disk_store final : public block_store {
     ++stats_.hits;
     if (auto it = index_.find(key); it != index_.end()) {
       ++it->second.hits;
-      it->second.last_use = now_ms();
+      it->second.last_use = clock_.wall_ms();
       touched_[key] = it->second;
     }
     return out;
   }
 
   result<std::size_t> count_present(std::span<const store_key> keys) override {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(index_mu_);
     std::size_t n = 0;
-    while (n < keys.size()) {
-      const auto it = index_.find(keys[n]);
-      if (it == index_.end() || expired(it->second)) break;
-      ++n;
-    }
+    while (n < keys.size() && live(keys[n])) ++n;
     return n;
   }
 
+  result<std::vector<bool>> contains_each(std::span<const store_key> keys) override {
+    std::lock_guard lock(index_mu_);
+    std::vector<bool> out;
+    out.reserve(keys.size());
+    for (const store_key& k : keys) out.push_back(live(k));
+    return out;
+  }
+
   status put(const store_key& key, std::span<const std::byte> value) override {
-    std::lock_guard lock(mu_);
-    if (index_.contains(key)) return {};
-    entry_meta m{static_cast<std::uint32_t>(value.size()), 0, now_ms()};
-    const auto kb = key.bytes();
+    const store_entry e{key, value};
+    return put_many(std::span<const store_entry>(&e, 1));
+  }
+
+  status put_many(std::span<const store_entry> entries) override {
+    std::lock_guard w(write_mu_);
+    const std::int64_t now = clock_.wall_ms();
+    // What to write: entries whose key is absent or expired (an expired entry
+    // is a miss, so it must be stored again: same key, fresh bytes and age).
+    std::vector<const store_entry*> fresh;
+    std::map<store_key, entry_meta> hits;  // pending hit counts, written in this transaction
+    std::vector<store_key> doomed;
+    bool sweep = false;
+    std::int64_t incoming = 0, replaced = 0;
+    {
+      std::lock_guard lock(index_mu_);
+      std::set<store_key> seen;
+      for (const store_entry& e : entries) {
+        if (live(e.key) || !seen.insert(e.key).second) continue;
+        fresh.push_back(&e);
+        incoming += static_cast<std::int64_t>(e.value.size());
+        if (const auto it = index_.find(e.key); it != index_.end()) replaced += it->second.size;
+      }
+      if (fresh.empty()) return {};  // pending hit counts wait for a write that stores something
+      hits.swap(touched_);
+      sweep = o_.ttl_seconds > 0 && now - last_sweep_ms_ >= k_sweep_interval_ms;
+      if (sweep) last_sweep_ms_ = now;
+    }
+    // Room first: expired entries (at a sweep) and, over the cap, the coldest.
+    std::size_t n_fit = fresh.size();
+    doomed = pick_victims(sweep, bytes_after(incoming - replaced), fresh, incoming, n_fit);
+    for (const store_key& k : doomed) hits.erase(k);
+    for (const store_entry* e : fresh) hits.erase(e->key);  // written afresh, hits 0
     const int rc = in_write_txn([&](MDB_txn* txn) {
-      MDB_val k = val_of(kb), v = val_of(value);
-      MDB_val mv{sizeof m, &m};
-      int r = mdb_put(txn, blocks_, &k, &v, 0);
-      if (!r) r = mdb_put(txn, meta_, &k, &mv, 0);
-      if (!r) r = write_touched(txn);
-      return r;
+      for (const store_key& key : doomed)
+        if (int r = del(txn, key)) return r;
+      for (std::size_t i = 0; i < n_fit; ++i) {
+        const store_entry& e = *fresh[i];
+        const auto kb = e.key.bytes();
+        entry_meta m{static_cast<std::uint32_t>(e.value.size()), 0, now};
+        MDB_val k = val_of(kb), v = val_of(e.value), mv{sizeof m, &m};
+        if (int r = mdb_put(txn, blocks_, &k, &v, 0)) return r;
+        if (int r = mdb_put(txn, meta_, &k, &mv, 0)) return r;
+      }
+      return write_meta(txn, hits);
     });
-    if (rc) return fail_locked(lmdb_error(rc, "write", o_.path));
-    touched_.clear();
-    index_[key] = m;
-    bytes_ += m.size;
-    ++stats_.writes;
-    if (bytes_ > o_.capacity_bytes) return evict_locked();
+    std::lock_guard lock(index_mu_);
+    if (rc) {
+      for (auto& [k, m] : hits) touched_.try_emplace(k, m);  // kept for the next write
+      return fail_locked(lmdb_error(rc, "write", o_.path));
+    }
+    forget_locked(doomed);
+    stats_.evictions += static_cast<std::int64_t>(doomed.size());
+    for (std::size_t i = 0; i < n_fit; ++i) {
+      const store_entry& e = *fresh[i];
+      if (const auto it = index_.find(e.key); it != index_.end()) bytes_ -= it->second.size;
+      index_[e.key] = entry_meta{static_cast<std::uint32_t>(e.value.size()), 0, now};
+      bytes_ += static_cast<std::int64_t>(e.value.size());
+      ++stats_.writes;
+    }
+    if (n_fit < fresh.size())
+      return fail_locked(error(errc::resource_exhausted,
+                               "KV store {}: {} of {} blocks do not fit under its cap of {} bytes", o_.path,
+                               fresh.size() - n_fit, fresh.size(), o_.capacity_bytes));
     return {};
   }
 
   status erase(const store_key& key) override {
-    std::lock_guard lock(mu_);
-    return erase_locked({key});
+    std::lock_guard w(write_mu_);
+    return erase_keys({key});
   }
 
   result<std::size_t> erase_tenant(std::uint64_t tenant) override {
-    std::lock_guard lock(mu_);
+    std::lock_guard w(write_mu_);
     std::vector<store_key> doomed;
-    for (auto it = index_.lower_bound({tenant, 0}); it != index_.end() && it->first.tenant == tenant; ++it)
-      doomed.push_back(it->first);
-    PAGODA_RETURN_IF_ERROR(erase_locked(doomed));
+    {
+      std::lock_guard lock(index_mu_);
+      for (auto it = index_.lower_bound({tenant, 0}); it != index_.end() && it->first.tenant == tenant; ++it)
+        doomed.push_back(it->first);
+    }
+    PAGODA_RETURN_IF_ERROR(erase_keys(doomed));
     return doomed.size();
   }
 
@@ -191,7 +250,7 @@ class disk_store final : public block_store {
   }
 
   store_tier_stats stats() override {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(index_mu_);
     store_tier_stats s = stats_;
     s.tier = tier();
     s.entries = static_cast<std::int64_t>(index_.size());
@@ -201,12 +260,22 @@ class disk_store final : public block_store {
   }
 
  private:
+  // REQUIRES: index_mu_ held.
   bool expired(const entry_meta& m) const {
-    return o_.ttl_seconds > 0 && now_ms() - m.last_use > o_.ttl_seconds * 1000;
+    return o_.ttl_seconds > 0 && clock_.wall_ms() - m.last_use > o_.ttl_seconds * 1000;
+  }
+  bool live(const store_key& key) const {
+    const auto it = index_.find(key);
+    return it != index_.end() && !expired(it->second);
+  }
+
+  std::int64_t bytes_after(std::int64_t delta) {
+    std::lock_guard lock(index_mu_);
+    return bytes_ + delta;
   }
 
   status fail(status st) {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(index_mu_);
     return fail_locked(std::move(st));
   }
   status fail_locked(status st) {
@@ -214,18 +283,75 @@ class disk_store final : public block_store {
     return st;
   }
 
-  int write_touched(MDB_txn* txn) {
-    for (auto& [key, m] : touched_) {
-      if (!index_.contains(key)) continue;
+  // What put_many drops to make room, chosen from a copy of the index so
+  // that index_mu_ is held only for the copy: at a sweep, every expired
+  // entry; when the store would pass its cap, expired ones and then the lowest
+  // scores down to 90% of the cap with the new entries in. Score: hits, halved
+  // every hour since the last use (an entry read many times a while ago
+  // outranks one written once just now, and fades). n_fit: how many of the
+  // fresh entries fit (all but for a batch larger than the cap).
+  // REQUIRES: write_mu_ held (the index changes only under it).
+  std::vector<store_key> pick_victims(bool sweep, std::int64_t bytes_then, const std::vector<const store_entry*>& fresh,
+                                      std::int64_t incoming, std::size_t& n_fit) {
+    const bool over = bytes_then > o_.capacity_bytes;
+    if (!sweep && !over) return {};
+    std::vector<std::pair<store_key, entry_meta>> all;
+    std::vector<bool> dead;
+    {
+      std::lock_guard lock(index_mu_);
+      all.assign(index_.begin(), index_.end());
+      dead.reserve(all.size());
+      for (const auto& [k, m] : all) dead.push_back(expired(m));
+    }
+    const std::int64_t now = clock_.wall_ms();
+    std::set<store_key> replacing;
+    for (const store_entry* e : fresh) replacing.insert(e->key);
+    // (score, last use, key): equal scores go least recently used first; expired ones first of all.
+    std::vector<std::tuple<double, std::int64_t, store_key, std::uint32_t>> ranked;
+    std::int64_t bytes = bytes_then - incoming;  // without the new entries
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const auto& [key, m] = all[i];
+      if (replacing.contains(key)) continue;  // overwritten anyway
+      const double age_h = static_cast<double>(std::max<std::int64_t>(now - m.last_use, 0)) / 3.6e6;
+      ranked.emplace_back(dead[i] ? -1.0 : (1.0 + m.hits) * std::exp2(-age_h), m.last_use, key, m.size);
+    }
+    std::sort(ranked.begin(), ranked.end());
+    // Over the cap, a batch larger than the target is trimmed to what fits into an emptied store.
+    const std::int64_t target = o_.capacity_bytes - o_.capacity_bytes / 10;
+    std::int64_t in = 0;
+    n_fit = 0;
+    while (n_fit < fresh.size() && (!over || in + static_cast<std::int64_t>(fresh[n_fit]->value.size()) <= target))
+      in += static_cast<std::int64_t>(fresh[n_fit++]->value.size());
+    std::vector<store_key> doomed;
+    for (const auto& [score, last_use, key, size] : ranked) {
+      if (score >= 0 && (!over || bytes + in <= target)) break;
+      doomed.push_back(key);
+      bytes -= size;
+    }
+    return doomed;
+  }
+
+  int del(MDB_txn* txn, const store_key& key) {
+    const auto kb = key.bytes();
+    MDB_val k = val_of(kb);
+    for (MDB_dbi db : {blocks_, meta_}) {
+      const int r = mdb_del(txn, db, &k, nullptr);
+      if (r && r != MDB_NOTFOUND) return r;
+    }
+    return 0;
+  }
+
+  int write_meta(MDB_txn* txn, const std::map<store_key, entry_meta>& metas) {
+    for (const auto& [key, m] : metas) {
       const auto kb = key.bytes();
-      MDB_val k = val_of(kb), mv{sizeof m, &m};
+      MDB_val k = val_of(kb), mv{sizeof m, const_cast<entry_meta*>(&m)};
       if (int rc = mdb_put(txn, meta_, &k, &mv, 0)) return rc;
     }
     return 0;
   }
 
   // Runs body in a write transaction and commits it; aborts on body's error.
-  // Returns the LMDB error code, 0 on success.
+  // Returns the LMDB error code, 0 on success. REQUIRES: write_mu_ held, index_mu_ not.
   template <typename F>
   int in_write_txn(F&& body) {
     MDB_txn* txn = nullptr;
@@ -235,30 +361,26 @@ class disk_store final : public block_store {
       mdb_txn_abort(txn);
       return rc;
     }
+    if (o_.before_commit) o_.before_commit();
     return mdb_txn_commit(txn);  // frees txn, committed or not
   }
 
-  status flush_hits_locked() {
-    if (touched_.empty() || !env_) return {};
-    if (int rc = in_write_txn([&](MDB_txn* txn) { return write_touched(txn); })) return lmdb_error(rc, "write", o_.path);
-    touched_.clear();
+  // REQUIRES: write_mu_ held.
+  status flush_hits() {
+    if (!env_) return {};
+    std::map<store_key, entry_meta> hits;
+    {
+      std::lock_guard lock(index_mu_);
+      hits.swap(touched_);
+    }
+    if (hits.empty()) return {};
+    if (int rc = in_write_txn([&](MDB_txn* txn) { return write_meta(txn, hits); }))
+      return lmdb_error(rc, "write", o_.path);
     return {};
   }
 
-  status erase_locked(const std::vector<store_key>& keys) {
-    if (keys.empty()) return {};
-    const int rc = in_write_txn([&](MDB_txn* txn) {
-      for (const store_key& key : keys) {
-        const auto kb = key.bytes();
-        MDB_val k = val_of(kb);
-        for (MDB_dbi db : {blocks_, meta_}) {
-          const int r = mdb_del(txn, db, &k, nullptr);
-          if (r && r != MDB_NOTFOUND) return r;
-        }
-      }
-      return 0;
-    });
-    if (rc) return fail_locked(lmdb_error(rc, "erase", o_.path));
+  // REQUIRES: index_mu_ held.
+  void forget_locked(const std::vector<store_key>& keys) {
     for (const store_key& key : keys) {
       if (auto it = index_.find(key); it != index_.end()) {
         bytes_ -= it->second.size;
@@ -266,53 +388,43 @@ class disk_store final : public block_store {
       }
       touched_.erase(key);
     }
+  }
+
+  // REQUIRES: write_mu_ held.
+  status erase_keys(const std::vector<store_key>& keys) {
+    if (keys.empty()) return {};
+    const int rc = in_write_txn([&](MDB_txn* txn) {
+      for (const store_key& key : keys)
+        if (int r = del(txn, key)) return r;
+      return 0;
+    });
+    std::lock_guard lock(index_mu_);
+    if (rc) return fail_locked(lmdb_error(rc, "erase", o_.path));
+    forget_locked(keys);
     return {};
   }
 
-  // Over the cap: drop expired entries, then the lowest scores, down to 90% of
-  // the cap. Score: hits, halved every hour since the last use (an entry read
-  // many times a while ago outranks one written once just now, and fades).
-  status evict_locked() {
-    const std::int64_t now = now_ms();
-    // (score, last use, key): equal scores go least recently used first.
-    std::vector<std::tuple<double, std::int64_t, store_key>> ranked;
-    ranked.reserve(index_.size());
-    for (const auto& [key, m] : index_) {
-      const double age_h = static_cast<double>(std::max<std::int64_t>(now - m.last_use, 0)) / 3.6e6;
-      const double score = expired(m) ? -1.0 : (1.0 + m.hits) * std::exp2(-age_h);
-      ranked.emplace_back(score, m.last_use, key);
-    }
-    std::sort(ranked.begin(), ranked.end());
-    const std::int64_t target = o_.capacity_bytes - o_.capacity_bytes / 10;
-    std::vector<store_key> doomed;
-    std::int64_t bytes = bytes_;
-    for (const auto& [score, last_use, key] : ranked) {
-      if (bytes <= target && score >= 0) break;
-      doomed.push_back(key);
-      bytes -= index_.at(key).size;
-    }
-    stats_.evictions += static_cast<std::int64_t>(doomed.size());
-    return erase_locked(doomed);
-  }
-
   disk_store_options o_;
+  const clock_source& clock_;
   MDB_env* env_ = nullptr;
   MDB_dbi blocks_ = 0, meta_ = 0;
-  std::mutex mu_;
+  std::mutex write_mu_;  // one writer at a time; held across LMDB write transactions
+  std::mutex index_mu_;  // never held across LMDB calls
   std::map<store_key, entry_meta> index_;
   std::map<store_key, entry_meta> touched_;  // hit counts not yet written to "meta"
   std::int64_t bytes_ = 0;
+  std::int64_t last_sweep_ms_ = 0;
   store_tier_stats stats_;
 };
 
 }  // namespace
 
-result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& options) {
+result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& options, const clock_source& clock) {
   if (options.path.empty()) return error(errc::invalid_argument, "KV store: no directory given");
   if (options.capacity_bytes < (std::int64_t{1} << 20))
     return error(errc::invalid_argument, "KV store {}: a size cap of {} bytes is below 1 MiB", options.path,
                  options.capacity_bytes);
-  auto s = std::make_unique<disk_store>(options);
+  auto s = std::make_unique<disk_store>(options, clock);
   PAGODA_RETURN_IF_ERROR(s->open());
   return std::unique_ptr<block_store>(std::move(s));
 }

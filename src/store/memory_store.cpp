@@ -9,6 +9,7 @@ namespace {
 class memory_store final : public block_store {
  public:
   const char* tier() const override { return "memory"; }
+  bool indexed() const override { return true; }
 
   result<std::optional<std::vector<std::byte>>> get(const store_key& key) override {
     std::lock_guard lock(mu_);

@@ -1,8 +1,8 @@
 #include <hiredis/hiredis.h>
 
-#include <chrono>
 #include <charconv>
 #include <cstring>
+#include <climits>
 #include <mutex>
 
 #include "store/block_store.h"
@@ -34,9 +34,12 @@ struct reply_deleter {
 };
 using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
 
+// mu_ guards the connection and is held across each command's round trip
+// (the warehouse's threads are its only callers); the counters have a lock of
+// their own, so stats() never waits on the network.
 class redis_store final : public block_store {
  public:
-  explicit redis_store(redis_store_options o) : o_(std::move(o)) {}
+  redis_store(redis_store_options o, const clock_source& clock) : o_(std::move(o)), clock_(clock) {}
   ~redis_store() override {
     if (ctx_) redisFree(ctx_);
   }
@@ -53,47 +56,68 @@ class redis_store final : public block_store {
     const std::string k = redis_key(key);
     PAGODA_ASSIGN_OR_RETURN(reply_ptr r, command_locked("GET %b", k.data(), k.size()));
     if (r->type == REDIS_REPLY_NIL) {
-      ++stats_.misses;
+      count(&store_tier_stats::misses);
       return std::optional<std::vector<std::byte>>();
     }
     if (r->type != REDIS_REPLY_STRING) return fail_locked("GET answered something other than a string").error();
-    ++stats_.hits;
+    count(&store_tier_stats::hits);
     const auto* p = reinterpret_cast<const std::byte*>(r->str);
     return std::optional<std::vector<std::byte>>(std::vector<std::byte>(p, p + r->len));
   }
 
   result<std::size_t> count_present(std::span<const store_key> keys) override {
+    PAGODA_ASSIGN_OR_RETURN(std::vector<bool> present, contains_each(keys));
+    std::size_t n = 0;
+    while (n < present.size() && present[n]) ++n;
+    return n;
+  }
+
+  result<std::vector<bool>> contains_each(std::span<const store_key> keys) override {
     std::lock_guard lock(mu_);
-    if (keys.empty()) return std::size_t{0};
+    std::vector<bool> out;
+    if (keys.empty()) return out;
     PAGODA_RETURN_IF_ERROR(ensure_connected_locked());
-    // One round trip for the whole run.
+    // One round trip for them all.
     for (const store_key& key : keys) {
       const std::string k = redis_key(key);
       redisAppendCommand(ctx_, "EXISTS %b", k.data(), k.size());
     }
-    std::size_t n = 0;
-    bool run = true;
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      redisReply* raw = nullptr;
-      if (redisGetReply(ctx_, reinterpret_cast<void**>(&raw)) != REDIS_OK) return drop_locked();
-      reply_ptr r(raw);
-      if (run && r->type == REDIS_REPLY_INTEGER && r->integer == 1) ++n;
-      else run = false;
-    }
-    return n;
+    PAGODA_RETURN_IF_ERROR(replies_locked(keys.size(), [&](const redisReply& r) {
+      out.push_back(r.type == REDIS_REPLY_INTEGER && r.integer == 1);
+      return status{};
+    }));
+    return out;
   }
 
   status put(const store_key& key, std::span<const std::byte> value) override {
+    const store_entry e{key, value};
+    return put_many(std::span<const store_entry>(&e, 1));
+  }
+
+  status put_many(std::span<const store_entry> entries) override {
     std::lock_guard lock(mu_);
-    const std::string k = redis_key(key);
-    result<reply_ptr> r = o_.ttl_seconds > 0
-                              ? command_locked("SET %b %b NX EX %lld", k.data(), k.size(), value.data(), value.size(),
-                                               static_cast<long long>(o_.ttl_seconds))
-                              : command_locked("SET %b %b NX", k.data(), k.size(), value.data(), value.size());
-    if (!r.ok()) return r.error();
-    if ((*r)->type == REDIS_REPLY_ERROR) return fail_locked(std::string("SET: ") + (*r)->str).error();
-    if ((*r)->type == REDIS_REPLY_STATUS) ++stats_.writes;  // NIL: already there
-    return {};
+    if (entries.empty()) return {};
+    PAGODA_RETURN_IF_ERROR(ensure_connected_locked());
+    // Pipelined: one round trip for the batch.
+    for (const store_entry& e : entries) {
+      const std::string k = redis_key(e.key);
+      if (o_.ttl_seconds > 0)
+        redisAppendCommand(ctx_, "SET %b %b NX EX %lld", k.data(), k.size(), e.value.data(), e.value.size(),
+                           static_cast<long long>(o_.ttl_seconds));
+      else
+        redisAppendCommand(ctx_, "SET %b %b NX", k.data(), k.size(), e.value.data(), e.value.size());
+    }
+    status first;
+    PAGODA_RETURN_IF_ERROR(replies_locked(entries.size(), [&](const redisReply& r) {
+      if (r.type == REDIS_REPLY_ERROR) {
+        status st = fail_locked(std::string("SET: ") + r.str).error();
+        if (first.ok()) first = std::move(st);
+      } else if (r.type == REDIS_REPLY_STATUS) {
+        count(&store_tier_stats::writes);  // NIL: already there
+      }
+      return status{};
+    }));
+    return first;
   }
 
   status erase(const store_key& key) override {
@@ -128,7 +152,7 @@ class redis_store final : public block_store {
   }
 
   store_tier_stats stats() override {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(stats_mu_);
     store_tier_stats s = stats_;
     s.tier = tier();
     return s;
@@ -140,7 +164,7 @@ class redis_store final : public block_store {
       redisFree(ctx_);
       ctx_ = nullptr;
     }
-    last_attempt_ = std::chrono::steady_clock::now();
+    last_attempt_us_ = clock_.monotonic_us();
     const timeval tv{o_.timeout_ms / 1000, (o_.timeout_ms % 1000) * 1000};
     ctx_ = redisConnectWithTimeout(o_.host.c_str(), o_.port, tv);
     if (!ctx_ || ctx_->err) {
@@ -156,12 +180,12 @@ class redis_store final : public block_store {
   status ensure_connected_locked() {
     if (ctx_) return {};
     // Down: retry at most once a second, so a dead server costs nothing per call.
-    if (std::chrono::steady_clock::now() - last_attempt_ < std::chrono::seconds(1)) {
-      ++stats_.errors;
+    if (clock_.monotonic_us() - last_attempt_us_ < k_retry_us) {
+      count(&store_tier_stats::errors);
       return error(errc::io_error, "Redis {}:{} is unreachable", o_.host, o_.port);
     }
     status st = connect_locked();
-    if (!st.ok()) ++stats_.errors;
+    if (!st.ok()) count(&store_tier_stats::errors);
     return st;
   }
 
@@ -169,13 +193,30 @@ class redis_store final : public block_store {
     const std::string why = ctx_ && ctx_->errstr[0] ? ctx_->errstr : "connection lost";
     if (ctx_) redisFree(ctx_);
     ctx_ = nullptr;
-    ++stats_.errors;
+    count(&store_tier_stats::errors);
     return error(errc::io_error, "Redis {}:{}: {}", o_.host, o_.port, why);
   }
 
   result<reply_ptr> fail_locked(const std::string& why) {
-    ++stats_.errors;
+    count(&store_tier_stats::errors);
     return error(errc::io_error, "Redis {}:{}: {}", o_.host, o_.port, why);
+  }
+
+  void count(std::int64_t store_tier_stats::*field) {
+    std::lock_guard lock(stats_mu_);
+    ++(stats_.*field);
+  }
+
+  // Reads n pipelined replies, each handed to on_reply; a lost connection is dropped.
+  template <typename F>
+  status replies_locked(std::size_t n, F&& on_reply) {
+    for (std::size_t i = 0; i < n; ++i) {
+      redisReply* raw = nullptr;
+      if (redisGetReply(ctx_, reinterpret_cast<void**>(&raw)) != REDIS_OK) return drop_locked();
+      reply_ptr r(raw);
+      PAGODA_RETURN_IF_ERROR(on_reply(*r));
+    }
+    return {};
   }
 
   template <typename... A>
@@ -201,17 +242,22 @@ class redis_store final : public block_store {
     return {};
   }
 
+  static constexpr std::int64_t k_retry_us = 1'000'000;
+
   redis_store_options o_;
-  std::mutex mu_;
+  const clock_source& clock_;
+  std::mutex mu_;  // the connection; held across round trips
   redisContext* ctx_ = nullptr;
-  std::chrono::steady_clock::time_point last_attempt_{};
+  std::int64_t last_attempt_us_ = INT64_MIN / 2;  // monotonic_us of the last connection attempt
+  std::mutex stats_mu_;
   store_tier_stats stats_;
 };
 
 }  // namespace
 
-result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options, bool require_connection) {
-  auto s = std::make_unique<redis_store>(options);
+result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options, bool require_connection,
+                                                      const clock_source& clock) {
+  auto s = std::make_unique<redis_store>(options, clock);
   status st = s->connect_now();
   if (!st.ok() && require_connection) return st;
   return std::unique_ptr<block_store>(std::move(s));

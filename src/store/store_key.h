@@ -29,10 +29,12 @@ namespace pagoda {
 
 inline constexpr std::uint32_t k_store_key_version = 1;
 
-// Everything a stored block's meaning depends on besides its own key.
+// Everything a stored block's meaning depends on besides its own key. The
+// layout is that of the block's own bytes: blocks of another KV class (a
+// typed segment, int4 say) have another format, so another layout and key.
 struct kv_space {
   std::uint64_t model = 0;   // model_fingerprint (sched/engine_setup.h)
-  std::uint64_t layout = 0;  // layout_fingerprint
+  std::uint64_t layout = 0;  // layout_fingerprint of the block's KV class (stored_block_ref::layout)
 };
 
 struct store_key {

@@ -357,13 +357,13 @@ TEST(engine, a_runner_failing_mid_step_shares_nothing_and_later_requests_are_rig
 class map_source final : public kv_block_source {
  public:
   std::map<block_key, std::vector<std::byte>> blocks;
-  int n_available(std::string_view, std::span<const block_key> keys) override {
+  int n_available(std::string_view, std::span<const stored_block_ref> refs) override {
     int n = 0;
-    while (n < static_cast<int>(keys.size()) && blocks.contains(keys[static_cast<std::size_t>(n)])) ++n;
+    while (n < static_cast<int>(refs.size()) && blocks.contains(refs[static_cast<std::size_t>(n)].key)) ++n;
     return n;
   }
-  int read(std::string_view, block_key key, std::span<std::byte> out) override {
-    const auto it = blocks.find(key);
+  int read(std::string_view, const stored_block_ref& ref, std::span<std::byte> out) override {
+    const auto it = blocks.find(ref.key);
     if (it == blocks.end() || it->second.size() != out.size()) return -1;
     std::copy(it->second.begin(), it->second.end(), out.begin());
     return 0;

@@ -59,7 +59,7 @@ class fake_runner final : public model_runner {
     for (const kv_op& op : plan.ops) apply(op);
     out.loaded.assign(plan.loads.size(), 0);
     for (std::size_t i = 0; i < plan.loads.size(); ++i) {
-      const auto it = source.find(plan.loads[i].key);
+      const auto it = source.find(plan.loads[i].ref.key);
       if (it == source.end()) continue;
       for (int j = 0; j < bs_; ++j) slot(plan.loads[i].block, j) = it->second[static_cast<std::size_t>(j)];
       out.loaded[i] = 1;
@@ -165,25 +165,37 @@ class fake_runner final : public model_runner {
 class fake_source final : public kv_block_source {
  public:
   explicit fake_source(const fake_runner& r) : r_(r) {}
-  int n_available(std::string_view, std::span<const block_key> keys) override {
-    int n = 0;
-    while (n < static_cast<int>(keys.size()) && (r_.source.contains(keys[static_cast<std::size_t>(n)]) ||
-                                                 claimed.contains(keys[static_cast<std::size_t>(n)])))
-      ++n;
+  int n_available(std::string_view, std::span<const stored_block_ref> refs) override {
     ++n_lookups;
+    if (pending_lookups > 0) {
+      --pending_lookups;
+      return k_source_pending;
+    }
+    int n = 0;
+    while (n < static_cast<int>(refs.size()) && (r_.source.contains(refs[static_cast<std::size_t>(n)].key) ||
+                                                 claimed.contains(refs[static_cast<std::size_t>(n)].key)))
+      ++n;
     return n;
   }
   std::set<block_key> claimed;
+  // n_available() answers k_source_pending this many times (a remote lookup in flight).
+  int pending_lookups = 0;
   // settled() answers false this many times after each prefetch (a slow tier).
   int settle_after = 0;
   int n_prefetches = 0;
-  void prefetch(std::string_view, std::span<const block_key>) override {
+  void prefetch(std::string_view, std::span<const stored_block_ref> refs) override {
     ++n_prefetches;
+    n_held += static_cast<int>(refs.size());
     pending_ = settle_after;
   }
-  bool settled(std::string_view, std::span<const block_key>) override { return pending_-- <= 0; }
-  int read(std::string_view, block_key, std::span<std::byte>) override { return -1; }  // the fake runner reads the map itself
+  bool settled(std::string_view, std::span<const stored_block_ref>) override { return pending_-- <= 0; }
+  // The fake runner reads the map itself.
+  int read(std::string_view, const stored_block_ref&, std::span<std::byte>) override { return -1; }
+  void release(std::string_view, std::span<const stored_block_ref> refs) override {
+    n_held -= static_cast<int>(refs.size());
+  }
   int n_lookups = 0;
+  int n_held = 0;  // prefetched and not released: 0 once no sequence loads
 
  private:
   const fake_runner& r_;

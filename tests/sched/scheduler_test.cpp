@@ -498,21 +498,33 @@ TEST(scheduler, an_id_is_free_again_once_its_request_finished) {
   EXPECT_EQ(h.results["a"].tokens, alone(req("a", prompt_of(7, 2), 3)));
 }
 
-// A slow source: the loading sequence waits (holding its blocks, computing
-// nothing) while others run, and runs once its blocks arrived.
-TEST(scheduler, a_loading_sequence_waits_for_a_slow_source_while_others_run) {
-  const std::vector<token_id> p = prompt_of(14, 8);
+// The blocks a run of prompt p leaves when every cached block is evicted:
+// what the eviction hook would have stored in an external source.
+std::map<block_key, std::vector<std::pair<token_id, std::int32_t>>> evicted_blocks_of(const std::vector<token_id>& p) {
   harness first(config(64, 8, 64));
   first.add(req("a", p, 5));
   first.run();
   first.s.kv().evict_cached_blocks();
   first.step();
+  return first.runner.evicted;
+}
 
-  harness h(config(64, 8, 64));
-  h.runner.source = first.runner.evicted;
-  fake_source source(h.runner);
+// A slow source: the loading sequence waits (holding its blocks, computing
+// nothing) while others run, and runs once its blocks arrived.
+// A harness whose external source holds the blocks of a run of prompt p.
+struct loading_harness : harness {
+  fake_source source;
+  explicit loading_harness(const std::vector<token_id>& p) : harness(config(64, 8, 64)), source(runner) {
+    runner.source = evicted_blocks_of(p);
+    s.set_kv_source(&source);
+  }
+};
+
+TEST(scheduler, a_loading_sequence_waits_for_a_slow_source_while_others_run) {
+  const std::vector<token_id> p = prompt_of(14, 8);
+  loading_harness h(p);
+  fake_source& source = h.source;
   source.settle_after = 3;
-  h.s.set_kv_source(&source);
   h.add(req("other", prompt_of(9, 1), 6));
   h.add(req("a", p, 5));
   int waited = 0;
@@ -530,6 +542,45 @@ TEST(scheduler, a_loading_sequence_waits_for_a_slow_source_while_others_run) {
   h.run();
   EXPECT_EQ(h.results["a"].tokens, alone(req("a", p, 5)));
   EXPECT_EQ(h.results["a"].usage.cached_tokens, 12);
+  EXPECT_EQ(source.n_held, 0) << "prefetched blocks never released";
+}
+
+// A source that does not know yet (a remote lookup in flight) answers
+// k_source_pending: the request stays waiting, takes nothing from the pool,
+// lets the request behind it run, and is asked again at each step until the
+// answer comes; then it loads. A loading sequence that is aborted releases
+// what it prefetched.
+TEST(scheduler, a_pending_lookup_keeps_the_request_waiting_without_holding_back_others) {
+  const std::vector<token_id> p = prompt_of(14, 8);
+  loading_harness h(p);
+  fake_source& source = h.source;
+  source.pending_lookups = 3;
+  h.add(req("a", p, 5));
+  h.add(req("other", prompt_of(3, 1), 6));  // no full block to look up
+  for (int i = 0; i < 3; ++i) {
+    const step_plan& plan = h.step();
+    EXPECT_TRUE(plan.loads.empty());
+    EXPECT_FALSE(h.s.find_sequence("a").has_value()) << "a request waiting on a lookup took KV";
+  }
+  EXPECT_EQ(source.n_lookups, 3) << "asked once a step";
+  EXPECT_GE(h.results["other"].tokens.size(), 2u) << "the request behind it was held up";
+  const step_plan& load = h.step();
+  EXPECT_EQ(load.loads.size(), 3u);
+  h.run();
+  EXPECT_EQ(h.results["a"].tokens, alone(req("a", p, 5)));
+  EXPECT_EQ(h.results["a"].usage.cached_tokens, 12);
+  EXPECT_EQ(source.n_held, 0);
+
+  // Aborted while loading: its prefetch is released.
+  loading_harness g(p);
+  fake_source& slow = g.source;
+  slow.settle_after = 100;
+  g.add(req("b", p, 5));
+  g.step();
+  EXPECT_EQ(slow.n_held, 3);
+  EXPECT_TRUE(g.s.abort_request("b"));
+  g.step();
+  EXPECT_EQ(slow.n_held, 0) << "an aborted loading sequence kept its prefetched blocks";
 }
 
 }  // namespace

@@ -1,8 +1,14 @@
 // The engine with a KV warehouse behind its pool (stories260K): prefixes
 // survive a restart through the disk tier and cross engines through Redis,
-// with the same greedy tokens as a cold run; tenants stay apart in every
-// tier; damaged entries and a dead Redis only cost recomputation.
+// with the same greedy tokens as a cold run, typed blocks (another KV class)
+// too; tenants stay apart in every tier; damaged entries and a dead Redis
+// only cost recomputation; a stuck tier never stops the engine's steps.
+#include <condition_variable>
 #include <filesystem>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -33,7 +39,7 @@ struct node {
     auto cc = make_engine_core_config(model, c);
     EXPECT_TRUE(cc.ok()) << cc.error().message();
     cc->max_model_len = 512;
-    auto w = make_warehouse(c, model, cc->kv);
+    auto w = make_warehouse(c, model);
     EXPECT_TRUE(w.ok()) << w.error().message();
     warehouse = std::move(*w);
     core = std::move(*engine_core::create(model, *cc));
@@ -217,18 +223,24 @@ TEST(warehouse_engine, a_damaged_entry_is_recomputed_not_served) {
   fs::remove_all(dir);
 }
 
-// Two engines with their own pools share one Redis: what one computed, the
-// other loads; then Redis dies and both keep answering.
-TEST(warehouse_engine, redis_is_shared_between_engines_and_its_death_costs_only_recomputation) {
-  test::redis_server redis;
-  const request r = greedy_request("a", long_prompt(), 20);
+// Two engines with their own pools (config c, its Redis tier shared): what
+// one computed for r, the other loads, every prompt block, with the same tokens.
+void expect_shared_through_redis(const engine_config& c, const request& r) {
   const int n_blocks = static_cast<int>((r.prompt.size() - 1) / 16);
-  node one(config("", redis.url())), two(config("", redis.url()));
+  node one(c), two(c);
   const node::answer a = one.run(r);
   const node::answer b = two.run(r);
   EXPECT_EQ(b.tokens, a.tokens);
   EXPECT_EQ(b.usage.cached_tokens, n_blocks * 16);
+  EXPECT_EQ(two.core->stats().n_loaded_tokens, n_blocks * 16);
   EXPECT_EQ(two.warehouse->counters().loads_by_tier[0], n_blocks);
+}
+
+// Two engines share one Redis; then Redis dies and the next engine keeps answering.
+TEST(warehouse_engine, redis_is_shared_between_engines_and_its_death_costs_only_recomputation) {
+  test::redis_server redis;
+  const request r = greedy_request("a", long_prompt(), 20);
+  expect_shared_through_redis(config("", redis.url()), r);
   redis.stop(/*kill=*/true);
   request again = r;
   again.id = "b";
@@ -237,6 +249,189 @@ TEST(warehouse_engine, redis_is_shared_between_engines_and_its_death_costs_only_
   const node::answer c = three.run(again);
   EXPECT_EQ(c.tokens.size(), 20u);
   EXPECT_GT(three.warehouse->tier_stats()[0].errors, 0);
+}
+
+}  // namespace
+}  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// A typed segment: the prompt's first 40 tokens in int4 blocks (class 1),
+// the rest in the default f32 ones: blocks of both layouts reach the store.
+engine_config typed_config(const std::string& disk, const std::string& redis = "") {
+  engine_config c = config(disk, redis);
+  c.kv_segment_dtypes = {"int4:0.5"};
+  return c;
+}
+
+request typed_request(const std::string& id) {
+  request r = greedy_request(id, long_prompt(), 20);
+  r.segments.push_back(prompt_segment{0, 40, "", "int4"});
+  return r;
+}
+
+// Typed blocks are written through with their own layout and survive a
+// restart through the disk tier: a second engine on the same directory
+// loads every prompt block, int4 and f32, with the outputs of a cold run. A
+// request without the segment keys other blocks and finds none of them.
+TEST(warehouse_engine, typed_blocks_survive_a_restart_through_the_disk_tier) {
+  const std::string dir = temp_dir("typed");
+  const request r = typed_request("a");
+  const int n_blocks = static_cast<int>((r.prompt.size() - 1) / 16);
+  ASSERT_GE(n_blocks, 3);
+  node::answer cold;
+  {
+    node n(typed_config(""));
+    cold = n.run(r);
+    EXPECT_GT(n.core->kv_stats().classes.at(1).n_cached, 0) << "no int4 block was made";
+  }
+  {
+    node first(typed_config(dir));
+    EXPECT_EQ(first.run(r).tokens, cold.tokens);
+    EXPECT_GE(first.warehouse->counters().written, n_blocks);
+  }
+  node second(typed_config(dir));
+  const node::answer b = second.run(r);
+  EXPECT_EQ(b.tokens, cold.tokens);
+  EXPECT_EQ(b.usage.cached_tokens, n_blocks * 16);
+  EXPECT_EQ(second.core->stats().n_loaded_tokens, n_blocks * 16);
+  EXPECT_EQ(second.warehouse->counters().loads, n_blocks);
+  EXPECT_EQ(second.warehouse->counters().held_bytes, 0) << "prefetched blocks not released";
+  request plain = greedy_request("p", long_prompt(), 4);
+  EXPECT_EQ(second.run(plain).usage.cached_tokens, 0) << "f32 blocks found under int4 ones' keys";
+  fs::remove_all(dir);
+}
+
+TEST(warehouse_engine, typed_blocks_reach_another_engine_through_redis) {
+  test::redis_server redis;
+  expect_shared_through_redis(typed_config("", redis.url()), typed_request("a"));
+}
+
+// A tier without an index (Redis-like) whose lookups and writes hang: every
+// call waits at a gate the test opens.
+class stuck_tier final : public block_store {
+ public:
+  stuck_tier() : inner_(make_memory_store()) {}
+  void open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Waits until n calls are stuck at the gate (or it is open: a test failing).
+  void wait_stuck(int n) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return stuck_ >= n || open_; });
+  }
+  const char* tier() const override { return "redis"; }
+  bool indexed() const override { return false; }
+  result<std::optional<std::vector<std::byte>>> get(const store_key& k) override {
+    wait();
+    return inner_->get(k);
+  }
+  result<std::size_t> count_present(std::span<const store_key> keys) override {
+    wait();
+    return inner_->count_present(keys);
+  }
+  status put(const store_key& k, std::span<const std::byte> v) override {
+    wait();
+    return inner_->put(k, v);
+  }
+  status erase(const store_key& k) override { return inner_->erase(k); }
+  result<std::size_t> erase_tenant(std::uint64_t t) override { return inner_->erase_tenant(t); }
+  status for_each(const std::function<bool(const store_key&, std::span<const std::byte>)>& fn) override {
+    return inner_->for_each(fn);
+  }
+  store_tier_stats stats() override { return inner_->stats(); }
+
+ private:
+  void wait() {
+    std::unique_lock lock(mu_);
+    ++stuck_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    --stuck_;
+  }
+  std::unique_ptr<block_store> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int stuck_ = 0;
+};
+
+// The engine thread never waits on the store: with the write-back and a
+// lookup stuck in a tier, steps go on and requests finish. A request whose
+// lookup is in flight waits (not admitted) without holding back the one
+// behind it, and computes once the lookup has been out longer than the
+// warehouse's timeout (the injected clock says when).
+TEST(warehouse_engine, steps_go_on_while_the_store_is_stuck) {
+  const request long_one = greedy_request("long", long_prompt(), 12);
+  const request short_one = greedy_request("short", "Once upon", 40);  // no full prompt block: no lookup
+  ASSERT_GE((long_one.prompt.size() - 1) / 16, 2u);
+  ASSERT_LT(short_one.prompt.size(), 17u);
+  std::map<std::string, std::vector<token_id>> cold;
+  {
+    node n(config(""));
+    cold["long"] = n.run(long_one).tokens;
+    cold["short"] = n.run(short_one).tokens;
+  }
+  manual_clock clock;
+  std::vector<std::unique_ptr<block_store>> tiers;
+  auto tier = std::make_unique<stuck_tier>();
+  stuck_tier* stuck = tier.get();
+  tiers.push_back(std::move(tier));
+  warehouse_options o;
+  o.clock = &clock;
+  o.lookup_timeout_us = 1'000'000;
+  kv_warehouse w(std::move(tiers), o);
+  auto cc = *make_engine_core_config(stories(), config(""));
+  auto core = std::move(*engine_core::create(stories(), cc));
+  attach_warehouse(*core, w);
+
+  std::map<std::string, std::vector<token_id>> got;
+  std::set<std::string> finished;
+  int n_steps = 0;
+  const auto step = [&] {
+    std::vector<engine_event> ev;
+    if (core->step(ev)) ++n_steps;
+    for (const engine_event& e : ev) {
+      EXPECT_TRUE(e.error.empty()) << e.error;
+      got[e.request_id].insert(got[e.request_id].end(), e.tokens.begin(), e.tokens.end());
+      if (e.request_finished) finished.insert(e.request_id);
+    }
+  };
+  // The engine runs on a thread of its own, so that a step stuck on the store
+  // fails the test instead of hanging it.
+  auto engine = std::async(std::launch::async, [&] {
+    EXPECT_TRUE(core->add_request(long_one).ok());
+    step();
+    stuck->wait_stuck(1);  // its lookup hangs in the tier
+    EXPECT_TRUE(core->add_request(short_one).ok());
+    for (int i = 0; i < 10000 && !finished.contains("short"); ++i) step();
+    stuck->wait_stuck(2);  // and so does the write-back of the short request's blocks
+    return finished.contains("short") && !finished.contains("long");
+  });
+  const bool went_on = engine.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  if (!went_on) stuck->open();
+  ASSERT_TRUE(went_on) << "an engine step waited on the store";
+  EXPECT_TRUE(engine.get()) << "the short request did not finish, or the long one ran before its lookup";
+  EXPECT_EQ(got["short"], cold["short"]);
+  EXPECT_GT(w.counters().lookups_pending, 0);
+  EXPECT_GT(w.counters().queued, 0) << "the short request's blocks were not handed to the write-back";
+  // Both stay stuck: past the lookup timeout the long request computes.
+  clock.advance_seconds(1.5);
+  auto rest = std::async(std::launch::async, [&] {
+    for (int i = 0; i < 10000 && !finished.contains("long"); ++i) step();
+    return finished.contains("long");
+  });
+  const bool done = rest.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  stuck->open();
+  ASSERT_TRUE(done) << "an engine step waited on the store";
+  EXPECT_TRUE(rest.get());
+  EXPECT_EQ(got["long"], cold["long"]);
+  EXPECT_EQ(core->stats().n_loaded_tokens, 0);
+  core.reset();
+  w.close();
 }
 
 }  // namespace

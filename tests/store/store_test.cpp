@@ -5,12 +5,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <filesystem>
+#include <future>
+#include <mutex>
 #include <random>
 
 #include <gtest/gtest.h>
 
+#include "core/clock.h"
 #include "store/block_record.h"
 #include "store/block_store.h"
 #include "store/redis_util.h"
@@ -177,6 +181,28 @@ TEST_P(tier_test, put_get_count_erase) {
   EXPECT_EQ(st.writes, 6);
 }
 
+// A batch is stored as its entries one by one would be: present keys kept,
+// the others written; contains_each answers per key.
+TEST_P(tier_test, a_batch_stores_what_is_missing) {
+  std::vector<block_record> recs;
+  std::vector<std::vector<std::byte>> enc;
+  std::vector<store_key> keys;
+  for (int i = 0; i < 5; ++i) {
+    recs.push_back(sample_record("t", 300 + static_cast<block_key>(i), 1024 + 32 * i, 40 + i));
+    enc.push_back(encode_block_record(recs.back()));
+    keys.push_back(recs.back().key);
+  }
+  ASSERT_TRUE(store_->put(keys[1], enc[1]).ok());
+  std::vector<store_entry> batch;
+  for (int i = 0; i < 4; ++i) batch.push_back({keys[i], enc[i]});
+  batch.push_back({keys[0], enc[0]});  // twice in one batch: stored once
+  ASSERT_TRUE(store_->put_many(batch).ok());
+  EXPECT_EQ(store_->stats().writes, 4);
+  EXPECT_EQ(*store_->contains_each(keys), (std::vector<bool>{true, true, true, true, false}));
+  EXPECT_EQ(*store_->count_present(keys), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(decode_block_record(**store_->get(keys[i]), keys[i])->bytes, recs[i].bytes);
+}
+
 INSTANTIATE_TEST_SUITE_P(tiers, tier_test, ::testing::Values(tier_kind::memory, tier_kind::disk, tier_kind::redis),
                          [](const auto& info) {
                            return info.param == tier_kind::memory ? "memory"
@@ -222,15 +248,97 @@ TEST(disk_store, the_cap_evicts_cold_entries_before_hot_ones) {
 TEST(disk_store, entries_unused_past_the_ttl_are_misses) {
   const std::string dir = temp_dir("ttl");
   const block_record r = sample_record("", 77, 512, 4);
+  manual_clock clock;
   {
-    auto s = *make_disk_store({dir, 16 << 20, 0});
+    auto s = *make_disk_store({dir, 16 << 20, 0}, clock);
     ASSERT_TRUE(s->put(r.key, encode_block_record(r)).ok());
   }
-  auto s = *make_disk_store({dir, 16 << 20, 1});
+  auto s = *make_disk_store({dir, 16 << 20, 1}, clock);
+  clock.advance_seconds(0.9);
+  ASSERT_TRUE(s->get(r.key)->has_value());  // a use: its age starts again
+  clock.advance_seconds(0.9);
   ASSERT_TRUE(s->get(r.key)->has_value());
-  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  clock.advance_seconds(1.1);
   EXPECT_FALSE(s->get(r.key)->has_value());
   EXPECT_EQ(*s->count_present(std::vector<store_key>{r.key}), 0u);
+  EXPECT_EQ(*s->contains_each(std::vector<store_key>{r.key}), std::vector<bool>{false});
+  fs::remove_all(dir);
+}
+
+// Defect 5: an expired entry was never stored again (put saw the stale key in
+// the index and reported success without writing): the block stayed a miss
+// for good. Now the put writes it afresh, and so does a batch.
+TEST(disk_store, an_expired_entry_is_stored_again) {
+  const std::string dir = temp_dir("ttl_again");
+  const block_record r = sample_record("", 78, 512, 5), q = sample_record("", 79, 512, 6);
+  manual_clock clock;
+  auto s = *make_disk_store({dir, 16 << 20, 1}, clock);
+  ASSERT_TRUE(s->put(r.key, encode_block_record(r)).ok());
+  ASSERT_TRUE(s->put(q.key, encode_block_record(q)).ok());
+  clock.advance_seconds(1.5);
+  ASSERT_FALSE(s->get(r.key)->has_value());
+  ASSERT_TRUE(s->put(r.key, encode_block_record(r)).ok());
+  const auto eq = encode_block_record(q);
+  const store_entry batch[] = {{q.key, eq}};
+  ASSERT_TRUE(s->put_many(batch).ok());
+  for (const block_record* b : {&r, &q}) {
+    auto got = s->get(b->key);
+    ASSERT_TRUE(got.ok() && got->has_value()) << "an expired entry could not be stored again";
+    EXPECT_EQ(decode_block_record(**got, b->key)->bytes, b->bytes);
+  }
+  EXPECT_EQ(s->stats().entries, 2);
+  // Expired entries are swept out by a later write (and counted as evictions).
+  clock.advance_seconds(120);
+  const block_record fresh = sample_record("", 80, 512, 7);
+  ASSERT_TRUE(s->put(fresh.key, encode_block_record(fresh)).ok());
+  EXPECT_EQ(s->stats().entries, 1);
+  EXPECT_EQ(s->stats().evictions, 2);
+  fs::remove_all(dir);
+}
+
+// Defect 4: the disk tier held its one lock across a synced LMDB write, and
+// the engine thread's admission lookup (count_present) waited for it. Now a
+// write held open inside its transaction (as a slow sync would) leaves every
+// lookup answering.
+TEST(disk_store, lookups_never_wait_for_a_write_in_progress) {
+  const std::string dir = temp_dir("no_wait");
+  std::mutex mu;
+  std::condition_variable cv;
+  bool in_commit = false, release = false;
+  disk_store_options o{dir, 16 << 20, 0};
+  o.before_commit = [&] {
+    std::unique_lock lock(mu);
+    in_commit = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  const block_record old = sample_record("", 90, 512, 8), r = sample_record("", 91, 512, 9);
+  auto s = *make_disk_store({dir, 16 << 20, 0});
+  ASSERT_TRUE(s->put(old.key, encode_block_record(old)).ok());
+  s.reset();
+  s = *make_disk_store(o);
+  auto writing = std::async(std::launch::async, [&] { return s->put(r.key, encode_block_record(r)); });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return in_commit; });
+  }
+  auto lookups = std::async(std::launch::async, [&] {
+    const std::vector<store_key> keys{old.key, r.key};
+    const std::size_t n = *s->count_present(keys);
+    const bool got = s->get(old.key)->has_value();
+    return n == 1 && got && s->stats().entries == 1;
+  });
+  const bool answered = lookups.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  {
+    std::lock_guard lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  EXPECT_TRUE(answered) << "a lookup waited for a write transaction";
+  EXPECT_TRUE(lookups.get());
+  EXPECT_TRUE(writing.get().ok());
+  EXPECT_EQ(*s->count_present(std::vector<store_key>{old.key, r.key}), 2u);
+  s.reset();
   fs::remove_all(dir);
 }
 
@@ -238,16 +346,23 @@ TEST(disk_store, entries_unused_past_the_ttl_are_misses) {
 // is whole (decodes and verifies); nothing torn is ever found.
 TEST(disk_store, a_kill_during_writes_leaves_no_torn_entry) {
   const std::string dir = temp_dir("kill");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
   const pid_t child = ::fork();
   if (child == 0) {
+    ::close(ready[0]);
     auto s = make_disk_store({dir, 256 << 20, 0});
     if (!s.ok()) ::_exit(3);
     for (int i = 0;; ++i) {
       const block_record r = sample_record("", static_cast<block_key>(i), 32 << 10, static_cast<unsigned>(i));
       (void)(*s)->put(r.key, encode_block_record(r));
+      if (i == 64) (void)!::write(ready[1], "k", 1);  // well into writing: kill it at any moment from here
     }
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the writer died before writing";
+  ::close(ready[0]);
   ::kill(child, SIGKILL);
   int st = 0;
   ::waitpid(child, &st, 0);
@@ -303,7 +418,8 @@ TEST(disk_store, a_full_disk_fails_writes_and_keeps_reads) {
 
 TEST(redis_store, a_server_going_down_fails_fast_and_reconnects) {
   test::redis_server server;
-  auto s = *make_redis_store({"127.0.0.1", server.port(), 0, 300});
+  manual_clock clock;
+  auto s = *make_redis_store({"127.0.0.1", server.port(), 0, 300}, true, clock);
   const block_record r = sample_record("", 3, 1024, 6);
   ASSERT_TRUE(s->put(r.key, encode_block_record(r)).ok());
   server.stop(/*kill=*/true);
@@ -312,7 +428,8 @@ TEST(redis_store, a_server_going_down_fails_fast_and_reconnects) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3)) << "a down server must cost little per call";
   EXPECT_GE(s->stats().errors, 20);
   server.start();  // same port, empty (no persistence)
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_FALSE(s->get(r.key).ok()) << "retried within a second of the last attempt";
+  clock.advance_seconds(1.1);
   auto got = s->get(r.key);
   ASSERT_TRUE(got.ok()) << got.error().message();
   EXPECT_FALSE(got->has_value());
