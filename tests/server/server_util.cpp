@@ -118,6 +118,14 @@ server_setup default_setup() {
   return s;
 }
 
+server::api_context stories_api_context() {
+  server::api_options opts;
+  opts.model_path = stories_path();
+  auto ctx = server::make_api_context(stories(), 512, opts, nullptr);
+  EXPECT_TRUE(ctx.ok());
+  return *ctx;
+}
+
 test_server::test_server(server_setup setup, const llama_model& model) {
   setup.engine.max_waiting = setup.max_waiting;
   auto eng = engine_core::create(model, setup.engine);

@@ -38,6 +38,8 @@ struct server_setup {
 // f32 KV (batch-invariant greedy results), 1 thread, context 512.
 engine_core_config engine_config_for(const llama_model& model, std::int64_t n_blocks = 1024, int max_seqs = 64);
 server_setup default_setup();
+// The request parser's context for stories260K at a 512-token context.
+server::api_context stories_api_context();
 
 class test_server {
  public:
