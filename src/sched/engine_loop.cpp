@@ -259,11 +259,17 @@ void engine_loop::run() {
   for (synced_call& c : after_step_) c.done->set_value(error(errc::cancelled, "the server is shutting down"));
   after_step_.clear();
   publish();
-  std::unique_lock lock(mu_);
-  while (!tasks_.empty()) {
-    auto task = std::move(tasks_.front());
-    tasks_.pop_front();
-    task();
+  // Outside the lock, as every task runs: a task's callback may call into the
+  // loop (cancel, submit_async), which takes mu_. Nothing is posted once
+  // stopping_ is set (every poster checks it under mu_), so this ends.
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (tasks_.empty()) break;
+      batch.swap(tasks_);
+    }
+    for (auto& task : batch) task();
+    batch.clear();
   }
 }
 

@@ -224,6 +224,39 @@ TEST(engine_loop, run_synced_waits_until_the_commit_hook_saw_every_cached_block)
   EXPECT_EQ(loop.run_synced([](engine_core&) {}).code(), errc::cancelled);
 }
 
+// A task still queued when the thread stops runs in the final drain; its
+// callback may call into the loop (a submit's `done` that cancels, as a
+// server's would). The drain used to run it holding the loop's mutex, so that
+// call deadlocked and stop() never returned.
+TEST(engine_loop, a_callback_into_the_loop_from_the_final_drain_does_not_deadlock) {
+  engine_loop loop(make_engine(), 16);
+  std::atomic<bool> posted{false}, answered{false};
+  status answer;
+  std::thread synced([&] {
+    // Runs on the engine thread, in a batch of tasks: queues a submit behind
+    // it, then holds the thread until stop() is under way, so the submit is
+    // left for the final drain.
+    const status st = loop.run_synced([&](engine_core&) {
+      std::vector<request> reqs;
+      reqs.push_back(greedy_request("late", "Once upon a time", 4));
+      loop.submit_async(std::move(reqs), std::make_shared<request_channel>(), [&](status s) {
+        loop.cancel({"late"});  // into the loop, from the drain
+        answer = std::move(s);
+        answered = true;
+      });
+      posted = true;
+      for (long spins = 0; !loop.stopped() && spins < 2'000'000'000L; ++spins) std::this_thread::yield();
+    });
+    EXPECT_TRUE(st.ok()) << st.message();
+  });
+  for (long spins = 0; !posted && spins < 2'000'000'000L; ++spins) std::this_thread::yield();
+  ASSERT_TRUE(posted);
+  loop.stop();  // before the fix: never returned (the test failed by its timeout)
+  synced.join();
+  EXPECT_TRUE(answered);
+  EXPECT_EQ(answer.code(), errc::cancelled);
+}
+
 TEST(engine_loop, an_exception_in_a_step_fails_its_requests_and_serving_goes_on) {
   auto e = make_engine();
   e->wrap_runner([](std::unique_ptr<model_runner> inner) { return std::make_unique<throwing_runner>(std::move(inner)); });
