@@ -377,14 +377,12 @@ std::vector<std::string> sse_data(const std::string& body) {
 }
 
 bool wait_idle(test_server& s, int timeout_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    engine_snapshot snap = s.snapshot();
-    if (snap.kv.n_blocks_used == 0 && snap.n_running == 0 && snap.n_waiting == 0 && snap.n_requests_active == 0)
-      return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
+  return poll_until(
+      [&] {
+        const engine_snapshot snap = s.snapshot();
+        return snap.kv.n_blocks_used == 0 && snap.n_running == 0 && snap.n_waiting == 0 && snap.n_requests_active == 0;
+      },
+      timeout_ms);
 }
 
 }  // namespace pagoda::test
