@@ -59,86 +59,114 @@ status engine_loop::submit(std::vector<request> reqs, std::shared_ptr<request_ch
   return answer.get();
 }
 
-void engine_loop::submit_async(std::vector<request> reqs, std::shared_ptr<request_channel> channel,
-                               std::function<void(status)> done) {
-  PAGODA_ASSERT(channel != nullptr, "submit needs a channel");
-  if (reqs.empty()) return done(error(errc::invalid_argument, "no request to submit"));
-  bool posted = false;
+bool engine_loop::post(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
     // Checked under the lock the thread takes before its final drain, so a task
     // posted here always runs.
-    if (!stopping_) {
-      tasks_.push_back([this, reqs = std::move(reqs), channel = std::move(channel), done]() mutable {
-        done(admit(reqs, channel));
-      });
-      posted = true;
-    }
+    if (stopping_) return false;
+    tasks_.push_back(std::move(task));
   }
-  // Outside the lock: `done` may post work that calls back into the loop.
-  if (!posted) return done(error(errc::cancelled, "the server is shutting down"));
   cv_.notify_one();
+  return true;
+}
+
+std::size_t engine_loop::n_queued_tasks() {
+  std::lock_guard lock(mu_);
+  return tasks_.size();
+}
+
+void engine_loop::submit_async(std::vector<request> reqs, std::shared_ptr<request_channel> channel,
+                               std::function<void(status)> done) {
+  PAGODA_ASSERT(channel != nullptr, "submit needs a channel");
+  if (reqs.empty()) return done(error(errc::invalid_argument, "no request to submit"));
+  const bool posted = post([this, reqs = std::move(reqs), channel = std::move(channel), done]() mutable {
+    done(admit(reqs, channel));
+  });
+  // Outside the lock: `done` may post work that calls back into the loop.
+  if (!posted) done(error(errc::cancelled, "the server is shutting down"));
 }
 
 status engine_loop::admit(std::vector<request>& reqs, const std::shared_ptr<request_channel>& channel) {
   if (stopping_) return error(errc::cancelled, "the server is shutting down");
+  for (const request& r : reqs)
+    if (closed_tenants_.contains(r.tenant))
+      return error(errc::cancelled, "tenant '{}': its KV cache is being erased (DELETE /v1/kv); retry in a moment",
+                   r.tenant);
   const int waiting = engine_->stats().n_waiting;
   if (waiting + static_cast<std::int64_t>(reqs.size()) > max_waiting_)
     return error(errc::resource_exhausted, "the server's queue is full ({} requests waiting); retry later", waiting);
-  std::vector<std::string> added;
+  std::vector<std::pair<std::string, admitted>> added;  // by request id
   for (request& r : reqs) {
-    std::string id = r.id;
+    std::pair<std::string, admitted> a{r.id, {channel, r.tenant}};
     status st = engine_->add_request(std::move(r));
     if (!st.ok()) {
-      for (const std::string& a : added) engine_->abort_request(a);
+      for (const auto& [id, ignored] : added) engine_->abort_request(id);
       flush_pending_ = !added.empty();
       // The queue was checked above, so exhaustion here means the pool or a
       // quota is too small for this request, whatever the load.
       if (st.code() == errc::resource_exhausted) st = status(errc::out_of_range, st.message());
       return st;
     }
-    added.push_back(std::move(id));
+    added.push_back(std::move(a));
   }
-  for (std::string& a : added) channels_.emplace(std::move(a), channel);
+  for (auto& a : added) channels_.insert(std::move(a));
   return {};
 }
 
 void engine_loop::cancel(std::vector<std::string> ids) {
-  std::lock_guard lock(mu_);
-  if (stopping_) return;  // stop() aborts everything anyway
-  tasks_.push_back([this, ids = std::move(ids)] {
+  // stop() aborts everything anyway, so a cancel that finds the loop stopping is dropped.
+  post([this, ids = std::move(ids)] {
     for (const std::string& id : ids)
       if (channels_.contains(id) && engine_->abort_request(id)) flush_pending_ = true;
   });
-  cv_.notify_one();
 }
 
 status engine_loop::run_synced(std::function<void(engine_core&)> fn) {
   std::promise<status> done;
   std::future<status> answer = done.get_future();
-  {
-    std::lock_guard lock(mu_);
-    if (stopping_) return error(errc::cancelled, "the server is shutting down");
-    tasks_.push_back([this, &fn, &done] {
-      if (stopping_) {
-        done.set_value(error(errc::cancelled, "the server is shutting down"));
-        return;
-      }
-      if (engine_->has_pending_ops() && !engine_->has_work()) {
-        std::vector<engine_event> events;
-        engine_->flush(events);
-        dispatch(events);
-      }
-      if (engine_->has_pending_ops()) {
-        after_step_.push_back({std::move(fn), &done});  // the next step applies them first
-        return;
-      }
-      fn(*engine_);
-      done.set_value(status{});
-    });
-  }
-  cv_.notify_one();
+  run_synced_async(std::move(fn), [&done](status st) { done.set_value(std::move(st)); });
   return answer.get();
+}
+
+void engine_loop::run_synced_async(std::function<void(engine_core&)> fn, std::function<void(status)> done) {
+  if (!post([this, fn, done]() mutable { when_synced(std::move(fn), std::move(done)); }))
+    done(error(errc::cancelled, "the server is shutting down"));
+}
+
+void engine_loop::when_synced(std::function<void(engine_core&)> fn, std::function<void(status)> done) {
+  if (stopping_) return done(error(errc::cancelled, "the server is shutting down"));
+  if (engine_->has_pending_ops() && !engine_->has_work()) {
+    std::vector<engine_event> events;
+    engine_->flush(events);
+    dispatch(events);
+  }
+  if (engine_->has_pending_ops()) {
+    after_step_.push_back({std::move(fn), std::move(done)});  // the next step applies them first
+    return;
+  }
+  fn(*engine_);
+  done(status{});
+}
+
+void engine_loop::close_tenant_async(std::string tenant, std::function<void(engine_core&)> fn,
+                                     std::function<void(status)> done) {
+  const bool posted = post([this, tenant, fn, done]() mutable {
+    if (stopping_) return done(error(errc::cancelled, "the server is shutting down"));
+    ++closed_tenants_[tenant];
+    for (const auto& [id, a] : channels_)
+      if (a.tenant == tenant && engine_->abort_request(id)) flush_pending_ = true;
+    // The aborts may leave ops (blocks released) beside those of the last step.
+    when_synced(std::move(fn), std::move(done));
+  });
+  if (!posted) done(error(errc::cancelled, "the server is shutting down"));
+}
+
+void engine_loop::reopen_tenant(std::string tenant) {
+  post([this, tenant = std::move(tenant)] {
+    auto it = closed_tenants_.find(tenant);
+    if (it != closed_tenants_.end() && --it->second == 0) closed_tenants_.erase(it);
+  });
 }
 
 engine_snapshot engine_loop::snapshot() {
@@ -183,7 +211,7 @@ void engine_loop::dispatch(std::vector<engine_event>& events) {
   for (engine_event& e : events) {
     auto it = channels_.find(e.request_id);
     if (it == channels_.end()) continue;  // rejected half of a batch, or the channel failed
-    out.emplace_back(it->second, &e);
+    out.emplace_back(it->second.channel, &e);
     if (e.request_finished) {
       ++finished_by_reason_[e.finish_reason];
       channels_.erase(it);
@@ -194,8 +222,8 @@ void engine_loop::dispatch(std::vector<engine_event>& events) {
 }
 
 void engine_loop::fail_all(const status& st) {
-  for (auto& [id, ch] : channels_) {
-    ch->fail(st);
+  for (auto& [id, a] : channels_) {
+    a.channel->fail(st);
     engine_->abort_request(id);
   }
   channels_.clear();
@@ -235,11 +263,12 @@ void engine_loop::run() {
     dispatch(events);
     if (!failed.ok()) fail_all(failed);
     // Every step starts by applying the ops queued before it.
-    for (synced_call& c : after_step_) {
+    std::vector<synced_call> synced;
+    synced.swap(after_step_);
+    for (synced_call& c : synced) {
       c.fn(*engine_);
-      c.done->set_value(status{});
+      c.done(status{});
     }
-    after_step_.clear();
     if (!computed && engine_->has_work()) {
       // Nothing could run (every waiting request waits on something): do not spin.
       std::unique_lock lock(mu_);
@@ -254,16 +283,23 @@ void engine_loop::run() {
   events.clear();
   engine_->step(events);  // with nothing running, only flushes the aborts
   dispatch(events);
-  for (auto& [id, ch] : channels_) ch->fail(error(errc::cancelled, "the server is shutting down"));
+  for (auto& [id, a] : channels_) a.channel->fail(error(errc::cancelled, "the server is shutting down"));
   channels_.clear();
-  for (synced_call& c : after_step_) c.done->set_value(error(errc::cancelled, "the server is shutting down"));
-  after_step_.clear();
+  std::vector<synced_call> synced;
+  synced.swap(after_step_);
+  for (synced_call& c : synced) c.done(error(errc::cancelled, "the server is shutting down"));
   publish();
-  std::unique_lock lock(mu_);
-  while (!tasks_.empty()) {
-    auto task = std::move(tasks_.front());
-    tasks_.pop_front();
-    task();
+  // Outside the lock, as every task runs: a task's callback may call into the
+  // loop (cancel, submit_async), which takes mu_. Nothing is posted once
+  // stopping_ is set (every poster checks it under mu_), so this ends.
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (tasks_.empty()) break;
+      batch.swap(tasks_);
+    }
+    for (auto& task : batch) task();
+    batch.clear();
   }
 }
 

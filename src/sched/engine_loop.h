@@ -116,6 +116,28 @@ class engine_loop {
   // cached so far), and waits for it. fn may change the KV cache (the ops it
   // makes are applied by the next step). Errors: errc::cancelled after stop().
   status run_synced(std::function<void(engine_core&)> fn);
+  // The same without waiting: `done` gets run_synced()'s answer right after
+  // fn ran (or instead of it, when the loop stops first), on the engine
+  // thread, or on the calling thread when the loop is already stopping.
+  // Neither may block; done may call into the loop.
+  void run_synced_async(std::function<void(engine_core&)> fn, std::function<void(status)> done);
+
+  // The engine's half of erasing a tenant's KV (DELETE /v1/kv), a barrier:
+  // on the engine thread, closes `tenant` (its submits are refused with
+  // errc::cancelled until reopen_tenant), aborts every request of it this
+  // loop admitted (their channels get "abort" finishes), then, once every
+  // block op queued so far is applied (the commit hook has handed each block
+  // the tenant cached to the store), runs fn and answers done as
+  // run_synced_async does. Nothing of the tenant runs between the abort and
+  // reopen_tenant, so what fn and the caller then erase stays erased.
+  // Closures nest: a tenant closed twice opens at the second reopen_tenant.
+  void close_tenant_async(std::string tenant, std::function<void(engine_core&)> fn, std::function<void(status)> done);
+  // Ends one close_tenant_async; the tenant's submits queued after this are admitted again.
+  void reopen_tenant(std::string tenant);
+
+  // Tasks (submits, cancels, synced calls) posted and not yet taken by the
+  // engine thread: what a test polls to know its call reached the loop.
+  std::size_t n_queued_tasks();
 
   // A consistent copy of the engine's metrics as of the end of the latest step
   // (or task): never waits for a running step, so /metrics answers at once.
@@ -128,8 +150,12 @@ class engine_loop {
 
  private:
   void run();
+  // Posts a task for the engine thread; false (nothing posted) once stopping.
+  bool post(std::function<void()> task);
   // Engine thread: adds a submit's requests all or none.
   status admit(std::vector<request>& reqs, const std::shared_ptr<request_channel>& channel);
+  // Engine thread: runs fn and done once the ops queued so far are applied (run_synced_async).
+  void when_synced(std::function<void(engine_core&)> fn, std::function<void(status)> done);
   void dispatch(std::vector<engine_event>& events);
   void publish();  // engine thread: refreshes snapshot_
   void fail_all(const status& st);
@@ -146,14 +172,19 @@ class engine_loop {
   std::thread thread_;
 
   // Engine thread only.
-  std::unordered_map<std::string, std::shared_ptr<request_channel>> channels_;
+  struct admitted {
+    std::shared_ptr<request_channel> channel;
+    std::string tenant;
+  };
+  std::unordered_map<std::string, admitted> channels_;  // by request id, until its request_finished event
+  std::map<std::string, int> closed_tenants_;            // tenant -> close_tenant_async calls not yet reopened
   std::map<std::string, std::int64_t> finished_by_reason_;
   bool flush_pending_ = false;  // a cancel produced events that only step() hands out
   struct synced_call {
     std::function<void(engine_core&)> fn;
-    std::promise<status>* done;
+    std::function<void(status)> done;
   };
-  std::vector<synced_call> after_step_;  // run_synced calls waiting for the next step
+  std::vector<synced_call> after_step_;  // synced calls waiting for the next step
 };
 
 }  // namespace pagoda

@@ -1,5 +1,7 @@
 #include "server/api_error.h"
 
+#include "server/openai_response.h"
+
 namespace pagoda::server {
 
 api_error bad_request(std::string param, std::string message, std::string code) {
@@ -47,6 +49,19 @@ nlohmann::json error_body(const api_error& e) {
             {"type", e.type},
             {"param", e.param.empty() ? json(nullptr) : json(e.param)},
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+http_response json_response(int status, const nlohmann::json& body) {
+  http_response r;
+  r.status = status;
+  r.body = dump_json(body);
+  return r;
+}
+
+http_response error_response(const api_error& e) {
+  http_response r = json_response(e.http_status, error_body(e));
+  if (e.http_status == 429 || e.http_status == 503) r.fields.emplace_back("Retry-After", "1");
+  return r;
 }
 
 }  // namespace pagoda::server

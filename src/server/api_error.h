@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/status.h"
+#include "server/http_message.h"
 
 namespace pagoda::server {
 
@@ -28,6 +29,12 @@ api_error bad_request(std::string param, std::string message, std::string code =
 api_error from_status(const status& st, std::string param = "");
 
 nlohmann::json error_body(const api_error& e);
+
+// A JSON body with that status.
+http_response json_response(int status, const nlohmann::json& body);
+// An error's response: its status and error_body, with Retry-After: 1 on 429
+// and 503 (both say: try again).
+http_response error_response(const api_error& e);
 
 // A result that fails with an api_error.
 template <typename T>

@@ -23,6 +23,7 @@
 #include "server/bounded_json.h"
 #include "server/generate_call.h"
 #include "server/http_connection.h"
+#include "server/kv_calls.h"
 #include "server/openai_response.h"
 #include "server/server_log.h"
 #include "server/tokenize_api.h"
@@ -53,19 +54,6 @@ std::string endpoint_label(std::string_view path) {
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
-}
-
-http_response json_response(int status, const json& body) {
-  http_response r;
-  r.status = status;
-  r.body = dump_json(body);
-  return r;
-}
-
-http_response error_response(const api_error& e) {
-  http_response r = json_response(e.http_status, error_body(e));
-  if (e.http_status == 429 || e.http_status == 503) r.fields.emplace_back("Retry-After", "1");
-  return r;
 }
 
 http_response method_not_allowed(std::string_view method, std::string_view where, const char* allow) {
@@ -203,7 +191,9 @@ struct http_server::impl {
   // io_context, which goes before what its handlers refer to (above).
   asio::io_context ioc;
   asio::thread_pool workers;
+  asio::thread_pool store_thread{1};  // waits on the KV store (kv_calls.h)
   generate_env env;
+  std::optional<kv_env> kv_calls;  // with kv
   // The server's own handlers (accept, stats, stop) run on this strand, so
   // they never race whatever the number of I/O threads.
   asio::strand<asio::io_context::executor_type> control;
@@ -231,6 +221,7 @@ struct http_server::impl {
         accept_retry(control),
         stop_timer(control) {
     env.id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+    if (kv) kv_calls.emplace(kv_env{env, *kv, store_thread});
     hooks.dispatch = [this](const std::shared_ptr<http_exchange>& ex) { route(ex); };
     hooks.finished = [this](const http_exchange& ex) { finished(ex); };
     hooks.rejected = [this](const http_request* req, int status) { rejected(req, status); };
@@ -438,12 +429,11 @@ bool http_server::impl::presents_admin_key(const http_request& req) const {
   return token && kv->is_admin(*token);
 }
 
-// The KV store's endpoints (kv_admin.h). Their calls block (warm waits for the
-// engine and the store), so they run on the worker pool. False: not one of them.
+// The KV store's endpoints (kv_admin.h): warm and DELETE run asynchronously
+// (kv_calls.h), stats on the worker pool. False: not one of them.
 bool http_server::impl::route_kv(const std::shared_ptr<http_exchange>& ex, std::string_view path, bool is_get,
                                  bool is_post) {
   auto wrong_method = [&](const char* allow) { ex->respond(method_not_allowed(ex->request().method, path, allow)); };
-  auto reply = [](const api_result<json>& r) { return r.ok() ? json_response(200, *r.value) : error_response(r.error); };
   const http_request& req = ex->request();
   if (path == "/v1/kv/warm") {
     if (!is_post) return wrong_method("POST"), true;
@@ -455,13 +445,7 @@ bool http_server::impl::route_kv(const std::shared_ptr<http_exchange>& ex, std::
       tenant = std::move(*t);
     }
     ex->tenant = tenant;
-    const std::string id = fmt::format("warm-{:016x}{:08x}", env.id_salt, env.next_id.fetch_add(1));
-    on_worker(ex, [this, admin, tenant, id, reply](http_request& r) {
-      api_result<json> body = parse_bounded_json(r.body, opts.limits.json);
-      r.drop_body();
-      if (!body.ok()) return error_response(body.error);
-      return reply(kv->warm(*body.value, ctx, tenant, admin, id));
-    });
+    start_warm(*kv_calls, ex, std::move(tenant), admin);
     return true;
   }
   if (path == "/v1/kv/stats") {
@@ -473,8 +457,7 @@ bool http_server::impl::route_kv(const std::shared_ptr<http_exchange>& ex, std::
   if (path == "/v1/kv") {
     if (req.method != "DELETE") return wrong_method("DELETE"), true;
     if (!presents_admin_key(req)) return ex->respond(error_response(kv_admin::forbidden("DELETE /v1/kv"))), true;
-    std::optional<std::string> tenant = query_param(req.target, "tenant");
-    on_worker(ex, [this, tenant, reply](http_request&) { return reply(kv->erase_tenant(tenant)); });
+    start_erase(*kv_calls, ex, query_param(req.target, "tenant"));
     return true;
   }
   return false;
@@ -526,6 +509,7 @@ http_server::http_server(server_options opts, api_context ctx, key_store keys, e
 http_server::~http_server() {
   stop();
   impl_->workers.join();
+  impl_->store_thread.join();
 }
 
 result<int> http_server::bind() {

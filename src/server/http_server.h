@@ -9,7 +9,7 @@
 //   GET  /health                                      200 while the engine runs
 //   GET  /metrics                                     Prometheus text (prometheus.h)
 //   GET  /version                                     {"version": "..."}
-//   POST /v1/kv/warm, GET /v1/kv/stats, DELETE /v1/kv  the KV store (kv_admin.h; blocking calls, run on the workers)
+//   POST /v1/kv/warm, GET /v1/kv/stats, DELETE /v1/kv  the KV store (kv_admin.h; warm and DELETE: kv_calls.h)
 // With API keys configured every /v1 call and /tokenize, /detokenize need
 // `Authorization: Bearer KEY` (401 otherwise), the key compared exactly as
 // sent; the key decides the request's tenant (auth.h). /health, /metrics and
@@ -17,7 +17,8 @@
 //
 // Threads: a few I/O threads run every connection (no thread per
 // connection); a small worker pool parses, validates and tokenizes request
-// bodies; nothing waits for the engine (generate_call.h). Handlers never
+// bodies; nothing waits for the engine (generate_call.h, kv_calls.h); one
+// store thread does what waits on the KV store's tiers. Handlers never
 // throw: every failure is an OpenAI error object.
 #pragma once
 

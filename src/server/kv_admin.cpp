@@ -12,19 +12,6 @@ namespace pagoda::server {
 
 using nlohmann::json;
 
-namespace {
-
-constexpr std::chrono::milliseconds k_wait_slice{50};
-
-// Per prompt of a warm call: what the engine reported and the blocks now stored.
-struct warmed {
-  int prompt_tokens = 0;
-  int cached_tokens = 0;
-  std::vector<stored_block_ref> refs;  // the prompt's full blocks, as the prefix cache and the store name them
-};
-
-}  // namespace
-
 kv_admin::kv_admin(engine_loop& loop, kv_warehouse* warehouse, std::string admin_key)
     : loop_(loop), warehouse_(warehouse), admin_key_(std::move(admin_key)) {}
 
@@ -41,25 +28,23 @@ api_error kv_admin::forbidden(std::string_view what) {
   return e;
 }
 
-api_result<json> kv_admin::warm(const json& body, const api_context& ctx, const std::string& caller_tenant, bool admin,
-                                const std::string& request_id) {
+api_result<warm_plan> kv_admin::plan_warm(const json& body, const api_context& ctx, const std::string& caller_tenant,
+                                          bool admin, const std::string& request_id) const {
   if (!body.is_object()) return bad_request("", "The request body must be a JSON object");
-  std::string tenant = caller_tenant;
+  warm_plan plan;
+  plan.tenant = caller_tenant;
   json call_body = body;
   if (auto it = call_body.find("tenant"); it != call_body.end()) {
     if (!admin) return forbidden("Naming a tenant in /v1/kv/warm");
     if (!it->is_string()) return bad_request("tenant", "'tenant' must be a string");
-    tenant = it->get<std::string>();
-    if (tenant == "-") tenant.clear();
+    plan.tenant = it->get<std::string>();
+    if (plan.tenant == "-") plan.tenant.clear();
     call_body.erase(it);
   }
   const api_kind kind = call_body.contains("messages") ? api_kind::chat : api_kind::completion;
-  api_result<api_call> parsed = parse_request(kind, call_body, ctx, tenant);
+  api_result<api_call> parsed = parse_request(kind, call_body, ctx, plan.tenant);
   if (!parsed.ok()) return parsed.error;
   api_call& call = *parsed.value;
-
-  std::vector<std::string> ids;
-  std::vector<request> reqs;
   for (std::size_t i = 0; i < call.requests.size(); ++i) {
     request r = std::move(call.requests[i]);
     r.id = fmt::format("{}/{}", request_id, i);
@@ -67,47 +52,40 @@ api_result<json> kv_admin::warm(const json& body, const api_context& ctx, const 
     r.n = 1;
     r.logprobs = -1;
     r.stop.clear();
-    ids.push_back(r.id);
-    reqs.push_back(std::move(r));
+    plan.requests.push_back(std::move(r));
   }
-  std::vector<warmed> out(reqs.size());
-  // The keys come from the engine's own KV manager, so they name exactly what it caches.
-  std::vector<std::vector<token_id>> prompts;
-  for (const request& r : reqs) prompts.push_back(r.prompt);
-  const std::string salt = reqs.empty() ? "" : reqs.front().cache_salt;
+  return plan;
+}
 
-  auto channel = std::make_shared<request_channel>();
-  if (status st = loop_.submit(std::move(reqs), channel); !st.ok()) return from_status(st);
-  std::size_t n_finished = 0;
-  std::vector<engine_event> events;
-  while (n_finished < ids.size()) {
-    events.clear();
-    if (!channel->wait(events, k_wait_slice)) return from_status(channel->failure());
-    for (const engine_event& e : events) {
-      if (e.finish_reason == "error") {
-        loop_.cancel(ids);
-        return from_status(error(errc::internal, "computing the prompt's KV failed: {}", e.error));
-      }
-      if (!e.request_finished) continue;
-      for (std::size_t i = 0; i < ids.size(); ++i)
-        if (ids[i] == e.request_id) out[i] = {e.usage.prompt_tokens, e.usage.cached_tokens, {}};
-      ++n_finished;
+void kv_admin::key_prompts(engine_core& core, const warm_plan& plan, std::vector<warmed_prompt>& out) {
+  out.resize(plan.requests.size());
+  for (std::size_t i = 0; i < plan.requests.size(); ++i) {
+    const request& r = plan.requests[i];
+    // The classes the scheduler gave the prompt's typed parts (its add_request
+    // refused a type the engine lacks, so each is found here).
+    std::vector<kv_class_run> classes;
+    for (const prompt_segment& p : r.segments) {
+      if (p.kv_type.empty()) continue;
+      const result<std::uint8_t> cls = find_kv_class(core.config(), p.kv_type);
+      if (cls.ok() && *cls != 0) classes.push_back(kv_class_run{p.begin, p.end, *cls});
     }
+    out[i].refs = prompt_refs(core, r.prompt, sequence_options{plan.tenant, r.cache_salt, true, classes});
   }
-  // Every block the prompts filled is committed; once the ops of that step are
-  // applied, the commit hook has queued them for the store tiers.
-  const status synced = loop_.run_synced([&](engine_core& core) {
-    for (std::size_t i = 0; i < prompts.size(); ++i)
-      out[i].refs = prompt_refs(core, prompts[i], sequence_options{tenant, salt, true});
-  });
-  if (!synced.ok()) return from_status(synced);
-  if (warehouse_) warehouse_->flush();
+}
 
+json kv_admin::answer_warm(const warm_plan& plan, const std::vector<warmed_prompt>& out, const std::string& model_name) {
+  if (warehouse_) {
+    // Every block the prompts filled is committed and its op applied, so the
+    // commit hook has queued it: wait for these blocks only.
+    std::vector<stored_block_ref> all;
+    for (const warmed_prompt& w : out) all.insert(all.end(), w.refs.begin(), w.refs.end());
+    warehouse_->flush(plan.tenant, all);
+  }
   json prompts_json = json::array();
   int total_tokens = 0, total_cached = 0, total_blocks = 0, total_stored = 0;
-  for (const warmed& w : out) {
+  for (const warmed_prompt& w : out) {
     const int blocks = static_cast<int>(w.refs.size());
-    const int stored = warehouse_ ? warehouse_->n_stored(tenant, w.refs) : 0;
+    const int stored = warehouse_ ? warehouse_->n_stored(plan.tenant, w.refs) : 0;
     prompts_json.push_back({{"prompt_tokens", w.prompt_tokens},
                             {"cached_tokens", w.cached_tokens},
                             {"blocks", blocks},
@@ -118,8 +96,8 @@ api_result<json> kv_admin::warm(const json& body, const api_context& ctx, const 
     total_stored += stored;
   }
   return json{{"object", "kv.warm"},
-              {"model", ctx.model_names.front()},
-              {"tenant", tenant},
+              {"model", model_name},
+              {"tenant", plan.tenant},
               {"prompt_tokens", total_tokens},
               {"cached_tokens", total_cached},
               {"blocks", total_blocks},
@@ -202,18 +180,22 @@ json kv_admin::stats() {
   return out;
 }
 
-api_result<json> kv_admin::erase_tenant(const std::optional<std::string>& tenant_arg) {
+api_result<std::string> kv_admin::tenant_to_erase(const std::optional<std::string>& tenant_arg) {
   if (!tenant_arg) return bad_request("tenant", "DELETE /v1/kv needs ?tenant=NAME ('-' for the global tenant)");
-  const std::string tenant = *tenant_arg == "-" ? std::string() : *tenant_arg;
-  std::int32_t n_memory = 0;
-  // First the pool (after the ops already queued, which may still hand the
-  // tenant's blocks to the store), then every store tier.
-  const status st = loop_.run_synced([&](engine_core& core) { n_memory = core.kv().evict_cached_blocks(tenant); });
-  if (!st.ok()) return from_status(st);
+  return *tenant_arg == "-" ? std::string() : *tenant_arg;
+}
+
+std::int32_t kv_admin::erase_in_pool(engine_core& core, const std::string& tenant) {
+  return core.kv().evict_cached_blocks(tenant);
+}
+
+api_result<json> kv_admin::erase_in_store(const std::string& tenant, std::int32_t n_memory) {
   json tiers = json::array({json{{"tier", "memory"}, {"erased", n_memory}}});
   if (warehouse_) {
+    // The tenant's blocks the engine handed over are queued among others'
+    // (no write-back of the tenant can start after this: it runs nothing).
+    warehouse_->flush();
     for (const auto& tier : warehouse_->tiers()) {
-      warehouse_->flush();  // nothing of the tenant may land after its erase
       result<std::size_t> n = tier->erase_tenant(tenant_hash(tenant));
       if (!n.ok()) return from_status(n.error());
       tiers.push_back({{"tier", tier->tier()}, {"erased", *n}});

@@ -384,10 +384,15 @@ std::vector<token_id> encode_text(const api_context& ctx, const std::string& tex
 
 // prompt: a string, an array of token ids, or an array of either (several prompts).
 // The pieces with a KV policy or type become the request's segments.
-maybe_error segments_of(const api_context& ctx, const std::string& text, std::size_t n_tokens,
+maybe_error segments_of(const api_context& ctx, const std::string& text, std::span<const token_id> prompt,
                         std::span<const text_piece> pieces, request& base) {
-  if (std::none_of(pieces.begin(), pieces.end(), [](const text_piece& p) { return p.kv.any(); })) return {};
-  auto placed = place_segments(*ctx.vocab, ctx.vocab->add_bos_default(), text, n_tokens, pieces);
+  const auto n_kv = std::count_if(pieces.begin(), pieces.end(), [](const text_piece& p) { return p.kv.any(); });
+  if (n_kv == 0) return {};
+  if (n_kv > k_max_kv_parts)
+    return bad_request(pieces.front().param.starts_with("messages") ? "messages" : "prompt",
+                       fmt::format("{} parts of this request carry a KV policy or type; at most {} may", n_kv,
+                                   k_max_kv_parts));
+  auto placed = place_segments(*ctx.vocab, ctx.vocab->add_bos_default(), text, prompt, pieces);
   if (!placed.ok()) return std::move(placed.error);
   base.segments = std::move(*placed.value);
   return {};
@@ -396,6 +401,10 @@ maybe_error segments_of(const api_context& ctx, const std::string& text, std::si
 // prompt as parts of one prompt: [{"text": "...", "kv": {"policy": "...", "type": "..."}}, ...], concatenated.
 maybe_error parse_prompt_parts(const json& parts, const api_context& ctx, std::size_t max_text_bytes,
                                std::vector<token_id>& ids, request& base) {
+  if (parts.size() > static_cast<std::size_t>(k_max_kv_parts))
+    return bad_request("prompt", fmt::format("the prompt has {} parts; at most {} are accepted (each may carry a KV "
+                                             "policy or type)",
+                                             parts.size(), k_max_kv_parts));
   std::string text;
   std::vector<text_piece> pieces;
   for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -411,7 +420,7 @@ maybe_error parse_prompt_parts(const json& parts, const api_context& ctx, std::s
   }
   if (text.size() > max_text_bytes) return bad_request("prompt", "the prompt is too long", "context_length_exceeded");
   ids = encode_text(ctx, text);
-  return segments_of(ctx, text, ids.size(), pieces, base);
+  return segments_of(ctx, text, ids, pieces, base);
 }
 
 maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<std::vector<token_id>>& out,
@@ -569,7 +578,7 @@ api_result<api_call> parse_request(api_kind kind, const json& body, const api_co
     auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt);
     if (!text.ok()) return from_status(text.error(), "messages");
     prompts.push_back(encode_text(ctx, *text));
-    PAGODA_API_TRY(segments_of(ctx, *text, prompts.back().size(), pieces, base));
+    PAGODA_API_TRY(segments_of(ctx, *text, prompts.back(), pieces, base));
   }
   PAGODA_API_TRY(finish_requests(body, ctx, kind, std::move(prompts), base, call));
   return call;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,12 @@
 
 namespace pagoda::test {
 
-// In a forked child: replaces it with `pagoda ARGS...` (exits 127 if that fails).
+// In a forked child: replaces it with `pagoda ARGS...` (exits 127 if that
+// fails). $PAGODA_TEST_BINARY, when set, names another pagoda binary to run
+// (an older build, to see a test fail before its fix).
 [[noreturn]] inline void exec_pagoda(std::vector<std::string> args) {
-  args.insert(args.begin(), PAGODA_CLI);
+  const char* other = std::getenv("PAGODA_TEST_BINARY");
+  args.insert(args.begin(), other && *other ? other : PAGODA_CLI);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -45,6 +49,14 @@ class serve_process {
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0; }
+  // Whether the process ended on its own (a crash); reaps it then.
+  bool exited() {
+    if (pid_ <= 0) return true;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) != pid_) return false;
+    pid_ = -1;
+    return true;
+  }
 
   void start() {
     int out[2];

@@ -224,6 +224,116 @@ TEST(engine_loop, run_synced_waits_until_the_commit_hook_saw_every_cached_block)
   EXPECT_EQ(loop.run_synced([](engine_core&) {}).code(), errc::cancelled);
 }
 
+// A task still queued when the thread stops runs in the final drain; its
+// callback may call into the loop (a submit's `done` that cancels, as a
+// server's would). The drain used to run it holding the loop's mutex, so that
+// call deadlocked and stop() never returned.
+TEST(engine_loop, a_callback_into_the_loop_from_the_final_drain_does_not_deadlock) {
+  engine_loop loop(make_engine(), 16);
+  std::atomic<bool> posted{false}, answered{false};
+  status answer;
+  std::thread synced([&] {
+    // Runs on the engine thread, in a batch of tasks: queues a submit behind
+    // it, then holds the thread until stop() is under way, so the submit is
+    // left for the final drain.
+    const status st = loop.run_synced([&](engine_core&) {
+      std::vector<request> reqs;
+      reqs.push_back(greedy_request("late", "Once upon a time", 4));
+      loop.submit_async(std::move(reqs), std::make_shared<request_channel>(), [&](status s) {
+        loop.cancel({"late"});  // into the loop, from the drain
+        answer = std::move(s);
+        answered = true;
+      });
+      posted = true;
+      for (long spins = 0; !loop.stopped() && spins < 2'000'000'000L; ++spins) std::this_thread::yield();
+    });
+    EXPECT_TRUE(st.ok()) << st.message();
+  });
+  for (long spins = 0; !posted && spins < 2'000'000'000L; ++spins) std::this_thread::yield();
+  ASSERT_TRUE(posted);
+  loop.stop();  // before the fix: never returned (the test failed by its timeout)
+  synced.join();
+  EXPECT_TRUE(answered);
+  EXPECT_EQ(answer.code(), errc::cancelled);
+}
+
+// close_tenant_async is a barrier: the tenant's running request ends with
+// "abort", its submits are refused until reopen_tenant, fn runs once the ops
+// before it reached the runner, and nothing of the tenant is committed after
+// fn (the commit hook would hand it to the store); other tenants run on.
+TEST(engine_loop, closing_a_tenant_stops_its_requests_and_refuses_new_ones) {
+  auto eng = make_engine();
+  auto late = std::make_shared<std::atomic<int>>(0);         // the tenant's commits after fn
+  auto closed = std::make_shared<std::atomic<bool>>(false);  // fn ran
+  auto committed = std::make_shared<std::atomic<int>>(0);    // the tenant's commits
+  eng->set_commit_hook([late, closed, committed](const cached_block& b) {
+    if (b.tenant != "t") return;
+    ++*committed;
+    if (*closed) ++*late;
+  });
+  test::step_gate gate;  // holds t mid-request while the barrier is posted
+  gate.attach(*eng);
+  engine_loop loop(std::move(eng), 16);
+  test::thread_joiner open_at_exit{&gate};
+  auto make = [](const std::string& id, const std::string& tenant, int max_tokens) {
+    request r = greedy_request(id, "Once upon a time there was a little girl named Lily who loved to play", max_tokens);
+    r.tenant = tenant;
+    r.ignore_eos = true;
+    return r;
+  };
+  auto submit = [&](const std::string& id, const std::string& tenant, int max_tokens) {
+    auto ch = std::make_shared<request_channel>();
+    std::vector<request> reqs;
+    reqs.push_back(make(id, tenant, max_tokens));
+    const status st = loop.submit(std::move(reqs), ch);
+    return std::make_pair(st, ch);
+  };
+  gate.close();
+  // One submit (a second would wait for the held engine to take it).
+  auto ch = std::make_shared<request_channel>();
+  std::vector<request> both;
+  both.push_back(make("t1", "t", 400));
+  both.push_back(make("u1", "u", 200));
+  ASSERT_TRUE(loop.submit(std::move(both), ch).ok());
+  // Step by step until t committed blocks; it is then held mid-request.
+  for (int i = 0; i < 8 && *committed == 0; ++i) {
+    ASSERT_TRUE(test::poll_until([&] { return gate.n_held() == 1; }));
+    const std::int64_t steps = loop.snapshot().n_steps;
+    gate.let_through(1);
+    ASSERT_TRUE(test::poll_until([&] { return loop.snapshot().n_steps > steps; }));
+  }
+  ASSERT_GT(*committed, 0) << "t is running and committing blocks";
+  ASSERT_TRUE(test::poll_until([&] { return gate.n_held() == 1; }));
+  std::promise<status> done;
+  std::int32_t evicted = -1;
+  loop.close_tenant_async(
+      "t",
+      [&](engine_core& e) {
+        evicted = e.kv().evict_cached_blocks("t");
+        *closed = true;
+      },
+      [&](status st) { done.set_value(std::move(st)); });
+  ASSERT_TRUE(test::poll_until([&] { return loop.n_queued_tasks() == 1; }));
+  gate.open();
+  ASSERT_TRUE(done.get_future().get().ok());
+  EXPECT_GT(evicted, 0);
+  const auto [refused, ch_refused] = submit("t2", "t", 4);
+  EXPECT_EQ(refused.code(), errc::cancelled) << refused.message();
+  std::map<std::string, std::string> reasons;
+  drain(*ch, 2, &reasons);
+  EXPECT_EQ(reasons["t1"], "abort");
+  EXPECT_EQ(reasons["u1"], "length") << "other tenants run on";
+  EXPECT_EQ(*late, 0) << "nothing of t was committed after the barrier";
+  std::int32_t cached_t = -1;
+  ASSERT_TRUE(loop.run_synced([&](engine_core& e) { cached_t = e.kv().evict_cached_blocks("t"); }).ok());
+  EXPECT_EQ(cached_t, 0);
+  loop.reopen_tenant("t");
+  auto [again, ch_again] = submit("t3", "t", 4);
+  EXPECT_TRUE(again.ok()) << again.message();
+  drain(*ch_again, 1, &reasons);
+  EXPECT_EQ(reasons["t3"], "length");
+}
+
 TEST(engine_loop, an_exception_in_a_step_fails_its_requests_and_serving_goes_on) {
   auto e = make_engine();
   e->wrap_runner([](std::unique_ptr<model_runner> inner) { return std::make_unique<throwing_runner>(std::move(inner)); });

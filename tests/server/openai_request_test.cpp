@@ -13,13 +13,7 @@ namespace {
 
 using nlohmann::json;
 
-api_context context() {
-  api_options opts;
-  opts.model_path = test::stories_path();
-  auto ctx = make_api_context(test::stories(), 512, opts, nullptr);
-  EXPECT_TRUE(ctx.ok());
-  return *ctx;
-}
+api_context context() { return test::stories_api_context(); }
 
 api_error completion_error(const json& body) {
   auto r = parse_request(api_kind::completion, body, context(), "");

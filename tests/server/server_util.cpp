@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "model/gguf_writer.h"
+#include "sched/engine_setup.h"
 
 namespace pagoda::test {
 
@@ -118,6 +119,79 @@ server_setup default_setup() {
   return s;
 }
 
+namespace {
+
+class gated_runner final : public model_runner {
+ public:
+  gated_runner(std::unique_ptr<model_runner> inner, std::function<void()> wait)
+      : inner_(std::move(inner)), wait_(std::move(wait)) {}
+  void execute(const step_plan& plan, step_output& out) override {
+    wait_();
+    inner_->execute(plan, out);
+  }
+
+ private:
+  std::unique_ptr<model_runner> inner_;
+  std::function<void()> wait_;
+};
+
+}  // namespace
+
+void step_gate::close() {
+  std::lock_guard lock(mu_);
+  closed_ = true;
+}
+
+void step_gate::open() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = false;
+  }
+  cv_.notify_all();
+}
+
+void step_gate::let_through(int n_steps) {
+  {
+    std::lock_guard lock(mu_);
+    n_permits_ += n_steps;
+  }
+  cv_.notify_all();
+}
+
+int step_gate::n_held() const {
+  std::lock_guard lock(mu_);
+  return n_held_;
+}
+
+void step_gate::attach(engine_core& core) {
+  core.wrap_runner([this](std::unique_ptr<model_runner> inner) {
+    return std::make_unique<gated_runner>(std::move(inner), [this] {
+      std::unique_lock lock(mu_);
+      ++n_held_;
+      cv_.wait(lock, [&] { return !closed_ || n_permits_ > 0; });
+      if (closed_) --n_permits_;
+      --n_held_;
+    });
+  });
+}
+
+bool poll_until(const std::function<bool()>& pred, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return pred();
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+server::api_context stories_api_context() {
+  server::api_options opts;
+  opts.model_path = stories_path();
+  auto ctx = server::make_api_context(stories(), 512, opts, nullptr);
+  EXPECT_TRUE(ctx.ok());
+  return *ctx;
+}
+
 test_server::test_server(server_setup setup, const llama_model& model) {
   setup.engine.max_waiting = setup.max_waiting;
   auto eng = engine_core::create(model, setup.engine);
@@ -130,8 +204,22 @@ test_server::test_server(server_setup setup, const llama_model& model) {
     ADD_FAILURE() << ctx.error().message();
     return;
   }
+  if (setup.kv_store) {
+    std::vector<std::unique_ptr<block_store>> tiers;
+    tiers.push_back(make_memory_store());
+    warehouse_options o;
+    o.model = model_fingerprint(model);
+    warehouse_ = std::make_unique<kv_warehouse>(std::move(tiers), o);
+    attach_warehouse(**eng, *warehouse_);
+  }
+  if (setup.prepare_engine) setup.prepare_engine(**eng);
+  if (setup.step_gate) {
+    gate_ = std::make_shared<step_gate>();
+    gate_->attach(**eng);
+  }
   loop_ = std::make_unique<engine_loop>(std::move(*eng), setup.max_waiting);
-  http_ = std::make_unique<server::http_server>(setup.http, std::move(*ctx), std::move(setup.keys), *loop_);
+  if (setup.kv_store) kv_ = std::make_unique<server::kv_admin>(*loop_, warehouse_.get(), setup.admin_key);
+  http_ = std::make_unique<server::http_server>(setup.http, std::move(*ctx), std::move(setup.keys), *loop_, kv_.get());
   auto port = http_->bind();
   if (!port.ok()) {
     ADD_FAILURE() << port.error().message();
@@ -145,6 +233,7 @@ test_server::test_server(server_setup setup, const llama_model& model) {
 }
 
 test_server::~test_server() {
+  if (gate_) gate_->open();
   if (loop_) loop_->stop();
   if (http_) http_->stop();
   if (thread_.joinable()) thread_.join();
@@ -288,14 +377,12 @@ std::vector<std::string> sse_data(const std::string& body) {
 }
 
 bool wait_idle(test_server& s, int timeout_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < deadline) {
-    engine_snapshot snap = s.snapshot();
-    if (snap.kv.n_blocks_used == 0 && snap.n_running == 0 && snap.n_waiting == 0 && snap.n_requests_active == 0)
-      return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
+  return poll_until(
+      [&] {
+        const engine_snapshot snap = s.snapshot();
+        return snap.kv.n_blocks_used == 0 && snap.n_running == 0 && snap.n_waiting == 0 && snap.n_requests_active == 0;
+      },
+      timeout_ms);
 }
 
 }  // namespace pagoda::test

@@ -3,7 +3,10 @@
 // bytes, a /metrics parser).
 #pragma once
 
+#include <condition_variable>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +21,8 @@
 #include "sched/engine_loop.h"
 #include "server/api_setup.h"
 #include "server/http_server.h"
+#include "server/kv_admin.h"
+#include "store/warehouse.h"
 
 namespace pagoda::test {
 
@@ -27,17 +32,65 @@ using nlohmann::json;
 // memory with the GGUF writer; the model keeps its bytes alive).
 std::unique_ptr<llama_model> stories_with_chat_template(const std::string& jinja);
 
+// Holds the engine thread at the start of its steps while closed: a test
+// makes "the engine is in the middle of a step" a state it controls instead
+// of a race. Wraps the engine's runner (server_setup::step_gate).
+class step_gate {
+ public:
+  void close();
+  void open();
+  // While closed, lets the next n steps through.
+  void let_through(int n_steps);
+  // Steps waiting at the gate now (0 or 1: the engine has one thread).
+  int n_held() const;
+  void attach(engine_core& core);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool closed_ = false;
+  int n_permits_ = 0;
+  int n_held_ = 0;
+};
+
+// Joins threads on every way out of a test (a failed ASSERT included), after
+// opening the gate they may wait behind.
+struct thread_joiner {
+  step_gate* gate = nullptr;
+  std::vector<std::thread> threads;
+  ~thread_joiner() {
+    if (gate) gate->open();
+    for (std::thread& t : threads)
+      if (t.joinable()) t.join();
+  }
+};
+
+// Calls pred until it holds or timeout_ms passes (yielding in between, no
+// sleep); returns its last answer. The timeout only bounds a failing test.
+bool poll_until(const std::function<bool()>& pred, int timeout_ms = 20000);
+
 struct server_setup {
   engine_core_config engine;        // from engine_config_for(); adjust before starting
   server::api_options api;     // model_path = stories_path()
   server::server_options http; // host 127.0.0.1, port 0
   server::key_store keys;
   int max_waiting = 64;
+  // The KV store's endpoints (/v1/kv/*) over a warehouse of one memory tier;
+  // without it they answer 404. admin_key: for stats and DELETE.
+  bool kv_store = false;
+  std::string admin_key;
+  // Runs on the engine before its loop starts (a runner wrapper, hooks).
+  std::function<void(engine_core&)> prepare_engine;
+  // A step_gate in front of the runner (test_server::gate(); opened before
+  // the server stops, so a failed test cannot leave the engine held).
+  bool step_gate = false;
 };
 
 // f32 KV (batch-invariant greedy results), 1 thread, context 512.
 engine_core_config engine_config_for(const llama_model& model, std::int64_t n_blocks = 1024, int max_seqs = 64);
 server_setup default_setup();
+// The request parser's context for stories260K at a 512-token context.
+server::api_context stories_api_context();
 
 class test_server {
  public:
@@ -48,11 +101,16 @@ class test_server {
   std::unique_ptr<httplib::Client> client(int timeout_s = 60) const;
   engine_snapshot snapshot() { return loop_->snapshot(); }
   engine_loop& loop() { return *loop_; }
+  kv_warehouse* warehouse() { return warehouse_.get(); }
+  step_gate& gate() { return *gate_; }
   // GET /metrics, parsed.
   std::map<std::string, double> metrics();
 
  private:
+  std::shared_ptr<step_gate> gate_;
+  std::unique_ptr<kv_warehouse> warehouse_;  // outlives the loop that writes to it
   std::unique_ptr<engine_loop> loop_;
+  std::unique_ptr<server::kv_admin> kv_;
   std::unique_ptr<server::http_server> http_;
   std::thread thread_;
   int port_ = -1;
