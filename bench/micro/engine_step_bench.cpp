@@ -98,7 +98,6 @@ BENCHMARK(bm_engine_step)
     ->Args({4096, 4})
     ->Args({32768, 4})
     ->Unit(benchmark::kMillisecond)
-    ->MinTime(2.0)
     ->Iterations(200);
 
 }  // namespace
