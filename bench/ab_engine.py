@@ -7,9 +7,15 @@ noise lands on both sides alike (bench/RESULTS.md quotes its output).
   Llama-3-8B-shaped model (4 layers, q8_0, FFN 4096, vocab 512).
 - Whole decode steps at long context: decode_bench (one forward step of one
   sequence over 4K and 32K cached tokens, synth Llama-3-8B 2 layers q8_0).
+- Whole engine steps at long context: engine_step_bench (schedule, forward
+  pass and sampling, update and output step of 4 sequences decoding after a
+  shared 4K or 32K prompt, stories260K: the model is small, so the engine's
+  own work weighs the most).
 
-usage: bench/ab_engine.py --old OLD_BUILD_DIR --new NEW_BUILD_DIR [--rounds 3] [--only batch,decode]
-       (a build dir holds pagoda and bench/decode_bench, e.g. build/release)
+usage: bench/ab_engine.py --old OLD_BUILD_DIR --new NEW_BUILD_DIR [--rounds 3] [--only batch,decode,engine]
+       (a build dir holds pagoda, bench/decode_bench and bench/engine_step_bench, e.g. build/release;
+       engine_step_bench.cpp uses engine_core's public calls only, so an older tree builds it when the
+       file is copied into its bench/micro)
 """
 import argparse
 import json
@@ -85,12 +91,33 @@ def section_decode(old, new, rounds, synth2):
     print()
 
 
+def engine_steps(build):
+    r = sh([os.path.join(build, "bench", "engine_step_bench"), "--benchmark_format=json"])
+    return {b["name"]: b["steps/s"] for b in json.loads(r.stdout)["benchmarks"]}
+
+
+def section_engine(old, new, rounds):
+    print("### Whole engine steps at long context, old vs new (engine_step_bench, steps/s, median of interleaved rounds)\n")
+    print("| benchmark | old | new | new/old |")
+    print("|---|---|---|---|")
+    a, b = {}, {}
+    for _ in range(rounds):
+        for k, v in engine_steps(old).items():
+            a.setdefault(k, []).append(v)
+        for k, v in engine_steps(new).items():
+            b.setdefault(k, []).append(v)
+    for k in sorted(a):
+        ma, mb = statistics.median(a[k]), statistics.median(b.get(k, [0]))
+        print(f"| {k} | {ma:.2f} | {mb:.2f} | {mb / ma:.3f} |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True)
     ap.add_argument("--new", required=True)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="batch,decode")
+    ap.add_argument("--only", default="batch,decode,engine")
     a = ap.parse_args()
     new_pagoda = os.path.join(a.new, "pagoda")
     synth8 = "/tmp/pagoda-synth-llama3-8b-4l-q8.gguf"
@@ -106,6 +133,8 @@ def main():
         section_batch(a.old, a.new, a.rounds, synth8)
     if "decode" in only:
         section_decode(a.old, a.new, a.rounds, synth2)
+    if "engine" in only:
+        section_engine(a.old, a.new, a.rounds)
 
 
 if __name__ == "__main__":

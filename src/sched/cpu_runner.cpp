@@ -3,11 +3,25 @@
 #include <algorithm>
 
 #include "core/assert.h"
+#include "policy/kv_policy.h"
 #include "store/store_key.h"
 
 namespace pagoda {
 
-cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads) : kv_(kv), ctx_(model, kv, n_threads) {}
+namespace {
+
+runner_shape shape_of(const llama_model& model, const kv_backend& kv) {
+  const llama_hparams& hp = model.hparams();
+  return {hp.n_layer, hp.n_head_kv, hp.head_dim, kv.layout().block_size};
+}
+
+}  // namespace
+
+cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads,
+                       runner_state::policy_factory make_policy)
+    : kv_(kv),
+      ctx_(model, kv, n_threads),
+      state_(shape_of(model, kv), make_policy ? std::move(make_policy) : runner_state::policy_factory(make_kv_policy)) {}
 
 std::uint64_t cpu_runner::layout_of(block_id b) const {
   // One fingerprint per (group, class), computed once.
@@ -52,7 +66,6 @@ void cpu_runner::apply(const kv_op& op) {
 
 void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.result = ok_status();
-  out.logits.clear();
   for (const kv_op& op : plan.ops) apply(op);
 
   out.loaded.assign(plan.loads.size(), 0);
@@ -67,32 +80,42 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
     if (kv_.write_block(l.block, bytes).ok()) out.loaded[i] = static_cast<std::uint8_t>(1 + tier);
   }
 
-  if (plan.seqs.empty()) return;
+  out.result = state_.apply(plan);
+  if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
+}
+
+void cpu_runner::forward(const step_plan& plan, step_output& out) {
   batch_.clear();
+  tables_.resize(plan.seqs.size());
   out.stats.resize(plan.seqs.size());
   sparse_.assign(plan.seqs.size(), 0);
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
+    runner_state::sequence& s = *state_.find(q.seq);  // apply() made it
     forward_seq f;
     f.tokens = q.tokens;
     f.positions = q.positions;
     f.n_stored = q.n_stored;
-    f.stored_positions = q.stored_positions;
-    f.blocks = q.blocks;
-    f.tables = q.tables;
+    f.stored_positions = std::span<const std::int32_t>(s.positions).first(static_cast<std::size_t>(q.n_stored));
+    tables_[i].assign(s.tables.begin(), s.tables.end());
+    f.blocks = tables_[i].front();
+    f.tables = tables_[i];
     f.all_logits = q.all_logits;
     if (q.stats_window >= 0) {
       f.stats = &out.stats[i];
       f.stats_window = q.stats_window;
     }
-    f.row_positions = q.row_positions;
-    f.row_stride = q.row_stride;
-    f.selector = q.selector;
+    if (s.n_rows > 0) {
+      f.row_positions = s.rows.data();
+      f.row_stride = s.row_stride;
+    }
+    f.selector = s.selector.get();
     f.sparse = &sparse_[i];
     batch_.push_back(f);
   }
-  out.result = ctx_.forward(batch_, out.logits);
+  out.result = ctx_.forward(batch_, logits_);
   out.sparse.assign(sparse_.begin(), sparse_.end());
+  if (out.result.ok()) out.result = state_.sample(plan, logits_, ctx_.model().hparams().n_vocab, out);
 }
 
 }  // namespace pagoda

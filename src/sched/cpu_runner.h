@@ -1,6 +1,8 @@
 // The CPU runner: executes step plans with the Llama forward pass over a KV
-// backend (kv_storage). The seam a GPU runner would plug into is model_runner
-// (step_plan.h); nothing else in the engine knows which runner it has.
+// backend (kv_storage), and samples. The seam a GPU runner would plug into is
+// model_runner (step_plan.h); nothing else in the engine knows which runner
+// it has. Per-sequence state (tables, positions, selectors, samplers) lives in
+// runner_state, keyed by sequence id.
 #pragma once
 
 #include <cstddef>
@@ -11,6 +13,7 @@
 
 #include "kv/kv_backend.h"
 #include "model/llama.h"
+#include "sched/runner_state.h"
 #include "sched/step_plan.h"
 
 namespace pagoda {
@@ -18,16 +21,13 @@ namespace pagoda {
 class cpu_runner final : public model_runner {
  public:
   // REQUIRES: model and kv outlive the runner; kv's layout matches the model.
-  cpu_runner(const llama_model& model, kv_backend& kv, int n_threads);
+  // make_policy makes the policy objects sparse-read selectors come from
+  // (null: make_kv_policy).
+  cpu_runner(const llama_model& model, kv_backend& kv, int n_threads, runner_state::policy_factory make_policy = {});
 
-  // The eviction hook (step_plan.h): called for each evicted block, with its
-  // bytes, while the plan's ops run, before anything can overwrite it.
-  void set_eviction_hook(eviction_hook hook) { on_evict_ = std::move(hook); }
-  // The commit hook: called for each block that entered the prefix cache, with
-  // its bytes, at the start of the next step (before anything can evict it).
-  void set_commit_hook(commit_hook hook) { on_cache_ = std::move(hook); }
-  // Where loads read from; nullptr: every load fails (the blocks are computed).
-  void set_kv_source(kv_block_source* source) { source_ = source; }
+  void set_eviction_hook(eviction_hook hook) override { on_evict_ = std::move(hook); }
+  void set_commit_hook(commit_hook hook) override { on_cache_ = std::move(hook); }
+  void set_kv_source(kv_block_source* source) override { source_ = source; }
 
   void execute(const step_plan& plan, step_output& out) override;
 
@@ -39,15 +39,19 @@ class cpu_runner final : public model_runner {
   std::span<std::byte> read_block(block_id b);
   // layout_fingerprint of what b's bytes are (its group's layers in its class's formats).
   std::uint64_t layout_of(block_id b) const;
+  void forward(const step_plan& plan, step_output& out);
 
   kv_backend& kv_;
   llama_context ctx_;
+  runner_state state_;
   eviction_hook on_evict_;
   commit_hook on_cache_;
   kv_block_source* source_ = nullptr;
   mutable std::vector<std::uint64_t> layouts_;  // [group * k_max_kv_classes + class]: fingerprints, 0 until computed
   std::vector<std::byte> block_buf_;  // one block's bytes
   std::vector<forward_seq> batch_;
+  std::vector<std::vector<std::span<const block_id>>> tables_;  // [plan.seqs][group]: forward_seq::tables
+  std::vector<float> logits_;  // the forward pass's rows
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
 };
 

@@ -147,11 +147,12 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
 }
 
 engine_core::engine_core(const llama_model& model, const engine_core_config& config, std::unique_ptr<kv_storage> storage)
-    : model_(model), config_(config), storage_(std::move(storage)), sched_(scheduler_config_of(config), model.vocab()) {
-  auto cpu = std::make_unique<cpu_runner>(model, *storage_, config.n_threads);
-  cpu_ = cpu.get();
-  runner_ = std::move(cpu);
-}
+    : model_(model),
+      config_(config),
+      storage_(std::move(storage)),
+      sched_(scheduler_config_of(config), model.vocab()),
+      output_(model.vocab(), sched_),
+      runner_(std::make_unique<cpu_runner>(model, *storage_, config.n_threads)) {}
 
 engine_core::~engine_core() = default;
 
@@ -165,13 +166,29 @@ std::vector<std::vector<std::uint64_t>> engine_core::block_layouts() const {
 
 void engine_core::set_kv_source(kv_block_source* source) {
   sched_.set_kv_source(source, block_layouts());
-  cpu_->set_kv_source(source);
+  runner_->set_kv_source(source);
+}
+
+status engine_core::add_request(request req) {
+  std::string id = req.id;
+  std::vector<std::string> stop = req.stop;
+  PAGODA_RETURN_IF_ERROR(sched_.add_request(std::move(req)));
+  output_.add_request(std::move(id), std::move(stop));
+  return {};
+}
+
+bool engine_core::abort_request(const std::string& id) {
+  if (!sched_.abort_request(id)) return false;
+  output_.abort_request(id);
+  return true;
 }
 
 bool engine_core::step(std::vector<engine_event>& events) {
+  const std::size_t first = events.size();
   step_plan plan = sched_.schedule();
   if (plan.empty()) {
     sched_.take_events(events);
+    output_.process(events, first);
     return false;
   }
   step_output out;
@@ -181,6 +198,7 @@ bool engine_core::step(std::vector<engine_event>& events) {
     out.result = error(errc::internal, "{}", e.what());
   }
   sched_.update(plan, out, events);
+  output_.process(events, first);
   return !plan.seqs.empty() || !plan.loads.empty();
 }
 

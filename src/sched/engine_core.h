@@ -2,8 +2,9 @@
 // the step that joins them (DESIGN.md):
 //
 //   plan = scheduler.schedule()       which sequences, how many tokens, which block ops
-//   runner.execute(plan, out)         block ops, loads, one batched forward pass
-//   scheduler.update(plan, out, ...)  commit what was computed, sample, finish, stream
+//   runner.execute(plan, out)         block ops, loads, one batched forward pass, samples
+//   scheduler.update(plan, out, ...)  commit what was computed and sampled, finish by tokens
+//   output.process(events)            text, stop strings, latencies (output_processor.h)
 //
 // One thread owns an engine core (no locks inside); engine_loop puts it on a
 // thread of its own for servers. `pagoda run`, `perplexity`, `batch` and
@@ -28,6 +29,7 @@
 #include "pagoda/request.h"
 #include "pagoda/status.h"
 #include "sched/cpu_runner.h"
+#include "sched/output_processor.h"
 #include "sched/scheduler.h"
 
 namespace pagoda {
@@ -95,8 +97,8 @@ class engine_core {
   ~engine_core();
 
   // See scheduler::add_request / abort_request.
-  status add_request(request req) { return sched_.add_request(std::move(req)); }
-  bool abort_request(const std::string& id) { return sched_.abort_request(id); }
+  status add_request(request req);
+  bool abort_request(const std::string& id);
   bool has_work() const { return sched_.has_work(); }
   bool has_pending_ops() const { return sched_.has_pending_ops(); }
   // Applies the block ops a finished run left (see scheduler::has_pending_ops),
@@ -110,16 +112,17 @@ class engine_core {
   // step computed anything (false: nothing could run, e.g. everything is pending).
   bool step(std::vector<engine_event>& events);
 
-  // Hooks (step_plan.h): the eviction hook gets every block evicted from the
-  // prefix cache with its bytes; the source feeds the load path.
-  void set_eviction_hook(eviction_hook hook) { cpu_->set_eviction_hook(std::move(hook)); }
-  void set_commit_hook(commit_hook hook) { cpu_->set_commit_hook(std::move(hook)); }
+  // Hooks (step_plan.h, model_runner): the eviction hook gets every block
+  // evicted from the prefix cache with its bytes; the source feeds the load path.
+  void set_eviction_hook(eviction_hook hook) { runner_->set_eviction_hook(std::move(hook)); }
+  void set_commit_hook(commit_hook hook) { runner_->set_commit_hook(std::move(hook)); }
   // Refs name each block's layout: its group's layers in its class's formats.
   void set_kv_source(kv_block_source* source);
   // [KV group][KV class]: the layout fingerprint that group's blocks of that class are stored under.
   std::vector<std::vector<std::uint64_t>> block_layouts() const;
   // Puts another runner in front of the CPU one (failure injection in tests,
-  // instrumentation): `wrap` receives the current runner and returns its replacement.
+  // instrumentation): `wrap` receives the current runner and returns its
+  // replacement, which forwards the hooks (runner_wrapper) to it.
   void wrap_runner(const std::function<std::unique_ptr<model_runner>(std::unique_ptr<model_runner>)>& wrap) {
     runner_ = wrap(std::move(runner_));
   }
@@ -139,7 +142,7 @@ class engine_core {
   engine_core_config config_;
   std::unique_ptr<kv_storage> storage_;
   scheduler sched_;
-  cpu_runner* cpu_ = nullptr;           // owned by runner_ (or by a wrapper of it)
+  output_processor output_;
   std::unique_ptr<model_runner> runner_;
 };
 

@@ -11,7 +11,6 @@ namespace pagoda {
 struct scheduler::request_state {
   request req;
   std::int64_t arrival = 0;     // order of arrival
-  std::int64_t arrival_us = 0;  // wall clock of arrival
   std::vector<std::unique_ptr<sequence>> seqs;  // [completion index]; 0 runs the prompt
   bool forked = false;          // children created (n > 1)
   bool first_token_seen = false;
@@ -33,7 +32,6 @@ struct scheduler::sequence {
   seq_phase phase = seq_phase::waiting;
   std::int64_t start_order = -1; // >= 0 while running or loading
   bool in_kv = false;            // registered with the KV manager
-  std::int64_t last_token_us = 0;
   std::vector<block_key> keys;   // chained keys of the full blocks of `tokens` (prefix caching)
   std::size_t keys_for = 0;      // tokens.size() when keys were computed
   // The KV policy's state (and the statistics it or the engine asked for);
@@ -46,19 +44,10 @@ struct scheduler::sequence {
   int load_first = 0, load_count = 0;
   bool load_planned = false;
   std::vector<stored_block_ref> load_refs;
-  sampler smp;
-  stream_decoder decoder;
-  stop_matcher stops;
+  runner_mirror runner;          // what the runner holds for it (runner_sync.h)
 
-  sequence(request_state* r, int idx, seq_id sid, const tokenizer& vocab, std::uint64_t seed)
-      : req(r), index(idx), id(sid), tokens(r->req.prompt), n_prompt(static_cast<int>(r->req.prompt.size())),
-        smp([&] {
-          sampling_params p = r->req.sampling;
-          p.seed = seed;
-          return p;
-        }()),
-        decoder(vocab, /*at_text_start=*/false),
-        stops(r->req.stop) {}
+  sequence(request_state* r, int idx, seq_id sid)
+      : req(r), index(idx), id(sid), tokens(r->req.prompt), n_prompt(static_cast<int>(r->req.prompt.size())) {}
 };
 
 namespace {
@@ -185,9 +174,7 @@ status scheduler::add_request(request req) {
   r->req = std::move(req);
   r->kv_classes = std::move(classes);
   r->arrival = next_arrival_++;
-  r->arrival_us = now_us();
-  // Completion i draws from seed + i, so completion 0 equals an n = 1 request.
-  r->seqs.push_back(std::make_unique<sequence>(r.get(), 0, seq_id(next_seq_++), vocab_, r->req.sampling.seed));
+  r->seqs.push_back(std::make_unique<sequence>(r.get(), 0, seq_id(next_seq_++)));
   sequence* s = r->seqs[0].get();
   PAGODA_RETURN_IF_ERROR(make_policy(*s));
   seqs_.emplace(s->id, s);
@@ -257,8 +244,7 @@ void scheduler::refresh_counts() {
   stats_.n_waiting = static_cast<int>(waiting_.size());
   stats_.peak_running = std::max<std::int64_t>(stats_.peak_running, stats_.n_running);
   std::int64_t bytes = 0;
-  for (const sequence* s : running_)
-    if (s->pol && s->pol->selector()) bytes += static_cast<std::int64_t>(s->pol->selector()->memory_bytes());
+  for (const sequence* s : running_) bytes += s->runner.selector_bytes;
   stats_.selector_bytes = bytes;
   stats_.peak_selector_bytes = std::max(stats_.peak_selector_bytes, bytes);
 }
@@ -359,6 +345,7 @@ void scheduler::preempt(sequence* s) {
   s->n_computed = 0;
   s->pos_shift = 0;
   if (s->pol) s->pol->reset();
+  forget_runner_kv(s);
   end_loading(s);
   s->phase = seq_phase::waiting;
   remove_from_running(s);
@@ -462,6 +449,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     s->n_computed = 0;
     s->pos_shift = 0;
     if (s->pol) s->pol->reset();
+    forget_runner_kv(s);
     // The pool is short for everyone (first come, first served); a quota only
     // for this tenant. With KV classes, a short class only for the requests
     // that need it: those behind this one that need none of its short classes
@@ -547,33 +535,57 @@ step_plan scheduler::schedule() {
   }
   refresh_counts();
 
-  // 3. The plan: views into the KV manager are taken last, when tables no longer change.
-  for (const planned& p : plan) {
-    sequence* s = p.s;
-    scheduled_seq q;
-    q.seq = s->id;
-    q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + p.n);
-    q.positions.resize(static_cast<std::size_t>(p.n));
-    for (int i = 0; i < p.n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
-    q.n_stored = kv_.n_stored_tokens(s->id);
-    q.stored_positions = kv_.positions(s->id);
-    q.blocks = kv_.block_table(s->id);
-    for (std::int32_t g = 0; g < kv_.n_groups(); ++g) q.tables.push_back(kv_.block_table(s->id, g));
-    q.all_logits = s->req->req.prompt_logits && s->n_computed < s->n_prompt;
-    if (s->pol) {
-      q.stats_window = s->pol->stats_window();
-      s->pol->plan(q.positions);
-      if (s->pol->per_row()) {
-        q.row_positions = s->pol->row_positions();
-        q.row_stride = s->pol->row_stride();
-      }
-      q.selector = s->pol->selector();
-    }
-    out.seqs.push_back(std::move(q));
-  }
+  // 3. The plan, taken last, when tables no longer change.
+  for (const planned& p : plan) out.seqs.push_back(plan_seq(p.s, p.n));
   out.ops = std::move(pending_ops_);
   pending_ops_.clear();
+  out.finished = std::exchange(runner_finished_, {});
+  out.preempted = std::exchange(runner_preempted_, {});
   return out;
+}
+
+scheduled_seq scheduler::plan_seq(sequence* s, int n) {
+  const request& r = s->req->req;
+  scheduled_seq q;
+  q.seq = s->id;
+  q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + n);
+  q.positions.resize(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
+  q.n_stored = kv_.n_stored_tokens(s->id);
+  q.all_logits = r.prompt_logits && s->n_computed < s->n_prompt;
+  q.n_tokens = static_cast<std::int32_t>(s->tokens.size());
+  q.sample = s->n_computed + n >= static_cast<int>(s->tokens.size()) && r.max_tokens > 0;
+  // Completion i draws from seed + i, so completion 0 equals an n = 1
+  // request; the others are forked at the first sample and draw their first
+  // token from the same logits.
+  if (q.sample && s->index == 0 && r.n > 1 && !s->req->forked)
+    for (int i = 1; i < r.n; ++i) q.forks.push_back({seq_id(next_seq_++), r.sampling.seed + static_cast<std::uint64_t>(i)});
+  if (!s->runner.known) {
+    seq_setup u;
+    u.sampling = r.sampling;
+    u.sampling.seed = r.sampling.seed + static_cast<std::uint64_t>(s->index);
+    u.logprobs = r.logprobs;
+    u.tokens = s->tokens;
+    u.n_prompt = s->n_prompt;
+    if (s->pol && s->pol->policy()) u.policy = s->pol->policy()->spec();
+    q.setup = std::move(u);
+    s->runner.known = true;
+  }
+  const bool fresh = s->runner.fresh_kv;
+  sync_kv_state(kv_, s->id, n, s->runner, q);
+  if (s->pol) {
+    q.stats_window = s->pol->stats_window();
+    const bool rows_changed = s->pol->take_rows_changed();
+    if (s->pol->per_row() && (fresh || rows_changed)) q.rows = s->pol->stored_rows();
+    q.slot_changes = s->pol->take_slot_changes();
+    s->pol->plan(q.positions);
+  }
+  return q;
+}
+
+void scheduler::forget_runner_kv(sequence* s) {
+  if (s->runner.known && !s->runner.fresh_kv) runner_preempted_.push_back(s->id);
+  s->runner.forget_kv();
 }
 
 // --- committing --------------------------------------------------------------------
@@ -634,6 +646,9 @@ void scheduler::fail_step(const step_plan& plan, const status& st, std::vector<e
   };
   for (const scheduled_seq& q : plan.seqs) note(q.seq);
   for (const block_load& l : plan.loads) note(l.seq);
+  // The runner may not have applied the plan's notices: they go again (each is idempotent).
+  runner_finished_.insert(runner_finished_.end(), plan.finished.begin(), plan.finished.end());
+  runner_preempted_.insert(runner_preempted_.end(), plan.preempted.begin(), plan.preempted.end());
   const std::string why = fmt::format("the engine step failed: {}", st.message());
   for (request_state* r : affected)
     for (auto& s : r->seqs)
@@ -641,14 +656,34 @@ void scheduler::fail_step(const step_plan& plan, const status& st, std::vector<e
   refresh_counts();
 }
 
+status scheduler::check_output(const step_plan& plan, const step_output& out) const {
+  const auto V = static_cast<std::size_t>(vocab_.n_vocab());
+  std::size_t n_rows = 0, n_sampled = 0;
+  for (const scheduled_seq& q : plan.seqs) {
+    if (q.all_logits) n_rows += q.tokens.size();
+    if (q.sample) n_sampled += 1 + q.forks.size();
+  }
+  if (out.prompt_logits.size() != n_rows * V)
+    return error(errc::internal, "the runner returned {} prompt logits for {} rows of {}", out.prompt_logits.size(),
+                 n_rows, V);
+  if (out.sampled.size() != n_sampled)
+    return error(errc::internal, "the runner sampled {} tokens for {}", out.sampled.size(), n_sampled);
+  std::size_t k = 0;
+  for (const scheduled_seq& q : plan.seqs) {
+    if (!q.sample) continue;
+    for (std::size_t j = 0; j <= q.forks.size(); ++j, ++k) {
+      const sampled_token& t = out.sampled[k];
+      if (t.seq != (j < q.forks.size() ? q.forks[j].seq : q.seq) || !vocab_.valid_id(t.token))
+        return error(errc::internal, "the runner sampled token {} for sequence {} out of order", t.token, t.seq.value);
+    }
+  }
+  return {};
+}
+
 void scheduler::update(const step_plan& plan, step_output& out, std::vector<engine_event>& events) {
   take_events(events);
   if (plan.seqs.empty() && plan.loads.empty()) return;
-  const int V = vocab_.n_vocab();
-  std::size_t n_rows = 0;
-  for (const scheduled_seq& q : plan.seqs) n_rows += q.all_logits ? q.tokens.size() : 1;
-  if (out.result.ok() && out.logits.size() < n_rows * static_cast<std::size_t>(V))
-    out.result = error(errc::internal, "the runner returned {} logits for {} rows of {}", out.logits.size(), n_rows, V);
+  if (out.result.ok()) out.result = check_output(plan, out);
   if (!out.result.ok()) {
     fail_step(plan, out.result, events);
     return;
@@ -657,7 +692,8 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   commit_loads(plan, out);
   std::vector<int> first_computed(plan.seqs.size(), -1);  // n_computed before this step, per planned seq
 
-  std::size_t row = 0;
+  const auto V = static_cast<std::size_t>(vocab_.n_vocab());
+  std::size_t row = 0, next_sample = 0;
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
     sequence* s = by_id(q.seq);
@@ -666,6 +702,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     // K/V computed with a sparse read are not what full attention computes:
     // from here on the sequence's blocks stay out of the prefix cache.
     if (i < out.sparse.size() && out.sparse[i]) kv_.set_off_chain(s->id);
+    if (i < out.selector_bytes.size()) s->runner.selector_bytes = out.selector_bytes[i];
     status st = kv_.commit(s->id, q.tokens, q.positions);
     PAGODA_ASSERT(st.ok(), "commit: {}", st.message());
     first_computed[i] = s->n_computed;
@@ -673,9 +710,6 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
       const bool has_stats = q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0;
       s->pol->commit(n, has_stats ? &out.stats[i] : nullptr);
     }
-    const std::size_t rows = q.all_logits ? static_cast<std::size_t>(n) : 1;
-    std::span<const float> logits(&out.logits[row * V], rows * V);
-    row += rows;
     if (s->n_computed < s->n_prompt) stats_.n_computed_prompt_tokens += std::min(n, s->n_prompt - s->n_computed);
     const int first = s->n_computed;
     s->n_computed += n;
@@ -684,21 +718,22 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
       e.request_id = s->req->req.id;
       e.index = s->index;
       e.first_prompt_position = first;
-      e.prompt_logits.assign(logits.begin(), logits.end());
+      const auto rows = static_cast<std::size_t>(n) * V;
+      e.prompt_logits.assign(out.prompt_logits.begin() + static_cast<std::ptrdiff_t>(row),
+                             out.prompt_logits.begin() + static_cast<std::ptrdiff_t>(row + rows));
+      row += rows;
       events.push_back(std::move(e));
     }
-    if (s->n_computed < static_cast<int>(s->tokens.size())) continue;  // prompt chunk, more to come
-    if (s->req->req.max_tokens == 0) {  // the prompt only (scoring)
-      finish(s, "length", events);
-      continue;
+    if (q.sample) {
+      if (!q.forks.empty()) {
+        fork_children(s, q.forks);
+        for (std::size_t j = 1; j < s->req->seqs.size(); ++j)
+          commit_token(s->req->seqs[j].get(), out.sampled[next_sample++], events);
+      }
+      commit_token(s, out.sampled[next_sample++], events);
+    } else if (s->n_computed >= static_cast<int>(s->tokens.size())) {
+      finish(s, "length", events);  // the prompt only (scoring: max_tokens 0)
     }
-    const std::span<const float> last = logits.subspan((rows - 1) * V, V);
-    if (s->index == 0 && s->req->req.n > 1 && !s->req->forked) {
-      fork_children(s);
-      for (auto& c : s->req->seqs)
-        if (c.get() != s) sample_next(c.get(), last, events);
-    }
-    sample_next(s, last, events);
   }
   apply_policies(plan, first_computed);
   if (kv_.has_sliding_window()) release_windows();
@@ -737,6 +772,7 @@ void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& fi
     // the policy tries again after the next step.
     if (!kv_.compact(s->id, std::move(*c)).ok()) continue;
     s->pol->compacted(kept);
+    s->runner.positions_changed_from(kept.first);
     ++stats_.n_policy_compactions;
     stats_.n_policy_evicted_slots += n_before - kept.n_slots;
     // Positions within the cache: the next token follows the last kept one.
@@ -778,11 +814,11 @@ int scheduler::next_chunk(const sequence& s) const {
   return chunk > 0 && s.n_computed < s.n_prompt ? std::min(left, chunk) : left;
 }
 
-void scheduler::fork_children(sequence* parent) {
+void scheduler::fork_children(sequence* parent, std::span<const seq_fork> forks) {
   request_state* r = parent->req;
   r->forked = true;
-  for (int i = 1; i < r->req.n; ++i) {
-    auto child = std::make_unique<sequence>(r, i, seq_id(next_seq_++), vocab_, r->req.sampling.seed + i);
+  for (std::size_t k = 0; k < forks.size(); ++k) {
+    auto child = std::make_unique<sequence>(r, static_cast<int>(k) + 1, forks[k].seq);
     status st = kv_.fork(parent->id, child->id);
     PAGODA_ASSERT(st.ok(), "fork: {}", st.message());
     child->tokens = parent->tokens;
@@ -790,6 +826,7 @@ void scheduler::fork_children(sequence* parent) {
     child->pos_shift = parent->pos_shift;
     if (parent->pol)
       child->pol = parent->pol->fork([this, r](const kv_policy_spec& spec) { return new_policy(spec, r->req.segments); });
+    child->runner.known = true;  // the runner made it at the fork; its KV state comes with its first run
     child->in_kv = true;
     child->phase = seq_phase::running;
     child->start_order = next_start_++;
@@ -802,6 +839,18 @@ void scheduler::fork_children(sequence* parent) {
 void scheduler::finish(sequence* s, const std::string& reason, std::vector<engine_event>& events,
                        const std::string& why) {
   request_state* r = s->req;
+  if (events.empty() || events.back().request_id != r->req.id || events.back().index != s->index ||
+      !events.back().finish_reason.empty() || !events.back().prompt_logits.empty()) {
+    engine_event e;
+    e.request_id = r->req.id;
+    e.index = s->index;
+    events.push_back(std::move(e));
+  }
+  end_sequence(s, reason, events.back(), why);
+}
+
+void scheduler::end_sequence(sequence* s, const std::string& reason, engine_event& e, const std::string& why) {
+  request_state* r = s->req;
   end_loading(s);  // a loading sequence aborted or failed
   if (s->in_kv) {
     status st = kv_.free_sequence(s->id);
@@ -812,15 +861,9 @@ void scheduler::finish(sequence* s, const std::string& reason, std::vector<engin
   else if (auto it = std::find(waiting_.begin(), waiting_.end(), s); it != waiting_.end()) waiting_.erase(it);
   s->phase = seq_phase::finished;
   s->pol.reset();
+  if (s->runner.known) runner_finished_.push_back(s->id);
+  s->runner = runner_mirror{};
   ++r->n_finished;
-  if (events.empty() || events.back().request_id != r->req.id || events.back().index != s->index ||
-      !events.back().finish_reason.empty() || !events.back().prompt_logits.empty()) {
-    engine_event e;
-    e.request_id = r->req.id;
-    e.index = s->index;
-    events.push_back(std::move(e));
-  }
-  engine_event& e = events.back();
   e.finish_reason = reason;
   e.error = why;
   // Before the prompt is computed (only an abort or an error can end it then)
@@ -832,59 +875,43 @@ void scheduler::finish(sequence* s, const std::string& reason, std::vector<engin
     e.usage.completion_tokens = r->completion_tokens;
     e.usage.cached_tokens = std::max(r->cached_tokens, 0);
     e.usage.loaded_tokens_by_tier = r->loaded_by_tier;
-    stats_.e2e_seconds.observe((now_us() - r->arrival_us) * 1e-6);
     ++stats_.n_requests_finished;
     finished_requests_.push_back(r->req.id);
   }
 }
 
-void scheduler::sample_next(sequence* s, std::span<const float> logits, std::vector<engine_event>& events) {
+void scheduler::commit_token(sequence* s, sampled_token& t, std::vector<engine_event>& events) {
   request_state* r = s->req;
-  const std::span<const token_id> all(s->tokens);
-  token_id tok = s->smp.sample(logits, all.first(static_cast<std::size_t>(s->n_prompt)),
-                               all.subspan(static_cast<std::size_t>(s->n_prompt)));
+  const token_id tok = t.token;
   engine_event e;
   e.request_id = r->req.id;
   e.index = s->index;
   e.tokens.push_back(tok);
-  if (r->req.logprobs >= 0) {
-    token_logprob lp;
-    lp.token = tok;
-    lp.logprob = sampler::log_prob(logits, tok);
-    if (r->req.logprobs > 0) lp.top = sampler::top_log_probs(logits, r->req.logprobs);
-    e.logprobs.push_back(std::move(lp));
-  }
-  std::int64_t now = now_us();
-  if (!r->first_token_seen) {
-    r->first_token_seen = true;
-    stats_.ttft_seconds.observe((now - r->arrival_us) * 1e-6);
-  } else if (s->last_token_us > 0) {
-    stats_.itl_seconds.observe((now - s->last_token_us) * 1e-6);
-  }
-  s->last_token_us = now;
+  if (r->req.logprobs >= 0 && t.logprob) e.logprobs.push_back(std::move(*t.logprob));
+  r->first_token_seen = true;
   s->tokens.push_back(tok);
   ++s->n_generated;
   ++r->completion_tokens;
   ++stats_.n_generated_tokens;
-
+  // What the token alone decides; stop strings are the output step's (output_processor.h).
   std::string reason;
   const bool stop_token =
       std::find(r->req.stop_token_ids.begin(), r->req.stop_token_ids.end(), tok) != r->req.stop_token_ids.end();
-  if ((!r->req.ignore_eos && vocab_.is_eog(tok)) || stop_token) {
-    reason = "stop";
-    e.text = s->stops.flush();
-  } else {
-    e.text = s->stops.push(s->decoder.push(tok));
-    if (s->stops.stopped()) reason = "stop";
-  }
-  if (reason.empty() && (s->n_generated >= r->req.max_tokens ||
-                         static_cast<int>(s->tokens.size()) >= config_.max_model_len)) {
+  if ((!r->req.ignore_eos && vocab_.is_eog(tok)) || stop_token) reason = "stop";
+  else if (s->n_generated >= r->req.max_tokens || static_cast<int>(s->tokens.size()) >= config_.max_model_len)
     reason = "length";
-    e.text += s->stops.push(s->decoder.flush());
-    e.text += s->stops.flush();
-  }
   events.push_back(std::move(e));
   if (!reason.empty()) finish(s, reason, events);
+}
+
+bool scheduler::stop_sequence(const std::string& id, int index, engine_event& e) {
+  const auto it = requests_.find(id);
+  if (it == requests_.end() || index < 0 || index >= static_cast<int>(it->second->seqs.size())) return false;
+  sequence* s = it->second->seqs[static_cast<std::size_t>(index)].get();
+  if (s->phase == seq_phase::finished) return false;
+  end_sequence(s, "stop", e);
+  refresh_counts();
+  return true;
 }
 
 // --- hooks ------------------------------------------------------------------------
@@ -895,6 +922,8 @@ status scheduler::drop_blocks(seq_id seq, std::span<const std::int32_t> block_in
     return error(errc::not_found, "drop: sequence {} is not running", seq.value);
   PAGODA_RETURN_IF_ERROR(kv_.drop(seq, block_indices));
   if (s->pol) s->pol->dropped(block_indices);
+  if (!block_indices.empty())
+    s->runner.positions_changed_from(*std::min_element(block_indices.begin(), block_indices.end()) * config_.block_size);
   return {};
 }
 
@@ -911,6 +940,7 @@ status scheduler::truncate(seq_id seq, int n_tokens) {
   const auto n_slots = static_cast<std::int32_t>(
       std::lower_bound(positions.begin(), positions.end(), n_computed - s->pos_shift) - positions.begin());
   PAGODA_RETURN_IF_ERROR(kv_.truncate(seq, n_slots));
+  s->runner.positions_changed_from(n_slots);
   s->tokens.resize(static_cast<std::size_t>(n_tokens));
   s->n_computed = n_computed;
   s->n_generated = std::max(0, n_tokens - s->n_prompt);

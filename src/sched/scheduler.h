@@ -6,8 +6,10 @@
 //                                tokens each, under a token budget and a
 //                                sequence cap; the block ops to perform, the
 //                                blocks to load from an external KV source
-//   runner.execute(plan, out)    (elsewhere)
-//   update(plan, out, events)    commit what was computed, sample, finish, stream
+//   runner.execute(plan, out)    (elsewhere: the runner computes and samples)
+//   update(plan, out, events)    commit what was computed and sampled, finish
+//                                by tokens (EOS, stop tokens, lengths), free
+//   output step                  (output_processor.h: text, stop strings, latencies)
 //
 // A step is a list of (sequence, tokens): a prompt chunk and a decode token
 // are the same thing to it (chunked prefill, vLLM v1). Each step:
@@ -36,6 +38,10 @@
 // it failed, every request with a sequence in the step ends with an "error"
 // event and its blocks are freed; nothing the step wrote is ever shared.
 //
+// The plan is plain data (step_plan.h): what the runner keeps per sequence
+// (tables, positions, selector, sampler) it gets in full once and then as
+// deltas (runner_sync.h).
+//
 // Positions: token i of a sequence (prompt, then generated) is computed at
 // position i. KV slots keep their positions when blocks are dropped
 // (drop_blocks), so RoPE and masks stay right.
@@ -55,14 +61,12 @@
 #include "core/clock.h"
 #include "core/histogram.h"
 #include "kv/kv_manager.h"
-#include "model/sampler.h"
 #include "model/tokenizer.h"
-#include "model/tokenizer_stream.h"
 #include "pagoda/events.h"
 #include "pagoda/request.h"
+#include "sched/runner_sync.h"
 #include "sched/seq_policy.h"
 #include "sched/step_plan.h"
-#include "sched/stop_matcher.h"
 
 namespace pagoda {
 
@@ -96,8 +100,8 @@ struct scheduler_config {
   std::function<result<std::uint8_t>(const std::string& kv_type)> kv_class_of;
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
-  // Arrival times and latency histograms (TTFT, inter-token, end to end) read
-  // this clock; null: the system's. Tests pass a manual_clock.
+  // The latency histograms (TTFT, inter-token, end to end, which the output
+  // step observes) read this clock; null: the system's. Tests pass a manual_clock.
   const clock_source* clock = nullptr;
 };
 
@@ -112,8 +116,9 @@ struct engine_stats {
   std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
   std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed
   std::int64_t n_window_freed_blocks = 0;   // blocks sliding-window groups let go as windows moved past them
-  // Memory of the sequences' sparse-read selectors (Quest's key bounds,
-  // retrieval's ANN indexes): now, and the most at any step.
+  // Memory of the running sequences' sparse-read selectors (Quest's key
+  // bounds, retrieval's ANN indexes), as the runner reported it after their
+  // last step: now, and the most at any step.
   std::int64_t selector_bytes = 0;
   std::int64_t peak_selector_bytes = 0;
   int n_running = 0;
@@ -150,14 +155,26 @@ class scheduler {
   // Block ops the tensors have not applied yet: the last step of a run leaves
   // some (the blocks it sealed enter the prefix cache, which feeds the commit
   // hook); one more step() applies them. engine_core::flush() does that.
-  bool has_pending_ops() const { return !pending_ops_.empty(); }
+  // Sequences that ended since the last plan hold state in the runner until
+  // the next one (step_plan::finished): pending too.
+  bool has_pending_ops() const {
+    return !pending_ops_.empty() || !runner_finished_.empty() || !runner_preempted_.empty();
+  }
 
   // Plans the next step (an empty plan when nothing can run). Events made
   // outside a step (aborts) are handed out by the next update() or take_events().
   step_plan schedule();
   // Commits the step's results (or fails its requests when out.result is an
-  // error) and appends what it produced to `events`.
+  // error, or when the output does not fit the plan) and appends what it
+  // produced to `events`: each sampled token (no text yet: the output step
+  // adds it), prompt logits, and finishes that tokens decide (EOS, stop token
+  // ids, max_tokens, the context), whose blocks are freed at once.
   void update(const step_plan& plan, step_output& out, std::vector<engine_event>& events);
+  // The output step found a stop string in completion `index` of request
+  // `id`: it ends as an abort would, with finish reason "stop", written into
+  // `e` (request_finished and usage too when it was the last). False when
+  // that completion is not running.
+  bool stop_sequence(const std::string& id, int index, engine_event& e);
   // Events produced outside a step (aborts), handed out once.
   void take_events(std::vector<engine_event>& events);
 
@@ -190,6 +207,9 @@ class scheduler {
   }
 
   const engine_stats& stats() const { return stats_; }
+  // For the output step, which observes the latency histograms (output_processor.h).
+  engine_stats& output_stats() { return stats_; }
+  const clock_source& clock() const { return *clock_; }
   const scheduler_config& config() const { return config_; }
   kv_manager& kv() { return kv_; }
   const kv_manager& kv() const { return kv_; }
@@ -231,9 +251,17 @@ class scheduler {
   sequence_options kv_options(const sequence& s) const;
   void commit_loads(const step_plan& plan, const step_output& out);
   void fail_step(const step_plan& plan, const status& st, std::vector<engine_event>& events);
+  // Ends s, its finish merged into the last event when that is s's token event.
   void finish(sequence* s, const std::string& reason, std::vector<engine_event>& events, const std::string& why = {});
-  void sample_next(sequence* s, std::span<const float> logits, std::vector<engine_event>& events);
-  void fork_children(sequence* parent);
+  void end_sequence(sequence* s, const std::string& reason, engine_event& e, const std::string& why = {});
+  // Whether out holds what plan asks for (prompt rows, sampled tokens in order, in the vocabulary).
+  status check_output(const step_plan& plan, const step_output& out) const;
+  void commit_token(sequence* s, sampled_token& t, std::vector<engine_event>& events);
+  void fork_children(sequence* parent, std::span<const seq_fork> forks);
+  // The plan's entry for s computing n tokens, with the runner's state updates.
+  scheduled_seq plan_seq(sequence* s, int n);
+  // s's KV state in the runner goes (preempted, or a refused admission).
+  void forget_runner_kv(sequence* s);
   // After a committed step: each sequence's policy may evict (compact its KV).
   void apply_policies(const step_plan& plan, const std::vector<int>& first_computed);
   // Sliding-window groups: every sequence in the pool lets go of the blocks its next query no longer reads.
@@ -248,8 +276,6 @@ class scheduler {
   void refresh_counts();
   sequence* by_id(seq_id id) const;
 
-  std::int64_t now_us() const { return clock_->monotonic_us(); }
-
   scheduler_config config_;
   const clock_source* clock_;
   status config_status_;
@@ -258,6 +284,8 @@ class scheduler {
   kv_block_source* source_ = nullptr;
   std::vector<std::vector<std::uint64_t>> layouts_;  // [KV group][KV class]: layout fingerprints for source refs
   std::vector<kv_op> pending_ops_;  // reported by the KV manager, not yet planned
+  std::vector<seq_id> runner_finished_;   // for the next plan's finished / preempted
+  std::vector<seq_id> runner_preempted_;
 
   std::unordered_map<std::string, std::unique_ptr<request_state>> requests_;
   std::unordered_map<seq_id, sequence*> seqs_;  // every live sequence

@@ -12,7 +12,6 @@ seq_policy::seq_policy(std::unique_ptr<kv_policy> policy, const seq_policy_shape
     needs_ = policy_->needs();
     if (needs_.totals) stats_window_ = std::max(stats_window_, 0);
     stats_window_ = std::max(stats_window_, needs_.window_rows);
-    selector_ = policy_->make_selector(shape.n_layers, shape.n_kv_heads, shape.head_dim);
   }
   if (stats_window_ >= 0) needs_.totals = true;  // statistics asked for by the engine are kept too
 }
@@ -25,7 +24,8 @@ void seq_policy::reset() {
   totals_.clear();
   ring_.clear();
   window_fresh_ = false;
-  if (policy_) selector_ = policy_->make_selector(shape_.n_layers, shape_.n_kv_heads, shape_.head_dim);
+  slot_changes_.clear();
+  rows_changed_ = false;
 }
 
 std::unique_ptr<seq_policy> seq_policy::fork(const policy_factory& make) const {
@@ -112,6 +112,14 @@ const attention_stats* seq_policy::window() const {
   return &window_;
 }
 
+std::vector<std::int32_t> seq_policy::stored_rows() const {
+  std::vector<std::int32_t> out(static_cast<std::size_t>(shape_.n_rows()) * n_slots_);
+  for (int r = 0; r < shape_.n_rows(); ++r)
+    std::copy_n(rows_.begin() + static_cast<std::ptrdiff_t>(r * stride_), n_slots_,
+                out.begin() + static_cast<std::ptrdiff_t>(r) * n_slots_);
+  return out;
+}
+
 double seq_policy::mean_live_slots() const {
   if (!per_row_) return n_slots_;
   std::int64_t live = 0;
@@ -150,6 +158,7 @@ void seq_policy::make_per_row(std::span<const std::int32_t> kv_positions) {
   for (int r = 0; r < shape_.n_rows(); ++r)
     std::copy(kv_positions.begin(), kv_positions.end(), rows_.begin() + static_cast<std::ptrdiff_t>(r * stride_));
   per_row_ = true;
+  rows_changed_ = true;
 }
 
 std::optional<kv_compaction> seq_policy::decide(const kv_manager& kv, seq_id seq, const seq_policy_context& ctx) {
@@ -311,7 +320,8 @@ void seq_policy::compacted(const kv_compaction& c) {
     rows_ = std::move(rows);
   }
   n_slots_ = width;
-  if (selector_) selector_->on_slots_changed(n_slots_, false);
+  rows_changed_ = rows_changed_ || per_row_;
+  slot_changes_.push_back({n_slots_, false});
 }
 
 void seq_policy::truncated(int n_slots) {
@@ -329,7 +339,7 @@ void seq_policy::truncated(int n_slots) {
     }
   n_slots_ = n_slots;
   window_fresh_ = false;
-  if (selector_) selector_->on_slots_changed(n_slots_, true);
+  slot_changes_.push_back({n_slots_, true});
 }
 
 void seq_policy::dropped(std::span<const std::int32_t> block_indices) {
@@ -346,7 +356,8 @@ void seq_policy::dropped(std::span<const std::int32_t> block_indices) {
       for (int i = 0; i < n; ++i) row[i] = row[keep[static_cast<std::size_t>(i)]];
     }
   n_slots_ = n;
-  if (selector_) selector_->on_slots_changed(n_slots_, false);
+  rows_changed_ = rows_changed_ || per_row_;
+  slot_changes_.push_back({n_slots_, false});
 }
 
 }  // namespace pagoda

@@ -1,9 +1,11 @@
 // What the scheduler keeps per sequence for its KV policy (policy/kv_policy.h):
 // the policy object, the positions of each (layer, KV head) row once rows hold
-// different tokens, the attention statistics the policy asked for, and the
-// selector of a sparse-read policy. Pure bookkeeping, like the scheduler: it
-// turns a policy's decision into a kv_compaction for the KV manager and keeps
-// its own arrays in step with the slots the compaction leaves.
+// different tokens, and the attention statistics the policy asked for. Pure
+// bookkeeping, like the scheduler: it turns a policy's decision into a
+// kv_compaction for the KV manager and keeps its own arrays in step with the
+// slots the compaction leaves. A sparse-read policy's selector lives in the
+// runner (runner_state.h): this records the slot changes the runner must pass
+// on to it, and whether the rows changed (the runner then gets them anew).
 //
 // Rows: r = layer * n_kv_heads + kv_head. Until a decision differs between
 // rows, every row holds the KV manager's slots and positions (uniform);
@@ -16,11 +18,13 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "attention/attention_stats.h"
 #include "kv/kv_manager.h"
 #include "policy/kv_policy.h"
+#include "sched/step_plan.h"
 
 namespace pagoda {
 
@@ -47,7 +51,6 @@ class seq_policy {
   seq_policy(std::unique_ptr<kv_policy> policy, const seq_policy_shape& shape, int stats_window);
 
   kv_policy* policy() const { return policy_.get(); }
-  kv_read_selector* selector() const { return selector_.get(); }
   // Rows of the attention statistics window the runner must report; -1: none.
   int stats_window() const { return stats_window_; }
   // Whether rows hold different tokens (then row_positions() is what attention masks by).
@@ -60,6 +63,14 @@ class seq_policy {
   // Row r's positions for the step just planned: [n_slots + planned] entries.
   const std::int32_t* row_positions() const { return rows_.data(); }
   std::size_t row_stride() const { return stride_; }
+  // Every row's positions of the n_slots() stored slots: [n_rows][n_slots] (per_row() only).
+  std::vector<std::int32_t> stored_rows() const;
+
+  // What the runner must be told since the last call: the slot changes its
+  // selector follows (step_plan.h, in order), and whether a compaction or a
+  // drop rewrote the rows. Both restart empty at reset().
+  std::vector<slot_change> take_slot_changes() { return std::exchange(slot_changes_, {}); }
+  bool take_rows_changed() { return std::exchange(rows_changed_, false); }
 
   // After a committed step of n_new tokens: the slots grow, and the step's
   // statistics (when collected; a.n_kv == n_slots after the step) are added.
@@ -68,15 +79,15 @@ class seq_policy {
   // Between steps: the policy's decision as a compaction of the sequence's KV
   // (kv_manager positions and tokens from `kv`), or std::nullopt to keep it all.
   std::optional<kv_compaction> decide(const kv_manager& kv, seq_id seq, const seq_policy_context& ctx);
-  // After kv_manager::compact(c) succeeded: rows, statistics and selector follow.
+  // After kv_manager::compact(c) succeeded: rows, statistics and the selector's slots follow.
   void compacted(const kv_compaction& c);
   // Slots past n_slots are gone (truncate), or whole blocks (drop).
   void truncated(int n_slots);
   void dropped(std::span<const std::int32_t> block_indices);
   // The sequence left the KV (preempted): everything restarts.
   void reset();
-  // A copy for a forked sequence (n > 1): the same state, a policy object and
-  // selector of its own.
+  // A copy for a forked sequence (n > 1): the same state, a policy object of
+  // its own (and no slot change: its selector starts new).
   using policy_factory = std::function<result<std::unique_ptr<kv_policy>>(const kv_policy_spec&)>;
   std::unique_ptr<seq_policy> fork(const policy_factory& make) const;
 
@@ -101,7 +112,8 @@ class seq_policy {
   void remap(int n_new_slots, Src src);
 
   std::unique_ptr<kv_policy> policy_;
-  std::unique_ptr<kv_read_selector> selector_;
+  std::vector<slot_change> slot_changes_;
+  bool rows_changed_ = false;
   kv_policy_needs needs_;
   seq_policy_shape shape_;
   int stats_window_ = -1;

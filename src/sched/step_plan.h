@@ -1,25 +1,76 @@
 // The data between the scheduler and a runner (DESIGN.md): the scheduler plans
 // a step (step_plan), a runner executes it (step_output), and the scheduler
-// commits what was computed (scheduler::update). Plain data, so any runner
-// (the CPU one today, a GPU one later) can execute a plan, and tests can fake
-// one.
+// commits what was computed (scheduler::update). Plain data: ids, tokens,
+// positions, block ids, counts and specs, never a pointer or a view into the
+// scheduler's objects, so any runner (the CPU one today, a GPU one or one in
+// another process later) can execute a plan, and tests can fake one.
+//
+// Per-sequence state lives on both sides (vLLM v1's SchedulerOutput and
+// CachedRequestState). The scheduler keeps what deciding needs (the KV
+// manager's tables and positions, the policy's statistics); the runner keeps,
+// keyed by sequence id, what executing needs (runner_state.h): its copy of
+// the block tables and stored positions, the per-row positions of a per-head
+// policy, the sparse-read selector, the sampler and the token history its
+// penalties read. A sequence is sent in full once (seq_setup, fresh_kv), then
+// as deltas: appended or replaced table entries, positions from the first
+// that changed, rows only when a compaction rewrote them, slot changes for
+// the selector. step_plan::finished frees a sequence's state.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <span>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "attention/attention_stats.h"
-#include "attention/kv_selector.h"
 #include "kv/kv_hooks.h"
-#include "kv/kv_manager.h"
+#include "kv/kv_ops.h"
+#include "pagoda/events.h"
+#include "pagoda/request.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
+#include "policy/kv_policy.h"
 
 namespace pagoda {
+
+// What a runner keeps for a sequence it has not seen before.
+struct seq_setup {
+  sampling_params sampling;        // with the sequence's own seed (completion i of a request: seed + i)
+  int logprobs = -1;               // request::logprobs: -1 none; k >= 0 the chosen token's and the k most likely
+  std::vector<token_id> tokens;    // the sequence's tokens (the prompt): the history its penalties read
+  std::int32_t n_prompt = 0;       // of which the prompt
+  kv_policy_spec policy;           // its sparse-read selector comes from this policy ("none": none)
+};
+
+// A completion forked from a sequence at its first sample (n > 1): it draws
+// its first token from the sequence's last logits row with its own seed and
+// starts from the sequence's tokens; its KV state comes with its first run.
+struct seq_fork {
+  seq_id seq;
+  std::uint64_t seed = 0;
+};
+
+// Brings the runner's copy of one KV group's block table in line with the
+// KV manager's: entries [0, n_null) become NULL (a sliding window let them
+// go), then the copy is cut to `from` entries and `entries` appended (new
+// blocks; a copy-on-write, a compaction, a drop or a truncation replace from
+// the first entry they changed).
+struct table_update {
+  std::int32_t group = 0;
+  std::int32_t n_null = 0;
+  std::int32_t from = 0;
+  std::vector<block_id> entries;
+};
+
+// Slots of a sequence changed between steps: its selector forgets what it
+// knew of slots >= n_slots (kept, a rollback) or of every slot (not kept,
+// a compaction or a drop): kv_read_selector::on_slots_changed.
+struct slot_change {
+  std::int32_t n_slots = 0;
+  bool kept = false;
+};
 
 // One sequence's share of a step: compute K/V (and logits) of `tokens`.
 struct scheduled_seq {
@@ -27,19 +78,30 @@ struct scheduled_seq {
   std::vector<token_id> tokens;          // new tokens; their K/V go to KV slots n_stored ..
   std::vector<std::int32_t> positions;   // [tokens]: their positions
   std::int32_t n_stored = 0;             // KV slots stored before this step
-  // Views into the scheduler's KV manager, valid until update():
-  std::span<const std::int32_t> stored_positions;  // [n_stored]
-  std::span<const block_id> blocks;      // group 0's block table covering n_stored + tokens.size() slots
-  std::vector<std::span<const block_id>> tables;  // [KV group]: each group's table (tables[0] == blocks)
-  bool all_logits = false;               // one logits row per new token (prompt scoring), else one
+  bool all_logits = false;               // the step's logits rows come back (prompt scoring): one per new token
   int stats_window = -1;                 // >= 0: collect attention statistics, this many window rows
-  // Rows that hold different tokens (a per-head policy): row r = layer *
-  // n_kv_heads + head has its own positions, row_positions[r * row_stride +
-  // slot] for the n_stored + tokens.size() slots; null: stored_positions for all.
-  const std::int32_t* row_positions = nullptr;
-  std::size_t row_stride = 0;
-  // A sparse-read policy's selector (attention/kv_selector.h), or null.
-  kv_read_selector* selector = nullptr;
+  // The step computes the sequence's last token: the runner samples the next
+  // one (and its forks' first ones, forks first).
+  bool sample = false;
+  std::vector<seq_fork> forks;
+  std::int32_t n_tokens = 0;             // the sequence's tokens before this step samples (a truncation cuts the history to it)
+
+  // --- the runner's per-sequence state (runner_state.h) -------------------------
+  std::optional<seq_setup> setup;        // the first time the runner sees the sequence
+  // Its KV state starts over (its first run, after a preemption, a fork's
+  // first run): empty tables, positions and rows, a new selector; the
+  // updates below then send everything.
+  bool fresh_kv = false;
+  std::vector<table_update> tables;      // the groups whose table changed since the sequence's last run
+  // Stored positions: the runner keeps its first keep_positions and appends
+  // stored_positions, n_stored in all, then the step's own `positions`.
+  std::int32_t keep_positions = 0;
+  std::vector<std::int32_t> stored_positions;  // [n_stored - keep_positions]
+  // A per-head policy's rows after a compaction rewrote them (row r = layer *
+  // n_kv_heads + head): [n_rows][n_stored] positions, dead slots negative.
+  // Empty: the runner's rows stand (cut to n_stored), or there are none.
+  std::vector<std::int32_t> rows;
+  std::vector<slot_change> slot_changes; // in order, since the sequence's last run
 };
 
 // Fill `block` from an external KV source with the block stored under `ref`
@@ -56,26 +118,69 @@ struct step_plan {
   std::vector<kv_op> ops;             // first, in order: evictions, copies, truncations, releases
   std::vector<block_load> loads;      // then these
   std::vector<scheduled_seq> seqs;    // then one forward pass over these
-  bool empty() const { return ops.empty() && loads.empty() && seqs.empty(); }
+  std::vector<seq_id> finished;       // sequences gone (finished, aborted, failed): the runner frees their state
+  std::vector<seq_id> preempted;      // their KV state goes (tables, positions, rows, selector); sampling state stays
+  bool empty() const {
+    return ops.empty() && loads.empty() && seqs.empty() && finished.empty() && preempted.empty();
+  }
+};
+
+// A token the runner sampled.
+struct sampled_token {
+  seq_id seq;
+  token_id token = -1;
+  std::optional<token_logprob> logprob;  // when the sequence asked for logprobs (sampler::log_prob, top_log_probs)
 };
 
 struct step_output {
   // Not ok: the step failed part way; nothing of it may be committed.
   status result;
-  // One row per seq (all_logits: one per token), in plan order; [rows][n_vocab].
-  std::vector<float> logits;
+  // For each sequence of the plan that samples, in plan order: its forks'
+  // first tokens, in fork order, then its own.
+  std::vector<sampled_token> sampled;
+  // The logits rows of all_logits sequences, in plan order: [rows][n_vocab].
+  std::vector<float> prompt_logits;
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from
   std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
   std::vector<std::uint8_t> sparse;     // [plan.seqs]: 1 when a selector chose a sparse read for any of its tokens
+  std::vector<std::int64_t> selector_bytes;  // [plan.seqs]: the memory of its selector after the step
 };
 
 // Executes plans. Implementations: cpu_runner; fakes in tests.
 class model_runner {
  public:
   virtual ~model_runner() = default;
-  // Performs plan.ops, then plan.loads, then the forward pass of plan.seqs,
-  // and fills `out` (out.result says whether it all happened).
+  // Applies plan.finished and plan.preempted, performs plan.ops, then
+  // plan.loads, then the forward pass of plan.seqs and their samples, and
+  // fills `out` (out.result says whether it all happened).
   virtual void execute(const step_plan& plan, step_output& out) = 0;
+
+  // Block hooks (kv_hooks.h). The eviction hook: called for each evicted
+  // block, with its bytes, while the plan's ops run, before anything can
+  // overwrite it. The commit hook: called for each block that entered the
+  // prefix cache, with its bytes, when the op that says so runs (the next
+  // step, before anything can evict it). The source: where loads read from;
+  // nullptr: every load fails (the blocks are computed).
+  virtual void set_eviction_hook(eviction_hook hook) = 0;
+  virtual void set_commit_hook(commit_hook hook) = 0;
+  virtual void set_kv_source(kv_block_source* source) = 0;
+};
+
+// A runner in front of another (failure injection, instrumentation): it
+// forwards everything; a subclass overrides what it changes.
+class runner_wrapper : public model_runner {
+ public:
+  explicit runner_wrapper(std::unique_ptr<model_runner> inner) : inner_(std::move(inner)) {}
+  void execute(const step_plan& plan, step_output& out) override { inner_->execute(plan, out); }
+  void set_eviction_hook(eviction_hook hook) override { inner_->set_eviction_hook(std::move(hook)); }
+  void set_commit_hook(commit_hook hook) override { inner_->set_commit_hook(std::move(hook)); }
+  void set_kv_source(kv_block_source* source) override { inner_->set_kv_source(source); }
+
+ protected:
+  model_runner& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<model_runner> inner_;
 };
 
 }  // namespace pagoda

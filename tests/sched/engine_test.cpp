@@ -283,23 +283,27 @@ std::vector<token_id> reference_continuation(std::size_t n) {
 
 // Runs the CPU runner, then, at the chosen step, reports a failure (its K/V
 // are written by then: the worst case) or throws.
-class failing_runner final : public model_runner {
+class failing_runner final : public runner_wrapper {
  public:
-  failing_runner(std::unique_ptr<model_runner> inner, int fail_at, bool throw_bad_alloc)
-      : inner_(std::move(inner)), fail_at_(fail_at), throw_(throw_bad_alloc) {}
+  // kv: the engine's KV manager, whose tables say which blocks the plan's sequences write.
+  failing_runner(std::unique_ptr<model_runner> inner, const kv_manager& kv, int fail_at, bool throw_bad_alloc)
+      : runner_wrapper(std::move(inner)), kv_(kv), fail_at_(fail_at), throw_(throw_bad_alloc) {}
   void execute(const step_plan& plan, step_output& out) override {
     const int step = n_++;
     if (step == fail_at_ && throw_) throw std::bad_alloc();
-    inner_->execute(plan, out);
+    inner().execute(plan, out);
     if (step == fail_at_) {
-      for (const scheduled_seq& q : plan.seqs) written.insert(q.blocks.begin(), q.blocks.end());
+      for (const scheduled_seq& q : plan.seqs) {
+        const auto table = kv_.block_table(q.seq);
+        written.insert(table.begin(), table.end());
+      }
       out.result = error(errc::internal, "injected failure after the forward pass");
     }
   }
   std::set<block_id> written;
 
  private:
-  std::unique_ptr<model_runner> inner_;
+  const kv_manager& kv_;
   int n_ = 0;
   int fail_at_;
   bool throw_;
@@ -310,7 +314,7 @@ TEST(engine, a_runner_failing_mid_step_shares_nothing_and_later_requests_are_rig
     auto e = *engine_core::create(stories(), config(256));
     failing_runner* fr = nullptr;
     e->wrap_runner([&](std::unique_ptr<model_runner> inner) {
-      auto r = std::make_unique<failing_runner>(std::move(inner), 1, throws);
+      auto r = std::make_unique<failing_runner>(std::move(inner), e->kv(), 1, throws);
       fr = r.get();
       return r;
     });

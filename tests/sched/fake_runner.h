@@ -5,7 +5,11 @@
 // position) the row can see through its block table. So any bookkeeping slip
 // (a wrong table, a stale or unwritten block shared, a position off by one)
 // changes the generated tokens, and results can be compared with a run of the
-// same request alone.
+// same request alone. Its per-sequence state (block tables, positions,
+// samplers) is the real runner_state's, brought up to date by the plans'
+// deltas like any runner's: a delta the scheduler forgets shows up the same
+// way, and positions_match says whether the stored positions it holds are
+// those its KV slots were written at.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +18,7 @@
 #include <set>
 #include <vector>
 
+#include "sched/runner_state.h"
 #include "sched/step_plan.h"
 
 namespace pagoda::test {
@@ -32,8 +37,12 @@ class fake_runner final : public model_runner {
  public:
   static constexpr token_id k_poison = -7;
 
-  fake_runner(std::int32_t n_blocks, std::int32_t block_size, int n_vocab)
-      : bs_(block_size), n_vocab_(n_vocab), kv_(static_cast<std::size_t>(n_blocks) * block_size, {k_poison, -1}) {}
+  // make_policy: where sparse-read selectors come from (none by default: the fake reads everything).
+  fake_runner(std::int32_t n_blocks, std::int32_t block_size, int n_vocab, runner_state::policy_factory make_policy = {})
+      : bs_(block_size),
+        n_vocab_(n_vocab),
+        kv_(static_cast<std::size_t>(n_blocks) * block_size, {k_poison, -1}),
+        state_(runner_shape{1, 1, 8, block_size}, std::move(make_policy)) {}
 
   // The step (counted from 0) that fails part way: its sequences' K/V are
   // written, then the step reports an error.
@@ -42,7 +51,7 @@ class fake_runner final : public model_runner {
   std::map<block_key, std::vector<std::pair<token_id, std::int32_t>>> source;
   // Evicted blocks, as the eviction hook would store them.
   std::map<block_key, std::vector<std::pair<token_id, std::int32_t>>> evicted;
-  std::vector<step_plan> plans;  // every plan executed, for inspection (spans not kept valid)
+  std::vector<step_plan> plans;  // every plan executed, for inspection
   int n_steps = 0;
   // Attention statistics to report: every visible slot gets this weight per row.
   int stats_layers = 1, stats_heads = 1;
@@ -51,11 +60,23 @@ class fake_runner final : public model_runner {
     return kv_[static_cast<std::size_t>(b.value) * bs_ + static_cast<std::size_t>(i)];
   }
 
+  // The hooks see what the fake KV holds: a block's (token, position) pairs as bytes.
+  void set_eviction_hook(eviction_hook hook) override { on_evict_ = std::move(hook); }
+  void set_commit_hook(commit_hook hook) override { on_cache_ = std::move(hook); }
+  // Loads read `source` (a fake_source answers for it), not this.
+  void set_kv_source(kv_block_source* source) override { source_ = source; }
+
+  // The runner's copy of seq's table of group 0 (empty when it holds none).
+  std::vector<block_id> table_of(seq_id seq) {
+    const runner_state::sequence* s = state_.find(seq);
+    return s && !s->tables.empty() ? s->tables.front() : std::vector<block_id>{};
+  }
+  const runner_state& state() const { return state_; }
+
   void execute(const step_plan& plan, step_output& out) override {
     const int step = n_steps++;
     plans.push_back(plan);
     out.result = ok_status();
-    out.logits.clear();
     for (const kv_op& op : plan.ops) apply(op);
     out.loaded.assign(plan.loads.size(), 0);
     for (std::size_t i = 0; i < plan.loads.size(); ++i) {
@@ -64,27 +85,37 @@ class fake_runner final : public model_runner {
       for (int j = 0; j < bs_; ++j) slot(plan.loads[i].block, j) = it->second[static_cast<std::size_t>(j)];
       out.loaded[i] = 1;
     }
+    out.result = state_.apply(plan);
+    if (!out.result.ok()) return;
     out.stats.resize(plan.seqs.size());
     for (std::size_t si = 0; si < plan.seqs.size(); ++si) {
       const scheduled_seq& q = plan.seqs[si];
+      const runner_state::sequence& s = *state_.find(q.seq);
+      const std::vector<block_id>& table = s.tables.front();
+      for (int i = 0; i < q.n_stored; ++i) {  // what the runner holds agrees with what its KV holds
+        const block_id b = table[static_cast<std::size_t>(i / bs_)];
+        if (b.valid() && slot(b, i % bs_).second != s.positions[static_cast<std::size_t>(i)]) positions_match = false;
+      }
       for (std::size_t j = 0; j < q.tokens.size(); ++j) {
         const std::size_t at = static_cast<std::size_t>(q.n_stored) + j;
-        slot(q.blocks[at / bs_], static_cast<int>(at % bs_)) = {q.tokens[j], q.positions[j]};
+        slot(table[at / bs_], static_cast<int>(at % bs_)) = {q.tokens[j], q.positions[j]};
       }
     }
     if (fail_at && step == *fail_at) {
       out.result = error(errc::internal, "injected failure at step {}", step);
       return;
     }
+    std::vector<float> logits;
     for (std::size_t si = 0; si < plan.seqs.size(); ++si) {
       const scheduled_seq& q = plan.seqs[si];
+      const std::vector<block_id>& table = state_.find(q.seq)->tables.front();
       const int n_kv = q.n_stored + static_cast<int>(q.tokens.size());
       if (q.stats_window >= 0) out.stats[si].reset(stats_layers, stats_heads, n_kv, 0);
       const std::size_t first_row = q.all_logits ? 0 : q.tokens.size() - 1;
       for (std::size_t j = first_row; j < q.tokens.size(); ++j) {
         std::vector<std::pair<token_id, std::int32_t>> visible;
         for (int s = 0; s < n_kv; ++s) {
-          const auto& v = slot(q.blocks[static_cast<std::size_t>(s / bs_)], s % bs_);
+          const auto& v = slot(table[static_cast<std::size_t>(s / bs_)], s % bs_);
           if (v.second <= q.positions[j]) {
             visible.push_back(v);
             if (q.stats_window >= 0)
@@ -94,9 +125,10 @@ class fake_runner final : public model_runner {
         }
         std::vector<float> row(static_cast<std::size_t>(n_vocab_), 0.0f);
         row[static_cast<std::size_t>(fake_next(visible, n_vocab_))] = 10.0f;
-        out.logits.insert(out.logits.end(), row.begin(), row.end());
+        logits.insert(logits.end(), row.begin(), row.end());
       }
     }
+    out.result = state_.sample(plan, logits, n_vocab_, out);
   }
 
  private:
@@ -119,6 +151,7 @@ class fake_runner final : public model_runner {
           if (slot(op.block, i).first != op.tokens[static_cast<std::size_t>(i)]) bytes_intact = false;
           saved.push_back(slot(op.block, i));
         }
+        if (on_evict_) on_evict_(bytes_of(op, saved));
         for (int i = 0; i < bs_; ++i) slot(op.block, i) = {k_poison, -1};
         break;
       }
@@ -145,18 +178,33 @@ class fake_runner final : public model_runner {
         if (op.tokens.size() != static_cast<std::size_t>(bs_)) bytes_intact = false;
         for (int i = 0; i < bs_ && i < static_cast<int>(op.tokens.size()); ++i)
           if (slot(op.block, i).first != op.tokens[static_cast<std::size_t>(i)]) bytes_intact = false;
+        if (on_cache_) {
+          std::vector<std::pair<token_id, std::int32_t>> slots;
+          for (int i = 0; i < bs_; ++i) slots.push_back(slot(op.block, i));
+          on_cache_(bytes_of(op, slots));
+        }
         break;
     }
   }
 
  public:
   bool bytes_intact = true;
+  bool positions_match = true;
   int n_gathers = 0;
 
  private:
+  static kv_block_bytes bytes_of(const kv_op& op, const std::vector<std::pair<token_id, std::int32_t>>& slots) {
+    return kv_block_bytes{0, op.key, op.parent, op.tenant, op.tokens,
+                          std::as_bytes(std::span(slots.data(), slots.size()))};
+  }
+
   std::int32_t bs_;
   int n_vocab_;
   std::vector<std::pair<token_id, std::int32_t>> kv_;  // [n_blocks][block_size]
+  runner_state state_;
+  eviction_hook on_evict_;
+  commit_hook on_cache_;
+  kv_block_source* source_ = nullptr;
 };
 
 // An external KV source over a fake runner's `source` map (the runner reads

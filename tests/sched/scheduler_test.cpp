@@ -12,123 +12,12 @@
 
 #include <gtest/gtest.h>
 
-#include "model/gguf.h"
-#include "sched/fake_runner.h"
+#include "sched/scheduler_harness.h"
 
 namespace pagoda {
 namespace {
 
-using test::fake_runner;
-using test::fake_source;
-
-const tokenizer& vocab() {
-  static std::unique_ptr<tokenizer> tok = [] {
-    auto file = gguf::file::open(std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf");
-    EXPECT_TRUE(file.ok());
-    auto t = tokenizer::from_gguf(**file);
-    EXPECT_TRUE(t.ok());
-    return std::move(*t);
-  }();
-  return *tok;
-}
-
-scheduler_config config(std::int64_t n_blocks, int max_seqs = 16, int budget = 64, int block_size = 4) {
-  scheduler_config c;
-  c.max_model_len = 256;
-  c.max_num_seqs = max_seqs;
-  c.max_num_batched_tokens = budget;
-  c.block_size = block_size;
-  c.n_blocks = n_blocks;
-  return c;
-}
-
-std::vector<token_id> prompt_of(int n, int salt = 0) {
-  std::vector<token_id> p(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = 3 + (i * 7 + salt * 13) % 400;
-  return p;
-}
-
-request req(const std::string& id, std::vector<token_id> prompt, int max_tokens, const std::string& tenant = "") {
-  request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
-  r.tenant = tenant;
-  return r;
-}
-
-struct result_of {
-  std::vector<token_id> tokens;
-  std::string finish;
-  std::string error;
-  request_usage usage;
-};
-
-struct harness {
-  scheduler_config cfg;
-  scheduler s;
-  fake_runner runner;
-  std::map<std::string, result_of> results;
-  std::vector<step_plan> plans;  // what schedule() returned, in order (its spans dangle after update)
-  std::vector<block_id> last_blocks;  // every block the last plan's sequences write into, copied
-  // Called between the runner's execution and update(): the block ops of the
-  // plan have been applied to the fake KV, nothing of the step is committed.
-  std::function<void()> after_execute;
-
-  explicit harness(const scheduler_config& c)
-      : cfg(c), s(c, vocab()), runner(static_cast<std::int32_t>(c.n_blocks), c.block_size, vocab().n_vocab()) {
-    EXPECT_TRUE(s.check().ok()) << s.check().message();
-  }
-
-  void add(request r) {
-    const std::string id = r.id;
-    const status st = s.add_request(std::move(r));
-    ASSERT_TRUE(st.ok()) << st.message();
-    results[id];
-  }
-
-  // One step; returns the plan.
-  const step_plan& step() {
-    step_plan plan = s.schedule();
-    step_output out;
-    if (!plan.empty()) runner.execute(plan, out);
-    if (after_execute) after_execute();
-    last_blocks.clear();
-    for (const scheduled_seq& q : plan.seqs) last_blocks.insert(last_blocks.end(), q.blocks.begin(), q.blocks.end());
-    std::vector<engine_event> events;
-    s.update(plan, out, events);
-    for (const engine_event& e : events) {
-      result_of& r = results[e.request_id];
-      r.tokens.insert(r.tokens.end(), e.tokens.begin(), e.tokens.end());
-      if (!e.finish_reason.empty()) r.finish = e.finish_reason;
-      if (!e.error.empty()) r.error = e.error;
-      if (e.request_finished) r.usage = e.usage;
-    }
-    const status st = s.kv().check_invariants();
-    EXPECT_TRUE(st.ok()) << st.message();
-    plans.push_back(std::move(plan));
-    return plans.back();
-  }
-
-  void run(int max_steps = 10000) {
-    for (int i = 0; i < max_steps && s.has_work(); ++i) step();
-    EXPECT_FALSE(s.has_work());
-    step();  // hands out anything left (aborts)
-  }
-
-  static bool planned(const step_plan& p, seq_id id) {
-    return std::any_of(p.seqs.begin(), p.seqs.end(), [&](const scheduled_seq& q) { return q.seq == id; });
-  }
-};
-
-// Each request alone in a big pool: the reference tokens.
-std::vector<token_id> alone(const request& r) {
-  harness h(config(1024, 4, 512));
-  h.add(r);
-  h.run();
-  return h.results[r.id].tokens;
-}
+using namespace test;
 
 TEST(scheduler, chunked_prefill_under_the_token_budget) {
   harness h(config(64, 4, 8));

@@ -172,16 +172,15 @@ TEST(engine_loop, many_threads_submit_at_once) {
 
 // std::bad_alloc thrown while a step runs used to end the engine thread (and
 // the server): now the step's requests end with an error and the next are served.
-class throwing_runner final : public model_runner {
+class throwing_runner final : public runner_wrapper {
  public:
-  explicit throwing_runner(std::unique_ptr<model_runner> inner) : inner_(std::move(inner)) {}
+  explicit throwing_runner(std::unique_ptr<model_runner> inner) : runner_wrapper(std::move(inner)) {}
   void execute(const step_plan& plan, step_output& out) override {
     if (n_++ == 0) throw std::bad_alloc();
-    inner_->execute(plan, out);
+    inner().execute(plan, out);
   }
 
  private:
-  std::unique_ptr<model_runner> inner_;
   int n_ = 0;
 };
 

@@ -121,17 +121,16 @@ server_setup default_setup() {
 
 namespace {
 
-class gated_runner final : public model_runner {
+class gated_runner final : public runner_wrapper {
  public:
   gated_runner(std::unique_ptr<model_runner> inner, std::function<void()> wait)
-      : inner_(std::move(inner)), wait_(std::move(wait)) {}
+      : runner_wrapper(std::move(inner)), wait_(std::move(wait)) {}
   void execute(const step_plan& plan, step_output& out) override {
     wait_();
-    inner_->execute(plan, out);
+    inner().execute(plan, out);
   }
 
  private:
-  std::unique_ptr<model_runner> inner_;
   std::function<void()> wait_;
 };
 

@@ -1,0 +1,178 @@
+#include "sched/runner_state.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/assert.h"
+
+namespace pagoda {
+
+runner_state::runner_state(const runner_shape& shape, policy_factory make_policy)
+    : shape_(shape), make_policy_(std::move(make_policy)) {}
+
+runner_state::sequence* runner_state::find(seq_id id) {
+  const auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+void runner_state::start_kv_over(sequence& s) {
+  s.tables.clear();
+  s.positions.clear();
+  s.rows.clear();
+  s.row_stride = 0;
+  s.n_rows = 0;
+  s.selector.reset();
+}
+
+status runner_state::apply(const step_plan& plan) {
+  for (const seq_id id : plan.finished) seqs_.erase(id);
+  for (const seq_id id : plan.preempted)
+    if (sequence* s = find(id)) start_kv_over(*s);
+  for (const scheduled_seq& q : plan.seqs) PAGODA_RETURN_IF_ERROR(apply_seq(q));
+  return {};
+}
+
+status runner_state::apply_seq(const scheduled_seq& q) {
+  if (q.setup) {
+    auto s = std::make_unique<sequence>(q.setup->sampling);
+    s->logprobs = q.setup->logprobs;
+    s->n_prompt = q.setup->n_prompt;
+    s->history = q.setup->tokens;
+    s->policy = q.setup->policy;
+    seqs_[q.seq] = std::move(s);
+  }
+  sequence* s = find(q.seq);
+  if (!s) return error(errc::internal, "the plan runs sequence {}, which the runner does not hold", q.seq.value);
+  if (q.fresh_kv) {
+    start_kv_over(*s);
+    if (make_policy_ && !s->policy.is_none()) {
+      auto p = make_policy_(s->policy);
+      if (!p.ok()) return p.error().with_context(fmt::format("sequence {}'s selector", q.seq.value));
+      s->selector = (*p)->make_selector(shape_.n_layers, shape_.n_kv_heads, shape_.head_dim);
+    }
+  }
+  if (s->selector)
+    for (const slot_change& c : q.slot_changes) s->selector->on_slots_changed(c.n_slots, c.kept);
+
+  // Token history: a truncation cut the sequence's tokens.
+  if (static_cast<std::size_t>(q.n_tokens) > s->history.size())
+    return error(errc::internal, "sequence {}: the plan counts {} tokens, the runner holds {}", q.seq.value,
+                 q.n_tokens, s->history.size());
+  s->history.resize(static_cast<std::size_t>(q.n_tokens));
+
+  for (const table_update& u : q.tables) {
+    if (u.group < 0 || u.group >= 64 || u.n_null < 0 || u.from < 0)
+      return error(errc::internal, "sequence {}: a table update out of range", q.seq.value);
+    if (static_cast<std::size_t>(u.group) >= s->tables.size()) s->tables.resize(static_cast<std::size_t>(u.group) + 1);
+    std::vector<block_id>& t = s->tables[static_cast<std::size_t>(u.group)];
+    t.resize(static_cast<std::size_t>(u.from));
+    std::fill_n(t.begin(), std::min<std::size_t>(t.size(), static_cast<std::size_t>(u.n_null)), block_id());
+    t.insert(t.end(), u.entries.begin(), u.entries.end());
+  }
+  const std::size_t n_slots = static_cast<std::size_t>(q.n_stored) + q.tokens.size();
+  for (const std::vector<block_id>& t : s->tables)
+    if (t.size() * static_cast<std::size_t>(shape_.block_size) < n_slots)
+      return error(errc::internal, "sequence {}: a table of {} blocks for {} slots", q.seq.value, t.size(), n_slots);
+  if (s->tables.empty()) return error(errc::internal, "sequence {} has no block table", q.seq.value);
+
+  // Stored positions, then the step's.
+  if (q.keep_positions < 0 || static_cast<std::size_t>(q.keep_positions) > s->positions.size() ||
+      q.keep_positions + q.stored_positions.size() != static_cast<std::size_t>(q.n_stored) ||
+      q.positions.size() != q.tokens.size())
+    return error(errc::internal, "sequence {}: {} + {} stored positions for {} slots (the runner holds {})",
+                 q.seq.value, q.keep_positions, q.stored_positions.size(), q.n_stored, s->positions.size());
+  s->positions.resize(static_cast<std::size_t>(q.keep_positions));
+  s->positions.insert(s->positions.end(), q.stored_positions.begin(), q.stored_positions.end());
+  s->positions.insert(s->positions.end(), q.positions.begin(), q.positions.end());
+
+  // Per-row positions: rewritten by a compaction, else cut to the stored
+  // slots; the step's positions are every row's.
+  const auto n_stored = static_cast<std::size_t>(q.n_stored);
+  if (!q.rows.empty()) {
+    if (n_stored == 0 || q.rows.size() % n_stored != 0)
+      return error(errc::internal, "sequence {}: {} row positions for {} slots", q.seq.value, q.rows.size(), n_stored);
+    s->n_rows = static_cast<int>(q.rows.size() / n_stored);
+    s->row_stride = n_stored;
+    s->rows = q.rows;
+  }
+  if (s->n_rows > 0) {
+    if (n_slots > s->row_stride) {
+      const std::size_t stride = std::max(n_slots, s->row_stride * 2);
+      std::vector<std::int32_t> rows(static_cast<std::size_t>(s->n_rows) * stride);
+      for (int r = 0; r < s->n_rows; ++r)
+        std::copy_n(s->rows.begin() + static_cast<std::ptrdiff_t>(r * s->row_stride), n_stored,
+                    rows.begin() + static_cast<std::ptrdiff_t>(r * stride));
+      s->rows = std::move(rows);
+      s->row_stride = stride;
+    }
+    for (int r = 0; r < s->n_rows; ++r)
+      std::copy(q.positions.begin(), q.positions.end(),
+                s->rows.begin() + static_cast<std::ptrdiff_t>(r * s->row_stride + n_stored));
+  }
+  return {};
+}
+
+sampled_token runner_state::draw(sequence& s, seq_id id, std::span<const float> logits) {
+  const std::span<const token_id> all(s.history);
+  const std::size_t n_prompt = std::min(all.size(), static_cast<std::size_t>(std::max(s.n_prompt, 0)));
+  sampled_token t;
+  t.seq = id;
+  t.token = s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt));
+  if (s.logprobs >= 0) {
+    token_logprob lp;
+    lp.token = t.token;
+    lp.logprob = sampler::log_prob(logits, t.token);
+    if (s.logprobs > 0) lp.top = sampler::top_log_probs(logits, s.logprobs);
+    t.logprob = std::move(lp);
+  }
+  s.history.push_back(t.token);
+  return t;
+}
+
+status runner_state::sample(const step_plan& plan, std::vector<float>& logits, int n_vocab, step_output& out) {
+  const auto V = static_cast<std::size_t>(n_vocab);
+  out.sampled.clear();
+  std::size_t row = 0, kept = 0;  // rows read, rows kept for out.prompt_logits (moved to the front)
+  for (const scheduled_seq& q : plan.seqs) {
+    const std::size_t rows = q.all_logits ? q.tokens.size() : 1;
+    if ((row + rows) * V > logits.size())
+      return error(errc::internal, "the forward pass returned {} logits for more rows", logits.size());
+    if (q.sample) {
+      sequence* s = find(q.seq);
+      PAGODA_ASSERT(s != nullptr, "sampling sequence {}, which apply() did not create", q.seq.value);
+      const std::span<const float> last(logits.data() + (row + rows - 1) * V, V);
+      for (const seq_fork& f : q.forks) {
+        sampling_params p = s->params;
+        p.seed = f.seed;
+        auto c = std::make_unique<sequence>(p);
+        c->logprobs = s->logprobs;
+        c->n_prompt = s->n_prompt;
+        c->history = s->history;
+        c->policy = s->policy;
+        out.sampled.push_back(draw(*c, f.seq, last));
+        seqs_[f.seq] = std::move(c);
+      }
+      out.sampled.push_back(draw(*s, q.seq, last));
+    }
+    if (q.all_logits) {
+      if (kept != row) std::memmove(logits.data() + kept * V, logits.data() + row * V, rows * V * sizeof(float));
+      kept += rows;
+    }
+    row += rows;
+  }
+  // Most steps score no prompt: the forward's buffer keeps its capacity.
+  out.prompt_logits.clear();
+  if (kept > 0) {
+    logits.resize(kept * V);
+    out.prompt_logits.swap(logits);
+  }
+  out.selector_bytes.assign(plan.seqs.size(), 0);
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i)
+    if (const sequence* s = find(plan.seqs[i].seq); s && s->selector)
+      out.selector_bytes[i] = static_cast<std::int64_t>(s->selector->memory_bytes());
+  return {};
+}
+
+}  // namespace pagoda

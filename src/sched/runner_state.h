@@ -1,0 +1,87 @@
+// What a runner keeps per sequence between steps, keyed by sequence id
+// (step_plan.h): its copy of the block tables and stored positions, the
+// per-row positions of a per-head policy, the sparse-read selector, and the
+// sampler with the token history its penalties read. The plan brings it up to
+// date (apply), the forward pass reads it, and the runner samples through it
+// (sample). Shared by every runner (cpu_runner, the tests' fake runner), so
+// that what a plan means is decided once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "attention/kv_selector.h"
+#include "model/sampler.h"
+#include "sched/step_plan.h"
+
+namespace pagoda {
+
+// The model's shape, as sparse-read selectors are made for it.
+struct runner_shape {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  std::int32_t block_size = 0;
+};
+
+class runner_state {
+ public:
+  // Makes the policy object a selector comes from (make_kv_policy; tests
+  // inject their own). Null: no sequence gets a selector.
+  using policy_factory = std::function<result<std::unique_ptr<kv_policy>>(const kv_policy_spec&)>;
+
+  struct sequence {
+    explicit sequence(const sampling_params& p) : params(p), smp(p) {}
+    // Sampling.
+    sampling_params params;
+    sampler smp;
+    int logprobs = -1;
+    std::int32_t n_prompt = 0;
+    std::vector<token_id> history;  // prompt, then generated: what the penalties read
+    kv_policy_spec policy;
+    // KV, as of the step being executed (after apply): the step's new tokens included.
+    std::vector<std::vector<block_id>> tables;  // [KV group]: the group's block table
+    std::vector<std::int32_t> positions;        // [n_stored + new]: the position of every slot
+    // Per-row positions (a per-head policy): rows[r * row_stride + slot] for
+    // the same slots as positions; empty when every row holds `positions`.
+    std::vector<std::int32_t> rows;
+    std::size_t row_stride = 0;
+    int n_rows = 0;
+    std::unique_ptr<kv_read_selector> selector;
+  };
+
+  runner_state(const runner_shape& shape, policy_factory make_policy);
+
+  // Brings the state up to date with the plan: frees plan.finished, drops the
+  // KV state of plan.preempted, then for each of plan.seqs creates it
+  // (setup), starts its KV state over (fresh_kv), applies its table,
+  // position, row and slot updates and appends the step's new positions.
+  // Errors, for a plan that does not fit what the runner holds (a sequence
+  // it does not know, positions or tables that do not add up): the step fails.
+  status apply(const step_plan& plan);
+
+  // After the forward pass: samples every sequence of the plan that samples
+  // from its last row of `logits` (rows as llama_context::forward lays them
+  // out, [rows][n_vocab]) into out.sampled, creating its forks first; then
+  // hands the rows of all_logits sequences to out.prompt_logits (`logits` is
+  // left in an unspecified state) and fills out.selector_bytes.
+  status sample(const step_plan& plan, std::vector<float>& logits, int n_vocab, step_output& out);
+
+  // The sequence's state, or nullptr.
+  sequence* find(seq_id id);
+  std::size_t size() const { return seqs_.size(); }
+
+ private:
+  status apply_seq(const scheduled_seq& q);
+  void start_kv_over(sequence& s);
+  sampled_token draw(sequence& s, seq_id id, std::span<const float> logits);
+
+  runner_shape shape_;
+  policy_factory make_policy_;
+  std::unordered_map<seq_id, std::unique_ptr<sequence>> seqs_;
+};
+
+}  // namespace pagoda
