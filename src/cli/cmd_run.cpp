@@ -158,7 +158,7 @@ int run(run_options o) {
   const std::int64_t n_decode_tokens = std::max<std::int64_t>(n_sampled - 1, 0);
   const double gen_tps = n_decode_tokens > 0 ? n_decode_tokens / std::max(gen_s, 1e-9) : 0.0;
   const kv_usage kv = eng->usage();
-  // Window slots (sliding-window layers beside global ones) are paid for apart from the blocks.
+  // The sliding-window group's blocks (windowed layers beside global ones) are of another size.
   const std::size_t kv_used = static_cast<std::size_t>(kv.n_blocks_used_peak) * info.kv_bytes_per_block +
                               static_cast<std::size_t>(kv.n_window_blocks_used_peak) * info.kv_window_block_bytes;
   const std::string type_k = info.kv_layout.substr(0, info.kv_layout.find_first_of("+/:,"));

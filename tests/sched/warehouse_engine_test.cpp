@@ -117,11 +117,12 @@ TEST(warehouse_engine, a_restart_keeps_prefixes_on_disk) {
   fs::remove_all(dir);
 }
 
-// gemma2 (tests/data/oracle, window 32) with its sliding layer in window
-// slots: blocks reach the disk tier with every layer, and a restart loads the
-// prefix, window slots and all: the same greedy tokens as a cold run keeping
-// every position without a store.
-TEST(warehouse_engine, window_slots_store_and_load_every_layer) {
+// gemma2 (tests/data/oracle, window 32) with its sliding layer in a KV group
+// of its own: both groups' blocks reach the disk tier, each under its own
+// layout (same formats, other layers: they must not collide), and a restart
+// loads the prefix in both groups: the same greedy tokens as a cold run
+// keeping every position without a store.
+TEST(warehouse_engine, window_group_blocks_store_and_load_in_every_group) {
   const std::string gguf = std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/gguf/gemma2-F32.gguf";
   auto model = *llama_model::load(gguf);
   const std::string dir = temp_dir("windows");
