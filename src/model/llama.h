@@ -29,6 +29,7 @@
 #include "kv/kv_backend.h"
 #include "model/gguf.h"
 #include "model/matmul.h"
+#include "model/rope.h"
 #include "model/tokenizer.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
@@ -58,6 +59,10 @@ struct llama_hparams {
   float attn_scale = 0.0f;  // query scale before the scores (1/sqrt(head_dim) for most)
   float attn_softcap = 0.0f;   // > 0: scores s -> c tanh(s / c) (gemma2)
   float final_softcap = 0.0f;  // > 0: logits z -> c tanh(z / c)
+  // RoPE scaling beyond the linear factor below (model/rope.h): YaRN and
+  // Llama 3's frequency factors, the same on every layer. layer_rope_angles()
+  // combines it with the layer's base and linear factor.
+  rope_scaling_config rope_scaling;
   // Sliding window: a query at position p on a local layer sees keys at
   // positions p - sliding_window + 1 .. p; global layers see 0 .. p.
   int sliding_window = 0;
@@ -73,6 +78,9 @@ struct llama_hparams {
   int n_swa_layers() const;
   float layer_rope_base(int layer) const { return is_swa(layer) ? rope_base_swa : rope_base; }
   float layer_rope_scale(int layer) const { return is_swa(layer) ? rope_freq_scale_swa : rope_freq_scale; }
+  rope_angles layer_rope_angles(int layer) const {
+    return rope_angles(rope_scaling, rope_dim, layer_rope_base(layer), layer_rope_scale(layer));
+  }
 };
 
 

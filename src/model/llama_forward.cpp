@@ -32,25 +32,15 @@ void apply_rope(float* x, int n_heads, int head_dim, int rope_dim, bool neox, co
   }
 }
 
-// scale: linear RoPE scaling (1 without).
-void rope_table(int pos, int rope_dim, float base, float scale, float* cos_t, float* sin_t) {
-  for (int i = 0; i < rope_dim / 2; ++i) {
-    float freq = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(rope_dim));
-    float angle = static_cast<float>(pos) * scale * freq;
-    cos_t[i] = std::cos(angle);
-    sin_t[i] = std::sin(angle);
-  }
-}
-
-// The cos/sin tables of every token of the step for one RoPE base and scale:
-// [tokens][rope_dim / 2] each.
+// The cos/sin tables of every token of the step for one kind of layer:
+// [tokens][rope_dim / 2] each, with YaRN's magnitude factor.
 struct rope_tables {
   std::vector<float> cos_t, sin_t;
-  void fill(const std::vector<std::int32_t>& positions, int n_tok, int rope_dim, float base, float scale) {
-    const std::size_t half = static_cast<std::size_t>(rope_dim) / 2;
+  void fill(const std::vector<std::int32_t>& positions, int n_tok, const rope_angles& angles) {
+    const std::size_t half = static_cast<std::size_t>(angles.n_pairs());
     cos_t.resize(static_cast<std::size_t>(n_tok) * half);
     sin_t.resize(cos_t.size());
-    for (int i = 0; i < n_tok; ++i) rope_table(positions[i], rope_dim, base, scale, &cos_t[i * half], &sin_t[i * half]);
+    for (int i = 0; i < n_tok; ++i) angles.at(positions[i], true, &cos_t[i * half], &sin_t[i * half]);
   }
 };
 
@@ -78,8 +68,10 @@ bool scattered(std::span<const slot_range> ranges, int block_size) {
 void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std::int32_t* delta) {
   const std::size_t half = static_cast<std::size_t>(hp.rope_dim) / 2;
   std::vector<float> c(half), s(half);
+  // A pure rotation: the key already carries YaRN's magnitude from its forward pass.
+  const rope_angles angles = hp.layer_rope_angles(layer);
   for (int i = 0; i < n; ++i) {
-    rope_table(delta[i], hp.rope_dim, hp.layer_rope_base(layer), hp.layer_rope_scale(layer), c.data(), s.data());
+    angles.at(delta[i], false, c.data(), s.data());
     apply_rope(k + static_cast<std::size_t>(i) * hp.kv_dim(), hp.n_head_kv, hp.head_dim, hp.rope_dim, hp.rope_neox,
                c.data(), s.data());
   }
@@ -232,10 +224,10 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   // RoPE tables: one set for the global layers, one more when local layers
   // rotate with another base or scale (gemma3).
   rope_tables rope_global, rope_local;
-  rope_global.fill(positions_, n_tok, hp.rope_dim, hp.rope_base, hp.rope_freq_scale);
+  rope_global.fill(positions_, n_tok, rope_angles(hp.rope_scaling, hp.rope_dim, hp.rope_base, hp.rope_freq_scale));
   for (int l = 0; l < hp.n_layer; ++l)
     if (hp.layer_rope_base(l) != hp.rope_base || hp.layer_rope_scale(l) != hp.rope_freq_scale) {
-      rope_local.fill(positions_, n_tok, hp.rope_dim, hp.rope_base_swa, hp.rope_freq_scale_swa);
+      rope_local.fill(positions_, n_tok, hp.layer_rope_angles(l));
       break;
     }
 

@@ -138,6 +138,79 @@ status read_swa_layers(loader& ld, llama_hparams& hp, std::int64_t default_patte
   return {};
 }
 
+// RoPE scaling, read as llama.cpp reads it for every architecture
+// (llama_model_base::load_hparams and llama_context's YaRN set-up):
+//   rope.scaling.type     none, linear (the default) or yarn; longrope and
+//                         any other value are refused, naming it;
+//   rope.scaling.factor   (or the older rope.scale_linear; 0 or absent: 1):
+//                         positions x 1 / factor, except under type none and on
+//                         gemma3's local layers;
+//   rope.scaling.attn_factor  cos and sin x this (default 1), under any type;
+//   YaRN: rope.scaling.original_context_length (default: the trained
+//         context), ext_factor 1, the magnitude factor 0.1 ln(factor) + 1, and
+//         beta_fast / beta_slow from rope.scaling.yarn_beta_fast / _slow where
+//         a file has them, else llama.cpp's 32 and 1 (llama.cpp reads those keys
+//         only for other architectures; a file that states them means them);
+//   rope_freqs.weight     Llama 3's per-pair frequency divisors, on llama
+//                         (the only architecture here that llama.cpp reads it
+//                         for); LongRoPE's rope_factors_long/short are refused.
+status read_rope_scaling(loader& ld, llama_hparams& hp) {
+  const std::string& a = hp.arch;
+  rope_scaling_config& rs = hp.rope_scaling;
+  std::string type = "linear";
+  if (auto t = ld.f.get_string(a + ".rope.scaling.type"); t.ok()) type = std::string(*t);
+  else if (t.error().code() != errc::not_found) return t.error();
+  if (type == "longrope")
+    return error(errc::unsupported, "{}.rope.scaling.type = 'longrope': LongRoPE scaling is not supported", a);
+  if (type != "none" && type != "linear" && type != "yarn")
+    return error(errc::unsupported, "{}.rope.scaling.type = '{}' is not supported (none, linear, yarn)", a, type);
+  std::string factor_key = a + ".rope.scaling.factor";
+  if (!ld.f.find(factor_key) && ld.f.find(a + ".rope.scale_linear")) factor_key = a + ".rope.scale_linear";
+  double factor = 0;
+  if (auto v = ld.f.get_float(factor_key); v.ok()) factor = *v;
+  else if (v.error().code() != errc::not_found) return v.error();
+  if (factor != 0 && !(factor > 0 && factor < 1e6)) return error(errc::corrupt, "{} = {} out of range", factor_key, factor);
+  rs.factor = factor == 0 ? 1.0f : static_cast<float>(factor);
+  hp.rope_freq_scale = type == "none" ? 1.0f : 1.0f / rs.factor;
+  hp.rope_freq_scale_swa = a == "gemma3" ? 1.0f : hp.rope_freq_scale;
+  rs.type = type == "yarn" ? rope_scaling_type::yarn
+            : hp.rope_freq_scale != 1.0f ? rope_scaling_type::linear
+                                         : rope_scaling_type::none;
+
+  PAGODA_ASSIGN_OR_RETURN(double attn_factor, ld.key_float("rope.scaling.attn_factor", 1.0));
+  PAGODA_ASSIGN_OR_RETURN(std::int64_t n_ctx_orig, ld.key_int("rope.scaling.original_context_length", hp.n_ctx_train));
+  PAGODA_ASSIGN_OR_RETURN(double beta_fast, ld.key_float("rope.scaling.yarn_beta_fast", 32.0));
+  PAGODA_ASSIGN_OR_RETURN(double beta_slow, ld.key_float("rope.scaling.yarn_beta_slow", 1.0));
+  if (!(attn_factor > 0 && attn_factor < 1e3) || n_ctx_orig < 1 || n_ctx_orig > (1 << 24) ||
+      !(beta_fast > 0 && beta_fast < 1e6) || !(beta_slow > 0 && beta_slow < 1e6))
+    return error(errc::corrupt, "{}.rope.scaling: attn_factor {}, original_context_length {}, beta fast {} / slow {} out of range",
+                 a, attn_factor, n_ctx_orig, beta_fast, beta_slow);
+  rs.n_ctx_orig = static_cast<int>(n_ctx_orig);
+  rs.beta_fast = static_cast<float>(beta_fast);
+  rs.beta_slow = static_cast<float>(beta_slow);
+  rs.ext_factor = rs.type == rope_scaling_type::yarn ? 1.0f : 0.0f;
+  rs.attn_factor = static_cast<float>(attn_factor);
+  if (rs.ext_factor != 0.0f) {
+    // llama.cpp's YaRN attention factor before ggml's per-layer magnitude
+    // factor (rope_angles): 1 for factors above 1, the inverse of that
+    // magnitude factor below, so that only scaled-down layers grow.
+    const float f = 1.0f / hp.rope_freq_scale;
+    const float wanted = f <= 1.0f ? 1.0f : 0.1f * std::log(f) + 1.0f;
+    rs.attn_factor *= wanted / (1.0f + 0.1f * std::log(f));
+  }
+
+  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
+    if (ld.f.find_tensor(name))
+      return error(errc::unsupported, "tensor {}: LongRoPE frequency factors are not supported", name);
+  if (!ld.f.find_tensor("rope_freqs.weight")) return {};
+  if (a != "llama")
+    return error(errc::unsupported, "tensor rope_freqs.weight: frequency factors are read for llama models, not {}", a);
+  PAGODA_ASSIGN_OR_RETURN(rs.freq_factors, ld.vector("rope_freqs.weight", hp.rope_dim / 2));
+  for (float x : rs.freq_factors)
+    if (!(x > 0 && std::isfinite(x))) return error(errc::corrupt, "tensor rope_freqs.weight holds {}: factors must be positive", x);
+  return {};
+}
+
 // The per-architecture parts of the block (llama.h's table), after the common
 // hyper-parameters are read.
 status read_arch_features(loader& ld, llama_hparams& hp) {
@@ -175,29 +248,12 @@ status read_arch_features(loader& ld, llama_hparams& hp) {
   if (hp.sliding_window > 0) PAGODA_RETURN_IF_ERROR(read_swa_layers(ld, hp, a == "gemma2" ? 2 : a == "gemma3" ? 6 : 0));
   else hp.swa_layer.assign(hp.n_layer, false);
   hp.rope_base_swa = hp.rope_base;
-  if (a == "gemma3") {
-    PAGODA_ASSIGN_OR_RETURN(double b, ld.key_float("rope.freq_base_swa", 10000.0));
+  if (gemma) {  // llama.cpp's defaults: gemma2 one base for all layers, gemma3 10000 on local ones
+    PAGODA_ASSIGN_OR_RETURN(double b, ld.key_float("rope.freq_base_swa", a == "gemma3" ? 10000.0 : hp.rope_base));
     if (!(b > 1)) return error(errc::corrupt, "rope base {} out of range", b);
     hp.rope_base_swa = static_cast<float>(b);
   }
-  // Linear RoPE scaling (positions x 1/factor) on every layer but gemma3's
-  // local ones, as llama.cpp; the other schemes (YaRN, LongRoPE, Llama 3's
-  // frequency factors) are not computed, so the new architectures refuse them
-  // rather than run at the wrong angles (llama and qwen2 keep loading as before).
-  auto scaling = ld.f.get_string(a + ".rope.scaling.type");
-  auto factor = ld.f.get_float(a + ".rope.scaling.factor");
-  const bool linear = !scaling.ok() || *scaling == "linear" || *scaling == "none";
-  const bool scaled = linear && factor.ok() && *factor != 0.0 && !(scaling.ok() && *scaling == "none");
-  if (scaled) {
-    if (!(*factor > 0 && *factor < 1e6)) return error(errc::corrupt, "RoPE scaling factor {} out of range", *factor);
-    hp.rope_freq_scale = static_cast<float>(1.0 / *factor);
-  }
-  hp.rope_freq_scale_swa = a == "gemma3" ? 1.0f : hp.rope_freq_scale;
-  if (a == "llama" || a == "qwen2") return {};
-  if (!linear) return error(errc::unsupported, "RoPE scaling type '{}' is not supported (linear only)", *scaling);
-  if (ld.f.find_tensor("rope_factors_long.weight") || ld.f.find_tensor("rope_factors_short.weight") ||
-      ld.f.find_tensor("rope_freqs.weight"))
-    return error(errc::unsupported, "RoPE frequency factors (rope_factors_* / rope_freqs tensors) are not supported");
+  PAGODA_RETURN_IF_ERROR(read_rope_scaling(ld, hp));
   return {};
 }
 
