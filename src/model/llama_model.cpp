@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "model/llama.h"
 
@@ -211,6 +212,60 @@ status read_rope_scaling(loader& ld, llama_hparams& hp) {
   return {};
 }
 
+// Metadata keys llama.cpp reads for these architectures that would change
+// the model's output and that Pagoda does not compute: a file that sets one to
+// anything but its neutral value is refused, naming the key, rather than run
+// wrong. tests/model/metadata_keys_test.cpp holds the full list of keys
+// llama.cpp reads and checks each is used or refused here.
+status refuse_unimplemented_keys(loader& ld, const llama_hparams& hp) {
+  const std::string& a = hp.arch;
+  struct numeric_key {
+    const char* suffix;
+    double neutral;  // the value that changes nothing
+    double also;     // another value that changes nothing (NaN: none)
+    const char* what;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const numeric_key numeric[] = {
+      {"rope.scaling.alpha", 0, nan, "NTK-aware RoPE alpha scaling"},
+      // Read by llama.cpp only for other architectures (grok; the log
+      // multiplier for deepseek2 and mistral3); YaRN's extrapolation share and
+      // attention factor are derived here as llama.cpp derives them.
+      {"rope.scaling.yarn_ext_factor", -1, hp.rope_scaling.ext_factor, "a YaRN extrapolation factor set by the file"},
+      {"rope.scaling.yarn_attn_factor", 1, nan, "a YaRN attention factor set by the file"},
+      {"rope.scaling.yarn_log_multiplier", 0, nan, "YaRN's log multiplier (mscale_all_dim)"},
+      {"rope.dimension_count_swa", static_cast<double>(hp.rope_dim), nan, "another RoPE width on sliding-window layers"},
+      {"attention.key_length_swa", static_cast<double>(hp.head_dim), nan, "another head size on sliding-window layers"},
+      {"attention.value_length_swa", static_cast<double>(hp.head_dim), nan, "another head size on sliding-window layers"},
+      {"attention.value_length", static_cast<double>(hp.head_dim), nan, "value heads of another size than key heads"},
+      {"embedding_length_out", static_cast<double>(hp.n_embd), 0, "an output width other than the embedding width"},
+      {"pooling_type", -1, 0, "pooled embeddings (an embedding model)"},
+  };
+  for (const numeric_key& k : numeric) {
+    const std::string key = a + "." + k.suffix;
+    auto v = ld.f.get_float(key);
+    if (!v.ok() && v.error().code() == errc::not_found) continue;
+    if (!v.ok()) return v.error();
+    if (*v != k.neutral && *v != k.also)
+      return error(errc::unsupported, "{} = {}: Pagoda does not compute {}", key, *v, k.what);
+  }
+  if (ld.f.find(a + ".attention.causal")) {
+    PAGODA_ASSIGN_OR_RETURN(bool causal, ld.f.get_bool(a + ".attention.causal"));
+    if (!causal) return error(errc::unsupported, "{}.attention.causal = false: non-causal attention is not supported", a);
+  }
+  if (ld.f.find(a + ".classifier.output_labels"))
+    return error(errc::unsupported, "{}.classifier.output_labels: classifier heads are not supported", a);
+  // Experts on the dense architectures (Mixtral is `llama` with expert_count
+  // 8) are not computed; a mixture-of-experts architecture reads these itself.
+  const bool dense = a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma2" || a == "gemma3" || a == "phi3";
+  for (const char* suffix : {"expert_count", "expert_used_count", "expert_group_count", "expert_group_used_count"}) {
+    if (!dense) break;
+    PAGODA_ASSIGN_OR_RETURN(std::int64_t n, ld.key_int(suffix, 0));
+    if (n != 0) return error(errc::unsupported, "{}.{} = {}: mixture-of-experts {} models are not supported", a, suffix, n, a);
+  }
+  return {};
+}
+
 // The per-architecture parts of the block (llama.h's table), after the common
 // hyper-parameters are read.
 status read_arch_features(loader& ld, llama_hparams& hp) {
@@ -254,6 +309,7 @@ status read_arch_features(loader& ld, llama_hparams& hp) {
     hp.rope_base_swa = static_cast<float>(b);
   }
   PAGODA_RETURN_IF_ERROR(read_rope_scaling(ld, hp));
+  PAGODA_RETURN_IF_ERROR(refuse_unimplemented_keys(ld, hp));
   return {};
 }
 
