@@ -81,6 +81,27 @@ std::string block_features(const llama_hparams& hp) {
   return out;
 }
 
+// The RoPE line: base, width, style and the scaling in effect (model/rope.h).
+std::string rope_description(const llama_hparams& hp) {
+  std::string out = fmt::format("base {:g}, {} dims, {}", hp.rope_base, hp.rope_dim, hp.rope_neox ? "neox" : "normal");
+  const rope_scaling_config& rs = hp.rope_scaling;
+  const rope_angles global(rs, hp.rope_dim, hp.rope_base, hp.rope_freq_scale);
+  if (rs.type == rope_scaling_type::yarn)
+    out += fmt::format(", YaRN x{:g} over an original context of {} (beta fast {:g}, slow {:g}; cos/sin x {:.4g})",
+                       rs.factor, rs.n_ctx_orig, rs.beta_fast, rs.beta_slow, global.magnitude());
+  else if (hp.rope_freq_scale != 1.0f)
+    out += fmt::format(", linear scaling x{:g}", 1.0 / hp.rope_freq_scale);
+  if (rs.type != rope_scaling_type::yarn && global.magnitude() != 1.0f)
+    out += fmt::format(", cos/sin x {:g}", global.magnitude());
+  if (!rs.freq_factors.empty()) {
+    const auto [lo, hi] = std::minmax_element(rs.freq_factors.begin(), rs.freq_factors.end());
+    out += fmt::format(", frequency factors {:g} to {:g} (rope_freqs)", *lo, *hi);
+  }
+  if (hp.n_swa_layers() > 0 && hp.rope_base_swa != hp.rope_base)
+    out += fmt::format("; base {:g} on sliding-window layers", hp.rope_base_swa);
+  return out;
+}
+
 // KV bytes per token of each layer type in the configured layout: global
 // layers keep every position; sliding-window layers only need the last
 // `window` positions (their column at 32K shows that). When every layer
@@ -131,10 +152,7 @@ int info(const info_options& o) {
                 hp.n_swa_layers(), hp.n_layer);
   std::printf("vocabulary:      %d (%s tokenizer)\n", hp.n_vocab, model->vocab().model_name().c_str());
   std::printf("context:         %d (trained, from metadata)\n", hp.n_ctx_train);
-  std::printf("rope:            base %g, %d dims, %s", hp.rope_base, hp.rope_dim, hp.rope_neox ? "neox" : "normal");
-  if (hp.rope_freq_scale != 1.0f) std::printf(", linear scaling x%g", 1.0 / hp.rope_freq_scale);
-  if (hp.n_swa_layers() > 0 && hp.rope_base_swa != hp.rope_base) std::printf("; base %g on sliding-window layers", hp.rope_base_swa);
-  std::printf("\n");
+  std::printf("rope:            %s\n", rope_description(hp).c_str());
   std::printf("rms epsilon:     %g\n", hp.rms_eps);
   std::printf("output:          %s\n", hp.tied_output ? "tied to token embeddings" : "separate");
   print_weight_memory(*model);

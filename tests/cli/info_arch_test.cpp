@@ -1,6 +1,7 @@
 // pagoda info on the architectures with sliding-window layers: KV bytes per
 // token per layer type, and the block's parts (tests/data/oracle's gemma2 and
-// gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32).
+// gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32); and the
+// RoPE scaling of the oracle's YaRN and frequency-factor files.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -34,6 +35,23 @@ TEST(cli_info, gemma3_two_rope_bases_and_layer_types) {
   // 1 KV head: 256 bytes per token per layer; layers 0 and 1 local.
   EXPECT_NE(r.out.find("sliding (window 32)             2          256.0          512.0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("global                          1          256.0          256.0"), std::string::npos) << r.out;
+}
+
+// The RoPE scaling in effect: YaRN's parameters (qwen2-yarn: factor 4 over
+// 512 positions, llama.cpp's betas, magnitude 0.1 ln 4 + 1 = 1.139) and Llama
+// 3.1-style frequency factors (drawn in [1, 8]).
+TEST(cli_info, rope_scaling_in_effect) {
+  auto yarn = run_cli("info -m " + data_path("oracle/gguf/qwen2-yarn-F32.gguf"));
+  ASSERT_EQ(yarn.exit_code, 0) << yarn.err;
+  EXPECT_NE(yarn.out.find("rope:            base 1e+06, 64 dims, neox, YaRN x4 over an original context of 512 "
+                          "(beta fast 32, slow 1; cos/sin x 1.139)"),
+            std::string::npos)
+      << yarn.out;
+  auto factors = run_cli("info -m " + data_path("oracle/gguf/llama-ropefreqs-F32.gguf"));
+  ASSERT_EQ(factors.exit_code, 0) << factors.err;
+  EXPECT_NE(factors.out.find("rope:            base 500000, 64 dims, normal, frequency factors 1."), std::string::npos)
+      << factors.out;
+  EXPECT_NE(factors.out.find(" (rope_freqs)\n"), std::string::npos) << factors.out;
 }
 
 TEST(cli_info, llama_has_only_global_layers) {
