@@ -1,7 +1,6 @@
 // pagoda info on the architectures with sliding-window layers: KV bytes per
 // token per layer type, and the block's parts (tests/data/oracle's gemma2 and
-// gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32); and the
-// RoPE scaling of the oracle's YaRN and frequency-factor files.
+// gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 

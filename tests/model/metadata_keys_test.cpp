@@ -234,7 +234,9 @@ TEST_P(metadata_keys, every_key_llama_cpp_reads_is_used_or_refused) {
     switch (k.expect) {
       case outcome::refused:
         EXPECT_FALSE(variant.ok()) << "a file setting " << key << " loads";
-        if (!variant.ok()) EXPECT_THAT(variant.error().message(), HasSubstr(key));
+        if (!variant.ok()) {
+          EXPECT_THAT(variant.error().message(), HasSubstr(key));
+        }
         break;
       case outcome::shapes:
         // Refused by a tensor's shape or by a dimension derived from it: a
