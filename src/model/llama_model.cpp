@@ -309,7 +309,6 @@ status read_arch_features(loader& ld, llama_hparams& hp) {
     hp.rope_base_swa = static_cast<float>(b);
   }
   PAGODA_RETURN_IF_ERROR(read_rope_scaling(ld, hp));
-  PAGODA_RETURN_IF_ERROR(refuse_unimplemented_keys(ld, hp));
   return {};
 }
 
@@ -393,6 +392,8 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
   if (hp.n_vocab != m->tokenizer_->n_vocab())
     return error(errc::corrupt, "token_embd.weight has {} rows but the tokenizer has {} tokens", embd->ne[1],
                  m->tokenizer_->n_vocab());
+  // Last of the metadata, once every architecture's own keys are read.
+  PAGODA_RETURN_IF_ERROR(refuse_unimplemented_keys(ld, hp));
 
   PAGODA_ASSIGN_OR_RETURN(m->token_embd_, ld.matrix("token_embd.weight", n_embd, hp.n_vocab));
   PAGODA_ASSIGN_OR_RETURN(m->output_norm_, ld.vector("output_norm.weight", n_embd));
