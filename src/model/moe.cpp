@@ -17,22 +17,6 @@ namespace {
 // before dividing by it (llama.cpp's build_moe_ffn).
 constexpr float k_min_weight_sum = 6.103515625e-5f;
 
-// Gathering and the weighted sum are copies and axpys: below this many floats
-// they run on the calling thread.
-constexpr std::size_t k_parallel_min_floats = std::size_t{1} << 16;
-
-// Runs fn(t) for every token, over the pool when the work is large enough.
-template <typename Fn>
-void for_each_token(thread_pool& pool, int n_tok, std::size_t floats, Fn&& fn) {
-  if (floats < k_parallel_min_floats || pool.size() == 1) {
-    for (int t = 0; t < n_tok; ++t) fn(t);
-    return;
-  }
-  pool.parallel_for(static_cast<std::size_t>(n_tok), [&](std::size_t b, std::size_t e) {
-    for (std::size_t t = b; t < e; ++t) fn(static_cast<int>(t));
-  });
-}
-
 // aligned_buffer::resize reallocates: buffers only grow, to the largest step.
 void grow(aligned_buffer& b, std::size_t size_bytes) {
   if (b.size() < size_bytes) b.resize(size_bytes, false);
@@ -111,12 +95,11 @@ int moe_ffn(const moe_config& c, const moe_weights& w, const float* xn, int n_to
   float* xg = s.xg.as<float>();
   float* g = s.g.as<float>();
   float* u = s.u.as<float>();
+  // Gathering and the weighted sum below are copies and axpys, a few percent
+  // of a step's products even for a long prompt: they run on this thread.
   const std::size_t row_bytes = static_cast<std::size_t>(n_embd) * sizeof(float);
-  for_each_token(pool, n_tok, rows * static_cast<std::size_t>(n_embd), [&](int t) {
-    for (int j = 0; j < k; ++j)
-      std::memcpy(xg + static_cast<std::size_t>(s.row_of[static_cast<std::size_t>(t) * k + j]) * n_embd,
-                  xn + static_cast<std::size_t>(t) * n_embd, row_bytes);
-  });
+  for (std::size_t r = 0; r < rows; ++r)
+    std::memcpy(xg + static_cast<std::size_t>(s.row_of[r]) * n_embd, xn + r / k * n_embd, row_bytes);
 
   // One product per active expert and matrix, over all of its rows.
   int active = 0;
@@ -136,7 +119,7 @@ int moe_ffn(const moe_config& c, const moe_weights& w, const float* xn, int n_to
 
   // out = sum over j, in order, of w_j x expert output (each product rounded
   // to f32, then added: ggml's mul and adds).
-  for_each_token(pool, n_tok, rows * static_cast<std::size_t>(n_embd), [&](int t) {
+  for (int t = 0; t < n_tok; ++t) {
     float* o = out + static_cast<std::size_t>(t) * n_embd;
     for (int j = 0; j < k; ++j) {
       const std::size_t r = static_cast<std::size_t>(t) * k + j;
@@ -147,7 +130,7 @@ int moe_ffn(const moe_config& c, const moe_weights& w, const float* xn, int n_to
       else
         for (std::int64_t i = 0; i < n_embd; ++i) o[i] += wj * d[i];
     }
-  });
+  }
   s.expert_runs += active;
   return active;
 }
