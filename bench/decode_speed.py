@@ -45,8 +45,8 @@ TYPE_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (3
               20: (32, 18), 21: (256, 110), 23: (256, 136), 30: (1, 2)}
 
 
-def gguf_tensors(path):
-    """(name, type, n_elements) of every tensor, from the GGUF header."""
+def gguf_header(path):
+    """The scalar metadata ({key: value}) and (name, type, n_elements) of every tensor, from the GGUF header."""
     with open(path, "rb") as f:
         data = f.read(64 << 20)  # the header of a synth file is well under this
     pos = 0
@@ -66,22 +66,23 @@ def gguf_tensors(path):
 
     scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q", 12: "d"}
 
-    def skip_value(t):
+    def value(t):
         if t == 8:
-            string()
-        elif t == 9:
+            return string()
+        if t == 9:
             et, n = take("I"), take("Q")
             for _ in range(n):
-                skip_value(et)
-        else:
-            take(scalar[t])
+                value(et)
+            return None
+        return take(scalar[t])
 
     assert data[:4] == b"GGUF", path
     pos = 8
     n_tensors, n_kv = take("Q"), take("Q")
+    kv = {}
     for _ in range(n_kv):
-        string()
-        skip_value(take("I"))
+        key = string()
+        kv[key] = value(take("I"))
     out = []
     for _ in range(n_tensors):
         name = string()
@@ -92,17 +93,22 @@ def gguf_tensors(path):
         t = take("I")
         take("Q")
         out.append((name, t, n))
-    return out
+    return kv, out
 
 
 def decode_bytes(path):
-    """Bytes a decode pass reads: every tensor but the embedding table (one row of it)."""
+    """Bytes a decode pass reads: every tensor but the embedding table (one row of it); of a
+    mixture of experts' 3-D expert tensors, the share of the experts one token is routed to."""
+    kv, tensors = gguf_header(path)
+    arch = kv.get("general.architecture", "")
+    n_expert, n_used = kv.get(f"{arch}.expert_count", 0), kv.get(f"{arch}.expert_used_count", 0)
     total = 0
-    for name, t, n in gguf_tensors(path):
+    for name, t, n in tensors:
         if name == "token_embd.weight":
             continue
         elems, size = TYPE_SIZES[t]
-        total += n // elems * size
+        b = n // elems * size
+        total += b * n_used // n_expert if "_exps." in name and n_expert else b
     return total
 
 

@@ -7,6 +7,11 @@ figures quoted in issue 2) and prints markdown tables. Every ratio is taken
 within one run of this script, so machine noise affects both sides alike.
 
 usage: bench/engine_bench.py [--pagoda build/release/pagoda] [--only run,ppl,batch,prefix]
+       [--batch-model LABEL=PATH[,FLAG...] ...] [--batch-sizes 1,8,32,64] [--batch-threads 2]
+
+--batch-model replaces the batch section's two models (stories260K at 1 thread,
+the synth file at 2) with the given files, each at --batch-threads, flags after
+commas passed to `pagoda batch` (e.g. ",--no-mmap").
 """
 import argparse
 import json
@@ -87,7 +92,7 @@ def batch(pagoda, model, lines, extra):
     return json.loads(r.stderr.strip().splitlines()[-1])
 
 
-def section_batch(pagoda, synth_model):
+def section_batch(pagoda, synth_model, models=None, sizes=(1, 8, 32, 64)):
     print("### Continuous batching throughput (`pagoda batch`)\n")
     print("N requests run with `--max-num-seqs N` against the same N requests with `--max-num-seqs 1`")
     print("(one at a time). Generated tokens/s over the whole run (prefill included); fragmentation is the mean")
@@ -95,11 +100,13 @@ def section_batch(pagoda, synth_model):
     print("one prefill step of all N prompts, dominates. Best of two alternating runs per side.\n")
     print("| model | threads | N | tok/s one at a time | tok/s concurrent | ratio | peak KV usage | mean fragmentation |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, model, gen, threads in [("stories260K", STORIES, 128, 1), ("synth llama3-8b 4L q8_0", synth_model, 128, 2)]:
-        for n in (1, 8, 32, 64):
+    # (label, path, tokens generated, threads, extra flags)
+    models = models or [("stories260K", STORIES, 128, 1, []), ("synth llama3-8b 4L q8_0", synth_model, 128, 2, [])]
+    for name, model, gen, threads, flags in models:
+        for n in sizes:
             lines = [{"id": str(i), "prompt": f"Once upon a time, story number {i} began", "max_tokens": gen,
                       "temperature": 0} for i in range(n)]
-            common = ["-t", str(threads), "--ctx", "512", "--max-num-batched-tokens", "2048"]
+            common = ["-t", str(threads), "--ctx", "512", "--max-num-batched-tokens", "2048"] + flags
             # Best of two, alternating, so a burst of load from the machine's
             # other tenants does not land on one side of the ratio only.
             runs = [(batch(pagoda, model, lines, common + ["--max-num-seqs", "1"]),
@@ -132,15 +139,21 @@ def main():
     ap.add_argument("--pagoda", default=os.path.join(ROOT, "build", "release", "pagoda"))
     ap.add_argument("--synth", default="/tmp/pagoda_bench_llama3_8b_4l_q8_0.gguf")
     ap.add_argument("--only", default="run,ppl,batch,prefix")
+    ap.add_argument("--batch-model", action="append", default=[], help="LABEL=PATH[,FLAG...] for the batch section")
+    ap.add_argument("--batch-sizes", default="1,8,32,64")
+    ap.add_argument("--batch-threads", type=int, default=2)
     a = ap.parse_args()
     only = a.only.split(",")
-    synth_model = synth(a.pagoda, a.synth) if ("run" in only or "batch" in only) else None
+    batch_models = [(m.split("=", 1)[0], m.split("=", 1)[1].split(",")[0], 128, a.batch_threads,
+                     m.split("=", 1)[1].split(",")[1:]) for m in a.batch_model]
+    need_synth = "run" in only or ("batch" in only and not batch_models)
+    synth_model = synth(a.pagoda, a.synth) if need_synth else None
     if "run" in only:
         section_run(a.pagoda, synth_model)
     if "ppl" in only:
         section_ppl(a.pagoda)
     if "batch" in only:
-        section_batch(a.pagoda, synth_model)
+        section_batch(a.pagoda, synth_model, batch_models, [int(x) for x in a.batch_sizes.split(",")])
     if "prefix" in only:
         section_prefix(a.pagoda)
 

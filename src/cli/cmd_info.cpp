@@ -140,12 +140,20 @@ int info(const info_options& o) {
   std::printf("gguf version:    %u, %zu tensors, %zu metadata keys\n", f.version(), f.tensors().size(),
               f.metadata().size());
   std::printf("architecture:    %s\n", hp.arch.c_str());
-  std::printf("parameters:      %lld\n", static_cast<long long>(model->n_params()));
+  std::printf("parameters:      %lld", static_cast<long long>(model->n_params()));
+  if (hp.moe.n_expert > 0) std::printf(" (%lld active per token)", static_cast<long long>(model->n_active_params()));
+  std::printf("\n");
   std::printf("layers:          %d\n", hp.n_layer);
   std::printf("embedding:       %d\n", hp.n_embd);
   std::printf("heads:           %d query, %d KV (GQA group %d), head_dim %d\n", hp.n_head, hp.n_head_kv, hp.n_rep(),
               hp.head_dim);
-  std::printf("feed-forward:    %d (%s)\n", hp.n_ff, hp.gelu ? "GeGLU, tanh GELU" : "SwiGLU");
+  if (hp.moe.n_expert > 0)  // routed experts (model/moe.h); the dense width is only a key
+    std::printf("feed-forward:    %d experts of %d, %d per token (SwiGLU; softmax router, top-%d weights %s%s)\n",
+                hp.moe.n_expert, hp.moe.n_ff_exp, hp.moe.n_expert_used, hp.moe.n_expert_used,
+                hp.moe.norm_weights ? "renormalised" : "as routed",
+                hp.moe.weights_scale != 1.0f ? fmt::format(", x{:g}", hp.moe.weights_scale).c_str() : "");
+  else
+    std::printf("feed-forward:    %d (%s)\n", hp.n_ff, hp.gelu ? "GeGLU, tanh GELU" : "SwiGLU");
   if (const std::string f = block_features(hp); !f.empty()) std::printf("block:           %s\n", f.c_str());
   if (hp.n_swa_layers() > 0)
     std::printf("attention:       sliding window of %d on %d of %d layers (the others global)\n", hp.sliding_window,

@@ -1,6 +1,9 @@
 // pagoda synth: a random-weight model with a real model's shapes, for speed and
 // memory work at realistic sizes. Its text means nothing.
 #include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -24,11 +27,15 @@ struct synth_cli_options {
 
 int synth(const synth_cli_options& o) {
   if (o.list) {
-    std::printf("%-16s %-6s %6s %5s %5s %5s %7s %6s %7s %7s\n", "preset", "arch", "embd", "heads", "kv", "hdim", "ffn",
-                "layers", "vocab", "window");
-    for (const synth_shape& s : synth_presets())
-      std::printf("%-16s %-6s %6d %5d %5d %5d %7d %6d %7d %7d\n", s.name, s.arch, s.n_embd, s.n_head, s.n_head_kv,
-                  s.head_dim, s.n_ff, s.n_layer, s.n_vocab, s.sliding_window);
+    std::printf("%-16s %-8s %6s %5s %5s %5s %7s %6s %7s %7s %9s\n", "preset", "arch", "embd", "heads", "kv", "hdim",
+                "ffn", "layers", "vocab", "window", "experts");
+    for (const synth_shape& s : synth_presets()) {
+      // MoE presets: the expert width in the ffn column, "used/total" experts.
+      const std::string experts = s.n_expert > 0 ? std::to_string(s.n_expert_used) + "/" + std::to_string(s.n_expert) : "-";
+      std::printf("%-16s %-8s %6d %5d %5d %5d %7d %6d %7d %7d %9s\n", s.name, s.arch, s.n_embd, s.n_head,
+                  s.n_head_kv, s.head_dim, s.n_expert > 0 ? s.n_ff_exp : s.n_ff, s.n_layer, s.n_vocab,
+                  s.sliding_window, experts.c_str());
+    }
     return 0;
   }
   if (o.output.empty()) return fail(error(errc::invalid_argument, "-o/--output is required"));
@@ -45,9 +52,12 @@ int synth(const synth_cli_options& o) {
   opts.mix = weights.mix;
   PAGODA_ASSIGN_OR_RETURN_CLI(synth_shape shape, resolve_synth_shape(opts));
   PAGODA_ASSIGN_OR_RETURN_CLI(std::uint64_t bytes, synth_model_size_bytes(opts));
-  std::fprintf(stderr, "pagoda synth: %s (%s), %d layers, embd %d, %d/%d heads of %d, ffn %d, vocab %d, %s weights: %s\n",
+  const std::string ffn = shape.n_expert > 0 ? fmt::format("{} experts of {} ({} per token)", shape.n_expert,
+                                                            shape.n_ff_exp, shape.n_expert_used)
+                                             : std::to_string(shape.n_ff);
+  std::fprintf(stderr, "pagoda synth: %s (%s), %d layers, embd %d, %d/%d heads of %d, ffn %s, vocab %d, %s weights: %s\n",
                shape.name, shape.arch, shape.n_layer, shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim,
-               shape.n_ff, shape.n_vocab, o.weight_type.c_str(), human_bytes(static_cast<double>(bytes)).c_str());
+               ffn.c_str(), shape.n_vocab, o.weight_type.c_str(), human_bytes(static_cast<double>(bytes)).c_str());
   if (auto st = write_synth_model(opts, o.output); !st.ok()) return fail(st);
   std::fprintf(stderr, "pagoda synth: wrote %s\n", o.output.c_str());
   return 0;
@@ -60,9 +70,10 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("synth", "write a random-weight model with a real model's shapes");
   cmd->add_option("--preset", opts->preset,
                   "llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1, qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b, "
-                  "phi3-mini, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, tiny-phi3 (--list shows them)");
+                  "phi3-mini, qwen3-30b-a3b, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, tiny-phi3, "
+                  "tiny-qwen3moe (--list shows them)");
   cmd->add_option("--layers", opts->layers, "layers (default: the preset's)")->check(CLI::Range(1, 1024));
-  cmd->add_option("--ffn", opts->ffn, "feed-forward width (default: the preset's)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ffn", opts->ffn, "feed-forward width, each expert's on MoE presets (default: the preset's)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--weight-type", opts->weight_type,
                   "f16, q8_0, q4_0, q4_K, q5_K or q6_K (also f32, bf16), or llama-quantize's mixes Q4_K_M, Q5_K_M");
   cmd->add_option("--vocab", opts->vocab, "vocabulary size (0: the real model's)")->check(CLI::Range(0, 1 << 22));

@@ -12,6 +12,7 @@
 //   gemma3  as gemma2 without attention capping, with Q/K norms, a
 //           sliding-window pattern and a second RoPE base for local layers
 //   phi3    fused QKV and gate/up projections (read as views of the rows)
+//   qwen3moe  qwen3's attention with a mixture-of-experts FFN (model/moe.h)
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include "model/gguf.h"
 #include "model/rope.h"
 #include "model/matmul.h"
+#include "model/moe.h"
 #include "model/tokenizer.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
@@ -37,7 +39,7 @@
 namespace pagoda {
 
 struct llama_hparams {
-  std::string arch;  // llama, qwen2, qwen3, gemma2, gemma3 or phi3
+  std::string arch;  // llama, qwen2, qwen3, gemma2, gemma3, phi3 or qwen3moe
   std::string name;  // general.name, if any
   int n_vocab = 0;
   int n_embd = 0;
@@ -70,6 +72,9 @@ struct llama_hparams {
   float rope_base_swa = 0.0f;   // RoPE base of local layers (gemma3); rope_base on the others
   float rope_freq_scale = 1.0f;      // linear RoPE scaling: angles of position p x this
   float rope_freq_scale_swa = 1.0f;  // the same on local layers
+  // Mixture of experts (qwen3moe): every layer's FFN is routed experts;
+  // moe.n_expert == 0 on the dense architectures.
+  moe_config moe;
 
   int n_rep() const { return n_head / n_head_kv; }
   int q_dim() const { return n_head * head_dim; }
@@ -93,6 +98,7 @@ struct llama_layer {
   std::vector<float> ffn_norm;    // [n_embd]
   weight_view w_gate, w_up, w_down;
   std::vector<float> post_ffn_norm;  // [n_embd] gemma only; empty otherwise
+  moe_weights moe;  // qwen3moe: router and experts instead of w_gate/w_up/w_down; empty otherwise
 };
 
 class llama_model {
@@ -106,6 +112,9 @@ class llama_model {
   const tokenizer& vocab() const { return *tokenizer_; }
   const gguf::file& gguf() const { return *file_; }
   std::int64_t n_params() const { return n_params_; }
+  // Parameters one token computes with: all but the experts it is not routed
+  // to (MoE); n_params() on dense models.
+  std::int64_t n_active_params() const;
 
   const weight_view& token_embd() const { return token_embd_; }
   const weight_view& output() const { return output_; }
@@ -180,6 +189,8 @@ class llama_context {
   const llama_model& model() const { return model_; }
   kv_backend& kv() { return kv_; }
   thread_pool& pool() { return pool_; }
+  // Expert FFNs run so far (MoE models): one per active expert per layer and step.
+  std::int64_t moe_expert_runs() const { return moe_.expert_runs; }
 
  private:
   void ensure_capacity(int n_tokens);
@@ -197,6 +208,7 @@ class llama_context {
   aligned_buffer x_, xn_, q_, k_, v_, attn_out_, tmp_, gate_, up_;
   std::vector<std::int32_t> positions_;  // [new tokens of the step]
   std::vector<std::int32_t> kv_positions_;  // per seq: [stored + new slots], concatenated
+  moe_scratch moe_;  // the routed FFN's buffers (MoE models)
 };
 
 // Turns stored keys of one layer by delta[i] positions: RoPE is a rotation,
@@ -208,6 +220,6 @@ void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std:
 double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element);
 
 // The architectures that load, for messages and docs.
-inline constexpr const char* k_supported_architectures = "llama, qwen2, qwen3, gemma2, gemma3, phi3";
+inline constexpr const char* k_supported_architectures = "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe";
 
 }  // namespace pagoda

@@ -125,8 +125,9 @@ void llama_context::ensure_capacity(int n_tokens) {
   v_.resize(n * hp.kv_dim() * sizeof(float));
   attn_out_.resize(n * hp.q_dim() * sizeof(float));
   tmp_.resize(n * hp.n_embd * sizeof(float));
-  gate_.resize(n * hp.n_ff * sizeof(float));
-  up_.resize(n * hp.n_ff * sizeof(float));
+  const std::size_t dense_ff = hp.moe.n_expert > 0 ? 0 : static_cast<std::size_t>(hp.n_ff);  // MoE: moe_scratch
+  gate_.resize(n * dense_ff * sizeof(float));
+  up_.resize(n * dense_ff * sizeof(float));
   capacity_ = n_tokens;
 }
 
@@ -346,6 +347,11 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
 
     for (int i = 0; i < n_tok; ++i)
       rms_norm(x + static_cast<std::size_t>(i) * E, L.ffn_norm.data(), E, hp.rms_eps, xn + static_cast<std::size_t>(i) * E);
+    if (!L.moe.empty()) {  // routed experts instead of the dense FFN (model/moe.h)
+      moe_ffn(hp.moe, L.moe, xn, n_tok, tmp, pool_, mm_scratch_, moe_);
+      add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);
+      continue;
+    }
     matmul(L.w_gate, xn, n_tok, gate, pool_, mm_scratch_);
     matmul(L.w_up, xn, n_tok, up, pool_, mm_scratch_);
     if (hp.gelu) gelu_mul(gate, up, static_cast<std::int64_t>(n_tok) * FF, gate);

@@ -105,6 +105,25 @@ struct loader {
     return {};
   }
 
+  // A 3-D tensor of n_expert matrices [n_out][n_in] (ggml ne = [n_in, n_out,
+  // n_expert]), each read in place as a slice.
+  result<expert_weights> experts(const std::string& name, std::int64_t n_in, std::int64_t n_out, int n_expert) {
+    const gguf::tensor_info* t = f.find_tensor(name);
+    if (!t) return error(errc::corrupt, "missing tensor {}", name);
+    if (t->n_dims != 3 || t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_expert)
+      return error(errc::corrupt, "tensor {} has shape [{}, {}, {}, {}], expected [{}, {}, {}] for this {} model", name,
+                   t->ne[0], t->ne[1], t->ne[2], t->ne[3], n_in, n_out, n_expert, arch);
+    const gguf::tensor_type_traits* tr = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(t->type));
+    if (n_in % tr->block_size != 0)
+      return error(errc::corrupt, "tensor {}: row length {} is not a multiple of the {} block size {}", name, n_in,
+                   tr->name, tr->block_size);
+    expert_weights w;
+    w.first = weight_view{t->type, t->data, n_in, n_out, row_size_bytes(t->type, n_in)};
+    w.expert_bytes = w.first.row_bytes * static_cast<std::size_t>(n_out);
+    w.n_expert = n_expert;
+    return w;
+  }
+
   result<std::vector<float>> vector(const std::string& name, std::int64_t n, bool required = true) {
     PAGODA_ASSIGN_OR_RETURN(weight_view w, matrix(name, n, 1, required));
     std::vector<float> out;
@@ -116,7 +135,7 @@ struct loader {
 };
 
 bool is_supported_arch(std::string_view a) {
-  for (std::string_view s : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"})
+  for (std::string_view s : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe"})
     if (a == s) return true;
   return false;
 }
@@ -312,6 +331,89 @@ status read_arch_features(loader& ld, llama_hparams& hp) {
   return {};
 }
 
+// Mixture of experts. qwen3moe reads llama.cpp's keys: expert_count and
+// expert_used_count (required), expert_feed_forward_length (default
+// feed_forward_length / expert_used_count, as llama.cpp). llama.cpp's
+// qwen3moe always softmax-gates and renormalises the chosen weights and reads
+// no other MoE key; Pagoda also honours expert_weights_norm and
+// expert_weights_scale when a file sets them, and refuses, naming the key,
+// the MoE features it does not compute (other gating functions, shared
+// experts, expert groups). A dense architecture with experts (Mixtral is
+// `llama` with expert_count 8) is refused rather than run without them.
+status read_moe(loader& ld, llama_hparams& hp) {
+  const std::string& a = hp.arch;
+  PAGODA_ASSIGN_OR_RETURN(std::int64_t n_expert, ld.key_int("expert_count", 0));
+  if (a != "qwen3moe") {
+    if (n_expert > 1)
+      return error(errc::unsupported, "{}.expert_count = {}: mixture-of-experts {} models are not supported (qwen3moe is)",
+                   a, n_expert, a);
+    return {};
+  }
+  hp.qk_norm = true;  // qwen3's attention block
+  PAGODA_ASSIGN_OR_RETURN(std::int64_t n_used, ld.key_int("expert_used_count", 0));
+  if (n_expert < 1 || n_expert > 512)  // llama.cpp's LLAMA_MAX_EXPERTS
+    return error(errc::corrupt, "{}.expert_count = {}: a qwen3moe model needs 1 to 512 experts", a, n_expert);
+  if (n_used < 1 || n_used > n_expert)
+    return error(errc::corrupt, "{}.expert_used_count = {} must be in 1..{} (expert_count)", a, n_used, n_expert);
+  PAGODA_ASSIGN_OR_RETURN(std::int64_t n_ff_exp, ld.key_int("expert_feed_forward_length", hp.n_ff / n_used));
+  if (n_ff_exp < 1 || n_ff_exp > (1 << 20))
+    return error(errc::corrupt, "{}.expert_feed_forward_length = {} out of range", a, n_ff_exp);
+  hp.moe.n_expert = static_cast<int>(n_expert);
+  hp.moe.n_expert_used = static_cast<int>(n_used);
+  hp.moe.n_ff_exp = static_cast<int>(n_ff_exp);
+  if (auto norm = ld.f.get_bool(a + ".expert_weights_norm"); norm.ok()) hp.moe.norm_weights = *norm;
+  else if (norm.error().code() != errc::not_found) return norm.error();
+  PAGODA_ASSIGN_OR_RETURN(double scale, ld.key_float("expert_weights_scale", 0.0));
+  if (!(scale >= 0 && scale < 1e6)) return error(errc::corrupt, "{}.expert_weights_scale = {} out of range", a, scale);
+  hp.moe.weights_scale = scale == 0 ? 1.0f : static_cast<float>(scale);
+  // llama.cpp's llama_expert_gating_func_type: 0 none (the architecture's
+  // own, softmax here), 1 softmax, 2 sigmoid, 3 softmax over the chosen
+  // weights, 4 sqrt(softplus).
+  PAGODA_ASSIGN_OR_RETURN(std::int64_t gating, ld.key_int("expert_gating_func", 0));
+  if (gating != 0 && gating != 1) {
+    static constexpr const char* k_names[] = {"none", "softmax", "sigmoid", "softmax_weight", "sqrt_softplus"};
+    return error(errc::unsupported, "{}.expert_gating_func = {} ({}): only softmax gating is supported", a, gating,
+                 gating >= 0 && gating < 5 ? k_names[gating] : "unknown");
+  }
+  struct unsupported_key {
+    const char* suffix;
+    const char* what;
+    std::int64_t allowed_max;  // values up to this mean the feature is off
+  };
+  for (const unsupported_key& k : {unsupported_key{"expert_shared_count", "shared experts", 0},
+                                   unsupported_key{"expert_shared_feed_forward_length", "shared experts", 0},
+                                   unsupported_key{"expert_group_count", "expert groups", 1},
+                                   unsupported_key{"expert_group_used_count", "expert groups", 0},
+                                   unsupported_key{"experts_per_group", "expert groups", 0},
+                                   unsupported_key{"expert_chunk_feed_forward_length", "chunked experts", 0}}) {
+    PAGODA_ASSIGN_OR_RETURN(std::int64_t v, ld.key_int(k.suffix, 0));
+    if (v > k.allowed_max)
+      return error(errc::unsupported, "{}.{} = {}: {} are not supported", a, k.suffix, v, k.what);
+  }
+  if (auto gs = ld.f.get_float(a + ".expert_group_scale"); gs.ok() && *gs != 1.0)
+    return error(errc::unsupported, "{}.expert_group_scale = {}: expert groups are not supported", a, *gs);
+  return {};
+}
+
+// One MoE layer's router and experts; tensors of MoE features Pagoda does
+// not compute (router or expert biases, a selection bias, fused gate/up
+// experts, per-expert scales, shared experts) are refused by name.
+status load_moe_layer(loader& ld, const std::string& p, const llama_hparams& hp, llama_layer& L) {
+  for (const char* part : {"ffn_gate_inp.bias", "exp_probs_b.bias", "ffn_gate_up_exps.weight", "ffn_gate_exps.bias",
+                           "ffn_up_exps.bias", "ffn_down_exps.bias", "ffn_gate_exps.scale", "ffn_up_exps.scale",
+                           "ffn_down_exps.scale", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight",
+                           "ffn_up_shexp.weight", "ffn_down_shexp.weight"})
+    if (ld.f.find_tensor(p + part))
+      return error(errc::unsupported, "tensor {}{}: this mixture-of-experts feature is not supported", p, part);
+  const int n = hp.moe.n_expert;
+  const std::int64_t ff = hp.moe.n_ff_exp;
+  PAGODA_ASSIGN_OR_RETURN(L.moe.router, ld.matrix(p + "ffn_gate_inp.weight", hp.n_embd, n));
+  PAGODA_ASSIGN_OR_RETURN(L.moe.gate, ld.experts(p + "ffn_gate_exps.weight", hp.n_embd, ff, n));
+  PAGODA_ASSIGN_OR_RETURN(L.moe.up, ld.experts(p + "ffn_up_exps.weight", hp.n_embd, ff, n));
+  PAGODA_ASSIGN_OR_RETURN(L.moe.down, ld.experts(p + "ffn_down_exps.weight", ff, hp.n_embd, n));
+  return {};
+}
+
 }  // namespace
 
 int llama_hparams::n_swa_layers() const {
@@ -321,6 +423,12 @@ int llama_hparams::n_swa_layers() const {
 
 double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element) {
   return 2.0 * hp.n_layer * hp.n_head_kv * hp.head_dim * bytes_per_element;
+}
+
+std::int64_t llama_model::n_active_params() const {
+  const moe_config& c = hp_.moe;
+  const std::int64_t idle_experts = c.n_expert - c.n_expert_used;
+  return n_params_ - idle_experts * 3 * static_cast<std::int64_t>(hp_.n_embd) * c.n_ff_exp * hp_.n_layer;
 }
 
 result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path, gguf::open_options options) {
@@ -381,6 +489,7 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
   hp.rms_eps = static_cast<float>(eps);
   hp.rope_base = static_cast<float>(rope_base);
   PAGODA_RETURN_IF_ERROR(read_arch_features(ld, hp));
+  PAGODA_RETURN_IF_ERROR(read_moe(ld, hp));
 
   auto tok = tokenizer::from_gguf(f);
   if (!tok.ok()) return tok.error().with_context("tokenizer");
@@ -417,8 +526,12 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
     PAGODA_RETURN_IF_ERROR(ld.qkv(p, hp, L));
     PAGODA_ASSIGN_OR_RETURN(L.wo, ld.matrix(p + "attn_output.weight", q_dim, n_embd));
     PAGODA_ASSIGN_OR_RETURN(L.ffn_norm, ld.vector(p + "ffn_norm.weight", n_embd));
-    PAGODA_RETURN_IF_ERROR(ld.gate_up(p, hp, L));
-    PAGODA_ASSIGN_OR_RETURN(L.w_down, ld.matrix(p + "ffn_down.weight", n_ff, n_embd));
+    if (hp.moe.n_expert > 0) {
+      PAGODA_RETURN_IF_ERROR(load_moe_layer(ld, p, hp, L));
+    } else {
+      PAGODA_RETURN_IF_ERROR(ld.gate_up(p, hp, L));
+      PAGODA_ASSIGN_OR_RETURN(L.w_down, ld.matrix(p + "ffn_down.weight", n_ff, n_embd));
+    }
     bool need_bias = hp.arch == "qwen2";
     PAGODA_ASSIGN_OR_RETURN(L.bq, ld.vector(p + "attn_q.bias", q_dim, need_bias));
     PAGODA_ASSIGN_OR_RETURN(L.bk, ld.vector(p + "attn_k.bias", kv_dim, need_bias));

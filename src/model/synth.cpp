@@ -59,6 +59,15 @@ synth_shape gemma2(synth_shape s, int window) {
   return s;
 }
 
+// qwen3moe: qwen3's attention (Q/K norms) with routed experts.
+synth_shape moe(synth_shape s, int n_expert, int n_expert_used, int n_ff_exp) {
+  s.qk_norm = true;
+  s.n_expert = n_expert;
+  s.n_expert_used = n_expert_used;
+  s.n_ff_exp = n_ff_exp;
+  return s;
+}
+
 synth_shape gemma3(synth_shape s, int window) {
   s = with_window(s, window, 6);
   s.rope_base_swa = 10000.0f;
@@ -77,6 +86,8 @@ const synth_shape k_presets[] = {
     gemma2(make_shape("gemma2-9b", "gemma2", 3584, 16, 8, 256, 14336, 42, 8192, 256000, 10000.0f, 1e-6f), 4096),
     gemma3(make_shape("gemma3-4b", "gemma3", 2560, 8, 4, 256, 10240, 34, 131072, 262208, 1000000.0f, 1e-6f), 1024),
     make_shape("phi3-mini", "phi3", 3072, 32, 32, 96, 8192, 32, 4096, 32064, 10000.0f, 1e-5f),
+    moe(make_shape("qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 128, 6144, 48, 40960, 151936, 1000000.0f, 1e-6f), 128, 8,
+        768),
     make_shape("tiny", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f),
     make_shape("tiny256", "llama", 256, 4, 2, 64, 512, 2, 2048, 512, 10000.0f, 1e-5f),
     make_shape("tiny-qwen3", "qwen3", 128, 8, 2, 32, 256, 2, 2048, 512, 1000000.0f, 1e-6f),
@@ -84,6 +95,7 @@ const synth_shape k_presets[] = {
     with_window(gemma3(make_shape("tiny-gemma3", "gemma3", 128, 4, 1, 32, 256, 3, 2048, 512, 1000000.0f, 1e-6f), 8),
                 8, 3),
     make_shape("tiny-phi3", "phi3", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f),
+    moe(make_shape("tiny-qwen3moe", "qwen3moe", 256, 4, 2, 64, 512, 2, 2048, 512, 1000000.0f, 1e-6f), 8, 2, 256),
     // Mistral v0.1's kind: a sliding window on every layer.
     with_window(make_shape("tiny-swa", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f), 24),
 };
@@ -268,16 +280,23 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   if (s.attn_softcap > 0) w->add_f32(key("attn_logit_softcapping"), s.attn_softcap);
   if (s.final_softcap > 0) w->add_f32(key("final_logit_softcapping"), s.final_softcap);
   if (s.rope_base_swa > 0) w->add_f32(key("rope.freq_base_swa"), s.rope_base_swa);
+  if (s.n_expert > 0) {
+    w->add_u32(key("expert_count"), static_cast<std::uint32_t>(s.n_expert));
+    w->add_u32(key("expert_used_count"), static_cast<std::uint32_t>(s.n_expert_used));
+    w->add_u32(key("expert_feed_forward_length"), static_cast<std::uint32_t>(s.n_ff_exp));
+  }
   add_vocabulary(*w, s.n_vocab);
 
   std::uint64_t id = 0;
   const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;
   const std::int64_t kv_dim = static_cast<std::int64_t>(s.n_head_kv) * s.head_dim;
   int layer = -1;  // the block being written
-  auto matrix = [&](const std::string& name, std::int64_t n_in, std::int64_t n_out, float amplitude) {
-    const std::int64_t ne[] = {n_in, n_out};
+  // n_mat > 1: a 3-D tensor of that many matrices (experts).
+  auto matrix = [&](const std::string& name, std::int64_t n_in, std::int64_t n_out, float amplitude, int n_mat = 1) {
+    const std::int64_t ne[] = {n_in, n_out, n_mat};
     const tensor_type t = synth_matrix_type(s, o, name, layer);
-    w->add_tensor(name, t, ne, make_fill({o.seed, id++, t, n_in, amplitude, 0}, pool));
+    w->add_tensor(name, t, std::span<const std::int64_t>(ne, n_mat > 1 ? 3 : 2),
+                  make_fill({o.seed, id++, t, n_in, amplitude, 0}, pool));
   };
   auto vector = [&](const std::string& name, std::int64_t n, float amplitude, float constant) {
     const std::int64_t ne[] = {n};
@@ -315,6 +334,13 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
     matrix(p + "attn_output.weight", q_dim, s.n_embd, amplitude_for(q_dim));
     if (s.post_norms) vector(p + "post_attention_norm.weight", s.n_embd, 0, 1.0f);
     vector(p + "ffn_norm.weight", s.n_embd, 0, 1.0f);
+    if (s.n_expert > 0) {
+      matrix(p + "ffn_gate_inp.weight", s.n_embd, s.n_expert, amplitude_for(s.n_embd));
+      matrix(p + "ffn_gate_exps.weight", s.n_embd, s.n_ff_exp, amplitude_for(s.n_embd), s.n_expert);
+      matrix(p + "ffn_up_exps.weight", s.n_embd, s.n_ff_exp, amplitude_for(s.n_embd), s.n_expert);
+      matrix(p + "ffn_down_exps.weight", s.n_ff_exp, s.n_embd, amplitude_for(s.n_ff_exp), s.n_expert);
+      continue;
+    }
     if (s.fused) {
       matrix(p + "ffn_up.weight", s.n_embd, 2 * static_cast<std::int64_t>(s.n_ff), amplitude_for(s.n_embd));
     } else {
@@ -369,6 +395,7 @@ result<synth_weights> parse_synth_weights(std::string_view name) {
 }
 
 tensor_type synth_matrix_type(const synth_shape& s, const synth_options& o, std::string_view name, int layer) {
+  if (name.ends_with("ffn_gate_inp.weight")) return tensor_type::f32;  // the router: never quantized
   if (o.mix == synth_mix::none) return o.weight_type;
   const bool q4 = o.mix == synth_mix::q4_k_m;
   const tensor_type base = q4 ? tensor_type::q4_k : tensor_type::q5_k;
@@ -383,12 +410,16 @@ tensor_type synth_matrix_type(const synth_shape& s, const synth_options& o, std:
   // then take the output's type.
   const bool tied = s.post_norms;
   if (name == "output.weight" || (tied && name == "token_embd.weight")) return tensor_type::q6_k;
+  // llama-quantize's rules for 8-expert models (Mixtral) come first.
+  const bool eight_experts = s.n_expert == 8;
+  if (eight_experts && (is("attn_v.weight") || is("attn_k.weight"))) return tensor_type::q8_0;
+  if (eight_experts && q4 && is("attn_output.weight")) return tensor_type::q5_k;
   if (is("attn_v.weight")) {
     if (more_bits) return tensor_type::q6_k;
     const bool llama_70b = std::string_view(s.arch) == "llama" && n == 80 && s.n_head != s.n_head_kv;
     return llama_70b && q4 ? tensor_type::q5_k : base;
   }
-  if (is("ffn_down.weight")) return more_bits ? tensor_type::q6_k : base;
+  if (is("ffn_down.weight") || is("ffn_down_exps.weight")) return more_bits ? tensor_type::q6_k : base;
   if (is("attn_qkv.weight")) return q4 ? tensor_type::q5_k : tensor_type::q6_k;
   return base;
 }
@@ -402,12 +433,15 @@ result<synth_shape> resolve_synth_shape(const synth_options& o) {
   }
   synth_shape s = *preset;
   if (o.n_layer) s.n_layer = *o.n_layer;
-  if (o.n_ff) s.n_ff = *o.n_ff;
+  if (o.n_ff) (s.n_expert > 0 ? s.n_ff_exp : s.n_ff) = *o.n_ff;
   if (o.n_ctx) s.n_ctx = *o.n_ctx;
   if (o.n_vocab != 0) s.n_vocab = o.n_vocab;
 
   if (s.n_layer < 1 || s.n_layer > 1024) return error(errc::invalid_argument, "layers {} not in 1..1024", s.n_layer);
   if (s.n_ff < 1) return error(errc::invalid_argument, "feed-forward width {} must be positive", s.n_ff);
+  if (s.n_expert > 0 && (s.n_ff_exp < 1 || s.n_expert_used < 1 || s.n_expert_used > s.n_expert))
+    return error(errc::invalid_argument, "expert width {} and {} of {} experts per token are not valid", s.n_ff_exp,
+                 s.n_expert_used, s.n_expert);
   if (s.n_ctx < 1) return error(errc::invalid_argument, "context length {} must be positive", s.n_ctx);
   if (s.n_vocab < k_min_vocab) {
     return error(errc::invalid_argument, "vocabulary size {} is below the minimum {} (3 specials, 256 bytes, 1 piece)",
@@ -424,7 +458,8 @@ result<synth_shape> resolve_synth_shape(const synth_options& o) {
   const std::int64_t block = traits->block_size;
   const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;
   for (auto [what, n] : {std::pair{"embedding width", static_cast<std::int64_t>(s.n_embd)},
-                         std::pair{"attention width", q_dim}, std::pair{"feed-forward width", static_cast<std::int64_t>(s.n_ff)}}) {
+                         std::pair{"attention width", q_dim},
+                         std::pair{"feed-forward width", static_cast<std::int64_t>(s.n_expert > 0 ? s.n_ff_exp : s.n_ff)}}) {
     if (n % block != 0) {
       return error(errc::invalid_argument, "{} {} is not a multiple of the {} block size {}", what, n, traits->name,
                    block);

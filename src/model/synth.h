@@ -6,7 +6,7 @@
 // architecture (llama, with an optional sliding window; qwen2 with QKV
 // biases; qwen3 with Q/K norms; gemma2 and gemma3 with post-norms, soft-capping,
 // sliding-window layers and gemma3's Q/K norms; phi3 with fused QKV and
-// gate/up projections) and a synthetic
+// gate/up projections; qwen3moe with a router and 3-D expert tensors) and a synthetic
 // SentencePiece-style ("llama") vocabulary so it tokenizes and runs end to end:
 // <unk> <s> </s>, the 256 byte tokens <0x00>..<0xFF>, then plain pieces.
 // Weights are deterministic in (seed, tensor, row), uniform with standard
@@ -28,7 +28,7 @@ namespace pagoda {
 // width, each of n_head query heads and n_head_kv key/value heads is head_dim wide.
 struct synth_shape {
   const char* name = "";     // preset name
-  const char* arch = "llama";  // llama, qwen2, qwen3, gemma2, gemma3 or phi3
+  const char* arch = "llama";  // llama, qwen2, qwen3, gemma2, gemma3, phi3 or qwen3moe
   int n_embd = 0;
   int n_head = 0;
   int n_head_kv = 0;
@@ -50,14 +50,22 @@ struct synth_shape {
   float attn_softcap = 0.0f;     // gemma2.attn_logit_softcapping (0: not written)
   float final_softcap = 0.0f;    // <arch>.final_logit_softcapping (0: not written)
   float rope_base_swa = 0.0f;    // <arch>.rope.freq_base_swa (0: not written)
+  // Mixture of experts (qwen3moe): when n_expert > 0, every layer's FFN is a
+  // router (ffn_gate_inp, F32 as llama-quantize leaves it) and experts
+  // (ffn_{gate,up,down}_exps) of width n_ff_exp; n_ff is only the metadata key.
+  int n_expert = 0;              // <arch>.expert_count
+  int n_expert_used = 0;         // <arch>.expert_used_count
+  int n_ff_exp = 0;              // <arch>.expert_feed_forward_length
 };
 
 // Every preset: llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1 (with its
 // 4096-token sliding window), qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b,
-// phi3-mini, tiny (a small llama for tests and smoke runs), tiny256 (the same
-// with rows of 256 and 512, so the super-block formats q4_K and q6_K fit), and
-// tiny-qwen3, tiny-gemma2, tiny-gemma3, tiny-phi3 (small models of those
-// architectures, with windows of 8 positions on the gemma ones).
+// phi3-mini, qwen3-30b-a3b (128 experts, 8 per token), tiny (a small llama
+// for tests and smoke runs), tiny256 (the same with rows of 256 and 512, so
+// the super-block formats q4_K and q6_K fit), and tiny-qwen3, tiny-gemma2,
+// tiny-gemma3, tiny-phi3, tiny-qwen3moe (small models of those architectures,
+// with windows of 8 positions on the gemma ones; tiny-qwen3moe has 8 experts,
+// 2 per token, and rows of 256 for the super-block formats).
 std::span<const synth_shape> synth_presets();
 // nullptr when no preset has that name.
 const synth_shape* find_synth_preset(std::string_view name);
@@ -71,6 +79,10 @@ const synth_shape* find_synth_preset(std::string_view name);
 //           attn_qkv is q5_K; on a 70B llama (80 layers, GQA) the other attn_v
 //           are q5_K.
 //   Q5_K_M: the same with q5_K for q4_K, and a fused attn_qkv in q6_K.
+// Mixtures of experts: ffn_down_exps follows ffn_down's rule, the router
+// (ffn_gate_inp) stays F32 in every file (llama-quantize never quantizes it),
+// and with exactly 8 experts attn_k and attn_v are q8_0 and, in Q4_K_M,
+// attn_output q5_K.
 // Every row must be a multiple of 256 (llama-quantize would fall back to
 // block-32 types there; synth refuses instead).
 enum class synth_mix : std::uint8_t { none, q4_k_m, q5_k_m };
@@ -78,7 +90,7 @@ enum class synth_mix : std::uint8_t { none, q4_k_m, q5_k_m };
 struct synth_options {
   std::string preset = "llama3-8b";
   std::optional<int> n_layer;  // fewer (or more) layers than the preset
-  std::optional<int> n_ff;     // a different feed-forward width
+  std::optional<int> n_ff;     // a different feed-forward width (each expert's on MoE presets)
   std::optional<int> n_ctx;    // context length written to the metadata
   // Vocabulary size; 0 means the preset's real one. At least 260 (specials,
   // 256 byte tokens, one piece).

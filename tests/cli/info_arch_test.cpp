@@ -1,6 +1,7 @@
 // pagoda info on the architectures with sliding-window layers: KV bytes per
 // token per layer type, and the block's parts (tests/data/oracle's gemma2 and
-// gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32).
+// gemma3 files: 2 KV heads of 64 and 1 KV head of 64, window 32); and on a
+// mixture of experts (qwen3moe): its experts, and a KV cache as qwen3's.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -90,6 +91,32 @@ TEST(cli_run, a_window_group_by_default_and_swa_full_agree) {
   ASSERT_EQ(q.exit_code, 0) << q.err;
   EXPECT_GT(nlohmann::json::parse(p.out)["kv"]["window_blocks"].get<int>(), 0);
   EXPECT_EQ(nlohmann::json::parse(p.out)["tokens"], nlohmann::json::parse(q.out)["tokens"]);
+}
+
+}  // namespace
+}  // namespace pagoda::test
+
+namespace pagoda::test {
+namespace {
+
+// A mixture of experts (the qwen3moe oracle file: 8 experts of 128, 2 per
+// token): info names its experts and the parameters a token computes with
+// (2 layers x 6 idle experts x 3 matrices of 256 x 128 fewer), and its KV is
+// qwen3's (2 layers x 2 KV heads x 64, f16: 512 bytes per token per layer,
+// every layer global).
+TEST(cli_info, qwen3moe_shows_its_experts_and_a_plain_kv_cache) {
+  auto r = run_cli("info --kv-cache-dtype f16 -m " + data_path("oracle/gguf/qwen3moe-F32.gguf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("architecture:    qwen3moe"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("feed-forward:    8 experts of 128, 2 per token (SwiGLU; softmax router, top-2 weights "
+                       "renormalised)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("parameters:      2364928 (1185280 active per token)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per-head Q/K RMSNorm"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("global                          2          512.0         1024.0              32.00 MiB"),
+            std::string::npos)
+      << r.out;
 }
 
 }  // namespace

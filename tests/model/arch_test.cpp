@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "common/synth_model.h"
 #include "model/gguf_util.h"
 #include "model/gguf_writer.h"
 #include "model/llama.h"
@@ -38,13 +39,7 @@ std::unique_ptr<gguf::file> synth_file(const char* preset) {
 }
 
 std::unique_ptr<llama_model> synth_and_load(const synth_options& o, const std::string& name) {
-  const std::string path = ::testing::TempDir() + "/arch_" + name + ".gguf";
-  status st = write_synth_model(o, path);
-  EXPECT_TRUE(st.ok()) << st.message();
-  auto m = llama_model::load(path);
-  std::remove(path.c_str());  // the mapping stays valid after unlink
-  EXPECT_TRUE(m.ok()) << m.error().message();
-  return m.ok() ? std::move(*m) : nullptr;
+  return test::load_synth(o, "arch_" + name);
 }
 
 std::vector<token_id> random_tokens(int n, int n_vocab, unsigned seed) {

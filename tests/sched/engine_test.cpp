@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/requests.h"
+#include "common/synth_model.h"
 #include "model/synth.h"
 #include "sched/engine_setup.h"
 #include "sched/step_plan.h"
@@ -540,16 +541,7 @@ TEST(engine_policy, eviction_keeps_the_pool_small) {
 
 // A random-weight synth preset with f32 weights, loaded (the file is removed).
 std::unique_ptr<llama_model> f32_synth(const std::string& preset) {
-  const std::string path = "/tmp/pagoda_engine_" + preset + "_" + std::to_string(getpid()) + ".gguf";
-  synth_options so;
-  so.preset = preset;
-  so.weight_type = gguf::tensor_type::f32;
-  so.n_threads = 1;
-  EXPECT_TRUE(write_synth_model(so, path).ok());
-  auto model = llama_model::load(path);
-  std::remove(path.c_str());
-  EXPECT_TRUE(model.ok());
-  return model.ok() ? std::move(*model) : nullptr;
+  return test::load_synth(preset, gguf::tensor_type::f32);
 }
 
 // An f32 KV engine configuration for a small model.
@@ -565,15 +557,7 @@ engine_core_config f32_engine(const llama_hparams& hp, int max_model_len, int ma
   return c;
 }
 
-request greedy_ids(const char* id, std::vector<token_id> prompt, int n) {
-  request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = n;
-  r.sampling = sampling_params::greedy();
-  r.ignore_eos = true;
-  return r;
-}
+using test::greedy_ids;
 
 // A sliding window on every layer (Mistral v0.1's kind): blocks the window
 // has moved past are freed as it moves, and nothing changes in what the model
