@@ -130,7 +130,7 @@ void softmax_rows(const attention_task& t, std::span<const std::int32_t> slots, 
       if (k.bias)
         for (int e = lo; e < hi; ++e)
           if (const float* bias = k.bias_of(slots[e] / bs, t.kv_head)) s[e] += bias[slots[e] % bs];
-      const float sum = hi > lo ? softmax_unnormalized(s + lo, hi - lo) : 0.0f;
+      const float sum = hi > lo ? softmax_unnormalized(s + lo, hi - lo, sink_of(t, j)) : 0.0f;
       std::fill(s, s + lo, 0.0f);
       std::fill(s + hi, s + n, 0.0f);
       sc.inv[r] = sum > 0 ? 1.0f / sum : 0.0f;
@@ -280,7 +280,10 @@ void gather_attention_ref(const attention_task& t, std::span<const std::int32_t>
         if (const float* bias = k.bias_of(slots[e] / bs, t.kv_head)) w[e] += bias[slots[e] % bs];
         mx = std::max(mx, w[e]);
       }
-      double sum = 0;
+      const double sink = sink_of(t, j);
+      const bool any_seen = mx > -INFINITY;
+      if (any_seen) mx = std::max(mx, sink);
+      double sum = any_seen && sink > -INFINITY ? std::exp(sink - mx) : 0;
       for (std::size_t e = 0; e < n; ++e) sum += seen[e] ? (w[e] = std::exp(w[e] - mx)) : (w[e] = 0);
       std::fill(o.begin(), o.end(), 0.0);
       if (sum > 0)

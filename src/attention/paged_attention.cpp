@@ -9,8 +9,8 @@
 
 namespace pagoda {
 
-float softmax_unnormalized_avx2(float* s, int n);    // paged_attention_avx2.cpp
-float softmax_unnormalized_avx512(float* s, int n);  // paged_attention_avx512.cpp
+float softmax_unnormalized_avx2(float* s, int n, float sink);    // paged_attention_avx2.cpp
+float softmax_unnormalized_avx512(float* s, int n, float sink);  // paged_attention_avx512.cpp
 void softcap_inplace_avx2(float* s, int n, float cap);    // paged_attention_avx2.cpp
 void softcap_inplace_avx512(float* s, int n, float cap);  // paged_attention_avx512.cpp
 
@@ -132,7 +132,7 @@ void run_av(const paged_kv_view& v, int h, std::span<const int> blocks, int n_ct
 // the row sees no column. Holes are set to -inf for the softmax (their exp is
 // at most 2^-149 at the SIMD levels, below the resolution of a sum whose
 // largest term is 1) and to 0 after it.
-float row_weights(const attention_task& t, const attention_scratch& sc, float* s, int ld, int clo, int chi) {
+float row_weights(const attention_task& t, const attention_scratch& sc, float* s, int ld, int clo, int chi, float sink) {
   const int bs = t.k->shape.block_size;
   int n_seen = chi - clo;
   for (const slot_range& hole : sc.holes) n_seen -= std::max(0, std::min<int>(hole.end, chi) - std::max<int>(hole.begin, clo));
@@ -147,7 +147,7 @@ float row_weights(const attention_task& t, const attention_scratch& sc, float* s
         for (int j = std::max(clo, c * bs); j < std::min(chi, (c + 1) * bs); ++j) s[j] += b[j - c * bs];
   for (const slot_range& hole : sc.holes)
     for (int j = std::max<int>(hole.begin, clo); j < std::min<int>(hole.end, chi); ++j) s[j] = -INFINITY;
-  const float sum = softmax_unnormalized(s + clo, chi - clo);
+  const float sum = softmax_unnormalized(s + clo, chi - clo, sink);
   for (const slot_range& hole : sc.holes)
     for (int j = std::max<int>(hole.begin, clo); j < std::min<int>(hole.end, chi); ++j) s[j] = 0.0f;
   std::fill(s, s + clo, 0.0f);
@@ -209,24 +209,26 @@ void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int
   lo = static_cast<int>(std::upper_bound(kv_pos, kv_pos + hi, below) - kv_pos);
 }
 
-float softmax_unnormalized_ref(float* s, int n) {
-  float mx = -INFINITY;
+float sink_of(const attention_task& t, int j) { return t.sinks ? t.sinks[t.kv_head * t.n_rep + j] : -INFINITY; }
+
+float softmax_unnormalized_ref(float* s, int n, float sink) {
+  float mx = sink;
   for (int i = 0; i < n; ++i) mx = std::max(mx, s[i]);
   float sum = 0.0f;
   for (int i = 0; i < n; ++i) {
     s[i] = std::exp(s[i] - mx);
     sum += s[i];
   }
-  return sum;
+  return sink == -INFINITY ? sum : sum + std::exp(sink - mx);
 }
 
-float softmax_unnormalized(float* s, int n) {
+float softmax_unnormalized(float* s, int n, float sink) {
   switch (active_simd_level()) {
-    case simd_level::avx512: return softmax_unnormalized_avx512(s, n);
-    case simd_level::avx2: return softmax_unnormalized_avx2(s, n);
+    case simd_level::avx512: return softmax_unnormalized_avx512(s, n, sink);
+    case simd_level::avx2: return softmax_unnormalized_avx2(s, n, sink);
     case simd_level::scalar: break;
   }
-  return softmax_unnormalized_ref(s, n);
+  return softmax_unnormalized_ref(s, n, sink);
 }
 
 void softcap_inplace_ref(float* s, int n, float cap) {
@@ -279,7 +281,7 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
       const int i = g0 + r / t.n_rep;
       const int clo = column_of(sc.blocks, bs, sc.lo[i]), chi = column_of(sc.blocks, bs, sc.hi[i]);
       float* s = sc.scores.data() + static_cast<std::size_t>(r) * ld;
-      sc.row_sum[r] = row_weights(t, sc, s, ld, clo, chi);
+      sc.row_sum[r] = row_weights(t, sc, s, ld, clo, chi, sink_of(t, r % t.n_rep));
       if (sc.row_sum[r] > 0) add_stats(t, sc, s, clo, chi, 1.0f / sc.row_sum[r], i);
     }
     run_av(v, t.kv_head, sc.blocks, n_ctx, sc.scores.data(), ld, rows, sc.acc.data(), sc.tiles);
@@ -329,7 +331,10 @@ void paged_attention_ref(const attention_task& t) {
         w[p] += bias[p];
         mx = std::max(mx, w[p]);
       }
-      double sum = 0;
+      const double sink = sink_of(t, j);
+      const bool any_seen = mx > -INFINITY;
+      if (any_seen) mx = std::max(mx, sink);
+      double sum = any_seen && sink > -INFINITY ? std::exp(sink - mx) : 0;
       for (int p = 0; p < n_ctx; ++p) sum += seen[p] ? (w[p] = std::exp(w[p] - mx)) : (w[p] = 0);
       if (sum == 0) sum = 1;  // a row that sees no selected slot: output 0, no weight
       std::fill(o.begin(), o.end(), 0.0);

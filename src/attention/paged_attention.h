@@ -37,6 +37,11 @@
 // same run of columns whatever the group), and ranges covering every slot give
 // bitwise the output of no ranges.
 //
+// Attention sinks (attention_task::sinks): a head's sink logit joins the
+// softmax of each of its rows after scaling, capping and bias, with no value;
+// the weights (and the statistics) are the probabilities of the slots, which
+// then sum to less than 1. A row that sees no slot still gets a zero output.
+//
 // Per-slot bias (paged_kv_view::bias, merged entries): when the key view has
 // one, each score gets its slot's bias added after scaling and soft-capping,
 // before the mask and the softmax.
@@ -48,6 +53,7 @@
 // that were not read get no weight.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -103,6 +109,10 @@ struct attention_task {
   // softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
   // before the mask and the softmax (Gemma 2's attention-logit soft-capping).
   float softcap = 0.0f;
+  // Attention sinks (gpt-oss): sinks[h] is a learned logit of query head h
+  // that joins each of its rows' softmax without a value, so the row's
+  // weights sum to less than 1 (ggml's soft_max with sinks). Null: none.
+  const float* sinks = nullptr;
   // Sparse read (attention/kv_selector.h): only slots inside these sorted,
   // disjoint, non-empty ranges within [0, n_kv) are read; the masks above
   // still apply inside them. Empty: every slot.
@@ -125,10 +135,15 @@ void paged_attention_ref(const attention_task& task);
 // The slots [lo, hi) a query at position q_pos sees (see above).
 void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int window, int& lo, int& hi);
 
+// The sink logit of query head kv_head * n_rep + j of t, -infinity without sinks.
+float sink_of(const attention_task& t, int j);
+
 // Softmax of s[0, n) in place, returning the sum of exponentials; the entries are
-// left unnormalised (exp(s - max)). Dispatches on the SIMD level.
-float softmax_unnormalized(float* s, int n);
-float softmax_unnormalized_ref(float* s, int n);
+// left unnormalised (exp(s - max)). Dispatches on the SIMD level. A finite
+// `sink` is one more logit without a value (an attention sink): it takes part
+// in the max and adds exp(sink - max) to the sum, as ggml's soft_max with sinks.
+float softmax_unnormalized(float* s, int n, float sink = -INFINITY);
+float softmax_unnormalized_ref(float* s, int n, float sink = -INFINITY);
 
 // s[i] = cap * tanh(s[i] / cap) for i in [0, n), in place (cap > 0). The SIMD
 // levels compute tanh(x) as 1 - 2 / (exp(2x) + 1) with the softmax's exp, so

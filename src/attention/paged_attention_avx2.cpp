@@ -67,8 +67,8 @@ void softcap_inplace_avx2(float* s, int n, float cap) {
   }
 }
 
-float softmax_unnormalized_avx2(float* s, int n) {
-  __m256 vmax = _mm256_set1_ps(-INFINITY);
+float softmax_unnormalized_avx2(float* s, int n, float sink) {
+  __m256 vmax = _mm256_set1_ps(sink);
   int i = 0;
   for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + i));
   if (i < n) {
@@ -76,7 +76,8 @@ float softmax_unnormalized_avx2(float* s, int n) {
     const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + i, m), _mm256_castsi256_ps(m));
     vmax = _mm256_max_ps(vmax, v);
   }
-  const __m256 mx = _mm256_set1_ps(hmax8(vmax));
+  const float mx_s = hmax8(vmax);
+  const __m256 mx = _mm256_set1_ps(mx_s);
   __m256 vsum = _mm256_setzero_ps();
   for (i = 0; i + 8 <= n; i += 8) {
     const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + i), mx));
@@ -89,7 +90,7 @@ float softmax_unnormalized_avx2(float* s, int n) {
     _mm256_maskstore_ps(s + i, m, e);
     vsum = _mm256_add_ps(vsum, e);
   }
-  return hsum8(vsum);
+  return sink == -INFINITY ? hsum8(vsum) : hsum8(vsum) + std::exp(sink - mx_s);
 }
 
 }  // namespace pagoda

@@ -29,15 +29,16 @@ void softcap_inplace_avx512(float* s, int n, float cap) {
   }
 }
 
-float softmax_unnormalized_avx512(float* s, int n) {
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
+float softmax_unnormalized_avx512(float* s, int n, float sink) {
+  __m512 vmax = _mm512_set1_ps(sink);
   int i = 0;
   for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + i));
   if (i < n) {
     __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
     vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, s + i));
   }
-  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  const float mx_s = _mm512_reduce_max_ps(vmax);
+  const __m512 mx = _mm512_set1_ps(mx_s);
   __m512 vsum = _mm512_setzero_ps();
   for (i = 0; i + 16 <= n; i += 16) {
     __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + i), mx));
@@ -50,7 +51,7 @@ float softmax_unnormalized_avx512(float* s, int n) {
     _mm512_mask_storeu_ps(s + i, m, e);
     vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
   }
-  return _mm512_reduce_add_ps(vsum);
+  return sink == -INFINITY ? _mm512_reduce_add_ps(vsum) : _mm512_reduce_add_ps(vsum) + std::exp(sink - mx_s);
 }
 
 }  // namespace pagoda

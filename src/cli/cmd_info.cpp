@@ -69,8 +69,12 @@ void print_weight_memory(const llama_model& model) {
 }
 
 // The architecture's optional parts (model/llama.h), "" for a plain llama block.
-std::string block_features(const llama_hparams& hp) {
+std::string block_features(const llama_model& m) {
+  const llama_hparams& hp = m.hparams();
   std::vector<std::string> f;
+  const llama_layer& first = m.layers().front();
+  if (!first.bq.empty()) f.push_back(first.bo.empty() ? "Q/K/V biases" : "Q/K/V and output biases");
+  if (!first.attn_sinks.empty()) f.push_back("attention sinks");
   if (hp.qk_norm) f.push_back("per-head Q/K RMSNorm");
   if (hp.post_norms) f.push_back("post-attention and post-FFN norms");
   if (hp.embd_scale != 1.0f) f.push_back(fmt::format("embeddings x {:g}", hp.embd_scale));
@@ -148,13 +152,17 @@ int info(const info_options& o) {
   std::printf("heads:           %d query, %d KV (GQA group %d), head_dim %d\n", hp.n_head, hp.n_head_kv, hp.n_rep(),
               hp.head_dim);
   if (hp.moe.n_expert > 0)  // routed experts (model/moe.h); the dense width is only a key
-    std::printf("feed-forward:    %d experts of %d, %d per token (SwiGLU; softmax router, top-%d weights %s%s)\n",
-                hp.moe.n_expert, hp.moe.n_ff_exp, hp.moe.n_expert_used, hp.moe.n_expert_used,
-                hp.moe.norm_weights ? "renormalised" : "as routed",
+    std::printf("feed-forward:    %d experts of %d, %d per token (%s; %s%s)\n", hp.moe.n_expert, hp.moe.n_ff_exp,
+                hp.moe.n_expert_used,
+                hp.moe.activation == moe_activation::swiglu_oai ? "clamped SwiGLU, biased" : "SwiGLU",
+                hp.moe.gating == moe_gating::softmax_weight
+                    ? fmt::format("biased router, top-{} logits weighed by their softmax", hp.moe.n_expert_used).c_str()
+                    : fmt::format("softmax router, top-{} weights {}", hp.moe.n_expert_used,
+                                  hp.moe.norm_weights ? "renormalised" : "as routed").c_str(),
                 hp.moe.weights_scale != 1.0f ? fmt::format(", x{:g}", hp.moe.weights_scale).c_str() : "");
   else
     std::printf("feed-forward:    %d (%s)\n", hp.n_ff, hp.gelu ? "GeGLU, tanh GELU" : "SwiGLU");
-  if (const std::string f = block_features(hp); !f.empty()) std::printf("block:           %s\n", f.c_str());
+  if (const std::string f = block_features(*model); !f.empty()) std::printf("block:           %s\n", f.c_str());
   if (hp.n_swa_layers() > 0)
     std::printf("attention:       sliding window of %d on %d of %d layers (the others global)\n", hp.sliding_window,
                 hp.n_swa_layers(), hp.n_layer);

@@ -13,6 +13,11 @@
 //           sliding-window pattern and a second RoPE base for local layers
 //   phi3    fused QKV and gate/up projections (read as views of the rows)
 //   qwen3moe  qwen3's attention with a mixture-of-experts FFN (model/moe.h)
+//   gpt-oss   Q/K/V and output biases, attention sinks (a learned logit per
+//             query head), alternating sliding-window and full layers, a
+//             biased router choosing by logit (softmax over the chosen),
+//             biased experts with a clamped SwiGLU; the FFN's input norm is
+//             the file's post_attention_norm
 #pragma once
 
 #include <cstdint>
@@ -39,7 +44,7 @@
 namespace pagoda {
 
 struct llama_hparams {
-  std::string arch;  // llama, qwen2, qwen3, gemma2, gemma3, phi3 or qwen3moe
+  std::string arch;  // llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe or gpt-oss
   std::string name;  // general.name, if any
   int n_vocab = 0;
   int n_embd = 0;
@@ -92,7 +97,9 @@ struct llama_hparams {
 struct llama_layer {
   std::vector<float> attn_norm;  // [n_embd]
   weight_view wq, wk, wv, wo;
-  std::vector<float> bq, bk, bv;  // qwen2 only; empty otherwise
+  std::vector<float> bq, bk, bv;  // qwen2, gpt-oss (optional on the others, as llama.cpp); empty otherwise
+  std::vector<float> bo;          // [n_embd] attention output bias, gpt-oss only
+  std::vector<float> attn_sinks;  // [n_head] sink logits, gpt-oss only
   std::vector<float> q_norm, k_norm;  // [head_dim] qwen3/gemma3 only; empty otherwise
   std::vector<float> post_attn_norm;  // [n_embd] gemma only; empty otherwise
   std::vector<float> ffn_norm;    // [n_embd]
@@ -220,6 +227,6 @@ void rotate_keys(const llama_hparams& hp, int layer, float* k, int n, const std:
 double kv_bytes_per_token(const llama_hparams& hp, double bytes_per_element);
 
 // The architectures that load, for messages and docs.
-inline constexpr const char* k_supported_architectures = "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe";
+inline constexpr const char* k_supported_architectures = "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss";
 
 }  // namespace pagoda

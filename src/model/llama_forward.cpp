@@ -309,6 +309,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.scale = hp.attn_scale;
         t.window = window;
         t.softcap = hp.attn_softcap;
+        t.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
         t.q = q + static_cast<std::size_t>(a.row0) * QD;
         t.q_stride = QD;
         t.n_tokens = static_cast<int>(s.tokens.size());
@@ -342,6 +343,8 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     for (std::size_t it = 0; it < items.size(); ++it)
       if (sparse_items[it] && seqs[items[it].seq].sparse) *seqs[items[it].seq].sparse = true;
     matmul(L.wo, attn, n_tok, tmp, pool_, mm_scratch_);
+    if (!L.bo.empty())
+      for (int i = 0; i < n_tok; ++i) add_inplace(tmp + static_cast<std::size_t>(i) * E, L.bo.data(), E);
     if (!L.post_attn_norm.empty()) rms_norm_rows(tmp, n_tok, E, L.post_attn_norm, hp.rms_eps);
     add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);
 

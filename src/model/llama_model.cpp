@@ -125,17 +125,22 @@ struct loader {
   }
 
   result<std::vector<float>> vector(const std::string& name, std::int64_t n, bool required = true) {
-    PAGODA_ASSIGN_OR_RETURN(weight_view w, matrix(name, n, 1, required));
+    return table(name, n, 1, required);
+  }
+
+  // A small 2-D tensor [rows][n] (ggml ne = [n, rows]) read into floats: per-expert biases.
+  result<std::vector<float>> table(const std::string& name, std::int64_t n, std::int64_t rows, bool required = true) {
+    PAGODA_ASSIGN_OR_RETURN(weight_view w, matrix(name, n, rows, required));
     std::vector<float> out;
     if (!w.data) return out;
-    out.resize(n);
-    dequantize_row(w, 0, out.data());
+    out.resize(static_cast<std::size_t>(n * rows));
+    for (std::int64_t r = 0; r < rows; ++r) dequantize_row(w, r, out.data() + r * n);
     return out;
   }
 };
 
 bool is_supported_arch(std::string_view a) {
-  for (std::string_view s : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe"})
+  for (std::string_view s : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss"})
     if (a == s) return true;
   return false;
 }
@@ -309,20 +314,22 @@ status read_arch_features(loader& ld, llama_hparams& hp) {
   }
   if (!(hp.attn_softcap >= 0 && hp.attn_softcap < 1e6) || !(hp.final_softcap >= 0 && hp.final_softcap < 1e6))
     return error(errc::corrupt, "soft-capping values {} / {} out of range", hp.attn_softcap, hp.final_softcap);
-  // Sliding windows: required for gemma, optional for llama (Mistral), where
-  // it covers every layer. qwen2 and phi3 files may carry the key; llama.cpp
-  // ignores it there, and so does Pagoda.
-  if (gemma || a == "llama") {
+  // Sliding windows: required for gemma and gpt-oss, optional for llama
+  // (Mistral), where it covers every layer. qwen2 and phi3 files may carry
+  // the key; llama.cpp ignores it there, and so does Pagoda.
+  const bool gpt_oss = a == "gpt-oss";
+  if (gemma || gpt_oss || a == "llama") {
     std::optional<std::int64_t> none;
     if (a == "llama") none = 0;
     PAGODA_ASSIGN_OR_RETURN(std::int64_t w, ld.key_int("attention.sliding_window", none));
     if (w < 0 || w > (1 << 24)) return error(errc::corrupt, "sliding window {} out of range", w);
     hp.sliding_window = static_cast<int>(w);
   }
-  if (hp.sliding_window > 0) PAGODA_RETURN_IF_ERROR(read_swa_layers(ld, hp, a == "gemma2" ? 2 : a == "gemma3" ? 6 : 0));
+  if (hp.sliding_window > 0)
+    PAGODA_RETURN_IF_ERROR(read_swa_layers(ld, hp, a == "gemma2" || gpt_oss ? 2 : a == "gemma3" ? 6 : 0));
   else hp.swa_layer.assign(hp.n_layer, false);
   hp.rope_base_swa = hp.rope_base;
-  if (gemma) {  // llama.cpp's defaults: gemma2 one base for all layers, gemma3 10000 on local ones
+  if (gemma || gpt_oss) {  // llama.cpp's defaults: one base for all layers, gemma3 10000 on local ones
     PAGODA_ASSIGN_OR_RETURN(double b, ld.key_float("rope.freq_base_swa", a == "gemma3" ? 10000.0 : hp.rope_base));
     if (!(b > 1)) return error(errc::corrupt, "rope base {} out of range", b);
     hp.rope_base_swa = static_cast<float>(b);
@@ -331,38 +338,51 @@ status read_arch_features(loader& ld, llama_hparams& hp) {
   return {};
 }
 
-// Mixture of experts. qwen3moe reads llama.cpp's keys: expert_count and
-// expert_used_count (required), expert_feed_forward_length (default
-// feed_forward_length / expert_used_count, as llama.cpp). llama.cpp's
-// qwen3moe always softmax-gates and renormalises the chosen weights and reads
-// no other MoE key; Pagoda also honours expert_weights_norm and
-// expert_weights_scale when a file sets them, and refuses, naming the key,
-// the MoE features it does not compute (other gating functions, shared
-// experts, expert groups). A dense architecture with experts (Mixtral is
-// `llama` with expert_count 8) is refused rather than run without them.
+// Mixture of experts. qwen3moe and gpt-oss read llama.cpp's keys:
+// expert_count and expert_used_count (required), expert_feed_forward_length
+// (qwen3moe: default feed_forward_length / expert_used_count, as llama.cpp;
+// gpt-oss: required). llama.cpp's qwen3moe always softmax-gates and
+// renormalises the chosen weights, its gpt-oss chooses by logit and takes the
+// softmax of the chosen with a clamped SwiGLU; neither reads another MoE key.
+// Pagoda also honours expert_weights_norm (qwen3moe) and expert_weights_scale
+// when a file sets them, and refuses, naming the key, the MoE features it does
+// not compute (other gating functions, shared experts, expert groups). A
+// dense architecture with experts (Mixtral is `llama` with expert_count 8) is
+// refused rather than run without them.
 status read_moe(loader& ld, llama_hparams& hp) {
   const std::string& a = hp.arch;
+  const bool gpt_oss = a == "gpt-oss";
   PAGODA_ASSIGN_OR_RETURN(std::int64_t n_expert, ld.key_int("expert_count", 0));
-  if (a != "qwen3moe") {
+  if (a != "qwen3moe" && !gpt_oss) {
     if (n_expert > 1)
-      return error(errc::unsupported, "{}.expert_count = {}: mixture-of-experts {} models are not supported (qwen3moe is)",
-                   a, n_expert, a);
+      return error(errc::unsupported,
+                   "{}.expert_count = {}: mixture-of-experts {} models are not supported (qwen3moe and gpt-oss are)", a,
+                   n_expert, a);
     return {};
   }
-  hp.qk_norm = true;  // qwen3's attention block
+  hp.qk_norm = !gpt_oss;  // qwen3's attention block
   PAGODA_ASSIGN_OR_RETURN(std::int64_t n_used, ld.key_int("expert_used_count", 0));
   if (n_expert < 1 || n_expert > 512)  // llama.cpp's LLAMA_MAX_EXPERTS
-    return error(errc::corrupt, "{}.expert_count = {}: a qwen3moe model needs 1 to 512 experts", a, n_expert);
+    return error(errc::corrupt, "{}.expert_count = {}: a {} model needs 1 to 512 experts", a, n_expert, a);
   if (n_used < 1 || n_used > n_expert)
     return error(errc::corrupt, "{}.expert_used_count = {} must be in 1..{} (expert_count)", a, n_used, n_expert);
-  PAGODA_ASSIGN_OR_RETURN(std::int64_t n_ff_exp, ld.key_int("expert_feed_forward_length", hp.n_ff / n_used));
+  std::optional<std::int64_t> ff_default;
+  if (!gpt_oss) ff_default = hp.n_ff / n_used;
+  PAGODA_ASSIGN_OR_RETURN(std::int64_t n_ff_exp, ld.key_int("expert_feed_forward_length", ff_default));
   if (n_ff_exp < 1 || n_ff_exp > (1 << 20))
     return error(errc::corrupt, "{}.expert_feed_forward_length = {} out of range", a, n_ff_exp);
   hp.moe.n_expert = static_cast<int>(n_expert);
   hp.moe.n_expert_used = static_cast<int>(n_used);
   hp.moe.n_ff_exp = static_cast<int>(n_ff_exp);
-  if (auto norm = ld.f.get_bool(a + ".expert_weights_norm"); norm.ok()) hp.moe.norm_weights = *norm;
-  else if (norm.error().code() != errc::not_found) return norm.error();
+  if (gpt_oss) {
+    hp.moe.gating = moe_gating::softmax_weight;
+    hp.moe.activation = moe_activation::swiglu_oai;
+    hp.moe.norm_weights = false;
+  } else if (auto norm = ld.f.get_bool(a + ".expert_weights_norm"); norm.ok()) {
+    hp.moe.norm_weights = *norm;
+  } else if (norm.error().code() != errc::not_found) {
+    return norm.error();
+  }
   PAGODA_ASSIGN_OR_RETURN(double scale, ld.key_float("expert_weights_scale", 0.0));
   if (!(scale >= 0 && scale < 1e6)) return error(errc::corrupt, "{}.expert_weights_scale = {} out of range", a, scale);
   hp.moe.weights_scale = scale == 0 ? 1.0f : static_cast<float>(scale);
@@ -370,10 +390,10 @@ status read_moe(loader& ld, llama_hparams& hp) {
   // own, softmax here), 1 softmax, 2 sigmoid, 3 softmax over the chosen
   // weights, 4 sqrt(softplus).
   PAGODA_ASSIGN_OR_RETURN(std::int64_t gating, ld.key_int("expert_gating_func", 0));
-  if (gating != 0 && gating != 1) {
+  if (gating != 0 && gating != (gpt_oss ? 3 : 1)) {
     static constexpr const char* k_names[] = {"none", "softmax", "sigmoid", "softmax_weight", "sqrt_softplus"};
-    return error(errc::unsupported, "{}.expert_gating_func = {} ({}): only softmax gating is supported", a, gating,
-                 gating >= 0 && gating < 5 ? k_names[gating] : "unknown");
+    return error(errc::unsupported, "{}.expert_gating_func = {} ({}): {} models gate with {} only", a, gating,
+                 gating >= 0 && gating < 5 ? k_names[gating] : "unknown", a, gpt_oss ? "softmax_weight" : "softmax");
   }
   struct unsupported_key {
     const char* suffix;
@@ -395,22 +415,32 @@ status read_moe(loader& ld, llama_hparams& hp) {
   return {};
 }
 
-// One MoE layer's router and experts; tensors of MoE features Pagoda does
-// not compute (router or expert biases, a selection bias, fused gate/up
-// experts, per-expert scales, shared experts) are refused by name.
+// One MoE layer's router and experts, and gpt-oss's biases of both; tensors
+// of MoE features Pagoda does not compute (a selection bias, fused gate/up
+// experts, per-expert scales, shared experts, and the biases on qwen3moe,
+// whose llama.cpp graph has none) are refused by name.
 status load_moe_layer(loader& ld, const std::string& p, const llama_hparams& hp, llama_layer& L) {
-  for (const char* part : {"ffn_gate_inp.bias", "exp_probs_b.bias", "ffn_gate_up_exps.weight", "ffn_gate_exps.bias",
-                           "ffn_up_exps.bias", "ffn_down_exps.bias", "ffn_gate_exps.scale", "ffn_up_exps.scale",
+  const bool biased = hp.arch == "gpt-oss";
+  for (const char* part : {"ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
+                           "exp_probs_b.bias", "ffn_gate_up_exps.weight", "ffn_gate_exps.scale", "ffn_up_exps.scale",
                            "ffn_down_exps.scale", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight",
-                           "ffn_up_shexp.weight", "ffn_down_shexp.weight"})
+                           "ffn_up_shexp.weight", "ffn_down_shexp.weight"}) {
+    if (biased && std::string_view(part).ends_with(".bias") && !std::string_view(part).starts_with("exp_probs")) continue;
     if (ld.f.find_tensor(p + part))
       return error(errc::unsupported, "tensor {}{}: this mixture-of-experts feature is not supported", p, part);
+  }
   const int n = hp.moe.n_expert;
   const std::int64_t ff = hp.moe.n_ff_exp;
   PAGODA_ASSIGN_OR_RETURN(L.moe.router, ld.matrix(p + "ffn_gate_inp.weight", hp.n_embd, n));
   PAGODA_ASSIGN_OR_RETURN(L.moe.gate, ld.experts(p + "ffn_gate_exps.weight", hp.n_embd, ff, n));
   PAGODA_ASSIGN_OR_RETURN(L.moe.up, ld.experts(p + "ffn_up_exps.weight", hp.n_embd, ff, n));
   PAGODA_ASSIGN_OR_RETURN(L.moe.down, ld.experts(p + "ffn_down_exps.weight", ff, hp.n_embd, n));
+  if (biased) {  // [n_expert] and [n_expert][width], ggml's ne = [width, n_expert]
+    PAGODA_ASSIGN_OR_RETURN(L.moe.router_bias, ld.vector(p + "ffn_gate_inp.bias", n));
+    PAGODA_ASSIGN_OR_RETURN(L.moe.gate_bias, ld.table(p + "ffn_gate_exps.bias", ff, n));
+    PAGODA_ASSIGN_OR_RETURN(L.moe.up_bias, ld.table(p + "ffn_up_exps.bias", ff, n));
+    PAGODA_ASSIGN_OR_RETURN(L.moe.down_bias, ld.table(p + "ffn_down_exps.bias", hp.n_embd, n));
+  }
   return {};
 }
 
@@ -525,7 +555,15 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
     PAGODA_ASSIGN_OR_RETURN(L.attn_norm, ld.vector(p + "attn_norm.weight", n_embd));
     PAGODA_RETURN_IF_ERROR(ld.qkv(p, hp, L));
     PAGODA_ASSIGN_OR_RETURN(L.wo, ld.matrix(p + "attn_output.weight", q_dim, n_embd));
-    PAGODA_ASSIGN_OR_RETURN(L.ffn_norm, ld.vector(p + "ffn_norm.weight", n_embd));
+    const bool gpt_oss = hp.arch == "gpt-oss";
+    // gpt-oss names its FFN input norm post_attention_norm (llama.cpp's attn_post_norm).
+    PAGODA_ASSIGN_OR_RETURN(L.ffn_norm, ld.vector(p + (gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), n_embd));
+    if (gpt_oss) {
+      PAGODA_ASSIGN_OR_RETURN(L.bo, ld.vector(p + "attn_output.bias", n_embd));
+      PAGODA_ASSIGN_OR_RETURN(L.attn_sinks, ld.vector(p + "attn_sinks.weight", hp.n_head));
+      for (float s : L.attn_sinks)
+        if (!std::isfinite(s)) return error(errc::corrupt, "tensor {}attn_sinks.weight holds {}", p, s);
+    }
     if (hp.moe.n_expert > 0) {
       PAGODA_RETURN_IF_ERROR(load_moe_layer(ld, p, hp, L));
     } else {

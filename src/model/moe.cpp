@@ -22,6 +22,28 @@ void grow(aligned_buffer& b, std::size_t size_bytes) {
   if (b.size() < size_bytes) b.resize(size_bytes, false);
 }
 
+// Adds bias row e (width n) to m rows of width n; nothing when the bias is absent.
+void add_expert_bias(const std::vector<float>& bias, int e, std::int64_t n, float* rows, std::int64_t m) {
+  if (bias.empty()) return;
+  const float* b = bias.data() + static_cast<std::size_t>(e) * n;
+  for (std::int64_t r = 0; r < m; ++r) add_inplace(rows + r * n, b, n);
+}
+
+void activate(const moe_config& c, float* g, const float* u, std::int64_t n) {
+  if (c.activation == moe_activation::swiglu_oai) swiglu_oai_mul(g, u, n, g);
+  else silu_mul(g, u, n, g);
+}
+
+// The router's logits of n_tok rows, biased.
+void router_logits(const moe_weights& w, const float* xn, int n_tok, float* logits, thread_pool* pool,
+                   matmul_scratch* mm) {
+  if (pool) matmul(w.router, xn, n_tok, logits, *pool, *mm);
+  else matmul_ref(w.router, xn, n_tok, logits);
+  if (!w.router_bias.empty())
+    for (int t = 0; t < n_tok; ++t)
+      add_inplace(logits + static_cast<std::size_t>(t) * w.router.n_out, w.router_bias.data(), w.router.n_out);
+}
+
 }  // namespace
 
 weight_view expert_weights::expert(int e) const {
@@ -36,8 +58,28 @@ void moe_route(const moe_config& c, const float* logits, int n_tok, std::int32_t
   PAGODA_ASSERT(n > 0 && k > 0 && k <= n, "moe_route: {} of {} experts", k, n);
   std::vector<float> p(static_cast<std::size_t>(n));
   std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  const bool weight_gating = c.gating == moe_gating::softmax_weight;
   for (int t = 0; t < n_tok; ++t) {
     const float* l = logits + static_cast<std::size_t>(t) * n;
+    if (weight_gating) {  // choose by logit, then the softmax of the chosen
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](std::int32_t a, std::int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+      std::int32_t* ex = experts + static_cast<std::size_t>(t) * k;
+      float* w = weights + static_cast<std::size_t>(t) * k;
+      const float top = l[order[0]];
+      double sum = 0;
+      for (int j = 0; j < k; ++j) {
+        ex[j] = order[j];
+        w[j] = std::exp(l[order[j]] - top);
+        sum += w[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int j = 0; j < k; ++j) w[j] *= inv;
+      if (c.weights_scale != 0.0f && c.weights_scale != 1.0f)
+        for (int j = 0; j < k; ++j) w[j] *= c.weights_scale;
+      continue;
+    }
     const float mx = *std::max_element(l, l + n);
     double sum = 0;
     for (int e = 0; e < n; ++e) {
@@ -74,7 +116,7 @@ int moe_ffn(const moe_config& c, const moe_weights& w, const float* xn, int n_to
   const std::size_t rows = static_cast<std::size_t>(n_tok) * k;
 
   s.logits.resize(static_cast<std::size_t>(n_tok) * n_exp);
-  matmul(w.router, xn, n_tok, s.logits.data(), pool, mm);
+  router_logits(w, xn, n_tok, s.logits.data(), &pool, &mm);
   s.experts.resize(rows);
   s.weights.resize(rows);
   moe_route(c, s.logits.data(), n_tok, s.experts.data(), s.weights.data());
@@ -109,12 +151,16 @@ int moe_ffn(const moe_config& c, const moe_weights& w, const float* xn, int n_to
     ++active;
     matmul(w.gate.expert(e), xg + r0 * n_embd, m, g + r0 * n_ff, pool, mm);
     matmul(w.up.expert(e), xg + r0 * n_embd, m, u + r0 * n_ff, pool, mm);
+    add_expert_bias(w.gate_bias, e, n_ff, g + r0 * n_ff, m);
+    add_expert_bias(w.up_bias, e, n_ff, u + r0 * n_ff, m);
   }
-  silu_mul(g, u, static_cast<std::int64_t>(rows) * n_ff, g);
+  activate(c, g, u, static_cast<std::int64_t>(rows) * n_ff);
   // The inputs are no longer needed: the experts' outputs take their rows.
   for (int e = 0; e < n_exp; ++e) {
     const std::int64_t r0 = s.offset[e], m = s.offset[e + 1] - r0;
-    if (m > 0) matmul(w.down.expert(e), g + r0 * n_ff, m, xg + r0 * n_embd, pool, mm);
+    if (m == 0) continue;
+    matmul(w.down.expert(e), g + r0 * n_ff, m, xg + r0 * n_embd, pool, mm);
+    add_expert_bias(w.down_bias, e, n_embd, xg + r0 * n_embd, m);
   }
 
   // out = sum over j, in order, of w_j x expert output (each product rounded
@@ -144,14 +190,19 @@ void moe_ffn_ref(const moe_config& c, const moe_weights& w, const float* xn, int
   std::vector<double> acc(static_cast<std::size_t>(n_embd));
   for (int t = 0; t < n_tok; ++t) {
     const float* x = xn + static_cast<std::size_t>(t) * n_embd;
-    matmul_ref(w.router, x, 1, logits.data());
+    router_logits(w, x, 1, logits.data(), nullptr, nullptr);
     moe_route(c, logits.data(), 1, experts.data(), weights.data());
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int j = 0; j < k; ++j) {
-      matmul_ref(w.gate.expert(experts[j]), x, 1, g.data());
-      matmul_ref(w.up.expert(experts[j]), x, 1, u.data());
-      silu_mul_ref(g.data(), u.data(), n_ff, g.data());
-      matmul_ref(w.down.expert(experts[j]), g.data(), 1, d.data());
+      const int e = experts[j];
+      matmul_ref(w.gate.expert(e), x, 1, g.data());
+      matmul_ref(w.up.expert(e), x, 1, u.data());
+      add_expert_bias(w.gate_bias, e, n_ff, g.data(), 1);
+      add_expert_bias(w.up_bias, e, n_ff, u.data(), 1);
+      if (c.activation == moe_activation::swiglu_oai) swiglu_oai_mul(g.data(), u.data(), n_ff, g.data());
+      else silu_mul_ref(g.data(), u.data(), n_ff, g.data());
+      matmul_ref(w.down.expert(e), g.data(), 1, d.data());
+      add_expert_bias(w.down_bias, e, n_embd, d.data(), 1);
       for (std::int64_t i = 0; i < n_embd; ++i) acc[i] += static_cast<double>(weights[j]) * d[i];
     }
     for (std::int64_t i = 0; i < n_embd; ++i) out[static_cast<std::size_t>(t) * n_embd + i] = static_cast<float>(acc[i]);

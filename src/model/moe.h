@@ -1,14 +1,22 @@
-// Mixture-of-experts FFN (qwen3moe): a router scores every expert for each
-// token, the token goes through the n_expert_used experts with the largest
-// soft-max probabilities, and its FFN output is the weighted sum of their
-// SwiGLU FFNs. Semantics are llama.cpp's build_moe_ffn as qwen3moe calls it
-// (src/llama-graph.cpp, src/models/qwen3moe.cpp):
+// Mixture-of-experts FFN (qwen3moe, gpt-oss): a router scores every expert
+// for each token, the token goes through the n_expert_used experts with the
+// largest scores, and its FFN output is the weighted sum of their gated FFNs.
+// Semantics are llama.cpp's build_moe_ffn as qwen3moe and gpt-oss call it
+// (src/llama-graph.cpp, src/models/qwen3moe.cpp, src/models/openai-moe.cpp):
 //
-//   p       = softmax(router · x)                       over all n_expert
-//   top     = the n_expert_used largest p (descending; lowest id first on ties)
-//   w_j     = p_top[j] / max(sum_j p_top[j], 2^-14)     when weights are normalised
-//   w_j    *= weights_scale                             when it is not 0 or 1
-//   out     = sum_j w_j · down_e(silu(gate_e x) * up_e x)   for e = top[j], in order j
+//   l       = router · x (+ router bias, gpt-oss)
+//   softmax gating (qwen3moe):
+//     p     = softmax(l)                                  over all n_expert
+//     top   = the n_expert_used largest p (descending; lowest id first on ties)
+//     w_j   = p_top[j] / max(sum_j p_top[j], 2^-14)       when weights are normalised
+//   softmax_weight gating (gpt-oss):
+//     top   = the n_expert_used largest l (as above)
+//     w_j   = softmax(l_top)[j]                            (not renormalised again)
+//   w_j    *= weights_scale                               when it is not 0 or 1
+//   out     = sum_j w_j · (down_e(act(gate_e x + bg_e, up_e x + bu_e)) + bd_e)
+//             for e = top[j], in order j; act is silu(g) * u (qwen3moe) or
+//             gpt-oss's clamped swiglu_oai (model/vec_ops.h); the b are the
+//             experts' biases (gpt-oss), absent elsewhere.
 //
 // Experts are the slices of 3-D GGUF tensors ([n_in, n_out, n_expert] in
 // ggml order), read in place in their stored format.
@@ -31,6 +39,9 @@
 
 namespace pagoda {
 
+enum class moe_gating : std::uint8_t { softmax, softmax_weight };
+enum class moe_activation : std::uint8_t { silu, swiglu_oai };
+
 // A model's mixture-of-experts hyper-parameters; n_expert 0 means a dense FFN.
 struct moe_config {
   int n_expert = 0;             // <arch>.expert_count
@@ -38,6 +49,8 @@ struct moe_config {
   int n_ff_exp = 0;             // <arch>.expert_feed_forward_length: each expert's FFN width
   bool norm_weights = true;     // the chosen probabilities renormalised to sum 1
   float weights_scale = 1.0f;   // the weights multiplied by this after normalising
+  moe_gating gating = moe_gating::softmax;
+  moe_activation activation = moe_activation::silu;
 };
 
 // One 3-D tensor of expert matrices: expert e is [n_out][n_in], starting
@@ -57,11 +70,15 @@ struct moe_weights {
   expert_weights gate;  // ffn_gate_exps: [n_expert][n_ff_exp][n_embd]
   expert_weights up;    // ffn_up_exps:   [n_expert][n_ff_exp][n_embd]
   expert_weights down;  // ffn_down_exps: [n_expert][n_embd][n_ff_exp]
+  // Biases (gpt-oss; empty elsewhere): router [n_expert], gate and up
+  // [n_expert][n_ff_exp], down [n_expert][n_embd].
+  std::vector<float> router_bias, gate_bias, up_bias, down_bias;
   bool empty() const { return router.data == nullptr; }
 };
 
-// Routes n_tok tokens from their router logits [n_tok][n_expert]: experts
-// [n_tok][n_expert_used] (descending probability) and their weights, as above.
+// Routes n_tok tokens from their router logits [n_tok][n_expert] (biased
+// already): experts [n_tok][n_expert_used] (descending score) and their
+// weights, as above.
 void moe_route(const moe_config& c, const float* logits, int n_tok, std::int32_t* experts, float* weights);
 
 // Reusable buffers of moe_ffn; they grow to the largest step and stay.

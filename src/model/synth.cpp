@@ -68,6 +68,19 @@ synth_shape moe(synth_shape s, int n_expert, int n_expert_used, int n_ff_exp) {
   return s;
 }
 
+// gpt-oss: biased attention with sinks and a window on every other layer,
+// biased experts, YaRN.
+synth_shape gpt_oss(synth_shape s, int n_expert, int n_expert_used, int window, float yarn_factor, int n_ctx_orig) {
+  s = moe(s, n_expert, n_expert_used, s.n_ff);
+  s.qk_norm = false;
+  s.qkv_bias = true;
+  s.gpt_oss_parts = true;
+  s.sliding_window = window;
+  s.yarn_factor = yarn_factor;
+  s.yarn_n_ctx_orig = n_ctx_orig;
+  return s;
+}
+
 synth_shape gemma3(synth_shape s, int window) {
   s = with_window(s, window, 6);
   s.rope_base_swa = 10000.0f;
@@ -88,6 +101,8 @@ const synth_shape k_presets[] = {
     make_shape("phi3-mini", "phi3", 3072, 32, 32, 96, 8192, 32, 4096, 32064, 10000.0f, 1e-5f),
     moe(make_shape("qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 128, 6144, 48, 40960, 151936, 1000000.0f, 1e-6f), 128, 8,
         768),
+    gpt_oss(make_shape("gpt-oss-20b", "gpt-oss", 2880, 64, 8, 64, 2880, 24, 131072, 201088, 150000.0f, 1e-5f), 32, 4,
+            128, 32.0f, 4096),
     make_shape("tiny", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f),
     make_shape("tiny256", "llama", 256, 4, 2, 64, 512, 2, 2048, 512, 10000.0f, 1e-5f),
     make_shape("tiny-qwen3", "qwen3", 128, 8, 2, 32, 256, 2, 2048, 512, 1000000.0f, 1e-6f),
@@ -96,6 +111,8 @@ const synth_shape k_presets[] = {
                 8, 3),
     make_shape("tiny-phi3", "phi3", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f),
     moe(make_shape("tiny-qwen3moe", "qwen3moe", 256, 4, 2, 64, 512, 2, 2048, 512, 1000000.0f, 1e-6f), 8, 2, 256),
+    gpt_oss(make_shape("tiny-gpt-oss", "gpt-oss", 128, 4, 2, 64, 128, 2, 2048, 512, 150000.0f, 1e-5f), 8, 2, 8, 0.0f,
+            0),
     // Mistral v0.1's kind: a sliding window on every layer.
     with_window(make_shape("tiny-swa", "llama", 128, 4, 2, 32, 256, 2, 2048, 512, 10000.0f, 1e-5f), 24),
 };
@@ -280,6 +297,11 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   if (s.attn_softcap > 0) w->add_f32(key("attn_logit_softcapping"), s.attn_softcap);
   if (s.final_softcap > 0) w->add_f32(key("final_logit_softcapping"), s.final_softcap);
   if (s.rope_base_swa > 0) w->add_f32(key("rope.freq_base_swa"), s.rope_base_swa);
+  if (s.yarn_factor > 0) {
+    w->add_string(key("rope.scaling.type"), "yarn");
+    w->add_f32(key("rope.scaling.factor"), s.yarn_factor);
+    w->add_u32(key("rope.scaling.original_context_length"), static_cast<std::uint32_t>(s.yarn_n_ctx_orig));
+  }
   if (s.n_expert > 0) {
     w->add_u32(key("expert_count"), static_cast<std::uint32_t>(s.n_expert));
     w->add_u32(key("expert_used_count"), static_cast<std::uint32_t>(s.n_expert_used));
@@ -301,6 +323,10 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   auto vector = [&](const std::string& name, std::int64_t n, float amplitude, float constant) {
     const std::int64_t ne[] = {n};
     w->add_tensor(name, tensor_type::f32, ne, make_fill({o.seed, id++, tensor_type::f32, n, amplitude, constant}, pool));
+  };
+  auto bias_table = [&](const std::string& name, std::int64_t n, std::int64_t rows) {
+    const std::int64_t ne[] = {n, rows};
+    w->add_tensor(name, tensor_type::f32, ne, make_fill({o.seed, id++, tensor_type::f32, n, 0.1f, 0}, pool));
   };
   // Uniform on [-a, a) has standard deviation a / sqrt(3).
   auto amplitude_for = [](std::int64_t n_in) { return static_cast<float>(std::sqrt(3.0 / static_cast<double>(n_in))); };
@@ -332,13 +358,25 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
       vector(p + "attn_v.bias", kv_dim, 0.02f, 0);
     }
     matrix(p + "attn_output.weight", q_dim, s.n_embd, amplitude_for(q_dim));
-    if (s.post_norms) vector(p + "post_attention_norm.weight", s.n_embd, 0, 1.0f);
-    vector(p + "ffn_norm.weight", s.n_embd, 0, 1.0f);
+    if (s.gpt_oss_parts) {
+      vector(p + "attn_output.bias", s.n_embd, 0.1f, 0);
+      // Sink logits of the order of the scores, so they take a real share.
+      vector(p + "attn_sinks.weight", s.n_head, 2.0f, 0);
+    }
+    // gpt-oss's FFN input norm has gemma's post-attention norm's name.
+    if (s.post_norms || s.gpt_oss_parts) vector(p + "post_attention_norm.weight", s.n_embd, 0, 1.0f);
+    if (!s.gpt_oss_parts) vector(p + "ffn_norm.weight", s.n_embd, 0, 1.0f);
     if (s.n_expert > 0) {
       matrix(p + "ffn_gate_inp.weight", s.n_embd, s.n_expert, amplitude_for(s.n_embd));
       matrix(p + "ffn_gate_exps.weight", s.n_embd, s.n_ff_exp, amplitude_for(s.n_embd), s.n_expert);
       matrix(p + "ffn_up_exps.weight", s.n_embd, s.n_ff_exp, amplitude_for(s.n_embd), s.n_expert);
       matrix(p + "ffn_down_exps.weight", s.n_ff_exp, s.n_embd, amplitude_for(s.n_ff_exp), s.n_expert);
+      if (s.gpt_oss_parts) {  // [n_expert] and [n_expert][width] (ggml ne = [width, n_expert])
+        vector(p + "ffn_gate_inp.bias", s.n_expert, 0.5f, 0);
+        bias_table(p + "ffn_gate_exps.bias", s.n_ff_exp, s.n_expert);
+        bias_table(p + "ffn_up_exps.bias", s.n_ff_exp, s.n_expert);
+        bias_table(p + "ffn_down_exps.bias", s.n_embd, s.n_expert);
+      }
       continue;
     }
     if (s.fused) {

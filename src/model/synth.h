@@ -6,7 +6,8 @@
 // architecture (llama, with an optional sliding window; qwen2 with QKV
 // biases; qwen3 with Q/K norms; gemma2 and gemma3 with post-norms, soft-capping,
 // sliding-window layers and gemma3's Q/K norms; phi3 with fused QKV and
-// gate/up projections; qwen3moe with a router and 3-D expert tensors) and a synthetic
+// gate/up projections; qwen3moe with a router and 3-D expert tensors; gpt-oss
+// with biases everywhere, attention sinks, alternating windows and YaRN) and a synthetic
 // SentencePiece-style ("llama") vocabulary so it tokenizes and runs end to end:
 // <unk> <s> </s>, the 256 byte tokens <0x00>..<0xFF>, then plain pieces.
 // Weights are deterministic in (seed, tensor, row), uniform with standard
@@ -28,7 +29,7 @@ namespace pagoda {
 // width, each of n_head query heads and n_head_kv key/value heads is head_dim wide.
 struct synth_shape {
   const char* name = "";     // preset name
-  const char* arch = "llama";  // llama, qwen2, qwen3, gemma2, gemma3, phi3 or qwen3moe
+  const char* arch = "llama";  // llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe or gpt-oss
   int n_embd = 0;
   int n_head = 0;
   int n_head_kv = 0;
@@ -56,16 +57,24 @@ struct synth_shape {
   int n_expert = 0;              // <arch>.expert_count
   int n_expert_used = 0;         // <arch>.expert_used_count
   int n_ff_exp = 0;              // <arch>.expert_feed_forward_length
+  // gpt-oss: attention output bias and sinks, router and expert biases, the
+  // FFN input norm named post_attention_norm (with qkv_bias and a window).
+  bool gpt_oss_parts = false;
+  // YaRN RoPE scaling written to the metadata (0: none).
+  float yarn_factor = 0.0f;      // <arch>.rope.scaling.factor, with type yarn
+  int yarn_n_ctx_orig = 0;       // <arch>.rope.scaling.original_context_length
 };
 
 // Every preset: llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1 (with its
 // 4096-token sliding window), qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b,
-// phi3-mini, qwen3-30b-a3b (128 experts, 8 per token), tiny (a small llama
+// phi3-mini, qwen3-30b-a3b (128 experts, 8 per token), gpt-oss-20b (32
+// experts, 4 per token, a window of 128 on every other layer), tiny (a small llama
 // for tests and smoke runs), tiny256 (the same with rows of 256 and 512, so
 // the super-block formats q4_K and q6_K fit), and tiny-qwen3, tiny-gemma2,
 // tiny-gemma3, tiny-phi3, tiny-qwen3moe (small models of those architectures,
 // with windows of 8 positions on the gemma ones; tiny-qwen3moe has 8 experts,
-// 2 per token, and rows of 256 for the super-block formats).
+// 2 per token, and rows of 256 for the super-block formats; tiny-gpt-oss has
+// 8 experts, 2 per token, a window of 8, rows of 128 and no YaRN).
 std::span<const synth_shape> synth_presets();
 // nullptr when no preset has that name.
 const synth_shape* find_synth_preset(std::string_view name);

@@ -1,5 +1,6 @@
 #include "model/vec_ops.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/cpu.h"
@@ -35,6 +36,15 @@ void gelu_mul(const float* g, const float* u, std::int64_t n, float* out) {
   for (std::int64_t i = 0; i < n; ++i) {
     const float x = g[i];
     out[i] = 0.5f * x * (1.0f + std::tanh(k_sqrt_2_over_pi * x * (1.0f + 0.044715f * x * x))) * u[i];
+  }
+}
+
+void swiglu_oai_mul(const float* g, const float* u, std::int64_t n, float* out) {
+  constexpr float k_alpha = 1.702f, k_limit = 7.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = std::min(g[i], k_limit);
+    const float y = std::clamp(u[i], -k_limit, k_limit);
+    out[i] = x / (1.0f + std::exp(k_alpha * -x)) * (y + 1.0f);
   }
 }
 

@@ -19,6 +19,11 @@ void silu_mul_ref(const float* g, const float* u, std::int64_t n, float* out);
 // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) (Gemma's FFN). out may alias g or u.
 void gelu_mul(const float* g, const float* u, std::int64_t n, float* out);
 
+// gpt-oss's clamped SwiGLU (ggml's swiglu_oai with gpt-oss's constants):
+// x = min(g, 7), y = clamp(u, -7, 7), out = x / (1 + exp(-1.702 x)) * (y + 1).
+// out may alias g or u.
+void swiglu_oai_mul(const float* g, const float* u, std::int64_t n, float* out);
+
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, std::int64_t n);
 

@@ -41,6 +41,7 @@ struct fixture {
   std::vector<float> q;  // [n_ctx][n_kv_heads * n_rep * head_dim]
   std::vector<float> k, v;  // [n_ctx][n_kv_heads][head_dim], as written
   std::vector<std::int32_t> pos;  // [n_ctx]: slot i holds position i
+  std::vector<float> sinks;       // [n_kv_heads * n_rep] attention sinks; empty: none
 
   // spec: a K/V pair as the CLI spells it ("f32", "k8v4", "int4/token+int2").
   fixture(const std::string& spec, int n_kv_heads_, int n_rep_, int head_dim_, int block_size_, int n_ctx_,
@@ -97,6 +98,7 @@ struct fixture {
     t.n_kv = n_kv;
     t.out = out;
     t.out_stride = q_stride();
+    t.sinks = sinks.empty() ? nullptr : sinks.data();
     return t;
   }
 

@@ -1,6 +1,7 @@
 // Helpers for tests that rewrite GGUF files.
 #include "model/gguf_util.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -49,7 +50,8 @@ std::vector<std::byte> rewrite_gguf(const gguf::file& src, std::initializer_list
   }
   add(w);
   for (const gguf::tensor_info& t : src.tensors())
-    w.add_tensor(t.name, t.type, std::span<const std::int64_t>(t.ne, t.n_dims),
+    if (std::find(drop.begin(), drop.end(), std::string_view(t.name)) == drop.end())
+      w.add_tensor(t.name, t.type, std::span<const std::int64_t>(t.ne, t.n_dims),
                  std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.size_bytes));
   return w.to_bytes();
 }

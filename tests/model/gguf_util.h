@@ -16,7 +16,8 @@ namespace pagoda::test {
 void copy_value(gguf::writer& w, const std::string& key, const gguf::value& v);
 
 // The bytes of a copy of `src`: its metadata without the keys in `drop` (and
-// general.alignment), then whatever `add` writes, then its tensors verbatim.
+// general.alignment), then whatever `add` writes, then its tensors verbatim
+// but those named in `drop`.
 std::vector<std::byte> rewrite_gguf(const gguf::file& src, std::initializer_list<std::string_view> drop,
                                     const std::function<void(gguf::writer&)>& add);
 

@@ -14,7 +14,7 @@
 // d32676d77426540327835040d5d3279728f0b4c8, the oracle's; tests/data/oracle):
 //   src/llama-model.cpp, llama_model_base::load_hparams: the keys read for
 //     every architecture, general.name to classifier.output_labels;
-//   src/models/{llama,qwen2,qwen3,gemma2,gemma3,phi3}.cpp, load_arch_hparams:
+//   src/models/{llama,qwen2,qwen3,gemma2,gemma3,phi3,qwen3moe,openai-moe}.cpp, load_arch_hparams:
 //     each architecture's own (Mistral files are `llama`, run here on a
 //     Mistral v0.1-style model too);
 //   src/llama-arch.cpp, LLM_KV_NAMES: the key strings ("%s." is the
@@ -97,6 +97,10 @@ struct key_case {
   setup_fn setup = {};
 };
 
+// The architectures that read expert keys as their own, and the others.
+constexpr const char* k_moe = "qwen3moe gpt-oss";
+constexpr const char* k_dense = "llama qwen2 qwen3 gemma2 gemma3 phi3";
+
 const std::vector<key_case>& llama_cpp_keys() {
   const auto half = [](int v) { return static_cast<std::uint32_t>(v / 2); };
   static const std::vector<key_case> keys = {
@@ -108,11 +112,15 @@ const std::vector<key_case>& llama_cpp_keys() {
       {"attention.causal", "", outcome::refused, boolean(false)},
       {"pooling_type", "", outcome::refused, u32(1)},  // mean pooling
       {"block_count", "", outcome::shapes, u32([](const llama_hparams& h) { return h.n_layer + 1u; })},
-      {"expert_count", "", outcome::refused, u32(8)},
-      {"expert_used_count", "", outcome::refused, u32(2)},
+      {"expert_count", k_dense, outcome::refused, u32(8)},
+      {"expert_count", k_moe, outcome::shapes, u32([](const llama_hparams& h) { return 2u * h.moe.n_expert; })},
+      {"expert_used_count", k_dense, outcome::refused, u32(2)},
+      {"expert_used_count", k_moe, outcome::used, u32([](const llama_hparams& h) { return h.moe.n_expert_used - 1u; })},
       {"expert_group_count", "", outcome::refused, u32(2)},
       {"expert_group_used_count", "", outcome::refused, u32(1)},
-      {"feed_forward_length", "", outcome::shapes, u32([](const llama_hparams& h) { return 2u * h.n_ff; })},
+      {"feed_forward_length", k_dense, outcome::shapes, u32([](const llama_hparams& h) { return 2u * h.n_ff; })},
+      {"feed_forward_length", k_moe, outcome::ignored, u32([](const llama_hparams& h) { return 2u * h.n_ff; }),
+       "every FFN is experts of expert_feed_forward_length (which the file has)"},
       {"feed_forward_length", "", outcome::refused, per_layer([](const llama_hparams& h) { return h.n_ff; })},
       {"attention.head_count", "", outcome::shapes, u32([](const llama_hparams& h) { return 2u * h.n_head; })},
       {"attention.head_count", "", outcome::refused, per_layer([](const llama_hparams& h) { return h.n_head; })},
@@ -145,10 +153,12 @@ const std::vector<key_case>& llama_cpp_keys() {
       {"attention.layer_norm_rms_epsilon", "", outcome::used, f32(1e-2f)},
       {"attention.sliding_window", "phi3", outcome::ignored, u32(4),
        "llama.cpp turns Phi-3's sliding window off (its window metadata was unreliable)"},
-      {"attention.sliding_window", "gemma2 gemma3", outcome::used, u32(4)},
-      {"attention.sliding_window_pattern", "gemma2", outcome::used, u32(3)},
+      {"attention.sliding_window", "gemma2 gemma3 gpt-oss", outcome::used, u32(4)},
+      {"attention.sliding_window_pattern", "gemma2 gpt-oss", outcome::used, u32(3)},
       {"attention.sliding_window_pattern", "gemma3", outcome::used, u32(2)},
-      {"rope.freq_base_swa", "gemma2 gemma3", outcome::used, f32(20000.0f)},
+      {"rope.freq_base_swa", "gemma2 gemma3 gpt-oss", outcome::used, f32(20000.0f)},
+      {"expert_feed_forward_length", k_moe, outcome::shapes,
+       u32([](const llama_hparams& h) { return 2u * h.moe.n_ff_exp; })},
       {"attn_logit_softcapping", "gemma2", outcome::used, f32(5.0f)},
       {"final_logit_softcapping", "gemma2 gemma3", outcome::used, f32(5.0f)},
       // YaRN keys llama.cpp reads only for other architectures.
@@ -270,7 +280,9 @@ INSTANTIATE_TEST_SUITE_P(architectures, metadata_keys,
                                            model_case{"qwen3", "tiny-qwen3", nullptr},
                                            model_case{"gemma2", "tiny-gemma2", nullptr},
                                            model_case{"gemma3", "tiny-gemma3", nullptr},
-                                           model_case{"phi3", "tiny-phi3", nullptr}),
+                                           model_case{"phi3", "tiny-phi3", nullptr},
+                                           model_case{"qwen3moe", "tiny-qwen3moe", nullptr},
+                                           model_case{"gpt_oss", "tiny-gpt-oss", nullptr}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "kv/kv_storage.h"
 #include "model/gguf_util.h"
 #include "model/llama.h"
+#include "model/vec_ops.h"
 #include "model/simd_level_util.h"
 #include "model/synth.h"
 
@@ -35,13 +36,14 @@ std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "/moe_" + name + "_" + std::to_string(getpid()) + ".gguf";
 }
 
-std::unique_ptr<llama_model> synth_moe(tensor_type type, synth_mix mix = synth_mix::none) {
+std::unique_ptr<llama_model> synth_moe(tensor_type type, synth_mix mix = synth_mix::none,
+                                       const char* preset = "tiny-qwen3moe") {
   synth_options o;
-  o.preset = "tiny-qwen3moe";
+  o.preset = preset;
   o.weight_type = type;
   o.mix = mix;
   o.n_threads = 1;
-  return test::load_synth(o, std::string("moe_") + gguf::tensor_type_name(type));
+  return test::load_synth(o, std::string("moe_") + preset + "_" + gguf::tensor_type_name(type));
 }
 
 // ---------------------------------------------------------------------------
@@ -85,6 +87,45 @@ TEST(moe_route, weights_as_routed_and_scaled_when_a_file_says_so) {
   EXPECT_EQ(ex[1], 1);
   EXPECT_NEAR(w[0], 2.5 * 5.0 / 8.0, 1e-6);
   EXPECT_NEAR(w[1], 2.5 * 2.0 / 8.0, 1e-6);
+}
+
+// gpt-oss: the experts with the largest logits, weighed by the softmax over
+// those alone (so a far-off third expert changes nothing).
+TEST(moe_route, softmax_weight_gating_chooses_by_logit) {
+  moe_config c;
+  c.n_expert = 4;
+  c.n_expert_used = 2;
+  c.gating = moe_gating::softmax_weight;
+  c.norm_weights = false;
+  const float logits[] = {1.0f, -3.0f, 2.5f, 0.5f,  //
+                          0.0f, 0.0f, -1.0f, 7.0f};
+  std::int32_t ex[4];
+  float w[4];
+  moe_route(c, logits, 2, ex, w);
+  EXPECT_EQ(ex[0], 2);
+  EXPECT_EQ(ex[1], 0);
+  EXPECT_NEAR(w[0], 1.0 / (1.0 + std::exp(-1.5)), 1e-6);
+  EXPECT_NEAR(w[1], 1.0 / (1.0 + std::exp(1.5)), 1e-6);
+  EXPECT_EQ(ex[2], 3);
+  EXPECT_EQ(ex[3], 0);  // 0 and 1 tie: the lower id
+  EXPECT_NEAR(w[2], 1.0 / (1.0 + std::exp(-7.0)), 1e-6);
+  EXPECT_NEAR(w[2] + w[3], 1.0, 1e-6);
+}
+
+// gpt-oss's clamped SwiGLU, by hand: the gate is clamped above at 7 only,
+// the up projection to [-7, 7], then x sigmoid(1.702 x) (y + 1).
+TEST(moe_activation, swiglu_oai_clamps_as_gpt_oss) {
+  const float g[] = {0.0f, 1.0f, -2.0f, 9.0f, -30.0f, 3.0f};
+  const float u[] = {1.0f, -0.5f, 2.0f, 0.0f, 1.0f, -12.0f};
+  float out[6];
+  swiglu_oai_mul(g, u, 6, out);
+  auto f = [](double x, double y) { return x / (1 + std::exp(-1.702 * x)) * (y + 1); };
+  EXPECT_NEAR(out[0], 0.0, 1e-7);
+  EXPECT_NEAR(out[1], f(1, -0.5), 1e-6);
+  EXPECT_NEAR(out[2], f(-2, 2), 1e-6);
+  EXPECT_NEAR(out[3], f(7, 0), 1e-5);       // gate 9 clamped to 7
+  EXPECT_NEAR(out[4], f(-30, 1), 1e-9);     // no lower clamp on the gate: ~0
+  EXPECT_NEAR(out[5], f(3, -7), 1e-5);      // up -12 clamped to -7
 }
 
 // ---------------------------------------------------------------------------
@@ -215,20 +256,27 @@ std::vector<float> dequantized_moe(const moe_config& c, const moe_weights& w, co
     return s;
   };
   const std::vector<float> router = rows_of(w.router);
+  const bool gpt_oss = c.gating == moe_gating::softmax_weight;
+  auto bias = [](const std::vector<float>& b, int e, std::int64_t n, std::int64_t i) {
+    return b.empty() ? 0.0 : static_cast<double>(b[static_cast<std::size_t>(e * n + i)]);
+  };
   std::vector<float> out(x.size());
   for (int t = 0; t < n_tok; ++t) {
     const float* xt = x.data() + static_cast<std::size_t>(t) * n_embd;
     std::vector<double> p(static_cast<std::size_t>(c.n_expert));
-    for (int e = 0; e < c.n_expert; ++e) p[e] = dot(router.data() + e * n_embd, xt, n_embd);
-    const double mx = *std::max_element(p.begin(), p.end());
-    double z = 0;
-    for (double& v : p) z += (v = std::exp(v - mx));
-    for (double& v : p) v /= z;
+    for (int e = 0; e < c.n_expert; ++e) p[e] = dot(router.data() + e * n_embd, xt, n_embd) + bias(w.router_bias, e, 1, 0);
     std::vector<int> order(p.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+    // softmax over all (qwen3moe) or over the chosen logits (gpt-oss).
+    const int n_soft = gpt_oss ? c.n_expert_used : c.n_expert;
+    const double mx = p[order[0]];
+    double z = 0;
+    for (int j = 0; j < n_soft; ++j) z += std::exp(p[order[j]] - mx);
+    for (int j = 0; j < n_soft; ++j) p[order[j]] = std::exp(p[order[j]] - mx) / z;
     double chosen = 0;
     for (int j = 0; j < c.n_expert_used; ++j) chosen += p[order[j]];
+    if (!c.norm_weights) chosen = 1;
     std::vector<double> acc(static_cast<std::size_t>(n_embd), 0.0);
     for (int j = 0; j < c.n_expert_used; ++j) {
       const int e = order[j];
@@ -236,25 +284,36 @@ std::vector<float> dequantized_moe(const moe_config& c, const moe_weights& w, co
                                down = rows_of(w.down.expert(e));
       std::vector<float> h(static_cast<std::size_t>(n_ff));
       for (std::int64_t f = 0; f < n_ff; ++f) {
-        const double g = dot(gate.data() + f * n_embd, xt, n_embd), u = dot(up.data() + f * n_embd, xt, n_embd);
-        h[f] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
+        double g = dot(gate.data() + f * n_embd, xt, n_embd) + bias(w.gate_bias, e, n_ff, f);
+        double u = dot(up.data() + f * n_embd, xt, n_embd) + bias(w.up_bias, e, n_ff, f);
+        if (gpt_oss) {  // clamped SwiGLU
+          g = std::min(g, 7.0);
+          u = std::clamp(u, -7.0, 7.0);
+          h[f] = static_cast<float>(g / (1.0 + std::exp(-1.702 * g)) * (u + 1));
+        } else {
+          h[f] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
+        }
       }
       const double wj = p[e] / chosen;
-      for (std::int64_t i = 0; i < n_embd; ++i) acc[i] += wj * dot(down.data() + i * n_ff, h.data(), n_ff);
+      for (std::int64_t i = 0; i < n_embd; ++i)
+        acc[i] += wj * (dot(down.data() + i * n_ff, h.data(), n_ff) + bias(w.down_bias, e, n_embd, i));
     }
     for (std::int64_t i = 0; i < n_embd; ++i) out[static_cast<std::size_t>(t) * n_embd + i] = static_cast<float>(acc[i]);
   }
   return out;
 }
 
-// For each weight type, a tiny-qwen3moe model and n_tok random input rows:
+// For each weight type, a tiny-qwen3moe and a tiny-gpt-oss model (whose rows
+// of 128 take no super-block types) and n_tok random input rows:
 // check(type, hparams, layer weights, inputs, the batched path's outputs,
 // its active experts, layer) for every layer.
 template <typename Check>
 void for_each_moe_layer(std::initializer_list<tensor_type> types, int n_tok, unsigned seed, Check&& check) {
+  for (const char* preset : {"tiny-qwen3moe", "tiny-gpt-oss"})
   for (tensor_type t : types) {
-    SCOPED_TRACE(gguf::tensor_type_name(t));
-    auto m = synth_moe(t);
+    if (std::string_view(preset) == "tiny-gpt-oss" && t == tensor_type::q4_k) continue;
+    SCOPED_TRACE(std::string(preset) + " " + gguf::tensor_type_name(t));
+    auto m = synth_moe(t, synth_mix::none, preset);
     ASSERT_TRUE(m);
     const llama_hparams& hp = m->hparams();
     const std::vector<float> x = random_rows(n_tok, hp.n_embd, seed);
@@ -401,17 +460,19 @@ std::vector<std::vector<float>> run_sequences(const llama_model& m, const std::v
 
 // Several sequences (prompts of different lengths, then decode steps) in one
 // step give each sequence's logits bit for bit as it alone does, with q8_0
-// and q4_K experts; the step runs each active expert once for all of them
-// (at most n_expert FFNs per layer), not once per sequence.
+// and q4_K experts (and gpt-oss's sinks, windows and biases with q8_0); the
+// step runs each active expert once for all of them (at most n_expert FFNs
+// per layer), not once per sequence.
 TEST(moe_batch, sequences_together_equal_each_alone) {
-  for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_k}) {
-    SCOPED_TRACE(gguf::tensor_type_name(t));
-    auto m = synth_moe(t);
+  for (auto [preset, t] : {std::pair{"tiny-qwen3moe", tensor_type::q8_0}, std::pair{"tiny-qwen3moe", tensor_type::q4_k},
+                           std::pair{"tiny-gpt-oss", tensor_type::q8_0}}) {
+    SCOPED_TRACE(std::string(preset) + " " + gguf::tensor_type_name(t));
+    auto m = synth_moe(t, synth_mix::none, preset);
     ASSERT_TRUE(m);
     const llama_hparams& hp = m->hparams();
     std::vector<std::vector<token_id>> prompts;
     std::mt19937 rng(3);
-    for (int n : {5, 9, 1, 14}) {
+    for (int n : {5, 9, 1, 14}) {  // past tiny-gpt-oss's window of 8
       std::vector<token_id> p(static_cast<std::size_t>(n));
       for (token_id& x : p) x = 3 + static_cast<token_id>(rng() % static_cast<unsigned>(hp.n_vocab - 3));
       prompts.push_back(p);
@@ -466,7 +527,7 @@ TEST(moe_load_errors, name_the_key_or_tensor) {
   };
   EXPECT_EQ(with({}, [](gguf::writer&) {}), "loaded");
   EXPECT_THAT(with({}, [](gguf::writer& w) { w.add_u32("qwen3moe.expert_gating_func", 2); }),
-              HasSubstr("qwen3moe.expert_gating_func = 2 (sigmoid): only softmax gating is supported"));
+              HasSubstr("qwen3moe.expert_gating_func = 2 (sigmoid): qwen3moe models gate with softmax only"));
   EXPECT_EQ(with({}, [](gguf::writer& w) { w.add_u32("qwen3moe.expert_gating_func", 1); }), "loaded");
   EXPECT_THAT(with({}, [](gguf::writer& w) { w.add_u32("qwen3moe.expert_shared_count", 1); }),
               HasSubstr("qwen3moe.expert_shared_count = 1: shared experts are not supported"));
@@ -501,11 +562,42 @@ TEST(moe_load_errors, name_the_key_or_tensor) {
 
 // A dense architecture with experts (Mixtral is `llama` with expert_count 8)
 // is refused by its key, not run without its experts.
+// gpt-oss: its parts are required, other gating is refused, and qwen3moe
+// (whose llama.cpp graph has no biases) refuses the biases gpt-oss uses.
+TEST(moe_load_errors, gpt_oss_parts_are_required_and_biases_stay_gpt_oss_only) {
+  auto g = synth_file("tiny-gpt-oss");
+  ASSERT_TRUE(g);
+  auto with = [&](const gguf::file& f, std::initializer_list<std::string_view> drop,
+                  const std::function<void(gguf::writer&)>& add) { return load_error(test::rewrite_gguf(f, drop, add)); };
+  EXPECT_EQ(with(*g, {}, [](gguf::writer&) {}), "loaded");
+  EXPECT_THAT(with(*g, {"blk.1.attn_sinks.weight"}, [](gguf::writer&) {}),
+              HasSubstr("missing tensor blk.1.attn_sinks.weight"));
+  EXPECT_THAT(with(*g, {"blk.0.ffn_down_exps.bias"}, [](gguf::writer&) {}),
+              HasSubstr("missing tensor blk.0.ffn_down_exps.bias"));
+  EXPECT_THAT(with(*g, {"gpt-oss.expert_feed_forward_length"}, [](gguf::writer&) {}),
+              HasSubstr("missing required key gpt-oss.expert_feed_forward_length"));
+  EXPECT_THAT(with(*g, {"gpt-oss.attention.sliding_window"}, [](gguf::writer&) {}),
+              HasSubstr("missing required key gpt-oss.attention.sliding_window"));
+  EXPECT_THAT(with(*g, {}, [](gguf::writer& w) { w.add_u32("gpt-oss.expert_gating_func", 1); }),
+              HasSubstr("gpt-oss.expert_gating_func = 1 (softmax): gpt-oss models gate with softmax_weight only"));
+  EXPECT_EQ(with(*g, {}, [](gguf::writer& w) { w.add_u32("gpt-oss.expert_gating_func", 3); }), "loaded");
+  auto q = synth_file("tiny-qwen3moe");
+  ASSERT_TRUE(q);
+  const std::vector<float> zeros(8, 0.0f);
+  EXPECT_THAT(with(*q, {},
+                   [&](gguf::writer& w) {
+                     const std::int64_t ne[] = {8};
+                     w.add_tensor("blk.0.ffn_gate_inp.bias", tensor_type::f32, ne,
+                                  std::as_bytes(std::span<const float>(zeros)));
+                   }),
+              HasSubstr("tensor blk.0.ffn_gate_inp.bias: this mixture-of-experts feature is not supported"));
+}
+
 TEST(moe_load_errors, a_dense_architecture_with_experts_is_refused) {
   auto f = synth_file("tiny");
   ASSERT_TRUE(f);
   EXPECT_THAT(load_error(test::rewrite_gguf(*f, {}, [](gguf::writer& w) { w.add_u32("llama.expert_count", 8); })),
-              HasSubstr("llama.expert_count = 8: mixture-of-experts llama models are not supported (qwen3moe is)"));
+              HasSubstr("llama.expert_count = 8: mixture-of-experts llama models are not supported (qwen3moe and gpt-oss are)"));
 }
 
 }  // namespace

@@ -34,6 +34,12 @@
 // the F32 path, no activation quantization) must match those to F32 precision
 // (1e-4 / 1e-5), which pins every dequantizer to ggml's bit for bit.
 //
+// gpt-oss-F32 (made for this repository with the same llama.cpp, its README's
+// last section) is an architecture file under the F32 tolerances: attention
+// sinks, output and expert biases, the window, the clamped SwiGLU and the
+// softmax over the chosen experts each move its logits by 1.7 to 3.05 when
+// left out.
+//
 // The RoPE scaling files (llama-ropefreqs: Llama 3.1-style frequency factors;
 // qwen2-yarn: YaRN) are architecture files too, under the same F32
 // tolerances: run unscaled they are off by up to 4.6 and 2.5, and their
