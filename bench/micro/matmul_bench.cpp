@@ -91,6 +91,13 @@ weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bo
     if (t == tensor_type::q4_k) pagoda::quantize_row_q4_k(src.data(), n_in, dst);
     if (t == tensor_type::q5_k) pagoda::quantize_row_q5_k(src.data(), n_in, dst);
     if (t == tensor_type::q6_k) pagoda::quantize_row_q6_k(src.data(), n_in, dst);
+    if (t == tensor_type::mxfp4) pagoda::quantize_row_mxfp4(src.data(), n_in, dst);
+    if (t == tensor_type::iq4_nl)  // no iq4_nl quantizer: random indices under d = 2^-7 (speed only)
+      for (std::int64_t b = 0; b < n_in / 32; ++b) {
+        auto* blk = reinterpret_cast<pagoda::block_iq4_nl*>(dst) + b;
+        blk->d = pagoda::f32_to_fp16(0.0078125f);
+        for (auto& q : blk->qs) q = static_cast<std::uint8_t>(rng());
+      }
   }
   for (std::size_t c = 1; c < n_copies && !huge; ++c) {
     ws.copies.emplace_back(ws.bytes, false);
@@ -217,6 +224,19 @@ void register_all() {
                                          bm_matmul_at, level, t, n_out, n_in, m, threads, true, false)
                 ->UseRealTime()
                 ->Unit(benchmark::kMicrosecond);
+  // The table formats: mxfp4 (gpt-oss's experts, n_embd = expert width 2880)
+  // beside iq4_nl, whose kernels it shares, at both levels.
+  for (tensor_type t : {tensor_type::iq4_nl, tensor_type::mxfp4})
+    for (std::int64_t n : {2880, 4096})
+      for (std::int64_t m : {1, 8, 32})
+        for (pagoda::simd_level level : {pagoda::simd_level::avx512, pagoda::simd_level::avx2})
+          benchmark::RegisterBenchmark(fmt::format("table_formats/{}/{}x{}/m:{}/threads:1/{}",
+                                                   pagoda::gguf::tensor_type_name(t), n, n, m,
+                                                   pagoda::simd_level_name(level))
+                                           .c_str(),
+                                       bm_matmul_at, level, t, n, n, m, 1, true, false)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
   // Decode (m = 1) with the weights in huge pages, AVX-512.
   for (tensor_type t : {tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k, tensor_type::q8_0})
     for (auto [n_out, n_in] : layer)

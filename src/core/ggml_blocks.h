@@ -3,13 +3,14 @@
 // every struct's size is asserted, and field order is the file's byte order.
 //
 // Two families:
-//   blocks of 32 ("legacy"): q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, iq4_nl;
+//   blocks of 32 ("legacy"): q4_0, q4_1, q5_0, q5_1, q8_0, q8_1, iq4_nl, mxfp4;
 //   super-blocks of 256 (k_qk_k): q2_K .. q6_K, q8_K, iq4_xs, iq3_s, with
 //   integer sub-block scales under one or two fp16 super-block scales.
 // q8_1 and q8_K are activation formats: ggml quantizes the activations of a
 // matrix product to them and never stores them in files.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #include "core/half.h"
@@ -79,6 +80,25 @@ struct block_iq4_nl {
   std::uint8_t qs[k_qk_legacy / 2];
 };
 static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl must match ggml's layout");
+
+// OCP microscaling FP4 (gpt-oss's expert weights): iq4_nl's nibble layout with
+// 4-bit E2M1 codes, whose doubled values are k_mxfp4_values (model/quants.h),
+// and a shared power-of-two scale e in E8M0 (2^(e - 127); no NaN code, as in
+// ggml): x[j] = e8m0_half_to_f32(e) * values[qs[j] & 15], x[j + 16] likewise
+// with qs[j] >> 4.
+struct block_mxfp4 {
+  std::uint8_t e;
+  std::uint8_t qs[k_qk_legacy / 2];
+};
+static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 must match ggml's layout");
+
+// Half the E8M0 scale, 2^(e - 128), exactly (ggml_e8m0_to_fp32_half): the f32
+// exponent field e - 1 for e >= 2, the subnormals 2^-128 and 2^-127 for e = 0, 1.
+// e = 255 is 2^127 (ggml reads no NaN).
+inline float e8m0_half_to_f32(std::uint8_t e) {
+  const std::uint32_t bits = e < 2 ? std::uint32_t{0x00200000} << e : static_cast<std::uint32_t>(e - 1) << 23;
+  return std::bit_cast<float>(bits);
+}
 
 // 2 bits per value, 16 groups of 16. scales[g]: low nibble the scale, high
 // nibble the min of group g. Element 128n + 32j + l (n < 2, j < 4, l < 32) is

@@ -56,7 +56,7 @@ constexpr type_entry k_types[] = {
     {26, {"i32", 1, 4, false}},       {27, {"i64", 1, 8, false}},
     {28, {"f64", 1, 8, false}},       {29, {"iq1_m", 256, 56, false}},
     {30, {"bf16", 1, 2, true}},       {34, {"tq1_0", 256, 54, false}},
-    {35, {"tq2_0", 256, 66, false}},  {39, {"mxfp4", 32, 17, false}},
+    {35, {"tq2_0", 256, 66, false}},  {39, {"mxfp4", 32, 17, true}},
 };
 
 bool is_valid_value_type(std::uint32_t t) { return t <= static_cast<std::uint32_t>(value_type::f64); }
@@ -464,7 +464,7 @@ status file::parse_tensor_infos(byte_cursor& c, std::uint64_t n_tensors) {
     if (!tr) return error(errc::corrupt, "{}: unknown tensor type {}", where(), type);
     if (!tr->supported) {
       return error(errc::unsupported, "{}: tensor type {} is not supported (Pagoda computes with f32, f16, bf16, "
-                   "q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs and iq3_s)", where(), tr->name);
+                   "q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, iq3_s and mxfp4)", where(), tr->name);
     }
     t.type = static_cast<tensor_type>(type);
     if (t.ne[0] % tr->block_size != 0) {

@@ -51,7 +51,7 @@ enum class tensor_type : std::uint32_t {
   f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q8_1 = 9,
   q2_k = 10, q3_k = 11, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15,
   iq4_nl = 20, iq3_s = 21, iq4_xs = 23,
-  i8 = 24, i16 = 25, i32 = 26, i64 = 27, f64 = 28, bf16 = 30,
+  i8 = 24, i16 = 25, i32 = 26, i64 = 27, f64 = 28, bf16 = 30, mxfp4 = 39,
 };
 
 struct tensor_type_traits {

@@ -5,8 +5,8 @@
 // row of the tile. Per pair: 16 lanes, lane l accumulates k = l, l+16, ... with
 // fma(x, w, acc), the tail chunk zero-padded by masked loads, then hsum16.
 //
-// Block-32 formats (q8_0, q4_0, q5_0, iq4_nl with q8_0 activations; q4_1, q5_1
-// with q8_1): activations are quantized in the grouped layout
+// Block-32 formats (q8_0, q4_0, q5_0, iq4_nl, mxfp4 with q8_0 activations;
+// q4_1, q5_1 with q8_1): activations are quantized in the grouped layout
 // (matmul_internal.h), each column tile of weights is packed into the same
 // layout (16 blocks per group, one int32 lane per block), and a group costs each
 // pair eight vpdpbusd (unsigned weight bytes x signed activation bytes, the
@@ -17,8 +17,10 @@
 //   acc = fma(mw, sx, acc)                                    (q4_1, q5_1: the min)
 // then hsum16. Unsigned weight bytes are w + C: w ^ 0x80 for q8_0, the raw
 // nibble (w + 8) for q4_0, the raw 5-bit value (w + 16) for q5_0, table value +
-// 128 for iq4_nl, the value itself (C = 0) for q4_1/q5_1; init_x = -C * sum(x)
-// over the block cancels the offset exactly. K-quant formats live in
+// 128 for iq4_nl and mxfp4, the value itself (C = 0) for q4_1/q5_1; init_x =
+// -C * sum(x) over the block cancels the offset exactly. The weight scale of
+// lane p is block p's fp16 d, or for mxfp4 its E8M0 byte as 2^(e - 128)
+// (block_scales). K-quant formats live in
 // matmul_kquants_avx512.cpp. Calls of one or two rows (decode) skip the
 // packing: they read each weight block in place and move the block sums into
 // the packed kernel's lanes instead (inplace_tile), with the same arithmetic
@@ -243,8 +245,38 @@ constexpr std::size_t weight_block_bytes() {
     case tensor_type::q4_1: return sizeof(block_q4_1);
     case tensor_type::q5_0: return sizeof(block_q5_0);
     case tensor_type::q5_1: return sizeof(block_q5_1);
+    case tensor_type::mxfp4: return sizeof(block_mxfp4);
     default: return sizeof(block_iq4_nl);
   }
+}
+
+// Table formats (iq4_nl, mxfp4): the table's values + 128, as the unsigned
+// weight bytes vpdpbusd takes (C = 128).
+struct offset_table {
+  alignas(16) std::uint8_t v[16];
+};
+constexpr offset_table offset_by_128(const std::int8_t (&table)[16]) {
+  offset_table t{};
+  for (int i = 0; i < 16; ++i) t.v[i] = static_cast<std::uint8_t>(table[i] + 128);
+  return t;
+}
+constexpr offset_table k_iq4nl_u8 = offset_by_128(k_iq4nl_values), k_mxfp4_u8 = offset_by_128(k_mxfp4_values);
+
+// 16 E8M0 exponents (one per dword lane, 0..255) -> 2^(e - 128) as f32, bit
+// for bit e8m0_half_to_f32.
+inline __m512 e8m0_half_x16(__m512i e) {
+  const __mmask16 subnormal = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+  const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+  const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(subnormal, normal, tiny));
+}
+
+// Lane p's weight scale from dm, whose lane p starts with block p's head: the
+// fp16 d in its low half, or mxfp4's E8M0 byte in its low byte.
+template <tensor_type T>
+inline __m512 block_scales(__m512i dm) {
+  if constexpr (T == tensor_type::mxfp4) return e8m0_half_x16(_mm512_and_si512(dm, _mm512_set1_epi32(0xff)));
+  else return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
 }
 
 // The 16 nibbles at p as 32 bytes in element order: low nibbles, then high.
@@ -272,11 +304,10 @@ inline __m256i load_weight_block(const std::byte* row, std::int64_t b) {
     std::memcpy(&qh, blk + qh_off, 4);  // bit e: the fifth bit of element e
     const __m256i lo4 = unpack_nibbles(blk + qh_off + 4);
     return _mm256_mask_add_epi8(lo4, static_cast<__mmask32>(qh), lo4, _mm256_set1_epi8(16));  // w (+ 16 for q5_0)
-  } else {  // iq4_nl: table value + 128
-    const __m128i table = _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, static_cast<char>(129), static_cast<char>(141),
-                                        static_cast<char>(153), static_cast<char>(166), static_cast<char>(181),
-                                        static_cast<char>(197), static_cast<char>(217), static_cast<char>(241));
-    const __m256i nib = unpack_nibbles(blk + 2);
+  } else {  // iq4_nl, mxfp4: table value + 128, the nibbles after the 2- or 1-byte scale
+    constexpr bool mx = T == tensor_type::mxfp4;
+    const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(mx ? k_mxfp4_u8.v : k_iq4nl_u8.v));
+    const __m256i nib = unpack_nibbles(blk + (mx ? 1 : 2));
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nib);
   }
 }
@@ -293,12 +324,12 @@ inline void pack_group(const std::byte* blocks, std::byte* out) {
   transpose_group(blk, wq);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == tensor_type::q8_0 ? 0x80 : 0));
   for (int j = 0; j < 8; ++j) _mm512_store_si512(out + 64 * j, _mm512_xor_si512(wq[j], flip));
-  // The fp16 scale (and min) sit at the start of each block: gather the dwords
+  // The scale (and min) sit at the start of each block: gather the dwords
   // there and keep their low (high) halves.
   const __m512i offsets = _mm512_mullo_epi32(
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride));
   const __m512i dm = _mm512_i32gather_epi32(offsets, blocks, 1);
-  _mm512_store_ps(out + 512, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+  _mm512_store_ps(out + 512, block_scales<T>(dm));
   if constexpr (has_min(T)) _mm512_store_ps(out + 576, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16))));
 }
 
@@ -437,17 +468,21 @@ inline __m512i reduce_blocks(const __m512i (&v)[8]) {
 // 0, B, 2B, ...), and for q4_1 / q5_1 the fp16 min in the high half; from the
 // group's bytes loaded as 64-byte vectors and moved into place by one masked
 // word permute per vector (a head at an even offset never straddles two of
-// them). The gather cost about 30% of the q8_0 decode kernel's time in L2.
+// them). mxfp4's one-byte heads sit at odd offsets in odd blocks (17-byte
+// blocks): the word holding one is moved, then shifted down a byte, so lane p's
+// low byte is e as after the gather. The gather cost about 30% of the q8_0
+// decode kernel's time in L2.
 template <tensor_type T>
 struct group_heads {
   static constexpr int k_block_bytes = static_cast<int>(weight_block_bytes<T>());
-  static constexpr int k_head_bytes = has_min(T) ? 4 : 2;  // the kernel uses the min's half only with MIN
+  static constexpr int k_head_bytes = has_min(T) ? 4 : T == tensor_type::mxfp4 ? 1 : 2;  // the min's half only with MIN
   static constexpr int k_vectors = (15 * k_block_bytes + k_head_bytes + 63) / 64;  // vectors holding the heads
   // The last vector stops at the group's end (the next bytes may be past the tensor).
   static constexpr int k_last_bytes = 16 * k_block_bytes - 64 * (k_vectors - 1);
   static constexpr __mmask64 k_last_mask = k_last_bytes >= 64 ? ~__mmask64{0} : (__mmask64{1} << (k_last_bytes % 64)) - 1;
   struct maps {
     alignas(64) std::int16_t idx[32];
+    alignas(64) std::uint32_t shift[16];  // bits to shift lane p down: 8 for a byte head at an odd offset
     std::uint32_t mask[k_vectors];
   };
   static constexpr maps make() {
@@ -455,7 +490,8 @@ struct group_heads {
     for (int p = 0; p < 16; ++p) {
       const int o = p * k_block_bytes, k = o / 64;
       m.idx[2 * p] = static_cast<std::int16_t>(o % 64 / 2);
-      m.idx[2 * p + 1] = static_cast<std::int16_t>(o % 64 / 2 + 1);  // <= 31: a min's offset is a multiple of 4
+      if (has_min(T)) m.idx[2 * p + 1] = static_cast<std::int16_t>(o % 64 / 2 + 1);  // <= 31: offsets are multiples of 4
+      m.shift[p] = static_cast<std::uint32_t>(8 * (o % 2));
       m.mask[k] |= (has_min(T) ? 3u : 1u) << (2 * p);
     }
     return m;
@@ -469,6 +505,7 @@ struct group_heads {
       const __m512i v = k + 1 < k_vectors ? _mm512_loadu_si512(wg + 64 * k) : _mm512_maskz_loadu_epi8(k_last_mask, wg + 64 * k);
       dm = _mm512_mask_permutexvar_epi16(dm, k_maps.mask[k], idx, v);
     }
+    if constexpr (k_head_bytes == 1) dm = _mm512_srlv_epi32(dm, _mm512_load_si512(k_maps.shift));
     return dm;
   }
 };
@@ -524,7 +561,7 @@ void inplace_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_str
       }
       const __m512i dm = n == k_group_blocks ? group_heads<T>::load(wg)
                                              : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, offsets, wg, 1);
-      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+      const __m512 dw = block_scales<T>(dm);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const std::byte* xr = xg + r * act_stride;
@@ -598,6 +635,7 @@ void avx512_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pac
     case tensor_type::q5_0: return quant_cols<tensor_type::q5_0>(jb, c0, c1, pack);
     case tensor_type::q5_1: return quant_cols<tensor_type::q5_1>(jb, c0, c1, pack);
     case tensor_type::iq4_nl: return quant_cols<tensor_type::iq4_nl>(jb, c0, c1, pack);
+    case tensor_type::mxfp4: return quant_cols<tensor_type::mxfp4>(jb, c0, c1, pack);
     default: return kq_cols_avx512(jb, c0, c1);
   }
 }

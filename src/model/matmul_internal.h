@@ -217,7 +217,8 @@ inline std::size_t group_act_bytes(act_format a) { return a == act_format::q8_1 
 inline int group_weight_offset(tensor_type t) {
   switch (t) {
     case tensor_type::q8_0:
-    case tensor_type::iq4_nl: return 128;
+    case tensor_type::iq4_nl:
+    case tensor_type::mxfp4: return 128;
     case tensor_type::q4_0: return 8;
     case tensor_type::q5_0: return 16;
     default: return 0;  // q4_1, q5_1: unsigned values and a separate min

@@ -2,6 +2,7 @@
 // quantizers, and simple weight quantizers. See model/quants.h.
 #include "model/quants.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -16,7 +17,8 @@ act_format act_format_of(tensor_type t) {
     case tensor_type::q8_0:
     case tensor_type::q4_0:
     case tensor_type::q5_0:
-    case tensor_type::iq4_nl: return act_format::q8_0;
+    case tensor_type::iq4_nl:
+    case tensor_type::mxfp4: return act_format::q8_0;
     case tensor_type::q4_1:
     case tensor_type::q5_1: return act_format::q8_1;
     case tensor_type::q2_k:
@@ -145,6 +147,12 @@ void legacy_nibbles(const std::uint8_t* qs, std::int8_t* q, F&& value) {
   }
 }
 
+// iq4_nl / mxfp4: 32 nibble indices into a 16-entry table under one scale.
+void table_block(const std::uint8_t* qs, const std::int8_t (&table)[16], float da, int_block& out) {
+  set_legacy(out, da, 0, 0);
+  legacy_nibbles(qs, out.q, [&table](int v, int) { return table[v]; });
+}
+
 std::uint32_t load_u32(const std::uint8_t* p) {
   std::uint32_t v;
   std::memcpy(&v, p, 4);
@@ -232,9 +240,11 @@ void decode_int_block(tensor_type t, const std::byte* block, int_block& out) {
     }
     case tensor_type::iq4_nl: {
       const auto& b = *reinterpret_cast<const block_iq4_nl*>(block);
-      set_legacy(out, fp16_to_f32(b.d), 0, 0);
-      legacy_nibbles(b.qs, out.q, [](int v, int) { return k_iq4nl_values[v]; });
-      return;
+      return table_block(b.qs, k_iq4nl_values, fp16_to_f32(b.d), out);
+    }
+    case tensor_type::mxfp4: {
+      const auto& b = *reinterpret_cast<const block_mxfp4*>(block);
+      return table_block(b.qs, k_mxfp4_values, e8m0_half_to_f32(b.e), out);
     }
     case tensor_type::q2_k: {
       const auto& b = *reinterpret_cast<const block_q2_k*>(block);
@@ -559,6 +569,52 @@ void quantize_row_q6_k(const float* x, std::int64_t n, void* out) {
         yb.qh[32 * h + l] = static_cast<std::uint8_t>((qh[l] >> 4) | (qh[32 + l] >> 4) << 2 | (qh[64 + l] >> 4) << 4 |
                                                       (qh[96 + l] >> 4) << 6);
       }
+  }
+}
+
+namespace {
+
+// The E2M1 code (0..7) nearest to t >= 0 in doubled units (k_mxfp4_values
+// 0..7), ties to the even code; NaN gives 0.
+int nearest_e2m1(double t) {
+  int code = 0;
+  for (int c = 0; c < 7; ++c) {
+    const double mid = 0.5 * (k_mxfp4_values[c] + k_mxfp4_values[c + 1]);
+    if (t > mid || (t == mid && (c + 1) % 2 == 0)) code = c + 1;
+  }
+  return code;
+}
+
+// The smallest E8M0 exponent whose largest code 6 * 2^(e - 127) is >= amax (0 for amax = 0).
+// With amax = m * 2^k (m in [0.5, 1)), 6 * 2^(k - 3) = 0.75 * 2^k covers amax
+// or the next exponent does, and 6 * 2^(k - 4) < amax: start there and step.
+std::uint8_t mxfp4_exponent(float amax) {
+  if (amax == 0.0f) return 0;
+  if (!std::isfinite(amax)) return 254;
+  int k = 0;
+  std::frexp(amax, &k);
+  int e = std::max(0, 127 + k - 3);
+  while (e < 254 && std::ldexp(6.0, e - 127) < static_cast<double>(amax)) ++e;
+  return static_cast<std::uint8_t>(e);
+}
+
+}  // namespace
+
+void quantize_row_mxfp4(const float* x, std::int64_t n, void* out) {
+  PAGODA_ASSERT(n % k_qk_legacy == 0, "quantize_row_mxfp4: n = {} is not a multiple of 32", n);
+  auto* y = static_cast<block_mxfp4*>(out);
+  for (std::int64_t b = 0; b < n / k_qk_legacy; ++b) {
+    const float* xb = x + b * k_qk_legacy;
+    float amax = 0.0f;
+    for (int j = 0; j < k_qk_legacy; ++j) amax = std::fabs(xb[j]) > amax ? std::fabs(xb[j]) : amax;
+    y[b].e = mxfp4_exponent(amax);
+    const double half = e8m0_half_to_f32(y[b].e);
+    auto code = [&](float v) {
+      const int c = nearest_e2m1(std::fabs(static_cast<double>(v)) / half);
+      return static_cast<std::uint8_t>(c != 0 && std::signbit(v) ? c + 8 : c);
+    };
+    for (int j = 0; j < k_qk_legacy / 2; ++j)
+      y[b].qs[j] = static_cast<std::uint8_t>(code(xb[j]) | code(xb[j + k_qk_legacy / 2]) << 4);
   }
 }
 

@@ -9,7 +9,7 @@
 // then sums integers, exactly as ggml-cpu does on x86:
 //
 //   weights                                  activations
-//   q8_0, q4_0, q5_0, iq4_nl                 q8_0  (blocks of 32)
+//   q8_0, q4_0, q5_0, iq4_nl, mxfp4          q8_0  (blocks of 32)
 //   q4_1, q5_1                               q8_1  (q8_0 + fp16 s = d * sum)
 //   q2_K, q3_K, q4_K, q5_K, q6_K,            q8_K  (blocks of 256, f32 scale,
 //   iq4_xs, iq3_s                                   sums of 16)
@@ -43,6 +43,9 @@ inline int act_block_elems(act_format a) { return a == act_format::q8_k ? k_qk_k
 // ggml's non-linear 4-bit table (iq4_nl, iq4_xs).
 inline constexpr std::int8_t k_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                    1,    13,   25,  38,  53,  69,  89,  113};
+// Doubled E2M1 values (ggml's kvalues_mxfp4): codes 0..7 are 0, 0.5, 1, 1.5,
+// 2, 3, 4, 6 times two, codes 8..15 their negatives (code 8, -0, is 0 here).
+inline constexpr std::int8_t k_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 // ggml's iq3_s grid: entry i packs 4 values (little-endian bytes), each odd in 1..15.
 extern const std::uint32_t k_iq3s_grid[512];
 
@@ -93,5 +96,14 @@ void quantize_row_q4_0(const float* x, std::int64_t n, void* out);
 void quantize_row_q4_k(const float* x, std::int64_t n, void* out);
 void quantize_row_q5_k(const float* x, std::int64_t n, void* out);
 void quantize_row_q6_k(const float* x, std::int64_t n, void* out);
+// mxfp4, not ggml's quantizer: each block takes the smallest E8M0 exponent e
+// whose largest code, 6 * 2^(e - 127), covers max |x| (so nothing is clipped;
+// ggml's choice, floor(log2(amax)) - 2, clips up to a quarter of the range),
+// and each value the nearest code (ties to the code with mantissa bit 0, the
+// even index, as OCP's round-to-nearest-even). Error per value at most half
+// the gap between neighbouring codes, so at most 2^(e - 127), which is below
+// max |x| / 3. All-zero blocks get e = 0. Non-finite inputs give a valid block
+// (NaN becomes code 0, inf the largest code).
+void quantize_row_mxfp4(const float* x, std::int64_t n, void* out);
 
 }  // namespace pagoda

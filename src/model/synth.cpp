@@ -120,7 +120,7 @@ const synth_shape k_presets[] = {
 // Weight types synth can write (those with an encoder in encode_row).
 constexpr tensor_type k_writable_types[] = {tensor_type::f16,  tensor_type::q8_0, tensor_type::q4_0,
                                             tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k,
-                                            tensor_type::f32,  tensor_type::bf16};
+                                            tensor_type::f32,  tensor_type::bf16, tensor_type::mxfp4};
 
 constexpr int k_n_special_tokens = 3;  // <unk> <s> </s>
 constexpr int k_n_byte_tokens = 256;
@@ -191,6 +191,7 @@ void encode_row(tensor_type t, const float* x, std::int64_t n, std::byte* out) {
     case tensor_type::q4_k: quantize_row_q4_k(x, n, out); return;
     case tensor_type::q5_k: quantize_row_q5_k(x, n, out); return;
     case tensor_type::q6_k: quantize_row_q6_k(x, n, out); return;
+    case tensor_type::mxfp4: quantize_row_mxfp4(x, n, out); return;
     default: PAGODA_ASSERT(false, "synth: no encoder for {}", gguf::tensor_type_name(t));
   }
 }

@@ -356,6 +356,7 @@ TEST(gguf_round_trip, tensors_of_every_supported_type) {
         {"t.q6_K", tensor_type::q6_k, {256, 2, 1, 1}, 2},
         {"t.iq4_xs", tensor_type::iq4_xs, {256, 1, 1, 1}, 1},
         {"t.iq3_s", tensor_type::iq3_s, {256, 2, 1, 1}, 2},
+        {"t.mxfp4", tensor_type::mxfp4, {64, 3, 5, 1}, 3},  // 17-byte blocks: 510 bytes, padded to the alignment
     };
     constexpr std::size_t n_specs = sizeof(specs) / sizeof(specs[0]);
     std::vector<bytes_t> datas;
@@ -538,6 +539,8 @@ TEST(gguf_round_trip, tensor_size_bytes_rules) {
   EXPECT_STREQ(tensor_type_name(tensor_type::q4_k), "q4_K");
   EXPECT_TRUE(get_tensor_type_traits(30)->supported);
   EXPECT_TRUE(get_tensor_type_traits(12)->supported);   // q4_K
+  EXPECT_TRUE(get_tensor_type_traits(39)->supported);   // mxfp4
+  EXPECT_STREQ(tensor_type_name(tensor_type::mxfp4), "mxfp4");
   EXPECT_FALSE(get_tensor_type_traits(16)->supported);  // iq2_xxs
   EXPECT_FALSE(get_tensor_type_traits(15)->supported);  // q8_K: an activation format, never a weight
   EXPECT_EQ(get_tensor_type_traits(4), nullptr);
@@ -743,8 +746,8 @@ TEST(gguf_malformed, unsupported_tensor_type_is_named) {
   patch<std::uint32_t>(base.bytes, base.layout.tensors[1].type_pos, 16);
   expect_error(base.bytes, errc::unsupported, "tensor 'b'");
   expect_error(base.bytes, errc::unsupported, "tensor type iq2_xxs is not supported");
-  patch<std::uint32_t>(base.bytes, base.layout.tensors[1].type_pos, 39);
-  expect_error(base.bytes, errc::unsupported, "tensor type mxfp4 is not supported");
+  patch<std::uint32_t>(base.bytes, base.layout.tensors[1].type_pos, 35);
+  expect_error(base.bytes, errc::unsupported, "tensor type tq2_0 is not supported");
 }
 
 TEST(gguf_malformed, duplicate_key) {

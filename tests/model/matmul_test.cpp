@@ -26,7 +26,7 @@ constexpr tensor_type k_float_types[] = {tensor_type::f32, tensor_type::f16, ten
 constexpr tensor_type k_quant_types[] = {tensor_type::q8_0, tensor_type::q4_0,   tensor_type::q4_1, tensor_type::q5_0,
                                          tensor_type::q5_1, tensor_type::iq4_nl, tensor_type::q2_k, tensor_type::q3_k,
                                          tensor_type::q4_k, tensor_type::q5_k,   tensor_type::q6_k, tensor_type::iq4_xs,
-                                         tensor_type::iq3_s};
+                                         tensor_type::iq3_s, tensor_type::mxfp4};
 // The levels to run (core/simd_levels.h): every level this CPU runs, or the
 // one PAGODA_SIMD names; use_level fails a test whose level did not take effect.
 const std::vector<simd_level> k_levels = test::simd_levels_to_run();
@@ -65,7 +65,8 @@ std::vector<float> random_floats(std::mt19937& rng, std::size_t n, float lo = -1
   return v;
 }
 
-// Byte offsets of the fp16 scale fields of one block (d first, then m / dmin).
+// Byte offsets of the scale fields of one block (d first, then m / dmin): fp16,
+// but for mxfp4's E8M0 byte.
 std::vector<int> scale_fields(tensor_type t) {
   switch (t) {
     case tensor_type::q4_1:
@@ -81,7 +82,8 @@ std::vector<int> scale_fields(tensor_type t) {
 
 std::size_t block_bytes(tensor_type t) { return row_size_bytes(t, weight_block_elems(t)); }
 
-// Overwrites every block's fp16 scales with `value(rng)`.
+// Overwrites every block's scales with `value(rng)`; mxfp4's unsigned
+// power-of-two scale gets 2^floor(log2 |value|) (da = 1 for value 1).
 template <typename F>
 void set_scales(weights& w, std::mt19937& rng, F&& value) {
   const std::int64_t be = weight_block_elems(w.view.type);
@@ -89,8 +91,13 @@ void set_scales(weights& w, std::mt19937& rng, F&& value) {
   for (std::int64_t j = 0; j < w.view.n_out; ++j)
     for (std::int64_t b = 0; b < w.view.n_in / be; ++b)
       for (int off : scale_fields(w.view.type)) {
+        std::byte* dst = w.bytes.data() + w.view.row_bytes * j + bb * b + off;
+        if (w.view.type == tensor_type::mxfp4) {
+          *dst = static_cast<std::byte>(128 + std::ilogb(value(rng)));
+          continue;
+        }
         const fp16_t h = f32_to_fp16(value(rng));
-        std::memcpy(w.bytes.data() + w.view.row_bytes * j + bb * b + off, &h, 2);
+        std::memcpy(dst, &h, 2);
       }
 }
 
@@ -227,6 +234,7 @@ TEST(Matmul, RowSizes) {
   EXPECT_EQ(row_size_bytes(tensor_type::q5_0, 4096), 4096u / 32 * 22);
   EXPECT_EQ(row_size_bytes(tensor_type::q5_1, 4096), 4096u / 32 * 24);
   EXPECT_EQ(row_size_bytes(tensor_type::iq4_nl, 4096), 4096u / 32 * 18);
+  EXPECT_EQ(row_size_bytes(tensor_type::mxfp4, 4096), 4096u / 32 * 17);
   EXPECT_EQ(row_size_bytes(tensor_type::q2_k, 4096), 4096u / 256 * 84);
   EXPECT_EQ(row_size_bytes(tensor_type::q3_k, 4096), 4096u / 256 * 110);
   EXPECT_EQ(row_size_bytes(tensor_type::q4_k, 4096), 4096u / 256 * 144);
@@ -237,7 +245,7 @@ TEST(Matmul, RowSizes) {
 }
 
 TEST(Matmul, ActivationFormatsAreGgmlVecDotTypes) {
-  for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0, tensor_type::q5_0, tensor_type::iq4_nl})
+  for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0, tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::mxfp4})
     EXPECT_EQ(act_format_of(t), act_format::q8_0) << type_name(t);
   for (tensor_type t : {tensor_type::q4_1, tensor_type::q5_1}) EXPECT_EQ(act_format_of(t), act_format::q8_1) << type_name(t);
   for (tensor_type t : {tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k,
@@ -684,7 +692,7 @@ TEST(Quantize, SimdActivationQuantizersAreBitExact) {
   constexpr std::int64_t m = 3;
   for (tensor_type t : {tensor_type::q8_0, tensor_type::q4_0, tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q4_1,
                         tensor_type::q5_1, tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k,
-                        tensor_type::q6_k, tensor_type::iq4_xs, tensor_type::iq3_s}) {
+                        tensor_type::q6_k, tensor_type::iq4_xs, tensor_type::iq3_s, tensor_type::mxfp4}) {
     const act_format af = act_format_of(t);
     // 19 blocks of 32: one full group of 16 and a partial one; 3 super-blocks.
     const std::int64_t n = af == act_format::q8_k ? 768 : 32 * 19;

@@ -78,6 +78,7 @@ std::vector<float> decode_row(const gguf::tensor_info& t, std::int64_t r) {
         }
       }
       break;
+    case tensor_type::mxfp4: dequantize_quantized_row(t.type, p, n, x.data()); break;  // ggml-checked (mxfp4_test)
     default: ADD_FAILURE() << "unexpected type";
   }
   return x;
@@ -301,7 +302,9 @@ TEST(synth_file, llama3_8b_weights_have_the_intended_scale) {
 
 TEST(synth_file, quantized_weights_match_the_f32_weights) {
   // Same seed and shape: the q8_0 and q4_0 files hold the f32 file's weights
-  // to within their quantization error (half a step of d = amax/127 or amax/8).
+  // to within their quantization error (half a step of d = amax/127 or amax/8);
+  // mxfp4 (the smallest exponent covering the block, the nearest code) within
+  // one E2M1 unit 2^(e - 127), which is below amax / 3.
   synth_options o;
   o.preset = "tiny";
   o.n_layer = 1;
@@ -311,19 +314,23 @@ TEST(synth_file, quantized_weights_match_the_f32_weights) {
   auto q8 = write_and_open(o, "synth_q8.gguf");
   o.weight_type = tensor_type::q4_0;
   auto q4 = write_and_open(o, "synth_q4.gguf");
-  ASSERT_TRUE(ref && q8 && q4);
+  o.weight_type = tensor_type::mxfp4;
+  auto mx = write_and_open(o, "synth_mxfp4.gguf");
+  ASSERT_TRUE(ref && q8 && q4 && mx);
   for (const char* name : {"token_embd.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight"}) {
     const gguf::tensor_info* tr = ref->find_tensor(name);
     for (std::int64_t r : {0, 7, 63}) {
       auto x = decode_row(*tr, r);
       auto x8 = decode_row(*q8->find_tensor(name), r);
       auto x4 = decode_row(*q4->find_tensor(name), r);
+      auto xm = decode_row(*mx->find_tensor(name), r);
       for (std::size_t b = 0; b < x.size(); b += 32) {
         float amax = 0;
         for (std::size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
         for (std::size_t i = b; i < b + 32; ++i) {
           EXPECT_NEAR(x8[i], x[i], amax / 127 * 0.51f + 1e-3f * amax) << name << " row " << r << " i " << i;
           EXPECT_NEAR(x4[i], x[i], amax / 8 * 1.01f + 1e-3f * amax) << name << " row " << r << " i " << i;
+          EXPECT_LT(std::fabs(xm[i] - x[i]), amax / 3) << name << " row " << r << " i " << i;
         }
       }
     }
@@ -594,6 +601,7 @@ TEST(synth_options_errors, are_values_with_clear_messages) {
   EXPECT_EQ(*parse_synth_weight_type("q4_k"), tensor_type::q4_k);
   EXPECT_EQ(*parse_synth_weight_type("Q6_K"), tensor_type::q6_k);
   EXPECT_EQ(*parse_synth_weight_type("q5_K"), tensor_type::q5_k);
+  EXPECT_EQ(*parse_synth_weight_type("MXFP4"), tensor_type::mxfp4);
   EXPECT_THAT(parse_synth_weight_type("q5_1").error().message(), HasSubstr("unknown weight type 'q5_1'"));
   EXPECT_EQ(parse_synth_weights("q4_k_m")->mix, synth_mix::q4_k_m);
   EXPECT_EQ(parse_synth_weights("Q5_K_M")->type, tensor_type::q5_k);
