@@ -75,7 +75,7 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--layers", opts->layers, "layers (default: the preset's)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ffn", opts->ffn, "feed-forward width, each expert's on MoE presets (default: the preset's)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--weight-type", opts->weight_type,
-                  "f16, q8_0, q4_0, q4_K, q5_K or q6_K (also f32, bf16, mxfp4), or llama-quantize's mixes Q4_K_M, Q5_K_M");
+                  "f16, q8_0, q4_0, q4_K, q5_K or q6_K (also f32, bf16, mxfp4), or llama-quantize's mixes Q4_K_M, Q5_K_M, MXFP4_MOE");
   cmd->add_option("--vocab", opts->vocab, "vocabulary size (0: the real model's)")->check(CLI::Range(0, 1 << 22));
   cmd->add_option("--ctx", opts->ctx, "context length in the metadata")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--seed", opts->seed, "weight seed");

@@ -136,6 +136,7 @@ constexpr std::int32_t k_token_byte = 6;
 std::uint32_t file_type_of(tensor_type t, synth_mix mix) {
   if (mix == synth_mix::q4_k_m) return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
   if (mix == synth_mix::q5_k_m) return 17;  // LLAMA_FTYPE_MOSTLY_Q5_K_M
+  if (mix == synth_mix::mxfp4_moe) return 38;  // LLAMA_FTYPE_MOSTLY_MXFP4_MOE
   switch (t) {
     case tensor_type::f32: return 0;
     case tensor_type::f16: return 1;
@@ -428,14 +429,16 @@ result<tensor_type> parse_synth_weight_type(std::string_view name) {
 result<synth_weights> parse_synth_weights(std::string_view name) {
   if (same_ignoring_case(name, "q4_k_m")) return synth_weights{tensor_type::q4_k, synth_mix::q4_k_m};
   if (same_ignoring_case(name, "q5_k_m")) return synth_weights{tensor_type::q5_k, synth_mix::q5_k_m};
+  if (same_ignoring_case(name, "mxfp4_moe")) return synth_weights{tensor_type::mxfp4, synth_mix::mxfp4_moe};
   auto t = parse_synth_weight_type(name);
-  if (!t.ok()) return error(errc::invalid_argument, "{}, or a mix: Q4_K_M, Q5_K_M", t.error().message());
+  if (!t.ok()) return error(errc::invalid_argument, "{}, or a mix: Q4_K_M, Q5_K_M, MXFP4_MOE", t.error().message());
   return synth_weights{*t, synth_mix::none};
 }
 
 tensor_type synth_matrix_type(const synth_shape& s, const synth_options& o, std::string_view name, int layer) {
   if (name.ends_with("ffn_gate_inp.weight")) return tensor_type::f32;  // the router: never quantized
   if (o.mix == synth_mix::none) return o.weight_type;
+  if (o.mix == synth_mix::mxfp4_moe) return name.find("_exps.") != std::string_view::npos ? tensor_type::mxfp4 : tensor_type::q8_0;
   const bool q4 = o.mix == synth_mix::q4_k_m;
   const tensor_type base = q4 ? tensor_type::q4_k : tensor_type::q5_k;
   // llama.cpp's use_more_bits: the first and last eighth of the layers and
@@ -487,7 +490,9 @@ result<synth_shape> resolve_synth_shape(const synth_options& o) {
                  s.n_vocab, k_min_vocab);
   }
   // A mix's every type works on super-blocks of 256, as its base does.
-  const tensor_type checked = o.mix == synth_mix::none ? o.weight_type : tensor_type::q4_k;
+  const tensor_type checked = o.mix == synth_mix::none        ? o.weight_type
+                              : o.mix == synth_mix::mxfp4_moe ? tensor_type::q8_0
+                                                              : tensor_type::q4_k;
   const auto* traits = gguf::get_tensor_type_traits(static_cast<std::uint32_t>(checked));
   if (!traits || std::find(std::begin(k_writable_types), std::end(k_writable_types), checked) ==
                      std::end(k_writable_types)) {

@@ -94,7 +94,9 @@ const synth_shape* find_synth_preset(std::string_view name);
 // attn_output q5_K.
 // Every row must be a multiple of 256 (llama-quantize would fall back to
 // block-32 types there; synth refuses instead).
-enum class synth_mix : std::uint8_t { none, q4_k_m, q5_k_m };
+//   MXFP4_MOE: experts (3-D tensors) mxfp4, every other matrix q8_0 (the
+//           router stays F32), as llama-quantize's MXFP4_MOE (gpt-oss files).
+enum class synth_mix : std::uint8_t { none, q4_k_m, q5_k_m, mxfp4_moe };
 
 struct synth_options {
   std::string preset = "llama3-8b";

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -606,7 +607,8 @@ TEST(synth_options_errors, are_values_with_clear_messages) {
   EXPECT_EQ(parse_synth_weights("q4_k_m")->mix, synth_mix::q4_k_m);
   EXPECT_EQ(parse_synth_weights("Q5_K_M")->type, tensor_type::q5_k);
   EXPECT_EQ(parse_synth_weights("q8_0")->mix, synth_mix::none);
-  EXPECT_THAT(parse_synth_weights("Q3_K_M").error().message(), HasSubstr("or a mix: Q4_K_M, Q5_K_M"));
+  EXPECT_THAT(parse_synth_weights("Q3_K_M").error().message(), HasSubstr("or a mix: Q4_K_M, Q5_K_M, MXFP4_MOE"));
+  EXPECT_EQ(parse_synth_weights("mxfp4_moe")->mix, synth_mix::mxfp4_moe);
   o = synth_options{};
   o.preset = "tiny";  // rows of 128 cannot hold a mix's super-blocks
   o.mix = synth_mix::q4_k_m;
@@ -617,6 +619,36 @@ TEST(synth_options_errors, are_values_with_clear_messages) {
   status st = write_synth_model(o, "/nonexistent-dir/x.gguf");
   EXPECT_EQ(st.code(), errc::io_error);
   EXPECT_THAT(st.message(), HasSubstr("/nonexistent-dir/x.gguf"));
+}
+
+// MXFP4_MOE as llama-quantize writes it (gpt-oss files): experts mxfp4,
+// every other matrix q8_0, the router and the vectors F32, file type 38.
+// The counts are llama-quantize's own on the same model (the gpt-oss MXFP4
+// oracle file, tests/data/oracle/README.md): F32 25, MXFP4 6, Q8_0 10.
+TEST(synth_mix, mxfp4_moe_matches_llama_quantize) {
+  synth_options o;
+  o.preset = "tiny-gpt-oss";
+  o.mix = synth_mix::mxfp4_moe;
+  o.n_threads = 1;
+  const std::string path = ::testing::TempDir() + "/synth_mxfp4_moe.gguf";
+  ASSERT_TRUE(write_synth_model(o, path).ok());
+  auto f = gguf::file::open(path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(f.ok());
+  std::map<tensor_type, int> n;
+  for (const gguf::tensor_info& t : (*f)->tensors()) {
+    ++n[t.type];
+    if (t.name.find("_exps.weight") != std::string::npos) {
+      EXPECT_EQ(t.type, tensor_type::mxfp4) << t.name;
+    }
+    if (t.name.find("ffn_gate_inp") != std::string::npos) {
+      EXPECT_EQ(t.type, tensor_type::f32) << t.name;
+    }
+  }
+  EXPECT_EQ(n[tensor_type::f32], 25);
+  EXPECT_EQ(n[tensor_type::mxfp4], 6);
+  EXPECT_EQ(n[tensor_type::q8_0], 10);
+  EXPECT_EQ(*(*f)->get_int("general.file_type"), 38);
 }
 
 }  // namespace
