@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 
 #include "model/llama.h"
 
@@ -15,6 +16,7 @@ namespace {
 struct loader {
   const gguf::file& f;
   std::string arch;
+  std::unordered_set<std::string> used;  // the tensors the model reads
 
   result<std::int64_t> key_int(std::string_view suffix, std::optional<std::int64_t> fallback = std::nullopt) {
     std::string key = arch + "." + std::string(suffix);
@@ -40,6 +42,7 @@ struct loader {
       if (!required) return static_cast<const gguf::tensor_info*>(nullptr);
       return error(errc::corrupt, "missing tensor {}", name);
     }
+    used.insert(name);
     std::int64_t want_dims = ne1 > 1 ? 2 : 1;
     bool ok = t->ne[0] == ne0 && t->ne[1] == ne1 && t->ne[2] == 1 && t->ne[3] == 1 &&
               (t->n_dims == want_dims || (t->n_dims == 2 && ne1 == 1));
@@ -110,6 +113,7 @@ struct loader {
   result<expert_weights> experts(const std::string& name, std::int64_t n_in, std::int64_t n_out, int n_expert) {
     const gguf::tensor_info* t = f.find_tensor(name);
     if (!t) return error(errc::corrupt, "missing tensor {}", name);
+    used.insert(name);
     if (t->n_dims != 3 || t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_expert)
       return error(errc::corrupt, "tensor {} has shape [{}, {}, {}, {}], expected [{}, {}, {}] for this {} model", name,
                    t->ne[0], t->ne[1], t->ne[2], t->ne[3], n_in, n_out, n_expert, arch);
@@ -585,6 +589,13 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
       PAGODA_ASSIGN_OR_RETURN(L.post_ffn_norm, ld.vector(p + "post_ffw_norm.weight", n_embd));
     }
   }
+  // A tensor the model does not read is a part llama.cpp may compute (an
+  // output bias on llama, a token-embedding norm...): refused, never run
+  // without it.
+  for (const gguf::tensor_info& t : f.tensors())
+    if (!ld.used.contains(std::string(t.name)))
+      return error(errc::unsupported, "tensor {} is not used by Pagoda's {} model: the file has a part Pagoda does not compute",
+                   t.name, hp.arch);
   for (const gguf::tensor_info& t : f.tensors())
     if (!(hp.tied_output && t.name == "output.weight")) m->n_params_ += t.n_elements();
   return m;

@@ -131,6 +131,21 @@ TEST(model_load, inconsistent_heads) {
                     errc::corrupt, "multiple");
 }
 
+// A tensor the model does not read is a part llama.cpp computes (llama's
+// optional output bias, here) or does not know: either way the file is
+// refused, naming it, rather than run without it.
+TEST(model_load, unused_tensors_are_refused) {
+  const std::vector<float> bias(128, 0.5f);
+  for (const char* name : {"blk.0.attn_output.bias", "token_embd_norm.weight"}) {
+    SCOPED_TRACE(name);
+    expect_load_error(rewrite("unused", {.add_tensors = [&](gguf::writer& w) {
+                        const std::int64_t ne[] = {128};
+                        w.add_tensor(name, gguf::tensor_type::f32, ne, std::as_bytes(std::span<const float>(bias)));
+                      }}),
+                      errc::unsupported, std::string("tensor ") + name + " is not used by Pagoda's llama model");
+  }
+}
+
 // qwen2: the same network with QKV biases and NeoX-style rotary; the biases are
 // required and change the output.
 TEST(model_load, qwen2_with_biases) {
