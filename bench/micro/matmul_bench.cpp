@@ -225,8 +225,9 @@ void register_all() {
                 ->UseRealTime()
                 ->Unit(benchmark::kMicrosecond);
   // The table formats: mxfp4 (gpt-oss's experts, n_embd = expert width 2880)
-  // beside iq4_nl, whose kernels it shares, at both levels.
-  for (tensor_type t : {tensor_type::iq4_nl, tensor_type::mxfp4})
+  // beside iq4_nl, whose kernels it shares, at both levels, and q8_0, whose
+  // kernels theirs extend, at the same shapes.
+  for (tensor_type t : {tensor_type::iq4_nl, tensor_type::mxfp4, tensor_type::q8_0})
     for (std::int64_t n : {2880, 4096})
       for (std::int64_t m : {1, 8, 32})
         for (pagoda::simd_level level : {pagoda::simd_level::avx512, pagoda::simd_level::avx2})

@@ -94,8 +94,9 @@ static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 must match ggml's layout")
 
 // Half the E8M0 scale, 2^(e - 128), exactly (ggml_e8m0_to_fp32_half): the f32
 // exponent field e - 1 for e >= 2, the subnormals 2^-128 and 2^-127 for e = 0, 1.
-// e = 255 is 2^127 (ggml reads no NaN).
-inline float e8m0_half_to_f32(std::uint8_t e) {
+// e = 255 is 2^127 (ggml reads no NaN). constexpr so SIMD files can build
+// tables from it at compile time without emitting a copy (matmul_internal.h).
+constexpr float e8m0_half_to_f32(std::uint8_t e) {
   const std::uint32_t bits = e < 2 ? std::uint32_t{0x00200000} << e : static_cast<std::uint32_t>(e - 1) << 23;
   return std::bit_cast<float>(bits);
 }

@@ -4,14 +4,19 @@
 // lane l accumulates k = l, l+8, ... with fma(x, w, acc), the tail chunk padded
 // with zeros, then hsum8.
 //
-// q8_0 / q4_0 weights: activations quantized to q8_0 in the plain layout
-// (matmul_internal.h). q4_K and q6_K: matmul_kquants_avx2.cpp. Other quantized
-// formats run the portable generic_quant_cols on the same layout. Per pair and block (32 elements), eight exact int32 lane
-// sums, then acc = fma(float(s) * dw, dx, acc), blocks in order, then hsum8:
+// q8_0, q4_0 and the table formats (iq4_nl, mxfp4): activations quantized to
+// q8_0 in the plain layout (matmul_internal.h). q4_K and q6_K:
+// matmul_kquants_avx2.cpp. Other quantized formats run the portable
+// generic_quant_cols on the same layout. Per pair and block (32 elements),
+// eight exact int32 lane sums, then acc = fma(float(s) * dw, dx, acc), blocks
+// in order, then hsum8:
 //   q8_0: s = madd(maddubs(|w|, sign(x, w)), 1): |w| <= 128 and |x| <= 127, so
 //         each int16 pair sum is at most 2 * 128 * 127 = 32512, never saturating.
 //   q4_0: s = madd(maddubs(nibble, x), 1) - 8 * sum(x): the nibble is w + 8 in
 //         0..15 (pair sums <= 2 * 15 * 127), the correction cancels the offset.
+//   iq4_nl, mxfp4: w = table[nibble] by one byte shuffle of the 16-entry table,
+//         then q8_0's step (|w| <= 127). dw is the fp16 d, or for mxfp4 the
+//         E8M0 byte's 2^(e - 128) (from a table built at compile time).
 #include <immintrin.h>
 
 #include <cstring>
@@ -144,8 +149,42 @@ void avx2_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_
 }
 
 // ---------------------------------------------------------------------------
-// q8_0 / q4_0 tiles (plain layout)
+// q8_0 / q4_0 / table-format tiles (plain layout)
 // ---------------------------------------------------------------------------
+
+constexpr bool is_table_format(tensor_type t) { return t == tensor_type::iq4_nl || t == tensor_type::mxfp4; }
+
+template <tensor_type T>
+constexpr std::size_t q_block_bytes() {
+  switch (T) {
+    case tensor_type::q8_0: return sizeof(block_q8_0);
+    case tensor_type::q4_0: return sizeof(block_q4_0);
+    case tensor_type::mxfp4: return sizeof(block_mxfp4);
+    default: return sizeof(block_iq4_nl);
+  }
+}
+
+// e8m0_half_to_f32 of every byte, evaluated at compile time: one load per
+// block instead of the bit assembly, and no copy of the header's inline
+// function in this file.
+struct e8m0_half_table {
+  float v[256];
+};
+constexpr e8m0_half_table make_e8m0_half_table() {
+  e8m0_half_table t{};
+  for (int e = 0; e < 256; ++e) t.v[e] = e8m0_half_to_f32(static_cast<std::uint8_t>(e));
+  return t;
+}
+constexpr e8m0_half_table k_e8m0_half = make_e8m0_half_table();
+
+// The 16 nibbles at p as 32 bytes in element order (low nibbles, then high):
+// the 16 bytes in both lanes, the high lane's 64-bit words shifted down by 4
+// (bits crossing into a byte from its neighbour are masked off), so no
+// cross-lane shuffle is needed.
+inline __m256i nibbles32(const std::byte* p) {
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
+}
 
 // Stream (decode, one row, a 1 x 1 tile): prefetch k_decode_prefetch_bytes
 // down the weight stream as it goes (matmul_internal.h) instead of the next
@@ -164,12 +203,16 @@ template <tensor_type T, bool Stream>
 template <int R, int C>
 void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_stride, std::int64_t n_in,
                                          const std::byte* w, std::size_t w_stride, float* y, std::int64_t ldy) {
-  constexpr std::size_t block_bytes = T == tensor_type::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+  constexpr std::size_t block_bytes = q_block_bytes<T>();
   const std::int64_t nb = n_in / k_block;
   const std::size_t d_off = plain_qs_bytes(n_in);
   const __m256i ones16 = _mm256_set1_epi16(1);
   const __m256i eights = _mm256_set1_epi8(8);
   const __m128i m4 = _mm_set1_epi8(0x0f);
+  __m256i table = _mm256_setzero_si256();  // the table formats' signed values, in both lanes
+  if constexpr (is_table_format(T))
+    table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(T == tensor_type::mxfp4 ? k_mxfp4_values : k_iq4nl_values)));
   __m256 acc[R][C];
   zero_tile(acc, _mm256_setzero_ps());
   for (std::int64_t b = 0; b < nb; ++b) {
@@ -187,12 +230,14 @@ void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_s
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       const std::byte* blk = w + c * w_stride + b * block_bytes;
-      fp16_t d16;
-      std::memcpy(&d16, blk, sizeof d16);
-      const __m256 dw = _mm256_set1_ps(_cvtsh_ss(d16));
-      __m256i wu, ws;  // unsigned weight operand; for q8_0 also the signed bytes
+      const __m256 dw = T == tensor_type::mxfp4 ? _mm256_broadcast_ss(&k_e8m0_half.v[static_cast<std::uint8_t>(blk[0])])
+                                                : _mm256_set1_ps(load_half(blk));
+      __m256i wu, ws;  // unsigned weight operand; for q8_0 and the tables also the signed bytes
       if constexpr (T == tensor_type::q8_0) {
         ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        wu = _mm256_sign_epi8(ws, ws);
+      } else if constexpr (is_table_format(T)) {
+        ws = _mm256_shuffle_epi8(table, nibbles32(blk + (T == tensor_type::mxfp4 ? 1 : 2)));
         wu = _mm256_sign_epi8(ws, ws);
       } else {
         const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
@@ -202,7 +247,7 @@ void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_s
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m256i s;
-        if constexpr (T == tensor_type::q8_0) {
+        if constexpr (T != tensor_type::q4_0) {
           s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_sign_epi8(xv[r], ws)), ones16);
         } else {
           s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv[r]), ones16), corr[r]);
@@ -217,7 +262,8 @@ void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_s
 
 // Formats with an AVX2 kernel; the others run generic_quant_cols.
 bool has_avx2_kernel(tensor_type t) {
-  return !is_quantized(t) || t == tensor_type::q8_0 || t == tensor_type::q4_0 || has_kq_kernel_avx2(t);
+  return !is_quantized(t) || t == tensor_type::q8_0 || t == tensor_type::q4_0 || is_table_format(t) ||
+         has_kq_kernel_avx2(t);
 }
 
 template <tensor_type T>
@@ -237,6 +283,8 @@ void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack)
     case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::q8_0: return q_cols<tensor_type::q8_0>(jb, c0, c1);
     case tensor_type::q4_0: return q_cols<tensor_type::q4_0>(jb, c0, c1);
+    case tensor_type::iq4_nl: return q_cols<tensor_type::iq4_nl>(jb, c0, c1);
+    case tensor_type::mxfp4: return q_cols<tensor_type::mxfp4>(jb, c0, c1);
     case tensor_type::q4_k:
     case tensor_type::q6_k: return kq_cols_avx2(jb, c0, c1);
     default: return generic_quant_cols(jb, c0, c1, pack);
