@@ -260,8 +260,18 @@ TEST(serve_kv_admin, a_full_disk_stops_write_back_and_serving_continues) {
     const json r = complete(s.port(), std::to_string(v) + " " + story_prompt(v % 6), 4);
     ASSERT_EQ(r["http_status"], 200) << r;
   }
-  const json st = call(s.port(), "GET", "/v1/kv/stats", {}, k_admin);
-  ASSERT_EQ(st["http_status"], 200) << st;
+  // The writer runs behind the requests (slowly under sanitizers): wait,
+  // bounded, until it has met the full disk or drained its queue.
+  json st;
+  for (int attempt = 0; attempt < 600; ++attempt) {
+    st = call(s.port(), "GET", "/v1/kv/stats", {}, k_admin);
+    ASSERT_EQ(st["http_status"], 200) << st;
+    const json& wb = st["write_back"];
+    const int done = wb["written"].get<int>() + wb["errors"].get<int>() + wb["dropped"].get<int>() +
+                     wb["already_stored"].get<int>();
+    if (wb["errors"].get<int>() > 0 || done >= wb["queued"].get<int>()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   EXPECT_GT(st["write_back"]["errors"].get<int>(), 0) << st;
   EXPECT_GT(tier_of(st, "disk")["errors"].get<int>(), 0) << st;
   EXPECT_EQ(call(s.port(), "GET", "/health")["http_status"], 200);
