@@ -222,6 +222,9 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
   cmd->add_option("--max-body-memory", l.max_body_memory_bytes,
                   "request bodies held at once by all connections; beyond it 503 (default 128 MiB)")
       ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40));
+  cmd->add_option("--max-body-memory-per-key", l.max_body_memory_per_key_bytes,
+                  "request bodies held at once by one API key's requests; beyond it 429 (default 32 MiB)")
+      ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40));
   cmd->add_option("--max-header-bytes", l.max_header_bytes, "largest request header; larger gets 431 (default 32 KiB)")
       ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 20));
   cmd->add_option("--max-header-count", l.max_header_count, "most header fields in a request; more gets 431 (default 100)")

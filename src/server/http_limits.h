@@ -30,6 +30,12 @@ struct http_limits {
   // parsed). Beyond it a request gets 503 and Retry-After, so many concurrent
   // large uploads cannot exhaust memory.
   std::size_t max_body_memory_bytes = 128u << 20;
+  // Of that, what the bodies of one API key's requests may hold at once
+  // (beyond it 429 and Retry-After): a tenant's slow or parallel uploads
+  // spend its own share, never everyone's. A connection holds at most one
+  // body, so its own share is max_body_bytes, and max_body_memory_bytes
+  // caps the sum over keyless requests (no keys configured).
+  std::size_t max_body_memory_per_key_bytes = 32u << 20;
   std::chrono::milliseconds header_timeout{10'000};  // beyond: 408 and close
   std::chrono::milliseconds body_timeout{60'000};    // beyond: 408 and close
   std::chrono::milliseconds idle_timeout{75'000};    // beyond: closed quietly

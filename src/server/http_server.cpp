@@ -174,6 +174,9 @@ struct http_server::impl {
   engine_loop& loop;
   kv_admin* kv;
   body_budget budget;
+  // Each API key's share of `budget` (indexed as `keys`), and the admin key's.
+  std::vector<std::unique_ptr<body_budget>> key_budgets;
+  body_budget admin_budget;
   connection_hooks hooks;
   std::atomic<int> n_connections{0};
   std::atomic<int> n_overflow_replies{0};
@@ -212,6 +215,7 @@ struct http_server::impl {
         loop(l),
         kv(a),
         budget(opts.limits.max_body_memory_bytes),
+        admin_budget(opts.limits.max_body_memory_per_key_bytes),
         ioc(std::max(1, opts.n_io_threads)),
         workers(static_cast<std::size_t>(std::max(1, opts.n_workers))),
         env{ctx, loop, workers, opts.limits},
@@ -222,6 +226,9 @@ struct http_server::impl {
         stop_timer(control) {
     env.id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
     if (kv) kv_calls.emplace(kv_env{env, *kv, store_thread});
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      key_budgets.push_back(std::make_unique<body_budget>(opts.limits.max_body_memory_per_key_bytes));
+    hooks.admit = [this](http_request& req, bool has_body) { return admit(req, has_body); };
     hooks.dispatch = [this](const std::shared_ptr<http_exchange>& ex) { route(ex); };
     hooks.finished = [this](const http_exchange& ex) { finished(ex); };
     hooks.rejected = [this](const http_request* req, int status) { rejected(req, status); };
@@ -241,6 +248,12 @@ struct http_server::impl {
   void route(const std::shared_ptr<http_exchange>& ex);
   bool route_kv(const std::shared_ptr<http_exchange>& ex, std::string_view path, bool is_get, bool is_post);
   bool presents_admin_key(const http_request& req) const;
+  struct key_check {
+    std::optional<std::size_t> index;  // in `keys`
+    std::string problem;               // why not, for the 401
+  };
+  key_check check_key(const http_request& req) const;
+  std::optional<http_rejection> admit(http_request& req, bool has_body);
   std::optional<std::string> authorize(http_exchange& ex) const;
   void on_worker(const std::shared_ptr<http_exchange>& ex, std::function<http_response(http_request&)> fn);
   json model_card(const std::string& name) const;
@@ -305,21 +318,45 @@ void http_server::impl::schedule_stats() {
 
 // --- routes ----------------------------------------------------------------------
 
+http_server::impl::key_check http_server::impl::check_key(const http_request& req) const {
+  if (req.count("Authorization") > 1) return {std::nullopt, "Send one Authorization header, not several."};
+  // The value exactly as received: no decoding of any kind.
+  const std::optional<std::string_view> token = bearer_token(req.field("Authorization").value_or(""));
+  if (token)
+    if (std::optional<std::size_t> i = keys.find(*token)) return {i, ""};
+  return {std::nullopt,
+          token ? "Incorrect API key provided." : "Missing API key: send the header 'Authorization: Bearer KEY'."};
+}
+
+// With keys configured, a request that carries a body needs a valid key (a
+// tenant's or the admin key) before a byte of it is read, whatever its path:
+// a client without one is answered 401 from its header and closed (the
+// connection then drains what it still sends for at most the 2 s linger,
+// holding none of it), so keyless uploads cannot spend the body budget.
+// The body then counts against its key's share too. Requests without a
+// body are authorized by their route, as before.
+std::optional<http_rejection> http_server::impl::admit(http_request& req, bool has_body) {
+  if (!keys.enabled() || !has_body) return std::nullopt;
+  if (kv && presents_admin_key(req)) {
+    req.body_bytes.set_account(&admin_budget);
+    return std::nullopt;
+  }
+  const key_check k = check_key(req);
+  if (k.index) {
+    req.body_bytes.set_account(key_budgets[*k.index].get());
+    return std::nullopt;
+  }
+  return http_rejection{401, k.problem, "invalid_api_key", {{"WWW-Authenticate", "Bearer"}}};
+}
+
 std::optional<std::string> http_server::impl::authorize(http_exchange& ex) const {
   if (!keys.enabled()) return std::string();
-  const http_request& req = ex.request();
+  const key_check k = check_key(ex.request());
+  if (k.index) return keys.tenant(*k.index);
   api_error e;
   e.http_status = 401;
   e.code = "invalid_api_key";
-  if (req.count("Authorization") > 1) {
-    e.message = "Send one Authorization header, not several.";
-  } else {
-    // The value exactly as received: no decoding of any kind.
-    std::optional<std::string_view> token = bearer_token(req.field("Authorization").value_or(""));
-    if (token)
-      if (std::optional<std::string> tenant = keys.authenticate(*token)) return tenant;
-    e.message = token ? "Incorrect API key provided." : "Missing API key: send the header 'Authorization: Bearer KEY'.";
-  }
+  e.message = k.problem;
   http_response r = error_response(e);
   r.fields.emplace_back("WWW-Authenticate", "Bearer");
   ex.respond(std::move(r));

@@ -5,6 +5,8 @@
 #include <boost/beast/http/error.hpp>
 #include <fmt/format.h>
 
+#include "core/assert.h"
+
 namespace pagoda::server {
 
 namespace http = boost::beast::http;
@@ -31,19 +33,31 @@ body_lease& body_lease::operator=(body_lease&& o) noexcept {
   if (this != &o) {
     release();
     budget_ = o.budget_;
+    account_ = o.account_;
     n_ = std::exchange(o.n_, 0);
   }
   return *this;
 }
 
-bool body_lease::grow(std::size_t n) {
-  if (budget_ == nullptr || !budget_->take(n)) return false;
+void body_lease::set_account(body_budget* account) {
+  PAGODA_ASSERT(n_ == 0, "a body lease's account is set before any byte is taken");
+  account_ = account;
+}
+
+body_lease::grant body_lease::grow(std::size_t n) {
+  if (budget_ == nullptr) return grant::server_spent;
+  if (account_ != nullptr && !account_->take(n)) return grant::account_spent;
+  if (!budget_->take(n)) {
+    if (account_ != nullptr) account_->give(n);
+    return grant::server_spent;
+  }
   n_ += n;
-  return true;
+  return grant::ok;
 }
 
 void body_lease::release() {
   if (budget_ != nullptr && n_ > 0) budget_->give(n_);
+  if (account_ != nullptr && n_ > 0) account_->give(n_);
   n_ = 0;
 }
 
@@ -78,7 +92,8 @@ void http_request::drop_body() {
   body_bytes.release();
 }
 
-request_parser::request_parser(const http_limits& limits, body_budget& budget) : limits_(limits) {
+request_parser::request_parser(const http_limits& limits, body_budget& budget, const header_admission& admit)
+    : limits_(limits), admit_(admit) {
   header_limit(static_cast<std::uint32_t>(std::min<std::size_t>(limits.max_header_bytes, UINT32_MAX)));
   body_limit(static_cast<std::uint64_t>(limits.max_body_bytes));
   req_.body_bytes = body_lease(&budget);
@@ -116,9 +131,15 @@ void request_parser::on_field_impl(http::field, string_view name, string_view va
   req_.fields.emplace_back(n, v);
 }
 
-void request_parser::on_header_impl(error_code&) {
+void request_parser::on_header_impl(error_code& ec) {
   header_done_ = true;
   req_.keep_alive = keep_alive();
+  if (!admit_) return;
+  const bool has_body = chunked() || (content_length() && *content_length() > 0);
+  if (std::optional<http_rejection> r = admit_(req_, has_body)) {
+    refused_ = std::move(*r);
+    ec = http::error::bad_value;
+  }
 }
 
 void request_parser::on_body_init_impl(const boost::optional<std::uint64_t>& content_length, error_code& ec) {
@@ -134,9 +155,18 @@ std::size_t request_parser::on_body_impl(string_view body, error_code& ec) {
     refuse(400, "The request body contains a NUL byte", ec);
     return 0;
   }
-  if (!req_.body_bytes.grow(body.size())) {
-    refuse(503, "The server is receiving too many request bodies at once; retry later", ec);
-    return 0;
+  switch (req_.body_bytes.grow(body.size())) {
+    case body_lease::grant::ok:
+      break;
+    case body_lease::grant::account_spent:
+      refuse(429, fmt::format("This API key's request bodies in flight hold more than {} bytes; retry later",
+                              limits_.max_body_memory_per_key_bytes), ec);
+      refused_->fields.emplace_back("Retry-After", "1");
+      return 0;
+    case body_lease::grant::server_spent:
+      refuse(503, "The server is receiving too many request bodies at once; retry later", ec);
+      refused_->fields.emplace_back("Retry-After", "1");
+      return 0;
   }
   req_.body.append(body.data(), body.size());
   return body.size();

@@ -398,6 +398,67 @@ TEST_F(hostile, body_budget_answers_503) {
   close(b);
 }
 
+// A partial upload: the header and all of a body of `n_bytes` but its last byte.
+int partial_upload(int port, std::size_t n_bytes, const std::string& key) {
+  const std::string body = R"({"prompt": "a", "max_tokens": 1, "x": ")" + std::string(n_bytes - 40, 'x') + "\"}";
+  const std::string req = http_req("POST", "/v1/completions", body, key);
+  const int fd = raw_connect(port);
+  send(fd, req.data(), req.size() - 1, MSG_NOSIGNAL);
+  return fd;
+}
+
+TEST_F(hostile, keyless_uploads_are_refused_before_their_body) {
+  server_.reset();
+  watch_.reset();
+  start({"--max-body-memory", std::to_string(4 << 20)});
+  // Announced but never sent: the key is checked from the header, so the
+  // answer comes at once, not at the body deadline (408).
+  const http_answer early = ask(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+                                k_body_timeout_ms - 500);
+  EXPECT_EQ(early.status, 401) << early.headers;
+  EXPECT_NE(early.body.find(R"("code":"invalid_api_key")"), std::string::npos) << early.body;
+  EXPECT_NE(early.headers.find("WWW-Authenticate: Bearer"), std::string::npos);
+  // Nor does "100 Continue" invite a keyless body.
+  const http_answer cont = ask(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-nobody\r\n"
+                                      "Expect: 100-continue\r\nContent-Length: 100\r\n\r\n", 1000);
+  EXPECT_EQ(cont.status, 401);
+  EXPECT_EQ(cont.n_informational, 0);
+  // Fifty keyless partial uploads of 200 KB (10 MB, past the 4 MiB budget)
+  // hold nothing: a keyed 250 KB POST from another client (more than what
+  // 200 KB uploads would leave of the budget) still gets its answer.
+  std::vector<int> fds;
+  for (int i = 0; i < 50; ++i) fds.push_back(partial_upload(port_, 200000, i % 2 ? "" : "sk-wrong"));
+  const std::string keyed = R"({"prompt": "Once", "max_tokens": 2, "x": ")" + std::string(250000, 'x') + "\"}";
+  EXPECT_EQ(ask(port_, post(keyed, "/v1/completions", k_global_key)).status, 200);
+  for (int fd : fds) close(fd);
+}
+
+TEST_F(hostile, one_keys_uploads_spend_only_its_own_budget) {
+  server_.reset();
+  watch_.reset();
+  start({"--max-body-memory-per-key", std::to_string(1 << 20)});
+  // Alice holds two 700 KB bodies at once: the second passes her 1 MiB share
+  // (429); the global key's requests, and her first, go on.
+  const int a = partial_upload(port_, 700000, k_alice_key);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ordering only: a's bytes are read first
+  const int b = partial_upload(port_, 700000, k_alice_key);
+  std::string got_b;
+  raw_read(b, got_b, 1000);
+  const http_answer over = first_answer(got_b);
+  EXPECT_EQ(over.status, 429) << got_b.substr(0, 300);
+  EXPECT_NE(over.headers.find("Retry-After: 1"), std::string::npos);
+  const int g = partial_upload(port_, 700000, k_global_key);
+  send(g, "}", 1, MSG_NOSIGNAL);
+  std::string got_g;
+  raw_read(g, got_g, 3000);
+  EXPECT_EQ(first_answer(got_g).status, 200) << got_g.substr(0, 300);
+  send(a, "}", 1, MSG_NOSIGNAL);
+  std::string got_a;
+  raw_read(a, got_a, 3000);
+  EXPECT_EQ(first_answer(got_a).status, 200) << got_a.substr(0, 300);
+  for (int fd : {a, b, g}) close(fd);
+}
+
 TEST_F(hostile, pipelined_requests_answered_in_order) {
   auto keep = [](std::string r) { return r.replace(r.find("Connection: close"), 17, "Connection: keep-alive"); };
   const std::string p1 = R"({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0})";
