@@ -231,6 +231,10 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
       ->check(CLI::Range(8, 10000));
   cmd->add_option("--max-connections", l.max_connections, "connections open at once; beyond it 503 (default 8192)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-connections-per-address", l.max_connections_per_address,
+                  "connections open at once from one client address (IPv6: one /64); beyond it 503, /health still "
+                  "answered; 0: no cap (default 1024)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-json-depth", l.json.max_depth, "deepest JSON nesting in a body; deeper gets 400 (default 64)")
       ->check(CLI::Range(4, 10000));
   cmd->add_option("--max-json-values", l.json.max_values, "most JSON values in a body; more gets 400 (default 262144)")

@@ -10,6 +10,7 @@
 //   idle timeout      75 s    nginx: keepalive_timeout 75s (a keep-alive connection between requests)
 //   send timeout      60 s    nginx: send_timeout 60s (a write that makes no progress)
 //   connections       8192    nginx: worker_connections x workers; beyond it 503 and close
+//   per address       1024    nginx: limit_conn (no default there); beyond it 503 and close
 //
 // A body with Content-Encoding other than identity is refused (415): the
 // server never inflates, so a small compressed body cannot become a large one.
@@ -44,6 +45,9 @@ struct http_limits {
   // beyond it the stream's requests are cancelled and the connection closed.
   std::size_t max_pending_send_bytes = 4u << 20;
   int max_connections = 8192;  // open at once; beyond: 503 and close
+  // Open at once from one client address (an IPv6 /64); beyond: 503 and
+  // close (connection_limits.h; /health is still answered). 0: no cap.
+  int max_connections_per_address = 1024;
   json_limits json;
 };
 

@@ -21,6 +21,7 @@
 
 #include "core/assert.h"
 #include "server/bounded_json.h"
+#include "server/connection_limits.h"
 #include "server/generate_call.h"
 #include "server/http_connection.h"
 #include "server/kv_calls.h"
@@ -40,7 +41,7 @@ namespace {
 constexpr int k_listen_backlog = 1024;
 constexpr std::chrono::milliseconds k_stop_grace{2000};
 constexpr std::chrono::milliseconds k_accept_retry{50};
-constexpr int k_max_overflow_replies = 256;  // connections past the cap answered at once; the rest are closed
+constexpr int k_max_overflow_replies = 256;  // connections past a cap answered at once; the rest are closed
 
 std::int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -100,60 +101,6 @@ std::optional<std::string> query_param(std::string_view target, std::string_view
   return std::nullopt;
 }
 
-// Past the connection cap: one 503 written without reading the request, then
-// the socket closes after a short linger that drains what the client sends
-// (so it reads the answer instead of a reset).
-class overflow_reply : public std::enable_shared_from_this<overflow_reply> {
- public:
-  overflow_reply(tcp::socket s, std::atomic<int>& n) : socket_(std::move(s)), timer_(socket_.get_executor()), n_(n) {
-    ++n_;
-  }
-  ~overflow_reply() { --n_; }
-
-  void start() {
-    api_error e;
-    e.http_status = 503;
-    e.type = "service_unavailable";
-    e.message = "The server has too many open connections; retry later";
-    const std::string body = dump_json(error_body(e));
-    text_ = fmt::format(
-        "HTTP/1.1 503 Service Unavailable\r\nServer: pagoda\r\nContent-Type: application/json\r\n"
-        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}",
-        body.size(), body);
-    timer_.expires_after(std::chrono::seconds(1));
-    timer_.async_wait([self = shared_from_this()](const error_code&) {
-      error_code ec;
-      self->socket_.close(ec);
-    });
-    asio::async_write(socket_, asio::buffer(text_), [self = shared_from_this()](const error_code& ec, std::size_t) {
-      if (ec) {
-        self->timer_.cancel();
-        return;
-      }
-      error_code ignored;
-      self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
-      self->drain();
-    });
-  }
-
- private:
-  void drain() {
-    socket_.async_read_some(asio::buffer(sink_), [self = shared_from_this()](const error_code& ec, std::size_t) {
-      if (ec) {
-        self->timer_.cancel();  // closed by the client or by the timer
-        return;
-      }
-      self->drain();
-    });
-  }
-
-  tcp::socket socket_;
-  asio::steady_timer timer_;
-  std::atomic<int>& n_;
-  std::string text_;
-  char sink_[512];
-};
-
 }  // namespace
 
 int raise_open_file_limit() {
@@ -187,7 +134,12 @@ struct http_server::impl {
   mutable std::mutex counts_mu;
   http_counts counts;
   std::mutex conns_mu;
-  std::unordered_map<http_connection*, std::weak_ptr<http_connection>> conns;
+  struct open_connection {
+    std::weak_ptr<http_connection> conn;
+    std::string address;  // client_address_key()
+  };
+  std::unordered_map<http_connection*, open_connection> conns;
+  address_counter per_address;
 
   // Declared in this order so that destruction runs the other way: I/O
   // objects and the worker pool (whose tasks hold connections) go before the
@@ -216,6 +168,7 @@ struct http_server::impl {
         kv(a),
         budget(opts.limits.max_body_memory_bytes),
         admin_budget(opts.limits.max_body_memory_per_key_bytes),
+        per_address(opts.limits.max_connections_per_address),
         ioc(std::max(1, opts.n_io_threads)),
         workers(static_cast<std::size_t>(std::max(1, opts.n_workers))),
         env{ctx, loop, workers, opts.limits},
@@ -235,7 +188,11 @@ struct http_server::impl {
     hooks.closed = [this](http_connection* c) {
       {
         std::lock_guard lock(conns_mu);
-        conns.erase(c);
+        auto it = conns.find(c);
+        if (it != conns.end()) {
+          per_address.give(it->second.address);
+          conns.erase(it);
+        }
       }
       if (--n_connections == 0 && stopping) asio::post(control, [this] { stop_timer.cancel(); });
     };
@@ -287,17 +244,29 @@ void http_server::impl::on_accept(const error_code& ec, tcp::socket socket) {
     });
     return;
   }
-  if (n_connections.load() >= opts.limits.max_connections) {
+  error_code peer_ec;
+  const tcp::endpoint peer = socket.remote_endpoint(peer_ec);
+  const std::string address = peer_ec ? std::string() : client_address_key(peer.address());
+  const char* refusal = nullptr;
+  if (n_connections.load() >= opts.limits.max_connections)
+    refusal = "The server has too many open connections; retry later";
+  else if (!per_address.take(address))
+    refusal = "Too many open connections from your address; close some, or retry later";
+  if (refusal) {
     count("other", 503);
-    if (n_overflow_replies.load() < k_max_overflow_replies)
-      std::make_shared<overflow_reply>(std::move(socket), n_overflow_replies)->start();
+    if (n_overflow_replies.load() < k_max_overflow_replies) {
+      const bool up = !loop.stopped();
+      std::make_shared<overflow_reply>(std::move(socket), n_overflow_replies, up ? 200 : 503,
+                                       json{{"status", up ? "ok" : "stopping"}}.dump(), refusal)
+          ->start();
+    }
     // else: the socket closes here, unanswered
   } else {
     ++n_connections;
     auto conn = std::make_shared<http_connection>(std::move(socket), opts.limits, budget, hooks);
     {
       std::lock_guard lock(conns_mu);
-      conns.emplace(conn.get(), conn);
+      conns.emplace(conn.get(), open_connection{conn, address});
     }
     conn->start();
   }
@@ -589,8 +558,8 @@ status http_server::serve() {
   std::vector<std::shared_ptr<http_connection>> live;
   {
     std::lock_guard lock(s.conns_mu);
-    for (auto& [p, w] : s.conns)
-      if (auto c = w.lock()) live.push_back(std::move(c));
+    for (auto& [p, o] : s.conns)
+      if (auto c = o.conn.lock()) live.push_back(std::move(c));
   }
   for (auto& c : live) c->close_after_run();
   return {};
@@ -607,8 +576,8 @@ void http_server::stop() {
     std::vector<std::shared_ptr<http_connection>> live;
     {
       std::lock_guard lock(s.conns_mu);
-      for (auto& [p, w] : s.conns)
-        if (auto c = w.lock()) live.push_back(std::move(c));
+      for (auto& [p, o] : s.conns)
+        if (auto c = o.conn.lock()) live.push_back(std::move(c));
     }
     for (auto& c : live) c->stop();
     s.work.reset();  // run() returns once the connections are done...
