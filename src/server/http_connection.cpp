@@ -202,7 +202,8 @@ void http_connection::parse() {
     // A refusal first: one from the header (the API key) must not be
     // preceded by "100 Continue", which would invite the body.
     if (ec && ec != http::error::need_more) {
-      reject(parser_->rejection(ec));
+      const auto rest = buffer_.data();
+      reject(parser_->rejection(ec, std::string_view(static_cast<const char*>(rest.data()), rest.size())));
       return;
     }
     if (parser_->is_header_done() && phase_ == phase::header) {
@@ -259,7 +260,9 @@ void http_connection::reject(const http_rejection& r) {
   e.message = r.message;
   e.code = r.code;
   if (status == 429) e.type = "rate_limit_error";
-  if (status >= 500) e.type = status == 503 ? "service_unavailable" : "internal_error";
+  // 501 and 505 refuse what the client sent: its error, not the server's.
+  if (status == 503) e.type = "service_unavailable";
+  if (status == 500) e.type = "internal_error";
   http_fields fields = r.fields;
   fields.emplace_back("Connection", "close");
   head_request_ = false;

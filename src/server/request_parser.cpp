@@ -19,6 +19,19 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// Whether the request line at the start of `bytes` ends in "HTTP/d.d" CRLF,
+// with no other CR in it: then a version Beast refuses is well formed and
+// unsupported (505), else the line is malformed (400).
+bool well_formed_version(std::string_view bytes) {
+  const std::size_t lf = bytes.find('\n');
+  if (lf == std::string_view::npos || lf < 10) return false;
+  const std::string_view line = bytes.substr(0, lf);
+  if (line.back() != '\r' || line.find('\r') != line.size() - 1) return false;
+  const std::string_view v = line.substr(line.size() - 9, 8);
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  return v.substr(0, 5) == "HTTP/" && digit(v[5]) && v[6] == '.' && digit(v[7]) && line[line.size() - 10] == ' ';
+}
+
 }  // namespace
 
 bool body_budget::take(std::size_t n) {
@@ -134,6 +147,11 @@ void request_parser::on_field_impl(http::field, string_view name, string_view va
 void request_parser::on_header_impl(error_code& ec) {
   header_done_ = true;
   req_.keep_alive = keep_alive();
+  // RFC 9112 3.2: a server responds 400 to an HTTP/1.1 request without a
+  // Host field, and to any request with more than one.
+  const std::size_t n_hosts = req_.count("Host");
+  if (n_hosts > 1) return refuse(400, "The request has more than one Host header", ec);
+  if (n_hosts == 0 && req_.version == 11) return refuse(400, "An HTTP/1.1 request needs a Host header", ec);
   if (!admit_) return;
   const bool has_body = chunked() || (content_length() && *content_length() > 0);
   if (std::optional<http_rejection> r = admit_(req_, has_body)) {
@@ -176,13 +194,22 @@ std::size_t request_parser::on_chunk_body_impl(std::uint64_t, string_view body, 
   return on_body_impl(body, ec);
 }
 
-http_rejection request_parser::rejection(const error_code& ec) const {
+http_rejection request_parser::rejection(const error_code& ec, std::string_view unparsed) const {
   if (refused_) return *refused_;
   if (ec == http::error::header_limit || ec == http::error::buffer_overflow)
     return {431, fmt::format("The request header is larger than this server's limit of {} bytes", limits_.max_header_bytes)};
   if (ec == http::error::body_limit)
     return {413, fmt::format("The request body is larger than this server's limit of {} bytes", limits_.max_body_bytes)};
-  if (ec == http::error::bad_version) return {505, "Unsupported HTTP version"};
+  // Beast reports a request line that does not end in "HTTP/d.d" CRLF (a
+  // bare LF or CR, or a malformed version) as a bad version. RFC 9112 2.2
+  // lets a server refuse bare line endings; it is 400, never 505 (kept for a
+  // well-formed version other than 1.0 and 1.1, on_request_impl).
+  if (ec == http::error::bad_version) {
+    if (well_formed_version(unparsed)) return {505, "Unsupported HTTP version (1.0 and 1.1 are)"};
+    return {400, "Malformed request line: it must end with HTTP/1.0 or HTTP/1.1 and CRLF (a bare LF or CR is not a line "
+                 "ending here)"};
+  }
+  if (ec == http::error::bad_line_ending) return {400, "Malformed HTTP request: lines must end with CRLF"};
   return {400, fmt::format("Malformed HTTP request: {}", ec.message())};
 }
 

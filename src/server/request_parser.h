@@ -10,6 +10,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <boost/beast/http/basic_parser.hpp>
 
@@ -41,8 +42,9 @@ class request_parser final : public boost::beast::http::basic_parser<true> {
   http_request& request() { return req_; }
   // Whether the client asked for "100 Continue" before sending its body.
   bool expects_continue() const { return expect_continue_; }
-  // After put() failed: the status and message to answer with.
-  http_rejection rejection(const boost::beast::error_code& ec) const;
+  // After put() failed: the status and message to answer with. `unparsed`:
+  // the bytes put() did not consume (they hold the request line when that failed).
+  http_rejection rejection(const boost::beast::error_code& ec, std::string_view unparsed) const;
 
  private:
   using string_view = boost::beast::string_view;

@@ -165,6 +165,24 @@ TEST_F(hostile, http_framing_and_smuggling) {
   });
 }
 
+TEST_F(hostile, line_endings_and_host_per_rfc_9112) {
+  check_rows({
+      {"bare LF everywhere", "GET /health HTTP/1.1\nHost: x\n\n", 400},
+      {"bare LF after the request line", "GET /health HTTP/1.1\nHost: x\r\n\r\n", 400},
+      {"bare LF after a field", "GET /health HTTP/1.1\r\nHost: x\n\r\n", 400},
+      {"bare CR after the request line", "GET /health HTTP/1.1\rHost: x\r\n\r\n", 400},
+      {"HTTP/1.1 without Host", "GET /health HTTP/1.1\r\n\r\n", 400},
+      {"two Host headers", "GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400},
+      {"two Host headers in HTTP/1.0", "GET /health HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400},
+      {"HTTP/1.0 without Host", "GET /health HTTP/1.0\r\n\r\n", 200},
+      {"HTTP/1.1 with one Host", "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 200},
+  });
+  // A well-formed version other than 1.x is 505, and the client's error, not the server's.
+  const http_answer v = ask(port_, "GET /health HTTP/2.0\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(v.status, 505);
+  EXPECT_NE(v.body.find(R"("type":"invalid_request_error")"), std::string::npos) << v.body;
+}
+
 TEST_F(hostile, auth_encodings) {
   const std::string body = R"({"prompt": "Once", "max_tokens": 1})";
   auto with_auth = [&](const std::string& value) {
