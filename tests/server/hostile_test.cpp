@@ -584,6 +584,24 @@ TEST_F(hostile, http_1_0_clients) {
   EXPECT_NE(s.body.find("data: [DONE]"), std::string::npos) << s.body;
 }
 
+TEST_F(hostile, batch_exits_non_zero_when_a_line_fails) {
+  const std::string in = keys_.dir + "/batch.jsonl";
+  {
+    std::FILE* f = std::fopen(in.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"id": "good", "prompt": "Once", "max_tokens": 2})" "\n"
+               R"({"id": "bad", "prompt": "Once", "temperature": -1})" "\n", f);
+    std::fclose(f);
+  }
+  const cli_result r = run_cli({"batch", "-m", stories_path(), "-i", in, "--ctx", "512"}, 60000);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  // Every line's result is still there: the good one's completion, the bad one's error.
+  EXPECT_NE(r.output.find(R"("id":"good")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(R"("completions")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(R"("id":"bad")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("temperature"), std::string::npos) << r.output;
+}
+
 TEST_F(hostile, a_port_in_use_is_an_error) {
   cli_result r = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", std::to_string(port_)}, 20000);
   EXPECT_NE(r.exit_code, 0) << r.output;
