@@ -222,12 +222,19 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
   cmd->add_option("--max-body-memory", l.max_body_memory_bytes,
                   "request bodies held at once by all connections; beyond it 503 (default 128 MiB)")
       ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40));
+  cmd->add_option("--max-body-memory-per-key", l.max_body_memory_per_key_bytes,
+                  "request bodies held at once by one API key's requests; beyond it 429 (default 32 MiB)")
+      ->check(CLI::Range(std::size_t{1} << 20, std::size_t{1} << 40));
   cmd->add_option("--max-header-bytes", l.max_header_bytes, "largest request header; larger gets 431 (default 32 KiB)")
       ->check(CLI::Range(std::size_t{1024}, std::size_t{1} << 20));
   cmd->add_option("--max-header-count", l.max_header_count, "most header fields in a request; more gets 431 (default 100)")
       ->check(CLI::Range(8, 10000));
   cmd->add_option("--max-connections", l.max_connections, "connections open at once; beyond it 503 (default 8192)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-connections-per-address", l.max_connections_per_address,
+                  "connections open at once from one client address (IPv6: one /64); beyond it 503, /health still "
+                  "answered; 0: no cap (default 1024)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--max-json-depth", l.json.max_depth, "deepest JSON nesting in a body; deeper gets 400 (default 64)")
       ->check(CLI::Range(4, 10000));
   cmd->add_option("--max-json-values", l.json.max_values, "most JSON values in a body; more gets 400 (default 262144)")

@@ -150,10 +150,15 @@ status key_store::add_tenants(const std::vector<tenant_spec>& tenants) {
   return {};
 }
 
-std::optional<std::string> key_store::authenticate(std::string_view presented) const {
+std::optional<std::size_t> key_store::find(std::string_view presented) const {
   std::optional<std::size_t> match;
   for (std::size_t i = 0; i < keys_.size(); ++i)
     if (constant_time_equal(presented, keys_[i].key)) match = i;
+  return match;
+}
+
+std::optional<std::string> key_store::authenticate(std::string_view presented) const {
+  const std::optional<std::size_t> match = find(presented);
   if (!match) return std::nullopt;
   return keys_[*match].tenant;
 }

@@ -63,6 +63,10 @@ class key_store {
   // The tenant of the presented key, or std::nullopt when no key matches.
   // Every stored key is compared, in constant time each.
   std::optional<std::string> authenticate(std::string_view presented) const;
+  // The index (0 .. size() - 1) of the presented key, compared as authenticate() does.
+  std::optional<std::size_t> find(std::string_view presented) const;
+  // REQUIRES: index < size().
+  const std::string& tenant(std::size_t index) const { return keys_[index].tenant; }
 
  private:
   struct entry {

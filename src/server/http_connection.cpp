@@ -173,7 +173,7 @@ void http_connection::on_read(const error_code& ec, std::size_t n) {
 }
 
 void http_connection::start_request() {
-  parser_ = std::make_unique<request_parser>(limits_, budget_);
+  parser_ = std::make_unique<request_parser>(limits_, budget_, hooks_.admit);
   parser_->eager(true);  // header and body in one put() when both are there
   parser_->request().started = std::chrono::steady_clock::now();
   parser_->request().remote = remote_;
@@ -199,6 +199,13 @@ void http_connection::parse() {
     error_code ec;
     const std::size_t used = parser_->put(buffer_.data(), ec);
     buffer_.consume(used);
+    // A refusal first: one from the header (the API key) must not be
+    // preceded by "100 Continue", which would invite the body.
+    if (ec && ec != http::error::need_more) {
+      const auto rest = buffer_.data();
+      reject(parser_->rejection(ec, std::string_view(static_cast<const char*>(rest.data()), rest.size())));
+      return;
+    }
     if (parser_->is_header_done() && phase_ == phase::header) {
       header_received();
       if (closed_ || phase_ == phase::closing) return;
@@ -210,11 +217,6 @@ void http_connection::parse() {
         return;
       }
       read_more();
-      return;
-    }
-    if (ec) {
-      const http_rejection r = parser_->rejection(ec);
-      reject(r.status, r.message);
       return;
     }
     if (parser_->is_done()) dispatch();
@@ -245,7 +247,8 @@ void http_connection::dispatch() {
   }
 }
 
-void http_connection::reject(int status, const std::string& message) {
+void http_connection::reject(const http_rejection& r) {
+  const int status = r.status;
   hooks_.rejected(parser_ && parser_->got_some() ? &parser_->request() : nullptr, status);
   version_ = parser_ && parser_->got_some() ? parser_->request().version : 11;
   parser_.reset();
@@ -254,10 +257,14 @@ void http_connection::reject(int status, const std::string& message) {
   read_timer_.cancel();
   api_error e;
   e.http_status = status;
-  e.message = message;
-  if (status >= 500) e.type = status == 503 ? "service_unavailable" : "internal_error";
-  http_fields fields = {{"Connection", "close"}};
-  if (status == 503) fields.emplace_back("Retry-After", "1");
+  e.message = r.message;
+  e.code = r.code;
+  if (status == 429) e.type = "rate_limit_error";
+  // 501 and 505 refuse what the client sent: its error, not the server's.
+  if (status == 503) e.type = "service_unavailable";
+  if (status == 500) e.type = "internal_error";
+  http_fields fields = r.fields;
+  fields.emplace_back("Connection", "close");
   head_request_ = false;
   const std::string body = dump_json(error_body(e));
   queue(head(status, "application/json", fields, fmt::format("Content-Length: {}\r\n", body.size())) + body);
@@ -377,8 +384,8 @@ void http_connection::on_read_deadline() {
   switch (phase_) {
     case phase::header:
     case phase::body:
-      reject(408, phase_ == phase::header ? "The request header did not arrive in time"
-                                          : "The request body did not arrive in time");
+      reject({408, phase_ == phase::header ? "The request header did not arrive in time"
+                                           : "The request body did not arrive in time"});
       break;
     case phase::closing:
     case phase::fresh:

@@ -112,6 +112,8 @@ class http_exchange : public std::enable_shared_from_this<http_exchange> {
 
 // What the server learns from a connection. Every hook runs on the connection's strand.
 struct connection_hooks {
+  // A request's header is complete: refuse it before its body (the API key), or let it go on.
+  header_admission admit;
   std::function<void(const std::shared_ptr<http_exchange>&)> dispatch;  // a complete request
   std::function<void(const http_exchange&)> finished;                   // an exchange ended (answered or not)
   // A request refused before dispatch (`req` null when not even its request line arrived).
@@ -147,7 +149,7 @@ class http_connection : public std::enable_shared_from_this<http_connection> {
   void start_request();
   void header_received();
   void dispatch();
-  void reject(int status, const std::string& message);
+  void reject(const http_rejection& r);
   void exchange_done();
 
   void queue(std::string bytes, bool ends_exchange = false);

@@ -29,20 +29,29 @@ class body_budget {
   std::atomic<std::size_t> used_{0};
 };
 
-// Bytes taken from a body_budget, given back when the lease ends.
+// Bytes taken from the server's body_budget and, once the request is
+// authenticated, from its account's (its API key's) budget too; given back to
+// both when the lease ends. So one key's uploads can spend only its own share.
 class body_lease {
  public:
+  enum class grant { ok, account_spent, server_spent };
+
   body_lease() = default;
   explicit body_lease(body_budget* b) : budget_(b) {}
-  body_lease(body_lease&& o) noexcept : budget_(o.budget_), n_(std::exchange(o.n_, 0)) {}
+  body_lease(body_lease&& o) noexcept
+      : budget_(o.budget_), account_(o.account_), n_(std::exchange(o.n_, 0)) {}
   body_lease& operator=(body_lease&& o) noexcept;
   ~body_lease() { release(); }
 
-  bool grow(std::size_t n);  // false when the budget is spent
+  // REQUIRES: nothing taken yet (the account is set from the header, before
+  // any body byte).
+  void set_account(body_budget* account);
+  grant grow(std::size_t n);  // nothing taken unless ok
   void release();
 
  private:
   body_budget* budget_ = nullptr;
+  body_budget* account_ = nullptr;
   std::size_t n_ = 0;
 };
 

@@ -21,6 +21,7 @@
 
 #include "core/assert.h"
 #include "server/bounded_json.h"
+#include "server/connection_limits.h"
 #include "server/generate_call.h"
 #include "server/http_connection.h"
 #include "server/kv_calls.h"
@@ -40,7 +41,7 @@ namespace {
 constexpr int k_listen_backlog = 1024;
 constexpr std::chrono::milliseconds k_stop_grace{2000};
 constexpr std::chrono::milliseconds k_accept_retry{50};
-constexpr int k_max_overflow_replies = 256;  // connections past the cap answered at once; the rest are closed
+constexpr int k_max_overflow_replies = 256;  // connections past a cap answered at once; the rest are closed
 
 std::int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -100,60 +101,6 @@ std::optional<std::string> query_param(std::string_view target, std::string_view
   return std::nullopt;
 }
 
-// Past the connection cap: one 503 written without reading the request, then
-// the socket closes after a short linger that drains what the client sends
-// (so it reads the answer instead of a reset).
-class overflow_reply : public std::enable_shared_from_this<overflow_reply> {
- public:
-  overflow_reply(tcp::socket s, std::atomic<int>& n) : socket_(std::move(s)), timer_(socket_.get_executor()), n_(n) {
-    ++n_;
-  }
-  ~overflow_reply() { --n_; }
-
-  void start() {
-    api_error e;
-    e.http_status = 503;
-    e.type = "service_unavailable";
-    e.message = "The server has too many open connections; retry later";
-    const std::string body = dump_json(error_body(e));
-    text_ = fmt::format(
-        "HTTP/1.1 503 Service Unavailable\r\nServer: pagoda\r\nContent-Type: application/json\r\n"
-        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}",
-        body.size(), body);
-    timer_.expires_after(std::chrono::seconds(1));
-    timer_.async_wait([self = shared_from_this()](const error_code&) {
-      error_code ec;
-      self->socket_.close(ec);
-    });
-    asio::async_write(socket_, asio::buffer(text_), [self = shared_from_this()](const error_code& ec, std::size_t) {
-      if (ec) {
-        self->timer_.cancel();
-        return;
-      }
-      error_code ignored;
-      self->socket_.shutdown(tcp::socket::shutdown_send, ignored);
-      self->drain();
-    });
-  }
-
- private:
-  void drain() {
-    socket_.async_read_some(asio::buffer(sink_), [self = shared_from_this()](const error_code& ec, std::size_t) {
-      if (ec) {
-        self->timer_.cancel();  // closed by the client or by the timer
-        return;
-      }
-      self->drain();
-    });
-  }
-
-  tcp::socket socket_;
-  asio::steady_timer timer_;
-  std::atomic<int>& n_;
-  std::string text_;
-  char sink_[512];
-};
-
 }  // namespace
 
 int raise_open_file_limit() {
@@ -174,6 +121,9 @@ struct http_server::impl {
   engine_loop& loop;
   kv_admin* kv;
   body_budget budget;
+  // Each API key's share of `budget` (indexed as `keys`), and the admin key's.
+  std::vector<std::unique_ptr<body_budget>> key_budgets;
+  body_budget admin_budget;
   connection_hooks hooks;
   std::atomic<int> n_connections{0};
   std::atomic<int> n_overflow_replies{0};
@@ -184,7 +134,12 @@ struct http_server::impl {
   mutable std::mutex counts_mu;
   http_counts counts;
   std::mutex conns_mu;
-  std::unordered_map<http_connection*, std::weak_ptr<http_connection>> conns;
+  struct open_connection {
+    std::weak_ptr<http_connection> conn;
+    std::string address;  // client_address_key()
+  };
+  std::unordered_map<http_connection*, open_connection> conns;
+  address_counter per_address;
 
   // Declared in this order so that destruction runs the other way: I/O
   // objects and the worker pool (whose tasks hold connections) go before the
@@ -212,6 +167,8 @@ struct http_server::impl {
         loop(l),
         kv(a),
         budget(opts.limits.max_body_memory_bytes),
+        admin_budget(opts.limits.max_body_memory_per_key_bytes),
+        per_address(opts.limits.max_connections_per_address),
         ioc(std::max(1, opts.n_io_threads)),
         workers(static_cast<std::size_t>(std::max(1, opts.n_workers))),
         env{ctx, loop, workers, opts.limits},
@@ -222,13 +179,20 @@ struct http_server::impl {
         stop_timer(control) {
     env.id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
     if (kv) kv_calls.emplace(kv_env{env, *kv, store_thread});
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      key_budgets.push_back(std::make_unique<body_budget>(opts.limits.max_body_memory_per_key_bytes));
+    hooks.admit = [this](http_request& req, bool has_body) { return admit(req, has_body); };
     hooks.dispatch = [this](const std::shared_ptr<http_exchange>& ex) { route(ex); };
     hooks.finished = [this](const http_exchange& ex) { finished(ex); };
     hooks.rejected = [this](const http_request* req, int status) { rejected(req, status); };
     hooks.closed = [this](http_connection* c) {
       {
         std::lock_guard lock(conns_mu);
-        conns.erase(c);
+        auto it = conns.find(c);
+        if (it != conns.end()) {
+          per_address.give(it->second.address);
+          conns.erase(it);
+        }
       }
       if (--n_connections == 0 && stopping) asio::post(control, [this] { stop_timer.cancel(); });
     };
@@ -241,6 +205,12 @@ struct http_server::impl {
   void route(const std::shared_ptr<http_exchange>& ex);
   bool route_kv(const std::shared_ptr<http_exchange>& ex, std::string_view path, bool is_get, bool is_post);
   bool presents_admin_key(const http_request& req) const;
+  struct key_check {
+    std::optional<std::size_t> index;  // in `keys`
+    std::string problem;               // why not, for the 401
+  };
+  key_check check_key(const http_request& req) const;
+  std::optional<http_rejection> admit(http_request& req, bool has_body);
   std::optional<std::string> authorize(http_exchange& ex) const;
   void on_worker(const std::shared_ptr<http_exchange>& ex, std::function<http_response(http_request&)> fn);
   json model_card(const std::string& name) const;
@@ -274,17 +244,29 @@ void http_server::impl::on_accept(const error_code& ec, tcp::socket socket) {
     });
     return;
   }
-  if (n_connections.load() >= opts.limits.max_connections) {
+  error_code peer_ec;
+  const tcp::endpoint peer = socket.remote_endpoint(peer_ec);
+  const std::string address = peer_ec ? std::string() : client_address_key(peer.address());
+  const char* refusal = nullptr;
+  if (n_connections.load() >= opts.limits.max_connections)
+    refusal = "The server has too many open connections; retry later";
+  else if (!per_address.take(address))
+    refusal = "Too many open connections from your address; close some, or retry later";
+  if (refusal) {
     count("other", 503);
-    if (n_overflow_replies.load() < k_max_overflow_replies)
-      std::make_shared<overflow_reply>(std::move(socket), n_overflow_replies)->start();
+    if (n_overflow_replies.load() < k_max_overflow_replies) {
+      const bool up = !loop.stopped();
+      std::make_shared<overflow_reply>(std::move(socket), n_overflow_replies, up ? 200 : 503,
+                                       json{{"status", up ? "ok" : "stopping"}}.dump(), refusal)
+          ->start();
+    }
     // else: the socket closes here, unanswered
   } else {
     ++n_connections;
     auto conn = std::make_shared<http_connection>(std::move(socket), opts.limits, budget, hooks);
     {
       std::lock_guard lock(conns_mu);
-      conns.emplace(conn.get(), conn);
+      conns.emplace(conn.get(), open_connection{conn, address});
     }
     conn->start();
   }
@@ -305,21 +287,45 @@ void http_server::impl::schedule_stats() {
 
 // --- routes ----------------------------------------------------------------------
 
+http_server::impl::key_check http_server::impl::check_key(const http_request& req) const {
+  if (req.count("Authorization") > 1) return {std::nullopt, "Send one Authorization header, not several."};
+  // The value exactly as received: no decoding of any kind.
+  const std::optional<std::string_view> token = bearer_token(req.field("Authorization").value_or(""));
+  if (token)
+    if (std::optional<std::size_t> i = keys.find(*token)) return {i, ""};
+  return {std::nullopt,
+          token ? "Incorrect API key provided." : "Missing API key: send the header 'Authorization: Bearer KEY'."};
+}
+
+// With keys configured, a request that carries a body needs a valid key (a
+// tenant's or the admin key) before a byte of it is read, whatever its path:
+// a client without one is answered 401 from its header and closed (the
+// connection then drains what it still sends for at most the 2 s linger,
+// holding none of it), so keyless uploads cannot spend the body budget.
+// The body then counts against its key's share too. Requests without a
+// body are authorized by their route, as before.
+std::optional<http_rejection> http_server::impl::admit(http_request& req, bool has_body) {
+  if (!keys.enabled() || !has_body) return std::nullopt;
+  if (kv && presents_admin_key(req)) {
+    req.body_bytes.set_account(&admin_budget);
+    return std::nullopt;
+  }
+  const key_check k = check_key(req);
+  if (k.index) {
+    req.body_bytes.set_account(key_budgets[*k.index].get());
+    return std::nullopt;
+  }
+  return http_rejection{401, k.problem, "invalid_api_key", {{"WWW-Authenticate", "Bearer"}}};
+}
+
 std::optional<std::string> http_server::impl::authorize(http_exchange& ex) const {
   if (!keys.enabled()) return std::string();
-  const http_request& req = ex.request();
+  const key_check k = check_key(ex.request());
+  if (k.index) return keys.tenant(*k.index);
   api_error e;
   e.http_status = 401;
   e.code = "invalid_api_key";
-  if (req.count("Authorization") > 1) {
-    e.message = "Send one Authorization header, not several.";
-  } else {
-    // The value exactly as received: no decoding of any kind.
-    std::optional<std::string_view> token = bearer_token(req.field("Authorization").value_or(""));
-    if (token)
-      if (std::optional<std::string> tenant = keys.authenticate(*token)) return tenant;
-    e.message = token ? "Incorrect API key provided." : "Missing API key: send the header 'Authorization: Bearer KEY'.";
-  }
+  e.message = k.problem;
   http_response r = error_response(e);
   r.fields.emplace_back("WWW-Authenticate", "Bearer");
   ex.respond(std::move(r));
@@ -552,8 +558,8 @@ status http_server::serve() {
   std::vector<std::shared_ptr<http_connection>> live;
   {
     std::lock_guard lock(s.conns_mu);
-    for (auto& [p, w] : s.conns)
-      if (auto c = w.lock()) live.push_back(std::move(c));
+    for (auto& [p, o] : s.conns)
+      if (auto c = o.conn.lock()) live.push_back(std::move(c));
   }
   for (auto& c : live) c->close_after_run();
   return {};
@@ -570,8 +576,8 @@ void http_server::stop() {
     std::vector<std::shared_ptr<http_connection>> live;
     {
       std::lock_guard lock(s.conns_mu);
-      for (auto& [p, w] : s.conns)
-        if (auto c = w.lock()) live.push_back(std::move(c));
+      for (auto& [p, o] : s.conns)
+        if (auto c = o.conn.lock()) live.push_back(std::move(c));
     }
     for (auto& c : live) c->stop();
     s.work.reset();  // run() returns once the connections are done...

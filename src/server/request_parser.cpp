@@ -5,6 +5,8 @@
 #include <boost/beast/http/error.hpp>
 #include <fmt/format.h>
 
+#include "core/assert.h"
+
 namespace pagoda::server {
 
 namespace http = boost::beast::http;
@@ -15,6 +17,19 @@ std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
+}
+
+// Whether the request line at the start of `bytes` ends in "HTTP/d.d" CRLF,
+// with no other CR in it: then a version Beast refuses is well formed and
+// unsupported (505), else the line is malformed (400).
+bool well_formed_version(std::string_view bytes) {
+  const std::size_t lf = bytes.find('\n');
+  if (lf == std::string_view::npos || lf < 10) return false;
+  const std::string_view line = bytes.substr(0, lf);
+  if (line.back() != '\r' || line.find('\r') != line.size() - 1) return false;
+  const std::string_view v = line.substr(line.size() - 9, 8);
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  return v.substr(0, 5) == "HTTP/" && digit(v[5]) && v[6] == '.' && digit(v[7]) && line[line.size() - 10] == ' ';
 }
 
 }  // namespace
@@ -31,19 +46,31 @@ body_lease& body_lease::operator=(body_lease&& o) noexcept {
   if (this != &o) {
     release();
     budget_ = o.budget_;
+    account_ = o.account_;
     n_ = std::exchange(o.n_, 0);
   }
   return *this;
 }
 
-bool body_lease::grow(std::size_t n) {
-  if (budget_ == nullptr || !budget_->take(n)) return false;
+void body_lease::set_account(body_budget* account) {
+  PAGODA_ASSERT(n_ == 0, "a body lease's account is set before any byte is taken");
+  account_ = account;
+}
+
+body_lease::grant body_lease::grow(std::size_t n) {
+  if (budget_ == nullptr) return grant::server_spent;
+  if (account_ != nullptr && !account_->take(n)) return grant::account_spent;
+  if (!budget_->take(n)) {
+    if (account_ != nullptr) account_->give(n);
+    return grant::server_spent;
+  }
   n_ += n;
-  return true;
+  return grant::ok;
 }
 
 void body_lease::release() {
   if (budget_ != nullptr && n_ > 0) budget_->give(n_);
+  if (account_ != nullptr && n_ > 0) account_->give(n_);
   n_ = 0;
 }
 
@@ -78,7 +105,8 @@ void http_request::drop_body() {
   body_bytes.release();
 }
 
-request_parser::request_parser(const http_limits& limits, body_budget& budget) : limits_(limits) {
+request_parser::request_parser(const http_limits& limits, body_budget& budget, const header_admission& admit)
+    : limits_(limits), admit_(admit) {
   header_limit(static_cast<std::uint32_t>(std::min<std::size_t>(limits.max_header_bytes, UINT32_MAX)));
   body_limit(static_cast<std::uint64_t>(limits.max_body_bytes));
   req_.body_bytes = body_lease(&budget);
@@ -116,9 +144,20 @@ void request_parser::on_field_impl(http::field, string_view name, string_view va
   req_.fields.emplace_back(n, v);
 }
 
-void request_parser::on_header_impl(error_code&) {
+void request_parser::on_header_impl(error_code& ec) {
   header_done_ = true;
   req_.keep_alive = keep_alive();
+  // RFC 9112 3.2: a server responds 400 to an HTTP/1.1 request without a
+  // Host field, and to any request with more than one.
+  const std::size_t n_hosts = req_.count("Host");
+  if (n_hosts > 1) return refuse(400, "The request has more than one Host header", ec);
+  if (n_hosts == 0 && req_.version == 11) return refuse(400, "An HTTP/1.1 request needs a Host header", ec);
+  if (!admit_) return;
+  const bool has_body = chunked() || (content_length() && *content_length() > 0);
+  if (std::optional<http_rejection> r = admit_(req_, has_body)) {
+    refused_ = std::move(*r);
+    ec = http::error::bad_value;
+  }
 }
 
 void request_parser::on_body_init_impl(const boost::optional<std::uint64_t>& content_length, error_code& ec) {
@@ -134,9 +173,18 @@ std::size_t request_parser::on_body_impl(string_view body, error_code& ec) {
     refuse(400, "The request body contains a NUL byte", ec);
     return 0;
   }
-  if (!req_.body_bytes.grow(body.size())) {
-    refuse(503, "The server is receiving too many request bodies at once; retry later", ec);
-    return 0;
+  switch (req_.body_bytes.grow(body.size())) {
+    case body_lease::grant::ok:
+      break;
+    case body_lease::grant::account_spent:
+      refuse(429, fmt::format("This API key's request bodies in flight hold more than {} bytes; retry later",
+                              limits_.max_body_memory_per_key_bytes), ec);
+      refused_->fields.emplace_back("Retry-After", "1");
+      return 0;
+    case body_lease::grant::server_spent:
+      refuse(503, "The server is receiving too many request bodies at once; retry later", ec);
+      refused_->fields.emplace_back("Retry-After", "1");
+      return 0;
   }
   req_.body.append(body.data(), body.size());
   return body.size();
@@ -146,13 +194,22 @@ std::size_t request_parser::on_chunk_body_impl(std::uint64_t, string_view body, 
   return on_body_impl(body, ec);
 }
 
-http_rejection request_parser::rejection(const error_code& ec) const {
+http_rejection request_parser::rejection(const error_code& ec, std::string_view unparsed) const {
   if (refused_) return *refused_;
   if (ec == http::error::header_limit || ec == http::error::buffer_overflow)
     return {431, fmt::format("The request header is larger than this server's limit of {} bytes", limits_.max_header_bytes)};
   if (ec == http::error::body_limit)
     return {413, fmt::format("The request body is larger than this server's limit of {} bytes", limits_.max_body_bytes)};
-  if (ec == http::error::bad_version) return {505, "Unsupported HTTP version"};
+  // Beast reports a request line that does not end in "HTTP/d.d" CRLF (a
+  // bare LF or CR, or a malformed version) as a bad version. RFC 9112 2.2
+  // lets a server refuse bare line endings; it is 400, never 505 (kept for a
+  // well-formed version other than 1.0 and 1.1, on_request_impl).
+  if (ec == http::error::bad_version) {
+    if (well_formed_version(unparsed)) return {505, "Unsupported HTTP version (1.0 and 1.1 are)"};
+    return {400, "Malformed request line: it must end with HTTP/1.0 or HTTP/1.1 and CRLF (a bare LF or CR is not a line "
+                 "ending here)"};
+  }
+  if (ec == http::error::bad_line_ending) return {400, "Malformed HTTP request: lines must end with CRLF"};
   return {400, fmt::format("Malformed HTTP request: {}", ec.message())};
 }
 

@@ -7,8 +7,10 @@
 // parse at once with the status to answer (rejection()).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <boost/beast/http/basic_parser.hpp>
 
@@ -21,17 +23,28 @@ namespace pagoda::server {
 struct http_rejection {
   int status = 400;
   std::string message;
+  std::string code;    // the error object's code ("" -> null)
+  http_fields fields;  // extra response fields (WWW-Authenticate, Retry-After, ...)
 };
+
+// Decides from a request's header alone, before any body byte is taken,
+// whether the request may go on: a rejection to answer at once, or nothing
+// (and then it may give the request's body lease an account, whose budget
+// its body is counted against too). `has_body`: a Content-Length above zero,
+// or chunked. Runs on the connection's strand.
+using header_admission = std::function<std::optional<http_rejection>(http_request& req, bool has_body)>;
 
 class request_parser final : public boost::beast::http::basic_parser<true> {
  public:
-  request_parser(const http_limits& limits, body_budget& budget);
+  // `admit` (may be empty) runs once the header is complete.
+  request_parser(const http_limits& limits, body_budget& budget, const header_admission& admit);
 
   http_request& request() { return req_; }
   // Whether the client asked for "100 Continue" before sending its body.
   bool expects_continue() const { return expect_continue_; }
-  // After put() failed: the status and message to answer with.
-  http_rejection rejection(const boost::beast::error_code& ec) const;
+  // After put() failed: the status and message to answer with. `unparsed`:
+  // the bytes put() did not consume (they hold the request line when that failed).
+  http_rejection rejection(const boost::beast::error_code& ec, std::string_view unparsed) const;
 
  private:
   using string_view = boost::beast::string_view;
@@ -51,6 +64,7 @@ class request_parser final : public boost::beast::http::basic_parser<true> {
   void refuse(int status, std::string message, error_code& ec);
 
   const http_limits& limits_;
+  const header_admission& admit_;
   http_request req_;
   int n_fields_ = 0;
   bool header_done_ = false;

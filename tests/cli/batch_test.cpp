@@ -99,7 +99,7 @@ TEST(cli_batch, n_above_the_sequence_cap_is_an_error_not_a_hang) {
                                          R"({"id": "ok", "prompt": "Once upon a time", "max_tokens": 4, "n": 4})" "\n");
   auto r = run_cli("batch -m " + model_path() + " -i " + in + " --max-num-seqs 4");
   std::remove(in.c_str());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 1) << r.err;  // a line failed
   auto lines = parse_lines(r.out);
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[0]["error"]["message"].get<std::string>().find("max-num-seqs"), std::string::npos) << lines[0];
@@ -174,7 +174,7 @@ TEST(cli_batch, sampling_fields_ids_and_messages) {
   std::string in = write_temp("sampling.jsonl", jsonl);
   auto r = run_cli("batch -m " + model_path() + " -i " + in + " --max-num-seqs 8");
   std::remove(in.c_str());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 1) << r.err;  // the "toomany" line failed
   auto lines = parse_lines(r.out);
   ASSERT_EQ(lines.size(), lines_in.size()) << r.out;
   auto tokens = [&](int i) { return lines[i]["completions"][0]["token_ids"].get<std::vector<int>>(); };

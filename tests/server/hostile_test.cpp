@@ -173,6 +173,24 @@ TEST_F(hostile, http_framing_and_smuggling) {
   });
 }
 
+TEST_F(hostile, line_endings_and_host_per_rfc_9112) {
+  check_rows({
+      {"bare LF everywhere", "GET /health HTTP/1.1\nHost: x\n\n", 400},
+      {"bare LF after the request line", "GET /health HTTP/1.1\nHost: x\r\n\r\n", 400},
+      {"bare LF after a field", "GET /health HTTP/1.1\r\nHost: x\n\r\n", 400},
+      {"bare CR after the request line", "GET /health HTTP/1.1\rHost: x\r\n\r\n", 400},
+      {"HTTP/1.1 without Host", "GET /health HTTP/1.1\r\n\r\n", 400},
+      {"two Host headers", "GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400},
+      {"two Host headers in HTTP/1.0", "GET /health HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400},
+      {"HTTP/1.0 without Host", "GET /health HTTP/1.0\r\n\r\n", 200},
+      {"HTTP/1.1 with one Host", "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 200},
+  });
+  // A well-formed version other than 1.x is 505, and the client's error, not the server's.
+  const http_answer v = ask(port_, "GET /health HTTP/2.0\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(v.status, 505);
+  EXPECT_NE(v.body.find(R"("type":"invalid_request_error")"), std::string::npos) << v.body;
+}
+
 TEST_F(hostile, auth_encodings) {
   const std::string body = R"({"prompt": "Once", "max_tokens": 1})";
   auto with_auth = [&](const std::string& value) {
@@ -374,13 +392,49 @@ TEST_F(hostile, connection_cap_answers_503) {
     }
     ASSERT_EQ(first_answer(got).status, 200) << "connection " << i;
   }
-  const http_answer over = ask(port_, http_req("GET", "/health"), 3000);
+  const http_answer over = ask(port_, http_req("GET", "/version"), 3000);
   EXPECT_EQ(over.status, 503);
   EXPECT_NE(over.headers.find("Retry-After: 1"), std::string::npos);
+  EXPECT_EQ(ask(port_, http_req("GET", "/health"), 3000).status, 200);  // answered past the cap too
   for (int fd : fds) close(fd);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(ask(port_, http_req("GET", "/health")).status, 200);
   watch_.reset();
+}
+
+TEST_F(hostile, one_address_cannot_take_every_connection) {
+  ASSERT_GE(raise_fd_limit(), 2000) << "the test needs 1,500 descriptors";
+  server_.reset();
+  watch_.reset();
+  // The watcher and the keyed client connect from 127.0.0.1; the flood from
+  // 127.0.0.2 opens 1,500 connections, past the server's 1,000 (held idle:
+  // the header deadline is raised so the server does not close them).
+  start({"--max-connections", "1000", "--max-connections-per-address", "200", "--http-header-timeout", "30"});
+  const std::string refused = "pagoda:http_requests_total{endpoint=\"other\",code=\"503\"}";
+  std::vector<int> fds;
+  for (int i = 0; i < 1500; ++i) {
+    const int fd = raw_connect_from(port_, "127.0.0.2");
+    ASSERT_GE(fd, 0) << "connection " << i;
+    fds.push_back(fd);
+  }
+  // Every one of them accepted (or refused) by the server.
+  EXPECT_TRUE(poll_until([&] { return metric_value(port_, refused) >= 500; }, 10000));
+  EXPECT_EQ(ask(port_, post(R"({"prompt": "Once", "max_tokens": 2})", "/v1/completions", k_global_key), 5000).status, 200);
+  // The flooding address itself: refused, but its /health check answered
+  // (once the refusals of the flood, a second each, have made room).
+  auto ask_from = [&](const std::string& bytes) {
+    const int fd = raw_connect_from(port_, "127.0.0.2");
+    send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    std::string got;
+    raw_read(fd, got, 3000);
+    close(fd);
+    return first_answer(got);
+  };
+  EXPECT_TRUE(poll_until([&] { return ask_from(http_req("GET", "/health", "", "")).status == 200; }, 5000));
+  const http_answer over = ask_from(post(R"({"prompt": "Once", "max_tokens": 2})"));
+  EXPECT_EQ(over.status, 503);
+  EXPECT_NE(over.body.find("your address"), std::string::npos) << over.body;
+  for (int fd : fds) close(fd);
 }
 
 TEST_F(hostile, body_budget_answers_503) {
@@ -404,6 +458,67 @@ TEST_F(hostile, body_budget_answers_503) {
   EXPECT_EQ(first_answer(got_a).status, 200) << got_a.substr(0, 300);
   close(a);
   close(b);
+}
+
+// A partial upload: the header and all of a body of `n_bytes` but its last byte.
+int partial_upload(int port, std::size_t n_bytes, const std::string& key) {
+  const std::string body = R"({"prompt": "a", "max_tokens": 1, "x": ")" + std::string(n_bytes - 40, 'x') + "\"}";
+  const std::string req = http_req("POST", "/v1/completions", body, key);
+  const int fd = raw_connect(port);
+  send(fd, req.data(), req.size() - 1, MSG_NOSIGNAL);
+  return fd;
+}
+
+TEST_F(hostile, keyless_uploads_are_refused_before_their_body) {
+  server_.reset();
+  watch_.reset();
+  start({"--max-body-memory", std::to_string(4 << 20)});
+  // Announced but never sent: the key is checked from the header, so the
+  // answer comes at once, not at the body deadline (408).
+  const http_answer early = ask(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
+                                k_body_timeout_ms - 500);
+  EXPECT_EQ(early.status, 401) << early.headers;
+  EXPECT_NE(early.body.find(R"("code":"invalid_api_key")"), std::string::npos) << early.body;
+  EXPECT_NE(early.headers.find("WWW-Authenticate: Bearer"), std::string::npos);
+  // Nor does "100 Continue" invite a keyless body.
+  const http_answer cont = ask(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-nobody\r\n"
+                                      "Expect: 100-continue\r\nContent-Length: 100\r\n\r\n", 1000);
+  EXPECT_EQ(cont.status, 401);
+  EXPECT_EQ(cont.n_informational, 0);
+  // Fifty keyless partial uploads of 200 KB (10 MB, past the 4 MiB budget)
+  // hold nothing: a keyed 250 KB POST from another client (more than what
+  // 200 KB uploads would leave of the budget) still gets its answer.
+  std::vector<int> fds;
+  for (int i = 0; i < 50; ++i) fds.push_back(partial_upload(port_, 200000, i % 2 ? "" : "sk-wrong"));
+  const std::string keyed = R"({"prompt": "Once", "max_tokens": 2, "x": ")" + std::string(250000, 'x') + "\"}";
+  EXPECT_EQ(ask(port_, post(keyed, "/v1/completions", k_global_key)).status, 200);
+  for (int fd : fds) close(fd);
+}
+
+TEST_F(hostile, one_keys_uploads_spend_only_its_own_budget) {
+  server_.reset();
+  watch_.reset();
+  start({"--max-body-memory-per-key", std::to_string(1 << 20)});
+  // Alice holds two 700 KB bodies at once: the second passes her 1 MiB share
+  // (429); the global key's requests, and her first, go on.
+  const int a = partial_upload(port_, 700000, k_alice_key);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // ordering only: a's bytes are read first
+  const int b = partial_upload(port_, 700000, k_alice_key);
+  std::string got_b;
+  raw_read(b, got_b, 1000);
+  const http_answer over = first_answer(got_b);
+  EXPECT_EQ(over.status, 429) << got_b.substr(0, 300);
+  EXPECT_NE(over.headers.find("Retry-After: 1"), std::string::npos);
+  const int g = partial_upload(port_, 700000, k_global_key);
+  send(g, "}", 1, MSG_NOSIGNAL);
+  std::string got_g;
+  raw_read(g, got_g, 3000);
+  EXPECT_EQ(first_answer(got_g).status, 200) << got_g.substr(0, 300);
+  send(a, "}", 1, MSG_NOSIGNAL);
+  std::string got_a;
+  raw_read(a, got_a, 3000);
+  EXPECT_EQ(first_answer(got_a).status, 200) << got_a.substr(0, 300);
+  for (int fd : {a, b, g}) close(fd);
 }
 
 TEST_F(hostile, pipelined_requests_answered_in_order) {
@@ -475,6 +590,24 @@ TEST_F(hostile, http_1_0_clients) {
                                  5000);
   EXPECT_EQ(s.status, 200);
   EXPECT_NE(s.body.find("data: [DONE]"), std::string::npos) << s.body;
+}
+
+TEST_F(hostile, batch_exits_non_zero_when_a_line_fails) {
+  const std::string in = keys_.dir + "/batch.jsonl";
+  {
+    std::FILE* f = std::fopen(in.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"({"id": "good", "prompt": "Once", "max_tokens": 2})" "\n"
+               R"({"id": "bad", "prompt": "Once", "temperature": -1})" "\n", f);
+    std::fclose(f);
+  }
+  const cli_result r = run_cli({"batch", "-m", stories_path(), "-i", in, "--ctx", "512"}, 60000);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  // Every line's result is still there: the good one's completion, the bad one's error.
+  EXPECT_NE(r.output.find(R"("id":"good")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(R"("completions")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(R"("id":"bad")"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("temperature"), std::string::npos) << r.output;
 }
 
 TEST_F(hostile, a_port_in_use_is_an_error) {

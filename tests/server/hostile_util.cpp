@@ -1,6 +1,8 @@
 #include "server/hostile_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -52,7 +54,8 @@ std::vector<std::string> hostile_server_args(const key_files& keys, std::vector<
                                    "--no-kv-store", "--tenants", keys.tenants, "--api-key-file", keys.key_file,
                                    "--http-header-timeout", secs(k_header_timeout_ms), "--http-body-timeout",
                                    secs(k_body_timeout_ms), "--http-idle-timeout", secs(k_idle_timeout_ms),
-                                   "--max-connections", "6000", "--log-stats-interval", "0"};
+                                   "--max-connections", "6000", "--max-connections-per-address", "6000",
+                                   "--log-stats-interval", "0"};
   // A flag in `extra` replaces the default one (each is given once).
   for (std::size_t i = 0; i < extra.size(); ++i) {
     for (std::size_t j = 0; j + 1 < args.size(); ++j)
@@ -188,6 +191,24 @@ std::string http_req(const std::string& method, const std::string& path, const s
 
 http_answer ask(int port, const std::string& bytes, int timeout_ms, bool shutdown_write) {
   return first_answer(raw_exchange(port, bytes, timeout_ms, shutdown_write));
+}
+
+int raw_connect_from(int port, const char* from) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  inet_pton(AF_INET, from, &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(static_cast<std::uint16_t>(port));
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 int raise_fd_limit() {

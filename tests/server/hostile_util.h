@@ -101,6 +101,11 @@ std::string http_req(const std::string& method, const std::string& path, const s
 // half-closes, and reads until the server closes or timeout_ms.
 http_answer ask(int port, const std::string& bytes, int timeout_ms = 10000, bool shutdown_write = false);
 
+// A connection to 127.0.0.1:port from another loopback address (`from`, such
+// as "127.0.0.2": all of 127/8 is loopback on Linux), so the server sees
+// another client address. -1 on failure.
+int raw_connect_from(int port, const char* from);
+
 // Raises this process's open-file limit to its hard limit; returns it.
 int raise_fd_limit();
 
