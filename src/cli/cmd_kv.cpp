@@ -45,6 +45,7 @@ result<std::unique_ptr<block_store>> open_store(const kv_options& o, bool create
   disk_store_options d;
   d.path = o.store;
   d.capacity_bytes = static_cast<std::int64_t>(o.size_gib * static_cast<double>(std::int64_t{1} << 30));
+  d.quarantine_damaged = false;  // a tool reports damage; the server moves a damaged store aside
   return make_disk_store(d);
 }
 

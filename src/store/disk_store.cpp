@@ -15,10 +15,14 @@
 // LMDB write transaction; it is the only lock held across a commit and its
 // sync, and nothing that answers a lookup takes it.
 #include <lmdb.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -26,6 +30,9 @@
 #include <tuple>
 
 #include "store/block_store.h"
+#include "store/lmdb_check.h"
+
+#include <fmt/format.h>
 
 namespace pagoda {
 namespace {
@@ -36,8 +43,16 @@ struct entry_meta {
   std::int64_t last_use = 0;  // unix milliseconds
 };
 
+// LMDB's answers that mean the file is damaged, not that a call failed.
+bool lmdb_damage(int rc) {
+  return rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_PANIC || rc == MDB_INVALID ||
+         rc == MDB_VERSION_MISMATCH || rc == MDB_INCOMPATIBLE;
+}
+
 status lmdb_error(int rc, const char* what, const std::string& path) {
-  const errc code = rc == MDB_MAP_FULL || rc == ENOSPC ? errc::resource_exhausted : errc::io_error;
+  const errc code = rc == MDB_MAP_FULL || rc == ENOSPC ? errc::resource_exhausted
+                    : lmdb_damage(rc)                  ? errc::corrupt
+                                                       : errc::io_error;
   return error(code, "KV store {}: {}: {}", path, what, mdb_strerror(rc));
 }
 
@@ -47,6 +62,16 @@ MDB_val val_of(std::span<const std::byte> s) { return {s.size(), const_cast<std:
 // sweeps they are misses already).
 constexpr std::int64_t k_sweep_interval_ms = 60'000;
 
+// "20240131T235959Z" for unix milliseconds (UTC).
+std::string utc_stamp(std::int64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
 class disk_store final : public block_store {
  public:
   disk_store(disk_store_options o, const clock_source& clock) : o_(std::move(o)), clock_(clock) {}
@@ -55,42 +80,30 @@ class disk_store final : public block_store {
       std::lock_guard w(write_mu_);
       (void)flush_hits();
     }
-    if (env_) mdb_env_close(env_);
+    close_env();
   }
 
+  // Opens the environment. A file that fails the structural check (or that
+  // LMDB itself refuses as damaged) is quarantined when the options say so:
+  // moved aside under a timestamped name, and the store starts empty.
   status open() {
     std::error_code ec;
     std::filesystem::create_directories(o_.path, ec);  // a per-user cache dir may not exist yet
     if (ec) return error(errc::io_error, "KV store {}: cannot create the directory: {}", o_.path, ec.message());
-    int rc = mdb_env_create(&env_);
-    if (rc) return lmdb_error(rc, "create", o_.path);
-    mdb_env_set_maxdbs(env_, 2);
-    // The map is a reservation of address space, not of disk: the file grows as it fills.
-    const std::size_t map = static_cast<std::size_t>(o_.capacity_bytes) + static_cast<std::size_t>(o_.capacity_bytes) / 4 +
-                            (std::size_t{64} << 20);
-    if ((rc = mdb_env_set_mapsize(env_, map))) return lmdb_error(rc, "set map size", o_.path);
-    if ((rc = mdb_env_open(env_, o_.path.c_str(), MDB_NOTLS, 0644))) return lmdb_error(rc, "open", o_.path);
-    MDB_txn* txn = nullptr;
-    if ((rc = mdb_txn_begin(env_, nullptr, 0, &txn))) return lmdb_error(rc, "begin", o_.path);
-    if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &blocks_)) || (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta_))) {
-      mdb_txn_abort(txn);
-      return lmdb_error(rc, "open databases", o_.path);
+    const std::string data = o_.path + "/data.mdb";
+    PAGODA_ASSIGN_OR_RETURN(const lmdb_check_report rep, check_lmdb_file(data));
+    if (!rep.ok()) {
+      if (!o_.quarantine_damaged)
+        return error(errc::corrupt, "KV store {}: damaged: {}", o_.path, rep.summary());
+      PAGODA_RETURN_IF_ERROR(quarantine(rep.summary()));
     }
-    // The index: every key of "meta" (the scan of the directory's keys).
-    MDB_cursor* cur = nullptr;
-    mdb_cursor_open(txn, meta_, &cur);
-    MDB_val k, v;
-    for (int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST); r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-      if (k.mv_size != 16 || v.mv_size != sizeof(entry_meta)) continue;
-      entry_meta m;
-      std::memcpy(&m, v.mv_data, sizeof m);
-      index_[store_key::from_bytes(static_cast<const std::byte*>(k.mv_data))] = m;
-      bytes_ += m.size;
+    status st = open_env();
+    if (!st.ok() && st.code() == errc::corrupt && o_.quarantine_damaged) {
+      close_env();
+      PAGODA_RETURN_IF_ERROR(quarantine(st.message()));
+      st = open_env();
     }
-    mdb_cursor_close(cur);
-    if ((rc = mdb_txn_commit(txn))) return lmdb_error(rc, "commit", o_.path);
-    last_sweep_ms_ = clock_.wall_ms();
-    return {};
+    return st;
   }
 
   const char* tier() const override { return "disk"; }
@@ -104,9 +117,10 @@ class disk_store final : public block_store {
         return std::optional<std::vector<std::byte>>();
       }
     }
+    PAGODA_RETURN_IF_ERROR(check_usable());
     MDB_txn* txn = nullptr;
     int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
-    if (rc) return fail(lmdb_error(rc, "read", o_.path));
+    if (rc) return lmdb_fail(rc, "read");
     const auto kb = key.bytes();
     MDB_val k = val_of(kb), v;
     rc = mdb_get(txn, blocks_, &k, &v);
@@ -116,7 +130,7 @@ class disk_store final : public block_store {
       out.emplace(p, p + v.mv_size);
     }
     mdb_txn_abort(txn);
-    if (rc != 0 && rc != MDB_NOTFOUND) return fail(lmdb_error(rc, "get", o_.path));
+    if (rc != 0 && rc != MDB_NOTFOUND) return lmdb_fail(rc, "get");
     std::lock_guard lock(index_mu_);
     if (!out) {
       ++stats_.misses;
@@ -153,6 +167,7 @@ class disk_store final : public block_store {
 
   status put_many(std::span<const store_entry> entries) override {
     std::lock_guard w(write_mu_);
+    PAGODA_RETURN_IF_ERROR(check_usable());
     const std::int64_t now = clock_.wall_ms();
     // What to write: entries whose key is absent or expired (an expired entry
     // is a miss, so it must be stored again: same key, fresh bytes and age).
@@ -196,6 +211,7 @@ class disk_store final : public block_store {
     std::lock_guard lock(index_mu_);
     if (rc) {
       for (auto& [k, m] : hits) touched_.try_emplace(k, m);  // kept for the next write
+      if (lmdb_damage(rc)) mark_broken(mdb_strerror(rc));
       return fail_locked(lmdb_error(rc, "write", o_.path));
     }
     forget_locked(doomed);
@@ -232,13 +248,18 @@ class disk_store final : public block_store {
   }
 
   status for_each(const std::function<bool(const store_key&, std::span<const std::byte>)>& fn) override {
+    PAGODA_RETURN_IF_ERROR(check_usable());
     MDB_txn* txn = nullptr;
     int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
-    if (rc) return lmdb_error(rc, "read", o_.path);
+    if (rc) return lmdb_fail(rc, "read");
     MDB_cursor* cur = nullptr;
-    mdb_cursor_open(txn, blocks_, &cur);
+    if ((rc = mdb_cursor_open(txn, blocks_, &cur))) {
+      mdb_txn_abort(txn);
+      return lmdb_fail(rc, "read");
+    }
     MDB_val k, v;
-    for (int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST); r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+    for (; r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
       if (k.mv_size != 16) continue;
       if (!fn(store_key::from_bytes(static_cast<const std::byte*>(k.mv_data)),
               std::span<const std::byte>(static_cast<const std::byte*>(v.mv_data), v.mv_size)))
@@ -246,6 +267,7 @@ class disk_store final : public block_store {
     }
     mdb_cursor_close(cur);
     mdb_txn_abort(txn);
+    if (r != 0 && r != MDB_NOTFOUND) return lmdb_fail(r, "read");
     return {};
   }
 
@@ -260,6 +282,113 @@ class disk_store final : public block_store {
   }
 
  private:
+  status open_env() {
+    int rc = mdb_env_create(&env_);
+    if (rc) return lmdb_error(rc, "create", o_.path);
+    mdb_env_set_maxdbs(env_, 2);
+    // The map is a reservation of address space, not of disk: the file grows as it fills.
+    const std::size_t map = static_cast<std::size_t>(o_.capacity_bytes) + static_cast<std::size_t>(o_.capacity_bytes) / 4 +
+                            (std::size_t{64} << 20);
+    if ((rc = mdb_env_set_mapsize(env_, map))) return lmdb_error(rc, "set map size", o_.path);
+    if ((rc = mdb_env_open(env_, o_.path.c_str(), MDB_NOTLS, 0644))) return lmdb_error(rc, "open", o_.path);
+    MDB_txn* txn = nullptr;
+    if ((rc = mdb_txn_begin(env_, nullptr, 0, &txn))) return lmdb_error(rc, "begin", o_.path);
+    if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &blocks_)) || (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta_))) {
+      mdb_txn_abort(txn);
+      return lmdb_error(rc, "open databases", o_.path);
+    }
+    // The index: every key of "meta" (the scan of the directory's keys).
+    index_.clear();
+    bytes_ = 0;
+    MDB_cursor* cur = nullptr;
+    if ((rc = mdb_cursor_open(txn, meta_, &cur))) {
+      mdb_txn_abort(txn);
+      return lmdb_error(rc, "read the index", o_.path);
+    }
+    MDB_val k, v;
+    int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+    for (; r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      if (k.mv_size != 16 || v.mv_size != sizeof(entry_meta)) continue;
+      entry_meta m;
+      std::memcpy(&m, v.mv_data, sizeof m);
+      index_[store_key::from_bytes(static_cast<const std::byte*>(k.mv_data))] = m;
+      bytes_ += m.size;
+    }
+    mdb_cursor_close(cur);
+    if (r != MDB_NOTFOUND) {
+      mdb_txn_abort(txn);
+      return lmdb_error(r, "read the index", o_.path);
+    }
+    if ((rc = mdb_txn_commit(txn))) return lmdb_error(rc, "commit", o_.path);
+    last_sweep_ms_ = clock_.wall_ms();
+    file_bytes_seen_ = file_bytes();
+    return {};
+  }
+
+  void close_env() {
+    if (env_) mdb_env_close(env_);
+    env_ = nullptr;
+  }
+
+  // Moves a damaged data file aside as data.mdb.damaged-<UTC time> (kept for
+  // inspection; outside the size cap) and drops
+  // the lock file, so that LMDB starts an empty store. Logged and counted
+  // (an error of the tier, and `quarantined`).
+  status quarantine(const std::string& why) {
+    const std::string data = o_.path + "/data.mdb";
+    std::string dest = data + ".damaged-" + utc_stamp(clock_.wall_ms());
+    for (int i = 2; std::filesystem::exists(dest); ++i) dest = data + ".damaged-" + utc_stamp(clock_.wall_ms()) + "-" + std::to_string(i);
+    std::error_code ec;
+    if (std::filesystem::exists(data)) {
+      std::filesystem::rename(data, dest, ec);
+      if (ec) return error(errc::io_error, "KV store {}: damaged ({}), and moving it aside failed: {}", o_.path, why, ec.message());
+    }
+    std::filesystem::remove(o_.path + "/lock.mdb", ec);
+    std::fprintf(stderr, "pagoda: KV store %s is damaged (%s); moved it to %s and starting with an empty store\n",
+                 o_.path.c_str(), why.c_str(), dest.c_str());
+    std::lock_guard lock(index_mu_);
+    ++stats_.errors;
+    ++stats_.quarantined;
+    return {};
+  }
+
+  std::int64_t file_bytes() const {
+    int fd = -1;
+    struct stat st {};
+    if (!env_ || mdb_env_get_fd(env_, &fd) != 0 || ::fstat(fd, &st) != 0) return -1;
+    return st.st_size;
+  }
+
+  // Before any call that reads the map: LMDB never shrinks its file, so a
+  // file smaller than it was is truncated, and a read past its end would be a
+  // bus error. Such a store, or one LMDB found damaged, is out of use (every
+  // call fails, counted) until a restart quarantines it. A truncation racing
+  // with a read already past this check is not caught.
+  status check_usable() {
+    if (!broken_.load(std::memory_order_acquire)) {
+      const std::int64_t now = file_bytes();
+      std::int64_t seen = file_bytes_seen_.load(std::memory_order_relaxed);
+      while (now > seen && !file_bytes_seen_.compare_exchange_weak(seen, now)) {
+      }
+      if (now >= seen) return {};
+      mark_broken(fmt::format("its file shrank from {} to {} bytes", seen, now));
+    }
+    return fail(error(errc::corrupt, "KV store {}: damaged, out of use until a restart quarantines it", o_.path));
+  }
+
+  void mark_broken(const std::string& why) {
+    if (broken_.exchange(true)) return;
+    std::fprintf(stderr, "pagoda: KV store %s is damaged (%s); not using it until a restart\n", o_.path.c_str(),
+                 why.c_str());
+  }
+
+  // An LMDB error: counted, and a damaged file takes the store out of use.
+  status lmdb_fail(int rc, const char* what) {
+    status st = lmdb_error(rc, what, o_.path);
+    if (lmdb_damage(rc)) mark_broken(st.message());
+    return fail(std::move(st));
+  }
+
   // REQUIRES: index_mu_ held.
   bool expired(const entry_meta& m) const {
     return o_.ttl_seconds > 0 && clock_.wall_ms() - m.last_use > o_.ttl_seconds * 1000;
@@ -367,7 +496,7 @@ class disk_store final : public block_store {
 
   // REQUIRES: write_mu_ held.
   status flush_hits() {
-    if (!env_) return {};
+    if (!env_ || !check_usable().ok()) return {};
     std::map<store_key, entry_meta> hits;
     {
       std::lock_guard lock(index_mu_);
@@ -393,11 +522,13 @@ class disk_store final : public block_store {
   // REQUIRES: write_mu_ held.
   status erase_keys(const std::vector<store_key>& keys) {
     if (keys.empty()) return {};
+    PAGODA_RETURN_IF_ERROR(check_usable());
     const int rc = in_write_txn([&](MDB_txn* txn) {
       for (const store_key& key : keys)
         if (int r = del(txn, key)) return r;
       return 0;
     });
+    if (rc && lmdb_damage(rc)) mark_broken(mdb_strerror(rc));
     std::lock_guard lock(index_mu_);
     if (rc) return fail_locked(lmdb_error(rc, "erase", o_.path));
     forget_locked(keys);
@@ -415,6 +546,8 @@ class disk_store final : public block_store {
   std::int64_t bytes_ = 0;
   std::int64_t last_sweep_ms_ = 0;
   store_tier_stats stats_;
+  std::atomic<std::int64_t> file_bytes_seen_{0};  // the largest size of data.mdb seen
+  std::atomic<bool> broken_{false};               // found damaged while open
 };
 
 }  // namespace
