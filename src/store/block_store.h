@@ -79,7 +79,7 @@ class block_store {
 std::unique_ptr<block_store> make_memory_store();
 
 // The local disk tier: an LMDB environment in directory `path` (created if
-// missing) holding at most capacity_bytes of values. Over the cap, entries with
+// missing, mode 0700; its files 0600) holding at most capacity_bytes of values. Over the cap, entries with
 // the lowest aged hit count go first (frequency-aware, not plain LRU: a block
 // read often keeps its place over one written once); with ttl_seconds > 0,
 // entries unused that long are misses, are dropped, and may be stored again.

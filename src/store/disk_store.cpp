@@ -62,6 +62,20 @@ MDB_val val_of(std::span<const std::byte> s) { return {s.size(), const_cast<std:
 // sweeps they are misses already).
 constexpr std::int64_t k_sweep_interval_ms = 60'000;
 
+// Creates the missing directories of `path` readable by this user only (the
+// store holds every tenant's token ids). Existing directories keep their mode.
+status make_private_directories(const std::string& path) {
+  std::filesystem::path so_far;
+  for (const auto& part : std::filesystem::path(path)) {
+    so_far /= part;
+    if (::mkdir(so_far.c_str(), 0700) != 0 && errno != EEXIST)
+      return error(errc::io_error, "KV store {}: cannot create {}: {}", path, so_far.string(), std::strerror(errno));
+  }
+  if (!std::filesystem::is_directory(path))
+    return error(errc::invalid_argument, "KV store {}: not a directory", path);
+  return {};
+}
+
 // "20240131T235959Z" for unix milliseconds (UTC).
 std::string utc_stamp(std::int64_t unix_ms) {
   const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
@@ -87,9 +101,7 @@ class disk_store final : public block_store {
   // LMDB itself refuses as damaged) is quarantined when the options say so:
   // moved aside under a timestamped name, and the store starts empty.
   status open() {
-    std::error_code ec;
-    std::filesystem::create_directories(o_.path, ec);  // a per-user cache dir may not exist yet
-    if (ec) return error(errc::io_error, "KV store {}: cannot create the directory: {}", o_.path, ec.message());
+    PAGODA_RETURN_IF_ERROR(make_private_directories(o_.path));
     const std::string data = o_.path + "/data.mdb";
     PAGODA_ASSIGN_OR_RETURN(const lmdb_check_report rep, check_lmdb_file(data));
     if (!rep.ok()) {
@@ -290,7 +302,9 @@ class disk_store final : public block_store {
     const std::size_t map = static_cast<std::size_t>(o_.capacity_bytes) + static_cast<std::size_t>(o_.capacity_bytes) / 4 +
                             (std::size_t{64} << 20);
     if ((rc = mdb_env_set_mapsize(env_, map))) return lmdb_error(rc, "set map size", o_.path);
-    if ((rc = mdb_env_open(env_, o_.path.c_str(), MDB_NOTLS, 0644))) return lmdb_error(rc, "open", o_.path);
+    // 0600: the files hold every tenant's token ids (files an older build made 0644 are tightened below).
+    if ((rc = mdb_env_open(env_, o_.path.c_str(), MDB_NOTLS, 0600))) return lmdb_error(rc, "open", o_.path);
+    for (const char* f : {"/data.mdb", "/lock.mdb"}) ::chmod((o_.path + f).c_str(), 0600);
     MDB_txn* txn = nullptr;
     if ((rc = mdb_txn_begin(env_, nullptr, 0, &txn))) return lmdb_error(rc, "begin", o_.path);
     if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &blocks_)) || (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta_))) {
@@ -331,7 +345,7 @@ class disk_store final : public block_store {
   }
 
   // Moves a damaged data file aside as data.mdb.damaged-<UTC time> (kept for
-  // inspection; outside the size cap) and drops
+  // inspection, readable by this user only; outside the size cap) and drops
   // the lock file, so that LMDB starts an empty store. Logged and counted
   // (an error of the tier, and `quarantined`).
   status quarantine(const std::string& why) {
@@ -342,6 +356,7 @@ class disk_store final : public block_store {
     if (std::filesystem::exists(data)) {
       std::filesystem::rename(data, dest, ec);
       if (ec) return error(errc::io_error, "KV store {}: damaged ({}), and moving it aside failed: {}", o_.path, why, ec.message());
+      ::chmod(dest.c_str(), 0600);
     }
     std::filesystem::remove(o_.path + "/lock.mdb", ec);
     std::fprintf(stderr, "pagoda: KV store %s is damaged (%s); moved it to %s and starting with an empty store\n",
