@@ -35,6 +35,7 @@ struct store_tier_stats {
   std::int64_t writes = 0;           // entries put
   std::int64_t evictions = 0;        // entries dropped for capacity or age
   std::int64_t quarantined = 0;      // damaged stores moved aside at open (also counted in errors)
+  std::int64_t compactions = 0;      // rewrites of the store's file (after a tenant erase)
 };
 
 // One entry of a batch to store.
@@ -67,7 +68,9 @@ class block_store {
   // means some of the batch, perhaps all of it, is not stored.
   virtual status put_many(std::span<const store_entry> entries);
   virtual status erase(const store_key& key) = 0;
-  // Erases every entry of one tenant (tenant_hash); returns how many.
+  // Erases every entry of one tenant (tenant_hash); returns how many. The
+  // disk tier also rewrites its file, so that none of the tenant's bytes
+  // stay in it (docs/kv-store.md).
   virtual result<std::size_t> erase_tenant(std::uint64_t tenant) = 0;
   // Calls fn for every entry in key order until it returns false (offline
   // tools: ls, verify, export).

@@ -14,8 +14,10 @@
 // serialises the writers (put_many, erase, the hit-count flush), each one
 // LMDB write transaction; it is the only lock held across a commit and its
 // sync, and nothing that answers a lookup takes it.
+#include <fcntl.h>
 #include <lmdb.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <tuple>
 
 #include "store/block_store.h"
@@ -86,6 +89,56 @@ std::string utc_stamp(std::int64_t unix_ms) {
   return buf;
 }
 
+
+// Opens (creating if need be) an LMDB environment in `dir` with the store's
+// two databases. Returns an LMDB error code, 0 on success; env is set either
+// way (close it).
+int open_lmdb(MDB_env*& env, const std::string& dir, std::size_t map_bytes, unsigned flags, MDB_dbi& blocks,
+              MDB_dbi& meta) {
+  int rc = mdb_env_create(&env);
+  if (rc) return rc;
+  mdb_env_set_maxdbs(env, 2);
+  if ((rc = mdb_env_set_mapsize(env, map_bytes))) return rc;
+  // 0600: the files hold every tenant's token ids.
+  if ((rc = mdb_env_open(env, dir.c_str(), flags, 0600))) return rc;
+  MDB_txn* txn = nullptr;
+  if ((rc = mdb_txn_begin(env, nullptr, 0, &txn))) return rc;
+  if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &blocks)) || (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta))) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  return mdb_txn_commit(txn);
+}
+
+// Copies every entry of database `from_db` into the empty `to_db`, key by key
+// (in key order, so appended), one write transaction per k_copy_batch_bytes.
+// Only keys and values are copied, never pages: the copy's pages hold nothing
+// but live entries (LMDB zeroes the pages it allocates). Returns an LMDB error code.
+constexpr std::size_t k_copy_batch_bytes = std::size_t{64} << 20;
+int copy_entries(MDB_txn* from, MDB_dbi from_db, MDB_env* to, MDB_dbi to_db) {
+  MDB_cursor* cur = nullptr;
+  int rc = mdb_cursor_open(from, from_db, &cur);
+  if (rc) return rc;
+  MDB_txn* w = nullptr;
+  std::size_t batch = 0;
+  MDB_val k, v;
+  int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+  for (; r == 0 && rc == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (!w && (rc = mdb_txn_begin(to, nullptr, 0, &w))) break;
+    if ((rc = mdb_put(w, to_db, &k, &v, MDB_APPEND))) break;
+    if ((batch += v.mv_size) >= k_copy_batch_bytes) {
+      rc = mdb_txn_commit(w);
+      w = nullptr;
+      batch = 0;
+    }
+  }
+  mdb_cursor_close(cur);
+  if (rc == 0 && r != MDB_NOTFOUND) rc = r;
+  if (w && rc) mdb_txn_abort(w);
+  if (w && !rc) rc = mdb_txn_commit(w);
+  return rc;
+}
+
 class disk_store final : public block_store {
  public:
   disk_store(disk_store_options o, const clock_source& clock) : o_(std::move(o)), clock_(clock) {}
@@ -129,6 +182,7 @@ class disk_store final : public block_store {
         return std::optional<std::vector<std::byte>>();
       }
     }
+    std::shared_lock env_lock(env_mu_);
     PAGODA_RETURN_IF_ERROR(check_usable());
     MDB_txn* txn = nullptr;
     int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
@@ -256,10 +310,15 @@ class disk_store final : public block_store {
         doomed.push_back(it->first);
     }
     PAGODA_RETURN_IF_ERROR(erase_keys(doomed));
+    // LMDB frees pages without clearing them, and copies of erased entries
+    // stay in freed pages and in the unused parts of live ones: only a fresh
+    // file holding nothing but the live entries leaves none of the tenant's bytes.
+    if (!doomed.empty()) PAGODA_RETURN_IF_ERROR(compact());
     return doomed.size();
   }
 
   status for_each(const std::function<bool(const store_key&, std::span<const std::byte>)>& fn) override {
+    std::shared_lock env_lock(env_mu_);
     PAGODA_RETURN_IF_ERROR(check_usable());
     MDB_txn* txn = nullptr;
     int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
@@ -294,23 +353,19 @@ class disk_store final : public block_store {
   }
 
  private:
-  status open_env() {
-    int rc = mdb_env_create(&env_);
-    if (rc) return lmdb_error(rc, "create", o_.path);
-    mdb_env_set_maxdbs(env_, 2);
+  std::size_t map_bytes() const {
     // The map is a reservation of address space, not of disk: the file grows as it fills.
-    const std::size_t map = static_cast<std::size_t>(o_.capacity_bytes) + static_cast<std::size_t>(o_.capacity_bytes) / 4 +
-                            (std::size_t{64} << 20);
-    if ((rc = mdb_env_set_mapsize(env_, map))) return lmdb_error(rc, "set map size", o_.path);
-    // 0600: the files hold every tenant's token ids (files an older build made 0644 are tightened below).
-    if ((rc = mdb_env_open(env_, o_.path.c_str(), MDB_NOTLS, 0600))) return lmdb_error(rc, "open", o_.path);
-    for (const char* f : {"/data.mdb", "/lock.mdb"}) ::chmod((o_.path + f).c_str(), 0600);
+    return static_cast<std::size_t>(o_.capacity_bytes) + static_cast<std::size_t>(o_.capacity_bytes) / 4 +
+           (std::size_t{64} << 20);
+  }
+
+  status open_env() {
     MDB_txn* txn = nullptr;
-    if ((rc = mdb_txn_begin(env_, nullptr, 0, &txn))) return lmdb_error(rc, "begin", o_.path);
-    if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &blocks_)) || (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta_))) {
-      mdb_txn_abort(txn);
-      return lmdb_error(rc, "open databases", o_.path);
-    }
+    int rc = open_lmdb(env_, o_.path, map_bytes(), MDB_NOTLS, blocks_, meta_);
+    if (rc) return lmdb_error(rc, "open", o_.path);
+    // Files an older build made 0644 are tightened.
+    for (const char* f : {"/data.mdb", "/lock.mdb"}) ::chmod((o_.path + f).c_str(), 0600);
+    if ((rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn))) return lmdb_error(rc, "begin", o_.path);
     // The index: every key of "meta" (the scan of the directory's keys).
     index_.clear();
     bytes_ = 0;
@@ -329,13 +384,61 @@ class disk_store final : public block_store {
       bytes_ += m.size;
     }
     mdb_cursor_close(cur);
-    if (r != MDB_NOTFOUND) {
-      mdb_txn_abort(txn);
-      return lmdb_error(r, "read the index", o_.path);
-    }
-    if ((rc = mdb_txn_commit(txn))) return lmdb_error(rc, "commit", o_.path);
+    mdb_txn_abort(txn);
+    if (r != MDB_NOTFOUND) return lmdb_error(r, "read the index", o_.path);
     last_sweep_ms_ = clock_.wall_ms();
     file_bytes_seen_ = file_bytes();
+    return {};
+  }
+
+  // Rewrites the store as a fresh file holding only its live entries (see
+  // copy_entries), then swaps it in: the old file, with every byte of erased
+  // entries in it, is unlinked. Readers wait for the swap only (env_mu_);
+  // the copy runs beside them. A process that has the old file open (`pagoda
+  // kv`) keeps reading its snapshot. Cost: one read and one write of the live
+  // entries (docs/kv-store.md). REQUIRES: write_mu_ held.
+  status compact() {
+    PAGODA_RETURN_IF_ERROR(check_usable());
+    PAGODA_RETURN_IF_ERROR(flush_hits());  // pending hit counts go along
+    const std::string tmp = o_.path + "/compact.tmp";
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    if (::mkdir(tmp.c_str(), 0700) != 0)
+      return fail(error(errc::io_error, "KV store {}: cannot create {}: {}", o_.path, tmp, std::strerror(errno)));
+    MDB_env* fresh = nullptr;
+    MDB_dbi to_blocks = 0, to_meta = 0;
+    int rc = open_lmdb(fresh, tmp, map_bytes(), MDB_NOTLS | MDB_NOSYNC, to_blocks, to_meta);
+    if (!rc) {
+      MDB_txn* from = nullptr;
+      rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &from);
+      if (!rc) rc = copy_entries(from, blocks_, fresh, to_blocks);
+      if (!rc) rc = copy_entries(from, meta_, fresh, to_meta);
+      if (from) mdb_txn_abort(from);
+    }
+    if (!rc) rc = mdb_env_sync(fresh, 1);
+    if (fresh) mdb_env_close(fresh);
+    if (rc) {
+      std::filesystem::remove_all(tmp, ec);
+      return lmdb_fail(rc, "compact");
+    }
+    std::unique_lock env_lock(env_mu_);
+    close_env();
+    std::filesystem::remove(o_.path + "/lock.mdb", ec);  // the old file's reader table; LMDB makes a new one
+    std::filesystem::rename(tmp + "/data.mdb", o_.path + "/data.mdb", ec);
+    const std::error_code moved = ec;
+    std::filesystem::remove_all(tmp, ec);
+    if (const int dir = ::open(o_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+      ::fsync(dir);  // the rename is durable
+      ::close(dir);
+    }
+    if ((rc = open_lmdb(env_, o_.path, map_bytes(), MDB_NOTLS, blocks_, meta_))) {
+      mark_broken(fmt::format("reopening after a compaction: {}", mdb_strerror(rc)));
+      return lmdb_fail(rc, "reopen after compacting");
+    }
+    file_bytes_seen_ = file_bytes();  // smaller now: not a truncation
+    if (moved) return fail(error(errc::io_error, "KV store {}: compacting: {}", o_.path, moved.message()));
+    std::lock_guard lock(index_mu_);
+    ++stats_.compactions;
     return {};
   }
 
@@ -556,6 +659,9 @@ class disk_store final : public block_store {
   MDB_dbi blocks_ = 0, meta_ = 0;
   std::mutex write_mu_;  // one writer at a time; held across LMDB write transactions
   std::mutex index_mu_;  // never held across LMDB calls
+  // Readers (get, for_each) hold it shared while they use env_; a compaction
+  // holds it alone while it swaps the environment (writers are kept out by write_mu_).
+  std::shared_mutex env_mu_;
   std::map<store_key, entry_meta> index_;
   std::map<store_key, entry_meta> touched_;  // hit counts not yet written to "meta"
   std::int64_t bytes_ = 0;
