@@ -18,6 +18,7 @@
 #include "cli/common.h"
 #include "store/block_record.h"
 #include "store/block_store.h"
+#include "store/lmdb_check.h"
 
 namespace pagoda::cli {
 namespace {
@@ -45,6 +46,7 @@ result<std::unique_ptr<block_store>> open_store(const kv_options& o, bool create
   disk_store_options d;
   d.path = o.store;
   d.capacity_bytes = static_cast<std::int64_t>(o.size_gib * static_cast<double>(std::int64_t{1} << 30));
+  d.quarantine_damaged = false;  // a tool reports damage; the server moves a damaged store aside
   return make_disk_store(d);
 }
 
@@ -126,25 +128,71 @@ int kv_stats(const kv_options& o) {
   return 0;
 }
 
-int kv_verify(const kv_options& o) {
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto store, open_store(o, false));
+// What verify found: blocks that verified, and the keys of those that did not.
+struct verify_tally {
   std::int64_t ok = 0;
   std::vector<store_key> bad;
-  PAGODA_RETURN_IF_ERROR_CLI(store->for_each([&](const store_key& k, std::span<const std::byte> v) {
+  void check(const store_key& k, std::span<const std::byte> v) {
     const status st = check_block_record(v, k);
     if (st.ok()) {
       ++ok;
-    } else {
-      std::printf("%s: %s\n", k.hex().c_str(), st.message().c_str());
-      bad.push_back(k);
+      return;
     }
+    std::printf("%s: %s\n", k.hex().c_str(), st.message().c_str());
+    bad.push_back(k);
+  }
+  // Erases the failed blocks when asked, prints the summary, returns the exit code.
+  int finish(const kv_options& o, block_store* store) const {
+    if (o.delete_corrupt && store)
+      for (const store_key& k : bad) PAGODA_RETURN_IF_ERROR_CLI(store->erase(k));
+    std::printf("%lld blocks verified, %zu failed%s\n", static_cast<long long>(ok), bad.size(),
+                bad.empty() ? "" : (o.delete_corrupt ? " (erased)" : " (erase them with --delete-corrupt)"));
+    return bad.empty() || o.delete_corrupt ? 0 : 1;
+  }
+};
+
+// A disk store is verified from its file (lmdb_check.h), never through
+// LMDB's map: every page and every reachable record is checked, and damaged
+// pages are reported and counted instead of crashing the walk.
+int kv_verify_disk(const kv_options& o) {
+  const std::string data = (std::filesystem::path(o.store) / "data.mdb").string();
+  if (!std::filesystem::exists(data))
+    return fail(error(errc::not_found, "no KV store at {} (expected {})", o.store, data));
+  verify_tally t;
+  std::int64_t bad_keys = 0;
+  const auto visit = [&](std::string_view db, std::span<const std::byte> k, std::span<const std::byte> v) {
+    if (db != "blocks") return;
+    if (k.size() == 16) return t.check(store_key::from_bytes(k.data()), v);
+    std::printf("a key of %zu bytes: not a store key\n", k.size());
+    ++bad_keys;
+  };
+  PAGODA_ASSIGN_OR_RETURN_CLI(const lmdb_check_report rep, check_lmdb_file(data, visit));
+  for (const std::string& p : rep.problems) std::printf("damaged: %s\n", p.c_str());
+  if (rep.ok() && bad_keys == 0) {
+    std::unique_ptr<block_store> store;
+    if (o.delete_corrupt && !t.bad.empty()) {
+      PAGODA_ASSIGN_OR_RETURN_CLI(store, open_store(o, false));
+    }
+    return t.finish(o, store.get());
+  }
+  // Blocks behind damaged pages cannot be reached: the counts are floors.
+  std::printf("damaged store %s: %lld damaged pages or structures; %lld blocks verified, %zu failed, the blocks "
+              "behind the damage not reached; a server moves it aside at start and begins empty%s\n",
+              o.store.c_str(), static_cast<long long>(rep.damage), static_cast<long long>(t.ok),
+              t.bad.size() + static_cast<std::size_t>(bad_keys),
+              o.delete_corrupt ? " (--delete-corrupt does not repair damaged pages)" : "");
+  return 1;
+}
+
+int kv_verify(const kv_options& o) {
+  if (o.store.rfind("redis://", 0) != 0) return kv_verify_disk(o);
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto store, open_store(o, false));
+  verify_tally t;
+  PAGODA_RETURN_IF_ERROR_CLI(store->for_each([&](const store_key& k, std::span<const std::byte> v) {
+    t.check(k, v);
     return true;
   }));
-  if (o.delete_corrupt)
-    for (const store_key& k : bad) PAGODA_RETURN_IF_ERROR_CLI(store->erase(k));
-  std::printf("%lld blocks verified, %zu failed%s\n", static_cast<long long>(ok), bad.size(),
-              bad.empty() ? "" : (o.delete_corrupt ? " (erased)" : " (erase them with --delete-corrupt)"));
-  return bad.empty() || o.delete_corrupt ? 0 : 1;
+  return t.finish(o, store.get());
 }
 
 int kv_prune(const kv_options& o) {

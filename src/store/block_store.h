@@ -34,6 +34,8 @@ struct store_tier_stats {
   std::int64_t errors = 0;           // calls the tier failed (down, I/O, full)
   std::int64_t writes = 0;           // entries put
   std::int64_t evictions = 0;        // entries dropped for capacity or age
+  std::int64_t quarantined = 0;      // damaged stores moved aside at open (also counted in errors)
+  std::int64_t compactions = 0;      // rewrites of the store's file (after a tenant erase)
 };
 
 // One entry of a batch to store.
@@ -66,7 +68,9 @@ class block_store {
   // means some of the batch, perhaps all of it, is not stored.
   virtual status put_many(std::span<const store_entry> entries);
   virtual status erase(const store_key& key) = 0;
-  // Erases every entry of one tenant (tenant_hash); returns how many.
+  // Erases every entry of one tenant (tenant_hash); returns how many. The
+  // disk tier also rewrites its file, so that none of the tenant's bytes
+  // stay in it (docs/kv-store.md).
   virtual result<std::size_t> erase_tenant(std::uint64_t tenant) = 0;
   // Calls fn for every entry in key order until it returns false (offline
   // tools: ls, verify, export).
@@ -78,7 +82,7 @@ class block_store {
 std::unique_ptr<block_store> make_memory_store();
 
 // The local disk tier: an LMDB environment in directory `path` (created if
-// missing) holding at most capacity_bytes of values. Over the cap, entries with
+// missing, mode 0700; its files 0600) holding at most capacity_bytes of values. Over the cap, entries with
 // the lowest aged hit count go first (frequency-aware, not plain LRU: a block
 // read often keeps its place over one written once); with ttl_seconds > 0,
 // entries unused that long are misses, are dropped, and may be stored again.
@@ -86,7 +90,10 @@ std::unique_ptr<block_store> make_memory_store();
 // kept up to date by every put, erase, eviction and expiry): count_present
 // answers from it, and no lock it takes there is ever held across disk I/O.
 // Ages and the TTL are read from `clock` (wall time: they mean the same after
-// a restart); REQUIRES: clock outlives the store.
+// a restart); REQUIRES: clock outlives the store. A damaged store never
+// crashes the process: it is checked before LMDB maps it, and quarantined
+// (see quarantine_damaged); one found damaged or truncated while open fails
+// every call (counted errors) until a restart quarantines it.
 struct disk_store_options {
   std::string path;
   std::int64_t capacity_bytes = std::int64_t{8} << 30;
@@ -94,6 +101,11 @@ struct disk_store_options {
   // Tests: called inside every write transaction, just before its commit
   // (holds a write open, as a slow disk's sync would).
   std::function<void()> before_commit;
+  // A store whose file is damaged (the structural check of lmdb_check.h, or
+  // LMDB's own) is moved aside as data.mdb.damaged-<UTC time> and an empty one
+  // started, logged and counted (errors, quarantined); false: opening it fails
+  // with errc::corrupt instead (offline tools, which report and never move).
+  bool quarantine_damaged = true;
 };
 result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& options,
                                                      const clock_source& clock = system_clock_source());

@@ -14,18 +14,28 @@
 // serialises the writers (put_many, erase, the hit-count flush), each one
 // LMDB write transaction; it is the only lock held across a commit and its
 // sync, and nothing that answers a lookup takes it.
+#include <fcntl.h>
 #include <lmdb.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <tuple>
 
 #include "store/block_store.h"
+#include "store/lmdb_check.h"
+
+#include <fmt/format.h>
 
 namespace pagoda {
 namespace {
@@ -36,8 +46,16 @@ struct entry_meta {
   std::int64_t last_use = 0;  // unix milliseconds
 };
 
+// LMDB's answers that mean the file is damaged, not that a call failed.
+bool lmdb_damage(int rc) {
+  return rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_PANIC || rc == MDB_INVALID ||
+         rc == MDB_VERSION_MISMATCH || rc == MDB_INCOMPATIBLE;
+}
+
 status lmdb_error(int rc, const char* what, const std::string& path) {
-  const errc code = rc == MDB_MAP_FULL || rc == ENOSPC ? errc::resource_exhausted : errc::io_error;
+  const errc code = rc == MDB_MAP_FULL || rc == ENOSPC ? errc::resource_exhausted
+                    : lmdb_damage(rc)                  ? errc::corrupt
+                                                       : errc::io_error;
   return error(code, "KV store {}: {}: {}", path, what, mdb_strerror(rc));
 }
 
@@ -47,6 +65,80 @@ MDB_val val_of(std::span<const std::byte> s) { return {s.size(), const_cast<std:
 // sweeps they are misses already).
 constexpr std::int64_t k_sweep_interval_ms = 60'000;
 
+// Creates the missing directories of `path` readable by this user only (the
+// store holds every tenant's token ids). Existing directories keep their mode.
+status make_private_directories(const std::string& path) {
+  std::filesystem::path so_far;
+  for (const auto& part : std::filesystem::path(path)) {
+    so_far /= part;
+    if (::mkdir(so_far.c_str(), 0700) != 0 && errno != EEXIST)
+      return error(errc::io_error, "KV store {}: cannot create {}: {}", path, so_far.string(), std::strerror(errno));
+  }
+  if (!std::filesystem::is_directory(path))
+    return error(errc::invalid_argument, "KV store {}: not a directory", path);
+  return {};
+}
+
+// "20240131T235959Z" for unix milliseconds (UTC).
+std::string utc_stamp(std::int64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+
+// Opens (creating if need be) an LMDB environment in `dir` with the store's
+// two databases. Returns an LMDB error code, 0 on success; env is set either
+// way (close it).
+int open_lmdb(MDB_env*& env, const std::string& dir, std::size_t map_bytes, unsigned flags, MDB_dbi& blocks,
+              MDB_dbi& meta) {
+  int rc = mdb_env_create(&env);
+  if (rc) return rc;
+  mdb_env_set_maxdbs(env, 2);
+  if ((rc = mdb_env_set_mapsize(env, map_bytes))) return rc;
+  // 0600: the files hold every tenant's token ids.
+  if ((rc = mdb_env_open(env, dir.c_str(), flags, 0600))) return rc;
+  MDB_txn* txn = nullptr;
+  if ((rc = mdb_txn_begin(env, nullptr, 0, &txn))) return rc;
+  if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &blocks)) || (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta))) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  return mdb_txn_commit(txn);
+}
+
+// Copies every entry of database `from_db` into the empty `to_db`, key by key
+// (in key order, so appended), one write transaction per k_copy_batch_bytes.
+// Only keys and values are copied, never pages: the copy's pages hold nothing
+// but live entries (LMDB zeroes the pages it allocates). Returns an LMDB error code.
+constexpr std::size_t k_copy_batch_bytes = std::size_t{64} << 20;
+int copy_entries(MDB_txn* from, MDB_dbi from_db, MDB_env* to, MDB_dbi to_db) {
+  MDB_cursor* cur = nullptr;
+  int rc = mdb_cursor_open(from, from_db, &cur);
+  if (rc) return rc;
+  MDB_txn* w = nullptr;
+  std::size_t batch = 0;
+  MDB_val k, v;
+  int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+  for (; r == 0 && rc == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (!w && (rc = mdb_txn_begin(to, nullptr, 0, &w))) break;
+    if ((rc = mdb_put(w, to_db, &k, &v, MDB_APPEND))) break;
+    if ((batch += v.mv_size) >= k_copy_batch_bytes) {
+      rc = mdb_txn_commit(w);
+      w = nullptr;
+      batch = 0;
+    }
+  }
+  mdb_cursor_close(cur);
+  if (rc == 0 && r != MDB_NOTFOUND) rc = r;
+  if (w && rc) mdb_txn_abort(w);
+  if (w && !rc) rc = mdb_txn_commit(w);
+  return rc;
+}
+
 class disk_store final : public block_store {
  public:
   disk_store(disk_store_options o, const clock_source& clock) : o_(std::move(o)), clock_(clock) {}
@@ -55,42 +147,28 @@ class disk_store final : public block_store {
       std::lock_guard w(write_mu_);
       (void)flush_hits();
     }
-    if (env_) mdb_env_close(env_);
+    close_env();
   }
 
+  // Opens the environment. A file that fails the structural check (or that
+  // LMDB itself refuses as damaged) is quarantined when the options say so:
+  // moved aside under a timestamped name, and the store starts empty.
   status open() {
-    std::error_code ec;
-    std::filesystem::create_directories(o_.path, ec);  // a per-user cache dir may not exist yet
-    if (ec) return error(errc::io_error, "KV store {}: cannot create the directory: {}", o_.path, ec.message());
-    int rc = mdb_env_create(&env_);
-    if (rc) return lmdb_error(rc, "create", o_.path);
-    mdb_env_set_maxdbs(env_, 2);
-    // The map is a reservation of address space, not of disk: the file grows as it fills.
-    const std::size_t map = static_cast<std::size_t>(o_.capacity_bytes) + static_cast<std::size_t>(o_.capacity_bytes) / 4 +
-                            (std::size_t{64} << 20);
-    if ((rc = mdb_env_set_mapsize(env_, map))) return lmdb_error(rc, "set map size", o_.path);
-    if ((rc = mdb_env_open(env_, o_.path.c_str(), MDB_NOTLS, 0644))) return lmdb_error(rc, "open", o_.path);
-    MDB_txn* txn = nullptr;
-    if ((rc = mdb_txn_begin(env_, nullptr, 0, &txn))) return lmdb_error(rc, "begin", o_.path);
-    if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &blocks_)) || (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &meta_))) {
-      mdb_txn_abort(txn);
-      return lmdb_error(rc, "open databases", o_.path);
+    PAGODA_RETURN_IF_ERROR(make_private_directories(o_.path));
+    const std::string data = o_.path + "/data.mdb";
+    PAGODA_ASSIGN_OR_RETURN(const lmdb_check_report rep, check_lmdb_file(data));
+    if (!rep.ok()) {
+      if (!o_.quarantine_damaged)
+        return error(errc::corrupt, "KV store {}: damaged: {}", o_.path, rep.summary());
+      PAGODA_RETURN_IF_ERROR(quarantine(rep.summary()));
     }
-    // The index: every key of "meta" (the scan of the directory's keys).
-    MDB_cursor* cur = nullptr;
-    mdb_cursor_open(txn, meta_, &cur);
-    MDB_val k, v;
-    for (int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST); r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-      if (k.mv_size != 16 || v.mv_size != sizeof(entry_meta)) continue;
-      entry_meta m;
-      std::memcpy(&m, v.mv_data, sizeof m);
-      index_[store_key::from_bytes(static_cast<const std::byte*>(k.mv_data))] = m;
-      bytes_ += m.size;
+    status st = open_env();
+    if (!st.ok() && st.code() == errc::corrupt && o_.quarantine_damaged) {
+      close_env();
+      PAGODA_RETURN_IF_ERROR(quarantine(st.message()));
+      st = open_env();
     }
-    mdb_cursor_close(cur);
-    if ((rc = mdb_txn_commit(txn))) return lmdb_error(rc, "commit", o_.path);
-    last_sweep_ms_ = clock_.wall_ms();
-    return {};
+    return st;
   }
 
   const char* tier() const override { return "disk"; }
@@ -104,9 +182,11 @@ class disk_store final : public block_store {
         return std::optional<std::vector<std::byte>>();
       }
     }
+    std::shared_lock env_lock(env_mu_);
+    PAGODA_RETURN_IF_ERROR(check_usable());
     MDB_txn* txn = nullptr;
     int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
-    if (rc) return fail(lmdb_error(rc, "read", o_.path));
+    if (rc) return lmdb_fail(rc, "read");
     const auto kb = key.bytes();
     MDB_val k = val_of(kb), v;
     rc = mdb_get(txn, blocks_, &k, &v);
@@ -116,7 +196,7 @@ class disk_store final : public block_store {
       out.emplace(p, p + v.mv_size);
     }
     mdb_txn_abort(txn);
-    if (rc != 0 && rc != MDB_NOTFOUND) return fail(lmdb_error(rc, "get", o_.path));
+    if (rc != 0 && rc != MDB_NOTFOUND) return lmdb_fail(rc, "get");
     std::lock_guard lock(index_mu_);
     if (!out) {
       ++stats_.misses;
@@ -153,6 +233,7 @@ class disk_store final : public block_store {
 
   status put_many(std::span<const store_entry> entries) override {
     std::lock_guard w(write_mu_);
+    PAGODA_RETURN_IF_ERROR(check_usable());
     const std::int64_t now = clock_.wall_ms();
     // What to write: entries whose key is absent or expired (an expired entry
     // is a miss, so it must be stored again: same key, fresh bytes and age).
@@ -196,6 +277,7 @@ class disk_store final : public block_store {
     std::lock_guard lock(index_mu_);
     if (rc) {
       for (auto& [k, m] : hits) touched_.try_emplace(k, m);  // kept for the next write
+      if (lmdb_damage(rc)) mark_broken(mdb_strerror(rc));
       return fail_locked(lmdb_error(rc, "write", o_.path));
     }
     forget_locked(doomed);
@@ -228,17 +310,27 @@ class disk_store final : public block_store {
         doomed.push_back(it->first);
     }
     PAGODA_RETURN_IF_ERROR(erase_keys(doomed));
+    // LMDB frees pages without clearing them, and copies of erased entries
+    // stay in freed pages and in the unused parts of live ones: only a fresh
+    // file holding nothing but the live entries leaves none of the tenant's bytes.
+    if (!doomed.empty()) PAGODA_RETURN_IF_ERROR(compact());
     return doomed.size();
   }
 
   status for_each(const std::function<bool(const store_key&, std::span<const std::byte>)>& fn) override {
+    std::shared_lock env_lock(env_mu_);
+    PAGODA_RETURN_IF_ERROR(check_usable());
     MDB_txn* txn = nullptr;
     int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
-    if (rc) return lmdb_error(rc, "read", o_.path);
+    if (rc) return lmdb_fail(rc, "read");
     MDB_cursor* cur = nullptr;
-    mdb_cursor_open(txn, blocks_, &cur);
+    if ((rc = mdb_cursor_open(txn, blocks_, &cur))) {
+      mdb_txn_abort(txn);
+      return lmdb_fail(rc, "read");
+    }
     MDB_val k, v;
-    for (int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST); r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+    for (; r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
       if (k.mv_size != 16) continue;
       if (!fn(store_key::from_bytes(static_cast<const std::byte*>(k.mv_data)),
               std::span<const std::byte>(static_cast<const std::byte*>(v.mv_data), v.mv_size)))
@@ -246,6 +338,7 @@ class disk_store final : public block_store {
     }
     mdb_cursor_close(cur);
     mdb_txn_abort(txn);
+    if (r != 0 && r != MDB_NOTFOUND) return lmdb_fail(r, "read");
     return {};
   }
 
@@ -260,6 +353,160 @@ class disk_store final : public block_store {
   }
 
  private:
+  std::size_t map_bytes() const {
+    // The map is a reservation of address space, not of disk: the file grows as it fills.
+    return static_cast<std::size_t>(o_.capacity_bytes) + static_cast<std::size_t>(o_.capacity_bytes) / 4 +
+           (std::size_t{64} << 20);
+  }
+
+  status open_env() {
+    MDB_txn* txn = nullptr;
+    int rc = open_lmdb(env_, o_.path, map_bytes(), MDB_NOTLS, blocks_, meta_);
+    if (rc) return lmdb_error(rc, "open", o_.path);
+    // Files an older build made 0644 are tightened.
+    for (const char* f : {"/data.mdb", "/lock.mdb"}) ::chmod((o_.path + f).c_str(), 0600);
+    if ((rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn))) return lmdb_error(rc, "begin", o_.path);
+    // The index: every key of "meta" (the scan of the directory's keys).
+    index_.clear();
+    bytes_ = 0;
+    MDB_cursor* cur = nullptr;
+    if ((rc = mdb_cursor_open(txn, meta_, &cur))) {
+      mdb_txn_abort(txn);
+      return lmdb_error(rc, "read the index", o_.path);
+    }
+    MDB_val k, v;
+    int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+    for (; r == 0; r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      if (k.mv_size != 16 || v.mv_size != sizeof(entry_meta)) continue;
+      entry_meta m;
+      std::memcpy(&m, v.mv_data, sizeof m);
+      index_[store_key::from_bytes(static_cast<const std::byte*>(k.mv_data))] = m;
+      bytes_ += m.size;
+    }
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    if (r != MDB_NOTFOUND) return lmdb_error(r, "read the index", o_.path);
+    last_sweep_ms_ = clock_.wall_ms();
+    file_bytes_seen_ = file_bytes();
+    return {};
+  }
+
+  // Rewrites the store as a fresh file holding only its live entries (see
+  // copy_entries), then swaps it in: the old file, with every byte of erased
+  // entries in it, is unlinked. Readers wait for the swap only (env_mu_);
+  // the copy runs beside them. A process that has the old file open (`pagoda
+  // kv`) keeps reading its snapshot. Cost: one read and one write of the live
+  // entries (docs/kv-store.md). REQUIRES: write_mu_ held.
+  status compact() {
+    PAGODA_RETURN_IF_ERROR(check_usable());
+    PAGODA_RETURN_IF_ERROR(flush_hits());  // pending hit counts go along
+    const std::string tmp = o_.path + "/compact.tmp";
+    std::error_code ec;
+    std::filesystem::remove_all(tmp, ec);
+    if (::mkdir(tmp.c_str(), 0700) != 0)
+      return fail(error(errc::io_error, "KV store {}: cannot create {}: {}", o_.path, tmp, std::strerror(errno)));
+    MDB_env* fresh = nullptr;
+    MDB_dbi to_blocks = 0, to_meta = 0;
+    int rc = open_lmdb(fresh, tmp, map_bytes(), MDB_NOTLS | MDB_NOSYNC, to_blocks, to_meta);
+    if (!rc) {
+      MDB_txn* from = nullptr;
+      rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &from);
+      if (!rc) rc = copy_entries(from, blocks_, fresh, to_blocks);
+      if (!rc) rc = copy_entries(from, meta_, fresh, to_meta);
+      if (from) mdb_txn_abort(from);
+    }
+    if (!rc) rc = mdb_env_sync(fresh, 1);
+    if (fresh) mdb_env_close(fresh);
+    if (rc) {
+      std::filesystem::remove_all(tmp, ec);
+      return lmdb_fail(rc, "compact");
+    }
+    std::unique_lock env_lock(env_mu_);
+    close_env();
+    std::filesystem::remove(o_.path + "/lock.mdb", ec);  // the old file's reader table; LMDB makes a new one
+    std::filesystem::rename(tmp + "/data.mdb", o_.path + "/data.mdb", ec);
+    const std::error_code moved = ec;
+    std::filesystem::remove_all(tmp, ec);
+    if (const int dir = ::open(o_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+      ::fsync(dir);  // the rename is durable
+      ::close(dir);
+    }
+    if ((rc = open_lmdb(env_, o_.path, map_bytes(), MDB_NOTLS, blocks_, meta_))) {
+      mark_broken(fmt::format("reopening after a compaction: {}", mdb_strerror(rc)));
+      return lmdb_fail(rc, "reopen after compacting");
+    }
+    file_bytes_seen_ = file_bytes();  // smaller now: not a truncation
+    if (moved) return fail(error(errc::io_error, "KV store {}: compacting: {}", o_.path, moved.message()));
+    std::lock_guard lock(index_mu_);
+    ++stats_.compactions;
+    return {};
+  }
+
+  void close_env() {
+    if (env_) mdb_env_close(env_);
+    env_ = nullptr;
+  }
+
+  // Moves a damaged data file aside as data.mdb.damaged-<UTC time> (kept for
+  // inspection, readable by this user only; outside the size cap) and drops
+  // the lock file, so that LMDB starts an empty store. Logged and counted
+  // (an error of the tier, and `quarantined`).
+  status quarantine(const std::string& why) {
+    const std::string data = o_.path + "/data.mdb";
+    std::string dest = data + ".damaged-" + utc_stamp(clock_.wall_ms());
+    for (int i = 2; std::filesystem::exists(dest); ++i) dest = data + ".damaged-" + utc_stamp(clock_.wall_ms()) + "-" + std::to_string(i);
+    std::error_code ec;
+    if (std::filesystem::exists(data)) {
+      std::filesystem::rename(data, dest, ec);
+      if (ec) return error(errc::io_error, "KV store {}: damaged ({}), and moving it aside failed: {}", o_.path, why, ec.message());
+      ::chmod(dest.c_str(), 0600);
+    }
+    std::filesystem::remove(o_.path + "/lock.mdb", ec);
+    std::fprintf(stderr, "pagoda: KV store %s is damaged (%s); moved it to %s and starting with an empty store\n",
+                 o_.path.c_str(), why.c_str(), dest.c_str());
+    std::lock_guard lock(index_mu_);
+    ++stats_.errors;
+    ++stats_.quarantined;
+    return {};
+  }
+
+  std::int64_t file_bytes() const {
+    int fd = -1;
+    struct stat st {};
+    if (!env_ || mdb_env_get_fd(env_, &fd) != 0 || ::fstat(fd, &st) != 0) return -1;
+    return st.st_size;
+  }
+
+  // Before any call that reads the map: LMDB never shrinks its file, so a
+  // file smaller than it was is truncated, and a read past its end would be a
+  // bus error. Such a store, or one LMDB found damaged, is out of use (every
+  // call fails, counted) until a restart quarantines it. A truncation racing
+  // with a read already past this check is not caught.
+  status check_usable() {
+    if (!broken_.load(std::memory_order_acquire)) {
+      const std::int64_t now = file_bytes();
+      std::int64_t seen = file_bytes_seen_.load(std::memory_order_relaxed);
+      while (now > seen && !file_bytes_seen_.compare_exchange_weak(seen, now)) {
+      }
+      if (now >= seen) return {};
+      mark_broken(fmt::format("its file shrank from {} to {} bytes", seen, now));
+    }
+    return fail(error(errc::corrupt, "KV store {}: damaged, out of use until a restart quarantines it", o_.path));
+  }
+
+  void mark_broken(const std::string& why) {
+    if (broken_.exchange(true)) return;
+    std::fprintf(stderr, "pagoda: KV store %s is damaged (%s); not using it until a restart\n", o_.path.c_str(),
+                 why.c_str());
+  }
+
+  // An LMDB error: counted, and a damaged file takes the store out of use.
+  status lmdb_fail(int rc, const char* what) {
+    status st = lmdb_error(rc, what, o_.path);
+    if (lmdb_damage(rc)) mark_broken(st.message());
+    return fail(std::move(st));
+  }
+
   // REQUIRES: index_mu_ held.
   bool expired(const entry_meta& m) const {
     return o_.ttl_seconds > 0 && clock_.wall_ms() - m.last_use > o_.ttl_seconds * 1000;
@@ -367,7 +614,7 @@ class disk_store final : public block_store {
 
   // REQUIRES: write_mu_ held.
   status flush_hits() {
-    if (!env_) return {};
+    if (!env_ || !check_usable().ok()) return {};
     std::map<store_key, entry_meta> hits;
     {
       std::lock_guard lock(index_mu_);
@@ -393,11 +640,13 @@ class disk_store final : public block_store {
   // REQUIRES: write_mu_ held.
   status erase_keys(const std::vector<store_key>& keys) {
     if (keys.empty()) return {};
+    PAGODA_RETURN_IF_ERROR(check_usable());
     const int rc = in_write_txn([&](MDB_txn* txn) {
       for (const store_key& key : keys)
         if (int r = del(txn, key)) return r;
       return 0;
     });
+    if (rc && lmdb_damage(rc)) mark_broken(mdb_strerror(rc));
     std::lock_guard lock(index_mu_);
     if (rc) return fail_locked(lmdb_error(rc, "erase", o_.path));
     forget_locked(keys);
@@ -410,11 +659,16 @@ class disk_store final : public block_store {
   MDB_dbi blocks_ = 0, meta_ = 0;
   std::mutex write_mu_;  // one writer at a time; held across LMDB write transactions
   std::mutex index_mu_;  // never held across LMDB calls
+  // Readers (get, for_each) hold it shared while they use env_; a compaction
+  // holds it alone while it swaps the environment (writers are kept out by write_mu_).
+  std::shared_mutex env_mu_;
   std::map<store_key, entry_meta> index_;
   std::map<store_key, entry_meta> touched_;  // hit counts not yet written to "meta"
   std::int64_t bytes_ = 0;
   std::int64_t last_sweep_ms_ = 0;
   store_tier_stats stats_;
+  std::atomic<std::int64_t> file_bytes_seen_{0};  // the largest size of data.mdb seen
+  std::atomic<bool> broken_{false};               // found damaged while open
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The disk KV store end to end through the CLI: a batch fills it, a second
 // process hits it (same greedy tokens, prompt tokens counted as cached), and
 // `pagoda kv` lists, counts, verifies, exports, imports and prunes it.
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +10,8 @@
 
 #include "cli/cli_util.h"
 #include "cli/store_client.h"
+#include "store/block_record.h"
+#include "store/block_store.h"
 
 namespace pagoda::test {
 namespace {
@@ -144,6 +147,61 @@ TEST(cli_kv_store, a_flipped_byte_on_disk_is_found_by_verify_and_never_served) {
   EXPECT_EQ(repair.exit_code, 0) << repair.out;
   auto clean = run_cli("kv verify --store " + store);
   EXPECT_EQ(clean.exit_code, 0) << clean.out;
+}
+
+// Defect: `kv verify` crashed on a store with a damaged B-tree page or a
+// truncated file, or said "0 failed" about a store that crash-looped the
+// server. It now walks the file itself: damage is counted, exit 1, no crash;
+// the other commands name the damage instead of reading through it.
+TEST(cli_kv_store, verify_reports_damaged_pages_and_truncation_without_crashing) {
+  temp_dir dir("damaged");
+  const std::string store = (dir.path / "kv").string();
+  {
+    auto s = make_disk_store({store, 64 << 20, 0});
+    ASSERT_TRUE(s.ok()) << s.error().message();
+    for (int i = 0; i < 120; ++i) {
+      block_record r;
+      r.key = make_store_key({3, 4}, "alice", static_cast<block_key>(i));
+      r.chain = static_cast<block_key>(i);
+      r.tenant = "alice";
+      r.tokens = {i, i + 1};
+      r.bytes.assign(i % 2 ? 500 : 9000, static_cast<std::byte>(i));
+      ASSERT_TRUE((*s)->put(r.key, encode_block_record(r, false)).ok());
+    }
+  }
+  auto clean = run_cli("kv verify --store " + store);
+  EXPECT_EQ(clean.exit_code, 0) << clean.out << clean.err;
+  EXPECT_NE(clean.out.find("120 blocks verified, 0 failed"), std::string::npos) << clean.out;
+
+  const fs::path data = fs::path(store) / "data.mdb";
+  std::string good;
+  {
+    std::ifstream f(data, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  // The main database's root page (named by the newer meta page: LMDB 0.9
+  // keeps the txn id at byte 144 and the root at 128): its node offsets.
+  std::string bytes = good;
+  std::uint64_t txn[2], root[2];
+  for (int m = 0; m < 2; ++m) {
+    std::memcpy(&txn[m], bytes.data() + m * 4096 + 144, 8);
+    std::memcpy(&root[m], bytes.data() + m * 4096 + 128, 8);
+  }
+  std::memset(bytes.data() + (txn[1] > txn[0] ? root[1] : root[0]) * 4096 + 16, 0xff, 4);
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << bytes;
+  auto damaged = run_cli("kv verify --store " + store);
+  EXPECT_EQ(damaged.exit_code, 1) << damaged.out << damaged.err;
+  EXPECT_NE(damaged.out.find("damaged store"), std::string::npos) << damaged.out;
+  auto ls = run_cli("kv ls --store " + store);
+  EXPECT_EQ(ls.exit_code, 1) << ls.out << ls.err;
+  EXPECT_NE(ls.err.find("damaged"), std::string::npos) << ls.err;
+
+  std::ofstream(data, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() / 2);
+  auto truncated = run_cli("kv verify --store " + store);
+  EXPECT_EQ(truncated.exit_code, 1) << truncated.out << truncated.err;
+  EXPECT_NE(truncated.out.find("truncated"), std::string::npos) << truncated.out;
+  EXPECT_EQ(truncated.out.find(" 0 failed\n"), std::string::npos) << truncated.out;
+  EXPECT_TRUE(fs::exists(data)) << "a tool never moves a store";
 }
 
 TEST(cli_kv_store, bad_store_arguments_are_one_line_errors) {
