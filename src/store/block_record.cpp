@@ -96,6 +96,12 @@ result<parsed> parse(std::span<const std::byte> data, const store_key& expected)
   std::memcpy(p.r.tokens.data(), tokens.data(), tokens.size());
   if (!(p.flags & k_flag_zstd) && stored != p.raw_size)
     return error(errc::corrupt, "stored block {}: {} stored bytes for {}", expected.hex(), stored, p.raw_size);
+  if (p.raw_size > k_block_record_max_bytes)
+    return error(errc::corrupt, "stored block {}: {} bytes, over the {} a block may hold", expected.hex(), p.raw_size,
+                 k_block_record_max_bytes);
+  if ((p.flags & k_flag_zstd) && ZSTD_getFrameContentSize(p.payload.data(), p.payload.size()) != p.raw_size)
+    return error(errc::corrupt, "stored block {}: the payload's frame does not declare {} bytes", expected.hex(),
+                 p.raw_size);
   return p;
 }
 

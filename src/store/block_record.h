@@ -25,6 +25,10 @@
 namespace pagoda {
 
 inline constexpr std::uint16_t k_block_record_version = 1;
+// The largest block a record may hold, uncompressed (a block of 16 tokens of
+// an 80-layer model with 8 KV heads of 128 f32 values is 10 MiB): a damaged or
+// crafted size never makes the decoder allocate more than this.
+inline constexpr std::uint32_t k_block_record_max_bytes = 256u << 20;
 
 struct block_record {
   store_key key;
@@ -38,7 +42,8 @@ struct block_record {
 // Encodes a record; compress = false stores the payload as is.
 std::vector<std::byte> encode_block_record(const block_record& r, bool compress = true);
 // Decodes and verifies (magic, version, sizes, checksum, and that it is the
-// entry `expected` names). Errors: errc::corrupt (damaged), errc::unsupported
+// entry `expected` names; a payload over k_block_record_max_bytes, or a zstd
+// frame that does not declare the record's size, is damage). Errors: errc::corrupt (damaged), errc::unsupported
 // (another format version), errc::not_found (another key's entry).
 result<block_record> decode_block_record(std::span<const std::byte> data, const store_key& expected);
 // The same checks without keeping the payload (for verify walks).

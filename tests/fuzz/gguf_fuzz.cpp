@@ -8,17 +8,10 @@
 #include <cstdlib>
 #include <span>
 
+#include "fuzz_check.h"
 #include "model/gguf.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                  \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      std::fprintf(stderr, "gguf_fuzz: check failed: %s (line %d)\n", #cond, __LINE__); \
-      std::abort();                                                       \
-    }                                                                     \
-  } while (0)
 
 using namespace pagoda;
 using namespace pagoda::gguf;

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/clock.h"
+#include "core/hash.h"
 #include "store/block_record.h"
 #include "store/block_store.h"
 #include "store/redis_util.h"
@@ -115,6 +116,35 @@ TEST(block_record, every_flipped_byte_and_truncation_is_an_error) {
   // Another key's entry (a hash collision in a tier's key space) is not served.
   EXPECT_EQ(decode_block_record(enc, make_store_key({11, 22}, "", 10)).error().code(), errc::not_found);
   EXPECT_EQ(decode_block_record(enc, make_store_key({11, 22}, "mallory", 9)).error().code(), errc::not_found);
+}
+
+// Defect (found by tests/fuzz/store_fuzz.cpp): a record whose checksum holds
+// but whose raw size says 4 GiB made the decoder allocate 4 GiB before zstd
+// refused the payload. Under a 1 GiB address-space limit that was the end of
+// the process; now it is a corrupt record.
+TEST(block_record, a_huge_declared_size_is_an_error_not_an_allocation) {
+  const block_record r = sample_record("", 9, 4096, 3);
+  std::vector<std::byte> enc = encode_block_record(r, true);
+  // raw size: after magic, version, flags, 3 u64, the tenant (u32 + 0 bytes) and 16 tokens.
+  const std::size_t at = 4 + 2 + 2 + 24 + 4 + 4 + 16 * sizeof(token_id);
+  std::uint16_t flags = 0;
+  std::memcpy(&flags, enc.data() + 6, 2);
+  ASSERT_EQ(flags & 1, 1) << "the sample must be compressed";
+  const std::uint32_t huge = 0xfffffff0u;
+  std::memcpy(enc.data() + at, &huge, 4);
+  const std::uint64_t sum = hash_bytes(enc.data(), enc.size() - 8);
+  std::memcpy(enc.data() + enc.size() - 8, &sum, 8);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const rlimit lim{std::uint64_t{1} << 30, std::uint64_t{1} << 30};
+    ::setrlimit(RLIMIT_AS, &lim);
+    auto d = decode_block_record(enc, r.key);
+    ::_exit(!d.ok() && d.error().code() == errc::corrupt ? 0 : 1);
+  }
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << "the decoder died (signal " << WTERMSIG(st) << ")";
+  EXPECT_EQ(WEXITSTATUS(st), 0);
 }
 
 // --- one suite for every tier ---------------------------------------------------
