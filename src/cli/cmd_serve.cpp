@@ -38,6 +38,7 @@ struct serve_options {
   int max_prompt_tokens = 0;  // 0: the context
   int max_tokens_limit = 0;   // 0: the context
   int max_n = 16;
+  int max_tokenize_tokens = 0;  // 0: the larger of 65536 and the context
   bool no_kv_store = false;   // no disk tier (else --kv-store, or the per-user default)
   server::http_limits limits;
   double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 75, send_timeout_s = 60;
@@ -148,6 +149,7 @@ int serve(serve_options o) {
   aopts.max_prompt_tokens = o.max_prompt_tokens;
   aopts.max_tokens_limit = o.max_tokens_limit;
   aopts.max_n = o.max_n;
+  aopts.max_tokenize_tokens = o.max_tokenize_tokens;
   std::string warning;
   PAGODA_ASSIGN_OR_RETURN_CLI(server::api_context ctx, server::make_api_context(*model, cfg.max_model_len, aopts, &warning));
   if (!warning.empty()) std::fprintf(stderr, "pagoda serve: warning: %s\n", warning.c_str());
@@ -288,6 +290,10 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--max-tokens-limit", opts->max_tokens_limit, "largest max_tokens a request may ask (default: the context)")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--max-n", opts->max_n, "most choices per request, n x prompts (default 16)")->check(CLI::Range(1, 128));
+  cmd->add_option("--max-tokenize-tokens", opts->max_tokenize_tokens,
+                  "most tokens a /tokenize answers or a /detokenize takes; more gets 413 (default: the larger of "
+                  "65536 and the context)")
+      ->check(CLI::Range(0, 1 << 24));
   add_http_options(cmd, *opts);
   cmd->add_flag("--no-kv-store", opts->no_kv_store,
                 "keep KV blocks in memory only (default: a disk store at $XDG_CACHE_HOME/pagoda/kv or ~/.cache/pagoda/kv, "

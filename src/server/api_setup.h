@@ -16,6 +16,7 @@ struct api_options {
   int max_prompt_tokens = 0;      // 0 = the context minus one
   int max_tokens_limit = 0;       // 0 = the context minus one
   int max_n = 16;
+  int max_tokenize_tokens = 0;    // 0 = the larger of 65536 and the context
 };
 
 // The chat family: the override by name, else the one the GGUF's

@@ -1,5 +1,6 @@
 #include "server/http_server.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -41,6 +42,7 @@ namespace {
 constexpr int k_listen_backlog = 1024;
 constexpr std::chrono::milliseconds k_stop_grace{2000};
 constexpr std::chrono::milliseconds k_accept_retry{50};
+constexpr std::size_t k_trim_after_bytes = 1u << 20;  // request + answer of a /tokenize worth malloc_trim
 constexpr int k_max_overflow_replies = 256;  // connections past a cap answered at once; the rest are closed
 
 std::int64_t unix_seconds() {
@@ -397,11 +399,19 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
     ex->tenant = *tenant;
     const bool tokenize = path == "/tokenize";
     return on_worker(ex, [this, tokenize, tenant = *tenant](http_request& r) {
-      api_result<json> body = parse_bounded_json(r.body, opts.limits.json);
-      r.drop_body();
-      if (!body.ok()) return error_response(body.error);
-      api_result<json> out = tokenize ? tokenize_response(*body.value, ctx, tenant) : detokenize_response(*body.value, ctx);
-      return out.ok() ? json_response(200, *out.value) : error_response(out.error);
+      const std::size_t n_body_bytes = r.body.size();
+      http_response resp = [&] {
+        api_result<json> body = parse_bounded_json(r.body, opts.limits.json);
+        r.drop_body();
+        if (!body.ok()) return error_response(body.error);
+        api_result<json> out = tokenize ? tokenize_response(*body.value, ctx, tenant) : detokenize_response(*body.value, ctx);
+        return out.ok() ? json_response(200, *out.value) : error_response(out.error);
+      }();
+      // The JSON trees just freed were many small blocks in this worker's
+      // malloc arena, which glibc keeps; after a large request, give them
+      // back so RSS returns to where it was.
+      if (n_body_bytes + resp.body.size() > k_trim_after_bytes) malloc_trim(0);
+      return resp;
     });
   }
   if (kv && route_kv(ex, path, is_get, is_post)) return;

@@ -37,11 +37,17 @@ struct api_limits {
   int max_stop_bytes = 1024;    // one stop string
   int max_logprobs = 20;        // alternatives per token
   int max_prompts = 16;         // prompts in one /v1/completions call
+  // Tokens a /tokenize may answer and a /detokenize may take (beyond: 413),
+  // so their output, pieces included, stays within a bound.
+  int max_tokenize_tokens = 65536;
 };
 
 // What parsing needs; immutable and shared by every handler thread.
 struct api_context {
   const tokenizer* vocab = nullptr;
+  // The longest token text in the vocabulary, in bytes: no token covers more
+  // bytes of input, so a text of n bytes has at least n / this many tokens.
+  std::size_t max_token_bytes = 1;
   std::vector<std::string> model_names;  // accepted values of "model"; the first is the one reported
   chat_format chat = chat_format::plain;
   chat_special_tokens chat_tokens;

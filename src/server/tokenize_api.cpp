@@ -42,6 +42,15 @@ api_result<std::vector<token_id>> chat_tokens(const json& body, const api_contex
   return std::move(call.value->requests.front().prompt);
 }
 
+api_error too_many_tokens(std::string param, std::string what, const api_context& ctx) {
+  api_error e = bad_request(std::move(param),
+                            fmt::format("{} more than this server's limit of {} tokens (--max-tokenize-tokens)", what,
+                                        ctx.limits.max_tokenize_tokens),
+                            "too_many_tokens");
+  e.http_status = 413;
+  return e;
+}
+
 }  // namespace
 
 api_result<json> tokenize_response(const json& body, const api_context& ctx, const std::string& tenant) {
@@ -64,6 +73,12 @@ api_result<json> tokenize_response(const json& body, const api_context& ctx, con
     const char* key = llama_cpp ? "content" : "prompt";
     const json& text = body[key];
     if (!text.is_string()) return bad_request(key, fmt::format("'{}' must be a string", key));
+    // Refused before encoding when the text is surely too long: no token
+    // covers more than max_token_bytes of it. (Encoding costs time in the
+    // text's length; the bound keeps both time and output small.)
+    const std::size_t n_bytes = text.get_ref<const std::string&>().size();
+    if (n_bytes / ctx.max_token_bytes > static_cast<std::size_t>(ctx.limits.max_tokenize_tokens))
+      return too_many_tokens(key, fmt::format("The text of {} bytes holds", n_bytes), ctx);
     const bool add_special = llama_cpp ? read_bool(body, "add_special", false, err)
                                        : read_bool(body, "add_special_tokens", true, err);
     const bool parse_special = read_bool(body, "parse_special", true, err);
@@ -72,6 +87,9 @@ api_result<json> tokenize_response(const json& body, const api_context& ctx, con
                                parse_special);
   }
   if (err) return *err;
+  if (tokens.size() > static_cast<std::size_t>(ctx.limits.max_tokenize_tokens))
+    return too_many_tokens(llama_cpp ? "content" : body.contains("messages") ? "messages" : "prompt",
+                           fmt::format("The input is {} tokens,", tokens.size()), ctx);
   json out = {{"count", tokens.size()}, {"max_model_len", ctx.limits.max_model_len}};
   if (with_pieces) {
     json pieces = json::array();
@@ -93,6 +111,8 @@ api_result<json> detokenize_response(const json& body, const api_context& ctx) {
   if (auto e = check_model(body, ctx)) return *e;
   auto it = body.find("tokens");
   if (it == body.end() || !it->is_array()) return bad_request("tokens", "'tokens' must be an array of token ids");
+  if (it->size() > static_cast<std::size_t>(ctx.limits.max_tokenize_tokens))
+    return too_many_tokens("tokens", fmt::format("'tokens' holds {},", it->size()), ctx);
   std::vector<token_id> tokens;
   tokens.reserve(it->size());
   for (std::size_t i = 0; i < it->size(); ++i) {

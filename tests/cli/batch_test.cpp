@@ -40,7 +40,7 @@ TEST(cli_batch, results_usage_summary_and_bad_lines) {
                               R"({"id": "e", "prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "cache_salt": "t1"})" "\n");
   auto r = run_cli("batch -m " + model_path() + " -i " + in + " --json-summary -t 1");
   std::remove(in.c_str());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 1) << r.err;  // bad lines fail the run; the good ones still ran
   auto lines = parse_lines(r.out);
   ASSERT_EQ(lines.size(), 6u);
   EXPECT_EQ(lines[0]["id"], "a");

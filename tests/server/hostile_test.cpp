@@ -660,5 +660,59 @@ TEST_F(hostile, tokenize_detokenize_version) {
   EXPECT_TRUE(ver.json_body["version"].is_string());
 }
 
+std::string repeat(const std::string& s, std::size_t n) {
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+TEST_F(hostile, tokenize_output_is_bounded) {
+  server_.reset();
+  watch_.reset();
+  start({"--max-tokenize-tokens", "1000"});
+  // Eight 1.75 MB texts with pieces at once: refused from their length,
+  // before encoding, so neither time nor memory grows with them.
+  const std::string big = post(json{{"content", repeat("Once upon a time there was a girl. ", 50000)},
+                                    {"with_pieces", true}}.dump(), "/tokenize");
+  within_rss("eight 1.75 MB /tokenize", [&] {
+    std::vector<std::thread> clients;
+    std::atomic<int> n_refused{0};
+    for (int i = 0; i < 8; ++i)
+      clients.emplace_back([&] {
+        const http_answer a = ask(port_, big, 5000);
+        n_refused += a.status == 413 && a.body.find(R"("code":"too_many_tokens")") != std::string::npos ? 1 : 0;
+      });
+    for (std::thread& t : clients) t.join();
+    EXPECT_EQ(n_refused.load(), 8);
+  });
+  const std::string once = "Once upon a time ";
+  check_rows({
+      {"past the cap once encoded", post(json{{"prompt", repeat(once, 250)}}.dump(), "/tokenize"), 413, "prompt"},
+      // A conversation is a prompt: the context's limit (400) comes first.
+      {"chat past the context", post(json{{"messages", {{{"role", "user"}, {"content", repeat(once, 250)}}}}}.dump(), "/tokenize"),
+       400},
+      {"within the cap, with pieces", post(json{{"content", repeat(once, 20)}, {"with_pieces", true}}.dump(), "/tokenize"),
+       200},
+      {"detokenize past the cap", post(json{{"tokens", std::vector<int>(1001, 5)}}.dump(), "/detokenize"), 413, "tokens"},
+      {"detokenize at the cap", post(json{{"tokens", std::vector<int>(1000, 5)}}.dump(), "/detokenize"), 200},
+  });
+}
+
+TEST_F(hostile, tokenize_memory_is_returned) {
+  // Eight large answers at once (60,000 tokens with pieces, near the default
+  // cap): once answered, the server's RSS is back near its idle figure.
+  const std::string req = post(json{{"content", repeat("Once upon a time there was a girl. ", 5000)},
+                                    {"with_pieces", true}}.dump(), "/tokenize");
+  std::vector<std::thread> clients;
+  std::atomic<int> n_ok{0};
+  for (int i = 0; i < 8; ++i)
+    clients.emplace_back([&] { n_ok += ask(port_, req, 30000).status == 200 ? 1 : 0; });
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(n_ok.load(), 8);
+  const long after = rss_bytes(server_->pid());
+  std::fprintf(stderr, "after eight large /tokenize: RSS %.1f MB (idle %.1f MB)\n", after / 1e6, idle_rss_ / 1e6);
+  EXPECT_LT(after - idle_rss_, 32l << 20);
+}
+
 }  // namespace
 }  // namespace pagoda::test
