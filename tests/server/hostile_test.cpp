@@ -238,8 +238,8 @@ TEST_F(hostile, body_attacks_keep_memory_bounded) {
     EXPECT_EQ(ask(port_, req, 10000).status, 413);
   });
   within_rss("a 2^64-1 byte chunk", [&] {
-    EXPECT_EQ(ask(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                              "ffffffffffffffff\r\nabc", 5000).status, 413);
+    EXPECT_EQ(ask(port_, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-alice\r\n"
+                              "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc", 5000).status, 413);
   });
   // A real gzip bomb (100 MB of zeros in about 100 KB): never inflated.
   within_rss("gzip bomb", [&] {
@@ -262,15 +262,16 @@ TEST_F(hostile, body_attacks_keep_memory_bounded) {
     for (int i = 0; i < 400000; ++i) req += "X-a: b\r\n";
     EXPECT_EQ(ask(port_, req + "\r\n", 10000).status, 431);
   });
-  // 16 concurrent 4 MB bodies, each an array of two million zeros in an ignored field.
+  // 16 concurrent 4 MB bodies, each an array of two million zeros in an
+  // ignored field; eight under each key (a key's share is 32 MiB).
   within_rss("16 x 4 MB arrays of zeros", [&] {
     std::string arr = R"({"prompt": "a", "x": [0)";
     while (arr.size() < (4u << 20) - 16) arr += ",0";
-    const std::string req = post(arr + "]}");
+    const std::string reqs[2] = {post(arr + "]}"), post(arr + "]}", "/v1/completions", k_global_key)};
     std::vector<std::thread> ts;
     std::atomic<int> n_400{0};
     for (int i = 0; i < 16; ++i)
-      ts.emplace_back([&] { n_400 += ask(port_, req, 20000).status == 400 ? 1 : 0; });
+      ts.emplace_back([&, i] { n_400 += ask(port_, reqs[i % 2], 20000).status == 400 ? 1 : 0; });
     for (auto& t : ts) t.join();
     EXPECT_EQ(n_400.load(), 16);
   });
