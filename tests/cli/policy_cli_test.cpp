@@ -67,7 +67,7 @@ TEST(cli_policy, batch_lines_name_their_own_policies) {
   const std::string in = write_temp("in.jsonl", lines);
   for (const char* kv : {"f16", "int4"}) {
     auto r = run_cli("batch -m " + model_path() + " -i " + in + " --json-summary -t 1 --kv-key-summaries --kv-cache-dtype " + kv);
-    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(r.exit_code, 1) << "the bad line fails the batch's exit code: " << r.err;
     std::istringstream out(r.out);
     std::string line;
     int n_ok = 0;
