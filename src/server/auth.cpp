@@ -11,8 +11,6 @@ namespace pagoda::server {
 
 using nlohmann::json;
 
-namespace {
-
 bool valid_tenant_name(std::string_view s) {
   if (s.empty() || s.size() > 64) return false;
   for (char c : s)
@@ -20,6 +18,8 @@ bool valid_tenant_name(std::string_view s) {
       return false;
   return true;
 }
+
+namespace {
 
 result<tenant_spec> parse_tenant(const json& t, const std::string& where) {
   if (!t.is_object()) return error(errc::invalid_argument, "{}: expected an object", where);

@@ -40,6 +40,10 @@ struct tenant_spec {
 result<std::vector<std::string>> parse_api_keys(std::string_view text, std::string_view source);
 result<std::vector<std::string>> load_api_key_file(const std::string& path);
 
+// A tenant name a tenants file may declare: 1-64 characters of [A-Za-z0-9_.-]
+// (so "" — the global tenant — and "-" never are).
+bool valid_tenant_name(std::string_view s);
+
 // Parses a tenants file's text; errors name the file (`source`) and the field.
 result<std::vector<tenant_spec>> parse_tenants(std::string_view json_text, std::string_view source);
 result<std::vector<tenant_spec>> load_tenants_file(const std::string& path);

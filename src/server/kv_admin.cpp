@@ -37,8 +37,9 @@ api_result<warm_plan> kv_admin::plan_warm(const json& body, const api_context& c
   if (auto it = call_body.find("tenant"); it != call_body.end()) {
     if (!admin) return forbidden("Naming a tenant in /v1/kv/warm");
     if (!it->is_string()) return bad_request("tenant", "'tenant' must be a string");
-    plan.tenant = it->get<std::string>();
-    if (plan.tenant == "-") plan.tenant.clear();
+    api_result<std::string> named = named_tenant(it->get<std::string>(), "'tenant'");
+    if (!named.ok()) return named.error;
+    plan.tenant = *named.value;
     call_body.erase(it);
   }
   const api_kind kind = call_body.contains("messages") ? api_kind::chat : api_kind::completion;
@@ -180,9 +181,20 @@ json kv_admin::stats() {
   return out;
 }
 
+api_result<std::string> kv_admin::named_tenant(const std::string& name, std::string_view what) {
+  // "" is not a way to say the global tenant: an empty parameter is far more
+  // often a client's missing variable than a wish to erase everyone's cache.
+  if (name == "-") return std::string();
+  if (!valid_tenant_name(name))
+    return bad_request("tenant", fmt::format("{} must be a tenant name (1-64 characters of [A-Za-z0-9_.-]) or '-' for "
+                                             "the global tenant",
+                                             what));
+  return name;
+}
+
 api_result<std::string> kv_admin::tenant_to_erase(const std::optional<std::string>& tenant_arg) {
   if (!tenant_arg) return bad_request("tenant", "DELETE /v1/kv needs ?tenant=NAME ('-' for the global tenant)");
-  return *tenant_arg == "-" ? std::string() : *tenant_arg;
+  return named_tenant(*tenant_arg, "?tenant=");
 }
 
 std::int32_t kv_admin::erase_in_pool(engine_core& core, const std::string& tenant) {

@@ -91,8 +91,11 @@ class kv_admin {
   nlohmann::json stats();
 
   // DELETE /v1/kv?tenant=NAME: the tenant named by the query ("-" is the
-  // global tenant ""), or a 400.
+  // global tenant ""), or a 400 for a missing, empty or malformed name.
   static api_result<std::string> tenant_to_erase(const std::optional<std::string>& tenant_arg);
+  // A tenant an admin names (query or body): "-" is the global tenant;
+  // anything but a valid tenant name is a 400 naming `what`.
+  static api_result<std::string> named_tenant(const std::string& name, std::string_view what);
   // Engine thread, inside engine_loop::close_tenant_async (the tenant's
   // requests aborted, every op applied): drops its cached blocks from the
   // pool; returns how many.

@@ -177,6 +177,36 @@ TEST(serve_kv_admin, warm_stats_and_delete_keep_tenants_apart_in_every_tier) {
   EXPECT_EQ(count_entries(*d, &alice), blocks) << ls.out;
 }
 
+// An empty or malformed tenant in DELETE /v1/kv (or in a warm's "tenant") is
+// a 400 that erases nothing: before, `?tenant=` (a client's empty variable)
+// erased the global tenant's whole cache. Only '-' names the global tenant.
+TEST(serve_kv_admin, an_empty_or_malformed_tenant_is_a_400_and_erases_nothing) {
+  temp_dir dir("kvdelbad");
+  const std::string disk = (dir.path / "kv").string();
+  auto args = store_test_args();
+  args.insert(args.end(), {"--kv-store", disk, "--admin-key", k_admin});
+  serve_process s(args);
+  const json w = warm(s.port(), story_prompt(2), k_admin);
+  ASSERT_EQ(w["http_status"], 200) << w;
+  const int blocks = w["stored_blocks"];
+  ASSERT_GE(blocks, 2);
+  for (const char* bad : {"/v1/kv?tenant=", "/v1/kv?tenant=%20", "/v1/kv?tenant=a%2Fb", "/v1/kv?tenant=..%2F..",
+                          "/v1/kv?tenant=%00", "/v1/kv?tenant=al!ce"}) {
+    const json del = call(s.port(), "DELETE", bad, {}, k_admin);
+    EXPECT_EQ(del["http_status"], 400) << bad << ": " << del;
+  }
+  const std::string long_name(65, 'a');
+  EXPECT_EQ(call(s.port(), "DELETE", "/v1/kv?tenant=" + long_name, {}, k_admin)["http_status"], 400);
+  EXPECT_EQ(warm(s.port(), "Once", k_admin, {{"tenant", ""}})["http_status"], 400);
+  const json st = call(s.port(), "GET", "/v1/kv/stats", {}, k_admin);
+  ASSERT_EQ(st["http_status"], 200) << st;
+  EXPECT_EQ(tier_of(st, "disk")["entries"].get<int>(), blocks) << "nothing was erased: " << st;
+  // '-' is the global tenant, and erases it.
+  const json del = call(s.port(), "DELETE", "/v1/kv?tenant=-", {}, k_admin);
+  ASSERT_EQ(del["http_status"], 200) << del;
+  EXPECT_EQ(tier_of(call(s.port(), "GET", "/v1/kv/stats", {}, k_admin), "disk")["entries"].get<int>(), 0);
+}
+
 TEST(serve_kv_admin, corrupt_entries_on_disk_and_in_redis_are_recomputed_and_counted) {
   temp_dir dir("kvcorrupt");
   redis_server redis;
