@@ -134,6 +134,10 @@ store_metrics gather(const engine_snapshot& snap, kv_warehouse* warehouse) {
     t.errors = s.errors;
     t.writes = s.writes;
     t.evictions = s.evictions;
+    if (s.tier == "disk") {
+      t.quarantined = s.quarantined;
+      t.compactions = s.compactions;
+    }
     t.entries = s.entries;
     t.bytes = s.bytes;
     t.capacity_bytes = s.capacity_bytes;
@@ -162,6 +166,8 @@ json kv_admin::stats() {
     if (t.loads >= 0) j["loads"] = t.loads;
     if (t.errors >= 0) j["errors"] = t.errors;
     if (t.writes >= 0) j["writes"] = t.writes;
+    if (t.quarantined >= 0) j["quarantined"] = t.quarantined;
+    if (t.compactions >= 0) j["compactions"] = t.compactions;
     if (t.load_seconds && t.load_seconds->count > 0)
       j["load_seconds_mean"] = t.load_seconds->sum / static_cast<double>(t.load_seconds->count);
     tiers.push_back(std::move(j));

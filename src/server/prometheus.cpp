@@ -184,6 +184,11 @@ std::string render_store_metrics(const store_metrics& m, const std::string& mode
            [&](const auto& t) { return d(t.writes); });
   per_tier("pagoda:kv_store_evictions_total", "counter", "KV blocks a tier dropped for its size cap or TTL.",
            [&](const auto& t) { return d(t.evictions); });
+  per_tier("pagoda:kv_store_quarantined_total", "counter",
+           "Damaged store files moved aside at open (the tier started empty); see docs/kv-store.md.",
+           [&](const auto& t) { return d(t.quarantined); });
+  per_tier("pagoda:kv_store_compactions_total", "counter", "Rewrites of a tier's file (after a tenant erase).",
+           [&](const auto& t) { return d(t.compactions); });
   w.family("pagoda:kv_store_load_seconds", "histogram", "Seconds to fetch and verify one KV block from a store tier.");
   for (const store_metrics::tier& t : m.tiers)
     if (t.load_seconds) w.histogram_series("pagoda:kv_store_load_seconds", fmt::format("tier=\"{}\"", escape_label(t.name)), *t.load_seconds);

@@ -46,6 +46,7 @@ struct store_metrics {
   struct tier {
     std::string name;  // "memory", "disk", "redis"
     std::int64_t hits = 0, misses = 0, loads = 0, errors = 0, writes = 0, evictions = 0;
+    std::int64_t quarantined = -1, compactions = -1;  // -1: not a disk tier (not rendered)
     std::int64_t entries = -1, bytes = -1, capacity_bytes = 0;  // -1: unknown
     std::optional<histogram_snapshot> load_seconds;              // none for memory
   };

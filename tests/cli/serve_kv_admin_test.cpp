@@ -4,6 +4,7 @@
 // entries on disk and in Redis (never served: recomputed and counted), Redis
 // going down and coming back, and a disk that fills up.
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -70,6 +71,16 @@ json tier_of(const json& stats, const std::string& name) {
   for (const json& t : stats["tiers"])
     if (t["tier"] == name) return t;
   return json();
+}
+
+// A sample of GET /metrics ("NAME{...LABEL...} VALUE"), -1 when absent.
+double metric_sample(int port, const std::string& name, const std::string& label) {
+  const json m = call(port, "GET", "/metrics");
+  std::istringstream lines(m.value("body", std::string()));
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(name + "{", 0) == 0 && line.find(label) != std::string::npos)
+      return std::stod(line.substr(line.rfind(' ') + 1));
+  return -1;
 }
 
 TEST(serve_kv_admin, warm_stats_and_delete_keep_tenants_apart_in_every_tier) {
@@ -159,6 +170,8 @@ TEST(serve_kv_admin, warm_stats_and_delete_keep_tenants_apart_in_every_tier) {
   ASSERT_EQ(del["http_status"], 200) << del;
   const json del_replica = call(replica.port(), "DELETE", "/v1/kv?tenant=alice", {}, k_admin);
   ASSERT_EQ(del_replica["http_status"], 200) << del_replica;
+  // The erase rewrote the disk tier's file (so none of her bytes remain in it).
+  EXPECT_EQ(metric_sample(s.port(), "pagoda:kv_store_compactions_total", "tier=\"disk\""), 1);
   {
     auto r = open_redis(redis);
     const std::string alice = "alice", bob = "bob";
@@ -205,6 +218,42 @@ TEST(serve_kv_admin, an_empty_or_malformed_tenant_is_a_400_and_erases_nothing) {
   const json del = call(s.port(), "DELETE", "/v1/kv?tenant=-", {}, k_admin);
   ASSERT_EQ(del["http_status"], 200) << del;
   EXPECT_EQ(tier_of(call(s.port(), "GET", "/v1/kv/stats", {}, k_admin), "disk")["entries"].get<int>(), 0);
+}
+
+// A store file truncated behind the server's back: `kv verify` reports the
+// damage (exit 1), the server still starts (the file moved aside, the tier
+// empty), serves, and counts it in /metrics and /v1/kv/stats.
+TEST(serve_kv_admin, a_truncated_store_starts_the_server_quarantined_and_counted) {
+  temp_dir dir("kvtrunc");
+  const std::string disk = (dir.path / "kv").string();
+  auto args = store_test_args();
+  args.insert(args.end(), {"--kv-store", disk, "--admin-key", k_admin});
+  const std::string prompt = story_prompt(3);
+  std::string ref;
+  {
+    serve_process s(args);
+    ASSERT_EQ(warm(s.port(), prompt, k_admin)["http_status"], 200);
+    ref = text(complete(s.port(), prompt, 8));
+    EXPECT_EQ(metric_sample(s.port(), "pagoda:kv_store_quarantined_total", "tier=\"disk\""), 0);
+    s.stop(SIGTERM);
+  }
+  EXPECT_EQ(run_cli("kv verify --store " + disk).exit_code, 0);
+  const std::filesystem::path data = std::filesystem::path(disk) / "data.mdb";
+  std::filesystem::resize_file(data, std::filesystem::file_size(data) / 2);
+  const cli_result v = run_cli("kv verify --store " + disk);
+  EXPECT_EQ(v.exit_code, 1) << v.out << v.err;
+  serve_process s(args);
+  EXPECT_EQ(metric_sample(s.port(), "pagoda:kv_store_quarantined_total", "tier=\"disk\""), 1);
+  const json st = call(s.port(), "GET", "/v1/kv/stats", {}, k_admin);
+  EXPECT_EQ(tier_of(st, "disk")["quarantined"], 1) << st;
+  EXPECT_EQ(tier_of(st, "disk")["entries"], 0) << st;
+  const json again = complete(s.port(), prompt, 8);
+  ASSERT_EQ(again["http_status"], 200) << again;
+  EXPECT_EQ(text(again), ref);
+  int n_aside = 0;
+  for (const auto& e : std::filesystem::directory_iterator(disk))
+    n_aside += e.path().filename().string().rfind("data.mdb.damaged-", 0) == 0;
+  EXPECT_EQ(n_aside, 1);
 }
 
 TEST(serve_kv_admin, corrupt_entries_on_disk_and_in_redis_are_recomputed_and_counted) {

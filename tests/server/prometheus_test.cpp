@@ -121,6 +121,8 @@ TEST(prometheus, renders_store_tiers) {
   disk.entries = 9;
   disk.bytes = 4096;
   disk.capacity_bytes = 1 << 20;
+  disk.quarantined = 1;
+  disk.compactions = 2;
   disk.load_seconds = histogram_snapshot{{0.001, 0.01}, {1, 3}, 3, 0.012};
   store_metrics::tier redis;
   redis.name = "redis";
@@ -136,6 +138,9 @@ TEST(prometheus, renders_store_tiers) {
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_bytes{tier=\"disk\"}"), 4096);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_capacity_bytes{tier=\"disk\"}"), 1 << 20);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_errors_total{tier=\"redis\"}"), 4);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_quarantined_total{tier=\"disk\"}"), 1);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_compactions_total{tier=\"disk\"}"), 2);
+  EXPECT_EQ(text.find("kv_store_quarantined_total{model_name=\"m\",tier=\"redis\"}"), std::string::npos);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_load_seconds_bucket{tier=\"disk\",le=\"0.01\"}"), 3);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_load_seconds_count{tier=\"disk\"}"), 3);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_write_dropped_total"), 6);
