@@ -39,7 +39,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int k_listen_backlog = 1024;
+constexpr int k_listen_backlog = 4096;
 constexpr std::chrono::milliseconds k_stop_grace{2000};
 constexpr std::chrono::milliseconds k_accept_retry{50};
 constexpr std::size_t k_trim_after_bytes = 1u << 20;  // request + answer of a /tokenize worth malloc_trim
