@@ -52,7 +52,7 @@ struct engine_config {
   // --- KV warehouse (persistent tiers behind the pool) ---------------------
   std::string kv_store_path;         // local disk tier directory (LMDB); "" = none
   double kv_store_size_gib = 8;      // its size cap
-  std::string kv_store_remote;       // "redis://host:port", shared between servers; "" = none
+  std::string kv_store_remote;       // a Redis URL (redis://, rediss://), shared between servers; "" = none
   std::int64_t kv_store_ttl_s = 0;   // entries unused this long are dropped; 0 = no expiry
 
   // --- scheduling --------------------------------------------------------

@@ -27,7 +27,7 @@ constexpr char k_export_magic[4] = {'P', 'G', 'K', 'X'};
 constexpr std::uint32_t k_export_version = 1;
 
 struct kv_options {
-  std::string store;           // directory or redis://host:port
+  std::string store;           // directory or a Redis URL (redis://, rediss://)
   double size_gib = 8;         // disk tier cap (import, prune)
   std::string tenant;          // ls, prune, export: only this tenant
   bool all_tenants = false;    // prune: every entry
@@ -37,7 +37,7 @@ struct kv_options {
 };
 
 result<std::unique_ptr<block_store>> open_store(const kv_options& o, bool create) {
-  if (o.store.rfind("redis://", 0) == 0) {
+  if (looks_like_url(o.store)) {
     PAGODA_ASSIGN_OR_RETURN(redis_store_options r, parse_redis_url(o.store));
     return make_redis_store(r, /*require_connection=*/true);
   }
@@ -185,7 +185,7 @@ int kv_verify_disk(const kv_options& o) {
 }
 
 int kv_verify(const kv_options& o) {
-  if (o.store.rfind("redis://", 0) != 0) return kv_verify_disk(o);
+  if (!looks_like_url(o.store)) return kv_verify_disk(o);
   PAGODA_ASSIGN_OR_RETURN_CLI(auto store, open_store(o, false));
   verify_tally t;
   PAGODA_RETURN_IF_ERROR_CLI(store->for_each([&](const store_key& k, std::span<const std::byte> v) {
@@ -332,7 +332,7 @@ void register_kv(CLI::App& app, std::function<int()>& action) {
   kv->require_subcommand(1);
   const auto sub = [&](const char* name, const char* help, int (*fn)(const kv_options&)) {
     CLI::App* c = kv->add_subcommand(name, help);
-    c->add_option("--store", opts->store, "the store: a --kv-store directory or redis://HOST:PORT")->required();
+    c->add_option("--store", opts->store, "the store: a --kv-store directory or a Redis URL (redis:// or rediss://, docs/kv-store.md)")->required();
     c->callback([opts, fn, &action] { action = [opts, fn] { return fn(*opts); }; });
     return c;
   };

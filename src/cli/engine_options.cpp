@@ -16,7 +16,8 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
   app->add_option("--kv-store", opts.kv_store,
                   "PATH[,size=GiB]: keep KV blocks on disk (LMDB) across restarts, default size 8 GiB");
   app->add_option("--kv-store-remote", opts.config.kv_store_remote,
-                  "redis://HOST:PORT: share KV blocks with other servers through Redis");
+                  "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?password_file=F] or rediss://...[?ca=F&cert=F&key=F] (TLS): "
+                  "share KV blocks with other servers through Redis (docs/kv-store.md)");
   app->add_option("--kv-store-ttl", opts.config.kv_store_ttl_s, "drop stored KV blocks unused this many seconds (0: never)")
       ->check(finite_range(0.0, 1e12));
 }

@@ -151,10 +151,13 @@ result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config
     tiers.push_back(std::move(disk));
   }
   if (!config.kv_store_remote.empty()) {
-    PAGODA_ASSIGN_OR_RETURN(redis_store_options r, parse_redis_url(config.kv_store_remote));
+    auto parsed = parse_redis_url(config.kv_store_remote);
+    if (!parsed.ok()) return parsed.error().with_context("--kv-store-remote");
+    redis_store_options r = std::move(*parsed);
     r.ttl_seconds = config.kv_store_ttl_s;
     // A server that is down now is not fatal: the tier counts errors and
-    // reconnects later, and serving goes on from the pool and the disk.
+    // reconnects later, and serving goes on from the pool and the disk. One
+    // that refuses us (password, certificate) is: that does not heal.
     auto redis = make_redis_store(r, /*require_connection=*/false, clock);
     if (!redis.ok()) return redis.error().with_context("--kv-store-remote");
     tiers.push_back(std::move(*redis));

@@ -115,19 +115,37 @@ result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& o
 // maxmemory and maxmemory-policy allkeys-lfu: frequency-aware); ttl_seconds > 0
 // sets an expiry on every entry. A server that is down or goes down makes calls
 // fail fast (counted errors); the connection is retried at most once a second
-// of `clock`'s monotonic time (REQUIRES: clock outlives the store).
+// of `clock`'s monotonic time (REQUIRES: clock outlives the store). Every
+// (re)connection authenticates (AUTH), selects `db` and PINGs before use; a
+// reconnection the server refuses leaves the tier down, logged with the reason.
 struct redis_store_options {
-  std::string host = "127.0.0.1";
+  std::string host = "127.0.0.1";  // a name or an IP address (IPv6 without brackets)
   int port = 6379;
   std::int64_t ttl_seconds = 0;
-  int timeout_ms = 500;
+  int timeout_ms = 500;            // connect, and each read or write
+  std::string user;                // ACL user; "" with a password: AUTH PASSWORD (the default user)
+  std::string password;            // "" and no password_file: no AUTH
+  std::string password_file;       // the password is this file's content (one trailing newline dropped)
+  int db = 0;                      // SELECTed when not 0
+  bool tls = false;                // rediss://: TLS, the server's certificate verified, never plaintext
+  std::string ca_file;             // TLS: trusted CAs (PEM); "" = the system's trust store
+  std::string cert_file;           // TLS: client certificate (PEM), for tls-auth-clients
+  std::string key_file;            // TLS: its private key (PEM)
 };
 // require_connection: fail when the server cannot be reached now; otherwise
-// the tier starts down and connects when the server answers.
+// the tier starts down and connects when the server answers. A server that
+// answers but refuses us (wrong password, a certificate that does not verify,
+// not speaking Redis or TLS as the URL says) and unreadable credential files
+// fail either way: those do not heal by waiting.
 result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options,
                                                       bool require_connection = true,
                                                       const clock_source& clock = system_clock_source());
-// "redis://host:port" into options; errors name what is wrong.
+// redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?PARAMS] or rediss://... (TLS) into
+// options; HOST may be [IPv6]; USER and PASSWORD are percent-decoded; PARAMS are
+// ca=, cert=, key= (rediss:// only) and password_file=. Anything else is an error
+// naming the part that is wrong; messages never repeat the password.
 result<redis_store_options> parse_redis_url(const std::string& url);
+// Whether a --store/--kv-store-remote value is meant as a URL (has "://").
+bool looks_like_url(std::string_view s);
 
 }  // namespace pagoda

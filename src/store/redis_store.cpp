@@ -1,11 +1,11 @@
-#include <hiredis/hiredis.h>
-
 #include <charconv>
-#include <cstring>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "store/block_store.h"
+#include "store/redis_connection.h"
 
 namespace pagoda {
 namespace {
@@ -27,34 +27,29 @@ bool parse_redis_key(const char* s, std::size_t n, store_key& out) {
   return true;
 }
 
-struct reply_deleter {
-  void operator()(redisReply* r) const {
-    if (r) freeReplyObject(r);
-  }
-};
-using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
+using reply_ptr = redis_reply_ptr;
 
 // mu_ guards the connection and is held across each command's round trip
 // (the warehouse's threads are its only callers); the counters have a lock of
 // their own, so stats() never waits on the network.
 class redis_store final : public block_store {
  public:
-  redis_store(redis_store_options o, const clock_source& clock) : o_(std::move(o)), clock_(clock) {}
-  ~redis_store() override {
-    if (ctx_) redisFree(ctx_);
-  }
+  redis_store(redis_store_options o, std::shared_ptr<const redis_credentials> creds, const clock_source& clock)
+      : o_(std::move(o)), creds_(std::move(creds)), clock_(clock) {}
 
   const char* tier() const override { return "redis"; }
 
+  // The first connection; its failure is the caller's to report.
   status connect_now() {
     std::lock_guard lock(mu_);
-    return connect_locked();
+    status st = connect_locked(/*log=*/false);
+    return st;
   }
 
   result<std::optional<std::vector<std::byte>>> get(const store_key& key) override {
     std::lock_guard lock(mu_);
     const std::string k = redis_key(key);
-    PAGODA_ASSIGN_OR_RETURN(reply_ptr r, command_locked("GET %b", k.data(), k.size()));
+    PAGODA_ASSIGN_OR_RETURN(reply_ptr r, command_locked({"GET", k}));
     if (r->type == REDIS_REPLY_NIL) {
       count(&store_tier_stats::misses);
       return std::optional<std::vector<std::byte>>();
@@ -80,7 +75,7 @@ class redis_store final : public block_store {
     // One round trip for them all.
     for (const store_key& key : keys) {
       const std::string k = redis_key(key);
-      redisAppendCommand(ctx_, "EXISTS %b", k.data(), k.size());
+      conn_->append({"EXISTS", k});
     }
     PAGODA_RETURN_IF_ERROR(replies_locked(keys.size(), [&](const redisReply& r) {
       out.push_back(r.type == REDIS_REPLY_INTEGER && r.integer == 1);
@@ -98,14 +93,15 @@ class redis_store final : public block_store {
     std::lock_guard lock(mu_);
     if (entries.empty()) return {};
     PAGODA_RETURN_IF_ERROR(ensure_connected_locked());
+    const std::string ttl = std::to_string(o_.ttl_seconds);
     // Pipelined: one round trip for the batch.
     for (const store_entry& e : entries) {
       const std::string k = redis_key(e.key);
+      const std::string_view v(reinterpret_cast<const char*>(e.value.data()), e.value.size());
       if (o_.ttl_seconds > 0)
-        redisAppendCommand(ctx_, "SET %b %b NX EX %lld", k.data(), k.size(), e.value.data(), e.value.size(),
-                           static_cast<long long>(o_.ttl_seconds));
+        conn_->append({"SET", k, v, "NX", "EX", ttl});
       else
-        redisAppendCommand(ctx_, "SET %b %b NX", k.data(), k.size(), e.value.data(), e.value.size());
+        conn_->append({"SET", k, v, "NX"});
     }
     status first;
     PAGODA_RETURN_IF_ERROR(replies_locked(entries.size(), [&](const redisReply& r) {
@@ -123,7 +119,7 @@ class redis_store final : public block_store {
   status erase(const store_key& key) override {
     std::lock_guard lock(mu_);
     const std::string k = redis_key(key);
-    auto r = command_locked("UNLINK %b", k.data(), k.size());
+    auto r = command_locked({"UNLINK", k});
     return r.ok() ? status{} : r.error();
   }
 
@@ -132,7 +128,7 @@ class redis_store final : public block_store {
     const std::string pattern = std::string(k_prefix) + store_key{tenant, 0}.hex().substr(0, 16) + "*";
     std::size_t n = 0;
     PAGODA_RETURN_IF_ERROR(scan_locked(pattern, [&](const char* key, std::size_t len) {
-      auto r = command_locked("UNLINK %b", key, len);
+      auto r = command_locked({"UNLINK", std::string_view(key, len)});
       if (r.ok() && (*r)->type == REDIS_REPLY_INTEGER) n += static_cast<std::size_t>((*r)->integer);
       return r.ok();
     }));
@@ -144,7 +140,7 @@ class redis_store final : public block_store {
     return scan_locked(std::string(k_prefix) + "*", [&](const char* key, std::size_t len) {
       store_key k;
       if (!parse_redis_key(key, len, k)) return true;
-      auto r = command_locked("GET %b", key, len);
+      auto r = command_locked({"GET", std::string_view(key, len)});
       if (!r.ok()) return false;
       if ((*r)->type != REDIS_REPLY_STRING) return true;
       return fn(k, std::span<const std::byte>(reinterpret_cast<const std::byte*>((*r)->str), (*r)->len));
@@ -159,42 +155,45 @@ class redis_store final : public block_store {
   }
 
  private:
-  status connect_locked() {
-    if (ctx_) {
-      redisFree(ctx_);
-      ctx_ = nullptr;
-    }
+  // Opens a connection (TLS, AUTH, SELECT, PING); a failure is logged when its
+  // reason differs from the last one, so a tier that stays down logs once.
+  status connect_locked(bool log = true) {
+    conn_.reset();
     last_attempt_us_ = clock_.monotonic_us();
-    const timeval tv{o_.timeout_ms / 1000, (o_.timeout_ms % 1000) * 1000};
-    ctx_ = redisConnectWithTimeout(o_.host.c_str(), o_.port, tv);
-    if (!ctx_ || ctx_->err) {
-      std::string why = ctx_ ? ctx_->errstr : "cannot allocate a connection";
-      if (ctx_) redisFree(ctx_);
-      ctx_ = nullptr;
-      return error(errc::io_error, "Redis {}:{}: {}", o_.host, o_.port, why);
+    auto c = redis_connection::open(o_, creds_);
+    if (!c.ok()) {
+      if (log) note_down_locked(c.error().message());
+      else down_reason_ = c.error().message();
+      return c.error();
     }
-    redisSetTimeout(ctx_, tv);
+    conn_ = std::move(*c);
+    if (!down_reason_.empty()) std::fprintf(stderr, "pagoda: Redis tier %s:%d is back\n", o_.host.c_str(), o_.port);
+    down_reason_.clear();
     return {};
   }
 
+  void note_down_locked(const std::string& why) {
+    if (why != down_reason_) std::fprintf(stderr, "pagoda: Redis tier is down: %s\n", why.c_str());
+    down_reason_ = why;
+  }
+
   status ensure_connected_locked() {
-    if (ctx_) return {};
+    if (conn_) return {};
     // Down: retry at most once a second, so a dead server costs nothing per call.
     if (clock_.monotonic_us() - last_attempt_us_ < k_retry_us) {
       count(&store_tier_stats::errors);
-      return error(errc::io_error, "Redis {}:{} is unreachable", o_.host, o_.port);
+      return error(errc::io_error, "Redis {}:{} is down: {}", o_.host, o_.port, down_reason_);
     }
     status st = connect_locked();
     if (!st.ok()) count(&store_tier_stats::errors);
     return st;
   }
 
-  status drop_locked() {
-    const std::string why = ctx_ && ctx_->errstr[0] ? ctx_->errstr : "connection lost";
-    if (ctx_) redisFree(ctx_);
-    ctx_ = nullptr;
+  status drop_locked(const status& why) {
+    conn_.reset();
     count(&store_tier_stats::errors);
-    return error(errc::io_error, "Redis {}:{}: {}", o_.host, o_.port, why);
+    note_down_locked(why.message());
+    return why;
   }
 
   result<reply_ptr> fail_locked(const std::string& why) {
@@ -211,19 +210,17 @@ class redis_store final : public block_store {
   template <typename F>
   status replies_locked(std::size_t n, F&& on_reply) {
     for (std::size_t i = 0; i < n; ++i) {
-      redisReply* raw = nullptr;
-      if (redisGetReply(ctx_, reinterpret_cast<void**>(&raw)) != REDIS_OK) return drop_locked();
-      reply_ptr r(raw);
-      PAGODA_RETURN_IF_ERROR(on_reply(*r));
+      auto r = conn_->read_reply();
+      if (!r.ok()) return drop_locked(r.error());
+      PAGODA_RETURN_IF_ERROR(on_reply(**r));
     }
     return {};
   }
 
-  template <typename... A>
-  result<reply_ptr> command_locked(const char* format, A... args) {
+  result<reply_ptr> command_locked(std::initializer_list<std::string_view> args) {
     PAGODA_RETURN_IF_ERROR(ensure_connected_locked());
-    reply_ptr r(static_cast<redisReply*>(redisCommand(ctx_, format, args...)));
-    if (!r) return drop_locked();
+    auto r = conn_->command(args);
+    if (!r.ok()) return drop_locked(r.error());
     return r;
   }
 
@@ -231,8 +228,7 @@ class redis_store final : public block_store {
   status scan_locked(const std::string& pattern, F&& on_key) {
     std::string cursor = "0";
     do {
-      PAGODA_ASSIGN_OR_RETURN(reply_ptr r, command_locked("SCAN %s MATCH %b COUNT 512", cursor.c_str(), pattern.data(),
-                                                           pattern.size()));
+      PAGODA_ASSIGN_OR_RETURN(reply_ptr r, command_locked({"SCAN", cursor, "MATCH", pattern, "COUNT", "512"}));
       if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) return fail_locked("SCAN answered something unexpected").error();
       cursor.assign(r->element[0]->str, r->element[0]->len);
       const redisReply* keys = r->element[1];
@@ -245,9 +241,11 @@ class redis_store final : public block_store {
   static constexpr std::int64_t k_retry_us = 1'000'000;
 
   redis_store_options o_;
+  std::shared_ptr<const redis_credentials> creds_;
   const clock_source& clock_;
   std::mutex mu_;  // the connection; held across round trips
-  redisContext* ctx_ = nullptr;
+  std::unique_ptr<redis_connection> conn_;  // null: down
+  std::string down_reason_;                 // why the last connection failed or was lost; "" when up
   std::int64_t last_attempt_us_ = INT64_MIN / 2;  // monotonic_us of the last connection attempt
   std::mutex stats_mu_;
   store_tier_stats stats_;
@@ -257,32 +255,13 @@ class redis_store final : public block_store {
 
 result<std::unique_ptr<block_store>> make_redis_store(const redis_store_options& options, bool require_connection,
                                                       const clock_source& clock) {
-  auto s = std::make_unique<redis_store>(options, clock);
+  PAGODA_ASSIGN_OR_RETURN(auto creds, redis_credentials::load(options));
+  auto s = std::make_unique<redis_store>(options, std::move(creds), clock);
   status st = s->connect_now();
-  if (!st.ok() && require_connection) return st;
+  // A server that is down may come up; one that refuses us will not.
+  if (!st.ok() && (require_connection || st.code() != errc::io_error)) return st;
+  if (!st.ok()) std::fprintf(stderr, "pagoda: Redis tier is down, retrying: %s\n", st.message().c_str());
   return std::unique_ptr<block_store>(std::move(s));
-}
-
-result<redis_store_options> parse_redis_url(const std::string& url) {
-  constexpr std::string_view scheme = "redis://";
-  if (url.rfind(scheme, 0) != 0) return error(errc::invalid_argument, "'{}': expected redis://HOST:PORT", url);
-  const std::string rest = url.substr(scheme.size());
-  const std::size_t colon = rest.rfind(':');
-  redis_store_options o;
-  if (colon == std::string::npos) {
-    o.host = rest;
-  } else {
-    o.host = rest.substr(0, colon);
-    int port = 0;
-    const char* b = rest.data() + colon + 1;
-    const char* e = rest.data() + rest.size();
-    const auto [p, ec] = std::from_chars(b, e, port);
-    if (ec != std::errc() || p != e || port < 1 || port > 65535)
-      return error(errc::invalid_argument, "'{}': the port must be a number in 1..65535", url);
-    o.port = port;
-  }
-  if (o.host.empty()) return error(errc::invalid_argument, "'{}': no host", url);
-  return o;
 }
 
 }  // namespace pagoda

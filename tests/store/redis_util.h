@@ -12,6 +12,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -41,9 +42,15 @@ inline bool port_open(int port) {
   return ok;
 }
 
+// extra: more redis-server arguments ("--requirepass", "pw", ...). tls: the
+// port is a TLS port (--tls-port; extra names the certificates) and there is
+// no plaintext one.
 class redis_server {
  public:
   explicit redis_server(int port = 0) : port_(port ? port : free_port()) { start(); }
+  redis_server(std::vector<std::string> extra, bool tls) : port_(free_port()), extra_(std::move(extra)), tls_(tls) {
+    start();
+  }
   ~redis_server() { stop(); }
   redis_server(const redis_server&) = delete;
   redis_server& operator=(const redis_server&) = delete;
@@ -59,9 +66,15 @@ class redis_server {
       ::dup2(null, 1);
       ::dup2(null, 2);
       const std::string port = std::to_string(port_);
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lfu", "--loglevel",
-               "warning", static_cast<char*>(nullptr));
+      std::vector<std::string> args = {"redis-server", "--port", tls_ ? "0" : port, "--bind", "127.0.0.1", "--save", "",
+                                       "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy",
+                                       "allkeys-lfu", "--loglevel", "warning"};
+      if (tls_) args.insert(args.end(), {"--tls-port", port});
+      args.insert(args.end(), extra_.begin(), extra_.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execvp("redis-server", argv.data());
       ::_exit(127);
     }
     for (int i = 0; i < 200 && !port_open(port_); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -78,6 +91,8 @@ class redis_server {
 
  private:
   int port_;
+  std::vector<std::string> extra_;
+  bool tls_ = false;
   pid_t pid_ = -1;
 };
 
