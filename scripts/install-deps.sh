@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libboost-dev libcpp-httplib-dev libcli11-dev
   libfmt-dev libspdlog-dev libxxhash-dev libzstd-dev liblmdb-dev
-  libpcre2-dev libhnswlib-dev libfaiss-dev libhiredis-dev redis-server
+  libpcre2-dev libhnswlib-dev libfaiss-dev libhiredis-dev libssl-dev redis-server
   clang libclang-rt-14-dev
   nodejs
 )
