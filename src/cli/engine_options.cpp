@@ -17,6 +17,9 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
                   "PATH[,size=GiB]: keep KV blocks on disk (LMDB) across restarts, default size 8 GiB");
   app->add_option("--kv-store-remote", opts.config.kv_store_remote,
                   "redis://HOST:PORT: share KV blocks with other servers through Redis");
+  app->add_option("--kv-store-secret-file", opts.config.kv_store_secret_file,
+                  "PATH: a secret (mode 0600) that MACs stored KV blocks, so a forged block is a miss; replicas "
+                  "sharing a tier share it");
   app->add_option("--kv-store-ttl", opts.config.kv_store_ttl_s, "drop stored KV blocks unused this many seconds (0: never)")
       ->check(finite_range(0.0, 1e12));
 }
