@@ -54,6 +54,9 @@ struct engine_config {
   double kv_store_size_gib = 8;      // its size cap
   std::string kv_store_remote;       // a Redis URL (redis://, rediss://), shared between servers; "" = none
   std::int64_t kv_store_ttl_s = 0;   // entries unused this long are dropped; 0 = no expiry
+  // A file holding the secret that MACs stored records (docs/kv-store.md);
+  // "" = records are only checksummed (forgeable by whoever can write a tier).
+  std::string kv_store_secret_file;
 
   // --- scheduling --------------------------------------------------------
   int max_num_seqs = 64;             // sequences running at once

@@ -20,6 +20,7 @@ enum class errc {
   resource_exhausted,  // pool or queue full
   io_error,            // the operating system said no
   cancelled,           // the client went away
+  unauthenticated,     // a MAC did not verify (a forged or foreign stored record)
   internal,
 };
 

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "store/block_record.h"
@@ -34,7 +36,18 @@ struct kv_options {
   bool delete_corrupt = false; // verify: erase what fails
   std::string file;            // export -o / import -i
   std::int64_t limit = 0;      // ls: at most this many rows (0: all)
+  std::string secret_file;     // --kv-store-secret-file: records are checked against their MAC
+  std::shared_ptr<const record_secret> secret;  // read from secret_file before the command runs
 };
+
+// Reads --kv-store-secret-file, when given, into o.secret.
+status load_secret(kv_options& o) {
+  if (o.secret_file.empty()) return {};
+  auto s = record_secret::from_file(o.secret_file);
+  if (!s.ok()) return s.error().with_context("--kv-store-secret-file");
+  o.secret = std::make_shared<const record_secret>(std::move(*s));
+  return {};
+}
 
 result<std::unique_ptr<block_store>> open_store(const kv_options& o, bool create) {
   if (looks_like_url(o.store)) {
@@ -53,8 +66,8 @@ result<std::unique_ptr<block_store>> open_store(const kv_options& o, bool create
 // Walks the store, decoding each record (verified) for fn; a record that
 // fails verification is passed with its error.
 using visit_fn = std::function<bool(const store_key&, std::span<const std::byte>, const result<block_record>&)>;
-status walk(block_store& s, const visit_fn& fn) {
-  return s.for_each([&](const store_key& k, std::span<const std::byte> v) { return fn(k, v, decode_block_record(v, k)); });
+status walk(block_store& s, const record_secret* secret, const visit_fn& fn) {
+  return s.for_each([&](const store_key& k, std::span<const std::byte> v) { return fn(k, v, decode_block_record(v, k, secret)); });
 }
 
 bool tenant_matches(const kv_options& o, const store_key& k) {
@@ -65,7 +78,7 @@ int kv_ls(const kv_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto store, open_store(o, false));
   std::printf("%-32s  %-12s  %6s  %9s  %s\n", "key", "tenant", "tokens", "bytes", "first tokens");
   std::int64_t n = 0;
-  PAGODA_RETURN_IF_ERROR_CLI(walk(*store, [&](const store_key& k, std::span<const std::byte> v,
+  PAGODA_RETURN_IF_ERROR_CLI(walk(*store, o.secret.get(), [&](const store_key& k, std::span<const std::byte> v,
                                               const result<block_record>& r) {
     if (!tenant_matches(o, k)) return true;
     if (!r.ok()) {
@@ -89,7 +102,7 @@ int kv_stats(const kv_options& o) {
   };
   std::map<std::string, per_tenant> tenants;
   std::int64_t corrupt = 0;
-  PAGODA_RETURN_IF_ERROR_CLI(walk(*store, [&](const store_key&, std::span<const std::byte> v,
+  PAGODA_RETURN_IF_ERROR_CLI(walk(*store, o.secret.get(), [&](const store_key&, std::span<const std::byte> v,
                                               const result<block_record>& r) {
     if (!r.ok()) {
       ++corrupt;
@@ -128,24 +141,29 @@ int kv_stats(const kv_options& o) {
   return 0;
 }
 
-// What verify found: blocks that verified, and the keys of those that did not.
+// What verify found: blocks that verified, and the keys of those that did
+// not (of which `forged` failed their MAC: see block_record.h).
 struct verify_tally {
-  std::int64_t ok = 0;
+  const record_secret* secret = nullptr;
+  std::int64_t ok = 0, forged = 0;
   std::vector<store_key> bad;
   void check(const store_key& k, std::span<const std::byte> v) {
-    const status st = check_block_record(v, k);
+    const status st = check_block_record(v, k, secret);
     if (st.ok()) {
       ++ok;
       return;
     }
-    std::printf("%s: %s\n", k.hex().c_str(), st.message().c_str());
+    const bool mac = st.code() == errc::unauthenticated;
+    std::printf("%s: %s%s\n", k.hex().c_str(), mac ? "forged: " : "", st.message().c_str());
+    forged += mac;
     bad.push_back(k);
   }
   // Erases the failed blocks when asked, prints the summary, returns the exit code.
   int finish(const kv_options& o, block_store* store) const {
     if (o.delete_corrupt && store)
       for (const store_key& k : bad) PAGODA_RETURN_IF_ERROR_CLI(store->erase(k));
-    std::printf("%lld blocks verified, %zu failed%s\n", static_cast<long long>(ok), bad.size(),
+    const std::string forged_note = forged ? fmt::format(", {} of them forged (no MAC or a wrong one)", forged) : "";
+    std::printf("%lld blocks verified, %zu failed%s%s\n", static_cast<long long>(ok), bad.size(), forged_note.c_str(),
                 bad.empty() ? "" : (o.delete_corrupt ? " (erased)" : " (erase them with --delete-corrupt)"));
     return bad.empty() || o.delete_corrupt ? 0 : 1;
   }
@@ -158,7 +176,7 @@ int kv_verify_disk(const kv_options& o) {
   const std::string data = (std::filesystem::path(o.store) / "data.mdb").string();
   if (!std::filesystem::exists(data))
     return fail(error(errc::not_found, "no KV store at {} (expected {})", o.store, data));
-  verify_tally t;
+  verify_tally t{o.secret.get()};
   std::int64_t bad_keys = 0;
   const auto visit = [&](std::string_view db, std::span<const std::byte> k, std::span<const std::byte> v) {
     if (db != "blocks") return;
@@ -187,7 +205,7 @@ int kv_verify_disk(const kv_options& o) {
 int kv_verify(const kv_options& o) {
   if (!looks_like_url(o.store)) return kv_verify_disk(o);
   PAGODA_ASSIGN_OR_RETURN_CLI(auto store, open_store(o, false));
-  verify_tally t;
+  verify_tally t{o.secret.get()};
   PAGODA_RETURN_IF_ERROR_CLI(store->for_each([&](const store_key& k, std::span<const std::byte> v) {
     t.check(k, v);
     return true;
@@ -247,7 +265,7 @@ int kv_export(const kv_options& o) {
   std::int64_t skipped = 0;
   PAGODA_RETURN_IF_ERROR_CLI(store->for_each([&](const store_key& k, std::span<const std::byte> v) {
     if (!tenant_matches(o, k)) return true;
-    if (!check_block_record(v, k).ok()) {  // never copy a damaged block elsewhere
+    if (!check_block_record(v, k, o.secret.get()).ok()) {  // never copy a damaged or forged block elsewhere
       ++skipped;
       return true;
     }
@@ -312,7 +330,7 @@ int kv_import(const kv_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto store, open_store(o, true));
   std::int64_t stored = 0, rejected = 0;
   for (const entry& e : entries) {
-    if (!check_block_record(e.value, e.key).ok()) {
+    if (!check_block_record(e.value, e.key, o.secret.get()).ok()) {
       ++rejected;
       continue;
     }
@@ -333,14 +351,25 @@ void register_kv(CLI::App& app, std::function<int()>& action) {
   const auto sub = [&](const char* name, const char* help, int (*fn)(const kv_options&)) {
     CLI::App* c = kv->add_subcommand(name, help);
     c->add_option("--store", opts->store, "the store: a --kv-store directory or a Redis URL (redis:// or rediss://, docs/kv-store.md)")->required();
-    c->callback([opts, fn, &action] { action = [opts, fn] { return fn(*opts); }; });
+    c->callback([opts, fn, &action] {
+      action = [opts, fn] {
+        if (const status st = load_secret(*opts); !st.ok()) return fail(st);
+        return fn(*opts);
+      };
+    });
     return c;
+  };
+  // The subcommands that read records check their MACs with the server's secret.
+  const auto secret_option = [&](const char* name) {
+    kv->get_subcommand(name)->add_option(
+        "--kv-store-secret-file", opts->secret_file,
+        "the secret the server's --kv-store-secret-file names: records are checked against their MAC");
   };
   sub("ls", "list stored blocks: key, tenant, tokens, bytes", kv_ls)
       ->add_option("--tenant", opts->tenant, "only this tenant ('-' for requests without one)");
   kv->get_subcommand("ls")->add_option("--limit", opts->limit, "at most this many rows (0: all)")->capture_default_str();
   sub("stats", "blocks, tokens and bytes per tenant", kv_stats);
-  sub("verify", "check every stored block's checksum and key; exit 1 when one fails", kv_verify)
+  sub("verify", "check every stored block's checksum, MAC and key; exit 1 when one fails", kv_verify)
       ->add_flag("--delete-corrupt", opts->delete_corrupt, "erase the blocks that fail");
   CLI::App* prune = sub("prune", "erase one tenant's blocks, or all", kv_prune);
   prune->add_option("--tenant", opts->tenant, "erase this tenant's blocks ('-' for requests without one)");
@@ -352,6 +381,7 @@ void register_kv(CLI::App& app, std::function<int()>& action) {
   CLI::App* imp = sub("import", "store the blocks of an export file (each verified first)", kv_import);
   imp->add_option("-i,--input", opts->file, "the export file")->required();
   imp->add_option("--size", opts->size_gib, "disk store cap in GiB")->capture_default_str()->check(finite_positive());
+  for (const char* name : {"ls", "stats", "verify", "export", "import"}) secret_option(name);
 }
 
 }  // namespace pagoda::cli

@@ -184,8 +184,11 @@ int serve(serve_options o) {
   if (warehouse) {
     std::string tiers;
     for (const auto& t : warehouse->tiers()) tiers += std::string(tiers.empty() ? "" : " -> ") + t->tier();
-    std::fprintf(stderr, "pagoda serve: KV store %s%s%s (--no-kv-store turns it off)\n", tiers.c_str(),
-                 o.engine.kv_store.empty() ? "" : " at ", o.engine.kv_store.c_str());
+    std::fprintf(stderr, "pagoda serve: KV store %s%s%s (--no-kv-store turns it off); records %s\n", tiers.c_str(),
+                 o.engine.kv_store.empty() ? "" : " at ", o.engine.kv_store.c_str(),
+                 o.engine.config.kv_store_secret_file.empty()
+                     ? "only checksummed: whoever can write the store can forge them (--kv-store-secret-file)"
+                     : "MACed under --kv-store-secret-file");
   }
   // One line on stdout that scripts and tests wait for (with --port 0 it names the port).
   std::printf("pagoda serve: listening on http://%s:%d\n", o.host.c_str(), port);

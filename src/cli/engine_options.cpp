@@ -18,6 +18,9 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
   app->add_option("--kv-store-remote", opts.config.kv_store_remote,
                   "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?password_file=F] or rediss://...[?ca=F&cert=F&key=F] (TLS): "
                   "share KV blocks with other servers through Redis (docs/kv-store.md)");
+  app->add_option("--kv-store-secret-file", opts.config.kv_store_secret_file,
+                  "PATH: a secret (mode 0600) that MACs stored KV blocks, so a forged block is a miss; replicas "
+                  "sharing a tier share it");
   app->add_option("--kv-store-ttl", opts.config.kv_store_ttl_s, "drop stored KV blocks unused this many seconds (0: never)")
       ->check(finite_range(0.0, 1e12));
 }

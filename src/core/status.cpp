@@ -13,6 +13,7 @@ const char* errc_name(errc code) {
     case errc::resource_exhausted: return "resource_exhausted";
     case errc::io_error: return "io_error";
     case errc::cancelled: return "cancelled";
+    case errc::unauthenticated: return "unauthenticated";
     case errc::internal: return "internal";
   }
   return "unknown";

@@ -139,6 +139,15 @@ std::uint64_t model_fingerprint(const llama_model& model) {
 
 result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config, const llama_model& model,
                                                      const clock_source& clock) {
+  std::shared_ptr<const record_secret> secret;
+  if (!config.kv_store_secret_file.empty()) {
+    if (config.kv_store_path.empty() && config.kv_store_remote.empty())
+      return error(errc::invalid_argument, "--kv-store-secret-file: there is no KV store to protect (no --kv-store "
+                                           "or --kv-store-remote)");
+    auto s = record_secret::from_file(config.kv_store_secret_file);
+    if (!s.ok()) return s.error().with_context("--kv-store-secret-file");
+    secret = std::make_shared<const record_secret>(std::move(*s));
+  }
   std::vector<std::unique_ptr<block_store>> tiers;
   if (!config.kv_store_path.empty()) {
     if (!(config.kv_store_size_gib > 0) || config.kv_store_size_gib > (1 << 20))
@@ -165,6 +174,7 @@ result<std::unique_ptr<kv_warehouse>> make_warehouse(const engine_config& config
   if (tiers.empty()) return std::unique_ptr<kv_warehouse>();
   warehouse_options o;
   o.model = model_fingerprint(model);
+  o.secret = std::move(secret);
   o.clock = &clock;
   return std::make_unique<kv_warehouse>(std::move(tiers), o);
 }

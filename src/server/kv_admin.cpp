@@ -148,6 +148,7 @@ store_metrics gather(const engine_snapshot& snap, kv_warehouse* warehouse) {
   m.dropped = c.dropped;
   m.write_errors = c.write_errors;
   m.corrupt = c.corrupt;
+  m.forged = c.forged;
   m.load_misses = c.load_misses;
   return m;
 }
@@ -182,7 +183,8 @@ json kv_admin::stats() {
                          {"errors", c.write_errors},
                          {"queue_blocks", c.queue_blocks}};
     out["loads"] = {{"lookups", c.lookups},   {"pending", c.lookups_pending}, {"loaded", c.loads},
-                    {"misses", c.load_misses}, {"corrupt", c.corrupt},        {"refused", c.prefetch_refused}};
+                    {"misses", c.load_misses}, {"corrupt", c.corrupt},        {"forged", c.forged},
+                    {"refused", c.prefetch_refused}};
   }
   return out;
 }

@@ -196,6 +196,7 @@ std::string render_store_metrics(const store_metrics& m, const std::string& mode
   w.metric("pagoda:kv_store_write_dropped_total", "counter", "KV blocks not written back: the queue was full.", d(m.dropped));
   w.metric("pagoda:kv_store_write_errors_total", "counter", "Write-backs a tier refused.", d(m.write_errors));
   w.metric("pagoda:kv_store_corrupt_total", "counter", "Stored KV blocks that failed verification (never served).", d(m.corrupt));
+  w.metric("pagoda:kv_store_forged_total", "counter", "Stored KV blocks that failed their MAC (never served).", d(m.forged));
   w.metric("pagoda:kv_store_load_misses_total", "counter",
            "KV blocks announced by a tier but not delivered (gone, corrupt, tier failed): computed instead.", d(m.load_misses));
   return w.take();

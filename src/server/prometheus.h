@@ -41,7 +41,7 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
 //   pagoda:kv_store_load_seconds{tier}                                         histogram, per block
 //   pagoda:kv_store_write_queue_blocks, pagoda:kv_store_write_dropped_total,
 //   pagoda:kv_store_write_errors_total, pagoda:kv_store_corrupt_total,
-//   pagoda:kv_store_load_misses_total
+//   pagoda:kv_store_forged_total, pagoda:kv_store_load_misses_total
 struct store_metrics {
   struct tier {
     std::string name;  // "memory", "disk", "redis"
@@ -51,7 +51,7 @@ struct store_metrics {
     std::optional<histogram_snapshot> load_seconds;              // none for memory
   };
   std::vector<tier> tiers;
-  std::int64_t queue_blocks = 0, dropped = 0, write_errors = 0, corrupt = 0, load_misses = 0;
+  std::int64_t queue_blocks = 0, dropped = 0, write_errors = 0, corrupt = 0, forged = 0, load_misses = 0;
 };
 std::string render_store_metrics(const store_metrics& m, const std::string& model_name);
 

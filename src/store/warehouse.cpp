@@ -166,7 +166,7 @@ void kv_warehouse::write_batch(std::vector<block_record>& batch) {
     std::vector<std::size_t> which;
     for (std::size_t i = 0; i < n; ++i) {
       if (present.ok() && i < present->size() && (*present)[i]) continue;
-      if (encoded[i].empty()) encoded[i] = encode_block_record(batch[i], o_.compress);
+      if (encoded[i].empty()) encoded[i] = encode_block_record(batch[i], o_.compress, o_.secret.get());
       entries.push_back({keys[i], encoded[i]});
       which.push_back(i);
     }
@@ -295,13 +295,15 @@ int kv_warehouse::fetch_one(const store_key& key, std::vector<std::byte>& out) {
     const std::int64_t t0 = now_us();
     auto got = tiers_[t]->get(key);
     if (!got.ok() || !got->has_value()) continue;  // a failed tier is a miss, counted by the tier
-    auto rec = decode_block_record(**got, key);
+    auto rec = decode_block_record(**got, key, o_.secret.get());
     if (!rec.ok()) {
+      const bool forged = rec.error().code() == errc::unauthenticated;
       {
         std::lock_guard lock(mu_);
-        ++c_.corrupt;
+        ++(forged ? c_.forged : c_.corrupt);
       }
-      (void)tiers_[t]->erase(key);  // never served, and not found again; outside mu_ (it is I/O)
+      // Never served, and not found again; outside mu_ (it is I/O).
+      if (!forged || o_.secret) (void)tiers_[t]->erase(key);
       continue;
     }
     out = std::move(rec->bytes);

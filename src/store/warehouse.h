@@ -36,10 +36,13 @@
 // Memory is bounded by refusing new prefetches past max_prefetch_bytes (their
 // blocks are computed instead). read() hands over what the fetcher holds and
 // never fetches: a block not prefetched and fetched is a miss (counted, computed).
-// A block that is missing, fails its checksum, belongs to another key or
-// comes from a failed tier is a miss too, and nothing unverified is ever
+// A block that is missing, fails its checksum or its MAC, belongs to another
+// key or comes from a failed tier is a miss too, and nothing unverified is ever
 // returned. A block found only in Redis is also written to the disk tier; a
-// corrupt one is erased from its tier by the fetcher, outside mu_.
+// corrupt one is erased from its tier by the fetcher, outside mu_, and so is
+// a forged one when there is a secret (the next write-back replaces it; a
+// server without a secret leaves MACed records to the replicas that can check
+// them).
 //
 // Keys: store_key (the chained key, the model fingerprint, the layout of the
 // block's own bytes, and the tenant), so tenants never share an entry in any
@@ -87,6 +90,10 @@ struct warehouse_options {
   // A lookup in flight longer than this counts as "none" (the request computes).
   std::int64_t lookup_timeout_us = 1'000'000;
   bool compress = true;
+  // The server secret (--kv-store-secret-file): records are written MACed and
+  // only records whose MAC verifies are read (block_record.h); null: records
+  // are only checksummed, and MACed ones (of replicas with a secret) are misses.
+  std::shared_ptr<const record_secret> secret;
   const clock_source* clock = nullptr;  // null: the system clock; REQUIRES: outlives the warehouse
 };
 
@@ -102,7 +109,8 @@ struct warehouse_counters {
   std::int64_t lookups_pending = 0; // of those, answered k_source_pending
   std::int64_t loads = 0;           // blocks served to the engine
   std::int64_t load_misses = 0;     // announced but not delivered (gone, failed tier, not fetched)
-  std::int64_t corrupt = 0;         // failed verification
+  std::int64_t corrupt = 0;         // failed verification: damaged (checksum, fields), another key's
+  std::int64_t forged = 0;          // failed authentication: no MAC, a wrong MAC, or a MAC and no secret
   std::int64_t prefetch_refused = 0;  // blocks not prefetched: max_prefetch_bytes reached
   std::int64_t held_bytes = 0;      // prefetched blocks held now (or reserved for them)
   std::vector<std::int64_t> loads_by_tier;  // [tier]

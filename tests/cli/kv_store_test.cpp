@@ -37,6 +37,17 @@ std::string batch_file(const fs::path& dir, const std::string& tenant_field) {
 
 json first_line(const std::string& out) { return json::parse(out.substr(0, out.find('\n'))); }
 
+// Alice's block i: two tokens, n_bytes of KV.
+block_record alice_record(int i, std::size_t n_bytes) {
+  block_record r;
+  r.key = make_store_key({3, 4}, "alice", static_cast<block_key>(i));
+  r.chain = static_cast<block_key>(i);
+  r.tenant = "alice";
+  r.tokens = {i, i + 1};
+  r.bytes.assign(n_bytes, static_cast<std::byte>(i));
+  return r;
+}
+
 TEST(cli_kv_store, a_second_process_hits_the_disk_store_and_kv_tools_manage_it) {
   temp_dir dir("store");
   temp_dir work("work");
@@ -160,12 +171,7 @@ TEST(cli_kv_store, verify_reports_damaged_pages_and_truncation_without_crashing)
     auto s = make_disk_store({store, 64 << 20, 0});
     ASSERT_TRUE(s.ok()) << s.error().message();
     for (int i = 0; i < 120; ++i) {
-      block_record r;
-      r.key = make_store_key({3, 4}, "alice", static_cast<block_key>(i));
-      r.chain = static_cast<block_key>(i);
-      r.tenant = "alice";
-      r.tokens = {i, i + 1};
-      r.bytes.assign(i % 2 ? 500 : 9000, static_cast<std::byte>(i));
+      const block_record r = alice_record(i, i % 2 ? 500 : 9000);
       ASSERT_TRUE((*s)->put(r.key, encode_block_record(r, false)).ok());
     }
   }
@@ -202,6 +208,49 @@ TEST(cli_kv_store, verify_reports_damaged_pages_and_truncation_without_crashing)
   EXPECT_NE(truncated.out.find("truncated"), std::string::npos) << truncated.out;
   EXPECT_EQ(truncated.out.find(" 0 failed\n"), std::string::npos) << truncated.out;
   EXPECT_TRUE(fs::exists(data)) << "a tool never moves a store";
+}
+
+// `kv verify --kv-store-secret-file` checks every record's MAC: a record
+// rebuilt with a recomputed checksum (no MAC, or another secret's) is reported
+// as forged, and erased with --delete-corrupt; without the secret, MACed
+// records cannot be checked and all fail.
+TEST(cli_kv_store, verify_with_the_secret_reports_forged_records) {
+  temp_dir dir("forged");
+  fs::create_directories(dir.path);
+  const std::string store = (dir.path / "kv").string();
+  const std::string secret_file = (dir.path / "secret").string();
+  std::ofstream(secret_file) << "0123456789abcdef0123456789abcdef\n";
+  fs::permissions(secret_file, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+  const record_secret secret("0123456789abcdef0123456789abcdef");
+  const record_secret attackers("not-the-servers-secret-at-all");
+  {
+    auto s = make_disk_store({store, 64 << 20, 0});
+    ASSERT_TRUE(s.ok()) << s.error().message();
+    for (int i = 0; i < 6; ++i) {
+      const block_record r = alice_record(i, 700);
+      // Blocks 4 and 5 forged: rebuilt without a MAC, and under another secret.
+      const record_secret* with = i == 4 ? nullptr : i == 5 ? &attackers : &secret;
+      ASSERT_TRUE((*s)->put(r.key, encode_block_record(r, true, with)).ok());
+    }
+  }
+  const std::string with_secret = "kv verify --store " + store + " --kv-store-secret-file " + secret_file;
+  auto v = run_cli(with_secret);
+  EXPECT_EQ(v.exit_code, 1) << v.out << v.err;
+  EXPECT_NE(v.out.find("4 blocks verified, 2 failed, 2 of them forged"), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("forged: stored block"), std::string::npos) << v.out;
+  auto blind = run_cli("kv verify --store " + store);
+  EXPECT_EQ(blind.exit_code, 1);
+  EXPECT_NE(blind.out.find("1 blocks verified, 5 failed, 5 of them forged"), std::string::npos) << blind.out;
+  auto repair = run_cli(with_secret + " --delete-corrupt");
+  EXPECT_EQ(repair.exit_code, 0) << repair.out << repair.err;
+  auto clean = run_cli(with_secret);
+  EXPECT_EQ(clean.exit_code, 0) << clean.out << clean.err;
+  EXPECT_NE(clean.out.find("4 blocks verified, 0 failed"), std::string::npos) << clean.out;
+  // A secret file others can read is refused, naming it.
+  fs::permissions(secret_file, fs::perms::group_read, fs::perm_options::add);
+  auto open = run_cli(with_secret);
+  EXPECT_EQ(open.exit_code, 1);
+  EXPECT_NE(open.err.find(secret_file), std::string::npos) << open.err;
 }
 
 TEST(cli_kv_store, bad_store_arguments_are_one_line_errors) {

@@ -130,6 +130,7 @@ TEST(prometheus, renders_store_tiers) {
   sm.tiers = {mem, disk, redis};
   sm.dropped = 6;
   sm.corrupt = 1;
+  sm.forged = 2;
   const std::string text = render_store_metrics(sm, "m");
   auto m = test::parse_metrics(text);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_hits_total{tier=\"memory\"}"), 5);
@@ -145,6 +146,7 @@ TEST(prometheus, renders_store_tiers) {
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_load_seconds_count{tier=\"disk\"}"), 3);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_write_dropped_total"), 6);
   EXPECT_EQ(test::metric(m, "pagoda:kv_store_corrupt_total"), 1);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_store_forged_total"), 2);
   EXPECT_EQ(text.find("kv_store_loads_total{model_name=\"m\",tier=\"memory\"}"), std::string::npos);
   EXPECT_EQ(text.find("kv_store_entries{model_name=\"m\",tier=\"redis\"}"), std::string::npos);
 }
