@@ -259,7 +259,7 @@ status redis_connection::hello() {
       // Bytes that are not RESP, or a close or reset before any answer: the
       // server will not talk to us (Redis resets a plaintext client on a TLS
       // port, and drops a TLS client without the certificate it requires).
-      if (r.error().code() == errc::corrupt || (!answered && eof_))
+      if (r.error().code() == errc::corrupt || (!answered && (eof_ || tls_alert_)))
         return fail(errc::invalid_argument, "{}; {}", r.error().message(),
                     o_.tls ? "does the server require a client certificate (cert=, key=)?"
                            : "if this port serves TLS only, use rediss://");
@@ -300,7 +300,10 @@ status redis_connection::flush() {
       errno = 0;
       const int chunk = static_cast<int>(std::min<std::size_t>(out_.size() - done, 1 << 30));
       n = SSL_write(as_ssl(ssl_), out_.data() + done, chunk);
-      if (n <= 0) ERR_clear_error();
+      if (n <= 0) {
+        tls_alert_ = SSL_get_error(as_ssl(ssl_), static_cast<int>(n)) == SSL_ERROR_SSL;
+        ERR_clear_error();
+      }
     } else {
       n = ::send(fd_, out_.data() + done, out_.size() - done, MSG_NOSIGNAL);
     }
@@ -328,8 +331,10 @@ status redis_connection::fill() {
       const std::string detail = err == SSL_ERROR_SSL ? openssl_error() : "";
       ERR_clear_error();
       if (err == SSL_ERROR_ZERO_RETURN) n = 0;
-      else if (err == SSL_ERROR_SSL) return fail(errc::io_error, "TLS: {}", detail);
-      else if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) errno = EAGAIN;
+      else if (err == SSL_ERROR_SSL) {
+        tls_alert_ = true;
+        return fail(errc::io_error, "TLS: {}", detail);
+      } else if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) errno = EAGAIN;
     }
   } else {
     n = ::recv(fd_, buf, sizeof buf, 0);

@@ -85,6 +85,9 @@ class redis_connection {
   redisReader* reader_ = nullptr;
   std::string out_;  // formatted commands not yet sent
   bool eof_ = false;  // the server closed or reset the connection
+  // A TLS alert ended a read: with TLS 1.3 a server that requires a client
+  // certificate says so only after the client's handshake has finished.
+  bool tls_alert_ = false;
 };
 
 }  // namespace pagoda
