@@ -56,9 +56,9 @@ status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t
         if (per_class[static_cast<std::size_t>(c)] > g->pool().class_size(c)) {
           return error(errc::resource_exhausted,
                        "request needs {} KV blocks of class {}{} ({} prompt + {} new tokens x {} completions, {} "
-                       "tokens a block) but the KV cache holds {} blocks of class {}; {}",
+                       "tokens a block{}) but the KV cache holds {} blocks of class {}; {}",
                        per_class[static_cast<std::size_t>(c)], c, which, n_prompt_tokens, n_max_new_tokens,
-                       n_completions, block_size_, g->pool().class_size(c), c,
+                       n_completions, block_size_, c == 0 ? side_part : "", g->pool().class_size(c), c,
                        c == 0 ? "shorten the prompt outside its KV class runs, lower max_tokens or enlarge KV class 0"
                               : "shorten the prompt's runs of that class or enlarge the class");
         }
