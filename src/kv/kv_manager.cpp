@@ -163,10 +163,35 @@ kv_manager::demands kv_manager::demand(const sequence& s, std::int32_t n_new_tok
     // A copy is of the class of the block it replaces.
     if (d.cow) d.order.push_back(s.block_classes[static_cast<std::size_t>(s.n_stored / block_size_)]);
     d.order.insert(d.order.end(), appended.begin(), appended.end());
+    if (g == 0) {
+      // Side blocks the sequence lacks for its slots after this step (class 0, taken last).
+      const std::int64_t n_slots = static_cast<std::int64_t>(s.n_stored) + n_new_tokens;
+      const std::int64_t bytes = std::max(s.side.bytes_for(n_slots), s.side_measured);
+      d.n_side = std::max<std::int32_t>(0, side_blocks_of(bytes) - static_cast<std::int32_t>(s.side_blocks.size()));
+      d.order.insert(d.order.end(), static_cast<std::size_t>(d.n_side), 0);
+    }
     for (const std::int32_t c : d.order) d.d.add(c);
   }
   return out;
 }
+
+std::int32_t kv_manager::side_blocks_of(std::int64_t bytes) const {
+  if (side_block_bytes_ <= 0 || bytes <= 0) return 0;
+  return static_cast<std::int32_t>(std::min<std::int64_t>((bytes + side_block_bytes_ - 1) / side_block_bytes_, INT32_MAX));
+}
+
+std::int32_t kv_manager::side_blocks_for(const side_charge& charge, std::int64_t n_tokens) const {
+  return side_blocks_of(charge.bytes_for(n_tokens));
+}
+
+status kv_manager::set_side_measured(seq_id seq, std::int64_t bytes) {
+  const auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return error(errc::not_found, "set_side_measured: unknown sequence {}", seq.value);
+  it->second.side_measured = std::max<std::int64_t>(bytes, 0);
+  return ok_status();
+}
+
+std::int32_t kv_manager::n_side_blocks(seq_id seq) const { return static_cast<std::int32_t>(seq_at(seq).side_blocks.size()); }
 
 std::int32_t kv_manager::n_blocks_needed(seq_id seq, std::int32_t n_new_tokens) const {
   const demands d = demand(seq_at(seq), n_new_tokens);
@@ -243,7 +268,9 @@ std::optional<allocation> kv_manager::allocate(seq_id seq, std::int32_t n_new_to
       const block_copy c = copy_on_write(s, static_cast<std::int32_t>(g), fresh[next++]);
       if (c.src.valid()) a.copies.push_back(c);
     }
-    for (; next < fresh.size(); ++next) s.tables[g].push_back(fresh[next]);
+    const std::size_t kv_end = fresh.size() - static_cast<std::size_t>(d[g].n_side);
+    for (; next < kv_end; ++next) s.tables[g].push_back(fresh[next]);
+    for (; next < fresh.size(); ++next) s.side_blocks.push_back(fresh[next]);
   }
   for (std::int32_t k = 0; k < n_appended; ++k)
     s.block_classes.push_back(static_cast<std::uint8_t>(new_block_class(s, s.block_classes.size())));
@@ -366,6 +393,7 @@ result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_
   sequence s;
   s.tenant = tenant(options.tenant);
   s.first_extras = first_block_extras(options);
+  s.side = options.side;
   s.classes.assign(options.classes.begin(), options.classes.end());
   s.tokens.assign(prompt.begin(), prompt.end());
 
@@ -497,6 +525,9 @@ status kv_manager::fork(seq_id parent, seq_id child) {
                  parent.value, p.n_table(), p.n_stored);
   }
   sequence c = p;
+  // Its side structures start new (seq_policy::fork): it takes its own side blocks.
+  c.side_blocks.clear();
+  c.side_measured = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g)
     for (const block_id b : c.tables[g])
       if (b.valid()) groups_[g]->hold(b);
@@ -510,6 +541,7 @@ status kv_manager::free_sequence(seq_id seq) {
   // Deepest first: released cached blocks are appended to the queue's tail in
   // this order, so the tail end of a chain is evicted before its head.
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g]->release_table(it->second.tables[g]);
+  for (const block_id b : it->second.side_blocks) group0().release(b);
   const tenant_id t = it->second.tenant;
   seqs_.erase(it);
   // A tenant above a lowered quota keeps no cache until it is back under it.
@@ -608,6 +640,14 @@ kv_metrics kv_manager::metrics() const {
     const tenant_id t(static_cast<std::int32_t>(i));
     m.tenants.push_back(tenant_kv_usage{tenants_[i].name, p.n_used(t), p.n_cached(t), tenants_[i].quota_blocks});
   }
+  for (const auto& [id, s] : seqs_) {
+    const auto n_side = static_cast<std::int32_t>(s.side_blocks.size());
+    m.n_side_blocks += n_side;
+    m.tenants[static_cast<std::size_t>(s.tenant.value)].n_side_blocks += n_side;
+    m.side_bound_bytes += s.side.none() ? 0 : s.side.bytes_for(s.n_stored);
+    m.side_measured_bytes += s.side_measured;
+  }
+  m.side_block_bytes = side_block_bytes_;
   return m;
 }
 

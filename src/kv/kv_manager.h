@@ -99,6 +99,23 @@
 // still above its quota keeps no cache until it is back under. Other groups
 // hold what a tenant's sequences need in them (a sliding window: at most a
 // window per sequence) and are not counted.
+//
+// Side blocks (kv_side.h). Memory a sequence holds beyond its KV and that
+// grows with its context (a retrieval index, policy statistics) is paid for
+// in group-0 blocks of class 0, taken from the same pool as KV and held by the
+// sequence outside its tables: never written, never keyed, counted as used
+// (and in the tenant's quota), released with the sequence (free_sequence,
+// preempt_sequence). So KV plus side memory stay within the pool's budget.
+// With side_block_bytes() = B > 0, a sequence of charge c holds, from each
+// allocate(seq, n) on, ceil(max(c.bytes_for(n_stored + n), measured) / B)
+// side blocks, where measured is the last set_side_measured() (what the
+// structures really hold, so a bound that proves short is still paid for).
+// allocate() takes the side blocks it lacks with the KV blocks, all or
+// nothing, so a sequence whose side memory does not fit fails like KV that
+// does not fit (the scheduler waits or preempts) and check_request_fits counts
+// them. Side blocks only grow while the sequence lives (truncate, drop and
+// compact keep them: a high-water mark); a fork's child starts with none and
+// takes its own at its first allocate. B = 0 (the default): nothing is charged.
 #pragma once
 
 #include <array>
@@ -117,6 +134,7 @@
 #include "kv/kv_group.h"
 #include "kv/kv_metrics.h"
 #include "kv/kv_ops.h"
+#include "kv/kv_side.h"
 #include "kv/prefix_index.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
@@ -128,6 +146,7 @@ struct sequence_options {
   std::string_view cache_salt;  // vLLM's cache_salt; "" for none
   bool lookup = true;           // take cached blocks of the prompt (false: compute it all, e.g. to score it)
   std::span<const kv_class_run> classes;  // none: every block of class 0. add_sequence copies them.
+  side_charge side;             // the sequence's side memory bound (see "Side blocks"); none: nothing charged
 };
 
 // The most KV groups one manager coordinates (per-group scratch is sized by it).
@@ -323,9 +342,23 @@ class kv_manager final : private kv_group_host {
   // classes", slot i at position i) and the tenant's quota. An error the user
   // can act on when not: invalid_argument for bad class runs,
   // resource_exhausted naming the group or class that is too small.
+  // Side memory (side: each completion's charge) counts in group 0's pool and the quota.
   status check_request_fits(std::int32_t n_prompt_tokens, std::int32_t n_max_new_tokens,
                             std::string_view tenant = {}, std::int32_t n_completions = 1,
-                            std::span<const kv_class_run> classes = {}) const;
+                            std::span<const kv_class_run> classes = {}, const side_charge& side = {}) const;
+
+  // --- side blocks (see "Side blocks") -------------------------------------------
+  // The bytes one side block stands for (a group-0 block's K/V bytes); 0: side
+  // memory is not charged. REQUIRES: bytes >= 0.
+  void set_side_block_bytes(std::int64_t bytes) { side_block_bytes_ = bytes; }
+  std::int64_t side_block_bytes() const { return side_block_bytes_; }
+  // Blocks that charge holds at n_tokens (0 when nothing is charged).
+  std::int32_t side_blocks_for(const side_charge& charge, std::int64_t n_tokens) const;
+  // What the sequence's side structures hold now (the runner's report); the
+  // next allocate() takes blocks for it if it exceeds the bound. Errors: unknown seq.
+  status set_side_measured(seq_id seq, std::int64_t bytes);
+  // REQUIRES: contains(seq).
+  std::int32_t n_side_blocks(seq_id seq) const;
   // Drops every cached (ref-0) block from the prefix indexes (vLLM's
   // reset_prefix_cache). Returns how many; each counts as an eviction.
   std::int32_t evict_cached_blocks();
@@ -368,6 +401,9 @@ class kv_manager final : private kv_group_host {
     // held (out of its window): their positions are at most this. A rollback
     // (truncate) must not bring one back into a window.
     std::int64_t window_dead_upto = INT64_MIN;
+    side_charge side;                    // its side memory bound
+    std::int64_t side_measured = 0;      // what its side structures last held
+    std::vector<block_id> side_blocks;   // group 0, class 0: held for side memory, outside the tables
     std::size_t n_table() const { return block_classes.size(); }
   };
   struct tenant_state {
@@ -377,8 +413,9 @@ class kv_manager final : private kv_group_host {
   // Per group: what an allocation takes (the copy-on-write block first, then appended blocks).
   struct group_demand {
     class_demand d;
-    std::vector<std::int32_t> order;  // the class of each block, in the order taken
+    std::vector<std::int32_t> order;  // the class of each block, in the order taken (side blocks last)
     bool cow = false;
+    std::int32_t n_side = 0;          // group 0: the last n_side of order are side blocks
   };
   using demands = std::array<group_demand, k_max_kv_groups>;
 
@@ -413,6 +450,8 @@ class kv_manager final : private kv_group_host {
   // What allocate(s, n_new_tokens) takes from each group.
   demands demand(const sequence& s, std::int32_t n_new_tokens) const;
   alloc_blocker take_blocker(tenant_id t, const demands& d) const;
+  // Side blocks that hold `bytes` (0 when nothing is charged).
+  std::int32_t side_blocks_of(std::int64_t bytes) const;
   // Takes d's blocks of group g for s (a tenant at its quota pays with its own cache in group 0).
   std::vector<block_id> take(const sequence& s, std::int32_t g, const group_demand& d);
   // Copy-on-write in group g of the block holding s's next write position; fresh is its replacement.
@@ -431,6 +470,7 @@ class kv_manager final : private kv_group_host {
   std::int32_t block_size_;
   bool prefix_caching_;
   std::int32_t max_step_tokens_ = INT32_MAX;
+  std::int64_t side_block_bytes_ = 0;
   std::vector<std::string> class_keys_;  // [class]: its extra key value ("" for class 0)
   std::vector<std::unique_ptr<kv_group>> groups_;
   std::unordered_map<seq_id, sequence> seqs_;

@@ -13,7 +13,7 @@ std::int64_t ceil_div64(std::int64_t a, std::int64_t b) { return (a + b - 1) / b
 
 status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t n_max_new_tokens,
                                       std::string_view tenant, std::int32_t n_completions,
-                                      std::span<const kv_class_run> classes) const {
+                                      std::span<const kv_class_run> classes, const side_charge& side) const {
   if (n_prompt_tokens <= 0 || n_max_new_tokens < 0 || n_completions <= 0) {
     return error(errc::invalid_argument, "request of {} prompt tokens, {} new tokens, {} completions", n_prompt_tokens,
                  n_max_new_tokens, n_completions);
@@ -30,13 +30,18 @@ status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t
       const std::int64_t step = std::min<std::int64_t>(max_step_tokens_, n_total);
       held = std::min(per_seq, ceil_div64(g->window_tokens(), block_size_) + ceil_div64(step, block_size_) + 2);
     }
-    const std::int64_t n_needed = held + (n_completions - 1) * (held - std::min(shared, held));
+    // Side memory: each completion's own side blocks, in group 0 (kv_manager.h, "Side blocks").
+    const std::int64_t n_side = g->id() == 0 ? static_cast<std::int64_t>(n_completions) * side_blocks_for(side, n_total) : 0;
+    const std::int64_t n_needed = held + (n_completions - 1) * (held - std::min(shared, held)) + n_side;
     const std::string which = groups_.size() == 1 ? "" : fmt::format(" (group {}, {})", g->id(), kv_group_kind_name(g->kind()));
+    const std::string side_part =
+        n_side == 0 ? "" : fmt::format(", {} of them for the KV policy's side memory ({} bytes a block)", n_side, side_block_bytes_);
     if (n_needed > g->n_blocks()) {
       return error(errc::resource_exhausted,
-                   "request needs {} KV blocks{} ({} prompt + {} new tokens x {} completions, {} tokens a block) but "
-                   "the KV cache holds {} blocks; shorten the prompt, lower max_tokens or enlarge the KV cache",
-                   n_needed, which, n_prompt_tokens, n_max_new_tokens, n_completions, block_size_, g->n_blocks());
+                   "request needs {} KV blocks{} ({} prompt + {} new tokens x {} completions, {} tokens a block{}) but "
+                   "the KV cache holds {} blocks; shorten the prompt, lower max_tokens{} or enlarge the KV cache",
+                   n_needed, which, n_prompt_tokens, n_max_new_tokens, n_completions, block_size_, side_part,
+                   g->n_blocks(), n_side == 0 ? "" : ", choose a lighter KV policy");
     }
     if (n_classes() > 1 && g->kind() == kv_group_kind::full) {
       // Each class against its own blocks: the shared full prompt blocks once,
@@ -46,13 +51,14 @@ status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t
         const std::int32_t c = kv_rule::prompt_block_class(classes, static_cast<std::size_t>(i), block_size_);
         per_class[static_cast<std::size_t>(c)] += i < shared ? 1 : n_completions;
       }
+      per_class[0] += n_side;  // side blocks are of class 0
       for (std::int32_t c = 0; c < n_classes(); ++c) {
         if (per_class[static_cast<std::size_t>(c)] > g->pool().class_size(c)) {
           return error(errc::resource_exhausted,
                        "request needs {} KV blocks of class {}{} ({} prompt + {} new tokens x {} completions, {} "
-                       "tokens a block) but the KV cache holds {} blocks of class {}; {}",
+                       "tokens a block{}) but the KV cache holds {} blocks of class {}; {}",
                        per_class[static_cast<std::size_t>(c)], c, which, n_prompt_tokens, n_max_new_tokens,
-                       n_completions, block_size_, g->pool().class_size(c), c,
+                       n_completions, block_size_, c == 0 ? side_part : "", g->pool().class_size(c), c,
                        c == 0 ? "shorten the prompt outside its KV class runs, lower max_tokens or enlarge KV class 0"
                               : "shorten the prompt's runs of that class or enlarge the class");
         }
@@ -63,9 +69,9 @@ status kv_manager::check_request_fits(std::int32_t n_prompt_tokens, std::int32_t
       const auto& quota = tenants_[static_cast<std::size_t>(t->value)].quota_blocks;
       if (quota && n_needed > *quota) {
         return error(errc::resource_exhausted,
-                     "request needs {} KV blocks ({} prompt + {} new tokens x {} completions) but tenant '{}' may "
+                     "request needs {} KV blocks ({} prompt + {} new tokens x {} completions{}) but tenant '{}' may "
                      "hold {} blocks",
-                     n_needed, n_prompt_tokens, n_max_new_tokens, n_completions, tenant, *quota);
+                     n_needed, n_prompt_tokens, n_max_new_tokens, n_completions, side_part, tenant, *quota);
       }
     }
   }
@@ -130,6 +136,8 @@ status kv_manager::check_invariants() const {
     PAGODA_RETURN_IF_ERROR(check_sequence(id, s));
     for (std::size_t g = 0; g < groups_.size(); ++g)
       tables[g].push_back(kv_group::table_ref{id.value, s.tenant, s.tables[g], s.n_stored});
+    // Side blocks: held like a table entry, never written.
+    tables[0].push_back(kv_group::table_ref{id.value, s.tenant, s.side_blocks, 0});
   }
   for (std::size_t g = 0; g < groups_.size(); ++g) PAGODA_RETURN_IF_ERROR(groups_[g]->check_invariants(tables[g]));
   const block_pool& p = group0().pool();

@@ -15,6 +15,7 @@ struct tenant_kv_usage {
   std::int32_t n_used_blocks = 0;
   std::int32_t n_cached_blocks = 0;
   std::optional<std::int32_t> quota_blocks;  // std::nullopt: no quota
+  std::int32_t n_side_blocks = 0;  // of n_used_blocks: held for side memory (kv_manager.h, "Side blocks")
 };
 
 // One KV group (kv_group.h): its kind, its blocks and what they hold.
@@ -65,6 +66,15 @@ struct kv_metrics {
   std::int64_t n_evictions = 0;            // cached blocks dropped from the indexes (every group)
   std::int64_t n_preemptions = 0;
   std::int64_t n_cow_copies = 0;
+
+  // Side memory (kv_manager.h, "Side blocks"): group-0 blocks the sequences
+  // hold for it (part of n_blocks_used), the bytes one such block stands for
+  // (0: side memory is not charged), the sequences' bounds at their stored
+  // tokens and what their side structures last reported holding.
+  std::int32_t n_side_blocks = 0;
+  std::int64_t side_block_bytes = 0;
+  std::int64_t side_bound_bytes = 0;
+  std::int64_t side_measured_bytes = 0;
 
   std::vector<kv_group_usage> groups;    // by group, always filled ([0] is the totals' group)
   std::vector<tenant_kv_usage> tenants;  // by tenant id

@@ -36,6 +36,7 @@
 #include "attention/attention_stats.h"
 #include "attention/kv_selector.h"
 #include "kv/kv_gather.h"
+#include "kv/kv_side.h"
 #include "pagoda/status.h"
 
 namespace pagoda {
@@ -163,6 +164,14 @@ class kv_policy {
   virtual eviction_decision evict(const eviction_input& in) { return {}; }
   // Sparse reads: one selector for one sequence, or nullptr.
   virtual std::unique_ptr<kv_read_selector> make_selector(int n_layers, int n_kv_heads, int head_dim) { return nullptr; }
+  // Side memory (kv/kv_side.h): an upper bound of what the policy's per-sequence
+  // structures (its selector) hold for a sequence of n KV slots, which the
+  // scheduler charges against the KV pool and the tenant's quota in blocks
+  // (kv_manager.h, "Side blocks"). The statistics the engine collects for it
+  // (needs()) are seq_policy's to count. Default: nothing beyond the KV; a
+  // selector that holds more is still paid for by what it reports
+  // (kv_read_selector::memory_bytes), one step late.
+  virtual side_charge side_memory(int n_layers, int n_kv_heads, int head_dim) const { return {}; }
 };
 
 // One policy object for one sequence. Errors: an unknown name ("unknown KV

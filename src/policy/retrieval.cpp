@@ -123,6 +123,9 @@ class retrieval_policy final : public kv_policy {
   std::unique_ptr<kv_read_selector> make_selector(int n_layers, int n_kv_heads, int head_dim) override {
     return std::make_unique<retrieval_selector>(params_, n_layers, n_kv_heads, head_dim);
   }
+  side_charge side_memory(int n_layers, int n_kv_heads, int head_dim) const override {
+    return retrieval_side_memory(params_, n_layers, n_kv_heads, head_dim);
+  }
 
  private:
   kv_policy_spec spec_;
@@ -130,6 +133,38 @@ class retrieval_policy final : public kv_policy {
 };
 
 }  // namespace
+
+side_charge retrieval_side_memory(const retrieval_params& p, int n_layers, int n_kv_heads, int head_dim) {
+  const std::int64_t hd = head_dim;
+  const std::int64_t rows = static_cast<std::int64_t>(n_layers) * n_kv_heads;
+  // The key copy: whole chunks of 2^k_chunk_shift f16 rows, and their pointers.
+  std::int64_t fixed = 256 * hd * 2 + 256, per_token = hd * 2 + 1;
+  switch (p.index) {
+    case retrieval_index_kind::hnsw: {
+      const std::int64_t m = p.hnsw.m;
+      // hnswlib's per-element record (level-0 links, the f16 point and its
+      // extra f32, the label), link-list pointer, level, lock and visited mark.
+      const std::int64_t element = (2 * m * 4 + 4) + (hd * 2 + 4) + 8 + 8 + 4 + 40 + 2;
+      const std::int64_t upper_links = (m * 4 + 4) * 2 / std::max<std::int64_t>(m - 1, 1) + 1;
+      const std::int64_t label = 28 + 2 * 8;  // a map node, and up to two buckets
+      fixed += 1024 * element + 64 * (m * 4 + 4) + 4096;
+      per_token += 2 * element + upper_links + label;
+      break;
+    }
+    case retrieval_index_kind::ivfpq: {
+      const ivfpq_params& q = p.ivfpq;
+      const std::int64_t pq_m = divisor_at_most(head_dim, q.m);
+      const std::int64_t n_train = q.resolved_n_train();
+      fixed += 2 * n_train * (hd * 4 + 4)                // the training buffer, doubled
+               + static_cast<std::int64_t>(q.nlist) * (hd * 4 + 64)  // coarse centroids, list headers
+               + (std::int64_t{1} << q.nbits) * hd * 4 + 4096;      // the PQ codebooks
+      per_token += 2 * (pq_m * q.nbits / 8 + 1 + 8);
+      break;
+    }
+    case retrieval_index_kind::exact: per_token += 2 * (hd * 4 + 4); break;
+  }
+  return side_charge{rows * fixed + (std::int64_t{1} << 16), rows * per_token};
+}
 
 int retrieval_params::resolve_k(int n_kv) const {
   if (k_tokens > 0) return k_tokens;

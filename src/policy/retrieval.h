@@ -118,6 +118,17 @@ class retrieval_selector final : public kv_read_selector {
   status error_;
 };
 
+// An upper bound of a retrieval_selector's memory at n indexed slots
+// (kv_side.h), per (layer, KV head): the f16 key copy in chunks of 256 rows;
+// hnsw: its element records at a capacity that at most doubles past 1024,
+// expected upper-level links twice over and the label map; ivfpq: the training
+// buffer (at most doubled), the coarse centroids and codebooks, each key's code
+// and id at list capacities that at most double; exact: f32 keys and slots,
+// doubled. The selector's own scratch is in the fixed part. Transient copies
+// of a rebuild (hnsw) or a training step (ivfpq) are not counted; the bound is
+// checked against memory_bytes() by tests/policy/retrieval_side_test.cpp.
+side_charge retrieval_side_memory(const retrieval_params& p, int n_layers, int n_kv_heads, int head_dim);
+
 // The `retrieval` policy: no eviction, a retrieval_selector per sequence.
 result<std::unique_ptr<kv_policy>> make_retrieval_policy(const kv_policy_spec& spec);
 

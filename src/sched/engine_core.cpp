@@ -24,6 +24,9 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.kv_policy = c.kv_policy;
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
+  // Side memory is paid in group-0 blocks of the default type: each stands for its K/V bytes.
+  s.side_block_bytes = static_cast<std::int64_t>(
+      c.groups.empty() ? c.kv.bytes_per_block() : c.kv.select_layers(c.groups.front().layers).bytes_per_block());
   if (!c.kv_classes.empty()) {
     s.kv_class_blocks.push_back(static_cast<std::int32_t>(c.n_blocks));
     s.kv_class_keys.push_back("");

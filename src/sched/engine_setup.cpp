@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "core/hash.h"
+#include "policy/kv_policy.h"
+#include "sched/seq_policy.h"
 #include "quant/kv_format_spec.h"
 #include "quant/kv_scales.h"
 
@@ -291,6 +293,23 @@ status add_kv_segment_classes(const llama_model& model, const engine_config& opt
   return {};
 }
 
+// Tokens' worth of blocks the engine's --kv-policy's side memory (retrieval
+// indexes, statistics: docs/architecture.md, "Side memory") takes for
+// max_num_seqs sequences of max_model_len, which a default-sized pool adds so
+// that what it was sized for still runs. 0 for no policy or a bad spec (the
+// engine reports the spec's error itself).
+std::int64_t side_tokens(const engine_core_config& cfg, const kv_layout& l) {
+  auto spec = parse_kv_policy_spec(cfg.kv_policy);
+  if (!spec.ok() || spec->is_none()) return 0;
+  auto policy = make_kv_policy(*spec);
+  if (!policy.ok()) return 0;
+  const seq_policy_shape shape{cfg.kv.n_layers, cfg.kv.n_kv_heads, cfg.kv.head_dim, cfg.kv.block_size};
+  const side_charge side = seq_policy::side_memory_of(policy->get(), shape, cfg.attention_stats_window);
+  const auto block_bytes = static_cast<std::int64_t>(l.bytes_per_block());
+  const std::int64_t blocks = (side.bytes_for(cfg.max_model_len) + block_bytes - 1) / block_bytes;
+  return blocks * l.block_size * cfg.max_num_seqs;
+}
+
 }  // namespace
 
 result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& opts) {
@@ -317,7 +336,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   const double k_default_cap_bytes = 4.0 * 1024 * 1024 * 1024;
   const std::int64_t staging_slots = k_staging_slots_per_sequence * opts.max_num_seqs;
   const auto default_tokens = [&](const kv_layout& l) {
-    return std::min<std::int64_t>(static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len,
+    return std::min<std::int64_t>(static_cast<std::int64_t>(opts.max_num_seqs) * cfg.max_model_len + side_tokens(cfg, l),
                                   static_cast<std::int64_t>(k_default_cap_bytes / l.bytes_per_token()));
   };
   bool windows_fit = mixed;

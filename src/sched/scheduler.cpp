@@ -19,6 +19,7 @@ struct scheduler::request_state {
   std::vector<int> loaded_by_tier;  // of those, loaded from each tier of the KV source
   int completion_tokens = 0;
   std::vector<kv_class_run> kv_classes;  // positions whose blocks are of another KV class (segments' kv_type)
+  side_charge side;                      // each completion's side memory bound (seq_policy::side_memory)
 };
 
 struct scheduler::sequence {
@@ -83,6 +84,8 @@ scheduler::scheduler(const scheduler_config& config, const tokenizer& vocab)
     config_status_ = error(errc::invalid_argument, "KV pool of {} blocks is out of range", config_.n_blocks);
   for (const auto& [tenant, quota] : config_.tenant_quota_blocks)
     if (status st = kv_.set_tenant_quota(tenant, quota); !st.ok()) config_status_ = st;
+  if (config_.side_block_bytes < 0) config_status_ = error(errc::invalid_argument, "side_block_bytes is negative");
+  kv_.set_side_block_bytes(std::max<std::int64_t>(config_.side_block_bytes, 0));
   kv_.set_op_listener([this](const kv_op& op) { pending_ops_.push_back(op); });
   if (!config_.kv_class_keys.empty()) {
     if (config_.kv_class_keys.size() == static_cast<std::size_t>(kv_.n_classes())) kv_.set_class_keys(config_.kv_class_keys);
@@ -135,11 +138,16 @@ status scheduler::add_request(request req) {
     if (!cls.ok()) return cls.error().with_context(fmt::format("segment [{}, {})", p.begin, p.end));
     if (*cls != 0) classes.push_back(kv_class_run{p.begin, p.end, *cls});
   }
+  side_charge side;
   {
     auto spec = parse_kv_policy_spec(req.kv_policy);
     if (!spec.ok()) return spec.error();
     auto made = new_policy(*spec, req.segments);
     if (!made.ok()) return made.error();
+    // What make_policy will keep: no policy object for "none" without segment policies.
+    const bool keeps_policy = !spec->is_none() || any_segment_policy(req.segments);
+    side = seq_policy::side_memory_of(keeps_policy ? made->get() : nullptr, config_.policy_shape,
+                                      config_.attention_stats_window);
     const bool any_policy = !spec->is_none() || std::any_of(req.segments.begin(), req.segments.end(), [](const prompt_segment& p) {
       return !p.kv_policy.empty() && p.kv_policy != "none";
     });
@@ -166,13 +174,14 @@ status scheduler::add_request(request req) {
     return error(errc::out_of_range, "prompt ({} tokens) plus max_tokens ({}) is {} tokens, beyond the context of {}",
                  req.prompt.size(), req.max_tokens, total, config_.max_model_len);
   PAGODA_RETURN_IF_ERROR(kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()), req.max_tokens,
-                                                req.tenant, req.n, classes));
+                                                req.tenant, req.n, classes, side));
   if (static_cast<int>(waiting_.size()) >= config_.max_waiting)
     return error(errc::resource_exhausted, "the request queue is full ({} waiting)", waiting_.size());
 
   auto r = std::make_unique<request_state>();
   r->req = std::move(req);
   r->kv_classes = std::move(classes);
+  r->side = side;
   r->arrival = next_arrival_++;
   r->seqs.push_back(std::make_unique<sequence>(r.get(), 0, seq_id(next_seq_++)));
   sequence* s = r->seqs[0].get();
@@ -220,6 +229,7 @@ sequence_options scheduler::kv_options(const sequence& s) const {
   o.cache_salt = s.req->req.cache_salt;
   o.lookup = !s.req->req.prompt_logits;
   o.classes = s.req->kv_classes;
+  o.side = s.req->side;
   return o;
 }
 
@@ -705,6 +715,9 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     if (i < out.selector_bytes.size()) s->runner.selector_bytes = out.selector_bytes[i];
     status st = kv_.commit(s->id, q.tokens, q.positions);
     PAGODA_ASSERT(st.ok(), "commit: {}", st.message());
+    // What the selector really holds: the next allocate pays for it if the bound fell short.
+    st = kv_.set_side_measured(s->id, s->runner.selector_bytes);
+    PAGODA_ASSERT(st.ok(), "side: {}", st.message());
     first_computed[i] = s->n_computed;
     if (s->pol) {
       const bool has_stats = q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0;

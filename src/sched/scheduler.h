@@ -78,6 +78,10 @@ struct scheduler_config {
   std::int32_t block_size = 16;
   std::int64_t n_blocks = 0;          // KV pool size in blocks
   std::map<std::string, std::int32_t> tenant_quota_blocks;
+  // Bytes of one group-0 block: side memory (a retrieval index, policy
+  // statistics) is charged in blocks of this size against the pool and the
+  // tenant's quota (kv_manager.h, "Side blocks"); 0: not charged.
+  std::int64_t side_block_bytes = 0;
   int max_waiting = 1 << 20;          // requests queued at once
   // >= 0: every sequence collects attention statistics (attention_totals),
   // keeping the weights of its last `attention_stats_window` query tokens.

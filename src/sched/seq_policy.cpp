@@ -360,4 +360,21 @@ void seq_policy::dropped(std::span<const std::int32_t> block_indices) {
   slot_changes_.push_back({n_slots_, false});
 }
 
+side_charge seq_policy::side_memory_of(const kv_policy* policy, const seq_policy_shape& shape, int stats_window) {
+  side_charge c;
+  kv_policy_needs needs;
+  if (policy) {
+    c = policy->side_memory(shape.n_layers, shape.n_kv_heads, shape.head_dim);
+    needs = policy->needs();
+  }
+  // As the constructor resolves them.
+  if (needs.totals) stats_window = std::max(stats_window, 0);
+  stats_window = std::max(stats_window, needs.window_rows);
+  const std::int64_t row_bytes = static_cast<std::int64_t>(shape.n_rows()) * 4 * 2;  // a 4-byte value per row, doubled
+  if (stats_window >= 0) c.bytes_per_token += row_bytes;                    // totals
+  if (stats_window > 0) c.bytes_per_token += row_bytes * stats_window;      // the window's query rows
+  if (policy && policy->lossy()) c.bytes_per_token += 3 * row_bytes;        // rows_, last_sources_, last_positions_
+  return c;
+}
+
 }  // namespace pagoda

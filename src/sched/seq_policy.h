@@ -98,6 +98,16 @@ class seq_policy {
   const attention_stats* window() const;
   // How many tokens the widest row and the rows on average keep (live slots).
   double mean_live_slots() const;
+  // Side memory (kv/kv_side.h): an upper bound, per KV slot, of what this
+  // sequence's policy state holds beyond its KV: the policy's own
+  // (kv_policy::side_memory: a selector's index) plus the statistics kept
+  // here (totals: a float per row and slot; the window: window rows of a float
+  // per row and slot; per-row positions and a compaction's sources), each at
+  // up to twice its size for vector growth. The scheduler charges it
+  // (kv_manager.h, "Side blocks").
+  side_charge side_memory() const { return side_memory_of(policy_.get(), shape_, stats_window_); }
+  // The same for a policy (may be null) before its seq_policy exists (a request's admission check).
+  static side_charge side_memory_of(const kv_policy* policy, const seq_policy_shape& shape, int stats_window);
 
  private:
   struct query_row {  // one query token's attention, [n_rows][n_kv]

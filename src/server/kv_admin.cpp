@@ -174,6 +174,12 @@ json kv_admin::stats() {
     tiers.push_back(std::move(j));
   }
   json out = {{"object", "kv.stats"}, {"block_size_tokens", snap.kv.block_size_tokens}, {"tiers", tiers}};
+  // Side memory paid in pool blocks (kv_manager.h, "Side blocks"): the pool's budget covers it.
+  out["side_memory"] = {{"blocks", snap.kv.n_side_blocks},
+                        {"block_bytes", snap.kv.side_block_bytes},
+                        {"charged_bytes", static_cast<std::int64_t>(snap.kv.n_side_blocks) * snap.kv.side_block_bytes},
+                        {"measured_bytes", snap.kv.side_measured_bytes},
+                        {"bound_bytes", snap.kv.side_bound_bytes}};
   if (warehouse_) {
     const warehouse_counters c = warehouse_->counters();
     out["write_back"] = {{"queued", c.queued},

@@ -123,6 +123,7 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
     const std::string tl = fmt::format("tenant=\"{}\"", escape_label(t.name));
     w.sample("pagoda:tenant_kv_blocks", tl + ",state=\"used\"", t.n_used_blocks);
     w.sample("pagoda:tenant_kv_blocks", tl + ",state=\"cached\"", t.n_cached_blocks);
+    w.sample("pagoda:tenant_kv_blocks", tl + ",state=\"side\"", t.n_side_blocks);
   }
   w.family("pagoda:tenant_kv_quota_blocks", "gauge", "Per-tenant KV block quota (tenants with one).");
   for (const tenant_kv_usage& t : kv.tenants)
@@ -141,6 +142,16 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   w.metric("pagoda:kv_selector_memory_bytes", "gauge",
            "Memory held by running sequences' sparse-read selectors (Quest's key bounds, retrieval's ANN indexes).",
            s.selector_bytes);
+  // Side memory (kv_manager.h, "Side blocks"): paid in pool blocks, which kv_cache_blocks{state="used"} includes.
+  w.metric("pagoda:kv_side_blocks", "gauge",
+           "KV pool blocks held for side memory (retrieval indexes, policy statistics); part of the used blocks.",
+           kv.n_side_blocks);
+  w.metric("pagoda:kv_side_memory_bytes", "gauge",
+           "Side memory the running sequences' structures report holding (retrieval indexes, key bounds).",
+           kv.side_measured_bytes);
+  w.metric("pagoda:kv_side_charged_bytes", "gauge",
+           "Side memory charged against the KV pool: side blocks times the bytes of a block.",
+           static_cast<double>(kv.n_side_blocks) * static_cast<double>(kv.side_block_bytes));
   w.metric("pagoda:engine_steps_total", "counter", "Engine steps (one batched forward pass each).", s.n_steps);
   w.family("pagoda:request_success_total", "counter", "Count of finished requests, by finish reason.");
   for (const char* reason : {"stop", "length", "abort"}) {

@@ -1,6 +1,7 @@
 // A remote crash, as any client could cause it: eight clients sending
 // ordinary completions with a lossy KV policy (h2o, pyramid) and n = 4 to a
-// `pagoda serve` whose pool is small enough to preempt (--kv-cache-size 4)
+// `pagoda serve` whose pool is small enough to preempt (--kv-cache-size 8, 12 typed; 4 before
+// the policies' statistics were paid for from the pool)
 // used to bring it down within a round (a sequence admitted again after a
 // refused first admission kept its policy's statistics: an assertion
 // aborted the process); so did the same with a KV class (--kv-segment-dtype
@@ -38,7 +39,8 @@ constexpr const char* k_story =
 
 std::vector<std::string> serve_args(bool typed) {
   std::vector<std::string> a = {"-m", std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf", "-t", "1",
-                                "--kv-cache-size", "4", "--no-kv-store"};
+                                "--kv-cache-size", typed ? "12" : "8", "--no-kv-store"};
+  // Class 0 (half the pool when typed) holds the policies' statistics too.
   if (typed) a.insert(a.end(), {"--kv-segment-dtype", "int4:0.5"});
   return a;
 }

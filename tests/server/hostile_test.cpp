@@ -715,5 +715,55 @@ TEST_F(hostile, tokenize_memory_is_returned) {
   EXPECT_LT(after - idle_rss_, 32l << 20);
 }
 
+TEST_F(hostile, retrieval_indexes_stay_within_the_kv_budget) {
+  // stories260K's KV in f32 is 20 KiB a block: 8 MiB is about 400 blocks, and
+  // one retrieval sequence's HNSW indexes (20 layer-heads) take about 250.
+  start({"--kv-policy", "retrieval", "--kv-cache-size", "8"});
+  // KV plus an index that could never fit in the pool: a clear error at once.
+  const http_answer big = ask(
+      port_, post(json{{"prompt", repeat("Once upon a time there was a girl. ", 40)}, {"max_tokens", 50}}.dump()), 30000);
+  EXPECT_EQ(big.status, 400) << big.body.substr(0, 300);
+  EXPECT_NE(big.body.find("side memory"), std::string::npos) << big.body.substr(0, 300);
+
+  // Four that fit one at a time: they wait for each other's indexes, and the
+  // indexes' bytes stay within what the pool's budget leaves beside the KV.
+  std::atomic<int> n_ok{0}, n_done{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back([&, i] {
+      const std::string body = json{{"prompt", fmt::format("Once upon a time {}", i)}, {"max_tokens", 24}}.dump();
+      n_ok += ask(port_, post(body), 60000).status == 200 ? 1 : 0;
+      ++n_done;
+    });
+  double most_measured = 0, most_side_blocks = 0, most_running = 0;
+  while (n_done.load() < 4) {
+    json m = metrics_of(port_);
+    const auto value = [&](const char* key) { return m.contains(key) ? m[key].get<double>() : -1.0; };
+    const double total = value("pagoda:kv_cache_num_blocks"), used = value("pagoda:kv_cache_blocks{state=\"used\"}");
+    const double side = value("pagoda:kv_side_blocks"), charged = value("pagoda:kv_side_charged_bytes");
+    const double measured = value("pagoda:kv_side_memory_bytes");
+    if (side > 0) {
+      const double block_bytes = charged / side;
+      EXPECT_LE(measured, (total - (used - side)) * block_bytes) << "side memory beyond the pool's budget minus its KV";
+      EXPECT_LE(measured, charged) << "side memory held but not charged";
+    }
+    EXPECT_LE(used, total);
+    most_measured = std::max(most_measured, measured);
+    most_side_blocks = std::max(most_side_blocks, side);
+    most_running = std::max(most_running, value("pagoda:num_requests_running"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(n_ok.load(), 4);
+  EXPECT_GT(most_measured, 0) << "no side memory reported in /metrics";
+  // One sequence's indexes at a time (about 240 blocks each): the others waited.
+  const double total = metric_value(port_, "pagoda:kv_cache_num_blocks");
+  EXPECT_GT(most_side_blocks, total / 2);
+  EXPECT_EQ(most_running, 1);
+  EXPECT_EQ(metric_value(port_, "pagoda:kv_side_blocks"), 0);
+  std::fprintf(stderr, "retrieval: side memory at most %.1f MB in %.0f blocks of a %.0f-block pool\n", most_measured / 1e6,
+               most_side_blocks, total);
+}
+
 }  // namespace
 }  // namespace pagoda::test

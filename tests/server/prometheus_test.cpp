@@ -8,6 +8,21 @@
 namespace pagoda::server {
 namespace {
 
+TEST(prometheus, renders_side_memory) {
+  engine_snapshot s;
+  s.kv.n_blocks_total = 10;
+  s.kv.n_blocks_used = 3;
+  s.kv.n_side_blocks = 2;
+  s.kv.side_block_bytes = 1000;
+  s.kv.side_measured_bytes = 1500;
+  s.kv.tenants = {{"alice", 3, 0, std::nullopt, 2}};
+  auto m = test::parse_metrics(render_metrics(s, {}, "m"));
+  EXPECT_EQ(test::metric(m, "pagoda:kv_side_blocks"), 2);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_side_charged_bytes"), 2000);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_side_memory_bytes"), 1500);
+  EXPECT_EQ(test::metric(m, "pagoda:tenant_kv_blocks{tenant=\"alice\",state=\"side\"}"), 2);
+}
+
 TEST(prometheus, renders_every_series) {
   engine_snapshot s;
   s.kv.n_blocks_total = 10;
@@ -46,6 +61,7 @@ TEST(prometheus, renders_every_series) {
   EXPECT_EQ(test::metric(m, "pagoda:tenant_kv_blocks{tenant=\"alice\",state=\"used\"}"), 2);
   EXPECT_EQ(test::metric(m, "pagoda:tenant_kv_blocks{tenant=\"\",state=\"cached\"}"), 2);
   EXPECT_EQ(test::metric(m, "pagoda:tenant_kv_quota_blocks{tenant=\"alice\"}"), 8);
+  EXPECT_EQ(test::metric(m, "pagoda:tenant_kv_blocks{tenant=\"alice\",state=\"side\"}"), 0);
   EXPECT_EQ(test::metric(m, "pagoda:time_to_first_token_seconds_bucket{le=\"0.1\"}"), 1);
   EXPECT_EQ(test::metric(m, "pagoda:time_to_first_token_seconds_bucket{le=\"1\"}"), 3);
   EXPECT_EQ(test::metric(m, "pagoda:time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 4);
