@@ -98,6 +98,9 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_option("--kv-policy", opts.kv_policy,
                   "NAME[:key=value,...]: which tokens the KV cache keeps or reads (none, window, h2o, snapkv, "
                   "pyramid, merge, cluster, quest, retrieval; docs/policies.md); requests may name their own");
+  app->add_option("--speculative", opts.speculative,
+                  "NAME[:key=value,...]: speculative decoding of requests that name none (ngram:k=4,n=3; "
+                  "docs/speculative.md); requests may name their own");
   app->add_flag("--kv-key-summaries", opts.kv_key_summaries,
                 "keep per-block key bounds so requests may ask for quest (on when --kv-policy needs them)");
   app->add_flag("--swa-full", opts.swa_full,
