@@ -73,6 +73,18 @@ result<server::api_call> parse_line(const json& j, const server::api_context& ct
   return std::move(*call.value);
 }
 
+// Per drafter: proposed and accepted draft tokens, acceptance rate, mean accepted length.
+json speculative_json(const engine_stats& st) {
+  json out = json::object();
+  for (const auto& [name, d] : st.spec_decode)
+    out[name] = {{"drafts", d.n_drafts},
+                 {"draft_tokens", d.n_draft_tokens},
+                 {"accepted_tokens", d.n_accepted_tokens},
+                 {"acceptance_rate", d.n_draft_tokens > 0 ? static_cast<double>(d.n_accepted_tokens) / static_cast<double>(d.n_draft_tokens) : 0.0},
+                 {"mean_accepted_length", d.mean_accepted_length()}};
+  return out;
+}
+
 json summary_json(const engine_core& eng, double seconds, std::size_t n_requests, std::size_t n_errors,
                   double mean_fragmentation, double peak_usage, std::int64_t decode_tokens, std::int64_t decode_us) {
   const engine_stats& st = eng.stats();
@@ -90,6 +102,7 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"decode_tokens_per_s", decode_us > 0 ? decode_tokens / (decode_us * 1e-6) : 0.0},
           {"total_tokens_per_s", (st.n_prompt_tokens + st.n_generated_tokens) / std::max(seconds, 1e-9)},
           {"steps", st.n_steps},
+          {"speculative", speculative_json(st)},
           {"peak_running", st.peak_running},
           {"blocks_total", kv.n_blocks_total},
           {"block_size", kv.block_size_tokens},
@@ -292,6 +305,11 @@ int batch(const batch_options& o) {
                  static_cast<long long>(summary["preemptions"].get<std::int64_t>()),
                  static_cast<long long>(summary["evictions"].get<std::int64_t>()),
                  static_cast<long long>(summary["cow_copies"].get<std::int64_t>()));
+    for (const auto& [name, d] : summary["speculative"].items())
+      std::fprintf(stderr, "pagoda batch: speculative %s: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per "
+                   "verification step\n", name.c_str(), static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
+                   static_cast<long long>(d["draft_tokens"].get<std::int64_t>()), 100 * d["acceptance_rate"].get<double>(),
+                   d["mean_accepted_length"].get<double>());
   }
   // Any failed line fails the run (scripts check the exit code); the output
   // still holds every line's result, the failed ones as error objects.
