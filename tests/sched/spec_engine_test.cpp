@@ -51,6 +51,7 @@ engine_core_config config(kv_type type, const std::string& speculative) {
 struct run_result {
   std::map<std::string, std::vector<token_id>> tokens;
   std::map<std::string, int> completion_tokens;
+  std::map<std::string, std::string> text, finish;
   std::vector<std::pair<block_key, std::vector<token_id>>> stored;  // what the commit hook saw
 };
 
@@ -69,6 +70,8 @@ run_result run(engine_core& e, const std::vector<request>& reqs) {
     for (const engine_event& ev : events) {
       auto& t = o.tokens[ev.request_id];
       t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+      o.text[ev.request_id] += ev.text;
+      if (!ev.finish_reason.empty()) o.finish[ev.request_id] = ev.finish_reason;
       if (ev.request_finished) o.completion_tokens[ev.request_id] = ev.usage.completion_tokens;
     }
   }
@@ -134,6 +137,33 @@ TEST(speculative_engine, sampled_requests_equal_plain_decoding_with_the_same_see
   const run_result b = run(*spec, reqs);
   for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
   EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
+}
+
+// A stop string completed inside an accepted run cuts the chunk there: the
+// text, the tokens and the usage are plain decoding's.
+TEST(speculative_engine, stop_strings_inside_an_accepted_run) {
+  const auto texts = prompts(8);
+  std::vector<request> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(greedy_request("t" + std::to_string(i), texts[i], 96));
+  auto probe = *engine_core::create(stories(), config(kv_type::f32, "none"));
+  const run_result free_run = run(*probe, reqs);
+  for (request& r : reqs) {  // a stop string from the middle of each plain output
+    const std::string& t = free_run.text.at(r.id);
+    ASSERT_GT(t.size(), 80u);
+    r.stop = {t.substr(t.size() / 2, 6)};
+  }
+  auto plain = *engine_core::create(stories(), config(kv_type::f32, "none"));
+  auto spec = *engine_core::create(stories(), config(kv_type::f32, "ngram:k=5,n=2"));
+  const run_result a = run(*plain, reqs);
+  const run_result b = run(*spec, reqs);
+  for (const request& r : reqs) {
+    EXPECT_EQ(a.text.at(r.id), b.text.at(r.id)) << r.id;
+    EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+    EXPECT_EQ(a.completion_tokens.at(r.id), b.completion_tokens.at(r.id)) << r.id;
+    EXPECT_EQ(b.finish.at(r.id), "stop") << r.id;
+  }
+  EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
+  EXPECT_EQ(spec->stats().n_generated_tokens, plain->stats().n_generated_tokens);
 }
 
 TEST(speculative_engine, refuses_what_it_cannot_verify_exactly) {
