@@ -90,7 +90,7 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
   const engine_stats& st = eng.stats();
   kv_metrics kv = eng.kv_stats();
   double gen_tps = st.n_generated_tokens / std::max(seconds, 1e-9);
-  return {{"requests", n_requests},
+  json out = {{"requests", n_requests},
           {"errors", n_errors},
           {"seconds", seconds},
           {"prompt_tokens", st.n_prompt_tokens},
@@ -102,7 +102,6 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"decode_tokens_per_s", decode_us > 0 ? decode_tokens / (decode_us * 1e-6) : 0.0},
           {"total_tokens_per_s", (st.n_prompt_tokens + st.n_generated_tokens) / std::max(seconds, 1e-9)},
           {"steps", st.n_steps},
-          {"speculative", speculative_json(st)},
           {"peak_running", st.peak_running},
           {"blocks_total", kv.n_blocks_total},
           {"block_size", kv.block_size_tokens},
@@ -124,6 +123,10 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"ttft_p99_s", st.ttft_seconds.quantile(0.99)},
           {"itl_p50_s", st.itl_seconds.quantile(0.5)},
           {"itl_p99_s", st.itl_seconds.quantile(0.99)}};
+  // Only when something speculated: the summary of a plain run is as it was
+  // (its last line stays one flat object that scripts cut at the last '{').
+  if (!st.spec_decode.empty()) out["speculative"] = speculative_json(st);
+  return out;
 }
 
 // The input: a file, or standard input for "-". A directory is an error
@@ -305,11 +308,12 @@ int batch(const batch_options& o) {
                  static_cast<long long>(summary["preemptions"].get<std::int64_t>()),
                  static_cast<long long>(summary["evictions"].get<std::int64_t>()),
                  static_cast<long long>(summary["cow_copies"].get<std::int64_t>()));
-    for (const auto& [name, d] : summary["speculative"].items())
-      std::fprintf(stderr, "pagoda batch: speculative %s: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per "
-                   "verification step\n", name.c_str(), static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
-                   static_cast<long long>(d["draft_tokens"].get<std::int64_t>()), 100 * d["acceptance_rate"].get<double>(),
-                   d["mean_accepted_length"].get<double>());
+    if (summary.contains("speculative"))
+      for (const auto& [name, d] : summary["speculative"].items())
+        std::fprintf(stderr, "pagoda batch: speculative %s: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per "
+                     "verification step\n", name.c_str(), static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
+                     static_cast<long long>(d["draft_tokens"].get<std::int64_t>()), 100 * d["acceptance_rate"].get<double>(),
+                     d["mean_accepted_length"].get<double>());
   }
   // Any failed line fails the run (scripts check the exit code); the output
   // still holds every line's result, the failed ones as error objects.
