@@ -35,6 +35,9 @@ struct engine_config {
   // KV policy of requests that name none: "NAME[:key=value,...]" (docs/policies.md),
   // e.g. "h2o:budget=0.25"; "none" keeps every token.
   std::string kv_policy = "none";
+  // Speculative decoding of requests that name none: "NAME[:key=value,...]"
+  // (docs/speculative.md), e.g. "ngram:k=5,n=3"; "none" decodes one token a step.
+  std::string speculative = "none";
   // Keep per-block key summaries (min/max/mean of the keys) so that requests
   // may use query-aware policies (quest) whatever the default policy.
   bool kv_key_summaries = false;

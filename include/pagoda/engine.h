@@ -60,6 +60,13 @@ struct kv_usage {
   std::int32_t n_window_blocks_used_peak = 0;  // blocks of the window group (engine_info) used at once, at most
 };
 
+// Speculative decoding so far, over every drafter (docs/speculative.md).
+struct speculation_usage {
+  std::int64_t n_drafts = 0;           // verification steps that carried drafts
+  std::int64_t n_draft_tokens = 0;     // draft tokens proposed
+  std::int64_t n_accepted_tokens = 0;  // of which accepted
+};
+
 class engine {
  public:
   // Loads the model and maps the KV cache. Errors name the file or the option
@@ -87,6 +94,7 @@ class engine {
 
   const engine_info& info() const;
   kv_usage usage() const;
+  speculation_usage speculation() const;
 
  private:
   struct impl;

@@ -28,7 +28,7 @@ struct request_usage {
 struct engine_event {
   std::string request_id;
   int index = 0;                        // completion index, 0 .. n-1
-  std::vector<token_id> tokens;         // tokens sampled this step (0 or 1)
+  std::vector<token_id> tokens;         // tokens sampled this step (0, 1, or several with speculative decoding)
   std::string text;                     // text released this step (stop strings held back)
   std::vector<token_logprob> logprobs;  // one per token, when asked for
   // With request::prompt_logits: rows [n][n_vocab] for prompt positions

@@ -81,6 +81,9 @@ struct request {
   // The KV policy of this request ("NAME[:key=value,...]", docs/policies.md);
   // "" takes the engine's default (--kv-policy), "none" is full KV.
   std::string kv_policy;
+  // Speculative decoding ("NAME[:key=value,...]", docs/speculative.md:
+  // "ngram:k=4"); "" takes the engine's default (--speculative), "none" is off.
+  std::string speculative;
   std::vector<prompt_segment> segments;
   // > 0: at most this many prompt tokens per step (the policy acts between
   // steps; perplexity's decode-time setting feeds documents this way).

@@ -73,12 +73,24 @@ result<server::api_call> parse_line(const json& j, const server::api_context& ct
   return std::move(*call.value);
 }
 
+// Per drafter: proposed and accepted draft tokens, acceptance rate, mean accepted length.
+json speculative_json(const engine_stats& st) {
+  json out = json::object();
+  for (const auto& [name, d] : st.spec_decode)
+    out[name] = {{"drafts", d.n_drafts},
+                 {"draft_tokens", d.n_draft_tokens},
+                 {"accepted_tokens", d.n_accepted_tokens},
+                 {"acceptance_rate", d.n_draft_tokens > 0 ? static_cast<double>(d.n_accepted_tokens) / static_cast<double>(d.n_draft_tokens) : 0.0},
+                 {"mean_accepted_length", d.mean_accepted_length()}};
+  return out;
+}
+
 json summary_json(const engine_core& eng, double seconds, std::size_t n_requests, std::size_t n_errors,
                   double mean_fragmentation, double peak_usage, std::int64_t decode_tokens, std::int64_t decode_us) {
   const engine_stats& st = eng.stats();
   kv_metrics kv = eng.kv_stats();
   double gen_tps = st.n_generated_tokens / std::max(seconds, 1e-9);
-  return {{"requests", n_requests},
+  json out = {{"requests", n_requests},
           {"errors", n_errors},
           {"seconds", seconds},
           {"prompt_tokens", st.n_prompt_tokens},
@@ -111,6 +123,10 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"ttft_p99_s", st.ttft_seconds.quantile(0.99)},
           {"itl_p50_s", st.itl_seconds.quantile(0.5)},
           {"itl_p99_s", st.itl_seconds.quantile(0.99)}};
+  // Only when something speculated: the summary of a plain run is as it was
+  // (its last line stays one flat object that scripts cut at the last '{').
+  if (!st.spec_decode.empty()) out["speculative"] = speculative_json(st);
+  return out;
 }
 
 // The input: a file, or standard input for "-". A directory is an error
@@ -292,6 +308,12 @@ int batch(const batch_options& o) {
                  static_cast<long long>(summary["preemptions"].get<std::int64_t>()),
                  static_cast<long long>(summary["evictions"].get<std::int64_t>()),
                  static_cast<long long>(summary["cow_copies"].get<std::int64_t>()));
+    if (summary.contains("speculative"))
+      for (const auto& [name, d] : summary["speculative"].items())
+        std::fprintf(stderr, "pagoda batch: speculative %s: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per "
+                     "verification step\n", name.c_str(), static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
+                     static_cast<long long>(d["draft_tokens"].get<std::int64_t>()), 100 * d["acceptance_rate"].get<double>(),
+                     d["mean_accepted_length"].get<double>());
   }
   // Any failed line fails the run (scripts check the exit code); the output
   // still holds every line's result, the failed ones as error objects.

@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include "spec/speculative.h"
+
 #include <unistd.h>
 
 #include <cmath>
@@ -29,6 +31,12 @@ std::vector<std::string>& gpu_flags_seen() {
   static std::vector<std::string> seen;
   return seen;
 }
+
+// A bad --speculative spec: a usage error, exit 2.
+class spec_usage_error : public CLI::ParseError {
+ public:
+  explicit spec_usage_error(std::string message) : CLI::ParseError("SpeculativeError", std::move(message), 2) {}
+};
 
 CLI::Validator finite_check(std::string description, double lo, bool lo_open, double hi) {
   return CLI::Validator(
@@ -98,6 +106,14 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_option("--kv-policy", opts.kv_policy,
                   "NAME[:key=value,...]: which tokens the KV cache keeps or reads (none, window, h2o, snapkv, "
                   "pyramid, merge, cluster, quest, retrieval; docs/policies.md); requests may name their own");
+  app->add_option("--speculative", opts.speculative,
+                  "NAME[:key=value,...]: speculative decoding of requests that name none (ngram:k=4,n=3; "
+                  "docs/speculative.md); requests may name their own")
+      ->each([](const std::string& text) {
+        // A bad spec is a usage error (exit 2) naming the flag and the parameter.
+        if (auto c = parse_spec_config(text); !c.ok())
+          throw spec_usage_error("--speculative: " + c.error().message());
+      });
   app->add_flag("--kv-key-summaries", opts.kv_key_summaries,
                 "keep per-block key bounds so requests may ask for quest (on when --kv-policy needs them)");
   app->add_flag("--swa-full", opts.swa_full,

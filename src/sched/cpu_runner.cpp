@@ -100,7 +100,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     tables_[i].assign(s.tables.begin(), s.tables.end());
     f.blocks = tables_[i].front();
     f.tables = tables_[i];
-    f.all_logits = q.all_logits;
+    f.all_logits = q.all_logits || !q.draft.empty();  // a verification reads every row
     if (q.stats_window >= 0) {
       f.stats = &out.stats[i];
       f.stats_window = q.stats_window;

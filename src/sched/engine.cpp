@@ -64,6 +64,16 @@ bool engine::has_work() const { return impl_->core->has_work(); }
 void engine::step(std::vector<engine_event>& events) { impl_->core->step(events); }
 const engine_info& engine::info() const { return impl_->info; }
 
+speculation_usage engine::speculation() const {
+  speculation_usage u;
+  for (const auto& [name, d] : impl_->core->stats().spec_decode) {
+    u.n_drafts += d.n_drafts;
+    u.n_draft_tokens += d.n_draft_tokens;
+    u.n_accepted_tokens += d.n_accepted_tokens;
+  }
+  return u;
+}
+
 kv_usage engine::usage() const {
   const kv_metrics m = impl_->core->kv_stats();
   return {m.n_blocks_used,        m.n_blocks_used_peak, m.n_blocks_cached,

@@ -22,6 +22,8 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.max_waiting = c.max_waiting;
   s.attention_stats_window = c.attention_stats_window;
   s.kv_policy = c.kv_policy;
+  s.speculative = c.speculative;
+  s.speculation_refused = speculation_refusal(c);
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
   // Side memory is paid in group-0 blocks of the default type: each stands for its K/V bytes.
@@ -48,6 +50,23 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   // engine lacks gets the flag that would add it.
   s.kv_class_of = [c](const std::string& type) { return find_kv_class(c, type); };
   return s;
+}
+
+std::string speculation_refusal(const engine_core_config& c) {
+  // A rejected draft inside a sealed block reopens it from its codes: the
+  // kept tokens would be requantized under new scales, not the bytes a plain
+  // run stores (kv_arena::truncate_block). Until staging is kept for
+  // tentative slots, speculation is refused on those types.
+  bool sealed = c.kv.has_sealed();
+  for (const kv_segment_class& k : c.kv_classes) sealed = sealed || k.layout.has_sealed();
+  if (sealed)
+    return "this engine's KV cache has sealed (per-channel quantized) blocks, which rolling back rejected drafts "
+           "cannot restore exactly yet; use a per-token KV type (f32, f16, bf16, q8_0, int8, fp8)";
+  for (const engine_kv_group& g : c.groups)
+    if (g.kind == kv_group_kind::sliding_window)
+      return "this model's sliding-window layers keep only their window, which speculative decoding does not "
+             "size for yet; start the engine with --swa-full";
+  return {};
 }
 
 std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_config& c) {
@@ -139,6 +158,17 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     class_layouts.push_back(k.layout);
   }
   c.groups = plan_kv_groups(hp, c);
+  {
+    // The default speculation must be valid and possible here.
+    auto spec = parse_spec_config(c.speculative);
+    if (!spec.ok()) return spec.error().with_context("--speculative");
+    if (spec->enabled()) {
+      if (const std::string why = speculation_refusal(c); !why.empty())
+        return error(errc::invalid_argument, "--speculative {}: {}", spec->drafter, why);
+      if (c.attention_stats_window >= 0)
+        return error(errc::invalid_argument, "--speculative {}: not combined with attention statistics yet", spec->drafter);
+    }
+  }
   std::vector<kv_group_blocks> groups;
   for (const engine_kv_group& g : c.groups) groups.push_back(kv_group_blocks{g.layers, g.class_blocks});
   // Staging slots for every sequence that can hold open blocks (kv_arena.h).

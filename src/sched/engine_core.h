@@ -64,6 +64,7 @@ struct engine_core_config {
   int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
   std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
+  std::string speculative = "none";   // the default speculative decoding of requests (spec/speculative.h)
   // Sliding-window layers keep only their window in a KV group of their own
   // (kv_group.h): beside full-attention layers (Gemma 2/3) a small group of
   // window_blocks blocks per class (0: planned by plan_kv_groups); when every
@@ -85,6 +86,10 @@ struct engine_core_config {
 std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& config);
 // The blocks per class a sliding-window group of this model needs at most.
 std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_config& config);
+
+// Why this configuration cannot verify drafts exactly (speculative
+// decoding), or "" when it can.
+std::string speculation_refusal(const engine_core_config& config);
 
 // The class whose blocks have the formats `kv_type` (as --kv-cache-dtype
 // takes it) gives every layer: 0 for the default layout, i + 1 for

@@ -189,6 +189,7 @@ void engine_loop::publish() {
   s.n_policy_evicted_slots = st.n_policy_evicted_slots;
   s.selector_bytes = st.selector_bytes;
   s.n_generated_tokens = st.n_generated_tokens;
+  s.spec_decode = st.spec_decode;
   s.n_running = st.n_running;
   s.n_waiting = st.n_waiting;
   // engine_stats' counts are refreshed by step(); when aborts emptied the

@@ -322,6 +322,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.tenant_quota_blocks = opts.tenant_quota_blocks;
   cfg.max_waiting = opts.max_waiting;
   cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
+  cfg.speculative = opts.speculative.empty() ? "none" : opts.speculative;
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
   if (opts.kv_key_summaries) cfg.kv.key_summaries = true;
   cfg.free_out_of_window = !opts.swa_full;

@@ -36,13 +36,13 @@ void output_processor::process(std::vector<engine_event>& events, std::size_t fi
 
 void output_processor::on_token(request_state& r, std::vector<engine_event>& events, std::size_t i) {
   engine_event& e = events[i];
-  PAGODA_ASSERT(e.index >= 0 && e.tokens.size() == 1, "a token event of completion {} with {} tokens", e.index,
-                e.tokens.size());
+  PAGODA_ASSERT(e.index >= 0 && !e.tokens.empty(), "a token event of completion {} without tokens", e.index);
   const auto index = static_cast<std::size_t>(e.index);
   if (r.completions.size() <= index) r.completions.resize(index + 1);
   if (!r.completions[index]) r.completions[index] = std::make_unique<completion>(vocab_, r.stop);
   completion& c = *r.completions[index];
 
+  // One observation per event: a verification step's tokens arrive together (a chunk, as vLLM counts them).
   const std::int64_t now = now_us();
   if (!r.first_token_seen) {
     r.first_token_seen = true;
@@ -52,20 +52,32 @@ void output_processor::on_token(request_state& r, std::vector<engine_event>& eve
   }
   c.last_token_us = now;
 
-  // update() finished it by "stop" only for an EOS or stop token, whose text is not shown.
-  if (e.finish_reason == "stop") {
-    e.text = c.stops.flush();
-    return;
-  }
-  e.text = c.stops.push(c.decoder.push(e.tokens.front()));
-  if (c.stops.stopped()) {
+  // update() finished it by "stop" only for an EOS or stop token (the
+  // event's last), whose text is not shown.
+  const bool token_stop = e.finish_reason == "stop";
+  const std::size_t n_shown = e.tokens.size() - (token_stop ? 1 : 0);
+  e.text.clear();
+  for (std::size_t j = 0; j < n_shown; ++j) {
+    e.text += c.stops.push(c.decoder.push(e.tokens[j]));
+    if (!c.stops.stopped()) continue;
+    // A stop string ends the completion at token j: the tokens after it were
+    // never shown and do not count (usage, generated tokens).
+    const auto n_dropped = static_cast<int>(e.tokens.size() - j - 1);
+    e.tokens.resize(j + 1);
+    if (e.logprobs.size() > j + 1) e.logprobs.resize(j + 1);
     if (e.finish_reason.empty()) {
-      const bool stopped = sched_.stop_sequence(e.request_id, e.index, e);
+      const bool stopped = sched_.stop_sequence(e.request_id, e.index, e, n_dropped);
       PAGODA_ASSERT(stopped, "completion {} of a token event without a finish is not running", e.index);
       if (e.request_finished) move_request_end(events, i);
     } else {
-      e.finish_reason = "stop";  // it reached its length on the token that completed a stop string
+      // It reached its length (or a stop token) at or after the token that completed a stop string.
+      sched_.uncount_tokens(e.request_id, n_dropped, e);
+      e.finish_reason = "stop";
     }
+    return;
+  }
+  if (token_stop) {
+    e.text += c.stops.flush();
   } else if (e.finish_reason == "length") {
     e.text += c.stops.push(c.decoder.flush());
     e.text += c.stops.flush();

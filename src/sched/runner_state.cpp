@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/assert.h"
+#include "spec/speculative.h"
 
 namespace pagoda {
 
@@ -134,9 +135,10 @@ sampled_token runner_state::draw(sequence& s, seq_id id, std::span<const float> 
 status runner_state::sample(const step_plan& plan, std::vector<float>& logits, int n_vocab, step_output& out) {
   const auto V = static_cast<std::size_t>(n_vocab);
   out.sampled.clear();
+  out.accepted.clear();
   std::size_t row = 0, kept = 0;  // rows read, rows kept for out.prompt_logits (moved to the front)
   for (const scheduled_seq& q : plan.seqs) {
-    const std::size_t rows = q.all_logits ? q.tokens.size() : 1;
+    const std::size_t rows = q.all_logits || !q.draft.empty() ? q.tokens.size() : 1;
     if ((row + rows) * V > logits.size())
       return error(errc::internal, "the forward pass returned {} logits for more rows", logits.size());
     if (q.sample) {
@@ -154,7 +156,19 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
         out.sampled.push_back(draw(*c, f.seq, last));
         seqs_[f.seq] = std::move(c);
       }
-      out.sampled.push_back(draw(*s, q.seq, last));
+      if (q.draft.empty()) {
+        out.sampled.push_back(draw(*s, q.seq, last));
+      } else {
+        // Row j follows the j-th token of the step: the last verified one, then the drafts.
+        PAGODA_ASSERT(q.forks.empty() && q.draft.size() < q.tokens.size(), "a verification step with forks");
+        const std::size_t first = row + rows - 1 - q.draft.size();
+        const std::vector<token_id> emitted = accept_point_drafts(q.draft, [&](int j) {
+          out.sampled.push_back(draw(*s, q.seq, std::span<const float>(logits.data() + (first + static_cast<std::size_t>(j)) * V, V)));
+          return out.sampled.back().token;
+        });
+        if (out.accepted.empty()) out.accepted.assign(plan.seqs.size(), 0);
+        out.accepted[static_cast<std::size_t>(&q - plan.seqs.data())] = static_cast<std::int32_t>(emitted.size() - 1);
+      }
     }
     if (q.all_logits) {
       if (kept != row) std::memmove(logits.data() + kept * V, logits.data() + row * V, rows * V * sizeof(float));

@@ -5,51 +5,9 @@
 
 #include "core/assert.h"
 #include "core/clock.h"
+#include "sched/scheduler_internal.h"
 
 namespace pagoda {
-
-struct scheduler::request_state {
-  request req;
-  std::int64_t arrival = 0;     // order of arrival
-  std::vector<std::unique_ptr<sequence>> seqs;  // [completion index]; 0 runs the prompt
-  bool forked = false;          // children created (n > 1)
-  bool first_token_seen = false;
-  int n_finished = 0;
-  int cached_tokens = -1;       // prompt tokens from the prefix cache (or loaded) at first admission
-  std::vector<int> loaded_by_tier;  // of those, loaded from each tier of the KV source
-  int completion_tokens = 0;
-  std::vector<kv_class_run> kv_classes;  // positions whose blocks are of another KV class (segments' kv_type)
-  side_charge side;                      // each completion's side memory bound (seq_policy::side_memory)
-};
-
-struct scheduler::sequence {
-  request_state* req = nullptr;
-  int index = 0;
-  seq_id id;
-  std::vector<token_id> tokens;  // prompt, then generated; token i is computed at position i
-  int n_prompt = 0;
-  int n_computed = 0;            // leading tokens whose K/V were computed (some may be dropped since)
-  int n_generated = 0;
-  seq_phase phase = seq_phase::waiting;
-  std::int64_t start_order = -1; // >= 0 while running or loading
-  bool in_kv = false;            // registered with the KV manager
-  std::vector<block_key> keys;   // chained keys of the full blocks of `tokens` (prefix caching)
-  std::size_t keys_for = 0;      // tokens.size() when keys were computed
-  // The KV policy's state (and the statistics it or the engine asked for);
-  // null when neither. Positions: token i is computed at position
-  // i - pos_shift (pos_shift > 0 once a policy re-numbered the cache).
-  std::unique_ptr<seq_policy> pol;
-  int pos_shift = 0;
-  // Loading: table entries [load_first, load_first + load_count) wait for the
-  // source; load_planned once they are in a plan. load_refs: what was prefetched.
-  int load_first = 0, load_count = 0;
-  bool load_planned = false;
-  std::vector<stored_block_ref> load_refs;
-  runner_mirror runner;          // what the runner holds for it (runner_sync.h)
-
-  sequence(request_state* r, int idx, seq_id sid)
-      : req(r), index(idx), id(sid), tokens(r->req.prompt), n_prompt(static_cast<int>(r->req.prompt.size())) {}
-};
 
 namespace {
 
@@ -186,6 +144,8 @@ status scheduler::add_request(request req) {
   r->seqs.push_back(std::make_unique<sequence>(r.get(), 0, seq_id(next_seq_++)));
   sequence* s = r->seqs[0].get();
   PAGODA_RETURN_IF_ERROR(make_policy(*s));
+  PAGODA_RETURN_IF_ERROR(resolve_speculation(*r));
+  if (r->spec.enabled()) s->spec = std::make_unique<spec_sequence>(r->spec);
   seqs_.emplace(s->id, s);
   enqueue_by_priority(s);
   stats_.n_prompt_tokens += static_cast<std::int64_t>(r->req.prompt.size());
@@ -355,6 +315,7 @@ void scheduler::preempt(sequence* s) {
   s->n_computed = 0;
   s->pos_shift = 0;
   if (s->pol) s->pol->reset();
+  if (s->spec) s->spec->planned.clear();  // its drafts go with its KV
   forget_runner_kv(s);
   end_loading(s);
   s->phase = seq_phase::waiting;
@@ -501,6 +462,18 @@ step_plan scheduler::schedule() {
     if (s->phase != seq_phase::running) continue;  // preempted earlier in this step
     const int n = std::min<int>(next_chunk(*s), budget);
     PAGODA_ASSERT(n > 0, "a running sequence has nothing to compute");
+    if (s->spec) {
+      // Drafts ride along only when their slots come without preempting
+      // anyone; else the sequence decodes plainly.
+      s->spec->planned = propose_drafts(*s, n, budget);
+      const int n_draft = static_cast<int>(s->spec->planned.size());
+      if (n_draft > 0 && kv_.allocate(s->id, n + n_draft)) {
+        plan.push_back({s, n + n_draft});
+        budget -= n + n_draft;
+        continue;
+      }
+      s->spec->planned.clear();
+    }
     for (;;) {
       if (kv_.allocate(s->id, n)) {
         plan.push_back({s, n});
@@ -558,13 +531,16 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
   const request& r = s->req->req;
   scheduled_seq q;
   q.seq = s->id;
-  q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + n);
+  if (s->spec) q.draft = s->spec->planned;
+  const int n_known = n - static_cast<int>(q.draft.size());  // of the sequence's own tokens
+  q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + n_known);
+  q.tokens.insert(q.tokens.end(), q.draft.begin(), q.draft.end());
   q.positions.resize(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
   q.n_stored = kv_.n_stored_tokens(s->id);
   q.all_logits = r.prompt_logits && s->n_computed < s->n_prompt;
   q.n_tokens = static_cast<std::int32_t>(s->tokens.size());
-  q.sample = s->n_computed + n >= static_cast<int>(s->tokens.size()) && r.max_tokens > 0;
+  q.sample = s->n_computed + n_known >= static_cast<int>(s->tokens.size()) && r.max_tokens > 0;
   // Completion i draws from seed + i, so completion 0 equals an n = 1
   // request; the others are forked at the first sample and draw their first
   // token from the same logits.
@@ -669,9 +645,16 @@ void scheduler::fail_step(const step_plan& plan, const status& st, std::vector<e
 status scheduler::check_output(const step_plan& plan, const step_output& out) const {
   const auto V = static_cast<std::size_t>(vocab_.n_vocab());
   std::size_t n_rows = 0, n_sampled = 0;
-  for (const scheduled_seq& q : plan.seqs) {
+  const bool any_draft = std::any_of(plan.seqs.begin(), plan.seqs.end(), [](const scheduled_seq& q) { return !q.draft.empty(); });
+  if (any_draft && out.accepted.size() != plan.seqs.size())
+    return error(errc::internal, "the runner reported acceptance for {} of {} sequences", out.accepted.size(), plan.seqs.size());
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const scheduled_seq& q = plan.seqs[i];
+    const std::int32_t accepted = any_draft ? out.accepted[i] : 0;
+    if (accepted < 0 || static_cast<std::size_t>(accepted) > q.draft.size() || (accepted > 0 && !q.sample))
+      return error(errc::internal, "the runner accepted {} of {} drafts of sequence {}", accepted, q.draft.size(), q.seq.value);
     if (q.all_logits) n_rows += q.tokens.size();
-    if (q.sample) n_sampled += 1 + q.forks.size();
+    if (q.sample) n_sampled += 1 + q.forks.size() + static_cast<std::size_t>(accepted);
   }
   if (out.prompt_logits.size() != n_rows * V)
     return error(errc::internal, "the runner returned {} prompt logits for {} rows of {}", out.prompt_logits.size(),
@@ -679,12 +662,17 @@ status scheduler::check_output(const step_plan& plan, const step_output& out) co
   if (out.sampled.size() != n_sampled)
     return error(errc::internal, "the runner sampled {} tokens for {}", out.sampled.size(), n_sampled);
   std::size_t k = 0;
-  for (const scheduled_seq& q : plan.seqs) {
+  for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
+    const scheduled_seq& q = plan.seqs[i];
     if (!q.sample) continue;
-    for (std::size_t j = 0; j <= q.forks.size(); ++j, ++k) {
+    const std::size_t accepted = any_draft ? static_cast<std::size_t>(out.accepted[i]) : 0;
+    for (std::size_t j = 0; j <= q.forks.size() + accepted; ++j, ++k) {
       const sampled_token& t = out.sampled[k];
       if (t.seq != (j < q.forks.size() ? q.forks[j].seq : q.seq) || !vocab_.valid_id(t.token))
         return error(errc::internal, "the runner sampled token {} for sequence {} out of order", t.token, t.seq.value);
+      // An accepted draft is the token the runner drew.
+      if (j < accepted && t.token != q.draft[j])
+        return error(errc::internal, "the runner accepted draft {} of sequence {} but drew {}", q.draft[j], q.seq.value, t.token);
     }
   }
   return {};
@@ -713,6 +701,13 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     // from here on the sequence's blocks stay out of the prefix cache.
     if (i < out.sparse.size() && out.sparse[i]) kv_.set_off_chain(s->id);
     if (i < out.selector_bytes.size()) s->runner.selector_bytes = out.selector_bytes[i];
+    if (!q.draft.empty()) {
+      first_computed[i] = s->n_computed;
+      const std::size_t n_emitted = 1 + static_cast<std::size_t>(out.accepted[i]);
+      commit_verified(s, q, std::span(out.sampled).subspan(next_sample, n_emitted), events);
+      next_sample += n_emitted;
+      continue;
+    }
     status st = kv_.commit(s->id, q.tokens, q.positions);
     PAGODA_ASSERT(st.ok(), "commit: {}", st.message());
     // What the selector really holds: the next allocate pays for it if the bound fell short.
@@ -741,9 +736,9 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
       if (!q.forks.empty()) {
         fork_children(s, q.forks);
         for (std::size_t j = 1; j < s->req->seqs.size(); ++j)
-          commit_token(s->req->seqs[j].get(), out.sampled[next_sample++], events);
+          commit_tokens(s->req->seqs[j].get(), std::span(out.sampled).subspan(next_sample++, 1), events);
       }
-      commit_token(s, out.sampled[next_sample++], events);
+      commit_tokens(s, std::span(out.sampled).subspan(next_sample++, 1), events);
     } else if (s->n_computed >= static_cast<int>(s->tokens.size())) {
       finish(s, "length", events);  // the prompt only (scoring: max_tokens 0)
     }
@@ -839,6 +834,7 @@ void scheduler::fork_children(sequence* parent, std::span<const seq_fork> forks)
     child->pos_shift = parent->pos_shift;
     if (parent->pol)
       child->pol = parent->pol->fork([this, r](const kv_policy_spec& spec) { return new_policy(spec, r->req.segments); });
+    if (parent->spec) child->spec = std::make_unique<spec_sequence>(r->spec);  // drafts on its own
     child->runner.known = true;  // the runner made it at the fork; its KV state comes with its first run
     child->in_kv = true;
     child->phase = seq_phase::running;
@@ -893,35 +889,13 @@ void scheduler::end_sequence(sequence* s, const std::string& reason, engine_even
   }
 }
 
-void scheduler::commit_token(sequence* s, sampled_token& t, std::vector<engine_event>& events) {
-  request_state* r = s->req;
-  const token_id tok = t.token;
-  engine_event e;
-  e.request_id = r->req.id;
-  e.index = s->index;
-  e.tokens.push_back(tok);
-  if (r->req.logprobs >= 0 && t.logprob) e.logprobs.push_back(std::move(*t.logprob));
-  r->first_token_seen = true;
-  s->tokens.push_back(tok);
-  ++s->n_generated;
-  ++r->completion_tokens;
-  ++stats_.n_generated_tokens;
-  // What the token alone decides; stop strings are the output step's (output_processor.h).
-  std::string reason;
-  const bool stop_token =
-      std::find(r->req.stop_token_ids.begin(), r->req.stop_token_ids.end(), tok) != r->req.stop_token_ids.end();
-  if ((!r->req.ignore_eos && vocab_.is_eog(tok)) || stop_token) reason = "stop";
-  else if (s->n_generated >= r->req.max_tokens || static_cast<int>(s->tokens.size()) >= config_.max_model_len)
-    reason = "length";
-  events.push_back(std::move(e));
-  if (!reason.empty()) finish(s, reason, events);
-}
-
-bool scheduler::stop_sequence(const std::string& id, int index, engine_event& e) {
+bool scheduler::stop_sequence(const std::string& id, int index, engine_event& e, int n_dropped) {
   const auto it = requests_.find(id);
   if (it == requests_.end() || index < 0 || index >= static_cast<int>(it->second->seqs.size())) return false;
   sequence* s = it->second->seqs[static_cast<std::size_t>(index)].get();
   if (s->phase == seq_phase::finished) return false;
+  s->req->completion_tokens -= n_dropped;
+  stats_.n_generated_tokens -= n_dropped;
   end_sequence(s, "stop", e);
   refresh_counts();
   return true;

@@ -47,6 +47,7 @@
 // (drop_blocks), so RoPE and masks stay right.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -67,6 +68,7 @@
 #include "sched/runner_sync.h"
 #include "sched/seq_policy.h"
 #include "sched/step_plan.h"
+#include "spec/speculative.h"
 
 namespace pagoda {
 
@@ -102,11 +104,28 @@ struct scheduler_config {
   std::vector<std::int32_t> kv_class_blocks;
   std::vector<std::string> kv_class_keys;  // [class]: its KV type in prefix keys (kv_manager::set_class_keys); empty: numbers
   std::function<result<std::uint8_t>(const std::string& kv_type)> kv_class_of;
+  // Speculative decoding (spec/speculative.h): the default of requests that
+  // name none, and why this engine cannot verify drafts exactly (non-empty:
+  // every request that asks for speculation is refused with it).
+  std::string speculative = "none";
+  std::string speculation_refused;
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
   // The latency histograms (TTFT, inter-token, end to end, which the output
   // step observes) read this clock; null: the system's. Tests pass a manual_clock.
   const clock_source* clock = nullptr;
+};
+
+// Speculative decoding's counters, per drafter (vLLM's spec_decode metrics).
+struct spec_decode_stats {
+  std::int64_t n_drafts = 0;           // verification steps that carried drafts
+  std::int64_t n_draft_tokens = 0;     // draft tokens proposed
+  std::int64_t n_accepted_tokens = 0;  // of which the target accepted
+  std::array<std::int64_t, k_max_draft_tokens> accepted_per_pos{};  // [i]: drafts at position i accepted
+  // Mean tokens a verification step emits: 1 + accepted per step.
+  double mean_accepted_length() const {
+    return n_drafts > 0 ? 1.0 + static_cast<double>(n_accepted_tokens) / static_cast<double>(n_drafts) : 0.0;
+  }
 };
 
 struct engine_stats {
@@ -131,6 +150,7 @@ struct engine_stats {
   histogram itl_seconds{latency_buckets_seconds()};
   histogram e2e_seconds{latency_buckets_seconds()};
   std::int64_t peak_running = 0;
+  std::map<std::string, spec_decode_stats> spec_decode;  // by drafter name
 };
 
 // Where a sequence is in its life.
@@ -178,7 +198,13 @@ class scheduler {
   // `id`: it ends as an abort would, with finish reason "stop", written into
   // `e` (request_finished and usage too when it was the last). False when
   // that completion is not running.
-  bool stop_sequence(const std::string& id, int index, engine_event& e);
+  // n_dropped: tokens of `e` the stop string cut off (a verification step
+  // emits several); they no longer count as generated.
+  bool stop_sequence(const std::string& id, int index, engine_event& e, int n_dropped = 0);
+  // The output step cut n_dropped tokens off an event of a completion that had
+  // already ended (a stop string before its last token): they no longer count
+  // as generated, nor in e's usage when e finishes the request.
+  void uncount_tokens(const std::string& id, int n_dropped, engine_event& e);
   // Events produced outside a step (aborts), handed out once.
   void take_events(std::vector<engine_event>& events);
 
@@ -260,7 +286,21 @@ class scheduler {
   void end_sequence(sequence* s, const std::string& reason, engine_event& e, const std::string& why = {});
   // Whether out holds what plan asks for (prompt rows, sampled tokens in order, in the vocabulary).
   status check_output(const step_plan& plan, const step_output& out) const;
-  void commit_token(sequence* s, sampled_token& t, std::vector<engine_event>& events);
+  // Appends tokens to s in one event, up to the first that finishes it (then s ends).
+  void commit_tokens(sequence* s, std::span<sampled_token> tokens, std::vector<engine_event>& events);
+  // What token `tok` decides when it is s's n_generated-th generated token and
+  // makes its length n_tokens: "stop", "length", or "" (stop strings are the output step's).
+  std::string finish_reason_of(const sequence& s, token_id tok, int n_generated, int n_tokens) const;
+  // Speculation (scheduler_spec.cpp). The drafts s carries in a step that
+  // computes n of its tokens within `budget` (none when it does not speculate).
+  std::vector<token_id> propose_drafts(sequence& s, int n, int budget) const;
+  // Commits a verification step of s: the verified prefix's K/V (the
+  // tentative rest truncated), the emitted tokens, the counters. `emitted`:
+  // the runner's tokens for s (1 + accepted).
+  void commit_verified(sequence* s, const scheduled_seq& q, std::span<sampled_token> emitted,
+                       std::vector<engine_event>& events);
+  // The request's speculation, from its own spec or the engine's default.
+  status resolve_speculation(request_state& r) const;
   void fork_children(sequence* parent, std::span<const seq_fork> forks);
   // The plan's entry for s computing n tokens, with the runner's state updates.
   scheduled_seq plan_seq(sequence* s, int n);

@@ -85,6 +85,13 @@ struct scheduled_seq {
   bool sample = false;
   std::vector<seq_fork> forks;
   std::int32_t n_tokens = 0;             // the sequence's tokens before this step samples (a truncation cuts the history to it)
+  // Speculative decoding (spec/speculative.h): the last draft.size() of
+  // `tokens` are draft tokens, not yet verified. The runner computes a logits
+  // row for every token and samples row by row while the drawn token equals
+  // the next draft (accept_point_drafts): 1 + accepted tokens come back.
+  // Their K/V are written tentatively; update() commits the verified prefix
+  // and truncates the rest. Never with forks or all_logits.
+  std::vector<token_id> draft;
 
   // --- the runner's per-sequence state (runner_state.h) -------------------------
   std::optional<seq_setup> setup;        // the first time the runner sees the sequence
@@ -136,8 +143,10 @@ struct step_output {
   // Not ok: the step failed part way; nothing of it may be committed.
   status result;
   // For each sequence of the plan that samples, in plan order: its forks'
-  // first tokens, in fork order, then its own.
+  // first tokens, in fork order, then its own (1 + accepted[i] of them for a
+  // sequence with drafts: the accepted drafts, then the target's next token).
   std::vector<sampled_token> sampled;
+  std::vector<std::int32_t> accepted;   // [plan.seqs]: drafts accepted (0 without drafts); empty when no seq has any
   // The logits rows of all_logits sequences, in plan order: [rows][n_vocab].
   std::vector<float> prompt_logits;
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from

@@ -10,6 +10,7 @@
 
 #include "core/clock.h"
 #include "policy/kv_policy.h"
+#include "spec/speculative.h"
 #include "server/prompt_segments.h"
 
 namespace pagoda::server {
@@ -204,6 +205,18 @@ maybe_error read_kv_policy(const json& body, const char* name, std::string& out)
   return {};
 }
 
+// "speculative": "ngram:k=4" (docs/speculative.md); a bad one is a 400 naming the field.
+maybe_error read_speculative(const json& body, std::string& out) {
+  std::optional<std::string> text;
+  PAGODA_API_TRY(read_string(body, "speculative", text));
+  if (!text) return {};
+  if (text->size() > 1024) return bad_request("speculative", "'speculative' is at most 1024 bytes");
+  auto spec = parse_spec_config(*text);
+  if (!spec.ok()) return bad_request("speculative", spec.error().message());
+  out = spec->enabled() ? *text : "none";
+  return {};
+}
+
 maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind, const std::string& tenant,
                          api_call& call, request& base) {
   if (const json* m = field(body, "model")) {
@@ -315,6 +328,7 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
   PAGODA_API_TRY(read_string(body, "user", user));  // accepted for compatibility; tenancy comes from the key
   base.tenant = tenant;
   PAGODA_API_TRY(read_kv_policy(body, "kv_policy", base.kv_policy));
+  PAGODA_API_TRY(read_speculative(body, base.speculative));
 
   return check_neutral_fields(body, kind, call.n);
 }

@@ -111,7 +111,7 @@ class fake_runner final : public model_runner {
       const std::vector<block_id>& table = state_.find(q.seq)->tables.front();
       const int n_kv = q.n_stored + static_cast<int>(q.tokens.size());
       if (q.stats_window >= 0) out.stats[si].reset(stats_layers, stats_heads, n_kv, 0);
-      const std::size_t first_row = q.all_logits ? 0 : q.tokens.size() - 1;
+      const std::size_t first_row = q.all_logits || !q.draft.empty() ? 0 : q.tokens.size() - 1;
       for (std::size_t j = first_row; j < q.tokens.size(); ++j) {
         std::vector<std::pair<token_id, std::int32_t>> visible;
         for (int s = 0; s < n_kv; ++s) {

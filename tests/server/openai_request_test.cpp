@@ -257,6 +257,18 @@ TEST(openai_request, kv_policy_is_checked) {
   }
 }
 
+// Pagoda's speculative extension: a bad drafter, parameter or k is a 400 naming the field.
+TEST(openai_request, speculative_is_checked) {
+  api_context ctx = context();
+  auto r = parse_request(api_kind::completion, {{"prompt", "Once"}, {"speculative", "ngram:k=4"}}, ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_EQ(r.value->requests[0].speculative, "ngram:k=4");
+  for (const json& bad : {json("medusa"), json("ngram:k=0"), json("ngram:k=16"), json("ngram:depth=2"), json(4)}) {
+    const api_error e = completion_error({{"prompt", "Once"}, {"speculative", bad}});
+    EXPECT_EQ(e.param, "speculative") << bad.dump();
+  }
+}
+
 // A completion's prompt as parts: the part with a policy becomes a segment
 // over exactly its tokens.
 TEST(openai_request, prompt_parts_become_segments) {

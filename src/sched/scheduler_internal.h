@@ -1,0 +1,54 @@
+// Inside the scheduler: its request and sequence records, shared by
+// scheduler.cpp and scheduler_spec.cpp (speculation).
+#pragma once
+
+#include "sched/scheduler.h"
+
+namespace pagoda {
+
+struct scheduler::request_state {
+  request req;
+  std::int64_t arrival = 0;     // order of arrival
+  std::vector<std::unique_ptr<sequence>> seqs;  // [completion index]; 0 runs the prompt
+  bool forked = false;          // children created (n > 1)
+  bool first_token_seen = false;
+  int n_finished = 0;
+  int cached_tokens = -1;       // prompt tokens from the prefix cache (or loaded) at first admission
+  std::vector<int> loaded_by_tier;  // of those, loaded from each tier of the KV source
+  int completion_tokens = 0;
+  std::vector<kv_class_run> kv_classes;  // positions whose blocks are of another KV class (segments' kv_type)
+  spec_config spec;             // its speculation (resolve_speculation)
+  side_charge side;             // each completion's side memory bound (seq_policy::side_memory)
+};
+
+struct scheduler::sequence {
+  request_state* req = nullptr;
+  int index = 0;
+  seq_id id;
+  std::vector<token_id> tokens;  // prompt, then generated; token i is computed at position i
+  int n_prompt = 0;
+  int n_computed = 0;            // leading tokens whose K/V were computed (some may be dropped since)
+  int n_generated = 0;
+  seq_phase phase = seq_phase::waiting;
+  std::int64_t start_order = -1; // >= 0 while running or loading
+  bool in_kv = false;            // registered with the KV manager
+  std::vector<block_key> keys;   // chained keys of the full blocks of `tokens` (prefix caching)
+  std::size_t keys_for = 0;      // tokens.size() when keys were computed
+  // The KV policy's state (and the statistics it or the engine asked for);
+  // null when neither. Positions: token i is computed at position
+  // i - pos_shift (pos_shift > 0 once a policy re-numbered the cache).
+  std::unique_ptr<seq_policy> pol;
+  int pos_shift = 0;
+  // Loading: table entries [load_first, load_first + load_count) wait for the
+  // source; load_planned once they are in a plan. load_refs: what was prefetched.
+  int load_first = 0, load_count = 0;
+  bool load_planned = false;
+  std::vector<stored_block_ref> load_refs;
+  runner_mirror runner;          // what the runner holds for it (runner_sync.h)
+  std::unique_ptr<spec_sequence> spec;  // null: it does not speculate
+
+  sequence(request_state* r, int idx, seq_id sid)
+      : req(r), index(idx), id(sid), tokens(r->req.prompt), n_prompt(static_cast<int>(r->req.prompt.size())) {}
+};
+
+}  // namespace pagoda

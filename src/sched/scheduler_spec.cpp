@@ -1,0 +1,133 @@
+// The scheduler's side of speculative decoding (spec/speculative.h,
+// docs/speculative.md), and committing sampled tokens, which a verification
+// step does several at a time.
+//
+// Tentative K/V: a verification step allocates slots for the last token and
+// its k drafts, and the runner writes K/V into all of them. Only update()
+// commits into the KV manager, and it commits the verified prefix alone, then
+// truncates the sequence to what it committed: the rejected drafts' slots are
+// released (blocks past the kept ones) or rewound (a truncate op on the last,
+// partly kept block). Commit is the one path into the prefix index, into the
+// commit hook (the store) and into what eviction sees, so nothing tentative
+// reaches any of them.
+#include <algorithm>
+
+#include "core/assert.h"
+#include "sched/scheduler.h"
+#include "sched/scheduler_internal.h"
+
+namespace pagoda {
+
+status scheduler::resolve_speculation(request_state& r) const {
+  const request& req = r.req;
+  const bool own = !req.speculative.empty();
+  auto spec = parse_spec_config(own ? req.speculative : config_.speculative);
+  if (!spec.ok()) return spec.error().with_context(own ? "speculative" : "--speculative");
+  r.spec = *spec;
+  if (!r.spec.enabled()) return {};
+  if (!config_.speculation_refused.empty())
+    return error(errc::unsupported, "speculative {}: {}", r.spec.drafter, config_.speculation_refused);
+  // A KV policy (or the engine's attention statistics) decides from every
+  // query row of a step, and a sparse read selects per step: rejected drafts
+  // would reach them. Not combined yet; the engine's default yields to the
+  // request's policy, a request that asks for both is refused.
+  const auto policy = parse_kv_policy_spec(req.kv_policy);  // add_request checked it
+  const bool any_policy = (policy.ok() && !policy->is_none()) ||
+                          std::any_of(req.segments.begin(), req.segments.end(),
+                                      [](const prompt_segment& p) { return !p.kv_policy.empty() && p.kv_policy != "none"; });
+  if (any_policy || config_.attention_stats_window >= 0 || req.prompt_logits) {
+    if (!own) {
+      r.spec = spec_config{};
+      return {};
+    }
+    return error(errc::unsupported, "speculative {}: not combined with {} yet", r.spec.drafter,
+                 req.prompt_logits ? "prompt logits" : any_policy ? "a KV policy" : "attention statistics");
+  }
+  return {};
+}
+
+std::vector<token_id> scheduler::propose_drafts(sequence& s, int n, int budget) const {
+  // Decoding only: one token to compute (the last sampled one), the prompt done.
+  const int n_tokens = static_cast<int>(s.tokens.size());
+  if (n != 1 || s.n_computed + 1 != n_tokens || s.n_computed < s.n_prompt) return {};
+  const request& r = s.req->req;
+  // Never past the budget, max_tokens or the context: a step emits at most
+  // 1 + k tokens, the last of which may be the one that reaches a limit.
+  const int k = std::min({s.spec->k.next(), budget - n, r.max_tokens - s.n_generated - 1,
+                          config_.max_model_len - n_tokens - 1});
+  if (k < 1) return {};
+  return s.spec->drafts->propose(s.tokens, s.n_prompt, k);
+}
+
+void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<sampled_token> emitted,
+                                std::vector<engine_event>& events) {
+  const auto n_draft = static_cast<int>(q.draft.size());
+  const int n_accepted = static_cast<int>(emitted.size()) - 1;
+  // The tokens that stand: up to the first that finishes the sequence (EOS, a
+  // stop token, max_tokens, the context); what the runner drew after it goes.
+  int n_keep = 0;
+  while (n_keep < static_cast<int>(emitted.size())) {
+    ++n_keep;
+    if (!finish_reason_of(*s, emitted[static_cast<std::size_t>(n_keep - 1)].token, s->n_generated + n_keep,
+                          static_cast<int>(s->tokens.size()) + n_keep).empty())
+      break;
+  }
+  // Verified K/V: the last token's and the accepted drafts' before the last
+  // kept token (whose own K/V, as in plain decoding, are computed next step).
+  const auto n_commit = static_cast<std::size_t>(n_keep);
+  status st = kv_.commit(s->id, std::span(q.tokens).first(n_commit), std::span(q.positions).first(n_commit));
+  PAGODA_ASSERT(st.ok(), "commit of verified tokens: {}", st.message());
+  const std::int32_t n_stored = kv_.n_stored_tokens(s->id);
+  st = kv_.truncate(s->id, n_stored);  // the rejected drafts' slots: released, or rewound in the kept last block
+  PAGODA_ASSERT(st.ok(), "rolling back rejected drafts: {}", st.message());
+  s->runner.positions_changed_from(n_stored);
+  s->n_computed += n_keep;
+  spec_decode_stats& c = stats_.spec_decode[s->spec->config.drafter];
+  ++c.n_drafts;
+  c.n_draft_tokens += n_draft;
+  c.n_accepted_tokens += n_accepted;
+  for (int i = 0; i < n_accepted; ++i) ++c.accepted_per_pos[static_cast<std::size_t>(i)];
+  s->spec->k.observe(n_draft, n_accepted);
+  s->spec->planned.clear();
+  commit_tokens(s, emitted.first(n_commit), events);
+}
+
+std::string scheduler::finish_reason_of(const sequence& s, token_id tok, int n_generated, int n_tokens) const {
+  const request& r = s.req->req;
+  const bool stop_token = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) != r.stop_token_ids.end();
+  if ((!r.ignore_eos && vocab_.is_eog(tok)) || stop_token) return "stop";
+  if (n_generated >= r.max_tokens || n_tokens >= config_.max_model_len) return "length";
+  return {};
+}
+
+void scheduler::commit_tokens(sequence* s, std::span<sampled_token> tokens, std::vector<engine_event>& events) {
+  request_state* r = s->req;
+  engine_event e;
+  e.request_id = r->req.id;
+  e.index = s->index;
+  r->first_token_seen = true;
+  std::string reason;
+  for (sampled_token& t : tokens) {
+    e.tokens.push_back(t.token);
+    if (r->req.logprobs >= 0 && t.logprob) e.logprobs.push_back(std::move(*t.logprob));
+    s->tokens.push_back(t.token);
+    ++s->n_generated;
+    ++r->completion_tokens;
+    ++stats_.n_generated_tokens;
+    // What the token alone decides; stop strings are the output step's (output_processor.h).
+    reason = finish_reason_of(*s, t.token, s->n_generated, static_cast<int>(s->tokens.size()));
+    if (!reason.empty()) break;
+  }
+  events.push_back(std::move(e));
+  if (!reason.empty()) finish(s, reason, events);
+}
+
+void scheduler::uncount_tokens(const std::string& id, int n_dropped, engine_event& e) {
+  const auto it = requests_.find(id);
+  if (it == requests_.end() || n_dropped <= 0) return;
+  it->second->completion_tokens -= n_dropped;
+  stats_.n_generated_tokens -= n_dropped;
+  if (e.request_finished) e.usage.completion_tokens -= n_dropped;
+}
+
+}  // namespace pagoda

@@ -1,0 +1,95 @@
+// Speculative decoding (docs/speculative.md): a drafter proposes up to k
+// tokens after a sequence's last one; the target computes the last token and
+// the k drafts in one forward pass (k + 1 logits rows), and the runner keeps
+// the drafts the target agrees with plus the target's own next token.
+//
+// This module holds what does not depend on the scheduler: the spec a request
+// or the server names ("ngram:k=5,n=3", parsed as --kv-policy's NAME:k=v),
+// the drafter interface, the per-sequence adaptive k and the acceptance rule.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagoda/status.h"
+#include "pagoda/types.h"
+
+namespace pagoda {
+
+// k: the most draft tokens a verification step carries (and where the
+// adaptive k starts); the drafter's own parameters beside it.
+inline constexpr int k_max_draft_tokens = 15;
+
+struct spec_config {
+  std::string drafter = "none";  // "none": no speculation
+  int k = 4;                     // [1, k_max_draft_tokens]
+  // ngram: the longest suffix of the sequence matched (n), down to min_n.
+  int n = 3;
+  int min_n = 1;
+  bool enabled() const { return drafter != "none"; }
+  std::string to_string() const;
+};
+
+// "none", "ngram", "ngram:k=5,n=3". Errors name the drafter and the parameter
+// ("ngram: k=0: expected an integer in [1, 15]"); the caller adds where the
+// text came from ("--speculative", "speculative").
+result<spec_config> parse_spec_config(std::string_view text);
+
+// Proposes draft tokens from a sequence's verified tokens. Stateless across
+// calls (what it needs it reads from `tokens`), so one drafter serves every
+// sequence; later drafters (a draft model, the target reading its own
+// compressed KV, early exit) implement the same interface.
+class drafter {
+ public:
+  virtual ~drafter() = default;
+  virtual const char* name() const = 0;
+  // At most k tokens to follow tokens (prompt: the first n_prompt); empty: no guess.
+  virtual std::vector<token_id> propose(std::span<const token_id> tokens, int n_prompt, int k) const = 0;
+};
+
+std::unique_ptr<drafter> make_drafter(const spec_config& config);
+
+// k per sequence from its recent acceptance: an exponentially weighted mean of
+// the accepted drafts per step; the next k is one more than that mean (the
+// step is cheap to extend when drafts keep being accepted), in [1, k_max].
+class adaptive_k {
+ public:
+  explicit adaptive_k(int k_max) : k_max_(k_max), mean_(k_max) {}
+  int next() const;
+  void observe(int n_proposed, int n_accepted);
+  int k_max() const { return k_max_; }
+
+ private:
+  int k_max_;
+  double mean_;  // starts optimistic: the first step drafts k_max
+};
+
+// A sequence's speculation: its drafter, its adaptive k, and the drafts
+// planned for the step being executed (empty between steps).
+struct spec_sequence {
+  explicit spec_sequence(const spec_config& c) : config(c), drafts(make_drafter(c)), k(c.k) {}
+  spec_config config;
+  std::unique_ptr<drafter> drafts;
+  adaptive_k k;
+  std::vector<token_id> planned;
+};
+
+// The acceptance rule for drafts proposed as single tokens (a point-mass
+// draft distribution, as the n-gram drafter's): row i of the target is drawn
+// from with `draw(i)` (the target's own sampler: argmax when greedy); the
+// drawn token is emitted, and the next row is read only while it equals
+// drafts[i]. Returns the emitted tokens: 1 + the number of accepted drafts.
+//
+// Exact: for a point mass on d, rejection sampling accepts d with probability
+// min(1, p(d) / 1) = p(d) and otherwise draws from p with d removed and
+// renormalised; drawing t ~ p and accepting when t == d is that same law
+// (P(emit d) = p(d), P(emit x != d) = p(x)). Greedy, it emits exactly the
+// tokens plain decoding does.
+std::vector<token_id> accept_point_drafts(std::span<const token_id> drafts, const std::function<token_id(int row)>& draw);
+
+}  // namespace pagoda

@@ -1,0 +1,125 @@
+// The spec parser, the n-gram drafter, the adaptive k and the acceptance rule
+// (spec/speculative.h), with a statistical test that verification keeps the
+// target's distribution.
+#include "spec/speculative.h"
+
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "model/sampler.h"
+
+namespace pagoda {
+namespace {
+
+TEST(spec_config, parses_the_kv_policy_syntax) {
+  auto c = parse_spec_config("ngram:k=5,n=3");
+  ASSERT_TRUE(c.ok()) << c.error().message();
+  EXPECT_EQ(c->drafter, "ngram");
+  EXPECT_EQ(c->k, 5);
+  EXPECT_EQ(c->n, 3);
+  EXPECT_FALSE(parse_spec_config("none")->enabled());
+  EXPECT_FALSE(parse_spec_config("")->enabled());
+  EXPECT_TRUE(parse_spec_config("ngram")->enabled());
+}
+
+TEST(spec_config, bad_input_names_the_parameter) {
+  auto message = [](const char* text) {
+    auto c = parse_spec_config(text);
+    EXPECT_FALSE(c.ok()) << text;
+    return c.ok() ? std::string() : c.error().message();
+  };
+  EXPECT_NE(message("ngram:k=0").find("k=0"), std::string::npos);
+  EXPECT_NE(message("ngram:k=16").find("[1, 15]"), std::string::npos);
+  EXPECT_NE(message("ngram:k=x").find("k=x"), std::string::npos);
+  EXPECT_NE(message("ngram:kk=2").find("unknown parameter 'kk'"), std::string::npos);
+  EXPECT_NE(message("ngram:n=2,min_n=3").find("min_n"), std::string::npos);
+  EXPECT_NE(message("medusa").find("unknown drafter 'medusa'"), std::string::npos);
+  EXPECT_NE(message("draft:k=2").find("not built yet"), std::string::npos);
+  EXPECT_NE(message("ngram:k").find("key=value"), std::string::npos);
+}
+
+TEST(ngram_drafter, proposes_what_followed_the_newest_match) {
+  spec_config c = *parse_spec_config("ngram:k=3,n=2");
+  auto d = make_drafter(c);
+  const std::vector<token_id> t{1, 2, 3, 4, 9, 1, 2, 7, 8, 5, 1, 2};
+  // The last two (1, 2) occur at 5 (newest) and 0: what followed the newest.
+  EXPECT_EQ(d->propose(t, 4, 3), (std::vector<token_id>{7, 8, 5}));
+  EXPECT_EQ(d->propose(t, 4, 1), (std::vector<token_id>{7}));
+  // No bigram match: falls back to the last token alone (min_n = 1).
+  const std::vector<token_id> u{5, 6, 7, 5, 8, 6};
+  EXPECT_EQ(d->propose(u, 3, 2), (std::vector<token_id>{7, 5}));
+  // Nothing repeats: no guess.
+  const std::vector<token_id> v{1, 2, 3, 4};
+  EXPECT_TRUE(d->propose(v, 2, 3).empty());
+  // The proposal stops at the end of the sequence.
+  const std::vector<token_id> w{3, 3};
+  EXPECT_EQ(d->propose(w, 1, 5), (std::vector<token_id>{3}));
+}
+
+TEST(adaptive_k, follows_acceptance_within_its_bounds) {
+  adaptive_k k(6);
+  EXPECT_EQ(k.next(), 6);
+  for (int i = 0; i < 10; ++i) k.observe(k.next(), 0);
+  EXPECT_EQ(k.next(), 1);  // never below 1
+  for (int i = 0; i < 10; ++i) k.observe(k.next(), k.next());
+  EXPECT_GE(k.next(), 5);
+  for (int i = 0; i < 10; ++i) k.observe(6, 6);
+  EXPECT_EQ(k.next(), 6);  // capped
+  k.observe(0, 0);        // no drafts: nothing learned
+  EXPECT_EQ(k.next(), 6);
+}
+
+TEST(accept_point_drafts, greedy_takes_the_agreeing_prefix_and_the_targets_token) {
+  const std::vector<token_id> target{4, 5, 6, 7};  // the target's token after each row
+  auto draw = [&](int row) { return target[static_cast<std::size_t>(row)]; };
+  EXPECT_EQ(accept_point_drafts(std::vector<token_id>{4, 5, 6}, draw), (std::vector<token_id>{4, 5, 6, 7}));
+  EXPECT_EQ(accept_point_drafts(std::vector<token_id>{4, 9, 6}, draw), (std::vector<token_id>{4, 5}));
+  EXPECT_EQ(accept_point_drafts(std::vector<token_id>{9}, draw), (std::vector<token_id>{4}));
+  EXPECT_EQ(accept_point_drafts(std::vector<token_id>{}, draw), (std::vector<token_id>{4}));
+}
+
+// Sampled verification keeps the target's law. For 5 random target
+// distributions p over a 16-token vocabulary and a draft d each, 200,000
+// seeded trials of one speculative position; the first emitted token is
+// tested against p with Pearson's chi-square (15 degrees of freedom): fail
+// above 50, which a correct sampler exceeds with probability 1.2e-5 per
+// case (about 6e-5 for the five). Seeds are fixed, so the test is
+// deterministic; the bound says how unlikely a false alarm was when it was
+// written. The acceptance rate must be p(d) within 5 standard errors.
+TEST(accept_point_drafts, sampled_verification_keeps_the_target_distribution) {
+  constexpr int V = 16, trials = 200000;
+  std::mt19937_64 gen(2026);
+  for (int c = 0; c < 5; ++c) {
+    std::vector<float> logits(V);
+    for (float& x : logits) x = std::normal_distribution<float>(0.0f, 1.5f)(gen);
+    sampling_params params{1.0f, 0, 1.0f, 0.0f, 1000 + static_cast<std::uint64_t>(c)};
+    sampler smp(params);
+    std::vector<double> p(V, 0.0);
+    double total = 0;
+    for (const auto& [t, w] : smp.distribution(logits)) total += w;
+    for (const auto& [t, w] : smp.distribution(logits)) p[static_cast<std::size_t>(t)] = w / total;
+    const token_id d = static_cast<token_id>(gen() % V);
+    std::vector<double> seen(V, 0.0);
+    int accepted = 0;
+    for (int i = 0; i < trials; ++i) {
+      const std::vector<token_id> drafts{d};
+      const auto out = accept_point_drafts(drafts, [&](int) { return smp.sample(logits); });
+      seen[static_cast<std::size_t>(out[0])] += 1;
+      accepted += out.size() == 2;
+    }
+    double chi2 = 0;
+    for (int t = 0; t < V; ++t) {
+      const double expect = p[static_cast<std::size_t>(t)] * trials;
+      ASSERT_GT(expect, 5.0) << "cell too small for chi-square";
+      chi2 += (seen[static_cast<std::size_t>(t)] - expect) * (seen[static_cast<std::size_t>(t)] - expect) / expect;
+    }
+    EXPECT_LT(chi2, 50.0) << "case " << c;
+    const double pd = p[static_cast<std::size_t>(d)];
+    EXPECT_NEAR(static_cast<double>(accepted) / trials, pd, 5 * std::sqrt(pd * (1 - pd) / trials)) << "case " << c;
+  }
+}
+
+}  // namespace
+}  // namespace pagoda
