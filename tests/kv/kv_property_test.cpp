@@ -3,8 +3,8 @@
 // decode tokens at increasing positions, with gaps; fork; free; preemption and
 // re-add; drop of blocks from the middle; truncate of the tail; compaction
 // (token-granular eviction: kept slots gathered to the front); allocation
-// under pressure, which evicts; quota changes; cache resets), checking after
-// every operation:
+// under pressure, which evicts; quota changes; cache resets; speculative
+// verification steps), checking after every operation:
 // - kv_manager::check_invariants() (counts add up, ref counts = table
 //   memberships, tables valid and unique, index <-> hashed blocks, keys chain,
 //   positions increase),
@@ -31,6 +31,13 @@
 // reading of the rule gives (a copy: its source's class), the same in every
 // group, per-class counts add up, and check_request_fits agrees with a
 // per-class count.
+// A verification step replays scheduler::commit_verified's calls (allocate
+// 1 + k slots, write all, commit the verified prefix, truncate to it), with k
+// up to block_size + 2 so the rejected tail crosses block boundaries: no slot
+// still holds a rejected draft afterwards, no block that held one is indexed,
+// hashed or reported as cached (what the commit hook and the store see), the
+// sequence stores exactly the verified tokens, and its tables hold no block
+// past them.
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -133,7 +140,8 @@ class harness {
         bs_(sc.block_size),
         m_(sc.block_size, groups_of(sc), sc.prefix_caching),
         kv_(static_cast<std::size_t>(total_blocks(sc)) * static_cast<std::size_t>(sc.block_size), k_no_token),
-        pos_(kv_.size(), -1) {
+        pos_(kv_.size(), -1),
+        tentative_(kv_.size(), false) {
     m_.set_op_listener([this](const kv_op& op) { apply(op); });
     m_.set_max_step_tokens(k_max_step(bs_));
     // A few shared prefixes from a tiny vocabulary, so prompts overlap often.
@@ -147,17 +155,19 @@ class harness {
   void run(int n_ops) {
     for (op_ = 0; op_ < n_ops; ++op_) {
       const int r = uniform(0, 99);
-      static const char* const k_names[] = {"add", "step", "drop", "truncate", "compact", "fork", "finish", "preempt", "quota", "evict", "fits"};
-      const int thresholds[] = {16, 62, 66, 68, 70, 78, 88, 95, 98, 99, 100};
-      for (int k = 0; k < 11; ++k)
+      static const char* const k_names[] = {"add", "step", "verify", "drop", "truncate", "compact", "fork", "finish", "preempt", "quota", "evict", "fits"};
+      const int thresholds[] = {16, 56, 62, 66, 68, 70, 78, 88, 95, 98, 99, 100};
+      for (int k = 0; k < 12; ++k)
         if (r < thresholds[k]) {
           op_name_ = k_names[k];
           break;
         }
       if (r < 16) {
         op_add();
-      } else if (r < 62) {
+      } else if (r < 56) {
         op_step();
+      } else if (r < 62) {
+        op_verify();
       } else if (r < 66) {
         op_drop();
       } else if (r < 68) {
@@ -222,6 +232,10 @@ class harness {
     }
     EXPECT_GT(n_drops_, 0);
     EXPECT_GT(n_compactions_, 0);
+    if (!m_.has_sliding_window()) {  // the engine refuses speculation beside a window
+      EXPECT_GT(n_verifies_, 0);
+      EXPECT_GT(n_rejected_blocks_, 0);  // a rejected tail reached past the last kept block
+    }
     if (m_.has_sliding_window()) {
       EXPECT_GT(n_window_checked_, 0);
       const kv_group_usage& w = km.groups.back();
@@ -264,21 +278,23 @@ class harness {
         for (std::int32_t i = 0; i < op.n_tokens; ++i) {
           kv_[at(op.block, i)] = kv_[at(op.src, i)];
           pos_[at(op.block, i)] = pos_[at(op.src, i)];
+          tentative_[at(op.block, i)] = tentative_[at(op.src, i)];
         }
         break;
       case kv_op_kind::truncate:
         ++n_truncate_ops_;
-        for (std::int32_t i = op.n_tokens; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        for (std::int32_t i = op.n_tokens; i < bs_; ++i) poison(op.block, i);
         break;
       case kv_op_kind::release:
-        for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        for (std::int32_t i = 0; i < bs_; ++i) poison(op.block, i);
         break;
       case kv_op_kind::evict:
         ++n_evict_ops_;
         EXPECT_EQ(op.tokens.size(), static_cast<std::size_t>(bs_));
         for (std::int32_t i = 0; i < bs_ && i < static_cast<std::int32_t>(op.tokens.size()); ++i)
           EXPECT_EQ(kv_[at(op.block, i)], op.tokens[static_cast<std::size_t>(i)]) << "evicted block " << op.block.value;
-        for (std::int32_t i = 0; i < bs_; ++i) kv_[at(op.block, i)] = k_poison;
+        for (std::int32_t i = 0; i < bs_; ++i) EXPECT_FALSE(tentative_[at(op.block, i)]) << "evicted block " << op.block.value << " held a rejected draft";
+        for (std::int32_t i = 0; i < bs_; ++i) poison(op.block, i);
         break;
       case kv_op_kind::gather: {
         // Sources are read before anything is written (in place), and no
@@ -286,7 +302,8 @@ class harness {
         // of -1 (a window no longer holds it) leaves a dead slot.
         const kv_gather& g = *op.gather;
         EXPECT_EQ(g.group, op.group);
-        std::vector<std::pair<token_id, std::int32_t>> moved;
+        std::vector<std::pair<token_id, std::int32_t>> moved;  // gathers run between steps: nothing is tentative
+        for (std::size_t i = 0; i < tentative_.size(); ++i) EXPECT_FALSE(tentative_[i]) << "gather beside a tentative slot";
         for (int i = 0; i < g.n; ++i) {
           const std::int32_t src = g.sources[static_cast<std::size_t>(i)];
           if (src < 0) {
@@ -313,8 +330,17 @@ class harness {
         EXPECT_EQ(op.tokens.size(), static_cast<std::size_t>(bs_));
         for (std::int32_t i = 0; i < bs_ && i < static_cast<std::int32_t>(op.tokens.size()); ++i)
           EXPECT_EQ(kv_[at(op.block, i)], op.tokens[static_cast<std::size_t>(i)]) << "cached block " << op.block.value;
+        // What the commit hook would hand the store: never a rejected draft.
+        for (std::int32_t i = 0; i < bs_; ++i)
+          EXPECT_FALSE(tentative_[at(op.block, i)]) << "op " << op_ << ": cached block " << op.block.value << " holds a rejected draft at slot " << i;
+        for (const block_id b : rejected_blocks_) EXPECT_NE(b, op.block) << "op " << op_ << ": a block that held a rejected draft was cached";
         break;
     }
+  }
+
+  void poison(block_id b, std::int32_t i) {
+    kv_[at(b, i)] = k_poison;
+    tentative_[at(b, i)] = false;
   }
 
   void op_add() {
@@ -456,6 +482,94 @@ class harness {
     if (m_.has_sliding_window() && uniform(0, 3) > 0) {
       ASSERT_TRUE(m_.release_window(*id, s.next_position).ok());
     }
+  }
+
+  // A speculative verification step, in scheduler::commit_verified's calls:
+  // slots for the last sampled token and k drafts, K/V written into all of
+  // them, the verified prefix (the last token and the accepted drafts)
+  // committed, the rest truncated. Only when the prompt is done, and not
+  // beside a sliding window (the engine refuses speculation there, and on
+  // sealed KV types, whose bytes this test does not model: the manager's calls
+  // are the same for every per-token type).
+  void op_verify() {
+    const auto id = random_seq();
+    if (!id || m_.has_sliding_window()) return;
+    live_seq& s = seqs_.at(*id);
+    const std::int32_t n_stored = m_.n_stored_tokens(*id);
+    if (static_cast<std::size_t>(n_stored) != m_.tokens(*id).size()) return;  // still prefilling
+    const int k = std::min(uniform(1, bs_ + 2), static_cast<int>(s.max_tokens) - n_stored - 1);
+    if (k < 1) return;
+    const int n = 1 + k;
+    const kv_metrics before = m_.metrics();
+    const std::vector<block_id> table_before(m_.block_table(*id).begin(), m_.block_table(*id).end());
+    const auto a = m_.allocate(*id, n);
+    if (!a) {
+      ++n_allocate_failures_;
+      ASSERT_EQ(std::vector<block_id>(m_.block_table(*id).begin(), m_.block_table(*id).end()), table_before);
+      ASSERT_EQ(m_.metrics().n_blocks_used, before.n_blocks_used);
+      return;
+    }
+    check_new_classes(*id, table_before, *a);
+    const int n_keep = 1 + uniform(0, k);  // the last token and the accepted drafts
+    const auto stored_pos = m_.positions(*id);
+    const std::int64_t after_stored = stored_pos.empty() ? 0 : stored_pos.back() + 1;
+    const auto first_pos = static_cast<std::int32_t>(std::max<std::int64_t>(after_stored, s.next_position));
+    std::vector<token_id> tokens;
+    std::vector<std::int32_t> positions;
+    rejected_blocks_.clear();
+    for (int i = 0; i < n; ++i) {
+      const token_id t = static_cast<token_id>(uniform(0, 5));
+      const std::int64_t p = n_stored + i;
+      for (std::int32_t g = 0; g < m_.n_groups(); ++g) {
+        const block_id b = m_.block_table(*id, g)[static_cast<std::size_t>(p / bs_)];
+        ASSERT_TRUE(b.valid()) << "op " << op_ << ": a draft written into a NULL entry of group " << g;
+        slot(b, p % bs_) = t;
+        pos_[at(b, p % bs_)] = first_pos + i;
+        tentative_[at(b, p % bs_)] = i >= n_keep;
+        if (i >= n_keep && (rejected_blocks_.empty() || rejected_blocks_.back() != b)) rejected_blocks_.push_back(b);
+      }
+      tokens.push_back(t);
+      positions.push_back(first_pos + i);
+    }
+    const std::size_t n_keep_z = static_cast<std::size_t>(n_keep);
+    status st = m_.commit(*id, std::span(tokens).first(n_keep_z), std::span(positions).first(n_keep_z));
+    ASSERT_TRUE(st.ok()) << st.message();
+    st = m_.truncate(*id, m_.n_stored_tokens(*id));
+    ASSERT_TRUE(st.ok()) << st.message();
+    s.n_fed += n_keep;
+    s.next_position = positions[n_keep_z - 1] + 1;
+    ++n_verifies_;
+    if ((n_stored + n - 1) / bs_ > (n_stored + n_keep - 1) / bs_) ++n_rejected_blocks_;
+    // The sequence holds the verified tokens alone, and no block past them.
+    ASSERT_EQ(m_.n_stored_tokens(*id), n_stored + n_keep) << "op " << op_;
+    const auto held = m_.tokens(*id);
+    ASSERT_TRUE(std::equal(tokens.begin(), tokens.begin() + n_keep, held.end() - n_keep)) << "op " << op_;
+    for (std::int32_t g = 0; g < m_.n_groups(); ++g)
+      ASSERT_EQ(m_.block_table(*id, g).size(), static_cast<std::size_t>((n_stored + n_keep + bs_ - 1) / bs_))
+          << "op " << op_ << " group " << g;
+    // Every rejected slot was given up (rewound or released)...
+    for (std::size_t i = 0; i < tentative_.size(); ++i)
+      ASSERT_FALSE(tentative_[i]) << "op " << op_ << ": block " << i / static_cast<std::size_t>(bs_) << " slot "
+                                  << i % static_cast<std::size_t>(bs_) << " still holds a rejected draft";
+    // ...and no block that held one is indexed or hashed (apply() saw no cache op for it).
+    for (const block_id b : rejected_blocks_) {
+      const kv_group& grp = group_of(b);
+      ASSERT_FALSE(grp.index().contains(block_id(b.value - grp.first_block()))) << "op " << op_ << " block " << b.value;
+      ASSERT_FALSE(grp.is_hashed(b)) << "op " << op_ << " block " << b.value;
+    }
+    // No block leaked: each group's used blocks are exactly the ones some table holds.
+    const kv_metrics after = m_.metrics();
+    for (std::int32_t g = 0; g < m_.n_groups(); ++g) {
+      std::vector<std::int32_t> in_tables;
+      for (const auto& [other, unused] : seqs_)
+        for (const block_id b : m_.block_table(other, g))
+          if (b.valid()) in_tables.push_back(b.value);
+      std::sort(in_tables.begin(), in_tables.end());
+      in_tables.erase(std::unique(in_tables.begin(), in_tables.end()), in_tables.end());
+      ASSERT_EQ(after.groups[static_cast<std::size_t>(g)].n_used, static_cast<std::int32_t>(in_tables.size()))
+          << "op " << op_ << " group " << g;
+    }
+    rejected_blocks_.clear();
   }
 
   // A copy is of its source's class; an appended block of the class the runs
@@ -720,6 +834,8 @@ class harness {
   kv_manager m_;
   std::vector<token_id> kv_;  // simulated tensors: [n_blocks][block_size] token ids
   std::vector<std::int32_t> pos_;  // [n_blocks][block_size]: the position each slot was written at
+  std::vector<bool> tentative_;  // [n_blocks][block_size]: holds a rejected draft (until rewound or released)
+  std::vector<block_id> rejected_blocks_;  // during op_verify: the blocks rejected drafts were written into
   std::vector<std::vector<token_id>> prefixes_;
   std::map<seq_id, live_seq> seqs_;
   std::int64_t next_id_ = 1;
@@ -734,6 +850,8 @@ class harness {
   std::int64_t n_drops_ = 0;
   std::int64_t n_truncates_ = 0;
   std::int64_t n_compactions_ = 0;
+  std::int64_t n_verifies_ = 0;
+  std::int64_t n_rejected_blocks_ = 0;  // rejected drafts written into blocks past the last kept one
   std::int64_t n_class_blocks_ = 0;  // blocks of a class other than 0 taken by allocate
   std::int64_t n_class_hits_ = 0;    // of those, served again from the prefix cache
   std::int64_t n_window_checked_ = 0;  // tokens read back from a sliding window's table
