@@ -68,7 +68,7 @@ run_result run(engine_core& e, const std::vector<request>& reqs) {
     e.step(events);
     EXPECT_TRUE(e.kv().check_invariants().ok()) << e.kv().check_invariants().message();
     for (const engine_event& ev : events) {
-      auto& t = o.tokens[ev.request_id];
+      auto& t = o.tokens[ev.index == 0 ? ev.request_id : ev.request_id + "#" + std::to_string(ev.index)];
       t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
       o.text[ev.request_id] += ev.text;
       if (!ev.finish_reason.empty()) o.finish[ev.request_id] = ev.finish_reason;
@@ -137,6 +137,48 @@ TEST(speculative_engine, sampled_requests_equal_plain_decoding_with_the_same_see
   const run_result b = run(*spec, reqs);
   for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
   EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
+}
+
+// n > 1: the completions fork at their first sample, before any draft; each
+// then speculates on its own and gives plain decoding's tokens (same seed).
+TEST(speculative_engine, n_completions_each_equal_plain_decoding) {
+  const auto texts = prompts(3);
+  std::vector<request> reqs;
+  for (int i = 0; i < 3; ++i) {
+    request r = greedy_request("n" + std::to_string(i), texts[i], 48);
+    r.n = 3;
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 5 + static_cast<std::uint64_t>(i);
+    reqs.push_back(r);
+  }
+  auto plain = *engine_core::create(stories(), config(kv_type::f32, "none"));
+  auto spec = *engine_core::create(stories(), config(kv_type::f32, "ngram:k=4,n=2"));
+  const run_result a = run(*plain, reqs);
+  const run_result b = run(*spec, reqs);
+  ASSERT_EQ(a.tokens.size(), 9u);
+  for (const auto& [id, tokens] : a.tokens) EXPECT_EQ(tokens, b.tokens.at(id)) << id;
+  EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
+  EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << "blocks leaked";
+}
+
+// A pool too small for every request at once: sequences are preempted while
+// they speculate (their drafts dropped, their KV recomputed later), and the
+// greedy outputs are still plain decoding's.
+TEST(speculative_engine, preemption_mid_speculation_keeps_outputs_exact) {
+  const auto texts = prompts(16);
+  std::vector<request> reqs;
+  for (int i = 0; i < 16; ++i) reqs.push_back(greedy_request("p" + std::to_string(i), texts[i], 96));
+  engine_core_config small = config(kv_type::f32, "none");
+  small.n_blocks = 48;
+  auto plain = *engine_core::create(stories(), small);
+  small.speculative = "ngram:k=5,n=2";
+  auto spec = *engine_core::create(stories(), small);
+  const run_result a = run(*plain, reqs);
+  const run_result b = run(*spec, reqs);
+  for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+  EXPECT_GT(spec->kv_stats().n_preemptions, 0) << "the pool was large enough: nothing was preempted";
+  EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
+  EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << "blocks leaked";
 }
 
 // A stop string completed inside an accepted run cuts the chunk there: the
