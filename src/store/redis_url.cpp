@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 
 #include <charconv>
+#include <optional>
 
 #include "store/block_store.h"
 
@@ -46,6 +47,14 @@ bool percent_decode(std::string_view in, std::string& out) {
     i += 2;
   }
   return true;
+}
+
+// s as a whole decimal number in [lo, hi]; nullopt otherwise.
+std::optional<int> whole_number(std::string_view s, int lo, int hi) {
+  int n = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec != std::errc() || p != s.data() + s.size() || n < lo || n > hi) return std::nullopt;
+  return n;
 }
 
 bool host_name_ok(std::string_view h) {
@@ -144,22 +153,18 @@ class url_parser {
     }
     if (o_.host.empty()) return fail("no host");
     if (!port.empty()) {
-      int n = 0;
-      const auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), n);
-      if (ec != std::errc() || p != port.data() + port.size() || n < 1 || n > 65535)
-        return fail("the port '{}' is not a number in 1..65535", port);
-      o_.port = n;
+      const std::optional<int> n = whole_number(port, 1, 65535);
+      if (!n) return fail("the port '{}' is not a number in 1..65535", port);
+      o_.port = *n;
     }
     return {};
   }
 
   status parse_db(std::string_view path) {
     if (path.empty()) return {};
-    int n = -1;
-    const auto [p, ec] = std::from_chars(path.data(), path.data() + path.size(), n);
-    if (ec != std::errc() || p != path.data() + path.size() || n < 0 || n > 65535)
-      return fail("the database '/{}' is not a number in 0..65535", path);
-    o_.db = n;
+    const std::optional<int> n = whole_number(path, 0, 65535);
+    if (!n) return fail("the database '/{}' is not a number in 0..65535", path);
+    o_.db = *n;
     return {};
   }
 
