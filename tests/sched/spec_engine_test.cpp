@@ -80,14 +80,28 @@ run_result run(engine_core& e, const std::vector<request>& reqs) {
   return o;
 }
 
+// The same requests through a plain engine and a speculating one made from
+// the same config (`speculative` set on the second).
+struct plain_and_spec {
+  std::unique_ptr<engine_core> plain, spec;
+  run_result a, b;  // plain's, spec's
+};
+plain_and_spec run_both(const std::vector<request>& reqs, engine_core_config c, const std::string& speculative) {
+  plain_and_spec o;
+  c.speculative = "none";
+  o.plain = *engine_core::create(stories(), c);
+  c.speculative = speculative;
+  o.spec = *engine_core::create(stories(), c);
+  o.a = run(*o.plain, reqs);
+  o.b = run(*o.spec, reqs);
+  return o;
+}
+
 void expect_identical_to_plain(kv_type type) {
   const auto texts = prompts(32);
   std::vector<request> reqs;
   for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("r" + std::to_string(i), texts[i], 64));
-  auto plain = *engine_core::create(stories(), config(type, "none"));
-  auto spec = *engine_core::create(stories(), config(type, "ngram:k=5,n=3"));
-  const run_result a = run(*plain, reqs);
-  const run_result b = run(*spec, reqs);
+  const auto [plain, spec, a, b] = run_both(reqs, config(type, "none"), "ngram:k=5,n=3");
   for (const request& r : reqs) {
     ASSERT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
     EXPECT_EQ(b.completion_tokens.at(r.id), static_cast<int>(b.tokens.at(r.id).size())) << r.id;
@@ -131,10 +145,7 @@ TEST(speculative_engine, sampled_requests_equal_plain_decoding_with_the_same_see
     r.sampling.seed = 11 + static_cast<std::uint64_t>(i);
     reqs.push_back(r);
   }
-  auto plain = *engine_core::create(stories(), config(kv_type::f32, "none"));
-  auto spec = *engine_core::create(stories(), config(kv_type::f32, "ngram:k=4"));
-  const run_result a = run(*plain, reqs);
-  const run_result b = run(*spec, reqs);
+  const auto [plain, spec, a, b] = run_both(reqs, config(kv_type::f32, "none"), "ngram:k=4");
   for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
   EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
 }
@@ -151,10 +162,7 @@ TEST(speculative_engine, n_completions_each_equal_plain_decoding) {
     r.sampling.seed = 5 + static_cast<std::uint64_t>(i);
     reqs.push_back(r);
   }
-  auto plain = *engine_core::create(stories(), config(kv_type::f32, "none"));
-  auto spec = *engine_core::create(stories(), config(kv_type::f32, "ngram:k=4,n=2"));
-  const run_result a = run(*plain, reqs);
-  const run_result b = run(*spec, reqs);
+  const auto [plain, spec, a, b] = run_both(reqs, config(kv_type::f32, "none"), "ngram:k=4,n=2");
   ASSERT_EQ(a.tokens.size(), 9u);
   for (const auto& [id, tokens] : a.tokens) EXPECT_EQ(tokens, b.tokens.at(id)) << id;
   EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
@@ -170,11 +178,7 @@ TEST(speculative_engine, preemption_mid_speculation_keeps_outputs_exact) {
   for (int i = 0; i < 16; ++i) reqs.push_back(greedy_request("p" + std::to_string(i), texts[i], 96));
   engine_core_config small = config(kv_type::f32, "none");
   small.n_blocks = 48;
-  auto plain = *engine_core::create(stories(), small);
-  small.speculative = "ngram:k=5,n=2";
-  auto spec = *engine_core::create(stories(), small);
-  const run_result a = run(*plain, reqs);
-  const run_result b = run(*spec, reqs);
+  const auto [plain, spec, a, b] = run_both(reqs, small, "ngram:k=5,n=2");
   for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
   EXPECT_GT(spec->kv_stats().n_preemptions, 0) << "the pool was large enough: nothing was preempted";
   EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
@@ -194,10 +198,7 @@ TEST(speculative_engine, stop_strings_inside_an_accepted_run) {
     ASSERT_GT(t.size(), 80u);
     r.stop = {t.substr(t.size() / 2, 6)};
   }
-  auto plain = *engine_core::create(stories(), config(kv_type::f32, "none"));
-  auto spec = *engine_core::create(stories(), config(kv_type::f32, "ngram:k=5,n=2"));
-  const run_result a = run(*plain, reqs);
-  const run_result b = run(*spec, reqs);
+  const auto [plain, spec, a, b] = run_both(reqs, config(kv_type::f32, "none"), "ngram:k=5,n=2");
   for (const request& r : reqs) {
     EXPECT_EQ(a.text.at(r.id), b.text.at(r.id)) << r.id;
     EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
