@@ -81,6 +81,8 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   }
 
   out.result = state_.apply(plan);
+  out.drafts.clear();
+  if (out.result.ok() && !plan.seqs.empty()) out.result = draft(plan, out);
   if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
 }
 
@@ -93,7 +95,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     const scheduled_seq& q = plan.seqs[i];
     runner_state::sequence& s = *state_.find(q.seq);  // apply() made it
     forward_seq f;
-    f.tokens = q.tokens;
+    f.tokens = q.runner_drafts ? std::span<const token_id>(verify_tokens_[i]) : std::span<const token_id>(q.tokens);
     f.positions = q.positions;
     f.n_stored = q.n_stored;
     f.stored_positions = std::span<const std::int32_t>(s.positions).first(static_cast<std::size_t>(q.n_stored));

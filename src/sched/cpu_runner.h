@@ -40,6 +40,10 @@ class cpu_runner final : public model_runner {
   // layout_fingerprint of what b's bytes are (its group's layers in its class's formats).
   std::uint64_t layout_of(block_id b) const;
   void forward(const step_plan& plan, step_output& out);
+  // The draft passes of the step's runner_drafts sequences (model drafters,
+  // cpu_runner_draft.cpp): fills out.drafts and verify_tokens_, and rewinds
+  // the draft passes' K/V writes so that the verification writes its own.
+  status draft(const step_plan& plan, step_output& out);
 
   kv_backend& kv_;
   llama_context ctx_;
@@ -52,6 +56,7 @@ class cpu_runner final : public model_runner {
   std::vector<forward_seq> batch_;
   std::vector<std::vector<std::span<const block_id>>> tables_;  // [plan.seqs][group]: forward_seq::tables
   std::vector<float> logits_;  // the forward pass's rows
+  std::vector<std::vector<token_id>> verify_tokens_;  // [plan.seqs]: a runner_drafts sequence's tokens, drafts filled in
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
 };
 

@@ -147,7 +147,10 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     if (!spec.ok()) return spec.error().with_context("--kv-policy");
     auto policy = make_kv_policy(*spec);
     if (!policy.ok()) return policy.error().with_context("--kv-policy");
-    if ((*policy)->needs().key_summaries) {
+    // A self drafter reading Quest's pages needs them as much as a quest policy does.
+    auto speculation = parse_spec_config(c.speculative);
+    const bool quest_drafts = speculation.ok() && speculation->model_drafter() && speculation->view == draft_view::quest;
+    if ((*policy)->needs().key_summaries || quest_drafts) {
       c.kv.key_summaries = true;
       for (kv_segment_class& k : c.kv_classes) k.layout.key_summaries = true;  // every class has class 0's shape
     }
@@ -167,6 +170,9 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
         return error(errc::invalid_argument, "--speculative {}: {}", spec->drafter, why);
       if (c.attention_stats_window >= 0)
         return error(errc::invalid_argument, "--speculative {}: not combined with attention statistics yet", spec->drafter);
+      if (spec->model_drafter() && spec->layers > hp.n_layer)
+        return error(errc::invalid_argument, "--speculative {}: layers={}: this model has {} layers", spec->drafter,
+                     spec->layers, hp.n_layer);
     }
   }
   std::vector<kv_group_blocks> groups;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/assert.h"
+#include "spec/draft_view.h"
 #include "spec/speculative.h"
 
 namespace pagoda {
@@ -25,6 +26,7 @@ void runner_state::start_kv_over(sequence& s) {
   s.row_stride = 0;
   s.n_rows = 0;
   s.selector.reset();
+  s.draft_view.reset();
 }
 
 status runner_state::apply(const step_plan& plan) {
@@ -42,6 +44,7 @@ status runner_state::apply_seq(const scheduled_seq& q) {
     s->n_prompt = q.setup->n_prompt;
     s->history = q.setup->tokens;
     s->policy = q.setup->policy;
+    s->speculation = q.setup->speculation;
     seqs_[q.seq] = std::move(s);
   }
   sequence* s = find(q.seq);
@@ -53,9 +56,15 @@ status runner_state::apply_seq(const scheduled_seq& q) {
       if (!p.ok()) return p.error().with_context(fmt::format("sequence {}'s selector", q.seq.value));
       s->selector = (*p)->make_selector(shape_.n_layers, shape_.n_kv_heads, shape_.head_dim);
     }
+    if (s->speculation.model_drafter()) {
+      auto v = make_draft_view(s->speculation, shape_.n_layers, shape_.n_kv_heads, shape_.head_dim);
+      if (!v.ok()) return v.error().with_context(fmt::format("sequence {}'s draft view", q.seq.value));
+      s->draft_view = std::move(*v);
+    }
   }
-  if (s->selector)
-    for (const slot_change& c : q.slot_changes) s->selector->on_slots_changed(c.n_slots, c.kept);
+  for (kv_read_selector* sel : {s->selector.get(), s->draft_view.get()})
+    if (sel)
+      for (const slot_change& c : q.slot_changes) sel->on_slots_changed(c.n_slots, c.kept);
 
   // Token history: a truncation cut the sequence's tokens.
   if (static_cast<std::size_t>(q.n_tokens) > s->history.size())
@@ -153,6 +162,7 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
         c->n_prompt = s->n_prompt;
         c->history = s->history;
         c->policy = s->policy;
+        c->speculation = s->speculation;
         out.sampled.push_back(draw(*c, f.seq, last));
         seqs_[f.seq] = std::move(c);
       }
@@ -160,14 +170,18 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
         out.sampled.push_back(draw(*s, q.seq, last));
       } else {
         // Row j follows the j-th token of the step: the last verified one, then the drafts.
+        const std::size_t at = static_cast<std::size_t>(&q - plan.seqs.data());
         PAGODA_ASSERT(q.forks.empty() && q.draft.size() < q.tokens.size(), "a verification step with forks");
+        PAGODA_ASSERT(!q.runner_drafts || (at < out.drafts.size() && out.drafts[at].size() == q.draft.size()),
+                      "sequence {}'s drafts were not made", q.seq.value);
+        const std::span<const token_id> drafts = q.runner_drafts ? std::span<const token_id>(out.drafts[at]) : q.draft;
         const std::size_t first = row + rows - 1 - q.draft.size();
-        const std::vector<token_id> emitted = accept_point_drafts(q.draft, [&](int j) {
+        const std::vector<token_id> emitted = accept_point_drafts(drafts, [&](int j) {
           out.sampled.push_back(draw(*s, q.seq, std::span<const float>(logits.data() + (first + static_cast<std::size_t>(j)) * V, V)));
           return out.sampled.back().token;
         });
         if (out.accepted.empty()) out.accepted.assign(plan.seqs.size(), 0);
-        out.accepted[static_cast<std::size_t>(&q - plan.seqs.data())] = static_cast<std::int32_t>(emitted.size() - 1);
+        out.accepted[at] = static_cast<std::int32_t>(emitted.size() - 1);
       }
     }
     if (q.all_logits) {

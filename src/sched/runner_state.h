@@ -51,6 +51,10 @@ class runner_state {
     std::size_t row_stride = 0;
     int n_rows = 0;
     std::unique_ptr<kv_read_selector> selector;
+    // A model drafter (self, early-exit): its spec, and the view its draft
+    // passes read through (null: every slot), made with the KV state.
+    spec_config speculation;
+    std::unique_ptr<kv_read_selector> draft_view;
   };
 
   runner_state(const runner_shape& shape, policy_factory make_policy);

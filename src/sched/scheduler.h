@@ -294,10 +294,12 @@ class scheduler {
   // Speculation (scheduler_spec.cpp). The drafts s carries in a step that
   // computes n of its tokens within `budget` (none when it does not speculate).
   std::vector<token_id> propose_drafts(sequence& s, int n, int budget) const;
+  // The drafts of plan.seqs[i] as verified: the plan's, or the runner's (runner_drafts).
+  static std::span<const token_id> drafts_of(const scheduled_seq& q, const step_output& out, std::size_t i);
   // Commits a verification step of s: the verified prefix's K/V (the
   // tentative rest truncated), the emitted tokens, the counters. `emitted`:
   // the runner's tokens for s (1 + accepted).
-  void commit_verified(sequence* s, const scheduled_seq& q, std::span<sampled_token> emitted,
+  void commit_verified(sequence* s, const scheduled_seq& q, std::span<const token_id> drafts, std::span<sampled_token> emitted,
                        std::vector<engine_event>& events);
   // The request's speculation, from its own spec or the engine's default.
   status resolve_speculation(request_state& r) const;

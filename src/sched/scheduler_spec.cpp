@@ -25,6 +25,17 @@ status scheduler::resolve_speculation(request_state& r) const {
   if (!spec.ok()) return spec.error().with_context(own ? "speculative" : "--speculative");
   r.spec = *spec;
   if (!r.spec.enabled()) return {};
+  if (r.spec.model_drafter()) {
+    const char* where = own ? "speculative" : "--speculative";
+    if (r.spec.layers > config_.policy_shape.n_layers)
+      return error(errc::invalid_argument, "{}: {}: layers={}: this model has {} layers", where, r.spec.drafter,
+                   r.spec.layers, config_.policy_shape.n_layers);
+    if (r.spec.view == draft_view::quest && !config_.key_summaries)
+      return error(errc::invalid_argument,
+                   "{}: {}: view=quest reads the KV's per-block key summaries, which this engine does not keep; start "
+                   "it with --speculative {} (or a quest --kv-policy)",
+                   where, r.spec.drafter, r.spec.to_string());
+  }
   if (!config_.speculation_refused.empty())
     return error(errc::unsupported, "speculative {}: {}", r.spec.drafter, config_.speculation_refused);
   // A KV policy (or the engine's attention statistics) decides from every
@@ -56,11 +67,18 @@ std::vector<token_id> scheduler::propose_drafts(sequence& s, int n, int budget) 
   const int k = std::min({s.spec->k.next(), budget - n, r.max_tokens - s.n_generated - 1,
                           config_.max_model_len - n_tokens - 1});
   if (k < 1) return {};
+  // A model drafter drafts in the runner: k placeholders it fills.
+  if (!s.spec->drafts) return std::vector<token_id>(static_cast<std::size_t>(k), k_runner_draft);
   return s.spec->drafts->propose(s.tokens, s.n_prompt, k);
 }
 
-void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<sampled_token> emitted,
-                                std::vector<engine_event>& events) {
+std::span<const token_id> scheduler::drafts_of(const scheduled_seq& q, const step_output& out, std::size_t i) {
+  if (!q.runner_drafts) return q.draft;
+  return i < out.drafts.size() ? std::span<const token_id>(out.drafts[i]) : std::span<const token_id>();
+}
+
+void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<const token_id> drafts,
+                                std::span<sampled_token> emitted, std::vector<engine_event>& events) {
   const auto n_draft = static_cast<int>(q.draft.size());
   const int n_accepted = static_cast<int>(emitted.size()) - 1;
   // The tokens that stand: up to the first that finishes the sequence (EOS, a
@@ -75,7 +93,11 @@ void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<s
   // Verified K/V: the last token's and the accepted drafts' before the last
   // kept token (whose own K/V, as in plain decoding, are computed next step).
   const auto n_commit = static_cast<std::size_t>(n_keep);
-  status st = kv_.commit(s->id, std::span(q.tokens).first(n_commit), std::span(q.positions).first(n_commit));
+  // The step's tokens as verified: the known ones, then the drafts (the
+  // runner's, in place of the placeholders, for a model drafter).
+  std::vector<token_id> tokens(q.tokens.begin(), q.tokens.end() - static_cast<std::ptrdiff_t>(n_draft));
+  tokens.insert(tokens.end(), drafts.begin(), drafts.end());
+  status st = kv_.commit(s->id, std::span(tokens).first(n_commit), std::span(q.positions).first(n_commit));
   PAGODA_ASSERT(st.ok(), "commit of verified tokens: {}", st.message());
   const std::int32_t n_stored = kv_.n_stored_tokens(s->id);
   st = kv_.truncate(s->id, n_stored);  // the rejected drafts' slots: released, or rewound in the kept last block

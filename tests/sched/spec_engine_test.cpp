@@ -97,16 +97,16 @@ plain_and_spec run_both(const std::vector<request>& reqs, engine_core_config c, 
   return o;
 }
 
-void expect_identical_to_plain(kv_type type) {
+void expect_identical_to_plain(kv_type type, const std::string& speculative = "ngram:k=5,n=3") {
   const auto texts = prompts(32);
   std::vector<request> reqs;
   for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("r" + std::to_string(i), texts[i], 64));
-  const auto [plain, spec, a, b] = run_both(reqs, config(type, "none"), "ngram:k=5,n=3");
+  const auto [plain, spec, a, b] = run_both(reqs, config(type, "none"), speculative);
   for (const request& r : reqs) {
     ASSERT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
     EXPECT_EQ(b.completion_tokens.at(r.id), static_cast<int>(b.tokens.at(r.id).size())) << r.id;
   }
-  const spec_decode_stats& s = spec->stats().spec_decode.at("ngram");
+  const spec_decode_stats& s = spec->stats().spec_decode.at(speculative.substr(0, speculative.find(':')));
   EXPECT_GT(s.n_draft_tokens, 0);
   EXPECT_GT(s.n_accepted_tokens, 0) << "no draft accepted: the test checks nothing of the accept path";
   EXPECT_LT(s.n_accepted_tokens, s.n_draft_tokens) << "no draft rejected: the test checks nothing of the rollback";
@@ -133,6 +133,25 @@ void expect_identical_to_plain(kv_type type) {
 
 TEST(speculative_engine, greedy_ngram_equals_plain_decoding_f32) { expect_identical_to_plain(kv_type::f32); }
 TEST(speculative_engine, greedy_ngram_equals_plain_decoding_int8) { expect_identical_to_plain(kv_type::int8); }
+
+// The model drafters: the target reading a window of its own KV (prompts are
+// 80-130 tokens, so a 4 + 24 view reads a fraction of it), Quest's pages, its
+// first layers (stories260K has 5).
+TEST(speculative_engine, greedy_self_window_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "self:k=4,view=window,sinks=4,window=24");
+}
+TEST(speculative_engine, greedy_self_window_equals_plain_decoding_int8) {
+  expect_identical_to_plain(kv_type::int8, "self:k=4,view=window,sinks=4,window=24");
+}
+TEST(speculative_engine, greedy_self_quest_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "self:k=4,view=quest,budget=0.25");
+}
+TEST(speculative_engine, greedy_early_exit_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "early-exit:k=3,layers=3");
+}
+TEST(speculative_engine, greedy_early_exit_equals_plain_decoding_int8) {
+  expect_identical_to_plain(kv_type::int8, "early-exit:k=3,layers=3");
+}
 
 TEST(speculative_engine, sampled_requests_equal_plain_decoding_with_the_same_seed) {
   // A point-mass draft verified by drawing from the target row consumes the
@@ -207,6 +226,55 @@ TEST(speculative_engine, stop_strings_inside_an_accepted_run) {
   }
   EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
   EXPECT_EQ(spec->stats().n_generated_tokens, plain->stats().n_generated_tokens);
+}
+
+// The model drafters through sampling, n > 1 and preemption: their drafts
+// are point masses (the draft pass's argmax), so a seeded sampled request
+// gives plain decoding's tokens, and preempted sequences redraft after
+// recomputing their KV.
+TEST(speculative_engine, model_drafters_with_sampling_forks_and_preemption) {
+  const auto texts = prompts(12);
+  std::vector<request> reqs;
+  for (int i = 0; i < 12; ++i) {
+    request r = greedy_request("m" + std::to_string(i), texts[i], 80);
+    if (i % 3 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 3 + static_cast<std::uint64_t>(i);
+    }
+    if (i % 4 == 2) r.n = 2;
+    reqs.push_back(r);
+  }
+  engine_core_config small = config(kv_type::f32, "none");
+  small.n_blocks = 56;
+  for (const char* spec : {"early-exit:k=4,layers=2", "self:k=3,view=window,sinks=4,window=16,layers=4"}) {
+    const auto [plain, sp, a, b] = run_both(reqs, small, spec);
+    for (const auto& [id, tokens] : a.tokens) EXPECT_EQ(tokens, b.tokens.at(id)) << spec << " " << id;
+    EXPECT_GT(sp->kv_stats().n_preemptions, 0) << spec << ": nothing was preempted";
+    const spec_decode_stats& c = sp->stats().spec_decode.at(std::string(spec).substr(0, std::string(spec).find(':')));
+    EXPECT_GT(c.n_accepted_tokens, 0) << spec;
+    EXPECT_LT(c.n_accepted_tokens, c.n_draft_tokens) << spec;
+    EXPECT_EQ(sp->kv_stats().n_blocks_used, 0) << spec << ": blocks leaked";
+  }
+}
+
+TEST(speculative_engine, model_drafters_bad_input_names_the_parameter) {
+  auto deep = engine_core::create(stories(), config(kv_type::f32, "early-exit:layers=9"));
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.error().message().find("layers=9"), std::string::npos) << deep.error().message();
+  auto e = *engine_core::create(stories(), config(kv_type::f32, "none"));
+  request r = greedy_request("x", "Once upon a time", 8);
+  r.speculative = "self:view=quest";  // no key summaries kept by this engine
+  status st = e->add_request(r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("view=quest"), std::string::npos) << st.message();
+  r.speculative = "early-exit";
+  EXPECT_NE(e->add_request(r).message().find("layers"), std::string::npos);
+  r.speculative = "self:view=sideways";
+  EXPECT_NE(e->add_request(r).message().find("view=sideways"), std::string::npos);
+  r.speculative = "self:k=2,layers=6";
+  EXPECT_NE(e->add_request(r).message().find("layers=6"), std::string::npos);
+  r.speculative = "self:k=2,layers=3";
+  EXPECT_TRUE(e->add_request(r).ok());
 }
 
 TEST(speculative_engine, refuses_what_it_cannot_verify_exactly) {
