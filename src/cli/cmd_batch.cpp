@@ -143,7 +143,9 @@ result<std::unique_ptr<std::istream>> open_input(const std::string& path) {
 int batch(const batch_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<std::istream> in, open_input(o.input));
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
-  PAGODA_ASSIGN_OR_RETURN_CLI(engine_stack stack, open_engine(*model, o.engine));
+  auto opened = open_engine(*model, o.engine);
+  if (!opened.ok()) return fail_engine(opened.error());
+  engine_stack stack = std::move(*opened);
   engine_core* eng = stack.core.get();
   server::api_options aopts;
   aopts.model_path = o.engine.config.model_path;

@@ -90,7 +90,9 @@ int run(run_options o) {
   }
   // One sequence; unless the flags size the pool, it holds one full context.
   o.config.max_num_seqs = 1;
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine::create(o.config));
+  auto made = engine::create(o.config);
+  if (!made.ok()) return fail_engine(made.error());
+  auto eng = std::move(*made);
   const engine_info& info = eng->info();
 
   std::vector<token_id> prompt = eng->tokenize(o.prompt);

@@ -55,6 +55,10 @@ class runner_state {
     // passes read through (null: every slot), made with the KV state.
     spec_config speculation;
     std::unique_ptr<kv_read_selector> draft_view;
+    // The draft model's KV (cpu_runner::set_draft_model): its first draft_kv
+    // slots hold it. A rollback cuts it to the stored slots; a fresh KV state
+    // starts at them (a prefix hit brings the draft group's blocks too).
+    std::int32_t draft_kv = 0;
   };
 
   runner_state(const runner_shape& shape, policy_factory make_policy);

@@ -109,6 +109,7 @@ struct scheduler_config {
   // every request that asks for speculation is refused with it).
   std::string speculative = "none";
   std::string speculation_refused;
+  bool draft_model = false;  // the engine has a draft model (speculative `draft`)
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
   // The latency histograms (TTFT, inter-token, end to end, which the output

@@ -27,6 +27,8 @@ status scheduler::resolve_speculation(request_state& r) const {
   if (!r.spec.enabled()) return {};
   if (r.spec.model_drafter()) {
     const char* where = own ? "speculative" : "--speculative";
+    if (r.spec.drafter == "draft" && !config_.draft_model)
+      return error(errc::invalid_argument, "{}: draft: this engine has no draft model (start it with --draft-model PATH)", where);
     if (r.spec.layers > config_.policy_shape.n_layers)
       return error(errc::invalid_argument, "{}: {}: layers={}: this model has {} layers", where, r.spec.drafter,
                    r.spec.layers, config_.policy_shape.n_layers);
@@ -37,7 +39,7 @@ status scheduler::resolve_speculation(request_state& r) const {
                    where, r.spec.drafter, r.spec.to_string());
   }
   if (!config_.speculation_refused.empty())
-    return error(errc::unsupported, "speculative {}: {}", r.spec.drafter, config_.speculation_refused);
+    return error(errc::invalid_argument, "speculative {}: {}", r.spec.drafter, config_.speculation_refused);
   // A KV policy (or the engine's attention statistics) decides from every
   // query row of a step, and a sparse read selects per step: rejected drafts
   // would reach them. Not combined yet; the engine's default yields to the
@@ -51,7 +53,7 @@ status scheduler::resolve_speculation(request_state& r) const {
       r.spec = spec_config{};
       return {};
     }
-    return error(errc::unsupported, "speculative {}: not combined with {} yet", r.spec.drafter,
+    return error(errc::invalid_argument, "speculative {}: not combined with {} yet", r.spec.drafter,
                  req.prompt_logits ? "prompt logits" : any_policy ? "a KV policy" : "attention statistics");
   }
   return {};

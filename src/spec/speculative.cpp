@@ -14,6 +14,7 @@ namespace pagoda {
 std::string spec_config::to_string() const {
   if (!enabled()) return "none";
   if (drafter == "ngram") return fmt::format("{}:k={},n={},min_n={}", drafter, k, n, min_n);
+  if (drafter == "draft") return fmt::format("draft:k={}", k);
   std::string s = fmt::format("{}:k={},layers={}", drafter, k, layers);
   if (view == draft_view::window) s += fmt::format(",view=window,sinks={},window={}", sinks, window);
   if (view == draft_view::quest) s += fmt::format(",view=quest,budget={}", budget);
@@ -35,13 +36,15 @@ result<spec_config> parse_spec_config(std::string_view text) {
     if (!spec.params.empty()) return error(errc::invalid_argument, "none: takes no parameters");
     return c;
   }
-  if (spec.name == "draft")
-    return error(errc::unsupported, "drafter 'draft' is not built yet; this engine drafts with: ngram, self, early-exit");
-  if (spec.name != "ngram" && spec.name != "self" && spec.name != "early-exit")
-    return error(errc::invalid_argument, "unknown drafter '{}'; known: ngram, self, early-exit (or none)", spec.name);
+  if (spec.name != "ngram" && spec.name != "self" && spec.name != "early-exit" && spec.name != "draft")
+    return error(errc::invalid_argument, "unknown drafter '{}'; known: ngram, draft, self, early-exit (or none)", spec.name);
   c.drafter = spec.name;
   policy_detail::param_reader r(spec);
   PAGODA_ASSIGN_OR_RETURN(c.k, r.integer("k", c.k, 1, k_max_draft_tokens));
+  if (c.drafter == "draft") {  // the draft model is the engine's (--draft-model)
+    PAGODA_RETURN_IF_ERROR(r.finish());
+    return c;
+  }
   if (c.drafter == "ngram") {
     PAGODA_ASSIGN_OR_RETURN(c.n, r.integer("n", c.n, 1, 16));
     PAGODA_ASSIGN_OR_RETURN(c.min_n, r.integer("min_n", std::min(c.min_n, c.n), 1, 16));

@@ -45,8 +45,9 @@ struct spec_config {
   int window = 1024;     // ... and the newest `window` slots
   double budget = 0.125; // view=quest: the fraction of blocks read
   bool enabled() const { return drafter != "none"; }
-  // The runner drafts (with the model), not the scheduler (from token ids).
-  bool model_drafter() const { return drafter == "self" || drafter == "early-exit"; }
+  // The runner drafts (with a model), not the scheduler (from token ids):
+  // the target itself (self, early-exit) or the engine's draft model (draft).
+  bool model_drafter() const { return drafter == "self" || drafter == "early-exit" || drafter == "draft"; }
   std::string to_string() const;
 };
 

@@ -3,6 +3,7 @@
 // 32 concurrent requests with shared prefixes, nothing tentative ever handed
 // to the store (commit hook), and the refusals.
 #include <fstream>
+#include <utility>
 #include <map>
 #include <set>
 
@@ -86,12 +87,15 @@ struct plain_and_spec {
   std::unique_ptr<engine_core> plain, spec;
   run_result a, b;  // plain's, spec's
 };
-plain_and_spec run_both(const std::vector<request>& reqs, engine_core_config c, const std::string& speculative) {
+plain_and_spec run_both(const std::vector<request>& reqs, engine_core_config c, const std::string& speculative,
+                        const llama_model& model = stories()) {
   plain_and_spec o;
   c.speculative = "none";
-  o.plain = *engine_core::create(stories(), c);
+  const llama_model* draft = std::exchange(c.draft_model, nullptr);
+  o.plain = *engine_core::create(model, c);
   c.speculative = speculative;
-  o.spec = *engine_core::create(stories(), c);
+  c.draft_model = draft;
+  o.spec = *engine_core::create(model, c);
   o.a = run(*o.plain, reqs);
   o.b = run(*o.spec, reqs);
   return o;
@@ -255,6 +259,97 @@ TEST(speculative_engine, model_drafters_with_sampling_forks_and_preemption) {
     EXPECT_LT(c.n_accepted_tokens, c.n_draft_tokens) << spec;
     EXPECT_EQ(sp->kv_stats().n_blocks_used, 0) << spec << ": blocks leaked";
   }
+}
+
+// A draft model (--draft-model): its KV a KV group of its own. stories260K
+// drafting for itself accepts every draft (the same computation: a check of
+// the plumbing, the draft group's KV kept in step, prefix hits included).
+void expect_self_draft_identical(kv_type type) {
+  const auto texts = prompts(32);
+  std::vector<request> reqs;
+  for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("d" + std::to_string(i), texts[i], 64));
+  engine_core_config c = config(type, "none");
+  c.draft_model = &stories();
+  const auto [plain, spec, a, b] = run_both(reqs, c, "draft:k=4");
+  for (const request& r : reqs) ASSERT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+  const spec_decode_stats& s = spec->stats().spec_decode.at("draft");
+  EXPECT_GT(s.n_draft_tokens, 0);
+  EXPECT_EQ(s.n_accepted_tokens, s.n_draft_tokens) << "the draft is the target: every draft must be accepted";
+  EXPECT_GT(spec->kv_stats().n_prefix_hit_tokens, 0) << "the shared prefix must hit with the draft group";
+  EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << "blocks leaked";
+  ASSERT_EQ(spec->storage().n_groups(), 2);
+  EXPECT_TRUE(spec->storage().foreign_group(1));
+}
+TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_f32) { expect_self_draft_identical(kv_type::f32); }
+TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_int8) { expect_self_draft_identical(kv_type::int8); }
+
+// A smaller draft: the first 2 layers of a 4-layer synth model (same seed,
+// so the same embeddings, layers and head), and a draft of another shape
+// (head_dim 32 against 64) with the same synth vocabulary. Greedy and
+// sampled outputs are plain decoding's; drafts are accepted and rejected.
+TEST(speculative_engine, smaller_draft_models_give_plain_decodings_tokens) {
+  synth_options o;
+  o.preset = "tiny256";
+  o.n_layer = 4;
+  o.weight_type = gguf::tensor_type::f32;
+  o.n_threads = 1;
+  auto target = test::load_synth(o, "spec_target");
+  o.n_layer = 2;
+  auto shallow = test::load_synth(o, "spec_shallow");
+  o.preset = "tiny";
+  auto other = test::load_synth(o, "spec_other_shape");
+  ASSERT_TRUE(target && shallow && other);
+  const llama_hparams& hp = target->hparams();
+  std::vector<request> reqs;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<token_id> prompt;
+    for (int j = 0; j < 20 + 7 * i; ++j) prompt.push_back(static_cast<token_id>(3 + (j * 37 + i * 11) % 500));
+    request r = test::greedy_ids("g" + std::to_string(i), prompt, 40);
+    if (i % 3 == 2) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.seed = 17 + static_cast<std::uint64_t>(i);
+    }
+    reqs.push_back(r);
+  }
+  for (const llama_model* draft : {shallow.get(), other.get()}) {
+    engine_core_config c = config(kv_type::f32, "none");
+    c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
+    c.n_blocks = 40;  // small enough to preempt
+    c.draft_model = draft;
+    const auto [plain, spec, a, b] = run_both(reqs, c, "draft:k=4", *target);
+    for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+    const spec_decode_stats& st = spec->stats().spec_decode.at("draft");
+    EXPECT_GT(st.n_draft_tokens, 0);
+    EXPECT_LT(st.n_accepted_tokens, st.n_draft_tokens);
+    if (draft == shallow.get()) {
+      EXPECT_GT(st.n_accepted_tokens, 0) << "the shallow draft never agreed";
+    }
+    EXPECT_GT(spec->kv_stats().n_preemptions, 0) << "nothing was preempted";
+    EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << "blocks leaked";
+  }
+}
+
+TEST(speculative_engine, draft_model_bad_input) {
+  // Another vocabulary: refused naming --draft-model.
+  auto synth = test::load_synth("tiny", gguf::tensor_type::f32);
+  engine_core_config c = config(kv_type::f32, "draft");
+  c.draft_model = synth.get();
+  auto bad = engine_core::create(stories(), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("--draft-model"), std::string::npos) << bad.error().message();
+  EXPECT_NE(bad.error().message().find("vocabulary"), std::string::npos) << bad.error().message();
+  // No draft model: the default and a request asking for it are refused.
+  auto none = engine_core::create(stories(), config(kv_type::f32, "draft:k=3"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message().find("--draft-model"), std::string::npos) << none.error().message();
+  auto e = *engine_core::create(stories(), config(kv_type::f32, "none"));
+  request r = greedy_request("x", "Once upon a time", 8);
+  r.speculative = "draft";
+  const status st = e->add_request(r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no draft model"), std::string::npos) << st.message();
+  r.speculative = "draft:n=3";
+  EXPECT_NE(e->add_request(r).message().find("unknown parameter 'n'"), std::string::npos);
 }
 
 TEST(speculative_engine, model_drafters_bad_input_names_the_parameter) {
