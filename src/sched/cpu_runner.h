@@ -53,6 +53,8 @@ class cpu_runner final : public model_runner {
   status draft(const step_plan& plan, step_output& out);
   status draft_with_model(const step_plan& plan, step_output& out);   // the draft model: every sequence, drafts of `draft` ones
   status draft_with_target(const step_plan& plan, step_output& out);  // self, early-exit
+  // Appends a draft per row of logits_ to out.drafts[seq_of_row[row]] (runner_state::draft_token).
+  void take_drafts(const step_plan& plan, int n_vocab, std::span<const std::size_t> seq_of_row, step_output& out);
 
   kv_backend& kv_;
   llama_context ctx_;

@@ -3,8 +3,10 @@
 //
 // A sequence whose step carries k runner drafts computes, before the step's
 // forward pass, k draft passes of one token each: its last token, then each
-// draft as it comes; each pass's argmax is the next draft. A draft is a point
-// mass, so accept_point_drafts verifies it exactly, greedy or sampled.
+// draft as it comes; each pass gives the next draft: the argmax, a point
+// mass for a greedy request (accept_point_drafts verifies it); a sampled
+// request's drafts are drawn from the draft's distribution, kept for
+// rejection sampling (runner_state::draft_token, spec/rejection.h).
 //
 // self, early-exit: the passes run the target through the drafter's view of
 // its own KV (a window with sinks, Quest's pages: the sequence's draft_view)
@@ -61,16 +63,15 @@ status cpu_runner::draft(const step_plan& plan, step_output& out) {
   return {};
 }
 
-namespace {
-
-// Each row's argmax, appended to the drafts of the sequence the row belongs to.
-void take_argmax(std::span<const float> logits, int n_vocab, std::span<const std::size_t> seq_of_row,
-                 std::vector<std::vector<token_id>>& drafts) {
+void cpu_runner::take_drafts(const step_plan& plan, int n_vocab, std::span<const std::size_t> seq_of_row,
+                             step_output& out) {
   const auto V = static_cast<std::size_t>(n_vocab);
-  for (std::size_t r = 0; r < seq_of_row.size(); ++r) drafts[seq_of_row[r]].push_back(argmax(logits.subspan(r * V, V)));
+  for (std::size_t r = 0; r < seq_of_row.size(); ++r) {
+    std::vector<token_id>& drafts = out.drafts[seq_of_row[r]];
+    runner_state::sequence& s = *state_.find(plan.seqs[seq_of_row[r]].seq);
+    drafts.push_back(state_.draft_token(s, std::span<const float>(logits_).subspan(r * V, V), drafts));
+  }
 }
-
-}  // namespace
 
 status cpu_runner::draft_with_model(const step_plan& plan, step_output& out) {
   const int n_vocab = draft_ctx_->model().hparams().n_vocab;
@@ -105,10 +106,16 @@ status cpu_runner::draft_with_model(const step_plan& plan, step_output& out) {
   }
   PAGODA_RETURN_IF_ERROR(draft_ctx_->forward(batch, logits_));
   {
+    // Every sequence has a row; the drafting ones' rows give their first drafts.
     const auto V = static_cast<std::size_t>(n_vocab);
+    std::size_t kept = 0;
     for (std::size_t r = 0; r < rows.size(); ++r)
-      if (std::binary_search(drafting.begin(), drafting.end(), rows[r]))
-        out.drafts[rows[r]].push_back(argmax(std::span<const float>(logits_).subspan(r * V, V)));
+      if (std::binary_search(drafting.begin(), drafting.end(), rows[r])) {
+        if (kept != r) std::copy_n(logits_.begin() + static_cast<std::ptrdiff_t>(r * V), V, logits_.begin() + static_cast<std::ptrdiff_t>(kept * V));
+        rows[kept++] = rows[r];
+      }
+    rows.resize(kept);
+    take_drafts(plan, n_vocab, rows, out);
   }
   // Passes 2..k: the drafting sequences' newest draft each.
   for (std::size_t j = 1;; ++j) {
@@ -130,7 +137,7 @@ status cpu_runner::draft_with_model(const step_plan& plan, step_output& out) {
     }
     if (batch.empty()) break;
     PAGODA_RETURN_IF_ERROR(draft_ctx_->forward(batch, logits_));
-    take_argmax(logits_, n_vocab, rows, out.drafts);
+    take_drafts(plan, n_vocab, rows, out);
   }
   return {};
 }
@@ -174,7 +181,7 @@ status cpu_runner::draft_with_target(const step_plan& plan, step_output& out) {
       }
       if (batch.empty()) break;
       PAGODA_RETURN_IF_ERROR(ctx_.forward(batch, logits_, layers));
-      take_argmax(logits_, n_vocab, rows, out.drafts);
+      take_drafts(plan, n_vocab, rows, out);
     }
     // Rewind what the draft passes wrote; the verification writes the target's K/V there.
     for (const std::size_t i : seqs) {

@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "spec/draft_view.h"
+#include "spec/rejection.h"
 #include "spec/speculative.h"
 
 namespace pagoda {
@@ -125,12 +126,28 @@ status runner_state::apply_seq(const scheduled_seq& q) {
   return {};
 }
 
+token_id runner_state::draft_token(sequence& s, std::span<const float> logits, std::span<const token_id> drafts_so_far) {
+  if (drafts_so_far.empty()) s.draft_q.clear();
+  if (s.params.is_greedy()) return argmax(logits);
+  if (!s.draft_smp) s.draft_smp = std::make_unique<sampler>(draft_sampling_params(s.params));
+  const std::size_t n_prompt = std::min(s.history.size(), static_cast<std::size_t>(std::max(s.n_prompt, 0)));
+  std::vector<token_id> output(s.history.begin() + static_cast<std::ptrdiff_t>(n_prompt), s.history.end());
+  output.insert(output.end(), drafts_so_far.begin(), drafts_so_far.end());
+  draft_draw d = draw_draft(*s.draft_smp, logits, std::span<const token_id>(s.history).first(n_prompt), output);
+  s.draft_q.push_back(std::move(d.q));
+  return d.token;
+}
+
 sampled_token runner_state::draw(sequence& s, seq_id id, std::span<const float> logits) {
   const std::span<const token_id> all(s.history);
   const std::size_t n_prompt = std::min(all.size(), static_cast<std::size_t>(std::max(s.n_prompt, 0)));
+  return record(s, id, logits, s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt)));
+}
+
+sampled_token runner_state::record(sequence& s, seq_id id, std::span<const float> logits, token_id token) {
   sampled_token t;
   t.seq = id;
-  t.token = s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt));
+  t.token = token;
   if (s.logprobs >= 0) {
     token_logprob lp;
     lp.token = t.token;
@@ -177,10 +194,26 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
                       "sequence {}'s drafts were not made", q.seq.value);
         const std::span<const token_id> drafts = q.runner_drafts ? std::span<const token_id>(out.drafts[at]) : q.draft;
         const std::size_t first = row + rows - 1 - q.draft.size();
-        const std::vector<token_id> emitted = accept_point_drafts(drafts, [&](int j) {
-          out.sampled.push_back(draw(*s, q.seq, std::span<const float>(logits.data() + (first + static_cast<std::size_t>(j)) * V, V)));
-          return out.sampled.back().token;
-        });
+        auto row_of = [&](std::size_t j) { return std::span<const float>(logits.data() + (first + j) * V, V); };
+        std::vector<token_id> emitted;
+        if (q.runner_drafts && !s->params.is_greedy()) {
+          // Drafts drawn from the draft's distribution: rejection sampling.
+          PAGODA_ASSERT(s->draft_q.size() == drafts.size(), "sequence {}: {} draft distributions for {} drafts",
+                        q.seq.value, s->draft_q.size(), drafts.size());
+          const std::size_t n_prompt = std::min(s->history.size(), static_cast<std::size_t>(std::max(s->n_prompt, 0)));
+          std::vector<token_id> output(s->history.begin() + static_cast<std::ptrdiff_t>(n_prompt), s->history.end());
+          emitted = accept_distribution_drafts(drafts, s->draft_q, [&](int j) {
+            if (j > 0) output.push_back(drafts[static_cast<std::size_t>(j - 1)]);
+            return s->smp.probabilities(row_of(static_cast<std::size_t>(j)),
+                                        std::span<const token_id>(s->history).first(n_prompt), output);
+          }, s->smp);
+          for (std::size_t j = 0; j < emitted.size(); ++j) out.sampled.push_back(record(*s, q.seq, row_of(j), emitted[j]));
+        } else {
+          emitted = accept_point_drafts(drafts, [&](int j) {
+            out.sampled.push_back(draw(*s, q.seq, row_of(static_cast<std::size_t>(j))));
+            return out.sampled.back().token;
+          });
+        }
         if (out.accepted.empty()) out.accepted.assign(plan.seqs.size(), 0);
         out.accepted[at] = static_cast<std::int32_t>(emitted.size() - 1);
       }

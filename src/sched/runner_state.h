@@ -59,6 +59,11 @@ class runner_state {
     // slots hold it. A rollback cuts it to the stored slots; a fresh KV state
     // starts at them (a prefix hit brings the draft group's blocks too).
     std::int32_t draft_kv = 0;
+    // A sampled request's drafts are drawn from the draft's distribution
+    // (spec/rejection.h): its sampler (a seed of its own) and, for the step
+    // being executed, the distribution of each draft.
+    std::unique_ptr<sampler> draft_smp;
+    std::vector<token_distribution> draft_q;
   };
 
   runner_state(const runner_shape& shape, policy_factory make_policy);
@@ -78,6 +83,12 @@ class runner_state {
   // left in an unspecified state) and fills out.selector_bytes.
   status sample(const step_plan& plan, std::vector<float>& logits, int n_vocab, step_output& out);
 
+  // A model drafter's next draft for s from a draft pass's logits row, after
+  // the step's drafts so far: the argmax for a greedy request (a point mass,
+  // verified by accept_point_drafts), else a draw from the draft's
+  // distribution, which is kept in s.draft_q for rejection sampling.
+  token_id draft_token(sequence& s, std::span<const float> logits, std::span<const token_id> drafts_so_far);
+
   // The sequence's state, or nullptr.
   sequence* find(seq_id id);
   std::size_t size() const { return seqs_.size(); }
@@ -86,6 +97,8 @@ class runner_state {
   status apply_seq(const scheduled_seq& q);
   void start_kv_over(sequence& s);
   sampled_token draw(sequence& s, seq_id id, std::span<const float> logits);
+  // `token` as drawn from logits (its logprobs as the sequence asks), appended to the history.
+  sampled_token record(sequence& s, seq_id id, std::span<const float> logits, token_id token);
 
   runner_shape shape_;
   policy_factory make_policy_;
