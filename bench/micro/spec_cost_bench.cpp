@@ -12,6 +12,7 @@
 //     decode (one new token per sequence) against verify k (k + 1 new tokens
 //     per sequence, logits for every row) for k = 1..8, all in one run.
 //     Counters: decode_ms; k1..k8 = verify(k + 1 rows) / decode(1 row).
+//   verify_int8/...  the same over int8 KV (per-channel K, per-token V).
 //   draft_view/layers:N/ctx:C/seqs:S
 //     the full decode step against the same step reading a compressed view of
 //     the cache, all in one run:
@@ -22,9 +23,10 @@
 //                blocks: 1/8 of 32K);
 //       int4     the same step over a cache of int4 K and V (KIVI: per-channel
 //                K, per-token V);
+//       int4t    the same over int4/token K and V (per-token groups both);
 //       ee       (N = 2 only) early exit: the first layer of two, measured as a
 //                1-layer model of the same shapes over its own cache.
-//     Counters: full_ms; quest, window, int4, ee = draft step / full step;
+//     Counters: full_ms; quest, window, int4, int4t, ee = draft step / full step;
 //     head_share = the step's part outside the layers, (2 T1 - T2) / T2
 //     (embedding, final norm, output head; the early-exit pair gives it);
 //     GB/s, of_stream, KV_share: below.
@@ -59,7 +61,7 @@
 // Models are written once with the project's synth code to
 // $PAGODA_SPEC_MODEL_DIR (default /tmp) as spec-llama3-8b-{1,2}l-q8.gguf (232 MB
 // a layer). Memory at the largest case (1 layer, 32 x 32K): f16 cache with
-// summaries 4.8 GiB, int4 cache 1.2 GiB, STREAM buffer 1 GiB.
+// summaries 4.8 GiB, int4 caches 1.2 and 1.1 GiB, STREAM buffer 1 GiB.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -280,12 +282,12 @@ std::map<int, measured_costs>& costs_at_32k() {  // by sequences
 
 // --- benchmarks ----------------------------------------------------------------
 
-void bm_verify(benchmark::State& st) {
+void bm_verify(benchmark::State& st, std::string spec) {
   const int n_layers = static_cast<int>(st.range(0)), n_ctx = static_cast<int>(st.range(1)),
             n_seqs = static_cast<int>(st.range(2));
   auto m = synth_model(n_layers);
   if (!m.ok()) return st.SkipWithError(m.error().message().c_str());
-  auto cache = make_cache((*m)->hparams(), "f16", false, n_seqs, n_ctx);
+  auto cache = make_cache((*m)->hparams(), spec, false, n_seqs, n_ctx);
   if (!cache.ok()) return st.SkipWithError(cache.error().message().c_str());
   llama_context ctx(**m, *cache->kv, k_threads);
   std::vector<variant> vs;
@@ -296,9 +298,9 @@ void bm_verify(benchmark::State& st) {
   st.counters["decode_cpu_ms"] = vs[0].best_cpu() * 1e3;
   for (std::size_t i = 1; i < vs.size(); ++i) {
     const double r = ratio_counters(st, vs[i], vs[0]);
-    if (n_ctx == 32768) costs_at_32k()[n_seqs].verify[static_cast<int>(i)] = r;
+    if (n_ctx == 32768 && spec == "f16") costs_at_32k()[n_seqs].verify[static_cast<int>(i)] = r;
   }
-  st.SetLabel(fmt::format("{} threads, f16 KV", k_threads));
+  st.SetLabel(fmt::format("{} threads, {} KV", k_threads, spec));
 }
 
 void bm_draft_view(benchmark::State& st) {
@@ -309,8 +311,10 @@ void bm_draft_view(benchmark::State& st) {
   const llama_hparams& hp = (*m)->hparams();
   auto f16 = make_cache(hp, "f16", true, n_seqs, n_ctx);
   auto int4 = make_cache(hp, "int4", false, n_seqs, n_ctx);
-  if (!f16.ok() || !int4.ok()) return st.SkipWithError((f16.ok() ? int4.error().message() : f16.error().message()).c_str());
-  llama_context ctx(**m, *f16->kv, k_threads), ctx4(**m, *int4->kv, k_threads);
+  auto int4t = make_cache(hp, "int4/token", false, n_seqs, n_ctx);
+  for (const auto* c : {&f16, &int4, &int4t})
+    if (!c->ok()) return st.SkipWithError(c->error().message().c_str());
+  llama_context ctx(**m, *f16->kv, k_threads), ctx4(**m, *int4->kv, k_threads), ctx4t(**m, *int4t->kv, k_threads);
   quest_params qp;  // budget 1/8, sinks 16, int8 bounds: the policy's defaults
   std::vector<std::unique_ptr<kv_read_selector>> quest, window;
   for (int s = 0; s < n_seqs; ++s) {
@@ -322,6 +326,7 @@ void bm_draft_view(benchmark::State& st) {
   vs.push_back(forward_variant("quest", ctx, step_of(*f16, n_ctx, 1, &quest)));
   vs.push_back(forward_variant("window", ctx, step_of(*f16, n_ctx, 1, &window)));
   vs.push_back(forward_variant("int4", ctx4, step_of(*int4, n_ctx, 1)));
+  vs.push_back(forward_variant("int4t", ctx4t, step_of(*int4t, n_ctx, 1)));
   // Early exit after layer 1 of 2: the 1-layer model (same shapes) over its own cache.
   std::unique_ptr<llama_context> ctx_ee;
   result<seq_cache> ee_cache = error(errc::invalid_argument, "no early exit");
@@ -350,7 +355,7 @@ void bm_draft_view(benchmark::State& st) {
     if (n_ctx == 32768) mc.draft[vs[i].name] = r;
   }
   if (ctx_ee) {
-    const double t1 = vs[4].best_cpu(), t2 = full.best_cpu();
+    const double t1 = vs[vs.size() - 2].best_cpu(), t2 = full.best_cpu();  // ee: the last step variant
     st.counters["head_share"] = (2 * t1 - t2) / t2;
     if (n_ctx == 32768) mc.head_share = (2 * t1 - t2) / t2;
   }
@@ -382,7 +387,7 @@ void print_projection() {
     std::map<std::string, double> drafts(mc.draft);
     const double ee = mc.draft.count("ee") ? mc.draft.at("ee") : 0.5;
     if (!mc.draft.count("ee")) drafts["ee(0.5)"] = ee;
-    for (const char* view : {"quest", "window", "int4"})
+    for (const char* view : {"quest", "window", "int4", "int4t"})
       if (mc.draft.count(view)) drafts[fmt::format("{}+ee", view)] = 0.5 * mc.draft.at(view);
     drafts["free"] = 0;  // the ceiling: a draft that costs nothing, verification alone
     std::printf("\nPROJECTION (not a measurement: random weights give meaningless acceptance), 32K context, %d sequence%s, "
@@ -411,11 +416,15 @@ void print_projection() {
 }
 
 void register_all() {
-  auto* v = benchmark::RegisterBenchmark("verify", bm_verify);
+  auto* v = benchmark::RegisterBenchmark("verify", bm_verify, std::string("f16"));
   for (int ctx : {1024, 32768})
     for (int seqs : {1, 8}) v->Args({2, ctx, seqs});
   v->Args({1, 32768, 32});
-  v->ArgNames({"layers", "ctx", "seqs"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(12);
+  // int8 KV: q.k in integers (VNNI), where f16 converts every key to f32.
+  auto* v8 = benchmark::RegisterBenchmark("verify_int8", bm_verify, std::string("int8"));
+  for (int seqs : {1, 8}) v8->Args({2, 32768, seqs});
+  for (auto* b : {v, v8})
+    b->ArgNames({"layers", "ctx", "seqs"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(12);
   auto* d = benchmark::RegisterBenchmark("draft_view", bm_draft_view);
   for (int seqs : {1, 8}) d->Args({2, 32768, seqs});
   d->Args({1, 32768, 32});
@@ -423,8 +432,10 @@ void register_all() {
 }
 
 // Registered before main runs, so the stock benchmark main serves; the
-// projection prints when it returns.
-const bool registered = (register_all(), std::atexit(print_projection), true);
+// projection prints when it returns. The costs' map is made first: statics
+// are destroyed in the reverse order of their atexit registration, and the
+// projection reads it.
+const bool registered = (register_all(), costs_at_32k(), std::atexit(print_projection), true);
 
 }  // namespace
 
