@@ -81,7 +81,9 @@ json speculative_json(const engine_stats& st) {
                  {"draft_tokens", d.n_draft_tokens},
                  {"accepted_tokens", d.n_accepted_tokens},
                  {"acceptance_rate", d.n_draft_tokens > 0 ? static_cast<double>(d.n_accepted_tokens) / static_cast<double>(d.n_draft_tokens) : 0.0},
-                 {"mean_accepted_length", d.mean_accepted_length()}};
+                 {"mean_accepted_length", d.mean_accepted_length()},
+                 {"draft_seconds", d.draft_seconds},
+                 {"verify_seconds", d.verify_seconds}};
   return out;
 }
 
@@ -313,9 +315,11 @@ int batch(const batch_options& o) {
     if (summary.contains("speculative"))
       for (const auto& [name, d] : summary["speculative"].items())
         std::fprintf(stderr, "pagoda batch: speculative %s: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per "
-                     "verification step\n", name.c_str(), static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
+                     "verification step; %.1f ms drafting, %.1f ms verifying\n", name.c_str(),
+                     static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
                      static_cast<long long>(d["draft_tokens"].get<std::int64_t>()), 100 * d["acceptance_rate"].get<double>(),
-                     d["mean_accepted_length"].get<double>());
+                     d["mean_accepted_length"].get<double>(), 1e3 * d["draft_seconds"].get<double>(),
+                     1e3 * d["verify_seconds"].get<double>());
   }
   // Any failed line fails the run (scripts check the exit code); the output
   // still holds every line's result, the failed ones as error objects.

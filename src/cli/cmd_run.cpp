@@ -209,10 +209,12 @@ int run(run_options o) {
                human_bytes(info.kv_bytes_per_token).c_str(), info.kv_layout.c_str(),
                human_bytes(static_cast<double>(info.kv_bytes_total)).c_str());
   if (const speculation_usage sp = eng->speculation(); sp.n_drafts > 0)
-    std::fprintf(stderr, "pagoda: speculative: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per verification step\n",
+    std::fprintf(stderr, "pagoda: speculative: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per verification step; "
+                 "%.1f ms drafting, %.1f ms verifying\n",
                  static_cast<long long>(sp.n_accepted_tokens), static_cast<long long>(sp.n_draft_tokens),
                  100.0 * static_cast<double>(sp.n_accepted_tokens) / static_cast<double>(sp.n_draft_tokens),
-                 1.0 + static_cast<double>(sp.n_accepted_tokens) / static_cast<double>(sp.n_drafts));
+                 1.0 + static_cast<double>(sp.n_accepted_tokens) / static_cast<double>(sp.n_drafts),
+                 1e3 * sp.draft_seconds, 1e3 * sp.verify_seconds);
   return 0;
 }
 

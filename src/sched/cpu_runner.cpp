@@ -1,6 +1,7 @@
 #include "sched/cpu_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/assert.h"
 #include "policy/kv_policy.h"
@@ -82,8 +83,13 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
 
   out.result = state_.apply(plan);
   out.drafts.clear();
+  using clock = std::chrono::steady_clock;
+  const clock::time_point t0 = clock::now();
   if (out.result.ok() && !plan.seqs.empty()) out.result = draft(plan, out);
+  const clock::time_point t1 = clock::now();
   if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
+  out.draft_seconds = out.drafts.empty() && !draft_ctx_ ? 0.0 : std::chrono::duration<double>(t1 - t0).count();
+  out.forward_seconds = std::chrono::duration<double>(clock::now() - t1).count();
 }
 
 void cpu_runner::forward(const step_plan& plan, step_output& out) {

@@ -74,6 +74,8 @@ speculation_usage engine::speculation() const {
     u.n_drafts += d.n_drafts;
     u.n_draft_tokens += d.n_draft_tokens;
     u.n_accepted_tokens += d.n_accepted_tokens;
+    u.draft_seconds += d.draft_seconds;
+    u.verify_seconds += d.verify_seconds;
   }
   return u;
 }

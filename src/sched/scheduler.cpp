@@ -700,6 +700,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   }
   ++stats_.n_steps;
   commit_loads(plan, out);
+  count_spec_time(plan, out);
   std::vector<int> first_computed(plan.seqs.size(), -1);  // n_computed before this step, per planned seq
 
   const auto V = static_cast<std::size_t>(vocab_.n_vocab());

@@ -123,6 +123,11 @@ struct spec_decode_stats {
   std::int64_t n_draft_tokens = 0;     // draft tokens proposed
   std::int64_t n_accepted_tokens = 0;  // of which the target accepted
   std::array<std::int64_t, k_max_draft_tokens> accepted_per_pos{};  // [i]: drafts at position i accepted
+  // Seconds of draft passes (model drafters) and of the forward passes that
+  // verified drafts (the whole batched pass), a step's shared among its
+  // drafters by their draft tokens.
+  double draft_seconds = 0;
+  double verify_seconds = 0;
   // Mean tokens a verification step emits: 1 + accepted per step.
   double mean_accepted_length() const {
     return n_drafts > 0 ? 1.0 + static_cast<double>(n_accepted_tokens) / static_cast<double>(n_drafts) : 0.0;
@@ -295,6 +300,8 @@ class scheduler {
   // Speculation (scheduler_spec.cpp). The drafts s carries in a step that
   // computes n of its tokens within `budget` (none when it does not speculate).
   std::vector<token_id> propose_drafts(sequence& s, int n, int budget) const;
+  // Adds the step's draft and verification time to its drafters' counters.
+  void count_spec_time(const step_plan& plan, const step_output& out);
   // The drafts of plan.seqs[i] as verified: the plan's, or the runner's (runner_drafts).
   static std::span<const token_id> drafts_of(const scheduled_seq& q, const step_output& out, std::size_t i);
   // Commits a verification step of s: the verified prefix's K/V (the

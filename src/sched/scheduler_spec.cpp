@@ -11,6 +11,7 @@
 // commit hook (the store) and into what eviction sees, so nothing tentative
 // reaches any of them.
 #include <algorithm>
+#include <map>
 
 #include "core/assert.h"
 #include "sched/scheduler.h"
@@ -72,6 +73,24 @@ std::vector<token_id> scheduler::propose_drafts(sequence& s, int n, int budget) 
   // A model drafter drafts in the runner: k placeholders it fills.
   if (!s.spec->drafts) return std::vector<token_id>(static_cast<std::size_t>(k), k_runner_draft);
   return s.spec->drafts->propose(s.tokens, s.n_prompt, k);
+}
+
+void scheduler::count_spec_time(const step_plan& plan, const step_output& out) {
+  std::map<std::string, std::int64_t> tokens;  // by drafter: the step's draft tokens
+  std::int64_t total = 0;
+  for (const scheduled_seq& q : plan.seqs) {
+    if (q.draft.empty()) continue;
+    const sequence* s = by_id(q.seq);
+    if (!s || !s->spec) continue;
+    tokens[s->spec->config.drafter] += static_cast<std::int64_t>(q.draft.size());
+    total += static_cast<std::int64_t>(q.draft.size());
+  }
+  for (const auto& [name, n] : tokens) {
+    spec_decode_stats& c = stats_.spec_decode[name];
+    const double share = static_cast<double>(n) / static_cast<double>(total);
+    c.draft_seconds += share * out.draft_seconds;
+    c.verify_seconds += share * out.forward_seconds;
+  }
 }
 
 std::span<const token_id> scheduler::drafts_of(const scheduled_seq& q, const step_output& out, std::size_t i) {

@@ -158,6 +158,10 @@ struct step_output {
   // runner drafted (and verified, in place of the placeholders); else empty.
   // Empty when no sequence has runner drafts.
   std::vector<std::vector<token_id>> drafts;
+  // Seconds the runner spent in model drafters' draft passes and in the
+  // step's forward pass (speculative decoding's metrics: draft and verification time).
+  double draft_seconds = 0;
+  double forward_seconds = 0;
   // The logits rows of all_logits sequences, in plan order: [rows][n_vocab].
   std::vector<float> prompt_logits;
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from

@@ -112,6 +112,9 @@ void expect_identical_to_plain(kv_type type, const std::string& speculative = "n
   }
   const spec_decode_stats& s = spec->stats().spec_decode.at(speculative.substr(0, speculative.find(':')));
   EXPECT_GT(s.n_draft_tokens, 0);
+  EXPECT_GT(s.verify_seconds, 0);
+  if (speculative.starts_with("ngram")) EXPECT_EQ(s.draft_seconds, 0) << "n-gram drafts need no draft pass";
+  else EXPECT_GT(s.draft_seconds, 0);
   EXPECT_GT(s.n_accepted_tokens, 0) << "no draft accepted: the test checks nothing of the accept path";
   EXPECT_LT(s.n_accepted_tokens, s.n_draft_tokens) << "no draft rejected: the test checks nothing of the rollback";
   EXPECT_LT(spec->stats().n_steps, plain->stats().n_steps);
