@@ -28,9 +28,10 @@ inline constexpr int k_max_draft_tokens = 15;
 struct spec_config {
   std::string drafter = "none";  // "none": no speculation
   int k = 4;                     // [1, k_max_draft_tokens]
-  // ngram: the longest suffix of the sequence matched (n), down to min_n.
+  // ngram: the sequence's last tokens matched earlier, up to n of them; no
+  // proposal from a match shorter than min_n (ngram_drafter.cpp).
   int n = 3;
-  int min_n = 1;
+  int min_n = 2;  // clamped to n when n = 1
   bool enabled() const { return drafter != "none"; }
   std::string to_string() const;
 };
