@@ -34,9 +34,10 @@ enum class draft_view : std::uint8_t { full, window, quest };
 struct spec_config {
   std::string drafter = "none";  // "none": no speculation
   int k = 4;                     // [1, k_max_draft_tokens]
-  // ngram: the longest suffix of the sequence matched (n), down to min_n.
+  // ngram: the sequence's last tokens matched earlier, up to n of them; no
+  // proposal from a match shorter than min_n (ngram_drafter.cpp).
   int n = 3;
-  int min_n = 1;
+  int min_n = 2;  // clamped to n when n = 1
   // self and early-exit: the target model drafts, reading `view` of its own
   // KV through its first `layers` layers (0: all of them) and its output head.
   draft_view view = draft_view::full;
