@@ -44,6 +44,7 @@ TEST(prometheus, renders_every_series) {
   d.n_drafts = 3;
   d.n_draft_tokens = 12;
   d.n_accepted_tokens = 7;
+  d.accepted_per_pos[0] = 5;  // a draft at position 1 is accepted only after position 0
   d.accepted_per_pos[1] = 2;
   d.draft_seconds = 0.25;
   d.verify_seconds = 0.5;
