@@ -15,6 +15,20 @@ runner_shape shape_of(const llama_model& model, const kv_backend& kv) {
   return {hp.n_layer, hp.n_head_kv, hp.head_dim, kv.layout().block_size};
 }
 
+// Drafts' K/V are tentative (step_plan.h): the blocks of their slots are
+// held, so a rollback inside a sealed block restores its exact staging
+// (kv_backend.h, "Tentative slots").
+void hold_drafts(kv_backend& kv, runner_state& state, const step_plan& plan) {
+  const int bs = kv.layout().block_size;
+  for (const scheduled_seq& q : plan.seqs) {
+    if (q.draft.empty()) continue;
+    const int first = q.n_stored + 1, end = q.n_stored + static_cast<int>(q.tokens.size());  // after the last token
+    for (const std::vector<block_id>& table : state.find(q.seq)->tables)
+      for (int b = first / bs; b <= (end - 1) / bs && b < static_cast<int>(table.size()); ++b)
+        if (table[static_cast<std::size_t>(b)].valid()) kv.hold_staging(table[static_cast<std::size_t>(b)]);
+  }
+}
+
 }  // namespace
 
 cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads,
@@ -67,6 +81,7 @@ void cpu_runner::apply(const kv_op& op) {
 void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.result = ok_status();
   for (const kv_op& op : plan.ops) apply(op);
+  kv_.end_holds();  // the last step's drafts are settled: update() rolled the rejected back in these ops
 
   out.loaded.assign(plan.loads.size(), 0);
   for (std::size_t i = 0; i < plan.loads.size(); ++i) {
@@ -81,6 +96,7 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   }
 
   out.result = state_.apply(plan);
+  if (out.result.ok()) hold_drafts(kv_, state_, plan);
   if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
 }
 
@@ -101,6 +117,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     f.blocks = tables_[i].front();
     f.tables = tables_[i];
     f.all_logits = q.all_logits || !q.draft.empty();  // a verification reads every row
+    f.rows_as_steps = !q.draft.empty();                // and each row must be plain decoding's
     if (q.stats_window >= 0) {
       f.stats = &out.stats[i];
       f.stats_window = q.stats_window;
