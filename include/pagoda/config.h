@@ -38,6 +38,9 @@ struct engine_config {
   // Speculative decoding of requests that name none: "NAME[:key=value,...]"
   // (docs/speculative.md), e.g. "ngram:k=5,n=3"; "none" decodes one token a step.
   std::string speculative = "none";
+  // A draft model for speculative `draft` (a GGUF with this model's
+  // vocabulary); with it, `speculative` "none" becomes "draft".
+  std::string draft_model_path;
   // Keep per-block key summaries (min/max/mean of the keys) so that requests
   // may use query-aware policies (quest) whatever the default policy.
   bool kv_key_summaries = false;

@@ -65,6 +65,8 @@ struct speculation_usage {
   std::int64_t n_drafts = 0;           // verification steps that carried drafts
   std::int64_t n_draft_tokens = 0;     // draft tokens proposed
   std::int64_t n_accepted_tokens = 0;  // of which accepted
+  double draft_seconds = 0;            // in model drafters' draft passes
+  double verify_seconds = 0;           // in the forward passes that verified drafts
 };
 
 class engine {

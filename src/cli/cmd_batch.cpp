@@ -81,7 +81,9 @@ json speculative_json(const engine_stats& st) {
                  {"draft_tokens", d.n_draft_tokens},
                  {"accepted_tokens", d.n_accepted_tokens},
                  {"acceptance_rate", d.n_draft_tokens > 0 ? static_cast<double>(d.n_accepted_tokens) / static_cast<double>(d.n_draft_tokens) : 0.0},
-                 {"mean_accepted_length", d.mean_accepted_length()}};
+                 {"mean_accepted_length", d.mean_accepted_length()},
+                 {"draft_seconds", d.draft_seconds},
+                 {"verify_seconds", d.verify_seconds}};
   return out;
 }
 
@@ -143,7 +145,9 @@ result<std::unique_ptr<std::istream>> open_input(const std::string& path) {
 int batch(const batch_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<std::istream> in, open_input(o.input));
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
-  PAGODA_ASSIGN_OR_RETURN_CLI(engine_stack stack, open_engine(*model, o.engine));
+  auto opened = open_engine(*model, o.engine);
+  if (!opened.ok()) return fail_engine(opened.error());
+  engine_stack stack = std::move(*opened);
   engine_core* eng = stack.core.get();
   server::api_options aopts;
   aopts.model_path = o.engine.config.model_path;
@@ -311,9 +315,11 @@ int batch(const batch_options& o) {
     if (summary.contains("speculative"))
       for (const auto& [name, d] : summary["speculative"].items())
         std::fprintf(stderr, "pagoda batch: speculative %s: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per "
-                     "verification step\n", name.c_str(), static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
+                     "verification step; %.1f ms drafting, %.1f ms verifying\n", name.c_str(),
+                     static_cast<long long>(d["accepted_tokens"].get<std::int64_t>()),
                      static_cast<long long>(d["draft_tokens"].get<std::int64_t>()), 100 * d["acceptance_rate"].get<double>(),
-                     d["mean_accepted_length"].get<double>());
+                     d["mean_accepted_length"].get<double>(), 1e3 * d["draft_seconds"].get<double>(),
+                     1e3 * d["verify_seconds"].get<double>());
   }
   // Any failed line fails the run (scripts check the exit code); the output
   // still holds every line's result, the failed ones as error objects.

@@ -90,7 +90,9 @@ int run(run_options o) {
   }
   // One sequence; unless the flags size the pool, it holds one full context.
   o.config.max_num_seqs = 1;
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine::create(o.config));
+  auto made = engine::create(o.config);
+  if (!made.ok()) return fail_engine(made.error());
+  auto eng = std::move(*made);
   const engine_info& info = eng->info();
 
   std::vector<token_id> prompt = eng->tokenize(o.prompt);
@@ -207,10 +209,12 @@ int run(run_options o) {
                human_bytes(info.kv_bytes_per_token).c_str(), info.kv_layout.c_str(),
                human_bytes(static_cast<double>(info.kv_bytes_total)).c_str());
   if (const speculation_usage sp = eng->speculation(); sp.n_drafts > 0)
-    std::fprintf(stderr, "pagoda: speculative: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per verification step\n",
+    std::fprintf(stderr, "pagoda: speculative: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per verification step; "
+                 "%.1f ms drafting, %.1f ms verifying\n",
                  static_cast<long long>(sp.n_accepted_tokens), static_cast<long long>(sp.n_draft_tokens),
                  100.0 * static_cast<double>(sp.n_accepted_tokens) / static_cast<double>(sp.n_draft_tokens),
-                 1.0 + static_cast<double>(sp.n_accepted_tokens) / static_cast<double>(sp.n_drafts));
+                 1.0 + static_cast<double>(sp.n_accepted_tokens) / static_cast<double>(sp.n_drafts),
+                 1e3 * sp.draft_seconds, 1e3 * sp.verify_seconds);
   return 0;
 }
 

@@ -139,6 +139,8 @@ int serve(serve_options o) {
   }
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto draft, load_draft_model(o.engine.config));  // outlives the engine below
+  cfg.draft_model = draft.get();
   cfg.max_waiting = o.max_waiting;
   PAGODA_ASSIGN_OR_RETURN_CLI(server::key_store keys, load_keys(o, cfg));
 
@@ -166,7 +168,9 @@ int serve(serve_options o) {
   signal(SIGXFSZ, SIG_IGN);  // a file size limit fails the store's writes (EFBIG), not the server
 
   const bool auth_required = keys.enabled();
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, cfg));
+  auto made = engine_core::create(*model, cfg);
+  if (!made.ok()) return fail_engine(made.error());
+  auto eng = std::move(*made);
   // Declared before the loop: the engine thread writes to it until the loop
   // stops; its destructor then drains the write-back queue.
   PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<kv_warehouse> warehouse, open_warehouse(*model, o.engine));

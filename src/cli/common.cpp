@@ -114,6 +114,10 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
         if (auto c = parse_spec_config(text); !c.ok())
           throw spec_usage_error("--speculative: " + c.error().message());
       });
+  app->add_option("--draft-model", opts.draft_model_path,
+                  "PATH: a draft model with this model's vocabulary for speculative decoding (--speculative draft:k=4, "
+                  "the default with it); its KV is a KV group of the pool")
+      ->check(CLI::ExistingFile);
   app->add_flag("--kv-key-summaries", opts.kv_key_summaries,
                 "keep per-block key bounds so requests may ask for quest (on when --kv-policy needs them)");
   app->add_flag("--swa-full", opts.swa_full,
@@ -205,6 +209,12 @@ void progress_bar::finish() {
 int fail(const status& st) {
   std::fprintf(stderr, "pagoda: error: %s\n", st.message().c_str());
   return 1;
+}
+
+int fail_engine(const status& st) {
+  fail(st);
+  const std::string& m = st.message();
+  return m.starts_with("--speculative") || m.starts_with("--draft-model") ? 2 : 1;
 }
 
 std::string human_bytes(double bytes) {

@@ -59,6 +59,10 @@ class progress_bar {
 
 // Prints "pagoda: error: <message>" to stderr and returns exit code 1.
 int fail(const status& st);
+// The same for an engine that could not be made: 2 (a usage error) when the
+// flags of speculative decoding do not go together (--speculative,
+// --draft-model: a draft model of another vocabulary, `draft` without one), else 1.
+int fail_engine(const status& st);
 
 std::string human_bytes(double bytes);
 

@@ -46,6 +46,8 @@ result<engine_stack> open_engine(const llama_model& model, engine_options opts) 
   PAGODA_RETURN_IF_ERROR(finish_engine_options(opts));
   PAGODA_ASSIGN_OR_RETURN(engine_core_config cfg, make_engine_core_config(model, opts.config));
   engine_stack s;
+  PAGODA_ASSIGN_OR_RETURN(s.draft, load_draft_model(opts.config));
+  cfg.draft_model = s.draft.get();
   PAGODA_ASSIGN_OR_RETURN(s.warehouse, make_warehouse(opts.config, model));
   PAGODA_ASSIGN_OR_RETURN(s.core, engine_core::create(model, cfg));
   if (s.warehouse) attach_warehouse(*s.core, *s.warehouse);

@@ -30,6 +30,7 @@ result<engine_core_config> make_engine_config(const llama_model& model, engine_o
 // Destroying it applies the ops the last step left, so the warehouse has
 // every block the run cached.
 struct engine_stack {
+  std::unique_ptr<llama_model> draft;       // --draft-model (null: none); outlives core
   std::unique_ptr<kv_warehouse> warehouse;  // null: no persistent tier
   std::unique_ptr<engine_core> core;
   engine_stack() = default;

@@ -28,6 +28,28 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(std::span<const kv_layout
     if (grp.class_blocks.size() != class_layouts.size())
       return error(errc::invalid_argument, "KV group {}: blocks of {} classes, but {} class layouts", g,
                    grp.class_blocks.size(), class_layouts.size());
+    s->foreign_.push_back(grp.own_classes.empty() ? 0 : 1);
+    if (!grp.own_classes.empty()) {
+      // Another model's KV: its own shape and layers, its own class layouts.
+      if (grp.own_classes.size() != class_layouts.size())
+        return error(errc::invalid_argument, "KV group {}: {} class layouts of its own, but {} classes", g,
+                     grp.own_classes.size(), class_layouts.size());
+      for (std::size_t i = 0; i < grp.layers.size(); ++i)
+        if (grp.layers[i] != static_cast<int>(i))
+          return error(errc::invalid_argument, "KV group {} of another model: layers must be 0 .. {}", g, grp.layers.size() - 1);
+      std::vector<kv_class_spec> classes;
+      for (std::size_t c = 0; c < grp.own_classes.size(); ++c) {
+        if (grp.own_classes[c].n_layers != static_cast<int>(grp.layers.size()))
+          return error(errc::invalid_argument, "KV group {}: a layout of {} layers for {} layers", g,
+                       grp.own_classes[c].n_layers, grp.layers.size());
+        classes.push_back(kv_class_spec{grp.own_classes[c], grp.class_blocks[c]});
+      }
+      auto arena = kv_arena::create(classes, s->n_blocks_, grp.layers, n_staging_slots);
+      if (!arena.ok()) return arena.error().with_context(fmt::format("KV group {}", g));
+      s->n_blocks_ += (*arena)->n_blocks();
+      s->arenas_.push_back(std::move(*arena));
+      continue;
+    }
     for (std::size_t i = 0; i < grp.layers.size(); ++i) {
       const int l = grp.layers[i];
       if (l < 0 || l >= base.n_layers || s->layer_group_[static_cast<std::size_t>(l)] >= 0)
@@ -135,6 +157,34 @@ void kv_storage::gather(const kv_gather& g, const key_rotation& rotate) {
 
 const float* kv_storage::bias_of(block_id b, int layer, int head) const {
   return arena_of_layer(layer).bias_of(b, local_layer(layer), head);
+}
+
+kv_group_backend::kv_group_backend(kv_storage& storage, int group) : storage_(storage), group_(group) {
+  PAGODA_ASSERT(group >= 0 && group < storage.n_groups() && storage.foreign_group(group),
+                "KV group {} is not another model's", group);
+}
+
+void kv_group_backend::write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k,
+                             const float* v) {
+  arena().write(layer, blocks, slot, n, k, v);
+}
+
+paged_kv_view kv_group_backend::k_view(int layer, std::span<const block_id> blocks, int n_slots) const {
+  return arena().k_view(layer, blocks, n_slots);
+}
+
+paged_kv_view kv_group_backend::v_view(int layer, std::span<const block_id> blocks, int n_slots) const {
+  return arena().v_view(layer, blocks, n_slots);
+}
+
+std::optional<key_summary> kv_group_backend::key_summary_of(block_id b, int layer, int head) const {
+  return arena().key_summary_of(b, layer, head);
+}
+
+void kv_group_backend::gather(const kv_gather& g, const key_rotation& rotate) {
+  kv_gather mine = g;
+  mine.group = group_;
+  storage_.gather(mine, rotate);
 }
 
 }  // namespace pagoda

@@ -25,6 +25,12 @@ namespace pagoda {
 struct kv_group_blocks {
   std::vector<int> layers;
   std::vector<std::int64_t> class_blocks;  // [class]
+  // Non-empty: the group holds another model's KV (a draft model's), of
+  // its own shape: its class layouts over that model's layers, and `layers`
+  // numbers that model's layers (0 .. n - 1). The storage's layer routing
+  // (write, k_view by layer) never reaches it; that model reads and writes
+  // it through a kv_group_backend. Block ops route by block id as for any group.
+  std::vector<kv_layout> own_classes;
 };
 
 class kv_storage final : public kv_backend {
@@ -58,6 +64,9 @@ class kv_storage final : public kv_backend {
   }
   // Group g's arena (its layout, classes, first block and staging).
   const kv_arena& arena(int g) const { return *arenas_[static_cast<std::size_t>(g)]; }
+  kv_arena& arena(int g) { return *arenas_[static_cast<std::size_t>(g)]; }
+  // Whether group g holds another model's KV (kv_group_blocks::own_classes).
+  bool foreign_group(int g) const { return foreign_[static_cast<std::size_t>(g)] != 0; }
   // Classes of group 0 (every group has the same).
   int n_classes() const { return arenas_.front()->n_classes(); }
   // Every byte this storage holds: tiles, staging slots, static parameters, key summaries.
@@ -92,8 +101,41 @@ class kv_storage final : public kv_backend {
   kv_layout layout_;
   std::int64_t n_blocks_ = 0;
   std::vector<std::unique_ptr<kv_arena>> arenas_;  // [group]
+  std::vector<std::uint8_t> foreign_;             // [group]: another model's KV
   std::vector<int> layer_group_;  // [model layer]: its group
   std::vector<int> layer_index_;  // [model layer]: its layer number within its group
+};
+
+// One foreign group of a storage (kv_group_blocks::own_classes) as the KV
+// backend of the model it belongs to: that model's layers are the group's,
+// its one KV group is this one, block ids are the storage's. Block ops go to
+// the storage. REQUIRES: the storage outlives it.
+class kv_group_backend final : public kv_backend {
+ public:
+  kv_group_backend(kv_storage& storage, int group);
+
+  const kv_layout& layout() const override { return arena().class_layout(0); }
+  std::int64_t n_blocks() const override { return storage_.n_blocks(); }
+  // Blocks of other groups are not this model's: -1 (the forward pass refuses them).
+  int group_of(block_id b) const override { return arena().owns(b) ? 0 : -1; }
+  int block_class(block_id b) const override { return storage_.block_class(b); }
+  const kv_layout& block_layout(block_id b) const override { return storage_.block_layout(b); }
+  void write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v) override;
+  paged_kv_view k_view(int layer, std::span<const block_id> blocks, int n_slots) const override;
+  paged_kv_view v_view(int layer, std::span<const block_id> blocks, int n_slots) const override;
+  void copy_block(block_id src, block_id dst, int n_tokens) override { storage_.copy_block(src, dst, n_tokens); }
+  void truncate_block(block_id b, int n_tokens) override { storage_.truncate_block(b, n_tokens); }
+  void release_block(block_id b) override { storage_.release_block(b); }
+  void read_block(block_id b, std::span<std::byte> out) const override { storage_.read_block(b, out); }
+  status write_block(block_id b, std::span<const std::byte> in) override { return storage_.write_block(b, in); }
+  std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const override;
+  void gather(const kv_gather& g, const key_rotation& rotate) override;
+
+ private:
+  const kv_arena& arena() const { return storage_.arena(group_); }
+  kv_arena& arena() { return storage_.arena(group_); }
+  kv_storage& storage_;
+  int group_;
 };
 
 }  // namespace pagoda

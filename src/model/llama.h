@@ -198,7 +198,9 @@ class llama_context {
   // Runs one step for all seqs at once (weights read once per step). Writes K/V
   // of every new token, then fills logits: for each seq in order, one row per
   // new token if all_logits, else one row for its last token; [rows][n_vocab].
-  status forward(std::span<const forward_seq> seqs, std::vector<float>& logits);
+  // n_layers > 0: only the first n_layers layers run (and write K/V), then the
+  // final norm and the output head (an early-exit draft); 0: every layer.
+  status forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers = 0);
 
   const llama_model& model() const { return model_; }
   kv_backend& kv() { return kv_; }

@@ -137,11 +137,14 @@ std::span<const block_id> table_of(const forward_seq& s, int group) {
 }
 }  // namespace
 
-status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits) {
+status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers) {
   const llama_hparams& hp = model_.hparams();
   const kv_layout& layout = kv_.layout();
   if (layout.n_layers != hp.n_layer || layout.n_kv_heads != hp.n_head_kv || layout.head_dim != hp.head_dim)
     return error(errc::invalid_argument, "KV storage layout does not match the model");
+  if (n_layers < 0 || n_layers > hp.n_layer)
+    return error(errc::invalid_argument, "a forward pass through {} of the model's {} layers", n_layers, hp.n_layer);
+  const int n_run = n_layers > 0 ? n_layers : hp.n_layer;
 
   int n_tok = 0, n_rows = 0;
   std::size_t n_kv_total = 0;
@@ -276,7 +279,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   for (const forward_seq& s : seqs)
     attn_flops += 4.0 * s.tokens.size() * (s.n_stored + s.tokens.size()) * hp.n_head * hp.head_dim;
 
-  for (int l = 0; l < hp.n_layer; ++l) {
+  for (int l = 0; l < n_run; ++l) {
     const llama_layer& L = model_.layers()[l];
     const rope_tables& rope = hp.is_swa(l) && !rope_local.cos_t.empty() ? rope_local : rope_global;
     const int window = hp.is_swa(l) ? hp.sliding_window : 0;

@@ -118,7 +118,7 @@ void f_tile<T, Stream>::shape<R, C>::run(const float* x, std::int64_t ldx, const
     step(k, __mmask16(0xffff));
   }
   if (k < n) step(k, static_cast<__mmask16>((1u << (n - k)) - 1));
-  store_tile(acc, y, ldy, hsum16);
+  store_tile_hsum16(acc, y, ldy);
 }
 
 // ---------------------------------------------------------------------------
@@ -409,7 +409,7 @@ void q_tile<MIN>::shape<R, C>::run(const std::byte* act, std::size_t act_stride,
       }
     }
   }
-  store_tile(acc, y, ldy, hsum16);
+  store_tile_hsum16(acc, y, ldy);
 }
 
 // ---------------------------------------------------------------------------
@@ -577,7 +577,7 @@ void inplace_tile<T>::shape<R, C>::run(const std::byte* act, std::size_t act_str
   const std::int64_t full = nb / k_group_blocks;
   for (std::int64_t g = 0; g < full; ++g) group(g, static_cast<int>(k_group_blocks));
   if (full * k_group_blocks < nb) group(full, static_cast<int>(nb - full * k_group_blocks));
-  store_tile(acc, y, ldy, hsum16);
+  store_tile_hsum16(acc, y, ldy);
 }
 
 template <tensor_type T>

@@ -394,7 +394,7 @@ void kq_tile<F, Stream>::shape<R, C>::run(const kq_act_rows& a, const std::byte*
       }
     }
   }
-  store_tile(acc, y, ldy, hsum16);
+  store_tile_hsum16(acc, y, ldy);
 }
 
 

@@ -448,6 +448,37 @@ std::vector<std::pair<token_id, float>> sampler::distribution(std::span<const fl
   return out;
 }
 
+token_distribution sampler::probabilities(std::span<const float> logits, std::span<const token_id> prompt,
+                                          std::span<const token_id> output) {
+  token_distribution d{distribution(adjust(logits, prompt, output))};
+  double total = 0;
+  for (const auto& [t, w] : d.tokens) total += w;
+  for (auto& [t, w] : d.tokens) w = static_cast<float>(w / total);
+  return d;
+}
+
+token_id sampler::draw_from(const token_distribution& d) {
+  PAGODA_ASSERT(!d.tokens.empty(), "sampler: drawing from an empty distribution");
+  if (d.tokens.size() == 1) return d.tokens[0].first;
+  double total = 0;
+  for (const auto& [t, p] : d.tokens) total += p;
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  double u = uniform(rng_);
+  for (const auto& [t, p] : d.tokens) {
+    u -= p;
+    if (u < 0) return t;
+  }
+  return d.tokens[past_last_positive(0, d.tokens.size(), [&](std::size_t i) { return d.tokens[i].second; }) - 1].first;
+}
+
+double sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+float token_distribution::of(token_id t) const {
+  const auto it = std::lower_bound(tokens.begin(), tokens.end(), t,
+                                   [](const std::pair<token_id, float>& e, token_id id) { return e.first < id; });
+  return it != tokens.end() && it->first == t ? it->second : 0.0f;
+}
+
 float sampler::log_prob(std::span<const float> logits, token_id token) {
   return log_softmax_at(logits, log_z(logits), token);
 }

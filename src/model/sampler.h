@@ -33,6 +33,17 @@ token_id argmax(std::span<const float> logits);
 // monotone to the ulp, so the cuts order tokens by logit, never by weight.
 float sampling_weight(float x);
 
+// A probability distribution over token ids, kept sparse: the tokens a draw
+// can return, by increasing id, each with its probability (positive, summing
+// to 1 up to rounding). Speculative rejection sampling compares the target's
+// and the draft's (spec/rejection.h).
+struct token_distribution {
+  std::vector<std::pair<token_id, float>> tokens;
+  // The probability of t: 0 outside the support. O(log n).
+  float of(token_id t) const;
+  static token_distribution point(token_id t) { return {{{t, 1.0f}}}; }
+};
+
 class sampler {
  public:
   explicit sampler(const sampling_params& params);
@@ -57,6 +68,21 @@ class sampler {
   // its tempered logit minus the best one's; greedy: the argmax alone, 1).
   // Tests hold it against a full-sort reference. Does not advance the RNG.
   std::vector<std::pair<token_id, float>> distribution(std::span<const float> logits);
+
+  // The law sample(logits, prompt, output) draws from, without drawing:
+  // logit_bias and penalties, then temperature, top-k, top-p and min-p as
+  // sample() applies them, normalised. Greedy: the argmax of the adjusted
+  // logits alone, probability 1. Does not advance the RNG.
+  // REQUIRES: every token id < logits.size().
+  token_distribution probabilities(std::span<const float> logits, std::span<const token_id> prompt = {},
+                                   std::span<const token_id> output = {});
+  // A token drawn from d with this sampler's RNG (the stream sample() draws
+  // with). A d of one token is returned without advancing the RNG, so greedy
+  // verification uses no randomness. REQUIRES: d has a token.
+  token_id draw_from(const token_distribution& d);
+  // A number uniform in [0, 1) from the same RNG (rejection sampling's
+  // acceptance test).
+  double uniform();
 
  private:
   // A token with its tempered logit and weight. Ordered by `better`: higher

@@ -1,6 +1,7 @@
 #include "sched/cpu_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/assert.h"
 #include "policy/kv_policy.h"
@@ -22,7 +23,9 @@ void hold_drafts(kv_backend& kv, runner_state& state, const step_plan& plan) {
   const int bs = kv.layout().block_size;
   for (const scheduled_seq& q : plan.seqs) {
     if (q.draft.empty()) continue;
-    const int first = q.n_stored + 1, end = q.n_stored + static_cast<int>(q.tokens.size());  // after the last token
+    // After the last token; from it for a model drafter, whose draft passes
+    // write its slot too and are rewound to before it (cpu_runner_draft.cpp).
+    const int first = q.n_stored + (q.runner_drafts ? 0 : 1), end = q.n_stored + static_cast<int>(q.tokens.size());
     for (const std::vector<block_id>& table : state.find(q.seq)->tables)
       for (int b = first / bs; b <= (end - 1) / bs && b < static_cast<int>(table.size()); ++b)
         if (table[static_cast<std::size_t>(b)].valid()) kv.hold_staging(table[static_cast<std::size_t>(b)]);
@@ -97,7 +100,17 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
 
   out.result = state_.apply(plan);
   if (out.result.ok()) hold_drafts(kv_, state_, plan);
+  out.drafts.clear();
+  using clock = std::chrono::steady_clock;
+  const clock::time_point t0 = clock::now();
+  if (out.result.ok() && !plan.seqs.empty()) out.result = draft(plan, out);
+  const clock::time_point t1 = clock::now();
+  // The target's own draft passes were rewound (truncate_block), which ends
+  // their blocks' holds: held again for the verification's tentative slots.
+  if (out.result.ok() && !out.drafts.empty()) hold_drafts(kv_, state_, plan);
   if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
+  out.draft_seconds = out.drafts.empty() && !draft_ctx_ ? 0.0 : std::chrono::duration<double>(t1 - t0).count();
+  out.forward_seconds = std::chrono::duration<double>(clock::now() - t1).count();
 }
 
 void cpu_runner::forward(const step_plan& plan, step_output& out) {
@@ -109,7 +122,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     const scheduled_seq& q = plan.seqs[i];
     runner_state::sequence& s = *state_.find(q.seq);  // apply() made it
     forward_seq f;
-    f.tokens = q.tokens;
+    f.tokens = q.runner_drafts ? std::span<const token_id>(verify_tokens_[i]) : std::span<const token_id>(q.tokens);
     f.positions = q.positions;
     f.n_stored = q.n_stored;
     f.stored_positions = std::span<const std::int32_t>(s.positions).first(static_cast<std::size_t>(q.n_stored));

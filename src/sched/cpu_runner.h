@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -33,6 +34,12 @@ class cpu_runner final : public model_runner {
 
   const llama_context& context() const { return ctx_; }
 
+  // The draft model (speculative `draft`) and its KV: KV group `group` of
+  // the runner's backend, seen through `kv` (a kv_group_backend). Every step
+  // then also runs the draft model over every sequence's tokens, so that its
+  // KV holds what the target's does. REQUIRES: both outlive the runner.
+  void set_draft_model(const llama_model& model, kv_backend& kv, int group);
+
  private:
   void apply(const kv_op& op);
   // Block b's bytes, in block_buf_ (valid until the next call).
@@ -40,6 +47,14 @@ class cpu_runner final : public model_runner {
   // layout_fingerprint of what b's bytes are (its group's layers in its class's formats).
   std::uint64_t layout_of(block_id b) const;
   void forward(const step_plan& plan, step_output& out);
+  // The draft passes of the step's runner_drafts sequences (model drafters,
+  // cpu_runner_draft.cpp): fills out.drafts and verify_tokens_, and rewinds
+  // the draft passes' K/V writes so that the verification writes its own.
+  status draft(const step_plan& plan, step_output& out);
+  status draft_with_model(const step_plan& plan, step_output& out);   // the draft model: every sequence, drafts of `draft` ones
+  status draft_with_target(const step_plan& plan, step_output& out);  // self, early-exit
+  // Appends a draft per row of logits_ to out.drafts[seq_of_row[row]] (runner_state::draft_token).
+  void take_drafts(const step_plan& plan, int n_vocab, std::span<const std::size_t> seq_of_row, step_output& out);
 
   kv_backend& kv_;
   llama_context ctx_;
@@ -52,6 +67,9 @@ class cpu_runner final : public model_runner {
   std::vector<forward_seq> batch_;
   std::vector<std::vector<std::span<const block_id>>> tables_;  // [plan.seqs][group]: forward_seq::tables
   std::vector<float> logits_;  // the forward pass's rows
+  std::unique_ptr<llama_context> draft_ctx_;  // the draft model's, over its group (set_draft_model)
+  int draft_group_ = -1;
+  std::vector<std::vector<token_id>> verify_tokens_;  // [plan.seqs]: a runner_drafts sequence's tokens, drafts filled in
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
 };
 

@@ -8,6 +8,7 @@ namespace pagoda {
 
 struct engine::impl {
   std::unique_ptr<llama_model> model;
+  std::unique_ptr<llama_model> draft;  // --draft-model; before core, which reads it until it goes
   std::unique_ptr<kv_warehouse> warehouse;  // before core: the core uses it until it goes
   std::unique_ptr<engine_core> core;
   engine_info info;
@@ -17,6 +18,8 @@ result<std::unique_ptr<engine>> engine::create(const engine_config& config) {
   auto p = std::make_unique<impl>();
   PAGODA_ASSIGN_OR_RETURN(p->model, llama_model::load(config.model_path, {config.use_mmap}));
   PAGODA_ASSIGN_OR_RETURN(engine_core_config core_config, make_engine_core_config(*p->model, config));
+  PAGODA_ASSIGN_OR_RETURN(p->draft, load_draft_model(config));
+  core_config.draft_model = p->draft.get();
   PAGODA_ASSIGN_OR_RETURN(p->core, engine_core::create(*p->model, core_config));
   PAGODA_ASSIGN_OR_RETURN(p->warehouse, make_warehouse(config, *p->model));
   if (p->warehouse) attach_warehouse(*p->core, *p->warehouse);
@@ -33,11 +36,12 @@ result<std::unique_ptr<engine>> engine::create(const engine_config& config) {
   i.kv_blocks = p->core->config().n_blocks;
   const std::vector<engine_kv_group>& groups = p->core->config().groups;
   i.kv_bytes_per_block = kv.select_layers(groups.front().layers).bytes_per_block();
-  if (groups.size() > 1) {
-    i.kv_window_blocks = groups[1].class_blocks.front();
-    i.kv_window_block_bytes = kv.select_layers(groups[1].layers).bytes_per_block();
-    i.kv_window_tokens = groups[1].window_tokens;
-  }
+  for (const engine_kv_group& g : groups)
+    if (g.kind == kv_group_kind::sliding_window && &g != &groups.front()) {
+      i.kv_window_blocks = g.class_blocks.front();
+      i.kv_window_block_bytes = kv.select_layers(g.layers).bytes_per_block();
+      i.kv_window_tokens = g.window_tokens;
+    }
   i.kv_bytes_per_token = static_cast<double>(i.kv_bytes_per_block) / kv.block_size;
   i.kv_bytes_total = p->core->storage().total_bytes();
   return std::unique_ptr<engine>(new engine(std::move(p)));
@@ -70,14 +74,27 @@ speculation_usage engine::speculation() const {
     u.n_drafts += d.n_drafts;
     u.n_draft_tokens += d.n_draft_tokens;
     u.n_accepted_tokens += d.n_accepted_tokens;
+    u.draft_seconds += d.draft_seconds;
+    u.verify_seconds += d.verify_seconds;
   }
   return u;
 }
 
+namespace {
+
+// The sliding-window group's peak blocks (0 without one).
+std::int32_t window_peak(const kv_metrics& m) {
+  for (std::size_t g = 1; g < m.groups.size(); ++g)
+    if (m.groups[g].kind == "sliding_window") return m.groups[g].n_used_peak;
+  return 0;
+}
+
+}  // namespace
+
 kv_usage engine::usage() const {
   const kv_metrics m = impl_->core->kv_stats();
   return {m.n_blocks_used,        m.n_blocks_used_peak, m.n_blocks_cached,
-          m.n_prefix_hit_tokens, m.n_preemptions,      m.groups.size() > 1 ? m.groups[1].n_used_peak : 0};
+          m.n_prefix_hit_tokens, m.n_preemptions,      window_peak(m)};
 }
 
 }  // namespace pagoda

@@ -6,6 +6,7 @@
 
 #include "policy/kv_policy.h"
 #include "quant/kv_format_spec.h"
+#include "spec/draft_model.h"
 #include "store/store_key.h"
 
 namespace pagoda {
@@ -24,6 +25,7 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.kv_policy = c.kv_policy;
   s.speculative = c.speculative;
   s.speculation_refused = speculation_refusal(c);
+  s.draft_model = c.draft_model != nullptr;
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
   // Side memory is paid in group-0 blocks of the default type: each stands for its K/V bytes.
@@ -69,6 +71,19 @@ std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_conf
   // open block and one step's new blocks; the step's tokens are shared by all.
   const std::int64_t per_seq = (hp.sliding_window + bs - 1) / bs + 3;
   return c.max_num_seqs * per_seq + (step_tokens + bs - 1) / bs;
+}
+
+kv_layout draft_kv_layout(const kv_layout& target_class, const llama_hparams& draft) {
+  kv_layout l;
+  l.n_layers = draft.n_layer;
+  l.n_kv_heads = draft.n_head_kv;
+  l.head_dim = draft.head_dim;
+  l.block_size = target_class.block_size;
+  l.k_formats.assign(static_cast<std::size_t>(draft.n_layer), target_class.k_formats.front());
+  l.v_formats.assign(static_cast<std::size_t>(draft.n_layer), target_class.v_formats.front());
+  if (!l.check().ok())  // a static format without scales of this shape
+    l = kv_layout::uniform(draft.n_layer, draft.n_head_kv, draft.head_dim, target_class.block_size, kv_type::f16, kv_type::f16);
+  return l;
 }
 
 std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& c) {
@@ -140,7 +155,10 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     if (!spec.ok()) return spec.error().with_context("--kv-policy");
     auto policy = make_kv_policy(*spec);
     if (!policy.ok()) return policy.error().with_context("--kv-policy");
-    if ((*policy)->needs().key_summaries) {
+    // A self drafter reading Quest's pages needs them as much as a quest policy does.
+    auto speculation = parse_spec_config(c.speculative);
+    const bool quest_drafts = speculation.ok() && speculation->model_drafter() && speculation->view == draft_view::quest;
+    if ((*policy)->needs().key_summaries || quest_drafts) {
       c.kv.key_summaries = true;
       for (kv_segment_class& k : c.kv_classes) k.layout.key_summaries = true;  // every class has class 0's shape
     }
@@ -151,6 +169,16 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     class_layouts.push_back(k.layout);
   }
   c.groups = plan_kv_groups(hp, c);
+  if (c.draft_model) {
+    // The draft's KV: one more group, as many blocks as group 0 (every
+    // sequence holds the same slots in every group), of the draft's shape.
+    if (status st = check_same_vocabulary(model, *c.draft_model); !st.ok()) return st.with_context("--draft-model");
+    engine_kv_group d;
+    d.draft = true;
+    for (int l = 0; l < c.draft_model->hparams().n_layer; ++l) d.layers.push_back(l);
+    d.class_blocks = c.groups.front().class_blocks;
+    c.groups.push_back(std::move(d));
+  }
   {
     // The default speculation must be valid and possible here.
     auto spec = parse_spec_config(c.speculative);
@@ -160,10 +188,19 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
         return error(errc::invalid_argument, "--speculative {}: {}", spec->drafter, why);
       if (c.attention_stats_window >= 0)
         return error(errc::invalid_argument, "--speculative {}: not combined with attention statistics yet", spec->drafter);
+      if (spec->drafter == "draft" && !c.draft_model)
+        return error(errc::invalid_argument, "--speculative draft: needs a draft model (--draft-model PATH)");
+      if (spec->model_drafter() && spec->layers > hp.n_layer)
+        return error(errc::invalid_argument, "--speculative {}: layers={}: this model has {} layers", spec->drafter,
+                     spec->layers, hp.n_layer);
     }
   }
   std::vector<kv_group_blocks> groups;
-  for (const engine_kv_group& g : c.groups) groups.push_back(kv_group_blocks{g.layers, g.class_blocks});
+  for (const engine_kv_group& g : c.groups) {
+    groups.push_back(kv_group_blocks{g.layers, g.class_blocks, {}});
+    if (g.draft)
+      for (const kv_layout& l : class_layouts) groups.back().own_classes.push_back(draft_kv_layout(l, c.draft_model->hparams()));
+  }
   // Staging slots for every sequence that can hold open blocks (kv_arena.h).
   PAGODA_ASSIGN_OR_RETURN(auto storage,
                           kv_storage::create(class_layouts, groups, k_staging_slots_per_sequence * c.max_num_seqs));
@@ -178,7 +215,13 @@ engine_core::engine_core(const llama_model& model, const engine_core_config& con
       storage_(std::move(storage)),
       sched_(scheduler_config_of(config), model.vocab()),
       output_(model.vocab(), sched_),
-      runner_(std::make_unique<cpu_runner>(model, *storage_, config.n_threads)) {}
+      runner_(std::make_unique<cpu_runner>(model, *storage_, config.n_threads)) {
+  for (int g = 0; g < storage_->n_groups(); ++g)
+    if (storage_->foreign_group(g)) {
+      draft_kv_ = std::make_unique<kv_group_backend>(*storage_, g);
+      static_cast<cpu_runner&>(*runner_).set_draft_model(*config.draft_model, *draft_kv_, g);
+    }
+}
 
 engine_core::~engine_core() = default;
 

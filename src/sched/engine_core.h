@@ -49,6 +49,9 @@ struct engine_kv_group {
   int window_tokens = 0;
   std::vector<int> layers;
   std::vector<std::int64_t> class_blocks;  // [class]: 0 the default type, then kv_classes'
+  // The draft model's KV (speculative `draft`): `layers` are its layers, in
+  // layouts of its own shape (draft_kv_layout), blocks as many as group 0's.
+  bool draft = false;
 };
 
 struct engine_core_config {
@@ -65,6 +68,10 @@ struct engine_core_config {
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
   std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
   std::string speculative = "none";   // the default speculative decoding of requests (spec/speculative.h)
+  // The draft model of speculative `draft` (--draft-model), or null. Its
+  // vocabulary must be the model's; its KV is one more KV group. It must
+  // outlive the engine.
+  const llama_model* draft_model = nullptr;
   // Sliding-window layers keep only their window in a KV group of their own
   // (kv_group.h): beside full-attention layers (Gemma 2/3) a small group of
   // window_blocks blocks per class (0: planned by plan_kv_groups); when every
@@ -86,6 +93,11 @@ struct engine_core_config {
 std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& config);
 // The blocks per class a sliding-window group of this model needs at most.
 std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_config& config);
+
+// The layout of a draft model's KV for one KV class: the class's formats of
+// its first layer on every draft layer, in the draft's shape (calibrated
+// static scales are the target's: the draft's KV is f16 where the class has them).
+kv_layout draft_kv_layout(const kv_layout& target_class, const llama_hparams& draft);
 
 // Why this configuration cannot verify drafts exactly (speculative
 // decoding), or "" when it can.
@@ -146,6 +158,7 @@ class engine_core {
   const llama_model& model_;
   engine_core_config config_;
   std::unique_ptr<kv_storage> storage_;
+  std::unique_ptr<kv_group_backend> draft_kv_;  // the draft model's view of its group (config.draft_model)
   scheduler sched_;
   output_processor output_;
   std::unique_ptr<model_runner> runner_;

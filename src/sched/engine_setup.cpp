@@ -323,6 +323,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.max_waiting = opts.max_waiting;
   cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
   cfg.speculative = opts.speculative.empty() ? "none" : opts.speculative;
+  if (!opts.draft_model_path.empty() && cfg.speculative == "none") cfg.speculative = "draft";
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
   if (opts.kv_key_summaries) cfg.kv.key_summaries = true;
   cfg.free_out_of_window = !opts.swa_full;
@@ -370,6 +371,13 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   }
   PAGODA_RETURN_IF_ERROR(add_kv_segment_classes(model, opts, cfg));
   return cfg;
+}
+
+result<std::unique_ptr<llama_model>> load_draft_model(const engine_config& config) {
+  if (config.draft_model_path.empty()) return std::unique_ptr<llama_model>();
+  auto m = llama_model::load(config.draft_model_path, {config.use_mmap});
+  if (!m.ok()) return m.error().with_context("--draft-model " + config.draft_model_path);
+  return std::move(*m);
 }
 
 }  // namespace pagoda

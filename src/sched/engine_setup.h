@@ -62,4 +62,8 @@ status parse_kv_store_option(engine_config& config, const std::string& spec);
 // full contexts, capped at 4 GiB.
 result<engine_core_config> make_engine_core_config(const llama_model& model, const engine_config& config);
 
+// The draft model config.draft_model_path names (null when none), loaded as
+// the model is (mmap); engine_core::create checks its vocabulary. Errors name --draft-model.
+result<std::unique_ptr<llama_model>> load_draft_model(const engine_config& config);
+
 }  // namespace pagoda

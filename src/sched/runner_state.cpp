@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "core/assert.h"
+#include "spec/draft_view.h"
+#include "spec/rejection.h"
 #include "spec/speculative.h"
 
 namespace pagoda {
@@ -25,6 +27,7 @@ void runner_state::start_kv_over(sequence& s) {
   s.row_stride = 0;
   s.n_rows = 0;
   s.selector.reset();
+  s.draft_view.reset();
 }
 
 status runner_state::apply(const step_plan& plan) {
@@ -42,6 +45,7 @@ status runner_state::apply_seq(const scheduled_seq& q) {
     s->n_prompt = q.setup->n_prompt;
     s->history = q.setup->tokens;
     s->policy = q.setup->policy;
+    s->speculation = q.setup->speculation;
     seqs_[q.seq] = std::move(s);
   }
   sequence* s = find(q.seq);
@@ -53,9 +57,16 @@ status runner_state::apply_seq(const scheduled_seq& q) {
       if (!p.ok()) return p.error().with_context(fmt::format("sequence {}'s selector", q.seq.value));
       s->selector = (*p)->make_selector(shape_.n_layers, shape_.n_kv_heads, shape_.head_dim);
     }
+    if (s->speculation.model_drafter()) {
+      auto v = make_draft_view(s->speculation, shape_.n_layers, shape_.n_kv_heads, shape_.head_dim);
+      if (!v.ok()) return v.error().with_context(fmt::format("sequence {}'s draft view", q.seq.value));
+      s->draft_view = std::move(*v);
+    }
   }
-  if (s->selector)
-    for (const slot_change& c : q.slot_changes) s->selector->on_slots_changed(c.n_slots, c.kept);
+  s->draft_kv = q.fresh_kv ? q.n_stored : std::min(s->draft_kv, q.n_stored);
+  for (kv_read_selector* sel : {s->selector.get(), s->draft_view.get()})
+    if (sel)
+      for (const slot_change& c : q.slot_changes) sel->on_slots_changed(c.n_slots, c.kept);
 
   // Token history: a truncation cut the sequence's tokens.
   if (static_cast<std::size_t>(q.n_tokens) > s->history.size())
@@ -115,12 +126,28 @@ status runner_state::apply_seq(const scheduled_seq& q) {
   return {};
 }
 
+token_id runner_state::draft_token(sequence& s, std::span<const float> logits, std::span<const token_id> drafts_so_far) {
+  if (drafts_so_far.empty()) s.draft_q.clear();
+  if (s.params.is_greedy()) return argmax(logits);
+  if (!s.draft_smp) s.draft_smp = std::make_unique<sampler>(draft_sampling_params(s.params));
+  const std::size_t n_prompt = std::min(s.history.size(), static_cast<std::size_t>(std::max(s.n_prompt, 0)));
+  std::vector<token_id> output(s.history.begin() + static_cast<std::ptrdiff_t>(n_prompt), s.history.end());
+  output.insert(output.end(), drafts_so_far.begin(), drafts_so_far.end());
+  draft_draw d = draw_draft(*s.draft_smp, logits, std::span<const token_id>(s.history).first(n_prompt), output);
+  s.draft_q.push_back(std::move(d.q));
+  return d.token;
+}
+
 sampled_token runner_state::draw(sequence& s, seq_id id, std::span<const float> logits) {
   const std::span<const token_id> all(s.history);
   const std::size_t n_prompt = std::min(all.size(), static_cast<std::size_t>(std::max(s.n_prompt, 0)));
+  return record(s, id, logits, s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt)));
+}
+
+sampled_token runner_state::record(sequence& s, seq_id id, std::span<const float> logits, token_id token) {
   sampled_token t;
   t.seq = id;
-  t.token = s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt));
+  t.token = token;
   if (s.logprobs >= 0) {
     token_logprob lp;
     lp.token = t.token;
@@ -153,6 +180,7 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
         c->n_prompt = s->n_prompt;
         c->history = s->history;
         c->policy = s->policy;
+        c->speculation = s->speculation;
         out.sampled.push_back(draw(*c, f.seq, last));
         seqs_[f.seq] = std::move(c);
       }
@@ -160,14 +188,34 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
         out.sampled.push_back(draw(*s, q.seq, last));
       } else {
         // Row j follows the j-th token of the step: the last verified one, then the drafts.
+        const std::size_t at = static_cast<std::size_t>(&q - plan.seqs.data());
         PAGODA_ASSERT(q.forks.empty() && q.draft.size() < q.tokens.size(), "a verification step with forks");
+        PAGODA_ASSERT(!q.runner_drafts || (at < out.drafts.size() && out.drafts[at].size() == q.draft.size()),
+                      "sequence {}'s drafts were not made", q.seq.value);
+        const std::span<const token_id> drafts = q.runner_drafts ? std::span<const token_id>(out.drafts[at]) : q.draft;
         const std::size_t first = row + rows - 1 - q.draft.size();
-        const std::vector<token_id> emitted = accept_point_drafts(q.draft, [&](int j) {
-          out.sampled.push_back(draw(*s, q.seq, std::span<const float>(logits.data() + (first + static_cast<std::size_t>(j)) * V, V)));
-          return out.sampled.back().token;
-        });
+        auto row_of = [&](std::size_t j) { return std::span<const float>(logits.data() + (first + j) * V, V); };
+        std::vector<token_id> emitted;
+        if (q.runner_drafts && !s->params.is_greedy()) {
+          // Drafts drawn from the draft's distribution: rejection sampling.
+          PAGODA_ASSERT(s->draft_q.size() == drafts.size(), "sequence {}: {} draft distributions for {} drafts",
+                        q.seq.value, s->draft_q.size(), drafts.size());
+          const std::size_t n_prompt = std::min(s->history.size(), static_cast<std::size_t>(std::max(s->n_prompt, 0)));
+          std::vector<token_id> output(s->history.begin() + static_cast<std::ptrdiff_t>(n_prompt), s->history.end());
+          emitted = accept_distribution_drafts(drafts, s->draft_q, [&](int j) {
+            if (j > 0) output.push_back(drafts[static_cast<std::size_t>(j - 1)]);
+            return s->smp.probabilities(row_of(static_cast<std::size_t>(j)),
+                                        std::span<const token_id>(s->history).first(n_prompt), output);
+          }, s->smp);
+          for (std::size_t j = 0; j < emitted.size(); ++j) out.sampled.push_back(record(*s, q.seq, row_of(j), emitted[j]));
+        } else {
+          emitted = accept_point_drafts(drafts, [&](int j) {
+            out.sampled.push_back(draw(*s, q.seq, row_of(static_cast<std::size_t>(j))));
+            return out.sampled.back().token;
+          });
+        }
         if (out.accepted.empty()) out.accepted.assign(plan.seqs.size(), 0);
-        out.accepted[static_cast<std::size_t>(&q - plan.seqs.data())] = static_cast<std::int32_t>(emitted.size() - 1);
+        out.accepted[at] = static_cast<std::int32_t>(emitted.size() - 1);
       }
     }
     if (q.all_logits) {

@@ -51,6 +51,19 @@ class runner_state {
     std::size_t row_stride = 0;
     int n_rows = 0;
     std::unique_ptr<kv_read_selector> selector;
+    // A model drafter (self, early-exit): its spec, and the view its draft
+    // passes read through (null: every slot), made with the KV state.
+    spec_config speculation;
+    std::unique_ptr<kv_read_selector> draft_view;
+    // The draft model's KV (cpu_runner::set_draft_model): its first draft_kv
+    // slots hold it. A rollback cuts it to the stored slots; a fresh KV state
+    // starts at them (a prefix hit brings the draft group's blocks too).
+    std::int32_t draft_kv = 0;
+    // A sampled request's drafts are drawn from the draft's distribution
+    // (spec/rejection.h): its sampler (a seed of its own) and, for the step
+    // being executed, the distribution of each draft.
+    std::unique_ptr<sampler> draft_smp;
+    std::vector<token_distribution> draft_q;
   };
 
   runner_state(const runner_shape& shape, policy_factory make_policy);
@@ -70,6 +83,12 @@ class runner_state {
   // left in an unspecified state) and fills out.selector_bytes.
   status sample(const step_plan& plan, std::vector<float>& logits, int n_vocab, step_output& out);
 
+  // A model drafter's next draft for s from a draft pass's logits row, after
+  // the step's drafts so far: the argmax for a greedy request (a point mass,
+  // verified by accept_point_drafts), else a draw from the draft's
+  // distribution, which is kept in s.draft_q for rejection sampling.
+  token_id draft_token(sequence& s, std::span<const float> logits, std::span<const token_id> drafts_so_far);
+
   // The sequence's state, or nullptr.
   sequence* find(seq_id id);
   std::size_t size() const { return seqs_.size(); }
@@ -78,6 +97,8 @@ class runner_state {
   status apply_seq(const scheduled_seq& q);
   void start_kv_over(sequence& s);
   sampled_token draw(sequence& s, seq_id id, std::span<const float> logits);
+  // `token` as drawn from logits (its logprobs as the sequence asks), appended to the history.
+  sampled_token record(sequence& s, seq_id id, std::span<const float> logits, token_id token);
 
   runner_shape shape_;
   policy_factory make_policy_;

@@ -531,7 +531,10 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
   const request& r = s->req->req;
   scheduled_seq q;
   q.seq = s->id;
-  if (s->spec) q.draft = s->spec->planned;
+  if (s->spec) {
+    q.draft = s->spec->planned;
+    q.runner_drafts = !q.draft.empty() && s->spec->config.model_drafter();
+  }
   const int n_known = n - static_cast<int>(q.draft.size());  // of the sequence's own tokens
   q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + n_known);
   q.tokens.insert(q.tokens.end(), q.draft.begin(), q.draft.end());
@@ -554,6 +557,7 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
     u.tokens = s->tokens;
     u.n_prompt = s->n_prompt;
     if (s->pol && s->pol->policy()) u.policy = s->pol->policy()->spec();
+    if (s->spec && s->spec->config.model_drafter()) u.speculation = s->spec->config;
     q.setup = std::move(u);
     s->runner.known = true;
   }
@@ -653,6 +657,13 @@ status scheduler::check_output(const step_plan& plan, const step_output& out) co
     const std::int32_t accepted = any_draft ? out.accepted[i] : 0;
     if (accepted < 0 || static_cast<std::size_t>(accepted) > q.draft.size() || (accepted > 0 && !q.sample))
       return error(errc::internal, "the runner accepted {} of {} drafts of sequence {}", accepted, q.draft.size(), q.seq.value);
+    if (q.runner_drafts) {
+      const std::span<const token_id> drafts = drafts_of(q, out, i);
+      if (drafts.size() != q.draft.size() ||
+          std::any_of(drafts.begin(), drafts.end(), [&](token_id t) { return !vocab_.valid_id(t); }))
+        return error(errc::internal, "the runner drafted {} tokens of {} for sequence {}", drafts.size(),
+                     q.draft.size(), q.seq.value);
+    }
     if (q.all_logits) n_rows += q.tokens.size();
     if (q.sample) n_sampled += 1 + q.forks.size() + static_cast<std::size_t>(accepted);
   }
@@ -671,8 +682,9 @@ status scheduler::check_output(const step_plan& plan, const step_output& out) co
       if (t.seq != (j < q.forks.size() ? q.forks[j].seq : q.seq) || !vocab_.valid_id(t.token))
         return error(errc::internal, "the runner sampled token {} for sequence {} out of order", t.token, t.seq.value);
       // An accepted draft is the token the runner drew.
-      if (j < accepted && t.token != q.draft[j])
-        return error(errc::internal, "the runner accepted draft {} of sequence {} but drew {}", q.draft[j], q.seq.value, t.token);
+      if (j < accepted && t.token != drafts_of(q, out, i)[j])
+        return error(errc::internal, "the runner accepted draft {} of sequence {} but drew {}", drafts_of(q, out, i)[j],
+                     q.seq.value, t.token);
     }
   }
   return {};
@@ -688,6 +700,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   }
   ++stats_.n_steps;
   commit_loads(plan, out);
+  count_spec_time(plan, out);
   std::vector<int> first_computed(plan.seqs.size(), -1);  // n_computed before this step, per planned seq
 
   const auto V = static_cast<std::size_t>(vocab_.n_vocab());
@@ -704,7 +717,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     if (!q.draft.empty()) {
       first_computed[i] = s->n_computed;
       const std::size_t n_emitted = 1 + static_cast<std::size_t>(out.accepted[i]);
-      commit_verified(s, q, std::span(out.sampled).subspan(next_sample, n_emitted), events);
+      commit_verified(s, q, drafts_of(q, out, i), std::span(out.sampled).subspan(next_sample, n_emitted), events);
       next_sample += n_emitted;
       continue;
     }

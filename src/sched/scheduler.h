@@ -109,6 +109,7 @@ struct scheduler_config {
   // every request that asks for speculation is refused with it).
   std::string speculative = "none";
   std::string speculation_refused;
+  bool draft_model = false;  // the engine has a draft model (speculative `draft`)
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
   // The latency histograms (TTFT, inter-token, end to end, which the output
@@ -122,6 +123,11 @@ struct spec_decode_stats {
   std::int64_t n_draft_tokens = 0;     // draft tokens proposed
   std::int64_t n_accepted_tokens = 0;  // of which the target accepted
   std::array<std::int64_t, k_max_draft_tokens> accepted_per_pos{};  // [i]: drafts at position i accepted
+  // Seconds of draft passes (model drafters) and of the forward passes that
+  // verified drafts (the whole batched pass), a step's shared among its
+  // drafters by their draft tokens.
+  double draft_seconds = 0;
+  double verify_seconds = 0;
   // Mean tokens a verification step emits: 1 + accepted per step.
   double mean_accepted_length() const {
     return n_drafts > 0 ? 1.0 + static_cast<double>(n_accepted_tokens) / static_cast<double>(n_drafts) : 0.0;
@@ -294,10 +300,14 @@ class scheduler {
   // Speculation (scheduler_spec.cpp). The drafts s carries in a step that
   // computes n of its tokens within `budget` (none when it does not speculate).
   std::vector<token_id> propose_drafts(sequence& s, int n, int budget) const;
+  // Adds the step's draft and verification time to its drafters' counters.
+  void count_spec_time(const step_plan& plan, const step_output& out);
+  // The drafts of plan.seqs[i] as verified: the plan's, or the runner's (runner_drafts).
+  static std::span<const token_id> drafts_of(const scheduled_seq& q, const step_output& out, std::size_t i);
   // Commits a verification step of s: the verified prefix's K/V (the
   // tentative rest truncated), the emitted tokens, the counters. `emitted`:
   // the runner's tokens for s (1 + accepted).
-  void commit_verified(sequence* s, const scheduled_seq& q, std::span<sampled_token> emitted,
+  void commit_verified(sequence* s, const scheduled_seq& q, std::span<const token_id> drafts, std::span<sampled_token> emitted,
                        std::vector<engine_event>& events);
   // The request's speculation, from its own spec or the engine's default.
   status resolve_speculation(request_state& r) const;

@@ -11,6 +11,7 @@
 // commit hook (the store) and into what eviction sees, so nothing tentative
 // reaches any of them.
 #include <algorithm>
+#include <map>
 
 #include "core/assert.h"
 #include "sched/scheduler.h"
@@ -25,8 +26,21 @@ status scheduler::resolve_speculation(request_state& r) const {
   if (!spec.ok()) return spec.error().with_context(own ? "speculative" : "--speculative");
   r.spec = *spec;
   if (!r.spec.enabled()) return {};
+  if (r.spec.model_drafter()) {
+    const char* where = own ? "speculative" : "--speculative";
+    if (r.spec.drafter == "draft" && !config_.draft_model)
+      return error(errc::invalid_argument, "{}: draft: this engine has no draft model (start it with --draft-model PATH)", where);
+    if (r.spec.layers > config_.policy_shape.n_layers)
+      return error(errc::invalid_argument, "{}: {}: layers={}: this model has {} layers", where, r.spec.drafter,
+                   r.spec.layers, config_.policy_shape.n_layers);
+    if (r.spec.view == draft_view::quest && !config_.key_summaries)
+      return error(errc::invalid_argument,
+                   "{}: {}: view=quest reads the KV's per-block key summaries, which this engine does not keep; start "
+                   "it with --speculative {} (or a quest --kv-policy)",
+                   where, r.spec.drafter, r.spec.to_string());
+  }
   if (!config_.speculation_refused.empty())
-    return error(errc::unsupported, "speculative {}: {}", r.spec.drafter, config_.speculation_refused);
+    return error(errc::invalid_argument, "speculative {}: {}", r.spec.drafter, config_.speculation_refused);
   // A KV policy (or the engine's attention statistics) decides from every
   // query row of a step, and a sparse read selects per step: rejected drafts
   // would reach them. Not combined yet; the engine's default yields to the
@@ -40,7 +54,7 @@ status scheduler::resolve_speculation(request_state& r) const {
       r.spec = spec_config{};
       return {};
     }
-    return error(errc::unsupported, "speculative {}: not combined with {} yet", r.spec.drafter,
+    return error(errc::invalid_argument, "speculative {}: not combined with {} yet", r.spec.drafter,
                  req.prompt_logits ? "prompt logits" : any_policy ? "a KV policy" : "attention statistics");
   }
   return {};
@@ -59,11 +73,36 @@ std::vector<token_id> scheduler::propose_drafts(sequence& s, int n, int budget) 
   const int k = std::min({s.spec->k.next(), budget - n, r.max_tokens - s.n_generated - 1,
                           config_.max_model_len - n_tokens - 1, config_.block_size - 1});
   if (k < 1) return {};
+  // A model drafter drafts in the runner: k placeholders it fills.
+  if (!s.spec->drafts) return std::vector<token_id>(static_cast<std::size_t>(k), k_runner_draft);
   return s.spec->drafts->propose(s.tokens, s.n_prompt, k);
 }
 
-void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<sampled_token> emitted,
-                                std::vector<engine_event>& events) {
+void scheduler::count_spec_time(const step_plan& plan, const step_output& out) {
+  std::map<std::string, std::int64_t> tokens;  // by drafter: the step's draft tokens
+  std::int64_t total = 0;
+  for (const scheduled_seq& q : plan.seqs) {
+    if (q.draft.empty()) continue;
+    const sequence* s = by_id(q.seq);
+    if (!s || !s->spec) continue;
+    tokens[s->spec->config.drafter] += static_cast<std::int64_t>(q.draft.size());
+    total += static_cast<std::int64_t>(q.draft.size());
+  }
+  for (const auto& [name, n] : tokens) {
+    spec_decode_stats& c = stats_.spec_decode[name];
+    const double share = static_cast<double>(n) / static_cast<double>(total);
+    c.draft_seconds += share * out.draft_seconds;
+    c.verify_seconds += share * out.forward_seconds;
+  }
+}
+
+std::span<const token_id> scheduler::drafts_of(const scheduled_seq& q, const step_output& out, std::size_t i) {
+  if (!q.runner_drafts) return q.draft;
+  return i < out.drafts.size() ? std::span<const token_id>(out.drafts[i]) : std::span<const token_id>();
+}
+
+void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<const token_id> drafts,
+                                std::span<sampled_token> emitted, std::vector<engine_event>& events) {
   const auto n_draft = static_cast<int>(q.draft.size());
   const int n_accepted = static_cast<int>(emitted.size()) - 1;
   // The tokens that stand: up to the first that finishes the sequence (EOS, a
@@ -78,7 +117,11 @@ void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<s
   // Verified K/V: the last token's and the accepted drafts' before the last
   // kept token (whose own K/V, as in plain decoding, are computed next step).
   const auto n_commit = static_cast<std::size_t>(n_keep);
-  status st = kv_.commit(s->id, std::span(q.tokens).first(n_commit), std::span(q.positions).first(n_commit));
+  // The step's tokens as verified: the known ones, then the drafts (the
+  // runner's, in place of the placeholders, for a model drafter).
+  std::vector<token_id> tokens(q.tokens.begin(), q.tokens.end() - static_cast<std::ptrdiff_t>(n_draft));
+  tokens.insert(tokens.end(), drafts.begin(), drafts.end());
+  status st = kv_.commit(s->id, std::span(tokens).first(n_commit), std::span(q.positions).first(n_commit));
   PAGODA_ASSERT(st.ok(), "commit of verified tokens: {}", st.message());
   const std::int32_t n_stored = kv_.n_stored_tokens(s->id);
   st = kv_.truncate(s->id, n_stored);  // the rejected drafts' slots: released, or rewound in the kept last block

@@ -32,6 +32,7 @@
 #include "pagoda/status.h"
 #include "pagoda/types.h"
 #include "policy/kv_policy.h"
+#include "spec/speculative.h"
 
 namespace pagoda {
 
@@ -42,6 +43,7 @@ struct seq_setup {
   std::vector<token_id> tokens;    // the sequence's tokens (the prompt): the history its penalties read
   std::int32_t n_prompt = 0;       // of which the prompt
   kv_policy_spec policy;           // its sparse-read selector comes from this policy ("none": none)
+  spec_config speculation;         // a model drafter (self, early-exit): the runner drafts with it
 };
 
 // A completion forked from a sequence at its first sample (n > 1): it draws
@@ -92,6 +94,11 @@ struct scheduled_seq {
   // Their K/V are written tentatively; update() commits the verified prefix
   // and truncates the rest. Never with forks or all_logits.
   std::vector<token_id> draft;
+  // The drafts are the runner's to make (a model drafter, seq_setup::speculation):
+  // draft and the last draft.size() of `tokens` are placeholders
+  // (k_runner_draft), and out.drafts[i] brings the tokens the runner drafted
+  // and verified in their place.
+  bool runner_drafts = false;
 
   // --- the runner's per-sequence state (runner_state.h) -------------------------
   std::optional<seq_setup> setup;        // the first time the runner sees the sequence
@@ -147,6 +154,14 @@ struct step_output {
   // sequence with drafts: the accepted drafts, then the target's next token).
   std::vector<sampled_token> sampled;
   std::vector<std::int32_t> accepted;   // [plan.seqs]: drafts accepted (0 without drafts); empty when no seq has any
+  // [plan.seqs]: for a runner_drafts sequence the draft.size() tokens the
+  // runner drafted (and verified, in place of the placeholders); else empty.
+  // Empty when no sequence has runner drafts.
+  std::vector<std::vector<token_id>> drafts;
+  // Seconds the runner spent in model drafters' draft passes and in the
+  // step's forward pass (speculative decoding's metrics: draft and verification time).
+  double draft_seconds = 0;
+  double forward_seconds = 0;
   // The logits rows of all_logits sequences, in plan order: [rows][n_vocab].
   std::vector<float> prompt_logits;
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from

@@ -152,6 +152,14 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
     for (std::size_t i = 0; i < d.accepted_per_pos.size() && d.accepted_per_pos[i] > 0; ++i)
       w.sample("pagoda:spec_decode_num_accepted_tokens_per_pos_total",
                fmt::format("drafter=\"{}\",position=\"{}\"", name, i), static_cast<double>(d.accepted_per_pos[i]));
+  w.family("pagoda:spec_decode_draft_seconds_total", "counter",
+           "Seconds of model drafters' draft passes (a step's shared among its drafters by draft tokens).");
+  for (const auto& [name, d] : s.spec_decode)
+    w.sample("pagoda:spec_decode_draft_seconds_total", fmt::format("drafter=\"{}\"", name), d.draft_seconds);
+  w.family("pagoda:spec_decode_verify_seconds_total", "counter",
+           "Seconds of the forward passes that verified drafts (the whole batched pass, shared as above).");
+  for (const auto& [name, d] : s.spec_decode)
+    w.sample("pagoda:spec_decode_verify_seconds_total", fmt::format("drafter=\"{}\"", name), d.verify_seconds);
   w.metric("pagoda:kv_policy_compactions_total", "counter",
            "KV policy decisions applied: a sequence's kept tokens compacted, emptied blocks freed.",
            s.n_policy_compactions);

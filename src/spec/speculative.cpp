@@ -13,7 +13,18 @@ namespace pagoda {
 
 std::string spec_config::to_string() const {
   if (!enabled()) return "none";
-  return fmt::format("{}:k={},n={},min_n={}", drafter, k, n, min_n);
+  if (drafter == "ngram") return fmt::format("{}:k={},n={},min_n={}", drafter, k, n, min_n);
+  if (drafter == "draft") return fmt::format("draft:k={}", k);
+  std::string s = fmt::format("{}:k={},layers={}", drafter, k, layers);
+  if (view == draft_view::window) s += fmt::format(",view=window,sinks={},window={}", sinks, window);
+  if (view == draft_view::quest) s += fmt::format(",view=quest,budget={}", budget);
+  return s;
+}
+
+std::string quest_view_spec(const spec_config& config) {
+  // Quest reads everything below a minimum context (its default grows with
+  // 1 / budget); a draft view reads its budget from the first block on.
+  return fmt::format("quest:budget={},min_context=0", config.budget);
 }
 
 result<spec_config> parse_spec_config(std::string_view text) {
@@ -25,17 +36,40 @@ result<spec_config> parse_spec_config(std::string_view text) {
     if (!spec.params.empty()) return error(errc::invalid_argument, "none: takes no parameters");
     return c;
   }
-  if (spec.name == "draft" || spec.name == "self" || spec.name == "early-exit")
-    return error(errc::unsupported, "drafter '{}' is not built yet; this engine drafts with: ngram", spec.name);
-  if (spec.name != "ngram")
-    return error(errc::invalid_argument, "unknown drafter '{}'; known: ngram (or none)", spec.name);
+  if (spec.name != "ngram" && spec.name != "self" && spec.name != "early-exit" && spec.name != "draft")
+    return error(errc::invalid_argument, "unknown drafter '{}'; known: ngram, draft, self, early-exit (or none)", spec.name);
   c.drafter = spec.name;
   policy_detail::param_reader r(spec);
   PAGODA_ASSIGN_OR_RETURN(c.k, r.integer("k", c.k, 1, k_max_draft_tokens));
-  PAGODA_ASSIGN_OR_RETURN(c.n, r.integer("n", c.n, 1, 16));
-  PAGODA_ASSIGN_OR_RETURN(c.min_n, r.integer("min_n", std::min(c.min_n, c.n), 1, 16));
+  if (c.drafter == "draft") {  // the draft model is the engine's (--draft-model)
+    PAGODA_RETURN_IF_ERROR(r.finish());
+    return c;
+  }
+  if (c.drafter == "ngram") {
+    PAGODA_ASSIGN_OR_RETURN(c.n, r.integer("n", c.n, 1, 16));
+    PAGODA_ASSIGN_OR_RETURN(c.min_n, r.integer("min_n", std::min(c.min_n, c.n), 1, 16));
+    PAGODA_RETURN_IF_ERROR(r.finish());
+    if (c.min_n > c.n) return r.bad_value("min_n", std::to_string(c.min_n), fmt::format("must not exceed n={}", c.n));
+    return c;
+  }
+  // The model drafters: the layer count is checked against the model by the
+  // engine (it does not know it here); 0 = every layer.
+  PAGODA_ASSIGN_OR_RETURN(c.layers, r.integer("layers", 0, 0, 4096));
+  if (c.drafter == "early-exit" && c.layers == 0)
+    return error(errc::invalid_argument, "early-exit: layers=L is required (the first L layers draft)");
+  const std::string_view fallback = c.drafter == "self" ? "window" : "full";
+  PAGODA_ASSIGN_OR_RETURN(const std::string view, r.choice("view", fallback, {"full", "window", "quest"}));
+  c.view = view == "window" ? draft_view::window : view == "quest" ? draft_view::quest : draft_view::full;
+  if (c.view == draft_view::window) {
+    PAGODA_ASSIGN_OR_RETURN(c.sinks, r.integer("sinks", c.sinks, 0, 1 << 20));
+    PAGODA_ASSIGN_OR_RETURN(c.window, r.integer("window", c.window, 1, 1 << 24));
+  }
+  if (c.view == draft_view::quest) {
+    PAGODA_ASSIGN_OR_RETURN(c.budget, r.number("budget", c.budget, 1e-6, 1.0));
+  }
   PAGODA_RETURN_IF_ERROR(r.finish());
-  if (c.min_n > c.n) return r.bad_value("min_n", std::to_string(c.min_n), fmt::format("must not exceed n={}", c.n));
+  if (c.drafter == "self" && c.view == draft_view::full && c.layers == 0)
+    return error(errc::invalid_argument, "self: view=full with every layer is the target itself; name a view (window, quest) or layers=L");
   return c;
 }
 

@@ -24,14 +24,31 @@ namespace pagoda {
 // k: the most draft tokens a verification step carries (and where the
 // adaptive k starts); the drafter's own parameters beside it.
 inline constexpr int k_max_draft_tokens = 15;
+// A draft token the runner has yet to make (scheduled_seq::runner_drafts).
+inline constexpr token_id k_runner_draft = -1;
+
+// What a model drafter's forward passes read (self, early-exit): every KV
+// slot, a window with attention sinks, or Quest's top pages.
+enum class draft_view : std::uint8_t { full, window, quest };
 
 struct spec_config {
   std::string drafter = "none";  // "none": no speculation
   int k = 4;                     // [1, k_max_draft_tokens]
-  // ngram: the longest suffix of the sequence matched (n), down to min_n.
+  // ngram: the sequence's last tokens matched earlier, up to n of them; no
+  // proposal from a match shorter than min_n (ngram_drafter.cpp).
   int n = 3;
-  int min_n = 1;
+  int min_n = 2;  // clamped to n when n = 1
+  // self and early-exit: the target model drafts, reading `view` of its own
+  // KV through its first `layers` layers (0: all of them) and its output head.
+  draft_view view = draft_view::full;
+  int layers = 0;
+  int sinks = 64;        // view=window: the first `sinks` slots ...
+  int window = 1024;     // ... and the newest `window` slots
+  double budget = 0.125; // view=quest: the fraction of blocks read
   bool enabled() const { return drafter != "none"; }
+  // The runner drafts (with a model), not the scheduler (from token ids):
+  // the target itself (self, early-exit) or the engine's draft model (draft).
+  bool model_drafter() const { return drafter == "self" || drafter == "early-exit" || drafter == "draft"; }
   std::string to_string() const;
 };
 
@@ -39,6 +56,9 @@ struct spec_config {
 // ("ngram: k=0: expected an integer in [1, 15]"); the caller adds where the
 // text came from ("--speculative", "speculative").
 result<spec_config> parse_spec_config(std::string_view text);
+
+// The Quest policy spec a view=quest drafter reads through ("quest:budget=F").
+std::string quest_view_spec(const spec_config& config);
 
 // Proposes draft tokens from a sequence's verified tokens. Stateless across
 // calls (what it needs it reads from `tokens`), so one drafter serves every

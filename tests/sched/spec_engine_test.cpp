@@ -3,6 +3,7 @@
 // 32 concurrent requests with shared prefixes, nothing tentative ever handed
 // to the store (commit hook), and the refusals.
 #include <fstream>
+#include <utility>
 #include <map>
 #include <set>
 
@@ -86,12 +87,15 @@ struct plain_and_spec {
   std::unique_ptr<engine_core> plain, spec;
   run_result a, b;  // plain's, spec's
 };
-plain_and_spec run_both(const std::vector<request>& reqs, engine_core_config c, const std::string& speculative) {
+plain_and_spec run_both(const std::vector<request>& reqs, engine_core_config c, const std::string& speculative,
+                        const llama_model& model = stories()) {
   plain_and_spec o;
   c.speculative = "none";
-  o.plain = *engine_core::create(stories(), c);
+  const llama_model* draft = std::exchange(c.draft_model, nullptr);
+  o.plain = *engine_core::create(model, c);
   c.speculative = speculative;
-  auto spec = engine_core::create(stories(), c);
+  c.draft_model = draft;
+  auto spec = engine_core::create(model, c);
   if (!spec.ok()) {
     ADD_FAILURE() << "speculative engine: " << spec.error().message();
     return o;
@@ -102,7 +106,7 @@ plain_and_spec run_both(const std::vector<request>& reqs, engine_core_config c, 
   return o;
 }
 
-void expect_identical_to_plain(kv_type type) {
+void expect_identical_to_plain(kv_type type, const std::string& speculative = "ngram:k=5,n=3") {
   const auto texts = prompts(32);
   std::vector<request> reqs;
   for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("r" + std::to_string(i), texts[i], 64));
@@ -112,14 +116,17 @@ void expect_identical_to_plain(kv_type type) {
   // verification step spends more of a step's budget than a plain one and
   // would shift later prompts' chunks. Every prompt fits the first step.
   if (c.kv.has_sealed()) c.max_num_batched_tokens = 4096;
-  const auto [plain, spec, a, b] = run_both(reqs, c, "ngram:k=5,n=3");
+  const auto [plain, spec, a, b] = run_both(reqs, c, speculative);
   ASSERT_TRUE(spec);
   for (const request& r : reqs) {
     ASSERT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
     EXPECT_EQ(b.completion_tokens.at(r.id), static_cast<int>(b.tokens.at(r.id).size())) << r.id;
   }
-  const spec_decode_stats& s = spec->stats().spec_decode.at("ngram");
+  const spec_decode_stats& s = spec->stats().spec_decode.at(speculative.substr(0, speculative.find(':')));
   EXPECT_GT(s.n_draft_tokens, 0);
+  EXPECT_GT(s.verify_seconds, 0);
+  if (speculative.starts_with("ngram")) EXPECT_EQ(s.draft_seconds, 0) << "n-gram drafts need no draft pass";
+  else EXPECT_GT(s.draft_seconds, 0);
   EXPECT_GT(s.n_accepted_tokens, 0) << "no draft accepted: the test checks nothing of the accept path";
   EXPECT_LT(s.n_accepted_tokens, s.n_draft_tokens) << "no draft rejected: the test checks nothing of the rollback";
   EXPECT_LT(spec->stats().n_steps, plain->stats().n_steps);
@@ -149,6 +156,33 @@ TEST(speculative_engine, greedy_ngram_equals_plain_decoding_int8) { expect_ident
 // inside them; the held staging keeps both the rows and the bytes exact.
 TEST(speculative_engine, greedy_ngram_equals_plain_decoding_int4) { expect_identical_to_plain(kv_type::int4); }
 TEST(speculative_engine, greedy_ngram_equals_plain_decoding_int2) { expect_identical_to_plain(kv_type::int2); }
+
+// The model drafters: the target reading a window of its own KV (prompts are
+// 80-130 tokens, so a 4 + 24 view reads a fraction of it), Quest's pages, its
+// first layers (stories260K has 5).
+TEST(speculative_engine, greedy_self_window_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "self:k=4,view=window,sinks=4,window=24");
+}
+TEST(speculative_engine, greedy_self_window_equals_plain_decoding_int8) {
+  expect_identical_to_plain(kv_type::int8, "self:k=4,view=window,sinks=4,window=24");
+}
+TEST(speculative_engine, greedy_self_quest_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "self:k=4,view=quest,budget=0.25");
+}
+TEST(speculative_engine, greedy_early_exit_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "early-exit:k=3,layers=3");
+}
+TEST(speculative_engine, greedy_early_exit_equals_plain_decoding_int8) {
+  expect_identical_to_plain(kv_type::int8, "early-exit:k=3,layers=3");
+}
+// Model drafters over sealed blocks: their draft passes seal and are rewound
+// inside held blocks too.
+TEST(speculative_engine, greedy_self_window_equals_plain_decoding_int4) {
+  expect_identical_to_plain(kv_type::int4, "self:k=4,view=window,sinks=4,window=24");
+}
+TEST(speculative_engine, greedy_early_exit_equals_plain_decoding_int2) {
+  expect_identical_to_plain(kv_type::int2, "early-exit:k=3,layers=3");
+}
 
 TEST(speculative_engine, sampled_requests_equal_plain_decoding_with_the_same_seed) {
   // A point-mass draft verified by drawing from the target row consumes the
@@ -223,6 +257,216 @@ TEST(speculative_engine, stop_strings_inside_an_accepted_run) {
   }
   EXPECT_GT(spec->stats().spec_decode.at("ngram").n_accepted_tokens, 0);
   EXPECT_EQ(spec->stats().n_generated_tokens, plain->stats().n_generated_tokens);
+}
+
+// The model drafters through sampling, n > 1 and preemption: greedy
+// requests give plain decoding's tokens; sampled ones draw their drafts from
+// the draft's distribution and are verified by rejection sampling, which
+// keeps the target's law but not plain decoding's random stream (their law
+// is tested below and in tests/spec/rejection_test.cpp): they run their full
+// length. Preempted sequences redraft after recomputing their KV.
+TEST(speculative_engine, model_drafters_with_sampling_forks_and_preemption) {
+  const auto texts = prompts(12);
+  std::vector<request> reqs;
+  for (int i = 0; i < 12; ++i) {
+    request r = greedy_request("m" + std::to_string(i), texts[i], 80);
+    if (i % 3 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 3 + static_cast<std::uint64_t>(i);
+    }
+    if (i % 4 == 2) r.n = 2;
+    reqs.push_back(r);
+  }
+  engine_core_config small = config(kv_type::f32, "none");
+  small.n_blocks = 56;
+  for (const char* spec : {"early-exit:k=4,layers=2", "self:k=3,view=window,sinks=4,window=16,layers=4"}) {
+    const auto [plain, sp, a, b] = run_both(reqs, small, spec);
+    for (const auto& [id, tokens] : a.tokens) {
+      const int i = std::stoi(id.substr(1));
+      if (i % 3 == 1) EXPECT_EQ(tokens.size(), b.tokens.at(id).size()) << spec << " " << id;
+      else EXPECT_EQ(tokens, b.tokens.at(id)) << spec << " " << id;
+    }
+    EXPECT_GT(sp->kv_stats().n_preemptions, 0) << spec << ": nothing was preempted";
+    const spec_decode_stats& c = sp->stats().spec_decode.at(std::string(spec).substr(0, std::string(spec).find(':')));
+    EXPECT_GT(c.n_accepted_tokens, 0) << spec;
+    EXPECT_LT(c.n_accepted_tokens, c.n_draft_tokens) << spec;
+    EXPECT_EQ(sp->kv_stats().n_blocks_used, 0) << spec << ": blocks leaked";
+  }
+}
+
+// A draft model (--draft-model): its KV a KV group of its own. stories260K
+// drafting for itself accepts every draft (the same computation: a check of
+// the plumbing, the draft group's KV kept in step, prefix hits included).
+void expect_self_draft_identical(kv_type type) {
+  const auto texts = prompts(32);
+  std::vector<request> reqs;
+  for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("d" + std::to_string(i), texts[i], 64));
+  engine_core_config c = config(type, "none");
+  c.draft_model = &stories();
+  const auto [plain, spec, a, b] = run_both(reqs, c, "draft:k=4");
+  for (const request& r : reqs) ASSERT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+  const spec_decode_stats& s = spec->stats().spec_decode.at("draft");
+  EXPECT_GT(s.n_draft_tokens, 0);
+  EXPECT_EQ(s.n_accepted_tokens, s.n_draft_tokens) << "the draft is the target: every draft must be accepted";
+  EXPECT_GT(spec->kv_stats().n_prefix_hit_tokens, 0) << "the shared prefix must hit with the draft group";
+  EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << "blocks leaked";
+  ASSERT_EQ(spec->storage().n_groups(), 2);
+  EXPECT_TRUE(spec->storage().foreign_group(1));
+}
+TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_f32) { expect_self_draft_identical(kv_type::f32); }
+TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_int8) { expect_self_draft_identical(kv_type::int8); }
+
+// A smaller draft: the first 2 layers of a 4-layer synth model (same seed,
+// so the same embeddings, layers and head), and a draft of another shape
+// (head_dim 32 against 64) with the same synth vocabulary. Greedy outputs are
+// plain decoding's, sampled ones run their length; drafts are accepted and rejected.
+TEST(speculative_engine, smaller_draft_models_give_plain_decodings_tokens) {
+  synth_options o;
+  o.preset = "tiny256";
+  o.n_layer = 4;
+  o.weight_type = gguf::tensor_type::f32;
+  o.n_threads = 1;
+  auto target = test::load_synth(o, "spec_target");
+  o.n_layer = 2;
+  auto shallow = test::load_synth(o, "spec_shallow");
+  o.preset = "tiny";
+  auto other = test::load_synth(o, "spec_other_shape");
+  ASSERT_TRUE(target && shallow && other);
+  const llama_hparams& hp = target->hparams();
+  std::vector<request> reqs;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<token_id> prompt;
+    for (int j = 0; j < 20 + 7 * i; ++j) prompt.push_back(static_cast<token_id>(3 + (j * 37 + i * 11) % 500));
+    request r = test::greedy_ids("g" + std::to_string(i), prompt, 40);
+    if (i % 3 == 2) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.seed = 17 + static_cast<std::uint64_t>(i);
+    }
+    reqs.push_back(r);
+  }
+  for (const llama_model* draft : {shallow.get(), other.get()}) {
+    engine_core_config c = config(kv_type::f32, "none");
+    c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
+    c.n_blocks = 40;  // small enough to preempt
+    c.draft_model = draft;
+    const auto [plain, spec, a, b] = run_both(reqs, c, "draft:k=4", *target);
+    for (const request& r : reqs) {
+      if (r.sampling.is_greedy()) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+      else EXPECT_EQ(a.tokens.at(r.id).size(), b.tokens.at(r.id).size()) << r.id;
+    }
+    const spec_decode_stats& st = spec->stats().spec_decode.at("draft");
+    EXPECT_GT(st.n_draft_tokens, 0);
+    EXPECT_LT(st.n_accepted_tokens, st.n_draft_tokens);
+    if (draft == shallow.get()) {
+      EXPECT_GT(st.n_accepted_tokens, 0) << "the shallow draft never agreed";
+    }
+    EXPECT_GT(spec->kv_stats().n_preemptions, 0) << "nothing was preempted";
+    EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << "blocks leaked";
+  }
+}
+
+// Sampled requests verified by rejection sampling follow the target's law
+// through the engine: 2,000 seeded requests of 4 tokens from one prompt,
+// plainly and drafted by stories260K's first 4 layers of 5 (early exit, a
+// draft that is often rejected: residual draws are common), and the
+// distributions of tokens 2 and 3 compared by a chi-square
+// test of homogeneity over the tokens seen at least 20 times in all (the
+// rest pooled): bound at the 1e-6 upper tail of chi-square with df cells - 1.
+std::map<token_id, int> count_position(const run_result& r, std::size_t pos) {
+  std::map<token_id, int> c;
+  for (const auto& [id, t] : r.tokens)
+    if (t.size() > pos) ++c[t[pos]];
+  return c;
+}
+double homogeneity_chi2(const std::map<token_id, int>& a, const std::map<token_id, int>& b, int& df) {
+  std::map<token_id, std::pair<int, int>> cells;
+  std::pair<int, int> rest{0, 0};
+  for (const auto& [t, n] : a) cells[t].first += n;
+  for (const auto& [t, n] : b) cells[t].second += n;
+  std::vector<std::pair<int, int>> kept;
+  for (const auto& [t, ab] : cells) {
+    if (ab.first + ab.second >= 20) kept.push_back(ab);
+    else { rest.first += ab.first; rest.second += ab.second; }
+  }
+  if (rest.first + rest.second > 0) kept.push_back(rest);
+  double na = 0, nb = 0;
+  for (const auto& [x, y] : kept) { na += x; nb += y; }
+  double chi2 = 0;
+  for (const auto& [x, y] : kept) {
+    const double total = x + y, ea = total * na / (na + nb), eb = total * nb / (na + nb);
+    chi2 += (x - ea) * (x - ea) / ea + (y - eb) * (y - eb) / eb;
+  }
+  df = static_cast<int>(kept.size()) - 1;
+  return chi2;
+}
+TEST(speculative_engine, rejection_sampling_keeps_the_targets_law_end_to_end) {
+  std::vector<request> reqs;
+  for (int i = 0; i < 2000; ++i) {
+    request r = greedy_request("s" + std::to_string(i), "Once upon a time, there was a little", 4);
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_k = 12;
+    r.sampling.seed = 1000003ull * static_cast<std::uint64_t>(i + 1);
+    reqs.push_back(r);
+  }
+  engine_core_config c = config(kv_type::f32, "none");
+  c.max_num_seqs = 256;
+  c.max_num_batched_tokens = 4096;
+  const auto [plain, spec, a, b] = run_both(reqs, c, "early-exit:k=2,layers=4");
+  const spec_decode_stats& st = spec->stats().spec_decode.at("early-exit");
+  EXPECT_GT(st.n_accepted_tokens, 200) << st.n_draft_tokens << " drafts";
+  EXPECT_LT(st.n_accepted_tokens, st.n_draft_tokens - 200);
+  // df <= 40 here; the 1e-6 tail of chi-square: df 10: 46.9, 20: 61.8, 30: 75.3, 40: 88.0.
+  for (const std::size_t pos : {1u, 2u}) {
+    int df = 0;
+    const double chi2 = homogeneity_chi2(count_position(a, pos), count_position(b, pos), df);
+    ASSERT_GE(df, 3) << "too few tokens to test";
+    ASSERT_LE(df, 40);
+    const double bound = df <= 10 ? 46.9 : df <= 20 ? 61.8 : df <= 30 ? 75.3 : 88.0;
+    EXPECT_LT(chi2, bound) << "token " << pos + 1 << ": chi2 " << chi2 << " at df " << df;
+  }
+}
+
+TEST(speculative_engine, draft_model_bad_input) {
+  // Another vocabulary: refused naming --draft-model.
+  auto synth = test::load_synth("tiny", gguf::tensor_type::f32);
+  engine_core_config c = config(kv_type::f32, "draft");
+  c.draft_model = synth.get();
+  auto bad = engine_core::create(stories(), c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("--draft-model"), std::string::npos) << bad.error().message();
+  EXPECT_NE(bad.error().message().find("vocabulary"), std::string::npos) << bad.error().message();
+  // No draft model: the default and a request asking for it are refused.
+  auto none = engine_core::create(stories(), config(kv_type::f32, "draft:k=3"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message().find("--draft-model"), std::string::npos) << none.error().message();
+  auto e = *engine_core::create(stories(), config(kv_type::f32, "none"));
+  request r = greedy_request("x", "Once upon a time", 8);
+  r.speculative = "draft";
+  const status st = e->add_request(r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no draft model"), std::string::npos) << st.message();
+  r.speculative = "draft:n=3";
+  EXPECT_NE(e->add_request(r).message().find("unknown parameter 'n'"), std::string::npos);
+}
+
+TEST(speculative_engine, model_drafters_bad_input_names_the_parameter) {
+  auto deep = engine_core::create(stories(), config(kv_type::f32, "early-exit:layers=9"));
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.error().message().find("layers=9"), std::string::npos) << deep.error().message();
+  auto e = *engine_core::create(stories(), config(kv_type::f32, "none"));
+  request r = greedy_request("x", "Once upon a time", 8);
+  r.speculative = "self:view=quest";  // no key summaries kept by this engine
+  status st = e->add_request(r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("view=quest"), std::string::npos) << st.message();
+  r.speculative = "early-exit";
+  EXPECT_NE(e->add_request(r).message().find("layers"), std::string::npos);
+  r.speculative = "self:view=sideways";
+  EXPECT_NE(e->add_request(r).message().find("view=sideways"), std::string::npos);
+  r.speculative = "self:k=2,layers=6";
+  EXPECT_NE(e->add_request(r).message().find("layers=6"), std::string::npos);
+  r.speculative = "self:k=2,layers=3";
+  EXPECT_TRUE(e->add_request(r).ok());
 }
 
 TEST(speculative_engine, refuses_what_it_cannot_verify_exactly) {

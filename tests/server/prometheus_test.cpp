@@ -40,6 +40,13 @@ TEST(prometheus, renders_every_series) {
   s.n_generated_tokens = 7;
   s.n_finished_by_reason = {{"length", 4}};
   s.ttft_seconds = {{0.1, 1.0}, {1, 3}, 4, 5.5};
+  spec_decode_stats& d = s.spec_decode["draft"];
+  d.n_drafts = 3;
+  d.n_draft_tokens = 12;
+  d.n_accepted_tokens = 7;
+  d.accepted_per_pos[1] = 2;
+  d.draft_seconds = 0.25;
+  d.verify_seconds = 0.5;
   http_counts http = {{{"/v1/completions", 200}, 4}};
   const std::string text = render_metrics(s, http, "my \"model\"");
   auto m = test::parse_metrics(text);
@@ -70,6 +77,12 @@ TEST(prometheus, renders_every_series) {
   EXPECT_EQ(test::metric(m, "pagoda:inter_token_latency_seconds_count"), 0);
   EXPECT_EQ(test::metric(m, "pagoda:e2e_request_latency_seconds_count"), 0);
   EXPECT_EQ(test::metric(m, "pagoda:http_requests_total{endpoint=\"/v1/completions\",code=\"200\"}"), 4);
+  EXPECT_EQ(test::metric(m, "pagoda:spec_decode_num_drafts_total{drafter=\"draft\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:spec_decode_num_draft_tokens_total{drafter=\"draft\"}"), 12);
+  EXPECT_EQ(test::metric(m, "pagoda:spec_decode_num_accepted_tokens_total{drafter=\"draft\"}"), 7);
+  EXPECT_EQ(test::metric(m, "pagoda:spec_decode_num_accepted_tokens_per_pos_total{drafter=\"draft\",position=\"1\"}"), 2);
+  EXPECT_DOUBLE_EQ(test::metric(m, "pagoda:spec_decode_draft_seconds_total{drafter=\"draft\"}"), 0.25);
+  EXPECT_DOUBLE_EQ(test::metric(m, "pagoda:spec_decode_verify_seconds_total{drafter=\"draft\"}"), 0.5);
 
   // Label values are escaped; each family has HELP and TYPE once.
   EXPECT_NE(text.find("model_name=\"my \\\"model\\\"\""), std::string::npos);

@@ -36,26 +36,45 @@ TEST(spec_config, bad_input_names_the_parameter) {
   EXPECT_NE(message("ngram:kk=2").find("unknown parameter 'kk'"), std::string::npos);
   EXPECT_NE(message("ngram:n=2,min_n=3").find("min_n"), std::string::npos);
   EXPECT_NE(message("medusa").find("unknown drafter 'medusa'"), std::string::npos);
-  EXPECT_NE(message("draft:k=2").find("not built yet"), std::string::npos);
+  EXPECT_NE(message("draft:k=2,layers=3").find("unknown parameter 'layers'"), std::string::npos);
   EXPECT_NE(message("ngram:k").find("key=value"), std::string::npos);
 }
 
-TEST(ngram_drafter, proposes_what_followed_the_newest_match) {
-  spec_config c = *parse_spec_config("ngram:k=3,n=2");
-  auto d = make_drafter(c);
-  const std::vector<token_id> t{1, 2, 3, 4, 9, 1, 2, 7, 8, 5, 1, 2};
-  // The last two (1, 2) occur at 5 (newest) and 0: what followed the newest.
-  EXPECT_EQ(d->propose(t, 4, 3), (std::vector<token_id>{7, 8, 5}));
-  EXPECT_EQ(d->propose(t, 4, 1), (std::vector<token_id>{7}));
-  // No bigram match: falls back to the last token alone (min_n = 1).
-  const std::vector<token_id> u{5, 6, 7, 5, 8, 6};
-  EXPECT_EQ(d->propose(u, 3, 2), (std::vector<token_id>{7, 5}));
-  // Nothing repeats: no guess.
-  const std::vector<token_id> v{1, 2, 3, 4};
-  EXPECT_TRUE(d->propose(v, 2, 3).empty());
-  // The proposal stops at the end of the sequence.
-  const std::vector<token_id> w{3, 3};
-  EXPECT_EQ(d->propose(w, 1, 5), (std::vector<token_id>{3}));
+TEST(ngram_drafter, proposes_what_followed_the_longest_newest_match) {
+  auto d = make_drafter(*parse_spec_config("ngram:k=5,n=3"));
+  // The last three (1, 2, 3) occur at 0; only (2, 3) at 5: the longer match
+  // wins though older, and proposes at most its length (3) tokens.
+  const std::vector<token_id> t{1, 2, 3, 9, 4, 2, 3, 8, 6, 1, 2, 3};
+  EXPECT_EQ(d->propose(t, 4, 5), (std::vector<token_id>{9, 4, 2}));
+  EXPECT_EQ(d->propose(t, 4, 1), (std::vector<token_id>{9}));
+  // Equally long matches: the newest, when both were followed alike.
+  const std::vector<token_id> u{1, 2, 7, 8, 9, 1, 2, 7, 8, 5, 1, 2};
+  EXPECT_EQ(d->propose(u, 4, 5), (std::vector<token_id>{7, 8}));
+  // Nothing repeats: no guess. The proposal stops at the end of the sequence.
+  EXPECT_TRUE(d->propose(std::vector<token_id>{1, 2, 3, 4}, 2, 3).empty());
+  EXPECT_EQ(d->propose(std::vector<token_id>{3, 3, 3}, 1, 5), (std::vector<token_id>{3}));
+}
+
+TEST(ngram_drafter, a_match_shorter_than_min_n_proposes_nothing) {
+  // Only the last token (6) occurred before: a one-token match, under min_n = 2 (the default).
+  const std::vector<token_id> t{5, 6, 7, 5, 8, 6};
+  EXPECT_TRUE(make_drafter(*parse_spec_config("ngram:k=3,n=3"))->propose(t, 3, 3).empty());
+  EXPECT_EQ(make_drafter(*parse_spec_config("ngram:k=3,n=3,min_n=1"))->propose(t, 3, 3), (std::vector<token_id>{7}));
+  // n = 1 lowers the default min_n with it.
+  EXPECT_EQ(make_drafter(*parse_spec_config("ngram:k=3,n=1"))->propose(t, 3, 3), (std::vector<token_id>{7}));
+}
+
+TEST(ngram_drafter, stops_where_equally_long_matches_were_followed_differently) {
+  auto d = make_drafter(*parse_spec_config("ngram:k=5,n=2"));
+  // (1, 2) was followed by 7, 8 (newest) and by 7, 9: the runs agree on 7 only.
+  const std::vector<token_id> t{1, 2, 7, 9, 4, 1, 2, 7, 8, 5, 1, 2};
+  EXPECT_EQ(d->propose(t, 4, 5), (std::vector<token_id>{7}));
+  // Followed by 3 and by 7: they part at once, the newest's first token stays.
+  const std::vector<token_id> u{1, 2, 3, 4, 9, 1, 2, 7, 8, 5, 1, 2};
+  EXPECT_EQ(d->propose(u, 4, 5), (std::vector<token_id>{7}));
+  // Shorter matches do not count: (2) alone was followed by 4.
+  const std::vector<token_id> w{2, 4, 1, 2, 7, 8, 3, 1, 2};
+  EXPECT_EQ(d->propose(w, 2, 5), (std::vector<token_id>{7, 8}));
 }
 
 TEST(adaptive_k, follows_acceptance_within_its_bounds) {
