@@ -64,6 +64,7 @@ result<std::unique_ptr<kv_arena>> kv_arena::create(std::span<const kv_class_spec
     s->staged_tile_bytes_ = kv_staged_tile_bytes(layout.tile_shape());
     s->slot_bytes_ = static_cast<std::size_t>(s->slot_stride_) * layout.n_kv_heads * s->staged_tile_bytes_;
     s->block_slot_.assign(total, -1);
+    s->held_.assign(total, 0);
     s->n_slots_ = std::clamp<std::int64_t>(n_staging_slots, 1, total);
     s->staging_ = static_cast<std::byte*>(map_zeroed(s->slot_bytes_ * s->n_slots_));
     if (!s->staging_)
@@ -229,6 +230,29 @@ void kv_arena::release_slot(std::int32_t slot) {
   --slots_in_use_;
 }
 
+bool kv_arena::slot_sealed(std::int32_t slot, int cls) const {
+  const std::int32_t* fills = &slot_fill_[static_cast<std::size_t>(slot) * slot_stride_];
+  return std::all_of(fills, fills + classes_[cls].n_sealed, [&](std::int32_t f) { return f == layout().block_size; });
+}
+
+void kv_arena::hold_staging(block_id b) {
+  PAGODA_ASSERT(owns(b), "block id {} out of range", b.value);
+  if (held_.empty() || classes_[block_class(b)].n_sealed == 0 || held_[at(b)]) return;
+  held_[at(b)] = 1;
+  held_blocks_.push_back(b.value);
+}
+
+void kv_arena::end_holds() {
+  for (const std::int32_t id : held_blocks_) {
+    const block_id b(id);
+    if (!held(b)) continue;  // its hold already ended (truncated, released, overwritten)
+    unhold(b);
+    const std::int32_t slot = slot_of(b);
+    if (slot >= 0 && slot_sealed(slot, block_class(b))) release_slot(slot);  // sealed while held
+  }
+  held_blocks_.clear();
+}
+
 void kv_arena::stage_from_tile(tensor& t, block_id b, std::int32_t slot, int n) {
   const kv_tile_shape shape = layout().tile_shape();
   const kv_codec* f16 = get_kv_codec(kv_type::f16);
@@ -317,8 +341,9 @@ void kv_arena::write_run(tensor& a, int layer, block_id id, int t0, int run, con
     }
   } else {
     std::int32_t slot = block_slot_[at(id)];
-    if (t0 == 0 && run == bs) {
-      // The whole block at once: encode directly, through f16 as if staged.
+    if (t0 == 0 && run == bs && !held(id)) {
+      // The whole block at once: encode directly, through f16 as if staged
+      // (a held block goes through staging, which it keeps).
       for (int h = 0; h < n_heads; ++h) {
         gather_head(h);
         for (std::size_t j = 0; j < static_cast<std::size_t>(bs) * hd; ++j) gather[j] = fp16_to_f32(f32_to_fp16(gather[j]));
@@ -343,11 +368,7 @@ void kv_arena::write_run(tensor& a, int layer, block_id id, int t0, int run, con
           a.codec->encode(a.format, shape, nullptr, gather, 0, bs, tile(a, id, h));
         }
     }
-    if (slot >= 0) {
-      const std::int32_t* fills = &slot_fill_[static_cast<std::size_t>(slot) * slot_stride_];
-      if (std::all_of(fills, fills + classes_[a.cls].n_sealed, [&](std::int32_t f) { return f == bs; }))
-        release_slot(slot);
-    }
+    if (slot >= 0 && !held(id) && slot_sealed(slot, a.cls)) release_slot(slot);
   }
   if (is_key && t0 + run == bs) summarize(layer, id);
 }
@@ -401,8 +422,9 @@ paged_kv_view kv_arena::view(int layer, kv_role role, std::span<const block_id> 
     const int sealed_index = tensor_of(last, layer, role).sealed_index;
     const std::int32_t slot = sealed_index >= 0 ? block_slot_[at(last)] : -1;
     const std::int32_t fill = slot >= 0 ? slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + sealed_index] : bs;
-    // Not staged: the block was sealed since (the view covers a prefix of it).
-    if (fill < bs) {
+    // Not staged: the block was sealed since (the view covers a prefix of it),
+    // unless it is held, whose staging is whole.
+    if (fill < bs || (slot >= 0 && held(last))) {
       PAGODA_ASSERT(fill >= n_tokens % bs, "view of {} tokens past the staged tokens of block {}", n_tokens, last.value);
       view.staged = staged_tile(slot, sealed_index, 0);
       view.staged_tile_bytes = staged_tile_bytes_;
@@ -433,11 +455,15 @@ void kv_arena::copy_block(block_id src, block_id dst, int n_tokens) {
   const bool sealed = c.n_sealed > 0;
   const std::int32_t from = sealed ? block_slot_[at(src)] : -1;
   std::int32_t to = sealed ? block_slot_[at(dst)] : -1;
+  // A held src keeps the exact f16 of every slot written in its staging,
+  // sealed or not: a prefix of it is copied from there, not from its codes.
+  const bool src_held = from >= 0 && held(src);
+  unhold(dst);
   // Tiles are copied whole: slots past n_tokens hold garbage until written.
   for (auto* tensors : {&c.k, &c.v})
     for (tensor& t : *tensors)
       for (int h = 0; h < layout().n_kv_heads; ++h) std::memcpy(tile(t, dst, h), tile(t, src, h), t.tile_bytes);
-  if (n_tokens == bs && from < 0) {
+  if (n_tokens == bs && (from < 0 || (src_held && slot_sealed(from, block_class(src))))) {
     // A whole sealed block: dst needs no staging.
     if (to >= 0) release_slot(to);
   } else if (sealed) {
@@ -452,7 +478,7 @@ void kv_arena::copy_block(block_id src, block_id dst, int n_tokens) {
           for (int h = 0; h < layout().n_kv_heads; ++h)
             std::memcpy(staged_tile(to, t.sealed_index, h), staged_tile(from, t.sealed_index, h), staged_tile_bytes_);
           slot_fill_[at] = std::min(src_fill, n_tokens);
-          if (src_fill == bs && n_tokens < bs) stage_from_tile(t, dst, to, n_tokens);  // sealed in src's tile
+          if (src_fill == bs && n_tokens < bs && !src_held) stage_from_tile(t, dst, to, n_tokens);  // sealed in src's tile
         } else {
           stage_from_tile(t, dst, to, n_tokens);  // reopen part of a sealed block
         }
@@ -482,6 +508,12 @@ void kv_arena::truncate_block(block_id b, int n_tokens) {
   forget_summaries(b);
   block_class_data& c = classes_[block_class(b)];
   if (c.n_sealed == 0) return;  // codes of other formats are per token: later writes just overwrite
+  // A held block kept its whole staging when sealed: the kept slots' f16
+  // values are exactly what was written, so the block seals again (once
+  // refilled) into plain decoding's bytes. Otherwise a sealed tensor is
+  // reopened from its codes.
+  const bool kept = held(b);
+  unhold(b);
   std::int32_t slot = block_slot_[at(b)];
   if (n_tokens == 0) {
     if (slot >= 0) release_slot(slot);
@@ -493,13 +525,14 @@ void kv_arena::truncate_block(block_id b, int n_tokens) {
     for (tensor& t : *tensors) {
       if (t.sealed_index < 0) continue;
       std::int32_t& fill = slot_fill_[static_cast<std::size_t>(slot) * slot_stride_ + t.sealed_index];
-      if (sealed || fill == layout().block_size) stage_from_tile(t, b, slot, n_tokens);  // back to staging
+      if (sealed || (fill == layout().block_size && !kept)) stage_from_tile(t, b, slot, n_tokens);  // back to staging
       else fill = std::min(fill, n_tokens);
     }
 }
 
 void kv_arena::release_block(block_id b) {
   PAGODA_ASSERT(owns(b), "block id {} out of range", b.value);
+  unhold(b);
   if (slot_stride_ > 0 && block_slot_[at(b)] >= 0) release_slot(block_slot_[at(b)]);
   forget_summaries(b);
   clear_bias(b);
@@ -510,7 +543,8 @@ void kv_arena::read_block(block_id b, std::span<std::byte> out) const {
   const block_class_data& c = classes_[block_class(b)];
   PAGODA_ASSERT(out.size() == c.layout.tile_bytes_per_block(), "read_block into {} bytes, block {} (class {}) has {}",
                 out.size(), b.value, block_class(b), c.layout.tile_bytes_per_block());
-  PAGODA_ASSERT(c.n_sealed == 0 || block_slot_[at(b)] < 0, "read_block of block {}, which is still staged", b.value);
+  PAGODA_ASSERT(c.n_sealed == 0 || block_slot_[at(b)] < 0 || slot_sealed(block_slot_[at(b)], block_class(b)),
+                "read_block of block {}, which is still staged", b.value);
   std::byte* dst = out.data();
   for (int l = 0; l < layout().n_layers; ++l)
     for (const tensor* t : {&c.k[l], &c.v[l]})
@@ -530,6 +564,7 @@ status kv_arena::write_block(block_id b, std::span<const std::byte> in) {
     return error(errc::invalid_argument, "a KV block of this layout ({}) has {} bytes, not {}", c.layout.describe(),
                  c.layout.tile_bytes_per_block(), in.size());
   }
+  unhold(b);
   if (slot_stride_ > 0 && block_slot_[at(b)] >= 0) release_slot(block_slot_[at(b)]);
   clear_bias(b);
   const std::byte* src = in.data();

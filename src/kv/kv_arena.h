@@ -27,13 +27,19 @@
 //     a block of any class. Sealed tensors are numbered per class.
 //   - Slots are bound to blocks lazily: the first write into a block (at its
 //     first slot) takes a slot; sealing releases it, and so do release_block()
-//     and a copy or write of a whole block.
+//     and a copy or write of a whole block. A HELD block (hold_staging,
+//     tentative slots) keeps its slot when sealed, with the staged f16 copy
+//     whole beside the codes, until end_holds() or truncate_block() /
+//     release_block() / write_block() of it.
 //   - create() maps every slot up front, so a write never maps memory. A
 //     sequence holds at most two at once: its open block, and while a chunk
 //     that fills it is written layer by layer, the next open block (later
-//     layers seal the first). The engine maps two per --max-num-seqs
-//     sequence (k_staging_slots_per_sequence). Running out is a broken
-//     invariant (more open blocks than that), asserted with a message.
+//     layers seal the first). A verification step holds no more: its last
+//     token and k drafts span at most two blocks (the scheduler keeps
+//     k + 1 <= block_size, scheduler::propose_drafts), and the holds of one
+//     step end before the next step writes. The engine maps two per
+//     --max-num-seqs sequence (k_staging_slots_per_sequence). Running out is
+//     a broken invariant (more open blocks than that), asserted with a message.
 #pragma once
 
 #include <cstddef>
@@ -96,6 +102,8 @@ class kv_arena {
   void copy_block(block_id src, block_id dst, int n_tokens);
   void truncate_block(block_id b, int n_tokens);
   void release_block(block_id b);
+  void hold_staging(block_id b);
+  void end_holds();
   void read_block(block_id b, std::span<std::byte> out) const;
   status write_block(block_id b, std::span<const std::byte> in);
   std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const;
@@ -174,6 +182,12 @@ class kv_arena {
   void release_slot(std::int32_t slot);
   std::int32_t& slot_of(block_id b) { return block_slot_[at(b)]; }
   std::int32_t slot_of(block_id b) const { return block_slot_[at(b)]; }
+  // Every sealed tensor of staging slot `slot`'s block (of class cls) is sealed.
+  bool slot_sealed(std::int32_t slot, int cls) const;
+  bool held(block_id b) const { return !held_.empty() && held_[at(b)] != 0; }
+  void unhold(block_id b) {
+    if (!held_.empty()) held_[at(b)] = 0;
+  }
 
   std::int64_t first_block_ = 0;
   std::int64_t n_blocks_ = 0;  // over every class
@@ -194,6 +208,8 @@ class kv_arena {
   std::vector<std::int32_t> slot_fill_;   // [slots][slot_stride_]: tokens staged per sealed tensor of
                                           // the slot's block's class (block_size: sealed)
   std::vector<std::int32_t> free_slots_;
+  std::vector<std::uint8_t> held_;          // [n_blocks] by at(): hold_staging, until the hold ends
+  std::vector<std::int32_t> held_blocks_;   // blocks held since the last end_holds (some may be no longer)
   std::int64_t slots_in_use_ = 0;
   std::int64_t peak_slots_in_use_ = 0;
   std::vector<float> gather_;  // write scratch: [block_size][head_dim]

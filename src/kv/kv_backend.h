@@ -20,6 +20,21 @@
 // invariant: a query reads its own block as f16 while the block is open and as
 // codes once it is sealed. They are deterministic.
 //
+// Tentative slots (speculative decoding: K/V of drafts not yet verified). A
+// block that is to receive tentative slots is HELD (hold_staging) for the
+// step: when a write seals it, its f16 staging is kept beside the codes
+// instead of released, so
+//   - truncate_block(b, n) with 0 < n < block_size restores the first n
+//     slots' staging exactly (a block not held is reopened from its codes,
+//     which requantizes the kept tokens under new scales), and the block's
+//     later seal encodes the f16 values plain decoding's would: the same bytes;
+//   - a view whose last slot is inside a held sealed block reads that block
+//     staged, as the one-token step at that slot read it (a verification
+//     step's rows then see what plain decoding's steps saw).
+// A hold ends with end_holds() (the tentative slots still there were
+// verified), truncate_block, release_block or write_block of the block.
+// Formats that are not sealed encode each token alone: holds change nothing.
+//
 // Groups and classes. The model's layers are split into KV GROUPS (kv_group.h):
 // the layers of one group share block tables, and each group has its own
 // blocks, global ids [first, first + n) of one id space (group_of(b) names
@@ -200,6 +215,10 @@ class kv_backend {
   virtual void truncate_block(block_id b, int n_tokens) = 0;
   // b went back to the free pool: drop whatever per-block state it holds.
   virtual void release_block(block_id b) = 0;
+  // Tentative slots (see above): b is to receive some this step; end_holds()
+  // ends every hold. A backend without sealed formats need not override these.
+  virtual void hold_staging(block_id b) {}
+  virtual void end_holds() {}
   // A whole FULL block as bytes: every layer of its group, K and V tiles,
   // scales included, in a fixed order; block_bytes(b) bytes (block_layout(b)).
   // Meaningful only to a backend with the same block_layout.

@@ -137,6 +137,10 @@ void kv_storage::copy_block(block_id src, block_id dst, int n_tokens) {
 
 void kv_storage::truncate_block(block_id b, int n_tokens) { arena_of(b).truncate_block(b, n_tokens); }
 void kv_storage::release_block(block_id b) { arena_of(b).release_block(b); }
+void kv_storage::hold_staging(block_id b) { arena_of(b).hold_staging(b); }
+void kv_storage::end_holds() {
+  for (const auto& a : arenas_) a->end_holds();
+}
 void kv_storage::read_block(block_id b, std::span<std::byte> out) const { arena_of(b).read_block(b, out); }
 status kv_storage::write_block(block_id b, std::span<const std::byte> in) { return arena_of(b).write_block(b, in); }
 

@@ -80,6 +80,8 @@ class kv_storage final : public kv_backend {
   void copy_block(block_id src, block_id dst, int n_tokens) override;
   void truncate_block(block_id b, int n_tokens) override;
   void release_block(block_id b) override;
+  void hold_staging(block_id b) override;
+  void end_holds() override;
   void read_block(block_id b, std::span<std::byte> out) const override;
   status write_block(block_id b, std::span<const std::byte> in) override;
   std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const override;

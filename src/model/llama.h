@@ -155,6 +155,13 @@ struct forward_seq {
   // window's tables may start with NULL entries, which nothing reads.
   std::span<const std::span<const block_id>> tables;
   bool all_logits = false;           // logits for every new token (scoring) or only the last
+  // Each new token's attention reads the cache as a one-token step at its
+  // slot would (a verification step, whose rows must be plain decoding's): a
+  // row before a block's last slot reads a sealed format's block staged in
+  // f16 (the backend holds it, kv_backend.h "Tentative slots"), the row at
+  // its last slot reads the codes. Without it a chunk's rows all read the
+  // cache as the chunk leaves it. Ignored with stats or a selector.
+  bool rows_as_steps = false;
   // Optional: the step's attention statistics of this sequence, reset to
   // [layers][kv heads][n_stored + tokens] with a window of stats_window rows.
   attention_stats* stats = nullptr;

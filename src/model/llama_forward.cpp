@@ -235,21 +235,45 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       break;
     }
 
-  // Attention work items: (sequence, KV head), split statically over threads.
-  struct attn_item {
+  // Attention parts: a sequence's rows [first, first + n), read through views
+  // of its first n_stored + first + n slots. One part per sequence, but
+  // rows_as_steps cuts before each row at a block's last slot (forward_seq):
+  // the rows before it read their block staged, it and the rows after it
+  // (in the next block) read it as codes.
+  struct attn_part {
     int seq;
-    int head;
-    int row0;  // first row of this sequence in the step
+    int first;
+    int n;
+    int row0;  // first row of the part in the step
   };
-  std::vector<attn_item> items;
+  std::vector<attn_part> parts;
+  std::vector<int> full_part(seqs.size());  // per sequence: its part that views every slot (its last)
   {
     int row0 = 0;
     for (int si = 0; si < static_cast<int>(seqs.size()); ++si) {
-      for (int h = 0; h < hp.n_head_kv; ++h) items.push_back({si, h, row0});
-      row0 += static_cast<int>(seqs[si].tokens.size());
+      const forward_seq& s = seqs[si];
+      const int n = static_cast<int>(s.tokens.size());
+      const bool split = s.rows_as_steps && !s.stats && !s.selector;
+      for (int first = 0; first < n;) {
+        int end = first + 1;
+        while (end < n && !(split && (s.n_stored + end) % layout.block_size == layout.block_size - 1)) ++end;
+        parts.push_back({si, first, end - first, row0 + first});
+        first = end;
+      }
+      full_part[si] = static_cast<int>(parts.size()) - 1;
+      row0 += n;
     }
   }
-  std::vector<paged_kv_view> k_views(seqs.size()), v_views(seqs.size());
+  // Attention work items: (part, KV head), split statically over threads.
+  struct attn_item {
+    int seq;
+    int part;
+    int head;
+  };
+  std::vector<attn_item> items;
+  for (int pi = 0; pi < static_cast<int>(parts.size()); ++pi)
+    for (int h = 0; h < hp.n_head_kv; ++h) items.push_back({parts[pi].seq, pi, h});
+  std::vector<paged_kv_view> k_views(parts.size()), v_views(parts.size());
   std::vector<std::uint8_t> sparse_items(items.size(), 0);  // per item: its selector read less than everything
   double attn_flops = 0;
   for (const forward_seq& s : seqs)
@@ -287,11 +311,14 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         const std::span<const block_id> table = table_of(s, kv_.layer_group(l));
         kv_.write(l, table, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
                   v + static_cast<std::size_t>(row0) * KVD);
-        k_views[si] = kv_.k_view(l, table, s.n_stored + n);
-        v_views[si] = kv_.v_view(l, table, s.n_stored + n);
+        for (int pi = full_part[si]; pi >= 0 && parts[pi].seq == static_cast<int>(si); --pi) {
+          const int n_slots = s.n_stored + parts[pi].first + parts[pi].n;
+          k_views[pi] = kv_.k_view(l, table, n_slots);
+          v_views[pi] = kv_.v_view(l, table, n_slots);
+        }
         if (s.selector && !hp.is_swa(l))
           s.selector->on_layer_written(
-              l, k_views[si],
+              l, k_views[full_part[si]],
               std::span<const std::int32_t>(kv_positions_.data() + kv_pos_at[si], static_cast<std::size_t>(s.n_stored + n)),
               s.n_stored + n);
         row0 += n;
@@ -303,9 +330,10 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       for (std::size_t it = b; it < e; ++it) {
         const attn_item& a = items[it];
         const forward_seq& s = seqs[a.seq];
+        const attn_part& part = parts[a.part];
         attention_task t;
-        t.k = &k_views[a.seq];
-        t.v = &v_views[a.seq];
+        t.k = &k_views[a.part];
+        t.v = &v_views[a.part];
         t.kv_head = a.head;
         t.n_rep = hp.n_rep();
         t.head_dim = HD;
@@ -313,15 +341,15 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.window = window;
         t.softcap = hp.attn_softcap;
         t.sinks = L.attn_sinks.empty() ? nullptr : L.attn_sinks.data();
-        t.q = q + static_cast<std::size_t>(a.row0) * QD;
+        t.q = q + static_cast<std::size_t>(part.row0) * QD;
         t.q_stride = QD;
-        t.n_tokens = static_cast<int>(s.tokens.size());
-        t.q_pos = positions_.data() + a.row0;
+        t.n_tokens = part.n;
+        t.q_pos = positions_.data() + part.row0;
         t.kv_pos = s.row_positions
                        ? s.row_positions + static_cast<std::size_t>(l * hp.n_head_kv + a.head) * s.row_stride
                        : kv_positions_.data() + kv_pos_at[a.seq];
-        t.n_kv = s.n_stored + t.n_tokens;
-        t.out = attn + static_cast<std::size_t>(a.row0) * QD;
+        t.n_kv = s.n_stored + part.first + part.n;
+        t.out = attn + static_cast<std::size_t>(part.row0) * QD;
         t.out_stride = QD;
         if (s.stats) t.stats = s.stats->out(l, a.head);
         if (s.selector && !hp.is_swa(l) && select_reads(s, t, l, attn_scratch_[ith])) {

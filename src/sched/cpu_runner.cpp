@@ -16,6 +16,22 @@ runner_shape shape_of(const llama_model& model, const kv_backend& kv) {
   return {hp.n_layer, hp.n_head_kv, hp.head_dim, kv.layout().block_size};
 }
 
+// Drafts' K/V are tentative (step_plan.h): the blocks of their slots are
+// held, so a rollback inside a sealed block restores its exact staging
+// (kv_backend.h, "Tentative slots").
+void hold_drafts(kv_backend& kv, runner_state& state, const step_plan& plan) {
+  const int bs = kv.layout().block_size;
+  for (const scheduled_seq& q : plan.seqs) {
+    if (q.draft.empty()) continue;
+    // After the last token; from it for a model drafter, whose draft passes
+    // write its slot too and are rewound to before it (cpu_runner_draft.cpp).
+    const int first = q.n_stored + (q.runner_drafts ? 0 : 1), end = q.n_stored + static_cast<int>(q.tokens.size());
+    for (const std::vector<block_id>& table : state.find(q.seq)->tables)
+      for (int b = first / bs; b <= (end - 1) / bs && b < static_cast<int>(table.size()); ++b)
+        if (table[static_cast<std::size_t>(b)].valid()) kv.hold_staging(table[static_cast<std::size_t>(b)]);
+  }
+}
+
 }  // namespace
 
 cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads,
@@ -68,6 +84,7 @@ void cpu_runner::apply(const kv_op& op) {
 void cpu_runner::execute(const step_plan& plan, step_output& out) {
   out.result = ok_status();
   for (const kv_op& op : plan.ops) apply(op);
+  kv_.end_holds();  // the last step's drafts are settled: update() rolled the rejected back in these ops
 
   out.loaded.assign(plan.loads.size(), 0);
   for (std::size_t i = 0; i < plan.loads.size(); ++i) {
@@ -82,11 +99,15 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   }
 
   out.result = state_.apply(plan);
+  if (out.result.ok()) hold_drafts(kv_, state_, plan);
   out.drafts.clear();
   using clock = std::chrono::steady_clock;
   const clock::time_point t0 = clock::now();
   if (out.result.ok() && !plan.seqs.empty()) out.result = draft(plan, out);
   const clock::time_point t1 = clock::now();
+  // The target's own draft passes were rewound (truncate_block), which ends
+  // their blocks' holds: held again for the verification's tentative slots.
+  if (out.result.ok() && !out.drafts.empty()) hold_drafts(kv_, state_, plan);
   if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
   out.draft_seconds = out.drafts.empty() && !draft_ctx_ ? 0.0 : std::chrono::duration<double>(t1 - t0).count();
   out.forward_seconds = std::chrono::duration<double>(clock::now() - t1).count();
@@ -109,6 +130,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     f.blocks = tables_[i].front();
     f.tables = tables_[i];
     f.all_logits = q.all_logits || !q.draft.empty();  // a verification reads every row
+    f.rows_as_steps = !q.draft.empty();                // and each row must be plain decoding's
     if (q.stats_window >= 0) {
       f.stats = &out.stats[i];
       f.stats_window = q.stats_window;

@@ -55,15 +55,8 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
 }
 
 std::string speculation_refusal(const engine_core_config& c) {
-  // A rejected draft inside a sealed block reopens it from its codes: the
-  // kept tokens would be requantized under new scales, not the bytes a plain
-  // run stores (kv_arena::truncate_block). Until staging is kept for
-  // tentative slots, speculation is refused on those types.
-  bool sealed = c.kv.has_sealed();
-  for (const kv_segment_class& k : c.kv_classes) sealed = sealed || k.layout.has_sealed();
-  if (sealed)
-    return "this engine's KV cache has sealed (per-channel quantized) blocks, which rolling back rejected drafts "
-           "cannot restore exactly yet; use a per-token KV type (f32, f16, bf16, q8_0, int8, fp8)";
+  // Sealed KV formats need no refusal: the runner holds the staging of the
+  // blocks drafts are written into, so a rollback is exact (kv_backend.h).
   for (const engine_kv_group& g : c.groups)
     if (g.kind == kv_group_kind::sliding_window)
       return "this model's sliding-window layers keep only their window, which speculative decoding does not "

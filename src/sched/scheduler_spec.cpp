@@ -67,8 +67,11 @@ std::vector<token_id> scheduler::propose_drafts(sequence& s, int n, int budget) 
   const request& r = s.req->req;
   // Never past the budget, max_tokens or the context: a step emits at most
   // 1 + k tokens, the last of which may be the one that reaches a limit.
+  // And k + 1 <= block_size: the step's slots span at most two blocks, the
+  // two staging slots a sequence has for sealed KV formats, which the
+  // runner holds for the drafts (kv_arena.h).
   const int k = std::min({s.spec->k.next(), budget - n, r.max_tokens - s.n_generated - 1,
-                          config_.max_model_len - n_tokens - 1});
+                          config_.max_model_len - n_tokens - 1, config_.block_size - 1});
   if (k < 1) return {};
   // A model drafter drafts in the runner: k placeholders it fills.
   if (!s.spec->drafts) return std::vector<token_id>(static_cast<std::size_t>(k), k_runner_draft);

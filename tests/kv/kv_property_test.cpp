@@ -38,6 +38,11 @@
 // hashed or reported as cached (what the commit hook and the store see), the
 // sequence stores exactly the verified tokens, and its tables hold no block
 // past them.
+// Sealed scenarios run a real int4 storage beside the simulated tensors
+// (kv_sealed_shadow.h), holding a verification's blocks as the runner does:
+// every block cached or evicted holds the bytes plain decoding stores for
+// its tokens, rolled-back ones included (compaction, which requantizes by
+// design, is left out there).
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -49,6 +54,7 @@
 #include <gtest/gtest.h>
 
 #include "kv/kv_manager.h"
+#include "kv_sealed_shadow.h"
 
 namespace pagoda {
 namespace {
@@ -60,6 +66,7 @@ struct scenario {
   std::int32_t window_tokens = 0;  // > 0: a sliding window
   std::int32_t window_blocks = 0;  // > 0: a window group of that many blocks per class beside a full group; 0: group 0 slides
   std::vector<std::int32_t> classes = {};  // group 0's blocks of each KV class; empty: one class
+  bool sealed = false;  // a sealed int4 storage beside the simulated tensors (one group, one class)
 };
 
 scenario scenario_for(std::uint32_t seed) {
@@ -74,7 +81,9 @@ scenario scenario_for(std::uint32_t seed) {
                                          {3, 60, true, 0, 0, {40, 20}},
                                          {4, 48, false, 0, 0, {30, 18}},
                                          {4, 40, true, 9, 0},
-                                         {3, 52, true, 7, 10, {32, 20}}};
+                                         {3, 52, true, 7, 10, {32, 20}},
+                                         {4, 48, true, 0, 0, {}, true},
+                                         {3, 64, true, 0, 0, {}, true}};
   return k_scenarios[seed % std::size(k_scenarios)];
 }
 
@@ -142,6 +151,7 @@ class harness {
         kv_(static_cast<std::size_t>(total_blocks(sc)) * static_cast<std::size_t>(sc.block_size), k_no_token),
         pos_(kv_.size(), -1),
         tentative_(kv_.size(), false) {
+    if (sc.sealed) shadow_.emplace(sc.block_size, total_blocks(sc));
     m_.set_op_listener([this](const kv_op& op) { apply(op); });
     m_.set_max_step_tokens(k_max_step(bs_));
     // A few shared prefixes from a tiny vocabulary, so prompts overlap often.
@@ -231,7 +241,14 @@ class harness {
       }
     }
     EXPECT_GT(n_drops_, 0);
-    EXPECT_GT(n_compactions_, 0);
+    if (!shadow_) {
+      EXPECT_GT(n_compactions_, 0);
+    }
+    if (shadow_) {
+      EXPECT_GT(shadow_->n_compared(), 0);
+      EXPECT_GT(shadow_->n_rollbacks_compared(), 0) << "no block rolled back inside was compared";
+      ::testing::Test::RecordProperty("sealed_rollbacks_compared", static_cast<int>(shadow_->n_rollbacks_compared()));
+    }
     if (!m_.has_sliding_window()) {  // the engine refuses speculation beside a window
       EXPECT_GT(n_verifies_, 0);
       EXPECT_GT(n_rejected_blocks_, 0);  // a rejected tail reached past the last kept block
@@ -272,6 +289,14 @@ class harness {
   const kv_group& group_of(block_id b) const { return m_.group(m_.group_of(b)); }
 
   void apply(const kv_op& op) {
+    if (shadow_) {
+      if (op.kind == kv_op_kind::cache || op.kind == kv_op_kind::evict) {
+        std::vector<std::int32_t> positions;
+        for (std::int32_t i = 0; i < bs_; ++i) positions.push_back(pos_[at(op.block, i)]);
+        EXPECT_TRUE(shadow_->holds_plain_bytes(op.block, op.tokens, positions)) << "op " << op_ << " (" << op_name_ << ")";
+      }
+      shadow_->apply(op);
+    }
     switch (op.kind) {
       case kv_op_kind::copy:
         ++n_copies_;
@@ -469,6 +494,7 @@ class harness {
         ASSERT_TRUE(b.valid()) << "op " << op_ << ": a write into a NULL entry of group " << g;
         slot(b, off) = t;
         pos_[at(b, off)] = next_pos;
+        if (shadow_) shadow_->write(b, static_cast<std::int32_t>(off), t, next_pos);
       }
       written.push_back(t);
       positions.push_back(next_pos);
@@ -488,9 +514,8 @@ class harness {
   // slots for the last sampled token and k drafts, K/V written into all of
   // them, the verified prefix (the last token and the accepted drafts)
   // committed, the rest truncated. Only when the prompt is done, and not
-  // beside a sliding window (the engine refuses speculation there, and on
-  // sealed KV types, whose bytes this test does not model: the manager's calls
-  // are the same for every per-token type).
+  // beside a sliding window (the engine refuses speculation there). With the
+  // sealed shadow, the drafts' blocks are held until the rollback is done.
   void op_verify() {
     const auto id = random_seq();
     if (!id || m_.has_sliding_window()) return;
@@ -517,6 +542,8 @@ class harness {
     std::vector<token_id> tokens;
     std::vector<std::int32_t> positions;
     rejected_blocks_.clear();
+    for (int i = 1; i < n && shadow_; ++i)  // the drafts' blocks, as the runner holds them
+      shadow_->hold(m_.block_table(*id)[static_cast<std::size_t>((n_stored + i) / bs_)]);
     for (int i = 0; i < n; ++i) {
       const token_id t = static_cast<token_id>(uniform(0, 5));
       const std::int64_t p = n_stored + i;
@@ -526,6 +553,7 @@ class harness {
         slot(b, p % bs_) = t;
         pos_[at(b, p % bs_)] = first_pos + i;
         tentative_[at(b, p % bs_)] = i >= n_keep;
+        if (shadow_) shadow_->write(b, static_cast<std::int32_t>(p % bs_), t, first_pos + i);
         if (i >= n_keep && (rejected_blocks_.empty() || rejected_blocks_.back() != b)) rejected_blocks_.push_back(b);
       }
       tokens.push_back(t);
@@ -536,6 +564,7 @@ class harness {
     ASSERT_TRUE(st.ok()) << st.message();
     st = m_.truncate(*id, m_.n_stored_tokens(*id));
     ASSERT_TRUE(st.ok()) << st.message();
+    if (shadow_) shadow_->end_holds();  // the runner's next step: after the rollback ops
     s.n_fed += n_keep;
     s.next_position = positions[n_keep_z - 1] + 1;
     ++n_verifies_;
@@ -639,7 +668,7 @@ class harness {
   // a leading run untouched, as sinks are), compacted to the front.
   void op_compact() {
     const auto id = random_seq();
-    if (!id) return;
+    if (!id || shadow_) return;
     const std::int32_t n_stored = m_.n_stored_tokens(*id);
     if (n_stored < 2) return;
     std::vector<std::int32_t> keep;
@@ -836,6 +865,7 @@ class harness {
   std::vector<std::int32_t> pos_;  // [n_blocks][block_size]: the position each slot was written at
   std::vector<bool> tentative_;  // [n_blocks][block_size]: holds a rejected draft (until rewound or released)
   std::vector<block_id> rejected_blocks_;  // during op_verify: the blocks rejected drafts were written into
+  std::optional<test::sealed_shadow> shadow_;  // sealed scenarios
   std::vector<std::vector<token_id>> prefixes_;
   std::map<seq_id, live_seq> seqs_;
   std::int64_t next_id_ = 1;
