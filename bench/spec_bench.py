@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Speculative decoding (ngram) against plain decoding on stories260K.
+"""Speculative decoding (any drafter) against plain decoding on stories260K.
 
 usage: bench/spec_bench.py [--pagoda build/release/pagoda] [--n 32] [--threads 1] [--spec ngram:k=5,n=3]
-                           [--chars 200] [--max-num-seqs S] [--rounds 2]
+                           [--chars 200] [--max-num-seqs S] [--rounds 2] [--draft-model PATH]
 
 Prompts: the openings (first --chars characters) of the first N stories of
 tests/data/tinystories_dev.txt; each continues for 128 tokens, greedy. The
@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--chars", type=int, default=200)
     ap.add_argument("--max-num-seqs", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--draft-model", default="", help="a draft GGUF for --spec draft (passed as --draft-model)")
     a = ap.parse_args()
     common = ["--max-num-seqs", str(a.max_num_seqs)] if a.max_num_seqs > 0 else []
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
@@ -73,7 +74,8 @@ def main():
     plain, spec = [], []
     for _ in range(a.rounds):
         plain.append(batch(a.pagoda, path, a.threads, common))
-        spec.append(batch(a.pagoda, path, a.threads, common + ["--speculative", a.spec]))
+        draft = ["--draft-model", a.draft_model] if a.draft_model else []
+        spec.append(batch(a.pagoda, path, a.threads, common + draft + ["--speculative", a.spec]))
     os.unlink(path)
     p = max(plain, key=lambda j: j["generation_tokens_per_s"])
     s = max(spec, key=lambda j: j["generation_tokens_per_s"])

@@ -129,7 +129,8 @@ void expect_identical_to_plain(kv_type type, const std::string& speculative = "n
   else EXPECT_GT(s.draft_seconds, 0);
   EXPECT_GT(s.n_accepted_tokens, 0) << "no draft accepted: the test checks nothing of the accept path";
   EXPECT_LT(s.n_accepted_tokens, s.n_draft_tokens) << "no draft rejected: the test checks nothing of the rollback";
-  EXPECT_LT(spec->stats().n_steps, plain->stats().n_steps);
+  // Fewer steps, or as many when the longest request (which sets the count) drew no accepted draft.
+  EXPECT_LE(spec->stats().n_steps, plain->stats().n_steps);
   EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << "blocks leaked";
 
   // Every block handed to the store is a block of some request's verified
