@@ -24,7 +24,6 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.attention_stats_window = c.attention_stats_window;
   s.kv_policy = c.kv_policy;
   s.speculative = c.speculative;
-  s.speculation_refused = speculation_refusal(c);
   s.draft_model = c.draft_model != nullptr;
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
   s.key_summaries = c.kv.key_summaries;
@@ -54,22 +53,15 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   return s;
 }
 
-std::string speculation_refusal(const engine_core_config& c) {
-  // Sealed KV formats need no refusal: the runner holds the staging of the
-  // blocks drafts are written into, so a rollback is exact (kv_backend.h).
-  for (const engine_kv_group& g : c.groups)
-    if (g.kind == kv_group_kind::sliding_window)
-      return "this model's sliding-window layers keep only their window, which speculative decoding does not "
-             "size for yet; start the engine with --swa-full";
-  return {};
-}
-
 std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_config& c) {
   const std::int64_t bs = c.kv.block_size;
   const std::int64_t step_tokens = std::min<std::int64_t>(c.max_num_batched_tokens, std::max(c.max_model_len, 1));
   // Held at once by one sequence: the blocks its window reaches into, its
   // open block and one step's new blocks; the step's tokens are shared by all.
-  const std::int64_t per_seq = (hp.sliding_window + bs - 1) / bs + 3;
+  // Speculation by default: a verification step adds up to k + 1 <= block
+  // size slots, one block more than a plain step at most.
+  const auto speculation = parse_spec_config(c.speculative);
+  const std::int64_t per_seq = (hp.sliding_window + bs - 1) / bs + 3 + (speculation.ok() && speculation->enabled() ? 1 : 0);
   return c.max_num_seqs * per_seq + (step_tokens + bs - 1) / bs;
 }
 
@@ -184,8 +176,6 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     auto spec = parse_spec_config(c.speculative);
     if (!spec.ok()) return spec.error().with_context("--speculative");
     if (spec->enabled()) {
-      if (const std::string why = speculation_refusal(c); !why.empty())
-        return error(errc::invalid_argument, "--speculative {}: {}", spec->drafter, why);
       if (c.attention_stats_window >= 0)
         return error(errc::invalid_argument, "--speculative {}: not combined with attention statistics yet", spec->drafter);
       if (spec->drafter == "draft" && !c.draft_model)

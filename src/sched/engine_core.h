@@ -99,10 +99,6 @@ std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_conf
 // static scales are the target's: the draft's KV is f16 where the class has them).
 kv_layout draft_kv_layout(const kv_layout& target_class, const llama_hparams& draft);
 
-// Why this configuration cannot verify drafts exactly (speculative
-// decoding), or "" when it can.
-std::string speculation_refusal(const engine_core_config& config);
-
 // The class whose blocks have the formats `kv_type` (as --kv-cache-dtype
 // takes it) gives every layer: 0 for the default layout, i + 1 for
 // config.kv_classes[i]. Errors name the types the engine keeps.

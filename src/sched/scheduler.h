@@ -104,11 +104,8 @@ struct scheduler_config {
   std::vector<std::int32_t> kv_class_blocks;
   std::vector<std::string> kv_class_keys;  // [class]: its KV type in prefix keys (kv_manager::set_class_keys); empty: numbers
   std::function<result<std::uint8_t>(const std::string& kv_type)> kv_class_of;
-  // Speculative decoding (spec/speculative.h): the default of requests that
-  // name none, and why this engine cannot verify drafts exactly (non-empty:
-  // every request that asks for speculation is refused with it).
+  // Speculative decoding (spec/speculative.h): the default of requests that name none.
   std::string speculative = "none";
-  std::string speculation_refused;
   bool draft_model = false;  // the engine has a draft model (speculative `draft`)
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;

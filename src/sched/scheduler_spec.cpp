@@ -39,8 +39,6 @@ status scheduler::resolve_speculation(request_state& r) const {
                    "it with --speculative {} (or a quest --kv-policy)",
                    where, r.spec.drafter, r.spec.to_string());
   }
-  if (!config_.speculation_refused.empty())
-    return error(errc::invalid_argument, "speculative {}: {}", r.spec.drafter, config_.speculation_refused);
   // A KV policy (or the engine's attention statistics) decides from every
   // query row of a step, and a sparse read selects per step: rejected drafts
   // would reach them. Not combined yet; the engine's default yields to the

@@ -427,6 +427,44 @@ TEST(speculative_engine, rejection_sampling_keeps_the_targets_law_end_to_end) {
   }
 }
 
+// Sliding-window models whose window layers keep only their window (a
+// window group beside the full one on gemma2; every layer a window on
+// tiny-swa): verification reads the committed window, the rollback happens
+// before windows are released. Greedy outputs are plain decoding's, with the
+// model drafting for itself (every draft accepted) and with early exit.
+TEST(speculative_engine, sliding_window_groups_keep_outputs_exact) {
+  for (const char* preset : {"tiny-gemma2", "tiny-swa"}) {
+    auto model = test::load_synth(preset, gguf::tensor_type::f32);
+    ASSERT_TRUE(model);
+    const llama_hparams& hp = model->hparams();
+    std::vector<request> reqs;
+    for (int i = 0; i < 8; ++i) {
+      std::vector<token_id> prompt;
+      for (int j = 0; j < 30 + 9 * i; ++j) prompt.push_back(static_cast<token_id>(3 + (j * 53 + i * 7) % 500));
+      reqs.push_back(test::greedy_ids("w" + std::to_string(i), prompt, 48));
+    }
+    for (const char* spec : {"draft:k=4", "early-exit:k=3,layers=1"}) {
+      engine_core_config c = config(kv_type::f32, "none");
+      c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
+      c.max_model_len = 256;
+      c.n_blocks = 400;
+      c.draft_model = model.get();
+      const auto [plain, sp, a, b] = run_both(reqs, c, spec, *model);
+      ASSERT_TRUE(sp) << preset << " " << spec;
+      bool windowed = false;
+      for (const engine_kv_group& g : sp->config().groups) windowed = windowed || g.kind == kv_group_kind::sliding_window;
+      EXPECT_TRUE(windowed) << preset << ": no sliding-window group";
+      for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << preset << " " << spec << " " << r.id;
+      const spec_decode_stats& st = sp->stats().spec_decode.at(std::string(spec).substr(0, std::string(spec).find(':')));
+      EXPECT_GT(st.n_accepted_tokens, 0) << preset << " " << spec;
+      if (std::string(spec).starts_with("draft")) {
+        EXPECT_EQ(st.n_accepted_tokens, st.n_draft_tokens) << preset;
+      }
+      EXPECT_EQ(sp->kv_stats().n_blocks_used, 0) << preset << " " << spec << ": blocks leaked";
+    }
+  }
+}
+
 TEST(speculative_engine, draft_model_bad_input) {
   // Another vocabulary: refused naming --draft-model.
   auto synth = test::load_synth("tiny", gguf::tensor_type::f32);
