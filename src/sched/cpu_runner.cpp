@@ -67,11 +67,25 @@ void cpu_runner::apply(const kv_op& op) {
       }
       kv_.release_block(op.block);
       break;
-    case kv_op_kind::gather:
-      kv_.gather(*op.gather, [this](int layer, float* k, int n, const std::int32_t* delta) {
-        rotate_keys(ctx_.model().hparams(), layer, k, n, delta);
-      });
+    case kv_op_kind::gather: {
+      // A draft model's group holds its own layers and heads: a per-head
+      // compaction's rows (the target's) do not number them, so it keeps row
+      // 0's slots in every row (its KV only drafts), and it rotates with its own RoPE.
+      const bool draft = op.gather->group == draft_group_;
+      kv_gather first_row;
+      if (draft && op.gather->n_rows > 1) {
+        first_row = *op.gather;
+        first_row.n_rows = 1;
+        first_row.sources.resize(static_cast<std::size_t>(first_row.n));
+        first_row.folded.resize(static_cast<std::size_t>(first_row.n_folded));
+        first_row.anchors.resize(static_cast<std::size_t>(first_row.anchors_per_row));
+      }
+      kv_.gather(draft && op.gather->n_rows > 1 ? first_row : *op.gather,
+                 [this, draft](int layer, float* k, int n, const std::int32_t* delta) {
+                   rotate_keys((draft ? draft_ctx_->model() : ctx_.model()).hparams(), layer, k, n, delta);
+                 });
       break;
+    }
     case kv_op_kind::cache:
       if (on_cache_) {
         const auto bytes = read_block(op.block);

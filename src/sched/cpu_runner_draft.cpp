@@ -18,13 +18,14 @@
 //
 // draft: the draft model's KV is a KV group of its own (engine_core: same
 // slots as the target's groups, its own shape). Its first pass of a step runs
-// over EVERY sequence of the plan (prompt chunks, plain decode rows, the last
-// token of drafting ones), so that its KV keeps up with the target's; the
-// verification never writes that group. The passes' K/V of accepted drafts
-// are the draft's K/V of those tokens and stay; the scheduler's truncation
-// drops the rest with the target's. When every draft was accepted the last
-// one's draft K/V is missing: the next step's first pass computes it first
-// (draft_kv, from the token history).
+// over EVERY sequence of the plan (prompt chunks, plain decode rows, the
+// tokens and drafts of self/early-exit ones, the last token of drafting ones),
+// so that every slot a step may commit has the draft's K/V; the verification
+// never writes that group. Passes 2..k + 1 draft (the last only writes the
+// last draft's K/V: all k may be accepted and committed, hence cached and
+// stored). The passes' K/V of accepted drafts stay; the scheduler's
+// truncation drops the rest with the target's. A sequence whose draft K/V lag
+// its stored slots (draft_kv) catches up from its token history first.
 #include <algorithm>
 #include <map>
 
@@ -51,8 +52,10 @@ status cpu_runner::draft(const step_plan& plan, step_output& out) {
       return error(errc::internal, "sequence {} drafts with a draft model the runner does not have", q.seq.value);
   }
   if (any) out.drafts.assign(plan.seqs.size(), {});
-  if (draft_ctx_) PAGODA_RETURN_IF_ERROR(draft_with_model(plan, out));
+  // The target's own drafts first: the draft model then writes its K/V for
+  // them too (every slot a verification may commit has the draft's K/V).
   if (any) PAGODA_RETURN_IF_ERROR(draft_with_target(plan, out));
+  if (draft_ctx_) PAGODA_RETURN_IF_ERROR(draft_with_model(plan, out));
   verify_tokens_.resize(plan.seqs.size());
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
@@ -85,14 +88,21 @@ status cpu_runner::draft_with_model(const step_plan& plan, step_output& out) {
     const scheduled_seq& q = plan.seqs[i];
     runner_state::sequence& s = *state_.find(q.seq);
     const bool drafts = q.runner_drafts && s.speculation.drafter == "draft";
-    const std::size_t n_known = q.tokens.size() - (q.runner_drafts ? q.draft.size() : 0);
+    // Known tokens: all of them, the target's own drafts (self, early-exit)
+    // included; a `draft` sequence's last token only (its drafts come next).
+    const std::size_t n_known = q.tokens.size() - (drafts ? q.draft.size() : 0);
     // The missing slots' tokens are the history's where slot = position = token index.
     std::int32_t from = s.draft_kv;
     for (std::int32_t j = from; j < q.n_stored; ++j)
       if (s.positions[static_cast<std::size_t>(j)] != j || static_cast<std::size_t>(j) >= s.history.size()) from = q.n_stored;
     std::vector<token_id>& t = first[i];
     t.assign(s.history.begin() + from, s.history.begin() + q.n_stored);
-    t.insert(t.end(), q.tokens.begin(), q.tokens.begin() + static_cast<std::ptrdiff_t>(n_known));
+    if (q.runner_drafts && !drafts) {  // the last token, then the drafts the target made
+      t.push_back(q.tokens.front());
+      t.insert(t.end(), out.drafts[i].begin(), out.drafts[i].end());
+    } else {
+      t.insert(t.end(), q.tokens.begin(), q.tokens.begin() + static_cast<std::ptrdiff_t>(n_known));
+    }
     forward_seq f;
     f.tokens = t;
     f.positions = std::span<const std::int32_t>(s.positions).subspan(static_cast<std::size_t>(from), t.size());
@@ -117,13 +127,18 @@ status cpu_runner::draft_with_model(const step_plan& plan, step_output& out) {
     rows.resize(kept);
     take_drafts(plan, n_vocab, rows, out);
   }
-  // Passes 2..k: the drafting sequences' newest draft each.
+  // Passes 2..k + 1: the drafting sequences' newest draft each. Pass k + 1
+  // writes the last draft's K/V only (its logits are not used): when every
+  // draft is accepted, its slot is committed (and may be cached and stored)
+  // with the rest.
+  std::vector<std::size_t> taking;
   for (std::size_t j = 1;; ++j) {
     batch.clear();
     rows.clear();
+    taking.clear();
     for (const std::size_t i : drafting) {
       const scheduled_seq& q = plan.seqs[i];
-      if (j >= q.draft.size()) continue;
+      if (j > q.draft.size()) continue;
       runner_state::sequence& s = *state_.find(q.seq);
       forward_seq f;
       f.tokens = std::span<const token_id>(out.drafts[i]).subspan(j - 1, 1);
@@ -137,7 +152,16 @@ status cpu_runner::draft_with_model(const step_plan& plan, step_output& out) {
     }
     if (batch.empty()) break;
     PAGODA_RETURN_IF_ERROR(draft_ctx_->forward(batch, logits_));
-    take_drafts(plan, n_vocab, rows, out);
+    // The rows of sequences with drafts still to make give their next one.
+    const auto V = static_cast<std::size_t>(n_vocab);
+    std::size_t kept = 0;
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      if (out.drafts[rows[r]].size() < plan.seqs[rows[r]].draft.size()) {
+        if (kept != r) std::copy_n(logits_.begin() + static_cast<std::ptrdiff_t>(r * V), V, logits_.begin() + static_cast<std::ptrdiff_t>(kept * V));
+        taking.push_back(rows[r]);
+        ++kept;
+      }
+    take_drafts(plan, n_vocab, taking, out);
   }
   return {};
 }

@@ -303,6 +303,7 @@ void expect_self_draft_identical(kv_type type) {
   std::vector<request> reqs;
   for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("d" + std::to_string(i), texts[i], 64));
   engine_core_config c = config(type, "none");
+  if (c.kv.has_sealed()) c.max_num_batched_tokens = 4096;  // prompts chunked alike (expect_identical_to_plain)
   c.draft_model = &stories();
   const auto [plain, spec, a, b] = run_both(reqs, c, "draft:k=4");
   for (const request& r : reqs) ASSERT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
@@ -316,6 +317,10 @@ void expect_self_draft_identical(kv_type type) {
 }
 TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_f32) { expect_self_draft_identical(kv_type::f32); }
 TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_int8) { expect_self_draft_identical(kv_type::int8); }
+// Sealed blocks: a fully accepted run's last draft slot is committed (and its
+// block may be handed to the commit hook at once): its draft K/V must be
+// written by then, or reading the draft group's block fails.
+TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_int4) { expect_self_draft_identical(kv_type::int4); }
 
 // A smaller draft: the first 2 layers of a 4-layer synth model (same seed,
 // so the same embeddings, layers and head), and a draft of another shape
@@ -463,6 +468,43 @@ TEST(speculative_engine, sliding_window_groups_keep_outputs_exact) {
       EXPECT_EQ(sp->kv_stats().n_blocks_used, 0) << preset << " " << spec << ": blocks leaked";
     }
   }
+}
+
+// An engine with a draft model serves requests that do not speculate too,
+// KV policies included: a compaction gathers the draft's group as well, a
+// renumbering one (positions=cache) rotates the draft's keys with the
+// draft's own RoPE and head size (here 32 against the target's 64), and a
+// per-head one (pyramid) keeps its first row's slots there (the draft has
+// 2 layers x 2 KV heads, the target's rows would number others). No crash
+// and no leak is what this checks (the draft group's content only drafts).
+TEST(speculative_engine, draft_group_follows_a_renumbering_policy) {
+  synth_options o;
+  o.preset = "tiny256";
+  o.n_layer = 2;
+  o.weight_type = gguf::tensor_type::f32;
+  o.n_threads = 1;
+  auto target = test::load_synth(o, "spec_policy_target");
+  o.preset = "tiny";
+  auto draft = test::load_synth(o, "spec_policy_draft");
+  ASSERT_TRUE(target && draft);
+  const llama_hparams& hp = target->hparams();
+  engine_core_config c = config(kv_type::f32, "none");
+  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
+  c.draft_model = draft.get();
+  auto e = *engine_core::create(*target, c);
+  std::vector<request> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<token_id> prompt;
+    for (int j = 0; j < 90; ++j) prompt.push_back(static_cast<token_id>(3 + (j * 29 + i) % 500));
+    request r = test::greedy_ids("p" + std::to_string(i), prompt, 40);
+    // A renumbering window, and per-head budgets (a gather of one row per target layer and head).
+    r.kv_policy = i % 2 == 0 ? "window:budget=32,positions=cache" : "pyramid:budget=32";
+    reqs.push_back(r);
+  }
+  const run_result out = run(*e, reqs);
+  for (const request& r : reqs) EXPECT_EQ(out.tokens.at(r.id).size(), 40u) << r.id;
+  EXPECT_GT(e->stats().n_policy_compactions, 0) << "no compaction: the test checks nothing";
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
 }
 
 TEST(speculative_engine, draft_model_bad_input) {
