@@ -139,7 +139,9 @@ int serve(serve_options o) {
   }
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto draft, load_draft_model(o.engine.config));  // outlives the engine below
+  auto loaded = load_draft_model(o.engine.config);  // outlives the engine below
+  if (!loaded.ok()) return fail_engine(loaded.error());  // as run and batch: a bad --draft-model is a usage error
+  auto draft = std::move(*loaded);
   cfg.draft_model = draft.get();
   cfg.max_waiting = o.max_waiting;
   PAGODA_ASSIGN_OR_RETURN_CLI(server::key_store keys, load_keys(o, cfg));
