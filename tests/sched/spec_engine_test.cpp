@@ -295,6 +295,17 @@ TEST(speculative_engine, model_drafters_with_sampling_forks_and_preemption) {
   }
 }
 
+// A synth preset with f32 weights and n_layer layers (same seed: a model of
+// fewer layers is the first layers of one of more), loaded under `name`.
+std::unique_ptr<llama_model> f32_synth(const std::string& preset, int n_layer, const std::string& name) {
+  synth_options o;
+  o.preset = preset;
+  o.n_layer = n_layer;
+  o.weight_type = gguf::tensor_type::f32;
+  o.n_threads = 1;
+  return test::load_synth(o, name);
+}
+
 // A draft model (--draft-model): its KV a KV group of its own. stories260K
 // drafting for itself accepts every draft (the same computation: a check of
 // the plumbing, the draft group's KV kept in step, prefix hits included).
@@ -327,16 +338,9 @@ TEST(speculative_engine, draft_model_that_is_the_target_accepts_everything_int4)
 // (head_dim 32 against 64) with the same synth vocabulary. Greedy outputs are
 // plain decoding's, sampled ones run their length; drafts are accepted and rejected.
 TEST(speculative_engine, smaller_draft_models_give_plain_decodings_tokens) {
-  synth_options o;
-  o.preset = "tiny256";
-  o.n_layer = 4;
-  o.weight_type = gguf::tensor_type::f32;
-  o.n_threads = 1;
-  auto target = test::load_synth(o, "spec_target");
-  o.n_layer = 2;
-  auto shallow = test::load_synth(o, "spec_shallow");
-  o.preset = "tiny";
-  auto other = test::load_synth(o, "spec_other_shape");
+  auto target = f32_synth("tiny256", 4, "spec_target");
+  auto shallow = f32_synth("tiny256", 2, "spec_shallow");
+  auto other = f32_synth("tiny", 2, "spec_other_shape");
   ASSERT_TRUE(target && shallow && other);
   const llama_hparams& hp = target->hparams();
   std::vector<request> reqs;
@@ -478,14 +482,8 @@ TEST(speculative_engine, sliding_window_groups_keep_outputs_exact) {
 // 2 layers x 2 KV heads, the target's rows would number others). No crash
 // and no leak is what this checks (the draft group's content only drafts).
 TEST(speculative_engine, draft_group_follows_a_renumbering_policy) {
-  synth_options o;
-  o.preset = "tiny256";
-  o.n_layer = 2;
-  o.weight_type = gguf::tensor_type::f32;
-  o.n_threads = 1;
-  auto target = test::load_synth(o, "spec_policy_target");
-  o.preset = "tiny";
-  auto draft = test::load_synth(o, "spec_policy_draft");
+  auto target = f32_synth("tiny256", 2, "spec_policy_target");
+  auto draft = f32_synth("tiny", 2, "spec_policy_draft");
   ASSERT_TRUE(target && draft);
   const llama_hparams& hp = target->hparams();
   engine_core_config c = config(kv_type::f32, "none");
