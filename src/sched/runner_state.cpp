@@ -130,10 +130,14 @@ token_id runner_state::draft_token(sequence& s, std::span<const float> logits, s
   if (drafts_so_far.empty()) s.draft_q.clear();
   if (s.params.is_greedy()) return argmax(logits);
   if (!s.draft_smp) s.draft_smp = std::make_unique<sampler>(draft_sampling_params(s.params));
-  const std::size_t n_prompt = std::min(s.history.size(), static_cast<std::size_t>(std::max(s.n_prompt, 0)));
-  std::vector<token_id> output(s.history.begin() + static_cast<std::ptrdiff_t>(n_prompt), s.history.end());
-  output.insert(output.end(), drafts_so_far.begin(), drafts_so_far.end());
-  draft_draw d = draw_draft(*s.draft_smp, logits, std::span<const token_id>(s.history).first(n_prompt), output);
+  // The penalties read the output and the drafts so far: appended to the
+  // history for the call (no copy of a long history per draft).
+  const std::size_t n_history = s.history.size();
+  const std::size_t n_prompt = std::min(n_history, static_cast<std::size_t>(std::max(s.n_prompt, 0)));
+  s.history.insert(s.history.end(), drafts_so_far.begin(), drafts_so_far.end());
+  const std::span<const token_id> all(s.history);
+  draft_draw d = draw_draft(*s.draft_smp, logits, all.first(n_prompt), all.subspan(n_prompt));
+  s.history.resize(n_history);
   s.draft_q.push_back(std::move(d.q));
   return d.token;
 }
@@ -200,13 +204,16 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
           // Drafts drawn from the draft's distribution: rejection sampling.
           PAGODA_ASSERT(s->draft_q.size() == drafts.size(), "sequence {}: {} draft distributions for {} drafts",
                         q.seq.value, s->draft_q.size(), drafts.size());
-          const std::size_t n_prompt = std::min(s->history.size(), static_cast<std::size_t>(std::max(s->n_prompt, 0)));
-          std::vector<token_id> output(s->history.begin() + static_cast<std::ptrdiff_t>(n_prompt), s->history.end());
+          // Row j's penalties read the output and drafts[0, j): appended to
+          // the history as rows are reached, cut back before the tokens are recorded.
+          const std::size_t n_history = s->history.size();
+          const std::size_t n_prompt = std::min(n_history, static_cast<std::size_t>(std::max(s->n_prompt, 0)));
           emitted = accept_distribution_drafts(drafts, s->draft_q, [&](int j) {
-            if (j > 0) output.push_back(drafts[static_cast<std::size_t>(j - 1)]);
-            return s->smp.probabilities(row_of(static_cast<std::size_t>(j)),
-                                        std::span<const token_id>(s->history).first(n_prompt), output);
+            if (j > 0) s->history.push_back(drafts[static_cast<std::size_t>(j - 1)]);
+            const std::span<const token_id> all(s->history);
+            return s->smp.probabilities(row_of(static_cast<std::size_t>(j)), all.first(n_prompt), all.subspan(n_prompt));
           }, s->smp);
+          s->history.resize(n_history);
           for (std::size_t j = 0; j < emitted.size(); ++j) out.sampled.push_back(record(*s, q.seq, row_of(j), emitted[j]));
         } else {
           emitted = accept_point_drafts(drafts, [&](int j) {

@@ -135,31 +135,29 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
            "Prompt tokens run through the model (prefix-cache misses and recomputation).", s.n_computed_prompt_tokens);
   w.metric("pagoda:generation_tokens_total", "counter", "Number of generation tokens processed.", s.n_generated_tokens);
   // Speculative decoding under vLLM's spec_decode names, one series per drafter.
-  w.family("pagoda:spec_decode_num_drafts_total", "counter", "Verification steps that carried draft tokens.");
-  for (const auto& [name, d] : s.spec_decode)
-    w.sample("pagoda:spec_decode_num_drafts_total", fmt::format("drafter=\"{}\"", name), static_cast<double>(d.n_drafts));
-  w.family("pagoda:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.");
-  for (const auto& [name, d] : s.spec_decode)
-    w.sample("pagoda:spec_decode_num_draft_tokens_total", fmt::format("drafter=\"{}\"", name),
-             static_cast<double>(d.n_draft_tokens));
-  w.family("pagoda:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted.");
-  for (const auto& [name, d] : s.spec_decode)
-    w.sample("pagoda:spec_decode_num_accepted_tokens_total", fmt::format("drafter=\"{}\"", name),
-             static_cast<double>(d.n_accepted_tokens));
+  auto per_drafter = [&](const char* name, const char* help, auto value) {
+    w.family(name, "counter", help);
+    for (const auto& [drafter, d] : s.spec_decode)
+      w.sample(name, fmt::format("drafter=\"{}\"", drafter), static_cast<double>(value(d)));
+  };
+  per_drafter("pagoda:spec_decode_num_drafts_total", "Verification steps that carried draft tokens.",
+              [](const spec_decode_stats& d) { return d.n_drafts; });
+  per_drafter("pagoda:spec_decode_num_draft_tokens_total", "Draft tokens proposed.",
+              [](const spec_decode_stats& d) { return d.n_draft_tokens; });
+  per_drafter("pagoda:spec_decode_num_accepted_tokens_total", "Draft tokens the target accepted.",
+              [](const spec_decode_stats& d) { return d.n_accepted_tokens; });
   w.family("pagoda:spec_decode_num_accepted_tokens_per_pos_total", "counter",
            "Draft tokens accepted, by position in the draft (0: the first).");
   for (const auto& [name, d] : s.spec_decode)
     for (std::size_t i = 0; i < d.accepted_per_pos.size() && d.accepted_per_pos[i] > 0; ++i)
       w.sample("pagoda:spec_decode_num_accepted_tokens_per_pos_total",
                fmt::format("drafter=\"{}\",position=\"{}\"", name, i), static_cast<double>(d.accepted_per_pos[i]));
-  w.family("pagoda:spec_decode_draft_seconds_total", "counter",
-           "Seconds of model drafters' draft passes (a step's shared among its drafters by draft tokens).");
-  for (const auto& [name, d] : s.spec_decode)
-    w.sample("pagoda:spec_decode_draft_seconds_total", fmt::format("drafter=\"{}\"", name), d.draft_seconds);
-  w.family("pagoda:spec_decode_verify_seconds_total", "counter",
-           "Seconds of the forward passes that verified drafts (the whole batched pass, shared as above).");
-  for (const auto& [name, d] : s.spec_decode)
-    w.sample("pagoda:spec_decode_verify_seconds_total", fmt::format("drafter=\"{}\"", name), d.verify_seconds);
+  per_drafter("pagoda:spec_decode_draft_seconds_total",
+              "Seconds of model drafters' draft passes (a step's shared among its drafters by draft tokens).",
+              [](const spec_decode_stats& d) { return d.draft_seconds; });
+  per_drafter("pagoda:spec_decode_verify_seconds_total",
+              "Seconds of the forward passes that verified drafts (the whole batched pass, shared as above).",
+              [](const spec_decode_stats& d) { return d.verify_seconds; });
   w.metric("pagoda:kv_policy_compactions_total", "counter",
            "KV policy decisions applied: a sequence's kept tokens compacted, emptied blocks freed.",
            s.n_policy_compactions);

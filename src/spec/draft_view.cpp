@@ -13,9 +13,8 @@ bool window_view_selector::select(const kv_select_query& q, std::vector<slot_ran
   const int n_queries = q.n_rep > 0 ? q.n_rows / q.n_rep : 1;
   const std::int64_t begin_recent = static_cast<std::int64_t>(q.n_kv) - n_queries - window_ + 1;
   if (begin_recent <= sinks_) return false;  // the view is the whole cache
-  out.push_back({0, sinks_});
+  if (sinks_ > 0) out.push_back({0, sinks_});
   out.push_back({static_cast<std::int32_t>(begin_recent), q.n_kv});
-  if (sinks_ == 0) out.erase(out.begin());
   return true;
 }
 
