@@ -160,7 +160,10 @@ struct forward_seq {
   // row before a block's last slot reads a sealed format's block staged in
   // f16 (the backend holds it, kv_backend.h "Tentative slots"), the row at
   // its last slot reads the codes. Without it a chunk's rows all read the
-  // cache as the chunk leaves it. Ignored with stats or a selector.
+  // cache as the chunk leaves it. With a selector each row selects its own
+  // reads; with stats each row adds only to its own window row (the
+  // accumulated sums stay zero: every row the caller counts needs a window
+  // row, stats_window >= tokens.size()).
   bool rows_as_steps = false;
   // Optional: the step's attention statistics of this sequence, reset to
   // [layers][kv heads][n_stored + tokens] with a window of stats_window rows.

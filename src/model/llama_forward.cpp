@@ -253,10 +253,15 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     for (int si = 0; si < static_cast<int>(seqs.size()); ++si) {
       const forward_seq& s = seqs[si];
       const int n = static_cast<int>(s.tokens.size());
-      const bool split = s.rows_as_steps && !s.stats && !s.selector;
+      // Statistics and sparse reads are per step: each row its own part, read,
+      // selected and counted as plain decoding would. Otherwise rows share a
+      // part up to a block's last slot (a sealed format's staged read).
+      const bool each_row = s.rows_as_steps && (s.stats || s.selector);
+      const bool split = s.rows_as_steps && !each_row;
       for (int first = 0; first < n;) {
         int end = first + 1;
-        while (end < n && !(split && (s.n_stored + end) % layout.block_size == layout.block_size - 1)) ++end;
+        while (end < n && !each_row && !(split && (s.n_stored + end) % layout.block_size == layout.block_size - 1))
+          ++end;
         parts.push_back({si, first, end - first, row0 + first});
         first = end;
       }
@@ -352,6 +357,14 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.out = attn + static_cast<std::size_t>(part.row0) * QD;
         t.out_stride = QD;
         if (s.stats) t.stats = s.stats->out(l, a.head);
+        if (s.stats && s.rows_as_steps) {
+          // One row per part, parts in parallel: a row adds its weights to
+          // its own window row only (forward_seq::rows_as_steps).
+          const int row = part.first - (static_cast<int>(s.tokens.size()) - s.stats->n_window);
+          t.stats.accumulated = nullptr;
+          t.stats.window = row >= 0 ? t.stats.window + static_cast<std::size_t>(row) * s.stats->n_kv : nullptr;
+          t.stats.n_window = row >= 0 ? 1 : 0;
+        }
         if (s.selector && !hp.is_swa(l) && select_reads(s, t, l, attn_scratch_[ith])) {
           sparse_items[it] = 1;
           // Scattered tokens (retrieval's top-k) are gathered one by one;

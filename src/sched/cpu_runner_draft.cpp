@@ -46,7 +46,7 @@ status cpu_runner::draft(const step_plan& plan, step_output& out) {
   for (const scheduled_seq& q : plan.seqs) {
     if (!q.runner_drafts) continue;
     const runner_state::sequence* s = state_.find(q.seq);
-    if (!s || !s->speculation.model_drafter() || q.tokens.size() != q.draft.size() + 1 || s->n_rows != 0)
+    if (!s || !s->speculation.model_drafter() || q.tokens.size() != q.draft.size() + 1)
       return error(errc::internal, "sequence {} has runner drafts it cannot make", q.seq.value);
     if (s->speculation.drafter == "draft" && !draft_ctx_)
       return error(errc::internal, "sequence {} drafts with a draft model the runner does not have", q.seq.value);
@@ -199,6 +199,10 @@ status cpu_runner::draft_with_target(const step_plan& plan, step_output& out) {
         f.stored_positions = std::span<const std::int32_t>(s.positions).first(static_cast<std::size_t>(f.n_stored));
         f.blocks = tables[b].front();
         f.tables = tables[b];
+        if (s.n_rows > 0) {  // a per-head KV policy: the rows' own positions (apply() appended the step's)
+          f.row_positions = s.rows.data();
+          f.row_stride = s.row_stride;
+        }
         f.selector = s.draft_view.get();
         batch.push_back(f);
         rows.push_back(seqs[b]);

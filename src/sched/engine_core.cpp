@@ -176,8 +176,6 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     auto spec = parse_spec_config(c.speculative);
     if (!spec.ok()) return spec.error().with_context("--speculative");
     if (spec->enabled()) {
-      if (c.attention_stats_window >= 0)
-        return error(errc::invalid_argument, "--speculative {}: not combined with attention statistics yet", spec->drafter);
       if (spec->drafter == "draft" && !c.draft_model)
         return error(errc::invalid_argument, "--speculative draft: needs a draft model (--draft-model PATH)");
       if (spec->model_drafter() && spec->layers > hp.n_layer)

@@ -106,10 +106,6 @@ status scheduler::add_request(request req) {
     const bool keeps_policy = !spec->is_none() || any_segment_policy(req.segments);
     side = seq_policy::side_memory_of(keeps_policy ? made->get() : nullptr, config_.policy_shape,
                                       config_.attention_stats_window);
-    const bool any_policy = !spec->is_none() || std::any_of(req.segments.begin(), req.segments.end(), [](const prompt_segment& p) {
-      return !p.kv_policy.empty() && p.kv_policy != "none";
-    });
-    (void)any_policy;
     // Renumbered positions would bring tokens a sliding window already let go
     // back into its window: the one combination that cannot work.
     if (const std::string* pos = spec->find("positions"); pos && *pos == "cache" && kv_.has_sliding_window())
@@ -565,6 +561,9 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
   sync_kv_state(kv_, s->id, n, s->runner, q);
   if (s->pol) {
     q.stats_window = s->pol->stats_window();
+    // A verification's rows count one by one, those that stand only
+    // (seq_policy::commit_verified): each gets a window row.
+    if (q.stats_window >= 0 && !q.draft.empty()) q.stats_window = n;
     const bool rows_changed = s->pol->take_rows_changed();
     if (s->pol->per_row() && (fresh || rows_changed)) q.rows = s->pol->stored_rows();
     q.slot_changes = s->pol->take_slot_changes();
@@ -717,7 +716,9 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     if (!q.draft.empty()) {
       first_computed[i] = s->n_computed;
       const std::size_t n_emitted = 1 + static_cast<std::size_t>(out.accepted[i]);
-      commit_verified(s, q, drafts_of(q, out, i), std::span(out.sampled).subspan(next_sample, n_emitted), events);
+      const bool has_stats = q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0;
+      commit_verified(s, q, drafts_of(q, out, i), has_stats ? &out.stats[i] : nullptr,
+                      std::span(out.sampled).subspan(next_sample, n_emitted), events);
       next_sample += n_emitted;
       continue;
     }
@@ -781,7 +782,7 @@ void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& fi
     ctx.tokens = s->tokens;
     ctx.n_seen = s->n_computed;
     ctx.n_prompt = s->n_prompt;
-    ctx.n_new = static_cast<int>(plan.seqs[i].tokens.size());
+    ctx.n_new = s->n_computed - first_computed[i];  // a verification's: the tokens that stood
     ctx.prompt_done_now = first_computed[i] < s->n_prompt && s->n_computed >= s->n_prompt;
     std::optional<kv_compaction> c = s->pol->decide(kv_, s->id, ctx);
     if (!c) continue;

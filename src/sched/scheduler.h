@@ -302,10 +302,11 @@ class scheduler {
   // The drafts of plan.seqs[i] as verified: the plan's, or the runner's (runner_drafts).
   static std::span<const token_id> drafts_of(const scheduled_seq& q, const step_output& out, std::size_t i);
   // Commits a verification step of s: the verified prefix's K/V (the
-  // tentative rest truncated), the emitted tokens, the counters. `emitted`:
-  // the runner's tokens for s (1 + accepted).
-  void commit_verified(sequence* s, const scheduled_seq& q, std::span<const token_id> drafts, std::span<sampled_token> emitted,
-                       std::vector<engine_event>& events);
+  // tentative rest truncated), the policy's statistics of the rows that
+  // stood (`stats`, null when none collected), the emitted tokens, the
+  // counters. `emitted`: the runner's tokens for s (1 + accepted).
+  void commit_verified(sequence* s, const scheduled_seq& q, std::span<const token_id> drafts,
+                       const attention_stats* stats, std::span<sampled_token> emitted, std::vector<engine_event>& events);
   // The request's speculation, from its own spec or the engine's default.
   status resolve_speculation(request_state& r) const;
   void fork_children(sequence* parent, std::span<const seq_fork> forks);

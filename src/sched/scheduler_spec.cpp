@@ -39,22 +39,10 @@ status scheduler::resolve_speculation(request_state& r) const {
                    "it with --speculative {} (or a quest --kv-policy)",
                    where, r.spec.drafter, r.spec.to_string());
   }
-  // A KV policy (or the engine's attention statistics) decides from every
-  // query row of a step, and a sparse read selects per step: rejected drafts
-  // would reach them. Not combined yet; the engine's default yields to the
-  // request's policy, a request that asks for both is refused.
-  const auto policy = parse_kv_policy_spec(req.kv_policy);  // add_request checked it
-  const bool any_policy = (policy.ok() && !policy->is_none()) ||
-                          std::any_of(req.segments.begin(), req.segments.end(),
-                                      [](const prompt_segment& p) { return !p.kv_policy.empty() && p.kv_policy != "none"; });
-  if (any_policy || config_.attention_stats_window >= 0 || req.prompt_logits) {
-    if (!own) {
-      r.spec = spec_config{};
-      return {};
-    }
-    return error(errc::invalid_argument, "speculative {}: not combined with {} yet", r.spec.drafter,
-                 req.prompt_logits ? "prompt logits" : any_policy ? "a KV policy" : "attention statistics");
-  }
+  // KV policies, attention statistics and prompt logits combine with every
+  // drafter: the policy sees the rows that stood (commit_verified), a sparse
+  // read selects per row, a draft model's KV follows compactions (its group
+  // is gathered with the target's; a per-head one keeps its first row's slots).
   return {};
 }
 
@@ -100,7 +88,8 @@ std::span<const token_id> scheduler::drafts_of(const scheduled_seq& q, const ste
 }
 
 void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<const token_id> drafts,
-                                std::span<sampled_token> emitted, std::vector<engine_event>& events) {
+                                const attention_stats* stats, std::span<sampled_token> emitted,
+                                std::vector<engine_event>& events) {
   const auto n_draft = static_cast<int>(q.draft.size());
   const int n_accepted = static_cast<int>(emitted.size()) - 1;
   // The tokens that stand: up to the first that finishes the sequence (EOS, a
@@ -125,6 +114,9 @@ void scheduler::commit_verified(sequence* s, const scheduled_seq& q, std::span<c
   st = kv_.truncate(s->id, n_stored);  // the rejected drafts' slots: released, or rewound in the kept last block
   PAGODA_ASSERT(st.ok(), "rolling back rejected drafts: {}", st.message());
   s->runner.positions_changed_from(n_stored);
+  // The policy sees the rows that stood, each as a plain step; its selector
+  // forgets the rejected ones (their keys reached it in the forward pass).
+  if (s->pol) s->pol->commit_verified(static_cast<int>(n_commit), static_cast<int>(q.tokens.size()), stats);
   s->n_computed += n_keep;
   spec_decode_stats& c = stats_.spec_decode[s->spec->config.drafter];
   ++c.n_drafts;

@@ -324,6 +324,30 @@ void seq_policy::compacted(const kv_compaction& c) {
   slot_changes_.push_back({n_slots_, false});
 }
 
+void seq_policy::commit_verified(int n_new, int n_step, const attention_stats* a) {
+  if (!a || a->n_kv == 0) {
+    commit(n_new, nullptr);
+  } else {
+    PAGODA_ASSERT(a->n_window == n_step && a->n_kv == n_slots_ + n_step,
+                  "verification statistics: {} window rows of {} slots for {} rows over {} slots", a->n_window, a->n_kv,
+                  n_step, n_slots_);
+    attention_stats one;
+    for (int j = 0; j < n_new; ++j) {
+      const int n_kv = n_slots_ + 1;
+      one.reset(a->n_layers, a->n_kv_heads, n_kv, stats_window_ > 0 ? 1 : 0);
+      for (int l = 0; l < a->n_layers; ++l)
+        for (int h = 0; h < a->n_kv_heads; ++h) {
+          const float* w = a->window.data() +
+                           ((static_cast<std::size_t>(l) * a->n_kv_heads + h) * a->n_window + j) * a->n_kv;
+          std::copy_n(w, n_kv, one.accumulated_at(l, h));
+          if (one.n_window > 0) std::copy_n(w, n_kv, one.window_at(l, h));
+        }
+      commit(1, &one);
+    }
+  }
+  if (n_new < n_step) slot_changes_.push_back({n_slots_, true});
+}
+
 void seq_policy::truncated(int n_slots) {
   if (n_slots >= n_slots_) return;
   totals_.resize(std::min(totals_.size(), static_cast<std::size_t>(n_slots) * shape_.n_rows()));

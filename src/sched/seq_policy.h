@@ -75,6 +75,13 @@ class seq_policy {
   // After a committed step of n_new tokens: the slots grow, and the step's
   // statistics (when collected; a.n_kv == n_slots after the step) are added.
   void commit(int n_new, attention_stats* a);
+  // After a verification step (spec/speculative.h) whose first n_new rows
+  // stand: each is committed as a one-token step of its own, from its window
+  // row (the step collected one per row: a.n_window == its rows), so the
+  // statistics are plain decoding's; a null `a`: none collected. The rows
+  // after them were rejected drafts: their slots are gone, and the selector
+  // forgets what it saw of them (a rollback slot change).
+  void commit_verified(int n_new, int n_step, const attention_stats* a);
 
   // Between steps: the policy's decision as a compaction of the sequence's KV
   // (kv_manager positions and tokens from `kv`), or std::nullopt to keep it all.

@@ -505,6 +505,151 @@ TEST(speculative_engine, draft_group_follows_a_renumbering_policy) {
   EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
 }
 
+// --- KV policies, attention statistics, prompt logits --------------------------
+
+// Per request, after each step: the stored slots -> the accumulated attention
+// and the last window rows (scheduler::attention_totals, last_attention_window).
+struct stats_trace {
+  std::map<std::string, std::map<int, std::pair<std::vector<float>, std::vector<float>>>> at;
+};
+
+stats_trace trace_stats(engine_core& e, const std::vector<request>& reqs) {
+  stats_trace t;
+  for (const request& r : reqs) EXPECT_TRUE(e.add_request(r).ok());
+  std::vector<engine_event> events;
+  for (int guard = 0; e.has_work() && guard < 100000; ++guard) {
+    events.clear();
+    e.step(events);
+    for (const request& r : reqs) {
+      const std::optional<seq_id> s = e.sched().find_sequence(r.id);
+      if (!s) continue;
+      const std::vector<float>* totals = e.sched().attention_totals(*s);
+      const attention_stats* w = e.sched().last_attention_window(*s);
+      if (totals && w) t.at[r.id][e.kv().n_stored_tokens(*s)] = {*totals, w->window};
+    }
+  }
+  return t;
+}
+
+// The policy sees the rows that stood, each as a plain step would give them:
+// at every stored length the speculating engine reaches, each slot's
+// accumulated attention and the window rows are plain decoding's (a rejected
+// draft's row would add n_rep to its (layer, KV head)'s sum, a row counted as
+// a chunk would change the window).
+TEST(speculative_engine, attention_statistics_count_only_the_rows_that_stood) {
+  const auto texts = prompts(6);
+  std::vector<request> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(greedy_request("s" + std::to_string(i), texts[i], 48));
+  for (const char* speculative : {"ngram:k=5,n=3", "early-exit:k=3,layers=3"}) {
+    engine_core_config c = config(kv_type::f32, "none");
+    c.attention_stats_window = 4;
+    auto plain = *engine_core::create(stories(), c);
+    c.speculative = speculative;
+    auto spec = *engine_core::create(stories(), c);
+    const stats_trace a = trace_stats(*plain, reqs), b = trace_stats(*spec, reqs);
+    int past_prompt = 0;
+    for (const auto& [id, by_len] : b.at)
+      for (const auto& [n_stored, stats] : by_len) {
+        const auto it = a.at.at(id).find(n_stored);
+        ASSERT_NE(it, a.at.at(id).end()) << speculative << " " << id << ": plain decoding never stored " << n_stored;
+        ASSERT_EQ(stats.first.size(), it->second.first.size()) << speculative << " " << id;
+        ASSERT_EQ(stats.second.size(), it->second.second.size()) << speculative << " " << id;
+        for (std::size_t j = 0; j < stats.first.size(); ++j)
+          ASSERT_NEAR(stats.first[j], it->second.first[j], 1e-5) << speculative << " " << id << " totals at " << n_stored;
+        for (std::size_t j = 0; j < stats.second.size(); ++j)
+          ASSERT_NEAR(stats.second[j], it->second.second[j], 1e-5) << speculative << " " << id << " window at " << n_stored;
+        past_prompt += n_stored > static_cast<int>(reqs.front().prompt.size());
+      }
+    EXPECT_GT(past_prompt, 20) << speculative << ": too few decoding steps compared";
+    const spec_decode_stats& st = spec->stats().spec_decode.at(std::string(speculative).substr(0, std::string(speculative).find(':')));
+    EXPECT_GT(st.n_accepted_tokens, 0) << speculative;
+    EXPECT_LT(st.n_accepted_tokens, st.n_draft_tokens) << speculative << ": nothing rejected, nothing checked";
+    EXPECT_LT(spec->stats().n_steps, plain->stats().n_steps) << speculative;
+  }
+}
+
+// Policies whose decisions a step's length cannot move keep greedy outputs
+// plain decoding's with every drafter: Quest's sparse read selects pages per
+// verified row (the rejected rows' keys forgotten by its selector), SnapKV
+// compresses once, at the prompt's end, into per-head rows the drafts read.
+TEST(speculative_engine, sparse_reads_and_one_time_compression_keep_outputs_exact) {
+  const auto texts = prompts(12);
+  std::vector<request> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(greedy_request("q" + std::to_string(i), texts[i], 48));
+  for (const char* policy : {"quest:pages=2,sinks=16,min_context=32", "snapkv:budget=40,once=true"}) {
+    engine_core_config c = config(kv_type::f32, "none");
+    c.draft_model = &stories();  // the target as its own draft model: every draft accepted
+    auto unpoliced = *engine_core::create(stories(), c);
+    const run_result free = run(*unpoliced, reqs);
+    c.kv_policy = policy;
+    for (const char* speculative : {"ngram:k=5,n=3", "early-exit:k=3,layers=3", "self:view=window,sinks=16,window=32,k=3", "draft:k=3"}) {
+      const auto [plain, spec, a, b] = run_both(reqs, c, speculative);
+      ASSERT_TRUE(spec) << policy << " " << speculative;
+      bool policy_matters = false;
+      for (const request& r : reqs) {
+        EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << policy << " " << speculative << " " << r.id;
+        policy_matters = policy_matters || a.tokens.at(r.id) != free.tokens.at(r.id);
+      }
+      EXPECT_TRUE(policy_matters) << policy << ": the policy changed no output, the test checks nothing of it";
+      const std::string name = std::string(speculative).substr(0, std::string(speculative).find(':'));
+      EXPECT_GT(spec->stats().spec_decode.at(name).n_accepted_tokens, 0) << policy << " " << speculative;
+      EXPECT_EQ(spec->stats().n_policy_compactions, plain->stats().n_policy_compactions) << policy << " " << speculative;
+      EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << policy << " " << speculative << ": blocks leaked";
+    }
+  }
+}
+
+// Policies that evict as the sequence grows decide once per step, so a
+// verification step's tokens meet the next decision together and outputs may
+// part from plain decoding's (docs/speculative.md); what must hold: every
+// request completes, the KV's invariants hold every step (run()), drafts are
+// accepted, nothing leaks.
+TEST(speculative_engine, evicting_policies_run_with_every_drafter) {
+  const auto texts = prompts(8);
+  std::vector<request> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(greedy_request("e" + std::to_string(i), texts[i], 64));
+  for (const char* policy : {"h2o:budget=48", "pyramid:budget=48", "window:budget=40,positions=cache"}) {
+    for (const char* speculative : {"ngram:k=5,n=3", "early-exit:k=3,layers=3", "draft:k=3"}) {
+      engine_core_config c = config(kv_type::int8, speculative);
+      c.kv_policy = policy;
+      c.draft_model = &stories();
+      auto e = *engine_core::create(stories(), c);
+      const run_result out = run(*e, reqs);
+      for (const request& r : reqs) EXPECT_EQ(out.tokens.at(r.id).size(), 64u) << policy << " " << speculative << " " << r.id;
+      const std::string name = std::string(speculative).substr(0, std::string(speculative).find(':'));
+      EXPECT_GT(e->stats().spec_decode.at(name).n_accepted_tokens, 0) << policy << " " << speculative;
+      EXPECT_GT(e->stats().n_policy_compactions, 0) << policy << " " << speculative;
+      EXPECT_EQ(e->kv_stats().n_blocks_used, 0) << policy << " " << speculative << ": blocks leaked";
+    }
+  }
+}
+
+// Prompt logits come from the prefill, which speculation does not touch.
+TEST(speculative_engine, prompt_logits_with_speculation) {
+  request r = greedy_request("p", prompts(1)[0], 32);
+  r.prompt_logits = true;
+  auto collect = [&](const std::string& speculative) {
+    auto e = *engine_core::create(stories(), config(kv_type::f32, speculative));
+    EXPECT_TRUE(e->add_request(r).ok());
+    std::vector<float> logits;
+    std::vector<token_id> tokens;
+    std::vector<engine_event> events;
+    while (e->has_work()) {
+      events.clear();
+      e->step(events);
+      for (const engine_event& ev : events) {
+        logits.insert(logits.end(), ev.prompt_logits.begin(), ev.prompt_logits.end());
+        tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      }
+    }
+    return std::pair{logits, tokens};
+  };
+  const auto plain = collect("none"), spec = collect("ngram:k=5,n=3");
+  EXPECT_EQ(plain.first.size(), r.prompt.size() * static_cast<std::size_t>(stories().hparams().n_vocab));
+  EXPECT_EQ(plain.first, spec.first);
+  EXPECT_EQ(plain.second, spec.second);
+}
+
 TEST(speculative_engine, draft_model_bad_input) {
   // Another vocabulary: refused naming --draft-model.
   auto synth = test::load_synth("tiny", gguf::tensor_type::f32);
