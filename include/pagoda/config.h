@@ -27,6 +27,10 @@ struct engine_config {
   std::string cache_type_v;          // overrides kv_cache_dtype for V
   std::string kv_layer_types;        // per layer ranges, later rules win: "0-1:f16,2-:int4"
   std::string kv_scales_path;        // calibrated ranges (pagoda calibrate) for static scales
+  // Cross-layer KV sharing for a model that declares none (docs/kv-sharing.md):
+  // "none", or "reuse:from=L" (from layer L up, each pair's upper layer reads
+  // the lower one's KV).
+  std::string kv_share = "none";
   int block_size = 16;               // tokens per KV block
   double kv_cache_size_mib = 0;      // pool size in MiB, or
   std::int64_t max_kv_tokens = 0;    // pool size in tokens; neither: max_num_seqs full contexts, at most 4 GiB

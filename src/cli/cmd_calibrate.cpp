@@ -56,7 +56,10 @@ int calibrate(const calibrate_options& o) {
   }
 
   const int block_size = 16;
-  kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, block_size, kv_type::f32, kv_type::f32);
+  PAGODA_ASSIGN_OR_RETURN_CLI(
+      const kv_layout layout,
+      with_declared_kv_sharing(hp, kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, block_size, kv_type::f32,
+                                                      kv_type::f32)));
   const int n_blocks = (n_ctx + block_size - 1) / block_size;
   PAGODA_ASSIGN_OR_RETURN_CLI(auto storage, kv_storage::create(layout, n_blocks));
   llama_context ctx(*model, *storage, o.model.n_threads);
@@ -80,7 +83,9 @@ int calibrate(const calibrate_options& o) {
     x.resize(static_cast<std::size_t>(n) * hp.kv_dim());
     for (int l = 0; l < hp.n_layer; ++l)
       for (kv_role role : {kv_role::key, kv_role::value}) {
-        paged_kv_view v = role == kv_role::key ? storage->k_view(l, table, n) : storage->v_view(l, table, n);
+        // A layer that reads a shared KV layer gets its ranges (the scales keep the producers' rows).
+        const int j = layout.kv_layer_of(l);
+        paged_kv_view v = role == kv_role::key ? storage->k_view(j, table, n) : storage->v_view(j, table, n);
         std::vector<float> row(hp.head_dim);
         for (int p = 0; p < n; ++p)
           for (int h = 0; h < hp.n_head_kv; ++h) {

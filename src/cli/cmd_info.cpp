@@ -116,9 +116,9 @@ std::string rope_description(const llama_hparams& hp) {
 void print_kv_by_layer_type(const llama_hparams& hp, const kv_layout& layout) {
   double bytes[2] = {0, 0};
   int n[2] = {0, 0};
-  for (int l = 0; l < hp.n_layer; ++l) {
-    const int t = hp.is_swa(l) ? 1 : 0;
-    bytes[t] += static_cast<double>(layout.layer_tile_bytes_per_block(l)) / layout.block_size;
+  for (int j = 0; j < layout.n_layers; ++j) {  // KV layers: a shared one counts once
+    const int t = hp.is_swa(layout.kv_producer(j)) ? 1 : 0;
+    bytes[t] += static_cast<double>(layout.layer_tile_bytes_per_block(j)) / layout.block_size;
     ++n[t];
   }
   std::printf("\nKV per token by layer type (%s; %s):\n", layout.describe().c_str(),
@@ -172,9 +172,17 @@ int info(const info_options& o) {
   std::printf("rms epsilon:     %g\n", hp.rms_eps);
   std::printf("output:          %s\n", hp.tied_output ? "tied to token embeddings" : "separate");
   print_weight_memory(*model);
-  std::printf("\nKV cache per token (2 x %d layers x %d KV heads x %d values, block of %d tokens), scales and\n"
+  auto shared = make_kv_layout(*model, o.config);
+  const int n_kv_layers = shared.ok() ? shared->n_layers : hp.n_layer;
+  if (shared.ok() && !shared->layer_map.empty()) {
+    std::string map;
+    for (int l = 0; l < hp.n_layer; ++l) map += fmt::format("{}{}", l ? " " : "", shared->kv_layer_of(l));
+    std::printf("KV sharing:      %s: %d KV layers for %d layers (KV layer of each layer: %s)\n",
+                shared->sharing.c_str(), shared->n_layers, hp.n_layer, map.c_str());
+  }
+  std::printf("\nKV cache per token (2 x %d KV layers x %d KV heads x %d values, block of %d tokens), scales and\n"
               "padding included; sealed formats (per-channel keys) keep the newest block in an f16 window per sequence:\n",
-              hp.n_layer, hp.n_head_kv, hp.head_dim, o.config.block_size);
+              n_kv_layers, hp.n_head_kv, hp.head_dim, o.config.block_size);
   std::printf("  %-32s %7s %12s %12s %14s %14s\n", "K+V format", "bits/el", "bytes/token", "f16 window",
               "B/token @1K", "B/token @32K");
   // One type for every layer, K and V (as --kv-cache-dtype takes it); scales

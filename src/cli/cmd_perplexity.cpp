@@ -259,7 +259,10 @@ int perplexity(const ppl_options& o) {
   std::unique_ptr<engine_core> exact;
   if (o.kl_divergence) {
     engine_core_config exact_cfg = core_cfg;
-    exact_cfg.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, layout.block_size, kv_type::f32, kv_type::f32);
+    // Unshared unless the model itself shares (--kv-share's KL is against no sharing).
+    PAGODA_ASSIGN_OR_RETURN_CLI(
+        exact_cfg.kv, with_declared_kv_sharing(hp, kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim,
+                                                                      layout.block_size, kv_type::f32, kv_type::f32)));
     exact_cfg.kv_policy = "none";
     exact_cfg.kv_classes.clear();
     PAGODA_ASSIGN_OR_RETURN_CLI(exact, engine_core::create(*model, exact_cfg));

@@ -20,6 +20,8 @@ struct synth_cli_options {
   int vocab = 512;
   int ctx = 0;
   std::uint64_t seed = 42;
+  int cla = 0;
+  bool yoco = false;
   int threads = 0;
   std::string output;
   bool list = false;
@@ -46,6 +48,8 @@ int synth(const synth_cli_options& o) {
   if (o.ctx > 0) opts.n_ctx = o.ctx;
   opts.n_vocab = o.vocab;
   opts.seed = o.seed;
+  opts.cla = o.cla;
+  opts.yoco = o.yoco;
   opts.n_threads = o.threads;
   PAGODA_ASSIGN_OR_RETURN_CLI(synth_weights weights, parse_synth_weights(o.weight_type));
   opts.weight_type = weights.type;
@@ -79,6 +83,9 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--vocab", opts->vocab, "vocabulary size (0: the real model's)")->check(CLI::Range(0, 1 << 22));
   cmd->add_option("--ctx", opts->ctx, "context length in the metadata")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--seed", opts->seed, "weight seed");
+  cmd->add_option("--cla", opts->cla,
+                  "cross-layer attention: groups of N adjacent layers share the first one's KV (declared in the file)");
+  cmd->add_flag("--yoco", opts->yoco, "YOCO: the upper half of the layers reads the KV of the middle layer");
   cmd->add_option("-t,--threads", opts->threads, "threads generating weights");
   cmd->add_option("-o,--output", opts->output, "output GGUF path");
   cmd->add_flag("--list", opts->list, "list the presets");

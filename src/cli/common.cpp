@@ -99,6 +99,12 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
                   "\"0-1:f16,2-:int4\" or \"0:k8v8,1-:k4v2\"");
   app->add_option("--kv-scales", opts.kv_scales_path,
                   "calibrated KV ranges (pagoda calibrate); quantized types without a mode use them");
+  app->add_option("--kv-share", opts.kv_share,
+                  "NAME[:key=value]: cross-layer KV sharing for a model that declares none: none, reuse:from=L "
+                  "(docs/kv-sharing.md)")
+      ->each([](const std::string& text) {
+        if (auto from = parse_kv_share_spec(text); !from.ok()) throw spec_usage_error(from.error().message());
+      });
   app->add_option("--block-size", opts.block_size, "tokens per KV block")->check(CLI::Range(1, 1024));
   app->add_option("--kv-cache-size", opts.kv_cache_size_mib, "KV pool size in MiB (default: --max-kv-tokens)")
       ->check(finite_positive());
@@ -214,7 +220,7 @@ int fail(const status& st) {
 int fail_engine(const status& st) {
   fail(st);
   const std::string& m = st.message();
-  return m.starts_with("--speculative") || m.starts_with("--draft-model") ? 2 : 1;
+  return m.starts_with("--speculative") || m.starts_with("--draft-model") || m.starts_with("--kv-share") ? 2 : 1;
 }
 
 std::string human_bytes(double bytes) {

@@ -23,6 +23,19 @@ status kv_layout::check() const {
     return error(errc::invalid_argument, "block size {} out of range (1..1024)", block_size);
   if (static_cast<int>(k_formats.size()) != n_layers || static_cast<int>(v_formats.size()) != n_layers)
     return error(errc::invalid_argument, "KV layout needs one K and one V format per layer");
+  if (!layer_map.empty()) {
+    // Each KV layer read, first by its producer, in order.
+    int next = 0;
+    for (std::size_t l = 0; l < layer_map.size(); ++l) {
+      const int j = layer_map[l];
+      if (j < 0 || j > next || j >= n_layers)
+        return error(errc::invalid_argument, "KV layer map: model layer {} reads KV layer {} of {} (next new one {})",
+                     l, j, n_layers, next);
+      if (j == next) ++next;
+    }
+    if (next != n_layers)
+      return error(errc::invalid_argument, "KV layer map reads {} of the layout's {} KV layers", next, n_layers);
+  }
   for (int l = 0; l < n_layers; ++l)
     for (const kv_format* f : {&k_formats[l], &v_formats[l]}) {
       const char* what = f->role == kv_role::key ? "K" : "V";
@@ -133,6 +146,55 @@ kv_layout kv_layout::select_layers(std::span<const int> layers) const {
         dst->insert(dst->end(), at, at + static_cast<std::ptrdiff_t>(n_kv_heads) * head_dim);
       }
     out.scales = std::move(sub);
+  }
+  return out;
+}
+
+bool kv_layout::writes_kv(int model_layer) const {
+  if (layer_map.empty()) return true;
+  const int j = layer_map[static_cast<std::size_t>(model_layer)];
+  return model_layer == 0 || *std::max_element(layer_map.begin(), layer_map.begin() + model_layer) < j;
+}
+
+int kv_layout::kv_producer(int kv_layer) const {
+  if (layer_map.empty()) return kv_layer;
+  return static_cast<int>(std::find(layer_map.begin(), layer_map.end(), kv_layer) - layer_map.begin());
+}
+
+result<kv_layout> share_kv_layers(const kv_layout& per_model_layer, std::span<const int> source, std::string sharing) {
+  const int n = per_model_layer.n_layers;
+  if (static_cast<int>(source.size()) != n)
+    return error(errc::invalid_argument, "KV sharing {}: {} source layers for a model of {} layers", sharing,
+                 source.size(), n);
+  std::vector<int> producers;
+  std::vector<std::int32_t> map(static_cast<std::size_t>(n));
+  for (int l = 0; l < n; ++l) {
+    const int p = source[static_cast<std::size_t>(l)];
+    if (p < 0 || p > l)
+      return error(errc::invalid_argument, "KV sharing {}: layer {} reads layer {}'s KV (a layer reads its own or an earlier one's)",
+                   sharing, l, p);
+    if (source[static_cast<std::size_t>(p)] != p)
+      return error(errc::invalid_argument, "KV sharing {}: layer {} reads layer {}, which reads layer {}'s KV itself",
+                   sharing, l, p, source[static_cast<std::size_t>(p)]);
+    if (p == l) {
+      map[static_cast<std::size_t>(l)] = static_cast<std::int32_t>(producers.size());
+      producers.push_back(l);
+      continue;
+    }
+    map[static_cast<std::size_t>(l)] = map[static_cast<std::size_t>(p)];
+    const auto at = [&](const std::vector<kv_format>& f, int i) { return f[static_cast<std::size_t>(i)]; };
+    for (const auto* f : {&per_model_layer.k_formats, &per_model_layer.v_formats})
+      if (kv_format_name(at(*f, l)) != kv_format_name(at(*f, p)))
+        return error(errc::invalid_argument,
+                     "KV sharing {}: layer {} reads layer {}'s KV, but their KV types differ ({} against {}); give "
+                     "layers that share KV one type",
+                     sharing, l, p, kv_format_name(at(*f, l)), kv_format_name(at(*f, p)));
+  }
+  kv_layout out = per_model_layer.select_layers(producers);
+  out.model_layers.clear();  // the KV layers are the whole layout's
+  if (static_cast<int>(producers.size()) < n) {
+    out.layer_map = std::move(map);
+    out.sharing = std::move(sharing);
   }
   return out;
 }

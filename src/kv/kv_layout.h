@@ -41,6 +41,15 @@ struct kv_layout {
   // (select_layers: a KV group's); empty means 0..n_layers-1. Two groups with
   // the same formats over other layers hold other bytes for the same tokens.
   std::vector<int> model_layers;
+  // Cross-layer KV sharing (share_kv_layers): [model layer] -> the KV layer
+  // it reads. Several model layers may read one KV layer, which the first of
+  // them (its producer) writes; n_layers, the formats and the scales then
+  // count KV layers. Empty: model layer l reads KV layer l. A KV group's
+  // layout (select_layers) keeps the whole model's map: it names the sharing.
+  std::vector<std::int32_t> layer_map;
+  // What made the map ("cla:2", "yoco", "reuse:from=3"): two sharings with
+  // one map may store different bytes. Empty without sharing.
+  std::string sharing;
 
   // Every layer K and V of the given types, in their default formats.
   static kv_layout uniform(int n_layers, int n_kv_heads, int head_dim, int block_size, kv_type k_type,
@@ -77,7 +86,26 @@ struct kv_layout {
   // The layout of some of these layers only (a KV group's, kv_group.h): their
   // formats, in this order, and their calibrated scales. REQUIRES: valid layer numbers.
   kv_layout select_layers(std::span<const int> layers) const;
+
+  // The layer map (empty layer_map: the identity over n_layers).
+  int n_model_layers() const { return layer_map.empty() ? n_layers : static_cast<int>(layer_map.size()); }
+  int kv_layer_of(int model_layer) const {
+    return layer_map.empty() ? model_layer : layer_map[static_cast<std::size_t>(model_layer)];
+  }
+  // Whether model layer l writes its KV layer (the first model layer to read it).
+  bool writes_kv(int model_layer) const;
+  // The model layer that writes KV layer j.
+  int kv_producer(int kv_layer) const;
 };
+
+// The layout `per_model_layer` (one format per model layer) shared: model
+// layer l reads the KV that model layer source[l] computes, source[l] <= l
+// and a producer its own source. The producers' formats and scales, one KV
+// layer each in model order, and the map. Errors: a source out of range or
+// after its reader, a reader of a reader, a reader whose K or V format
+// differs from its producer's (per-layer KV types apply to the shared KV
+// layer as a whole). `sharing` names it (kv_layout::sharing).
+result<kv_layout> share_kv_layers(const kv_layout& per_model_layer, std::span<const int> source, std::string sharing);
 
 // An extra class's layout must have the default's shape (blocks of every
 // class share block tables, biases and key summaries): an error naming class

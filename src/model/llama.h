@@ -80,6 +80,13 @@ struct llama_hparams {
   // Mixture of experts (qwen3moe): every layer's FFN is routed experts;
   // moe.n_expert == 0 on the dense architectures.
   moe_config moe;
+  // Cross-layer KV sharing the model declares (model/kv_share.h,
+  // pagoda.kv_source_layers): [n_layer] the layer whose K/V each layer reads
+  // (its own index: it computes them). Empty: every layer its own.
+  std::vector<int> kv_source;
+  bool reads_other_kv(int layer) const {
+    return !kv_source.empty() && kv_source[static_cast<std::size_t>(layer)] != layer;
+  }
 
   int n_rep() const { return n_head / n_head_kv; }
   int q_dim() const { return n_head * head_dim; }
@@ -207,6 +214,7 @@ class llama_context {
 
   const llama_model& model() const { return model_; }
   kv_backend& kv() { return kv_; }
+  const kv_backend& kv() const { return kv_; }
   thread_pool& pool() { return pool_; }
   // Expert FFNs run so far (MoE models): one per active expert per layer and step.
   std::int64_t moe_expert_runs() const { return moe_.expert_runs; }

@@ -140,7 +140,7 @@ std::span<const block_id> table_of(const forward_seq& s, int group) {
 status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers) {
   const llama_hparams& hp = model_.hparams();
   const kv_layout& layout = kv_.layout();
-  if (layout.n_layers != hp.n_layer || layout.n_kv_heads != hp.n_head_kv || layout.head_dim != hp.head_dim)
+  if (layout.n_model_layers() != hp.n_layer || layout.n_kv_heads != hp.n_head_kv || layout.head_dim != hp.head_dim)
     return error(errc::invalid_argument, "KV storage layout does not match the model");
   if (n_layers < 0 || n_layers > hp.n_layer)
     return error(errc::invalid_argument, "a forward pass through {} of the model's {} layers", n_layers, hp.n_layer);
@@ -215,7 +215,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         if (kv_positions_[j] <= kv_positions_[j - 1])
           return error(errc::invalid_argument, "KV positions must increase: {} follows {}", kv_positions_[j],
                        kv_positions_[j - 1]);
-      if (s.stats) s.stats->reset(hp.n_layer, hp.n_head_kv, static_cast<int>(at - kv_pos_at[si]),
+      if (s.stats) s.stats->reset(layout.n_layers, hp.n_head_kv, static_cast<int>(at - kv_pos_at[si]),
                                   std::clamp(s.stats_window, 0, static_cast<int>(s.tokens.size())));
     }
     i = 0;
@@ -290,40 +290,49 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     const int window = hp.is_swa(l) ? hp.sliding_window : 0;
     for (int i = 0; i < n_tok; ++i)
       rms_norm(x + static_cast<std::size_t>(i) * E, L.attn_norm.data(), E, hp.rms_eps, xn + static_cast<std::size_t>(i) * E);
+    // Cross-layer sharing (kv_layout::layer_map): the layer reads KV layer
+    // kvl, and computes and writes it only as its producer. A layer without
+    // K/V projections writes nothing either: its KV comes from elsewhere.
+    const int kvl = layout.kv_layer_of(l);
+    const bool computes_kv = layout.writes_kv(l) && L.wk.data != nullptr;
     matmul(L.wq, xn, n_tok, q, pool_, mm_scratch_);
-    matmul(L.wk, xn, n_tok, k, pool_, mm_scratch_);
-    matmul(L.wv, xn, n_tok, v, pool_, mm_scratch_);
+    if (computes_kv) {
+      matmul(L.wk, xn, n_tok, k, pool_, mm_scratch_);
+      matmul(L.wv, xn, n_tok, v, pool_, mm_scratch_);
+    }
     for (int i = 0; i < n_tok; ++i) {
-      if (!L.bq.empty()) {
-        add_inplace(q + static_cast<std::size_t>(i) * QD, L.bq.data(), QD);
+      if (!L.bq.empty()) add_inplace(q + static_cast<std::size_t>(i) * QD, L.bq.data(), QD);
+      if (!L.bk.empty() && computes_kv) {
         add_inplace(k + static_cast<std::size_t>(i) * KVD, L.bk.data(), KVD);
         add_inplace(v + static_cast<std::size_t>(i) * KVD, L.bv.data(), KVD);
       }
-      if (!L.q_norm.empty()) {  // per head, before RoPE
+      if (!L.q_norm.empty())  // per head, before RoPE
         rms_norm_rows(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, L.q_norm, hp.rms_eps);
+      if (!L.k_norm.empty() && computes_kv)
         rms_norm_rows(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, L.k_norm, hp.rms_eps);
-      }
       const float* ct = &rope.cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
       const float* st = &rope.sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
       apply_rope(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, hp.rope_dim, hp.rope_neox, ct, st);
-      apply_rope(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, hp.rope_dim, hp.rope_neox, ct, st);
+      if (computes_kv)
+        apply_rope(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, hp.rope_dim, hp.rope_neox, ct, st);
     }
     {
       int row0 = 0;
       for (std::size_t si = 0; si < seqs.size(); ++si) {
         const forward_seq& s = seqs[si];
         int n = static_cast<int>(s.tokens.size());
-        const std::span<const block_id> table = table_of(s, kv_.layer_group(l));
-        kv_.write(l, table, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
-                  v + static_cast<std::size_t>(row0) * KVD);
+        const std::span<const block_id> table = table_of(s, kv_.layer_group(kvl));
+        if (computes_kv)
+          kv_.write(kvl, table, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
+                    v + static_cast<std::size_t>(row0) * KVD);
         for (int pi = full_part[si]; pi >= 0 && parts[pi].seq == static_cast<int>(si); --pi) {
           const int n_slots = s.n_stored + parts[pi].first + parts[pi].n;
-          k_views[pi] = kv_.k_view(l, table, n_slots);
-          v_views[pi] = kv_.v_view(l, table, n_slots);
+          k_views[pi] = kv_.k_view(kvl, table, n_slots);
+          v_views[pi] = kv_.v_view(kvl, table, n_slots);
         }
-        if (s.selector && !hp.is_swa(l))
+        if (s.selector && !hp.is_swa(l) && computes_kv)
           s.selector->on_layer_written(
-              l, k_views[full_part[si]],
+              kvl, k_views[full_part[si]],
               std::span<const std::int32_t>(kv_positions_.data() + kv_pos_at[si], static_cast<std::size_t>(s.n_stored + n)),
               s.n_stored + n);
         row0 += n;
@@ -351,12 +360,12 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.n_tokens = part.n;
         t.q_pos = positions_.data() + part.row0;
         t.kv_pos = s.row_positions
-                       ? s.row_positions + static_cast<std::size_t>(l * hp.n_head_kv + a.head) * s.row_stride
+                       ? s.row_positions + static_cast<std::size_t>(kvl * hp.n_head_kv + a.head) * s.row_stride
                        : kv_positions_.data() + kv_pos_at[a.seq];
         t.n_kv = s.n_stored + part.first + part.n;
         t.out = attn + static_cast<std::size_t>(part.row0) * QD;
         t.out_stride = QD;
-        if (s.stats) t.stats = s.stats->out(l, a.head);
+        if (s.stats) t.stats = s.stats->out(kvl, a.head);  // a shared KV layer's readers add up
         if (s.stats && s.rows_as_steps) {
           // One row per part, parts in parallel: a row adds its weights to
           // its own window row only (forward_seq::rows_as_steps).
@@ -365,7 +374,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
           t.stats.window = row >= 0 ? t.stats.window + static_cast<std::size_t>(row) * s.stats->n_kv : nullptr;
           t.stats.n_window = row >= 0 ? 1 : 0;
         }
-        if (s.selector && !hp.is_swa(l) && select_reads(s, t, l, attn_scratch_[ith])) {
+        if (s.selector && !hp.is_swa(l) && select_reads(s, t, kvl, attn_scratch_[ith])) {
           sparse_items[it] = 1;
           // Scattered tokens (retrieval's top-k) are gathered one by one;
           // runs of whole blocks (Quest's pages) go through paged attention.
@@ -373,7 +382,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
             std::vector<std::int32_t>& slots = gather_slots_[ith];
             slots.clear();
             append_slots_of_ranges(t.ranges, slots);
-            gather_attention(t, slots, gather_scratch_[ith], s.selector->key_rows_of(l, a.head));
+            gather_attention(t, slots, gather_scratch_[ith], s.selector->key_rows_of(kvl, a.head));
             continue;
           }
         }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "model/kv_share.h"
 #include "model/llama.h"
 
 namespace pagoda {
@@ -80,8 +81,17 @@ struct loader {
   }
 
   // Q, K and V: separate matrices, or one fused attn_qkv whose rows are [Q | K | V].
-  status qkv(const std::string& p, const llama_hparams& hp, llama_layer& L) {
+  // A layer that reads another layer's KV (hparams::kv_source) has Q alone.
+  status qkv(const std::string& p, const llama_hparams& hp, int layer, llama_layer& L) {
     const std::int64_t q = hp.q_dim(), kv = hp.kv_dim();
+    if (hp.reads_other_kv(layer)) {
+      for (const char* t : {"attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_k.bias", "attn_v.bias", "attn_k_norm.weight"})
+        if (f.find_tensor(p + t))
+          return error(errc::corrupt, "{}{}: layer {} reads layer {}'s KV ({}), so it has no K/V projections of its own",
+                       p, t, layer, hp.kv_source[static_cast<std::size_t>(layer)], k_kv_source_key);
+      PAGODA_ASSIGN_OR_RETURN(L.wq, matrix(p + "attn_q.weight", hp.n_embd, q));
+      return {};
+    }
     PAGODA_ASSIGN_OR_RETURN(weight_view fused, matrix(p + "attn_qkv.weight", hp.n_embd, q + 2 * kv, false));
     if (fused.data) {
       L.wq = rows(fused, 0, q);
@@ -147,6 +157,23 @@ bool is_supported_arch(std::string_view a) {
   for (std::string_view s : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss"})
     if (a == s) return true;
   return false;
+}
+
+// Cross-layer KV sharing the file declares (model/kv_share.h): checked in
+// full, as a malformed map would run with other logits.
+status read_kv_sources(const gguf::file& f, llama_hparams& hp) {
+  auto src = f.get_i32_array(k_kv_source_key);
+  if (!src.ok()) {
+    if (src.error().code() == errc::not_found) return {};
+    return error(errc::corrupt, "{}", src.error().message());
+  }
+  hp.kv_source.assign(src->begin(), src->end());
+  if (status st = check_kv_sources(hp, hp.kv_source, k_kv_source_key); !st.ok())
+    return error(errc::corrupt, "{}", st.message());
+  bool shares = false;
+  for (int l = 0; l < hp.n_layer; ++l) shares = shares || hp.reads_other_kv(l);
+  if (!shares) hp.kv_source.clear();  // every layer its own: nothing shared
+  return {};
 }
 
 // Which local/global layers: `sliding_window_pattern` is either a period n
@@ -524,6 +551,7 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
   hp.rope_base = static_cast<float>(rope_base);
   PAGODA_RETURN_IF_ERROR(read_arch_features(ld, hp));
   PAGODA_RETURN_IF_ERROR(read_moe(ld, hp));
+  PAGODA_RETURN_IF_ERROR(read_kv_sources(f, hp));
 
   auto tok = tokenizer::from_gguf(f);
   if (!tok.ok()) return tok.error().with_context("tokenizer");
@@ -557,7 +585,7 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
     llama_layer& L = m->layers_[l];
     std::string p = "blk." + std::to_string(l) + ".";
     PAGODA_ASSIGN_OR_RETURN(L.attn_norm, ld.vector(p + "attn_norm.weight", n_embd));
-    PAGODA_RETURN_IF_ERROR(ld.qkv(p, hp, L));
+    PAGODA_RETURN_IF_ERROR(ld.qkv(p, hp, l, L));
     PAGODA_ASSIGN_OR_RETURN(L.wo, ld.matrix(p + "attn_output.weight", q_dim, n_embd));
     const bool gpt_oss = hp.arch == "gpt-oss";
     // gpt-oss names its FFN input norm post_attention_norm (llama.cpp's attn_post_norm).
@@ -575,14 +603,19 @@ result<std::unique_ptr<llama_model>> llama_model::from_gguf(std::unique_ptr<gguf
       PAGODA_ASSIGN_OR_RETURN(L.w_down, ld.matrix(p + "ffn_down.weight", n_ff, n_embd));
     }
     bool need_bias = hp.arch == "qwen2";
+    const bool own_kv = !hp.reads_other_kv(l);
     PAGODA_ASSIGN_OR_RETURN(L.bq, ld.vector(p + "attn_q.bias", q_dim, need_bias));
-    PAGODA_ASSIGN_OR_RETURN(L.bk, ld.vector(p + "attn_k.bias", kv_dim, need_bias));
-    PAGODA_ASSIGN_OR_RETURN(L.bv, ld.vector(p + "attn_v.bias", kv_dim, need_bias));
-    if (L.bq.empty() != L.bk.empty() || L.bq.empty() != L.bv.empty())
-      return error(errc::corrupt, "{}: attn_q/k/v biases must come together", p);
+    if (own_kv) {
+      PAGODA_ASSIGN_OR_RETURN(L.bk, ld.vector(p + "attn_k.bias", kv_dim, need_bias));
+      PAGODA_ASSIGN_OR_RETURN(L.bv, ld.vector(p + "attn_v.bias", kv_dim, need_bias));
+      if (L.bq.empty() != L.bk.empty() || L.bq.empty() != L.bv.empty())
+        return error(errc::corrupt, "{}: attn_q/k/v biases must come together", p);
+    }
     if (hp.qk_norm) {
       PAGODA_ASSIGN_OR_RETURN(L.q_norm, ld.vector(p + "attn_q_norm.weight", hp.head_dim));
-      PAGODA_ASSIGN_OR_RETURN(L.k_norm, ld.vector(p + "attn_k_norm.weight", hp.head_dim));
+      if (own_kv) {
+        PAGODA_ASSIGN_OR_RETURN(L.k_norm, ld.vector(p + "attn_k_norm.weight", hp.head_dim));
+      }
     }
     if (hp.post_norms) {
       PAGODA_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vector(p + "post_attention_norm.weight", n_embd));

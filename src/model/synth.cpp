@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/assert.h"
+#include "model/kv_share.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "model/gguf_writer.h"
@@ -310,19 +311,35 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
     w->add_u32(key("expert_feed_forward_length"), static_cast<std::uint32_t>(s.n_ff_exp));
   }
   add_vocabulary(*w, s.n_vocab);
+  std::vector<int> kv_source;  // empty: every layer its own KV
+  if (o.cla > 1) kv_source = cla_sources(s.n_layer, o.cla);
+  if (o.yoco) kv_source = yoco_sources(s.n_layer);
+  if (!kv_source.empty()) w->add_array(k_kv_source_key, std::vector<std::int32_t>(kv_source.begin(), kv_source.end()));
+  const auto shares_kv = [&](int l) { return !kv_source.empty() && kv_source[static_cast<std::size_t>(l)] != l; };
 
   std::uint64_t id = 0;
   const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;
   const std::int64_t kv_dim = static_cast<std::int64_t>(s.n_head_kv) * s.head_dim;
   int layer = -1;  // the block being written
   // n_mat > 1: a 3-D tensor of that many matrices (experts).
+  // A layer that reads another's KV has no K/V tensors; their ids are
+  // skipped, so every other tensor keeps the unshared file's weights.
   auto matrix = [&](const std::string& name, std::int64_t n_in, std::int64_t n_out, float amplitude, int n_mat = 1) {
+    if (shares_kv(layer) && (name.ends_with("attn_k.weight") || name.ends_with("attn_v.weight"))) {
+      ++id;
+      return;
+    }
     const std::int64_t ne[] = {n_in, n_out, n_mat};
     const tensor_type t = synth_matrix_type(s, o, name, layer);
     w->add_tensor(name, t, std::span<const std::int64_t>(ne, n_mat > 1 ? 3 : 2),
                   make_fill({o.seed, id++, t, n_in, amplitude, 0}, pool));
   };
   auto vector = [&](const std::string& name, std::int64_t n, float amplitude, float constant) {
+    if (shares_kv(layer) && (name.ends_with("attn_k_norm.weight") || name.ends_with("attn_k.bias") ||
+                             name.ends_with("attn_v.bias"))) {
+      ++id;
+      return;
+    }
     const std::int64_t ne[] = {n};
     w->add_tensor(name, tensor_type::f32, ne, make_fill({o.seed, id++, tensor_type::f32, n, amplitude, constant}, pool));
   };
@@ -485,6 +502,14 @@ result<synth_shape> resolve_synth_shape(const synth_options& o) {
     return error(errc::invalid_argument, "expert width {} and {} of {} experts per token are not valid", s.n_ff_exp,
                  s.n_expert_used, s.n_expert);
   if (s.n_ctx < 1) return error(errc::invalid_argument, "context length {} must be positive", s.n_ctx);
+  if (o.cla < 0 || o.cla == 1 || o.cla > s.n_layer || (o.cla > 1 && o.yoco))
+    return error(errc::invalid_argument, "--cla {}{}: groups of 2 to {} layers, and not with --yoco", o.cla,
+                 o.yoco ? " --yoco" : "", s.n_layer);
+  if (o.yoco && s.n_layer < 2) return error(errc::invalid_argument, "--yoco needs at least 2 layers");
+  if ((o.cla > 1 || o.yoco) && (s.fused || s.swa_pattern > 0 || s.sliding_window > 0 || s.rope_base_swa > 0))
+    return error(errc::invalid_argument,
+                 "--cla/--yoco: preset {} has fused Q/K/V or sliding-window layers; share KV on a llama-like preset",
+                 s.name);
   if (s.n_vocab < k_min_vocab) {
     return error(errc::invalid_argument, "vocabulary size {} is below the minimum {} (3 specials, 256 bytes, 1 piece)",
                  s.n_vocab, k_min_vocab);

@@ -113,6 +113,13 @@ struct synth_options {
   // A mix instead of one type for every matrix (weight_type is then ignored).
   synth_mix mix = synth_mix::none;
   std::uint64_t seed = 42;
+  // Cross-layer KV sharing declared in the file (model/kv_share.h,
+  // pagoda.kv_source_layers): cla > 1, groups of that many adjacent layers
+  // read their first layer's KV (the others have no K/V projections); yoco,
+  // the upper half reads the KV of the middle layer. The other weights are
+  // those of the same file without sharing.
+  int cla = 0;
+  bool yoco = false;
   // Threads generating weights; <= 0 means every hardware thread. The file is
   // the same for any thread count.
   int n_threads = 0;

@@ -13,7 +13,7 @@ namespace {
 
 runner_shape shape_of(const llama_model& model, const kv_backend& kv) {
   const llama_hparams& hp = model.hparams();
-  return {hp.n_layer, hp.n_head_kv, hp.head_dim, kv.layout().block_size};
+  return {kv.layout().n_layers, hp.n_head_kv, hp.head_dim, kv.layout().block_size};  // KV layers (shared ones once)
 }
 
 // Drafts' K/V are tentative (step_plan.h): the blocks of their slots are
@@ -82,7 +82,9 @@ void cpu_runner::apply(const kv_op& op) {
       }
       kv_.gather(draft && op.gather->n_rows > 1 ? first_row : *op.gather,
                  [this, draft](int layer, float* k, int n, const std::int32_t* delta) {
-                   rotate_keys((draft ? draft_ctx_->model() : ctx_.model()).hparams(), layer, k, n, delta);
+                   // `layer` is a KV layer: its keys carry its producer's RoPE.
+                   const llama_context& c = draft ? *draft_ctx_ : ctx_;
+                   rotate_keys(c.model().hparams(), c.kv().layout().kv_producer(layer), k, n, delta);
                  });
       break;
     }

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/assert.h"
 #include "policy/kv_policy.h"
 #include "quant/kv_format_spec.h"
 #include "spec/draft_model.h"
@@ -25,7 +26,8 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.kv_policy = c.kv_policy;
   s.speculative = c.speculative;
   s.draft_model = c.draft_model != nullptr;
-  s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};
+  s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};  // KV layers
+  s.n_model_layers = c.kv.n_model_layers();
   s.key_summaries = c.kv.key_summaries;
   // Side memory is paid in group-0 blocks of the default type: each stands for its K/V bytes.
   s.side_block_bytes = static_cast<std::int64_t>(
@@ -75,17 +77,31 @@ kv_layout draft_kv_layout(const kv_layout& target_class, const llama_hparams& dr
   l.v_formats.assign(static_cast<std::size_t>(draft.n_layer), target_class.v_formats.front());
   if (!l.check().ok())  // a static format without scales of this shape
     l = kv_layout::uniform(draft.n_layer, draft.n_head_kv, draft.head_dim, target_class.block_size, kv_type::f16, kv_type::f16);
+  if (!draft.kv_source.empty()) {  // a draft that declares KV sharing (one type on every layer: it cannot fail)
+    auto shared = share_kv_layers(l, draft.kv_source, "declared");
+    PAGODA_ASSERT(shared.ok(), "draft KV sharing: {}", shared.error().message());
+    l = std::move(*shared);
+  }
   return l;
 }
 
+void split_kv_layers(const llama_hparams& hp, const kv_layout& kv, std::vector<int>& full, std::vector<int>& windowed) {
+  full.clear();
+  windowed.clear();
+  for (int j = 0; j < kv.n_layers; ++j) (hp.is_swa(kv.kv_producer(j)) ? windowed : full).push_back(j);
+}
+
 std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& c) {
+  // Groups of KV layers (shared ones once: kv_layout::layer_map), each of
+  // the kind its producer's (and so every reader's) attention is.
+  const int n_kv = c.kv.n_layers;
   std::vector<int> full, windowed;
-  for (int l = 0; l < hp.n_layer; ++l) (hp.is_swa(l) ? windowed : full).push_back(l);
+  split_kv_layers(hp, c.kv, full, windowed);
   engine_kv_group main;
   main.class_blocks.push_back(c.n_blocks);
   for (const kv_segment_class& k : c.kv_classes) main.class_blocks.push_back(k.n_blocks);
   if (!c.free_out_of_window || windowed.empty()) {
-    for (int l = 0; l < hp.n_layer; ++l) main.layers.push_back(l);
+    for (int j = 0; j < n_kv; ++j) main.layers.push_back(j);
     return {main};
   }
   if (full.empty()) {  // every layer slides: the one group is a window
@@ -96,7 +112,7 @@ std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engin
   }
   const std::int64_t n_window = c.window_blocks > 0 ? c.window_blocks : window_group_blocks(hp, c);
   if (n_window >= c.n_blocks) {  // nothing to save: every position stays
-    for (int l = 0; l < hp.n_layer; ++l) main.layers.push_back(l);
+    for (int j = 0; j < n_kv; ++j) main.layers.push_back(j);
     return {main};
   }
   main.layers = full;
@@ -133,9 +149,15 @@ result<std::uint8_t> find_kv_class(const engine_core_config& config, const std::
 
 result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& model, const engine_core_config& config) {
   const llama_hparams& hp = model.hparams();
-  if (config.kv.n_layers != hp.n_layer || config.kv.n_kv_heads != hp.n_head_kv || config.kv.head_dim != hp.head_dim)
+  if (config.kv.n_model_layers() != hp.n_layer || config.kv.n_kv_heads != hp.n_head_kv ||
+      config.kv.head_dim != hp.head_dim)
     return error(errc::invalid_argument, "KV layout ({} layers, {} KV heads, head_dim {}) does not match the model",
-                 config.kv.n_layers, config.kv.n_kv_heads, config.kv.head_dim);
+                 config.kv.n_model_layers(), config.kv.n_kv_heads, config.kv.head_dim);
+  if (status st = config.kv.check(); !st.ok()) return st.with_context("KV layout");
+  for (int l = 0; l < hp.n_layer; ++l)  // a model's declared sharing is not optional
+    if (hp.reads_other_kv(l) && config.kv.kv_layer_of(l) != config.kv.kv_layer_of(hp.kv_source[static_cast<std::size_t>(l)]))
+      return error(errc::invalid_argument, "KV layout: layer {} must read layer {}'s KV, as the model declares", l,
+                   hp.kv_source[static_cast<std::size_t>(l)]);
   if (config.n_blocks < 1 || config.n_blocks > (1ll << 30))
     return error(errc::invalid_argument, "KV pool of {} blocks is out of range", config.n_blocks);
   if (config.max_num_seqs < 1) return error(errc::invalid_argument, "--max-num-seqs must be at least 1");

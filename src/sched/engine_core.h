@@ -91,6 +91,9 @@ struct engine_core_config {
 // group of every layer when every layer slides. Group 0's class blocks are
 // config.n_blocks and the kv_classes' own.
 std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& config);
+// The layout's KV layers by the attention of the layers that read them:
+// full, and sliding-window. Shared KV layers count once (kv_layout::layer_map).
+void split_kv_layers(const llama_hparams& hp, const kv_layout& kv, std::vector<int>& full, std::vector<int>& windowed);
 // The blocks per class a sliding-window group of this model needs at most.
 std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_config& config);
 

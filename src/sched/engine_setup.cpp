@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include "core/hash.h"
+#include "model/kv_share.h"
 #include "policy/kv_policy.h"
+#include "policy/policy_params_internal.h"
 #include "sched/seq_policy.h"
 #include "quant/kv_format_spec.h"
 #include "quant/kv_scales.h"
@@ -17,6 +19,58 @@ namespace pagoda {
 
 int context_length(const engine_config& opts, const llama_hparams& hp) {
   return opts.n_ctx > 0 ? opts.n_ctx : hp.n_ctx_train;
+}
+
+result<int> parse_kv_share_spec(std::string_view text) {
+  PAGODA_ASSIGN_OR_RETURN(const kv_policy_spec spec, parse_kv_policy_spec(text));
+  if (spec.is_none()) {
+    if (!spec.params.empty()) return error(errc::invalid_argument, "--kv-share none: takes no parameters");
+    return -1;
+  }
+  if (spec.name != "reuse")
+    return error(errc::invalid_argument, "--kv-share: unknown sharing '{}'; known: reuse (or none)", spec.name);
+  policy_detail::param_reader r(spec);
+  PAGODA_ASSIGN_OR_RETURN(const int from, r.integer("from", -1, 0, 1 << 20));
+  PAGODA_RETURN_IF_ERROR(r.finish().with_context("--kv-share"));
+  if (from < 0) return error(errc::invalid_argument, "--kv-share {}: from=L is required (the first layer that shares)", spec.name);
+  return from;
+}
+
+result<kv_share_plan> plan_kv_sharing(const llama_hparams& hp, std::string_view spec_text) {
+  PAGODA_ASSIGN_OR_RETURN(const int from, parse_kv_share_spec(spec_text));
+  kv_share_plan plan;
+  if (!hp.kv_source.empty()) {
+    if (from >= 0)
+      return error(errc::invalid_argument,
+                   "--kv-share {}: this model declares its own KV sharing ({}); it takes no other",
+                   spec_text, k_kv_source_key);
+    plan.name = "declared";
+    plan.source = hp.kv_source;
+    return plan;
+  }
+  if (from < 0) return plan;
+  if (from > hp.n_layer)
+    return error(errc::invalid_argument, "--kv-share {}: from={}: this model has {} layers (from={} shares nothing)",
+                 spec_text, from, hp.n_layer, hp.n_layer);
+  plan.source.resize(static_cast<std::size_t>(hp.n_layer));
+  bool any = false;
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const bool reader = l >= from && (l - from) % 2 == 1;
+    plan.source[static_cast<std::size_t>(l)] = reader ? l - 1 : l;
+    any = any || reader;
+  }
+  PAGODA_RETURN_IF_ERROR(check_kv_sources(hp, plan.source, "--kv-share"));
+  if (!any) {
+    plan.source.clear();  // nothing shared: the unshared layout, bit for bit
+    return plan;
+  }
+  plan.name = fmt::format("reuse:from={}", from);
+  return plan;
+}
+
+result<kv_layout> with_declared_kv_sharing(const llama_hparams& hp, kv_layout layout) {
+  if (hp.kv_source.empty()) return layout;
+  return share_kv_layers(layout, hp.kv_source, "declared");
 }
 
 result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& opts) {
@@ -77,7 +131,11 @@ result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& 
     layout.v_formats[l] = per_layer[l].v.resolve(kv_role::value, layout.scales != nullptr);
   }
   PAGODA_RETURN_IF_ERROR(layout.check());
-  return layout;
+  PAGODA_ASSIGN_OR_RETURN(const kv_share_plan share, plan_kv_sharing(hp, opts.kv_share));
+  if (!share.shares()) return layout;
+  auto shared = share_kv_layers(layout, share.source, share.name);
+  if (!shared.ok()) return shared.error().with_context("--kv-layer-types with KV sharing");
+  return shared;
 }
 
 result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& opts, std::int64_t default_tokens,
@@ -259,8 +317,12 @@ status add_kv_segment_classes(const llama_model& model, const engine_config& opt
   // out of a MiB budget first).
   const llama_hparams& hp = model.hparams();
   std::vector<int> main_layers, window_layers;
-  for (int l = 0; l < hp.n_layer; ++l)
-    (cfg.free_out_of_window && hp.is_swa(l) ? window_layers : main_layers).push_back(l);
+  split_kv_layers(hp, cfg.kv, main_layers, window_layers);
+  if (!cfg.free_out_of_window) {
+    main_layers.insert(main_layers.end(), window_layers.begin(), window_layers.end());
+    std::sort(main_layers.begin(), main_layers.end());
+    window_layers.clear();
+  }
   if (main_layers.empty()) main_layers.swap(window_layers);  // every layer slides: one group
   const auto main_bytes = [&](const kv_layout& l) {
     return static_cast<double>(l.select_layers(main_layers).bytes_per_block());
@@ -332,7 +394,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   // only for the full layers, and a MiB budget pays for the window group first.
   const llama_hparams& hp = model.hparams();
   std::vector<int> full_layers, window_layers;
-  for (int l = 0; l < hp.n_layer; ++l) (hp.is_swa(l) ? window_layers : full_layers).push_back(l);
+  split_kv_layers(hp, cfg.kv, full_layers, window_layers);
   const bool mixed = cfg.free_out_of_window && !window_layers.empty() && !full_layers.empty();
   const kv_layout main_layout = mixed ? cfg.kv.select_layers(full_layers) : cfg.kv;
   const double k_default_cap_bytes = 4.0 * 1024 * 1024 * 1024;

@@ -19,7 +19,29 @@ namespace pagoda {
 // The context length to use: config.n_ctx, else the model's trained context.
 int context_length(const engine_config& config, const llama_hparams& hp);
 
-// The KV layout the config's KV types describe for this model. Errors name the
+// Cross-layer KV sharing of a run (model/kv_share.h).
+struct kv_share_plan {
+  std::string name;         // kv_layout::sharing: "" when nothing is shared
+  std::vector<int> source;  // [n_layer]: the layer whose KV layer l reads; empty: each its own
+  bool shares() const { return !name.empty(); }
+};
+// The first layer of a --kv-share spec (-1: "none"), checked without a
+// model: the name, the parameters (usage errors at the command line).
+result<int> parse_kv_share_spec(std::string_view text);
+// The sharing of a run: the model's declared one (hparams::kv_source), or
+// `spec` (--kv-share, the NAME:k=v grammar of --kv-policy): "none", or
+// "reuse:from=L" (layers L, L + 2, ... compute their KV and the layer above
+// each reads it; from = n_layer shares nothing). A spec on a model that
+// declares sharing is refused.
+result<kv_share_plan> plan_kv_sharing(const llama_hparams& hp, std::string_view spec);
+
+
+// `layout` (one format per model layer, the same on layers that share) with
+// the KV sharing the model declares, if any: what every layout for it needs.
+result<kv_layout> with_declared_kv_sharing(const llama_hparams& hp, kv_layout layout);
+
+// The KV layout the config's KV types describe for this model (shared as
+// plan_kv_sharing(config.kv_share) says). Errors name the
 // option at fault ("--kv-layer-types: layer range 3-9 is past the model's 5 layers").
 result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& config);
 

@@ -88,6 +88,9 @@ struct scheduler_config {
   // >= 0: every sequence collects attention statistics (attention_totals),
   // keeping the weights of its last `attention_stats_window` query tokens.
   int attention_stats_window = -1;
+  // The model's layers (early-exit drafters name a count of them); the
+  // policy shape counts KV layers, fewer when layers share KV.
+  int n_model_layers = 0;
   // KV policies (policy/kv_policy.h): the default for requests that name
   // none, and the model's shape their per-row state needs.
   std::string kv_policy = "none";

@@ -30,9 +30,10 @@ status scheduler::resolve_speculation(request_state& r) const {
     const char* where = own ? "speculative" : "--speculative";
     if (r.spec.drafter == "draft" && !config_.draft_model)
       return error(errc::invalid_argument, "{}: draft: this engine has no draft model (start it with --draft-model PATH)", where);
-    if (r.spec.layers > config_.policy_shape.n_layers)
+    const int n_layers = config_.n_model_layers > 0 ? config_.n_model_layers : config_.policy_shape.n_layers;
+    if (r.spec.layers > n_layers)
       return error(errc::invalid_argument, "{}: {}: layers={}: this model has {} layers", where, r.spec.drafter,
-                   r.spec.layers, config_.policy_shape.n_layers);
+                   r.spec.layers, n_layers);
     if (r.spec.view == draft_view::quest && !config_.key_summaries)
       return error(errc::invalid_argument,
                    "{}: {}: view=quest reads the KV's per-block key summaries, which this engine does not keep; start "

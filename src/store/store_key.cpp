@@ -71,6 +71,12 @@ std::uint64_t layout_fingerprint(const kv_layout& l) {
     for (int i = 0; i < l.n_layers; ++i) every_layer = every_layer && l.model_layers[static_cast<std::size_t>(i)] == i;
   }
   if (!every_layer) h.update(l.model_layers.data(), sizeof(int) * l.model_layers.size());
+  // Shared KV layers hold other bytes than the same formats unshared, and
+  // each sharing its own (reuse and minicache share one map).
+  if (!l.layer_map.empty()) {
+    h.update(l.layer_map.data(), sizeof(std::int32_t) * l.layer_map.size());
+    h.update(l.sharing.data(), l.sharing.size());
+  }
   if (l.scales) {
     // Static scales change what codes mean: their values enter the fingerprint.
     for (kv_role role : {kv_role::key, kv_role::value})

@@ -16,6 +16,16 @@
 
 namespace pagoda::test {
 
+// A preset's f32 file with n_layer layers, written by one thread.
+inline synth_options f32_synth_options(const std::string& preset, int n_layer) {
+  synth_options o;
+  o.preset = preset;
+  o.n_layer = n_layer;
+  o.weight_type = gguf::tensor_type::f32;
+  o.n_threads = 1;
+  return o;
+}
+
 // `name` keeps files of one process apart.
 inline std::unique_ptr<llama_model> load_synth(const synth_options& o, const std::string& name) {
   const std::string path = ::testing::TempDir() + "/pagoda_synth_" + name + "_" + std::to_string(getpid()) + ".gguf";

@@ -117,6 +117,60 @@ TEST(warehouse_engine, a_restart_keeps_prefixes_on_disk) {
   fs::remove_all(dir);
 }
 
+// Shared KV layers (--kv-share) hold other bytes than unshared ones: blocks
+// one writes, the other never loads (the layout's fingerprint names the
+// sharing), and an engine with the same sharing does.
+TEST(warehouse_engine, shared_and_unshared_caches_never_meet) {
+  const std::string dir = temp_dir("kv_share");
+  const request r = greedy_request("a", long_prompt(), 24);
+  const int n_blocks = static_cast<int>((r.prompt.size() - 1) / 16);
+  engine_config shared = config(dir);
+  shared.kv_share = "reuse:from=1";
+  node::answer cold_plain, cold_shared;
+  {
+    node n(config(""));
+    cold_plain = n.run(r);
+  }
+  {
+    engine_config c = shared;
+    c.kv_store_path.clear();
+    node n(c);
+    cold_shared = n.run(r);
+  }
+  ASSERT_NE(cold_plain.tokens, cold_shared.tokens) << "sharing changed nothing: the test checks nothing";
+  {
+    node writer(shared);
+    EXPECT_EQ(writer.run(r).tokens, cold_shared.tokens);
+    EXPECT_GE(writer.warehouse->counters().written, n_blocks);
+  }
+  {
+    node plain(config(dir));  // the same directory, no sharing: computes, loads nothing
+    const node::answer a = plain.run(r);
+    EXPECT_EQ(a.tokens, cold_plain.tokens);
+    EXPECT_EQ(a.usage.cached_tokens, 0);
+    EXPECT_EQ(plain.warehouse->counters().loads, 0);
+  }
+  {
+    // Another map with as many KV layers (reuse:from=0 pairs (0, 1), (2, 3)): loads nothing either.
+    engine_config c = shared;
+    c.kv_share = "reuse:from=0";
+    engine_config cold = c;
+    cold.kv_store_path.clear();
+    node fresh(cold);
+    const node::answer expected = fresh.run(r);
+    node other(c);
+    const node::answer a = other.run(r);
+    EXPECT_EQ(a.tokens, expected.tokens);
+    EXPECT_EQ(a.usage.cached_tokens, 0);
+    EXPECT_EQ(other.warehouse->counters().loads, 0);
+  }
+  node again(shared);  // the same sharing: loads what the writer stored
+  const node::answer b = again.run(r);
+  EXPECT_EQ(b.tokens, cold_shared.tokens);
+  EXPECT_EQ(b.usage.cached_tokens, n_blocks * 16);
+  fs::remove_all(dir);
+}
+
 // gemma2 (tests/data/oracle, window 32) with its sliding layer in a KV group
 // of its own: both groups' blocks reach the disk tier, each under its own
 // layout (same formats, other layers: they must not collide), and a restart
