@@ -200,6 +200,10 @@ TEST(speculative_engine, greedy_self_int2_mirror_equals_plain_decoding_f32) {
 TEST(speculative_engine, greedy_self_int2_mirror_equals_plain_decoding_int8) {
   expect_identical_to_plain(kv_type::int8, "self:k=4,view=int2,layers=4");
 }
+// A sealed cache (int4 KIVI) beside a sealed mirror: both roll back exactly.
+TEST(speculative_engine, greedy_self_int2_mirror_equals_plain_decoding_int4) {
+  expect_identical_to_plain(kv_type::int4, "self:k=4,view=int2");
+}
 
 TEST(speculative_engine, sampled_requests_equal_plain_decoding_with_the_same_seed) {
   // A point-mass draft verified by drawing from the target row consumes the
@@ -296,7 +300,7 @@ TEST(speculative_engine, model_drafters_with_sampling_forks_and_preemption) {
   }
   engine_core_config small = config(kv_type::f32, "none");
   small.n_blocks = 56;
-  for (const char* spec : {"early-exit:k=4,layers=2", "self:k=3,view=window,sinks=4,window=16,layers=4"}) {
+  for (const char* spec : {"early-exit:k=4,layers=2", "self:k=3,view=window,sinks=4,window=16,layers=4", "self:k=3,view=int4"}) {
     const auto [plain, sp, a, b] = run_both(reqs, small, spec);
     for (const auto& [id, tokens] : a.tokens) {
       const int i = std::stoi(id.substr(1));
@@ -468,7 +472,7 @@ TEST(speculative_engine, sliding_window_groups_keep_outputs_exact) {
       for (int j = 0; j < 30 + 9 * i; ++j) prompt.push_back(static_cast<token_id>(3 + (j * 53 + i * 7) % 500));
       reqs.push_back(test::greedy_ids("w" + std::to_string(i), prompt, 48));
     }
-    for (const char* spec : {"draft:k=4", "early-exit:k=3,layers=1"}) {
+    for (const char* spec : {"draft:k=4", "early-exit:k=3,layers=1", "self:k=3,view=int4"}) {
       engine_core_config c = config(kv_type::f32, "none");
       c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
       c.max_model_len = 256;
@@ -518,6 +522,27 @@ TEST(speculative_engine, draft_group_follows_a_renumbering_policy) {
   const run_result out = run(*e, reqs);
   for (const request& r : reqs) EXPECT_EQ(out.tokens.at(r.id).size(), 40u) << r.id;
   EXPECT_GT(e->stats().n_policy_compactions, 0) << "no compaction: the test checks nothing";
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+}
+
+// An engine with a KV mirror serves KV policies too (their requests decode
+// plainly): a compaction gathers the mirror as every group, a renumbering one
+// rotating its keys, a per-head one by rows (the mirror has the model's
+// layers and heads). Every output is the plain engine's, the drafting
+// requests' included (their drafts read a mirror that followed every step).
+TEST(speculative_engine, kv_mirror_follows_compactions) {
+  const auto texts = prompts(8);
+  std::vector<request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    request r = greedy_request("c" + std::to_string(i), texts[i], 48);
+    if (i % 2 == 0) r.kv_policy = i % 4 == 0 ? "window:budget=32,positions=cache" : "pyramid:budget=32";
+    reqs.push_back(r);
+  }
+  const auto [plain, e, a, b] = run_both(reqs, config(kv_type::f32, "none"), "self:k=3,view=int4");
+  ASSERT_TRUE(e);
+  for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+  EXPECT_GT(e->stats().n_policy_compactions, 0) << "no compaction: the test checks nothing";
+  EXPECT_GT(e->stats().spec_decode.at("self").n_accepted_tokens, 0);
   EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
 }
 
