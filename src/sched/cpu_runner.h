@@ -16,6 +16,7 @@
 #include "model/llama.h"
 #include "sched/runner_state.h"
 #include "sched/step_plan.h"
+#include "spec/kv_mirror.h"
 
 namespace pagoda {
 
@@ -83,7 +84,8 @@ class cpu_runner final : public model_runner {
   std::unique_ptr<llama_context> mirror_ctx_;  // the model's, over the mirror group (set_kv_mirror)
   kv_backend* mirror_kv_ = nullptr;
   int mirror_group_ = -1;
-  std::vector<float> mirror_k_, mirror_v_, mirror_row_;  // the rows a mirror copy moves
+  kv_copy_scratch mirror_scratch_;
+  std::vector<std::span<const block_id>> mirror_tables_;  // a copied sequence's tables, by group
   std::vector<std::vector<token_id>> verify_tokens_;  // [plan.seqs]: a runner_drafts sequence's tokens, drafts filled in
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
 };

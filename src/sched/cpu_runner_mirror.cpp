@@ -18,9 +18,6 @@
 // prefix hit) starts it at the stored slots, whose mirror blocks came with
 // them. A sequence that lags (a step that failed after its forward pass)
 // catches up from there, before its drafts and after the next forward pass.
-#include <algorithm>
-
-#include "attention/gather_attention.h"
 #include "core/assert.h"
 #include "sched/cpu_runner.h"
 
@@ -33,33 +30,10 @@ void cpu_runner::set_kv_mirror(kv_backend& kv, int group) {
 }
 
 void cpu_runner::mirror_slots(runner_state::sequence& s, std::int32_t end) {
-  const std::int32_t from = s.mirror_kv;
-  if (from >= end) return;
-  const kv_layout& l = kv_.layout();
-  const int bs = l.block_size, hd = l.head_dim, heads = l.n_kv_heads;
-  const auto n = static_cast<std::size_t>(end - from);
-  const std::size_t row = static_cast<std::size_t>(heads) * static_cast<std::size_t>(hd);
-  mirror_k_.resize(n * row);
-  mirror_v_.resize(n * row);
-  mirror_row_.resize(static_cast<std::size_t>(bs) * static_cast<std::size_t>(hd));
-  const std::span<const block_id> mirror_table = s.tables[static_cast<std::size_t>(mirror_group_)];
-  for (int layer = 0; layer < l.n_layers; ++layer) {
-    const std::span<const block_id> table = s.tables[static_cast<std::size_t>(kv_.layer_group(layer))];
-    const paged_kv_view views[2] = {kv_.k_view(layer, table, end), kv_.v_view(layer, table, end)};
-    std::vector<float>* outs[2] = {&mirror_k_, &mirror_v_};
-    for (int kv = 0; kv < 2; ++kv)
-      for (std::int32_t at = from; at < end;) {
-        const int run = std::min(end - at, bs - at % bs);  // one block at a time (decode_kv_rows)
-        for (int h = 0; h < heads; ++h) {
-          decode_kv_rows(views[kv], h, at, run, mirror_row_.data());
-          for (int t = 0; t < run; ++t)
-            std::copy_n(mirror_row_.data() + static_cast<std::size_t>(t) * hd, hd,
-                        outs[kv]->data() + static_cast<std::size_t>(at - from + t) * row + static_cast<std::size_t>(h) * hd);
-        }
-        at += run;
-      }
-    mirror_kv_->write(layer, mirror_table, from, static_cast<int>(n), mirror_k_.data(), mirror_v_.data());
-  }
+  if (s.mirror_kv >= end) return;
+  mirror_tables_.assign(s.tables.begin(), s.tables.end());
+  copy_kv_slots(kv_, mirror_tables_, *mirror_kv_, s.tables[static_cast<std::size_t>(mirror_group_)], s.mirror_kv, end,
+                mirror_scratch_);
   s.mirror_kv = end;
 }
 
