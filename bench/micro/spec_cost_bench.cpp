@@ -24,9 +24,16 @@
 //       int4     the same step over a cache of int4 K and V (KIVI: per-channel
 //                K, per-token V);
 //       int4t    the same over int4/token K and V (per-token groups both);
+//       int2     the same over int2 K and V (KIVI): the cache a
+//                `self:view=int2` draft reads (its KV mirror; view=int4's is
+//                the int4 one);
+//       copy     what keeping a KV mirror costs per step: the k + 1 = 5
+//                slots a verification wrote, per sequence, copied from the
+//                f16 cache into the int4 one (spec/kv_mirror.h: decoded,
+//                re-encoded), then rolled back;
 //       ee       (N = 2 only) early exit: the first layer of two, measured as a
 //                1-layer model of the same shapes over its own cache.
-//     Counters: full_ms; quest, window, int4, int4t, ee = draft step / full step;
+//     Counters: full_ms; quest, window, int4, int4t, int2, copy, ee = draft step (or copy) / full step;
 //     head_share = the step's part outside the layers, (2 T1 - T2) / T2
 //     (embedding, final norm, output head; the early-exit pair gives it);
 //     GB/s, of_stream, KV_share: below.
@@ -49,7 +56,8 @@
 // measured costs: for acceptance rate a per draft token and k drafts, E = (1 -
 // a^(k+1)) / (1 - a) tokens per verification, speedup = E / (k c_draft +
 // c_verify(k)), costs relative to one plain decode step, the best k of 1..8
-// per acceptance. Columns: each measured view; VIEW+ee, the view over half
+// per acceptance. The mirror views (int4, int2) pay the copy once per
+// verification on top. Columns: each measured view; VIEW+ee, the view over half
 // the layers (0.5 x its cost: early exit at layer N/2 reading the view);
 // ee(0.5) where no early-exit pair was measured; free, a draft that costs
 // nothing (the ceiling verification allows). A projection, not a
@@ -61,7 +69,7 @@
 // Models are written once with the project's synth code to
 // $PAGODA_SPEC_MODEL_DIR (default /tmp) as spec-llama3-8b-{1,2}l-q8.gguf (232 MB
 // a layer). Memory at the largest case (1 layer, 32 x 32K): f16 cache with
-// summaries 4.8 GiB, int4 caches 1.2 and 1.1 GiB, STREAM buffer 1 GiB.
+// summaries 4.8 GiB, int4 caches 1.2 and 1.1 GiB, int2 0.7 GiB, STREAM buffer 1 GiB.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -87,6 +95,7 @@
 #include "policy/quest.h"
 #include "quant/kv_format_spec.h"
 #include "read_bandwidth.h"
+#include "spec/kv_mirror.h"
 
 namespace {
 
@@ -273,6 +282,7 @@ bool run_interleaved(benchmark::State& st, std::vector<variant>& vs) {
 struct measured_costs {
   std::map<int, double> verify;        // k -> verify(k + 1 rows) / decode, best of N
   std::map<std::string, double> draft;  // view -> draft step / full step
+  double mirror_copy = 0;               // keeping a KV mirror: per verification, / full step
   double head_share = -1;
 };
 std::map<int, measured_costs>& costs_at_32k() {  // by sequences
@@ -312,9 +322,11 @@ void bm_draft_view(benchmark::State& st) {
   auto f16 = make_cache(hp, "f16", true, n_seqs, n_ctx);
   auto int4 = make_cache(hp, "int4", false, n_seqs, n_ctx);
   auto int4t = make_cache(hp, "int4/token", false, n_seqs, n_ctx);
-  for (const auto* c : {&f16, &int4, &int4t})
+  auto int2 = make_cache(hp, "int2", false, n_seqs, n_ctx);
+  for (const auto* c : {&f16, &int4, &int4t, &int2})
     if (!c->ok()) return st.SkipWithError(c->error().message().c_str());
-  llama_context ctx(**m, *f16->kv, k_threads), ctx4(**m, *int4->kv, k_threads), ctx4t(**m, *int4t->kv, k_threads);
+  llama_context ctx(**m, *f16->kv, k_threads), ctx4(**m, *int4->kv, k_threads), ctx4t(**m, *int4t->kv, k_threads),
+      ctx2(**m, *int2->kv, k_threads);
   quest_params qp;  // budget 1/8, sinks 16, int8 bounds: the policy's defaults
   std::vector<std::unique_ptr<kv_read_selector>> quest, window;
   for (int s = 0; s < n_seqs; ++s) {
@@ -327,6 +339,20 @@ void bm_draft_view(benchmark::State& st) {
   vs.push_back(forward_variant("window", ctx, step_of(*f16, n_ctx, 1, &window)));
   vs.push_back(forward_variant("int4", ctx4, step_of(*int4, n_ctx, 1)));
   vs.push_back(forward_variant("int4t", ctx4t, step_of(*int4t, n_ctx, 1)));
+  vs.push_back(forward_variant("int2", ctx2, step_of(*int2, n_ctx, 1)));
+  // The copy's sources: a verification's 5 slots after the cached ones, written once.
+  const std::vector<float> written(static_cast<std::size_t>(5) * hp.kv_dim(), 0.5f);
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (const std::vector<block_id>& t : f16->tables) f16->kv->write(l, t, n_ctx, 5, written.data(), written.data());
+  kv_copy_scratch scratch;
+  vs.push_back({"copy", [&] {
+                  for (const std::vector<block_id>& t : f16->tables) {
+                    const std::span<const block_id> from[] = {t};
+                    copy_kv_slots(*f16->kv, from, *int4->kv, t, n_ctx, n_ctx + 5, scratch);
+                    int4->kv->truncate_block(t[static_cast<std::size_t>(n_ctx / k_block)], n_ctx % k_block);
+                  }
+                  return status{};
+                }, {}});
   // Early exit after layer 1 of 2: the 1-layer model (same shapes) over its own cache.
   std::unique_ptr<llama_context> ctx_ee;
   result<seq_cache> ee_cache = error(errc::invalid_argument, "no early exit");
@@ -352,7 +378,9 @@ void bm_draft_view(benchmark::State& st) {
   measured_costs& mc = costs_at_32k()[n_seqs];
   for (std::size_t i = 1; i + 1 < vs.size(); ++i) {
     const double r = ratio_counters(st, vs[i], full);
-    if (n_ctx == 32768) mc.draft[vs[i].name] = r;
+    if (n_ctx != 32768) continue;
+    if (vs[i].name == "copy") mc.mirror_copy = r;
+    else mc.draft[vs[i].name] = r;
   }
   if (ctx_ee) {
     const double t1 = vs[vs.size() - 2].best_cpu(), t2 = full.best_cpu();  // ee: the last step variant
@@ -367,7 +395,7 @@ void bm_draft_view(benchmark::State& st) {
   st.counters["stream_GB/s"] = stream;
   st.counters["of_stream"] = gbps / stream;
   st.counters["KV_share"] = kv_bytes / (weight_bytes + kv_bytes);
-  st.SetLabel(fmt::format("{} threads; quest 1/8, window {}+{}, int4", k_threads, k_window_sinks, k_window_slots));
+  st.SetLabel(fmt::format("{} threads; quest 1/8, window {}+{}, int4, int2", k_threads, k_window_sinks, k_window_slots));
 }
 
 // --- the projection --------------------------------------------------------------
@@ -387,7 +415,7 @@ void print_projection() {
     std::map<std::string, double> drafts(mc.draft);
     const double ee = mc.draft.count("ee") ? mc.draft.at("ee") : 0.5;
     if (!mc.draft.count("ee")) drafts["ee(0.5)"] = ee;
-    for (const char* view : {"quest", "window", "int4", "int4t"})
+    for (const char* view : {"quest", "window", "int4", "int4t", "int2"})
       if (mc.draft.count(view)) drafts[fmt::format("{}+ee", view)] = 0.5 * mc.draft.at(view);
     drafts["free"] = 0;  // the ceiling: a draft that costs nothing, verification alone
     std::printf("\nPROJECTION (not a measurement: random weights give meaningless acceptance), 32K context, %d sequence%s, "
@@ -397,6 +425,7 @@ void print_projection() {
     for (const auto& [k, c] : mc.verify) std::printf(" k=%d %.3f", k, c);
     std::printf("\n  draft step:");
     for (const auto& [name, c] : drafts) std::printf(" %s %.3f", name.c_str(), c);
+    std::printf(" mirror copy %.3f per verification (int4, int2)", mc.mirror_copy);
     std::printf("%s\n", mc.draft.count("ee") ? "" : "  (ee(0.5) assumed: half the layers; see head_share at fewer sequences)");
     std::printf("  %-4s", "a");
     for (const auto& [name, c] : drafts) std::printf(" %14s", name.c_str());
@@ -406,8 +435,11 @@ void print_projection() {
       for (const auto& [name, c] : drafts) {
         double best = 0;
         int best_k = 0;
+        // A mirror view's draft also pays the mirror's copy, once per verification.
+        const bool mirror = (name.starts_with("int4") && !name.starts_with("int4t")) || name.starts_with("int2");
+        const double copy = mirror ? mc.mirror_copy : 0;
         for (const auto& [k, cv] : mc.verify)
-          if (double s = projected_speedup(a, k, c, cv); s > best) best = s, best_k = k;
+          if (double s = projected_speedup(a, k, c, cv + copy); s > best) best = s, best_k = k;
         std::printf(" %14s", fmt::format("{:.2f}x k={}", best, best_k).c_str());
       }
       std::printf("\n");

@@ -125,6 +125,7 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   // their blocks' holds: held again for the verification's tentative slots.
   if (out.result.ok() && !out.drafts.empty()) hold_drafts(kv_, state_, plan);
   if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
+  if (out.result.ok()) mirror_step(plan);  // the KV mirror takes the slots the step wrote (cpu_runner_mirror.cpp)
   out.draft_seconds = out.drafts.empty() && !draft_ctx_ ? 0.0 : std::chrono::duration<double>(t1 - t0).count();
   out.forward_seconds = std::chrono::duration<double>(clock::now() - t1).count();
 }

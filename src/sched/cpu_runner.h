@@ -16,6 +16,7 @@
 #include "model/llama.h"
 #include "sched/runner_state.h"
 #include "sched/step_plan.h"
+#include "spec/kv_mirror.h"
 
 namespace pagoda {
 
@@ -39,6 +40,12 @@ class cpu_runner final : public model_runner {
   // then also runs the draft model over every sequence's tokens, so that its
   // KV holds what the target's does. REQUIRES: both outlive the runner.
   void set_draft_model(const llama_model& model, kv_backend& kv, int group);
+  // The KV mirror (speculative `self:view=int4|int2`): KV group `group` of
+  // the runner's backend, the model's layers in a cheaper type, seen through
+  // `kv` (a kv_group_backend). Every step then copies the slots it wrote
+  // into the mirror (cpu_runner_mirror.cpp), and mirror-view drafts read and
+  // tentatively write it. REQUIRES: kv outlives the runner.
+  void set_kv_mirror(kv_backend& kv, int group);
 
  private:
   void apply(const kv_op& op);
@@ -53,6 +60,11 @@ class cpu_runner final : public model_runner {
   status draft(const step_plan& plan, step_output& out);
   status draft_with_model(const step_plan& plan, step_output& out);   // the draft model: every sequence, drafts of `draft` ones
   status draft_with_target(const step_plan& plan, step_output& out);  // self, early-exit
+  // The mirror (cpu_runner_mirror.cpp): slots [s.mirror_kv, end) of s copied
+  // from the model's groups into the mirror group; then s.mirror_kv = end.
+  void mirror_slots(runner_state::sequence& s, std::int32_t end);
+  // After the step's forward pass: every sequence's written slots.
+  void mirror_step(const step_plan& plan);
   // Appends a draft per row of logits_ to out.drafts[seq_of_row[row]] (runner_state::draft_token).
   void take_drafts(const step_plan& plan, int n_vocab, std::span<const std::size_t> seq_of_row, step_output& out);
 
@@ -69,6 +81,11 @@ class cpu_runner final : public model_runner {
   std::vector<float> logits_;  // the forward pass's rows
   std::unique_ptr<llama_context> draft_ctx_;  // the draft model's, over its group (set_draft_model)
   int draft_group_ = -1;
+  std::unique_ptr<llama_context> mirror_ctx_;  // the model's, over the mirror group (set_kv_mirror)
+  kv_backend* mirror_kv_ = nullptr;
+  int mirror_group_ = -1;
+  kv_copy_scratch mirror_scratch_;
+  std::vector<std::span<const block_id>> mirror_tables_;  // a copied sequence's tables, by group
   std::vector<std::vector<token_id>> verify_tokens_;  // [plan.seqs]: a runner_drafts sequence's tokens, drafts filled in
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
 };

@@ -16,6 +16,12 @@
 // (truncate_block) and the verification writes the target's K/V there: a
 // draft's K/V never outlive its step, and what the scheduler commits is the target's.
 //
+// self:view=int4|int2: the passes run the target over its KV mirror, a
+// cheaper copy of its K/V (cpu_runner_mirror.cpp), through their own
+// llama_context whose backend is the mirror group: they read the mirror and
+// write their K/V into its next slots, which are rewound after drafting the
+// same way; the model's groups are not touched until the verification.
+//
 // draft: the draft model's KV is a KV group of its own (engine_core: same
 // slots as the target's groups, its own shape). Its first pass of a step runs
 // over EVERY sequence of the plan (prompt chunks, plain decode rows, the
@@ -167,22 +173,33 @@ status cpu_runner::draft_with_model(const step_plan& plan, step_output& out) {
 }
 
 status cpu_runner::draft_with_target(const step_plan& plan, step_output& out) {
-  std::map<int, std::vector<std::size_t>> by_layers;  // draft layer count (0: all) -> plan indices
+  // Batched by (reads the mirror, draft layer count (0: all)) -> plan indices.
+  std::map<std::pair<bool, int>, std::vector<std::size_t>> batches;
   for (std::size_t i = 0; i < plan.seqs.size(); ++i)
     if (plan.seqs[i].runner_drafts) {
-      const runner_state::sequence& s = *state_.find(plan.seqs[i].seq);
-      if (s.speculation.drafter != "draft") by_layers[s.speculation.layers].push_back(i);
+      runner_state::sequence& s = *state_.find(plan.seqs[i].seq);
+      if (s.speculation.drafter == "draft") continue;
+      const bool mirror = s.speculation.mirror() != nullptr;
+      if (mirror && !mirror_ctx_)
+        return error(errc::internal, "sequence {} drafts from a KV mirror the runner does not have", plan.seqs[i].seq.value);
+      if (mirror) mirror_slots(s, plan.seqs[i].n_stored);  // normally there already (cpu_runner_mirror.cpp)
+      batches[{mirror, s.speculation.layers}].push_back(i);
     }
   const int n_vocab = ctx_.model().hparams().n_vocab;
   const std::int32_t bs = kv_.layout().block_size;
   std::vector<forward_seq> batch;
   std::vector<std::vector<std::span<const block_id>>> tables;
   std::vector<std::size_t> rows;
-  for (const auto& [layers, seqs] : by_layers) {
+  for (const auto& [key, seqs] : batches) {
+    const auto [mirror, layers] = key;
+    // The mirror's passes run the model over the mirror group alone (its one
+    // table); the others over the model's groups, through the sequence's view.
+    llama_context& ctx = mirror ? *mirror_ctx_ : ctx_;
     tables.assign(seqs.size(), {});
     for (std::size_t b = 0; b < seqs.size(); ++b) {
       const runner_state::sequence& s = *state_.find(plan.seqs[seqs[b]].seq);
-      tables[b].assign(s.tables.begin(), s.tables.end());
+      if (mirror) tables[b].assign(1, s.tables[static_cast<std::size_t>(mirror_group_)]);
+      else tables[b].assign(s.tables.begin(), s.tables.end());
     }
     for (std::size_t j = 0;; ++j) {
       batch.clear();
@@ -198,7 +215,7 @@ status cpu_runner::draft_with_target(const step_plan& plan, step_output& out) {
         f.n_stored = q.n_stored + static_cast<int>(j);
         f.stored_positions = std::span<const std::int32_t>(s.positions).first(static_cast<std::size_t>(f.n_stored));
         f.blocks = tables[b].front();
-        f.tables = tables[b];
+        if (!mirror) f.tables = tables[b];
         if (s.n_rows > 0) {  // a per-head KV policy: the rows' own positions (apply() appended the step's)
           f.row_positions = s.rows.data();
           f.row_stride = s.row_stride;
@@ -208,16 +225,19 @@ status cpu_runner::draft_with_target(const step_plan& plan, step_output& out) {
         rows.push_back(seqs[b]);
       }
       if (batch.empty()) break;
-      PAGODA_RETURN_IF_ERROR(ctx_.forward(batch, logits_, layers));
+      PAGODA_RETURN_IF_ERROR(ctx.forward(batch, logits_, layers));
       take_drafts(plan, n_vocab, rows, out);
     }
-    // Rewind what the draft passes wrote; the verification writes the target's K/V there.
+    // Rewind what the draft passes wrote (the mirror's slots, or the
+    // model's, where the verification then writes the target's K/V).
     for (const std::size_t i : seqs) {
       const scheduled_seq& q = plan.seqs[i];
       runner_state::sequence& s = *state_.find(q.seq);
       const std::int32_t first = q.n_stored / bs, last = (q.n_stored + static_cast<std::int32_t>(q.draft.size()) - 1) / bs;
       for (std::size_t g = 0; g < s.tables.size(); ++g) {
-        if (static_cast<int>(g) == draft_group_) continue;  // the draft model's: the passes did not write it
+        const bool written = mirror ? static_cast<int>(g) == mirror_group_
+                                    : static_cast<int>(g) != draft_group_ && static_cast<int>(g) != mirror_group_;
+        if (!written) continue;
         for (std::int32_t b = first; b <= last; ++b)
           kv_.truncate_block(s.tables[g][static_cast<std::size_t>(b)], b == first ? q.n_stored % bs : 0);
       }

@@ -26,6 +26,8 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.kv_policy = c.kv_policy;
   s.speculative = c.speculative;
   s.draft_model = c.draft_model != nullptr;
+  for (const engine_kv_group& g : c.groups)
+    if (!g.mirror.empty()) s.kv_mirror = g.mirror;
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};  // KV layers
   s.n_model_layers = c.kv.n_model_layers();
   s.key_summaries = c.kv.key_summaries;
@@ -89,6 +91,21 @@ void split_kv_layers(const llama_hparams& hp, const kv_layout& kv, std::vector<i
   full.clear();
   windowed.clear();
   for (int j = 0; j < kv.n_layers; ++j) (hp.is_swa(kv.kv_producer(j)) ? windowed : full).push_back(j);
+}
+
+result<kv_layout> mirror_kv_layout(const kv_layout& target_class, const std::string& type) {
+  PAGODA_ASSIGN_OR_RETURN(const kv_pair_spec pair, parse_kv_pair_spec(type));
+  kv_layout l = kv_layout::uniform(target_class.n_layers, target_class.n_kv_heads, target_class.head_dim,
+                                   target_class.block_size, kv_type::f32, kv_type::f32);
+  for (int i = 0; i < l.n_layers; ++i) {
+    l.k_formats[static_cast<std::size_t>(i)] = pair.k.resolve(kv_role::key, false);
+    l.v_formats[static_cast<std::size_t>(i)] = pair.v.resolve(kv_role::value, false);
+  }
+  // The target's layer map: its own forward pass reads the mirror.
+  l.layer_map = target_class.layer_map;
+  l.sharing = target_class.sharing;
+  PAGODA_RETURN_IF_ERROR(l.check());
+  return l;
 }
 
 std::vector<engine_kv_group> plan_kv_groups(const llama_hparams& hp, const engine_core_config& c) {
@@ -197,6 +214,16 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     // The default speculation must be valid and possible here.
     auto spec = parse_spec_config(c.speculative);
     if (!spec.ok()) return spec.error().with_context("--speculative");
+    if (const char* type = spec->mirror()) {
+      // A self drafter reading a cheaper copy of the KV: the copy is one
+      // more group of every layer, as many blocks as group 0 (the same slots
+      // per sequence), in that type (its blocks are pool memory: engine_core.h).
+      engine_kv_group m;
+      m.mirror = type;
+      for (int j = 0; j < c.kv.n_layers; ++j) m.layers.push_back(j);  // KV layers
+      m.class_blocks = c.groups.front().class_blocks;
+      c.groups.push_back(std::move(m));
+    }
     if (spec->enabled()) {
       if (spec->drafter == "draft" && !c.draft_model)
         return error(errc::invalid_argument, "--speculative draft: needs a draft model (--draft-model PATH)");
@@ -210,6 +237,12 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     groups.push_back(kv_group_blocks{g.layers, g.class_blocks, {}});
     if (g.draft)
       for (const kv_layout& l : class_layouts) groups.back().own_classes.push_back(draft_kv_layout(l, c.draft_model->hparams()));
+    if (!g.mirror.empty())
+      for (const kv_layout& l : class_layouts) {
+        auto m = mirror_kv_layout(l, g.mirror);
+        if (!m.ok()) return m.error().with_context("--speculative view=" + g.mirror);
+        groups.back().own_classes.push_back(std::move(*m));
+      }
   }
   // Staging slots for every sequence that can hold open blocks (kv_arena.h).
   PAGODA_ASSIGN_OR_RETURN(auto storage,
@@ -226,11 +259,17 @@ engine_core::engine_core(const llama_model& model, const engine_core_config& con
       sched_(scheduler_config_of(config), model.vocab()),
       output_(model.vocab(), sched_),
       runner_(std::make_unique<cpu_runner>(model, *storage_, config.n_threads)) {
-  for (int g = 0; g < storage_->n_groups(); ++g)
-    if (storage_->foreign_group(g)) {
+  for (int g = 0; g < storage_->n_groups(); ++g) {
+    const engine_kv_group& group = config.groups[static_cast<std::size_t>(g)];
+    if (group.draft) {
       draft_kv_ = std::make_unique<kv_group_backend>(*storage_, g);
       static_cast<cpu_runner&>(*runner_).set_draft_model(*config.draft_model, *draft_kv_, g);
     }
+    if (!group.mirror.empty()) {
+      mirror_kv_ = std::make_unique<kv_group_backend>(*storage_, g);
+      static_cast<cpu_runner&>(*runner_).set_kv_mirror(*mirror_kv_, g);
+    }
+  }
 }
 
 engine_core::~engine_core() = default;

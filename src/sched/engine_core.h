@@ -52,6 +52,11 @@ struct engine_kv_group {
   // The draft model's KV (speculative `draft`): `layers` are its layers, in
   // layouts of its own shape (draft_kv_layout), blocks as many as group 0's.
   bool draft = false;
+  // The mirror of the KV that speculative `self:view=int4|int2` drafts read
+  // (cpu_runner_draft.cpp): every model layer, in layouts of the model's
+  // shape in this KV type (mirror_kv_layout), blocks as many as group 0's.
+  // Empty: not a mirror.
+  std::string mirror;
 };
 
 struct engine_core_config {
@@ -101,6 +106,11 @@ std::int64_t window_group_blocks(const llama_hparams& hp, const engine_core_conf
 // its first layer on every draft layer, in the draft's shape (calibrated
 // static scales are the target's: the draft's KV is f16 where the class has them).
 kv_layout draft_kv_layout(const kv_layout& target_class, const llama_hparams& draft);
+
+// The layout of the KV mirror of type `type` ("int4", "int2", as
+// --kv-cache-dtype takes it) for one KV class: target_class's shape over
+// every layer, in that type's default formats, without key summaries.
+result<kv_layout> mirror_kv_layout(const kv_layout& target_class, const std::string& type);
 
 // The class whose blocks have the formats `kv_type` (as --kv-cache-dtype
 // takes it) gives every layer: 0 for the default layout, i + 1 for
@@ -158,6 +168,7 @@ class engine_core {
   engine_core_config config_;
   std::unique_ptr<kv_storage> storage_;
   std::unique_ptr<kv_group_backend> draft_kv_;  // the draft model's view of its group (config.draft_model)
+  std::unique_ptr<kv_group_backend> mirror_kv_;  // the mirror group as the model's backend (engine_kv_group::mirror)
   scheduler sched_;
   output_processor output_;
   std::unique_ptr<model_runner> runner_;

@@ -64,6 +64,7 @@ status runner_state::apply_seq(const scheduled_seq& q) {
     }
   }
   s->draft_kv = q.fresh_kv ? q.n_stored : std::min(s->draft_kv, q.n_stored);
+  s->mirror_kv = q.fresh_kv ? q.n_stored : std::min(s->mirror_kv, q.n_stored);
   for (kv_read_selector* sel : {s->selector.get(), s->draft_view.get()})
     if (sel)
       for (const slot_change& c : q.slot_changes) sel->on_slots_changed(c.n_slots, c.kept);

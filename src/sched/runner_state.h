@@ -59,6 +59,9 @@ class runner_state {
     // slots hold it. A rollback cuts it to the stored slots; a fresh KV state
     // starts at them (a prefix hit brings the draft group's blocks too).
     std::int32_t draft_kv = 0;
+    // The KV mirror (cpu_runner::set_kv_mirror): its first mirror_kv slots
+    // hold the model's K/V, re-encoded. Cut and started over as draft_kv.
+    std::int32_t mirror_kv = 0;
     // A sampled request's drafts are drawn from the draft's distribution
     // (spec/rejection.h): its sampler (a seed of its own) and, for the step
     // being executed, the distribution of each draft.

@@ -110,6 +110,7 @@ struct scheduler_config {
   // Speculative decoding (spec/speculative.h): the default of requests that name none.
   std::string speculative = "none";
   bool draft_model = false;  // the engine has a draft model (speculative `draft`)
+  std::string kv_mirror;     // the KV type of the engine's KV mirror (speculative `self:view=int4`), or empty
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
   // The latency histograms (TTFT, inter-token, end to end, which the output

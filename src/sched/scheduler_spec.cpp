@@ -39,6 +39,11 @@ status scheduler::resolve_speculation(request_state& r) const {
                    "{}: {}: view=quest reads the KV's per-block key summaries, which this engine does not keep; start "
                    "it with --speculative {} (or a quest --kv-policy)",
                    where, r.spec.drafter, r.spec.to_string());
+    if (const char* type = r.spec.mirror(); type && config_.kv_mirror != type)
+      return error(errc::invalid_argument,
+                   "{}: {}: view={} reads a {} copy of the KV kept beside the cache, which this engine does not keep; "
+                   "start it with --speculative {}",
+                   where, r.spec.drafter, type, type, r.spec.to_string());
   }
   // KV policies, attention statistics and prompt logits combine with every
   // drafter: the policy sees the rows that stood (commit_verified), a sparse

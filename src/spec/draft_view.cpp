@@ -21,7 +21,9 @@ bool window_view_selector::select(const kv_select_query& q, std::vector<slot_ran
 result<std::unique_ptr<kv_read_selector>> make_draft_view(const spec_config& config, int n_layers, int n_kv_heads,
                                                           int head_dim) {
   switch (config.view) {
-    case draft_view::full: return std::unique_ptr<kv_read_selector>();
+    case draft_view::full:
+    case draft_view::int4:  // the mirror's every slot (cpu_runner_draft.cpp)
+    case draft_view::int2: return std::unique_ptr<kv_read_selector>();
     case draft_view::window:
       return std::unique_ptr<kv_read_selector>(std::make_unique<window_view_selector>(config.sinks, config.window));
     case draft_view::quest: {

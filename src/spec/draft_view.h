@@ -1,7 +1,8 @@
 // What a model drafter (self, early-exit; speculative.h) reads of the
 // target's KV in its draft passes: a sparse-read selector (kv_selector.h)
 // made per sequence from the drafter's spec, used only in those passes. The
-// KV itself is the target's: a draft view reads less of it, never other bytes.
+// KV itself is the target's: a selector view reads less of it, never other
+// bytes; the mirror views (int4, int2) read a cheaper copy of it instead.
 #pragma once
 
 #include <memory>
@@ -26,7 +27,8 @@ class window_view_selector final : public kv_read_selector {
 };
 
 // The selector of config's view for a model of this shape; nullptr for
-// view=full (the draft passes read every slot). Errors: a quest view the
+// view=full and the mirror views int4, int2 (the draft passes read every
+// slot, of the cache or of its mirror). Errors: a quest view the
 // policy code refuses (its budget).
 result<std::unique_ptr<kv_read_selector>> make_draft_view(const spec_config& config, int n_layers, int n_kv_heads,
                                                           int head_dim);

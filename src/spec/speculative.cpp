@@ -11,6 +11,14 @@
 
 namespace pagoda {
 
+const char* mirror_kv_type(draft_view view) {
+  switch (view) {
+    case draft_view::int4: return "int4";
+    case draft_view::int2: return "int2";
+    default: return nullptr;
+  }
+}
+
 std::string spec_config::to_string() const {
   if (!enabled()) return "none";
   if (drafter == "ngram") return fmt::format("{}:k={},n={},min_n={}", drafter, k, n, min_n);
@@ -18,6 +26,7 @@ std::string spec_config::to_string() const {
   std::string s = fmt::format("{}:k={},layers={}", drafter, k, layers);
   if (view == draft_view::window) s += fmt::format(",view=window,sinks={},window={}", sinks, window);
   if (view == draft_view::quest) s += fmt::format(",view=quest,budget={}", budget);
+  if (const char* type = mirror_kv_type(view)) s += fmt::format(",view={}", type);
   return s;
 }
 
@@ -58,8 +67,12 @@ result<spec_config> parse_spec_config(std::string_view text) {
   if (c.drafter == "early-exit" && c.layers == 0)
     return error(errc::invalid_argument, "early-exit: layers=L is required (the first L layers draft)");
   const std::string_view fallback = c.drafter == "self" ? "window" : "full";
-  PAGODA_ASSIGN_OR_RETURN(const std::string view, r.choice("view", fallback, {"full", "window", "quest"}));
-  c.view = view == "window" ? draft_view::window : view == "quest" ? draft_view::quest : draft_view::full;
+  PAGODA_ASSIGN_OR_RETURN(const std::string view, r.choice("view", fallback, {"full", "window", "quest", "int4", "int2"}));
+  c.view = view == "window" ? draft_view::window
+           : view == "quest" ? draft_view::quest
+           : view == "int4"  ? draft_view::int4
+           : view == "int2"  ? draft_view::int2
+                             : draft_view::full;
   if (c.view == draft_view::window) {
     PAGODA_ASSIGN_OR_RETURN(c.sinks, r.integer("sinks", c.sinks, 0, 1 << 20));
     PAGODA_ASSIGN_OR_RETURN(c.window, r.integer("window", c.window, 1, 1 << 24));
@@ -69,7 +82,7 @@ result<spec_config> parse_spec_config(std::string_view text) {
   }
   PAGODA_RETURN_IF_ERROR(r.finish());
   if (c.drafter == "self" && c.view == draft_view::full && c.layers == 0)
-    return error(errc::invalid_argument, "self: view=full with every layer is the target itself; name a view (window, quest) or layers=L");
+    return error(errc::invalid_argument, "self: view=full with every layer is the target itself; name a view (window, quest, int4, int2) or layers=L");
   return c;
 }
 

@@ -28,8 +28,14 @@ inline constexpr int k_max_draft_tokens = 15;
 inline constexpr token_id k_runner_draft = -1;
 
 // What a model drafter's forward passes read (self, early-exit): every KV
-// slot, a window with attention sinks, or Quest's top pages.
-enum class draft_view : std::uint8_t { full, window, quest };
+// slot, a window with attention sinks, Quest's top pages, or a copy of the
+// KV in int4 or int2 that the engine keeps beside the cache (its *mirror*,
+// a KV group of its own: engine_core.h).
+enum class draft_view : std::uint8_t { full, window, quest, int4, int2 };
+
+// The KV type (as --kv-cache-dtype names it) a mirror view reads, or nullptr
+// for the views that read the cache itself.
+const char* mirror_kv_type(draft_view view);
 
 struct spec_config {
   std::string drafter = "none";  // "none": no speculation
@@ -49,6 +55,8 @@ struct spec_config {
   // The runner drafts (with a model), not the scheduler (from token ids):
   // the target itself (self, early-exit) or the engine's draft model (draft).
   bool model_drafter() const { return drafter == "self" || drafter == "early-exit" || drafter == "draft"; }
+  // The KV type of the mirror this drafter reads (view=int4, int2), or nullptr.
+  const char* mirror() const { return drafter == "self" || drafter == "early-exit" ? mirror_kv_type(view) : nullptr; }
   std::string to_string() const;
 };
 

@@ -127,6 +127,26 @@ TEST(kv_share_engine, batching_prefix_caching_quantized_kv_and_policies) {
   EXPECT_EQ(policed->kv_stats().n_blocks_used, 0);
 }
 
+// Speculation over shared layers: early exit through the model's first
+// layers and the int4 mirror (a group of the same KV layers) draft, and
+// greedy outputs stay the shared engine's own.
+TEST(kv_share_engine, speculation_over_shared_layers_keeps_outputs_exact) {
+  const auto reqs = shared_prefix_requests(12);
+  auto plain = engine(options("reuse:from=1"));
+  ASSERT_TRUE(plain);
+  const auto expected = run(*plain, reqs);
+  for (const char* speculative : {"early-exit:k=3,layers=3", "self:view=int4,k=3"}) {
+    engine_config c = options("reuse:from=1");
+    c.speculative = speculative;
+    auto spec = engine(c);
+    ASSERT_TRUE(spec) << speculative;
+    EXPECT_EQ(run(*spec, reqs), expected) << speculative;
+    const std::string name = std::string(speculative).substr(0, std::string(speculative).find(':'));
+    EXPECT_GT(spec->stats().spec_decode.at(name).n_accepted_tokens, 0) << speculative;
+    EXPECT_EQ(spec->kv_stats().n_blocks_used, 0) << speculative;
+  }
+}
+
 TEST(kv_share_engine, a_declared_cla_model_runs_and_takes_no_other_sharing) {
   synth_options o = test::f32_synth_options("tiny256", 4);
   o.cla = 2;

@@ -185,6 +185,26 @@ TEST(speculative_engine, greedy_early_exit_equals_plain_decoding_int2) {
   expect_identical_to_plain(kv_type::int2, "early-exit:k=3,layers=3");
 }
 
+// self reading its KV mirror (int4 or int2 K/V kept beside the cache, a KV
+// group of its own): the drafts come from the mirror, the verified K/V is the
+// target's.
+TEST(speculative_engine, greedy_self_int4_mirror_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "self:k=4,view=int4");
+}
+TEST(speculative_engine, greedy_self_int4_mirror_equals_plain_decoding_int8) {
+  expect_identical_to_plain(kv_type::int8, "self:k=4,view=int4");
+}
+TEST(speculative_engine, greedy_self_int2_mirror_equals_plain_decoding_f32) {
+  expect_identical_to_plain(kv_type::f32, "self:k=4,view=int2");
+}
+TEST(speculative_engine, greedy_self_int2_mirror_equals_plain_decoding_int8) {
+  expect_identical_to_plain(kv_type::int8, "self:k=4,view=int2,layers=4");
+}
+// A sealed cache (int4 KIVI) beside a sealed mirror: both roll back exactly.
+TEST(speculative_engine, greedy_self_int2_mirror_equals_plain_decoding_int4) {
+  expect_identical_to_plain(kv_type::int4, "self:k=4,view=int2");
+}
+
 TEST(speculative_engine, sampled_requests_equal_plain_decoding_with_the_same_seed) {
   // A point-mass draft verified by drawing from the target row consumes the
   // sampler exactly as plain decoding does: same seed, same tokens.
@@ -280,7 +300,7 @@ TEST(speculative_engine, model_drafters_with_sampling_forks_and_preemption) {
   }
   engine_core_config small = config(kv_type::f32, "none");
   small.n_blocks = 56;
-  for (const char* spec : {"early-exit:k=4,layers=2", "self:k=3,view=window,sinks=4,window=16,layers=4"}) {
+  for (const char* spec : {"early-exit:k=4,layers=2", "self:k=3,view=window,sinks=4,window=16,layers=4", "self:k=3,view=int4"}) {
     const auto [plain, sp, a, b] = run_both(reqs, small, spec);
     for (const auto& [id, tokens] : a.tokens) {
       const int i = std::stoi(id.substr(1));
@@ -452,7 +472,7 @@ TEST(speculative_engine, sliding_window_groups_keep_outputs_exact) {
       for (int j = 0; j < 30 + 9 * i; ++j) prompt.push_back(static_cast<token_id>(3 + (j * 53 + i * 7) % 500));
       reqs.push_back(test::greedy_ids("w" + std::to_string(i), prompt, 48));
     }
-    for (const char* spec : {"draft:k=4", "early-exit:k=3,layers=1"}) {
+    for (const char* spec : {"draft:k=4", "early-exit:k=3,layers=1", "self:k=3,view=int4"}) {
       engine_core_config c = config(kv_type::f32, "none");
       c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
       c.max_model_len = 256;
@@ -650,6 +670,30 @@ TEST(speculative_engine, prompt_logits_with_speculation) {
   EXPECT_EQ(plain.second, spec.second);
 }
 
+// An engine with a KV mirror serves KV policies too (these requests decode
+// plainly): a compaction gathers the mirror as every group, a renumbering one
+// rotating its keys, a per-head one by rows (the mirror has the model's
+// layers and heads). Every output is the plain engine's, the drafting
+// requests' included (their drafts read a mirror that followed every step).
+TEST(speculative_engine, kv_mirror_follows_compactions) {
+  const auto texts = prompts(8);
+  std::vector<request> reqs;
+  for (int i = 0; i < 8; ++i) {
+    request r = greedy_request("c" + std::to_string(i), texts[i], 48);
+    if (i % 2 == 0) {
+      r.kv_policy = i % 4 == 0 ? "window:budget=32,positions=cache" : "pyramid:budget=32";
+      r.speculative = "none";  // evicting policies decide per step: a speculating run may keep other tokens
+    }
+    reqs.push_back(r);
+  }
+  const auto [plain, e, a, b] = run_both(reqs, config(kv_type::f32, "none"), "self:k=3,view=int4");
+  ASSERT_TRUE(e);
+  for (const request& r : reqs) EXPECT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << r.id;
+  EXPECT_GT(e->stats().n_policy_compactions, 0) << "no compaction: the test checks nothing";
+  EXPECT_GT(e->stats().spec_decode.at("self").n_accepted_tokens, 0);
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+}
+
 TEST(speculative_engine, draft_model_bad_input) {
   // Another vocabulary: refused naming --draft-model.
   auto synth = test::load_synth("tiny", gguf::tensor_type::f32);
@@ -703,6 +747,55 @@ TEST(speculative_engine, refuses_what_it_cannot_verify_exactly) {
   EXPECT_NE(e->add_request(r).message().find("unknown parameter 'q'"), std::string::npos);
   r.speculative = "";
   EXPECT_TRUE(e->add_request(r).ok());
+}
+
+TEST(speculative_engine, kv_mirror_drafts_are_accepted_and_its_blocks_are_pool_blocks) {
+  // 32 requests sharing a prefix: the mirror group's blocks are cached and
+  // hit with the model's, and its drafts are accepted about as often as the
+  // target's own tokens would be (measured on this set: int4 0.96,
+  // int2 0.73; the bounds leave a margin).
+  const auto texts = prompts(32);
+  std::vector<request> reqs;
+  for (int i = 0; i < 32; ++i) reqs.push_back(greedy_request("m" + std::to_string(i), texts[i], 64));
+  for (const auto& [spec, bound] : {std::pair<std::string, double>{"self:k=4,view=int4", 0.85},
+                                    std::pair<std::string, double>{"self:k=4,view=int2", 0.55}}) {
+    const auto [plain, e, a, b] = run_both(reqs, config(kv_type::f32, "none"), spec);
+    ASSERT_TRUE(e);
+    for (const request& r : reqs) ASSERT_EQ(a.tokens.at(r.id), b.tokens.at(r.id)) << spec << " " << r.id;
+    const spec_decode_stats& s = e->stats().spec_decode.at("self");
+    const double acceptance = static_cast<double>(s.n_accepted_tokens) / static_cast<double>(s.n_draft_tokens);
+    std::printf("%s: %lld of %lld drafts accepted (%.3f)\n", spec.c_str(), static_cast<long long>(s.n_accepted_tokens),
+                static_cast<long long>(s.n_draft_tokens), acceptance);
+    EXPECT_GT(acceptance, bound) << spec;
+    ASSERT_EQ(e->storage().n_groups(), 2);
+    EXPECT_TRUE(e->storage().foreign_group(1));
+    EXPECT_EQ(e->config().groups.back().mirror, spec.substr(spec.size() - 4));
+    // Its blocks are the pool's (as many as group 0's), used and freed like them.
+    EXPECT_EQ(e->kv_stats().groups.at(1).n_blocks, e->kv_stats().groups.at(0).n_blocks);
+    EXPECT_GT(e->kv_stats().n_prefix_hit_tokens, 0) << "the shared prefix must hit with the mirror group";
+    EXPECT_EQ(e->kv_stats().n_blocks_used, 0) << "blocks leaked";
+    EXPECT_LT(e->storage().arena(1).class_layout(0).bytes_per_block(), e->storage().arena(0).class_layout(0).bytes_per_block() / 4);
+  }
+}
+
+TEST(speculative_engine, kv_mirror_view_needs_an_engine_that_keeps_one) {
+  auto e = *engine_core::create(stories(), config(kv_type::f32, "ngram"));
+  EXPECT_EQ(e->storage().n_groups(), 1) << "no mirror without a default that reads one";
+  request r = greedy_request("x", "Once upon a time", 8);
+  r.speculative = "self:view=int4";
+  status st = e->add_request(r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("speculative"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("view=int4"), std::string::npos) << st.message();
+  // An int2 mirror does not serve int4 drafts; it serves its own, with layers=L.
+  auto m = *engine_core::create(stories(), config(kv_type::f32, "self:view=int2"));
+  r.speculative = "self:k=2,view=int4";
+  EXPECT_NE(m->add_request(r).message().find("view=int4"), std::string::npos);
+  r.speculative = "self:k=2,view=int2,layers=3";
+  EXPECT_TRUE(m->add_request(r).ok());
+  r.id = "y";
+  r.speculative = "self:view=int8";
+  EXPECT_NE(m->add_request(r).message().find("view=int8"), std::string::npos);
 }
 
 }  // namespace

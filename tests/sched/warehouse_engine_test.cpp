@@ -2,7 +2,8 @@
 // survive a restart through the disk tier and cross engines through Redis,
 // with the same greedy tokens as a cold run, typed blocks (another KV class)
 // too; tenants stay apart in every tier; damaged entries and a dead Redis
-// only cost recomputation; a stuck tier never stops the engine's steps.
+// only cost recomputation; a stuck tier never stops the engine's steps; a KV
+// mirror's blocks are stored and loaded with the cache's.
 #include <condition_variable>
 #include <filesystem>
 #include <future>
@@ -214,6 +215,45 @@ TEST(warehouse_engine, window_group_blocks_store_and_load_in_every_group) {
   const node::answer b = second.run(r);
   EXPECT_EQ(b.tokens, cold.tokens);
   EXPECT_EQ(second.core->stats().n_loaded_tokens, n_blocks * 16);
+  fs::remove_all(dir);
+}
+
+// The KV mirror of self:view=int4 (a group of the model's layers in int4):
+// its blocks are stored beside the cache's under their own layout and a
+// restart loads the prefix in both groups; the drafts then read loaded
+// mirror blocks, and the greedy tokens are a cold plain run's.
+TEST(warehouse_engine, kv_mirror_blocks_store_and_load_with_the_cache) {
+  const std::string dir = temp_dir("mirror");
+  const request r = greedy_request("m", long_prompt(), 32);
+  const int n_blocks = static_cast<int>((r.prompt.size() - 1) / 16);
+  node::answer cold;
+  {
+    node n(config(""));
+    cold = n.run(r);
+  }
+  auto cfg = [&] {
+    engine_config c = config(dir);
+    c.speculative = "self:k=3,view=int4";
+    return c;
+  };
+  spec_decode_stats computed;
+  {
+    node first(cfg());
+    ASSERT_EQ(first.core->config().groups.size(), 2u);
+    EXPECT_EQ(first.run(r).tokens, cold.tokens);
+    EXPECT_GE(first.warehouse->counters().written, 2 * n_blocks) << "both groups' blocks are stored";
+    computed = first.core->stats().spec_decode.at("self");
+  }
+  node second(cfg());
+  const node::answer b = second.run(r);
+  EXPECT_EQ(b.tokens, cold.tokens);
+  EXPECT_EQ(second.core->stats().n_loaded_tokens, n_blocks * 16);
+  EXPECT_EQ(second.warehouse->counters().loads, 2 * n_blocks) << "the prefix loads in the cache and in its mirror";
+  // The loaded mirror holds the bytes the first run computed: the same drafts, accepted alike.
+  const spec_decode_stats& loaded = second.core->stats().spec_decode.at("self");
+  EXPECT_GT(loaded.n_accepted_tokens, 0);
+  EXPECT_EQ(loaded.n_draft_tokens, computed.n_draft_tokens);
+  EXPECT_EQ(loaded.n_accepted_tokens, computed.n_accepted_tokens);
   fs::remove_all(dir);
 }
 

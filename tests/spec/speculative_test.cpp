@@ -24,6 +24,21 @@ TEST(spec_config, parses_the_kv_policy_syntax) {
   EXPECT_TRUE(parse_spec_config("ngram")->enabled());
 }
 
+TEST(spec_config, mirror_views_name_their_kv_type_and_combine_with_layers) {
+  auto c = parse_spec_config("self:k=3,view=int4,layers=2");
+  ASSERT_TRUE(c.ok()) << c.error().message();
+  EXPECT_EQ(c->view, draft_view::int4);
+  EXPECT_STREQ(c->mirror(), "int4");
+  EXPECT_EQ(c->layers, 2);
+  EXPECT_EQ(c->to_string(), "self:k=3,layers=2,view=int4");
+  EXPECT_EQ(parse_spec_config(c->to_string())->to_string(), c->to_string());
+  EXPECT_STREQ(parse_spec_config("self:view=int2")->mirror(), "int2");
+  EXPECT_EQ(parse_spec_config("self:view=window")->mirror(), nullptr);
+  EXPECT_EQ(parse_spec_config("ngram")->mirror(), nullptr);
+  // A mirror view reads every slot of the mirror: window sizes do not apply.
+  EXPECT_NE(parse_spec_config("self:view=int4,window=8").error().message().find("window"), std::string::npos);
+}
+
 TEST(spec_config, bad_input_names_the_parameter) {
   auto message = [](const char* text) {
     auto c = parse_spec_config(text);
