@@ -72,6 +72,11 @@ struct engine_config {
   int max_num_seqs = 64;             // sequences running at once
   int max_num_batched_tokens = 2048; // tokens per step (decode + prompt chunks)
   int max_waiting = 1 << 20;         // requests queued at once
+  // Admission order of waiting requests: "fcfs", or "cache-aware" (longest
+  // cached or in-flight prefix first; a request passed over by later
+  // arrivals in max_passed_steps steps goes back to arrival order).
+  std::string scheduling_policy = "cache-aware";
+  int max_passed_steps = 16;
 };
 
 }  // namespace pagoda

@@ -10,6 +10,12 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
   app->add_option("--max-num-seqs", opts.config.max_num_seqs, "sequences running at once")->check(CLI::Range(1, 65536));
   app->add_option("--max-num-batched-tokens", opts.config.max_num_batched_tokens, "tokens per engine step")
       ->check(CLI::Range(1, 1 << 20));
+  app->add_option("--scheduling-policy", opts.config.scheduling_policy,
+                  "admission order of waiting requests: cache-aware (longest cached prefix first; the default), or fcfs")
+      ->check(CLI::IsMember({"fcfs", "cache-aware"}));
+  app->add_option("--max-passed-steps", opts.config.max_passed_steps,
+                  "cache-aware: steps a request may be passed over by later arrivals before it goes in arrival order")
+      ->check(CLI::Range(0, 1 << 20));
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts.config.enable_prefix_caching,
                 "reuse cached KV blocks of shared prompt prefixes (default on)");
   app->add_option("--tenant-quota", opts.tenant_quotas, "NAME=BLOCKS: cap a tenant's KV blocks (repeatable)");

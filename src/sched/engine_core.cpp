@@ -22,6 +22,8 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.n_blocks = c.n_blocks;
   s.tenant_quota_blocks = c.tenant_quota_blocks;
   s.max_waiting = c.max_waiting;
+  s.scheduling = c.scheduling;
+  s.max_passed_steps = c.max_passed_steps;
   s.attention_stats_window = c.attention_stats_window;
   s.kv_policy = c.kv_policy;
   s.speculative = c.speculative;

@@ -70,6 +70,8 @@ struct engine_core_config {
   std::vector<kv_segment_class> kv_classes;  // extra KV classes, 1, 2, ... (none: one type)
   std::map<std::string, std::int32_t> tenant_quota_blocks;
   int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)
+  scheduling_policy scheduling = scheduling_policy::cache_aware;  // scheduler_config::scheduling
+  int max_passed_steps = 16;
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
   std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
   std::string speculative = "none";   // the default speculative decoding of requests (spec/speculative.h)

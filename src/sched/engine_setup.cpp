@@ -383,6 +383,12 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.enable_prefix_caching = opts.enable_prefix_caching;
   cfg.tenant_quota_blocks = opts.tenant_quota_blocks;
   cfg.max_waiting = opts.max_waiting;
+  if (opts.scheduling_policy != "fcfs" && opts.scheduling_policy != "cache-aware")
+    return error(errc::invalid_argument, "--scheduling-policy {}: expected fcfs or cache-aware", opts.scheduling_policy);
+  cfg.scheduling = opts.scheduling_policy == "cache-aware" ? scheduling_policy::cache_aware : scheduling_policy::fcfs;
+  if (opts.max_passed_steps < 0)
+    return error(errc::invalid_argument, "--max-passed-steps {}: must be at least 0", opts.max_passed_steps);
+  cfg.max_passed_steps = opts.max_passed_steps;
   cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
   cfg.speculative = opts.speculative.empty() ? "none" : opts.speculative;
   if (!opts.draft_model_path.empty() && cfg.speculative == "none") cfg.speculative = "draft";

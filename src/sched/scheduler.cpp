@@ -235,6 +235,47 @@ void scheduler::enqueue_by_priority(sequence* s) {
   }
 }
 
+void scheduler::order_waiting_by_prefix(const std::unordered_set<block_key>& in_flight) {
+  const auto started = [](const sequence* w) { return w->n_generated > 0 || w->n_computed > 0 || w->req->forked; };
+  const auto first = std::find_if_not(waiting_.begin(), waiting_.end(), started);  // preempted ones lead
+  if (std::distance(first, waiting_.end()) < 2) return;
+  struct entry {
+    sequence* s;
+    bool overdue;
+    std::int32_t blocks;  // leading prompt blocks cached or in flight
+  };
+  std::vector<entry> order;
+  for (auto it = first; it != waiting_.end(); ++it) {
+    sequence* w = *it;
+    entry e{w, w->passed_steps >= config_.max_passed_steps, 0};
+    if (!e.overdue && config_.enable_prefix_caching && !w->req->req.prompt_logits) {
+      const std::vector<block_key>& keys = prompt_keys_of(w);
+      e.blocks = kv_.n_cached_prompt_blocks(w->tokens, kv_options(*w));
+      while (static_cast<std::size_t>(e.blocks) < keys.size() && in_flight.contains(keys[static_cast<std::size_t>(e.blocks)]))
+        ++e.blocks;
+    }
+    order.push_back(e);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const entry& a, const entry& b) {
+    if (a.overdue != b.overdue) return a.overdue;
+    if (a.overdue) return a.s->req->arrival < b.s->req->arrival;
+    return a.blocks > b.blocks;  // stable: arrival order among equals
+  });
+  // A tenant's own requests keep their priority order (enqueue_by_priority)
+  // in the places the prefix order gave them.
+  std::map<std::string, std::vector<std::size_t>> places;
+  for (std::size_t i = 0; i < order.size(); ++i) places[order[i].s->req->req.tenant].push_back(i);
+  for (const auto& [tenant, at] : places) {
+    std::vector<entry> mine;
+    for (const std::size_t i : at) mine.push_back(order[i]);
+    std::stable_sort(mine.begin(), mine.end(),
+                     [](const entry& a, const entry& b) { return a.s->req->req.priority < b.s->req->req.priority; });
+    for (std::size_t k = 0; k < at.size(); ++k) order[at[k]] = mine[k];
+  }
+  auto it = first;
+  for (const entry& e : order) *it++ = e.s;
+}
+
 void scheduler::remove_from_running(sequence* s) {
   auto it = std::find(running_.begin(), running_.end(), s);
   if (it != running_.end()) running_.erase(it);
@@ -494,6 +535,8 @@ step_plan scheduler::schedule() {
     std::unordered_set<block_key> in_flight = blocks_in_flight();
     const auto bs = static_cast<std::size_t>(config_.block_size);
     std::uint64_t short_classes = 0;  // pools a request before could not get: the ones needing them wait
+    if (config_.scheduling == scheduling_policy::cache_aware) order_waiting_by_prefix(in_flight);
+    std::int64_t latest_admitted = -1;  // the latest arrival admitted this step
     for (std::size_t i = 0; i < waiting_.size() && budget > 0;) {
       bool stop = false;
       sequence* s = waiting_[i];
@@ -505,12 +548,15 @@ step_plan scheduler::schedule() {
         // What it computes (or loads) from now on is in flight for those behind it.
         for (std::size_t b = static_cast<std::size_t>(s->n_computed) / bs; b < s->keys.size(); ++b)
           in_flight.insert(s->keys[b]);
+        latest_admitted = std::max(latest_admitted, s->req->arrival);
         waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
       if (stop) break;
       ++i;
     }
+    for (sequence* w : waiting_)
+      if (w->req->arrival < latest_admitted) ++w->passed_steps;
   }
   refresh_counts();
 

@@ -72,6 +72,12 @@
 
 namespace pagoda {
 
+// The order waiting requests are admitted in (docs/architecture.md, "The scheduler").
+enum class scheduling_policy : std::uint8_t {
+  fcfs,         // arrival order (within a tenant, priority first)
+  cache_aware,  // longest cached or in-flight prefix first (SGLang's LPM), bounded by max_passed_steps
+};
+
 struct scheduler_config {
   int max_model_len = 2048;           // prompt + generated tokens of one sequence
   int max_num_seqs = 64;              // sequences running at once
@@ -85,6 +91,11 @@ struct scheduler_config {
   // tenant's quota (kv_manager.h, "Side blocks"); 0: not charged.
   std::int64_t side_block_bytes = 0;
   int max_waiting = 1 << 20;          // requests queued at once
+  // cache_aware: a waiting request whose prompt has a longer prefix cached
+  // (or being computed) is admitted first; one that later arrivals passed
+  // over in max_passed_steps steps goes back to its place in arrival order.
+  scheduling_policy scheduling = scheduling_policy::cache_aware;  // the better on bench/scheduling_trace.py
+  int max_passed_steps = 16;
   // >= 0: every sequence collects attention statistics (attention_totals),
   // keeping the weights of its last `attention_stats_window` query tokens.
   int attention_stats_window = -1;
@@ -265,6 +276,11 @@ class scheduler {
   void preempt(sequence* s);
   // Puts a new request's sequence in the waiting queue (priority within its tenant only).
   void enqueue_by_priority(sequence* s);
+  // cache_aware: the waiting (never started) sequences reordered by the
+  // prefix blocks they would not compute, overdue ones (passed over
+  // max_passed_steps times) first in arrival order; a tenant's own requests
+  // keep their priority order. Preempted sequences stay at the front.
+  void order_waiting_by_prefix(const std::unordered_set<block_key>& in_flight);
   void unplan(std::vector<planned>& plan, int& budget, const sequence* s) const;
   // stop: admit no one after s; short_classes gains the KV classes s could
   // not get (only the requests needing one of them wait behind it).

@@ -31,6 +31,7 @@ struct scheduler::sequence {
   int n_generated = 0;
   seq_phase phase = seq_phase::waiting;
   std::int64_t start_order = -1; // >= 0 while running or loading
+  int passed_steps = 0;          // waiting: steps in which a later arrival was admitted (cache-aware bound)
   bool in_kv = false;            // registered with the KV manager
   std::vector<block_key> keys;   // chained keys of the full blocks of `tokens` (prefix caching)
   std::size_t keys_for = 0;      // tokens.size() when keys were computed
