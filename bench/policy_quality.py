@@ -106,6 +106,8 @@ def make_jobs(policy_step):
 
 def job_key(job, docs):
     raw = f"{job['dtype']}__{job['spec']}__step{job['step']}__docs{docs or 'all'}"
+    if job.get("share"):  # --kv-share (bench/kv_share_quality.py); keys of unshared runs stay as they were
+        raw += f"__share{job['share']}"
     return re.sub(r"[^A-Za-z0-9_.=-]", "_", raw)
 
 
@@ -120,6 +122,8 @@ def run_job(args, job, text_file):
     cmd = [args.pagoda, "perplexity", "-m", args.model, "-f", text_file, "--ctx", str(args.ctx), "--truncate",
            "--kl-divergence", "--json", "--kv-cache-dtype", job["dtype"], "--kv-policy", job["spec"],
            "--policy-step", str(job["step"]), "--max-num-seqs", str(n_seqs), "--batch-tokens", str(BATCH_TOKENS)]
+    if job.get("share"):
+        cmd += ["--kv-share", job["share"]]
     t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -131,7 +135,7 @@ def run_job(args, job, text_file):
     with open(path + ".tmp", "w") as f:
         json.dump(result, f, indent=1)
     os.replace(path + ".tmp", path)
-    print(f"  {job['kv']:9s} {job['spec']:55s} {result['wall_seconds']:6.1f} s", file=sys.stderr, flush=True)
+    print(f"  {job['kv']:9s} {job['spec']:55s} {job.get('share', ''):12s} {result['wall_seconds']:6.1f} s", file=sys.stderr, flush=True)
     return result
 
 
@@ -253,6 +257,28 @@ def target_check(jobs, results):
     return "\n".join(lines)
 
 
+def run_jobs(args, jobs, docs, order):
+    """Every job's result, in the jobs' order; run (args.jobs at once) in `order`, over the first --docs documents."""
+    with tempfile.TemporaryDirectory(prefix="pagoda_policy_quality_") as work:
+        text_file = args.text
+        if args.docs:
+            text_file = os.path.join(work, "docs.txt")
+            with open(text_file, "w") as f:
+                f.write(f"\n{SEPARATOR}\n".join(docs))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = {i: pool.submit(run_job, args, jobs[i], text_file) for i in order}
+            return [futures[i].result() for i in range(len(jobs))]
+
+
+def write_out(args, text):
+    """The table to --out, else to stdout."""
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pagoda", default=os.path.join(ROOT, "build", "release", "pagoda"))
@@ -277,27 +303,15 @@ def main():
         sys.exit(f"policy_quality: no {args.pagoda} (build first)")
     jobs = [j for j in make_jobs(args.policy_step) if re.search(args.only, f"{j['kv']} | {j['spec']}")]
     docs = documents(args)
-    with tempfile.TemporaryDirectory(prefix="pagoda_policy_quality_") as work:
-        text_file = args.text
-        if args.docs:
-            text_file = os.path.join(work, "docs.txt")
-            with open(text_file, "w") as f:
-                f.write(f"\n{SEPARATOR}\n".join(docs))
-        # The slow runs (one token a step) first, so that the two workers finish together.
-        order = sorted(range(len(jobs)), key=lambda i: (jobs[i]["step"], not jobs[i]["name"].startswith("retrieval")))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = {i: pool.submit(run_job, args, jobs[i], text_file) for i in order}
-            results = [futures[i].result() for i in range(len(jobs))]
+    # The slow runs (one token a step) first, so that the two workers finish together.
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i]["step"], not jobs[i]["name"].startswith("retrieval")))
+    results = run_jobs(args, jobs, docs, order)
     sparse = [i for i, j in enumerate(jobs) if j["name"] == "quest" or j["name"].startswith("retrieval")]
     lengths = token_lengths(args, docs) if sparse else []
     reads = {i: read_fractions(lengths, jobs[i], args.n_rep) for i in sparse}
     text = table(jobs, results, reads, False) + "\n\nAblations:\n\n" + table(jobs, results, reads, True)
     text += "\n\nTarget at a 25% budget (KL below window's):\n" + target_check(jobs, results)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    write_out(args, text)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@
 #include "model/synth.h"
 #include "policy/quest.h"
 #include "quant/kv_format_spec.h"
+#include "bench_stats.h"
 #include "read_bandwidth.h"
 #include "spec/kv_mirror.h"
 
@@ -207,17 +208,6 @@ std::vector<forward_seq> step_of(const seq_cache& c, int n_ctx, int n_new,
 }
 
 // --- interleaved timing --------------------------------------------------------
-
-double process_cpu_s() {
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 struct variant {
   std::string name;

@@ -41,7 +41,9 @@
 #include "cli/common.h"
 #include <map>
 
+#include "policy/kv_policy.h"
 #include "sched/engine_core.h"
+#include "sched/seq_policy.h"
 #include "core/clock.h"
 
 namespace pagoda::cli {
@@ -224,6 +226,21 @@ result<plan> make_plan(const ppl_options& o, const tokenizer& vocab, int n_ctx) 
   return p;
 }
 
+// Tokens' worth of the pool's blocks that the engine's --kv-policy's side
+// memory takes for one sequence of n_tokens (0 without a policy or with a bad
+// spec, which the engine reports itself).
+std::int64_t side_tokens_per_sequence(const engine_core_config& cfg, std::int64_t n_tokens) {
+  auto spec = parse_kv_policy_spec(cfg.kv_policy);
+  if (!spec.ok() || spec->is_none()) return 0;
+  auto policy = make_kv_policy(*spec);
+  if (!policy.ok()) return 0;
+  const kv_layout& l = cfg.kv;
+  const side_charge side =
+      seq_policy::side_memory_of(policy->get(), {l.n_layers, l.n_kv_heads, l.head_dim, l.block_size}, cfg.attention_stats_window);
+  const auto block_bytes = static_cast<std::int64_t>(l.bytes_per_block());
+  return (side.bytes_for(n_tokens) + block_bytes - 1) / block_bytes * l.block_size;
+}
+
 int perplexity(const ppl_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.config));
   const llama_hparams& hp = model->hparams();
@@ -239,7 +256,8 @@ int perplexity(const ppl_options& o) {
   cfg.max_num_batched_tokens = std::max(o.batch_tokens, 1);
   cfg.enable_prefix_caching = false;  // every position is scored, so every position is computed
   const std::int64_t max_live = std::min<std::int64_t>(o.max_seqs, static_cast<std::int64_t>(docs.size()));
-  if (cfg.kv_cache_size_mib <= 0 && cfg.max_kv_tokens <= 0) cfg.max_kv_tokens = max_live * (n_ctx + cfg.block_size);
+  const bool sized_here = cfg.kv_cache_size_mib <= 0 && cfg.max_kv_tokens <= 0;
+  if (sized_here) cfg.max_kv_tokens = max_live * (n_ctx + cfg.block_size);
   const bool segmented = !o.segment_kv_type.empty();
   if (segmented) {
     // The segment's type as a KV class with half the pool's bytes (unless
@@ -252,6 +270,16 @@ int perplexity(const ppl_options& o) {
     if (cfg.kv_cache_size_mib <= 0) cfg.max_kv_tokens *= 2;
   }
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config core_cfg, make_engine_core_config(*model, cfg));
+  if (sized_here) {
+    // The pool also pays for what the policy keeps beside each sequence's KV
+    // (side memory: snapkv's statistics, retrieval's indexes); sized for the
+    // KV alone, documents were refused or preempted, and the two caches of
+    // --kl-divergence then scored different positions.
+    if (const std::int64_t side = side_tokens_per_sequence(core_cfg, n_ctx); side > 0) {
+      cfg.max_kv_tokens += max_live * side * (segmented ? 2 : 1);
+      PAGODA_ASSIGN_OR_RETURN_CLI(core_cfg, make_engine_core_config(*model, cfg));
+    }
+  }
   core_cfg.max_model_len = n_ctx;
   const kv_layout& layout = core_cfg.kv;
   PAGODA_ASSIGN_OR_RETURN_CLI(auto eng, engine_core::create(*model, core_cfg));

@@ -92,15 +92,19 @@ TEST(cli_policy, batch_lines_name_their_own_policies) {
   std::remove(in.c_str());
 }
 
+// A temporary file of the dev text's first n documents.
+std::string first_dev_documents(int n) {
+  std::ifstream f(data_path("tinystories_dev.txt"));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::size_t at = 0;
+  for (int d = 0; d < n; ++d) at = text.find("<|endoftext|>", at) + 13;
+  return write_temp("docs" + std::to_string(n) + ".txt", text.substr(0, at));
+}
+
 // Perplexity states the decode-time setting and what the cache kept; with an
 // evicting policy it is worse than exact, never better by more than noise.
 TEST(cli_policy, perplexity_in_the_decode_time_setting) {
-  std::ifstream f(data_path("tinystories_dev.txt"));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::string part;
-  std::size_t at = 0;
-  for (int d = 0; d < 6; ++d) at = text.find("<|endoftext|>", at) + 13;
-  const std::string file = write_temp("docs.txt", text.substr(0, at));
+  const std::string file = first_dev_documents(6);
   auto r = run_cli("perplexity -m " + model_path() + " -f " + file + " --ctx 512 --json --kl-divergence " +
                    "--kv-policy window:budget=0.25,slack=0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -111,6 +115,22 @@ TEST(cli_policy, perplexity_in_the_decode_time_setting) {
   EXPECT_LT(kept, 0.5);
   EXPECT_GT(j["kl_divergence"]["mean_kl"].get<double>(), 0.0);
   EXPECT_GT(j["kl_divergence"]["perplexity_change_percent"].get<double>(), -0.5);
+  std::remove(file.c_str());
+}
+
+// Perplexity sizes its pool for every document in flight: with a policy
+// whose side memory (snapkv's statistics) is paid from the pool, that memory
+// too. (Sized for the KV alone, the two caches of --kl-divergence scored
+// different positions here: "784 positions were scored by only one of the
+// two caches"; with 5 documents and --max-num-seqs 128 one was refused.)
+TEST(cli_policy, perplexity_pool_holds_the_policys_side_memory) {
+  const std::string file = first_dev_documents(20);
+  auto r = run_cli("perplexity -m " + model_path() + " -f " + file + " --ctx 512 --truncate --json --kl-divergence " +
+                   "--kv-cache-dtype f16 --kv-policy snapkv:budget=0.5,slack=0 --policy-step 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["documents"].get<int>(), 20);
+  EXPECT_GT(j["kl_divergence"]["mean_kl"].get<double>(), 0.0);
   std::remove(file.c_str());
 }
 
