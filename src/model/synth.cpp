@@ -315,7 +315,8 @@ std::unique_ptr<gguf::writer> build_writer(const synth_shape& s, const synth_opt
   if (o.cla > 1) kv_source = cla_sources(s.n_layer, o.cla);
   if (o.yoco) kv_source = yoco_sources(s.n_layer);
   if (!kv_source.empty()) w->add_array(k_kv_source_key, std::vector<std::int32_t>(kv_source.begin(), kv_source.end()));
-  const auto shares_kv = [&](int l) { return !kv_source.empty() && kv_source[static_cast<std::size_t>(l)] != l; };
+  // l: the block being written, -1 before the first (embeddings, output).
+  const auto shares_kv = [&](int l) { return l >= 0 && !kv_source.empty() && kv_source[static_cast<std::size_t>(l)] != l; };
 
   std::uint64_t id = 0;
   const std::int64_t q_dim = static_cast<std::int64_t>(s.n_head) * s.head_dim;
