@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -25,6 +24,7 @@
 #include "kv/kv_storage.h"
 #include "model/llama.h"
 #include "quant/kv_format_spec.h"
+#include "bench_kv.h"
 
 namespace {
 
@@ -58,17 +58,7 @@ void bm_decode(benchmark::State& st, std::string spec) {
   auto storage = std::move(*kv_storage::create(layout, n_blocks, 1));
   std::vector<block_id> table;
   for (int b = 0; b < n_blocks; ++b) table.push_back(block_id(b));
-  {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int chunk = 512;
-    std::vector<float> k(static_cast<std::size_t>(chunk) * hp.kv_dim()), v(k.size());
-    for (float& x : k) x = nd(rng);
-    for (float& x : v) x = nd(rng);
-    for (int l = 0; l < hp.n_layer; ++l)
-      for (int pos = 0; pos < n_ctx; pos += chunk)
-        storage->write(l, table, pos, std::min(chunk, n_ctx - pos), k.data(), v.data());
-  }
+  pagoda::bench::fill_random_kv(*storage, table, n_ctx);
   llama_context ctx(*m, *storage, threads);
   std::vector<float> logits;
   const std::vector<token_id> token{1};

@@ -33,7 +33,6 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -42,6 +41,7 @@
 #include "kv/kv_storage.h"
 #include "model/llama.h"
 #include "quant/kv_format_spec.h"
+#include "bench_kv.h"
 #include "bench_stats.h"
 #include "read_bandwidth.h"
 #include "sched/engine_setup.h"
@@ -96,15 +96,7 @@ result<model_case> make_case(const llama_model& m, const kv_pair_spec& pair, int
   const int n_blocks = n_ctx / k_block + 2;
   PAGODA_ASSIGN_OR_RETURN(c.kv, kv_storage::create(c.layout, n_blocks, 1));
   for (int b = 0; b < n_blocks; ++b) c.table.push_back(block_id(b));
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  constexpr int chunk = 512;
-  std::vector<float> k(static_cast<std::size_t>(chunk) * hp.kv_dim()), v(k.size());
-  for (float& x : k) x = nd(rng);
-  for (float& x : v) x = nd(rng);
-  for (int j = 0; j < c.layout.n_layers; ++j)  // every KV layer, not model layer
-    for (int pos = 0; pos < n_ctx; pos += chunk)
-      c.kv->write(j, c.table, pos, std::min(chunk, n_ctx - pos), k.data(), v.data());
+  pagoda::bench::fill_random_kv(*c.kv, c.table, n_ctx);
   c.ctx = std::make_unique<llama_context>(m, *c.kv, threads);
   return c;
 }

@@ -16,12 +16,12 @@
 
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kv/kv_storage.h"
 #include "model/llama.h"
+#include "bench_kv.h"
 
 namespace {
 
@@ -51,14 +51,7 @@ void bm_verify(benchmark::State& st) {
   auto storage = std::move(*kv_storage::create(layout, n_blocks, 1));
   std::vector<block_id> table;
   for (int b = 0; b < n_blocks; ++b) table.push_back(block_id(b));
-  {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> k(static_cast<std::size_t>(n_ctx) * hp.kv_dim()), v(k.size());
-    for (float& x : k) x = nd(rng);
-    for (float& x : v) x = nd(rng);
-    for (int l = 0; l < hp.n_layer; ++l) storage->write(l, table, 0, n_ctx, k.data(), v.data());
-  }
+  pagoda::bench::fill_random_kv(*storage, table, n_ctx);
   llama_context ctx(*m, *storage, threads);
   std::vector<float> logits;
   std::vector<token_id> tokens;

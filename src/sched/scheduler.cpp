@@ -245,10 +245,16 @@ void scheduler::order_waiting_by_prefix(const std::unordered_set<block_key>& in_
     std::int32_t blocks;  // leading prompt blocks cached or in flight
   };
   std::vector<entry> order;
+  // The prefix lookup hashes a prompt: done for the first k_prefix_window
+  // requests only (SGLang falls back to FCFS on long queues likewise); the
+  // rest keep their order behind them, overdue ones still go first.
+  constexpr int k_prefix_window = 256;
+  int n_looked_up = 0;
   for (auto it = first; it != waiting_.end(); ++it) {
     sequence* w = *it;
     entry e{w, w->passed_steps >= config_.max_passed_steps, 0};
-    if (!e.overdue && config_.enable_prefix_caching && !w->req->req.prompt_logits) {
+    if (!e.overdue && n_looked_up++ < k_prefix_window && config_.enable_prefix_caching &&
+        !w->req->req.prompt_logits) {
       const std::vector<block_key>& keys = prompt_keys_of(w);
       e.blocks = kv_.n_cached_prompt_blocks(w->tokens, kv_options(*w));
       while (static_cast<std::size_t>(e.blocks) < keys.size() && in_flight.contains(keys[static_cast<std::size_t>(e.blocks)]))
