@@ -22,6 +22,9 @@ struct request_usage {
   // Of cached_tokens, those loaded from each tier of the KV source (the
   // warehouse: disk, then Redis); the rest came from memory. Empty: none loaded.
   std::vector<int> loaded_tokens_by_tier;
+  // Prompt tokens whose KV came from a reused chunk (request parts marked
+  // "reuse": "chunk") and were not recomputed; apart from cached_tokens.
+  int reused_chunk_tokens = 0;
 };
 
 // What one step produced for one completion of one request.

@@ -60,6 +60,15 @@ struct prompt_segment {
   // (--kv-segment-dtype). A block takes it only when every one of its tokens
   // is in such segments; a block that straddles a boundary keeps the default.
   std::string kv_type;
+  // CacheBlend chunk reuse (docs/serving.md, "Chunk reuse"): the part's KV is
+  // computed alone (positions from 0, nothing before it), kept under a key of
+  // its own tokens, and reused wherever the same tokens appear again: keys
+  // re-rotated to the new position, a `recompute` fraction of its tokens (the
+  // most deviating at an early layer) recomputed with the real context. Only
+  // whole blocks of the part are reused; its tail is computed in context.
+  bool reuse_chunk = false;
+  // [0, 1]: the fraction recomputed; < 0: the engine's default (--chunk-recompute).
+  float recompute = -1.0f;
 };
 
 struct request {

@@ -308,6 +308,7 @@ std::string kv_manager::first_block_extras(const sequence_options& options) {
   extra_keys extras;
   if (!options.tenant.empty()) extras.add(extra_key_kind::tenant, options.tenant);
   if (!options.cache_salt.empty()) extras.add(extra_key_kind::cache_salt, options.cache_salt);
+  if (options.chunk) extras.add(extra_key_kind::chunk, "");
   return std::string(extras.bytes());
 }
 

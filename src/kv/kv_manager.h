@@ -147,6 +147,9 @@ struct sequence_options {
   bool lookup = true;           // take cached blocks of the prompt (false: compute it all, e.g. to score it)
   std::span<const kv_class_run> classes;  // none: every block of class 0. add_sequence copies them.
   side_charge side;             // the sequence's side memory bound (see "Side blocks"); none: nothing charged
+  // The tokens are a chunk computed alone (CacheBlend reuse), not a prompt:
+  // its keys live apart from every prompt's (an extra key of block 0).
+  bool chunk = false;
 };
 
 // The most KV groups one manager coordinates (per-group scratch is sized by it).

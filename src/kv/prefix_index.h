@@ -42,6 +42,7 @@ enum class extra_key_kind : std::uint8_t {
   cache_salt = 2,
   // Reserved: adapter = 3, media = 4.
   kv_class = 5,  // a block of a KV class other than the default (kv_manager.h, "KV classes")
+  chunk = 6,     // the first block of a chunk computed alone (CacheBlend reuse), not a prompt's prefix
 };
 
 // Extra keys of one block as length-prefixed bytes, so that ("ab", "c") and

@@ -186,6 +186,13 @@ struct forward_seq {
   // without a sliding window: a windowed layer reads its window, already bounded.
   kv_read_selector* selector = nullptr;
   bool* sparse = nullptr;
+  // In place (CacheBlend's recompute): [tokens] the stored slots the new
+  // tokens rewrite, increasing, each < n_stored; the step adds no slot. Each
+  // row reads every stored slot at or before its position (rewritten ones as
+  // this step writes them), so the others are read as they are. Only for KV
+  // formats that encode each token alone, without stats, selector, per-row
+  // positions or rows_as_steps. Empty: the new tokens go to n_stored ...
+  std::span<const std::int32_t> slots;
 
   // Tokens at consecutive positions right after n_stored stored slots (whose
   // positions are their slot numbers): a sequence nothing was dropped from.

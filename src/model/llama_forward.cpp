@@ -137,6 +137,14 @@ std::span<const block_id> table_of(const forward_seq& s, int group) {
 }
 }  // namespace
 
+namespace {
+
+// The slots a sequence's rows [first, first + n) read: the stored ones and the
+// new ones up to the part's last; rows rewriting in place read the stored ones.
+int n_kv_of(const forward_seq& s, int first, int n) { return s.slots.empty() ? s.n_stored + first + n : s.n_stored; }
+
+}  // namespace
+
 status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers) {
   const llama_hparams& hp = model_.hparams();
   const kv_layout& layout = kv_.layout();
@@ -150,7 +158,26 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   std::size_t n_kv_total = 0;
   for (const forward_seq& s : seqs) {
     if (s.tokens.empty()) return error(errc::invalid_argument, "a sequence in the step has no tokens");
-    std::int64_t end = static_cast<std::int64_t>(s.n_stored) + static_cast<std::int64_t>(s.tokens.size());
+    const bool in_place = !s.slots.empty();
+    std::int64_t end = static_cast<std::int64_t>(s.n_stored) + (in_place ? 0 : static_cast<std::int64_t>(s.tokens.size()));
+    if (in_place) {
+      if (s.slots.size() != s.tokens.size())
+        return error(errc::invalid_argument, "{} new tokens rewrite {} slots", s.tokens.size(), s.slots.size());
+      if (s.rows_as_steps || s.stats || s.selector || s.row_positions)
+        return error(errc::invalid_argument, "tokens rewritten in place read the cache as it is: no statistics, "
+                     "selector, per-row positions or per-row steps");
+      for (std::size_t j = 0; j < s.slots.size(); ++j) {
+        if (s.slots[j] < 0 || s.slots[j] >= s.n_stored || (j > 0 && s.slots[j] <= s.slots[j - 1]))
+          return error(errc::invalid_argument, "rewritten slot {} is not an increasing stored slot (of {})",
+                       s.slots[j], s.n_stored);
+        const std::int32_t stored = s.stored_positions.empty() ? s.slots[j] : s.stored_positions[s.slots[j]];
+        if (!s.positions.empty() && s.positions[j] != stored)
+          return error(errc::invalid_argument, "a token rewriting slot {} at position {}, which holds position {}",
+                       s.slots[j], s.positions[j], stored);
+      }
+      if (layout.has_sealed())
+        return error(errc::unsupported, "a sealed KV format encodes whole blocks: its slots are not rewritten one by one");
+    }
     if (!s.tables.empty() && s.tables.size() != static_cast<std::size_t>(kv_.n_groups()))
       return error(errc::invalid_argument, "{} block tables for {} KV groups", s.tables.size(), kv_.n_groups());
     for (int g = 0; g < kv_.n_groups(); ++g) {
@@ -208,6 +235,10 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       kv_pos_at[si] = at;
       for (int j = 0; j < s.n_stored; ++j) kv_positions_[at++] = s.stored_positions.empty() ? j : s.stored_positions[j];
       for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i) {
+        if (!s.slots.empty()) {  // rewriting stored slots: at their positions, which are stored already
+          positions_[i] = s.stored_positions.empty() ? s.slots[j] : s.stored_positions[s.slots[j]];
+          continue;
+        }
         positions_[i] = s.positions.empty() ? s.n_stored + static_cast<int>(j) : s.positions[j];
         kv_positions_[at++] = positions_[i];
       }
@@ -322,11 +353,18 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         const forward_seq& s = seqs[si];
         int n = static_cast<int>(s.tokens.size());
         const std::span<const block_id> table = table_of(s, kv_.layer_group(kvl));
-        if (computes_kv)
+        if (computes_kv && s.slots.empty())
           kv_.write(kvl, table, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
                     v + static_cast<std::size_t>(row0) * KVD);
+        for (int j = 0; computes_kv && j < n && !s.slots.empty();) {  // in place: runs of consecutive slots
+          int run = 1;
+          while (j + run < n && s.slots[j + run] == s.slots[j] + run) ++run;
+          kv_.write(kvl, table, s.slots[j], run, k + static_cast<std::size_t>(row0 + j) * KVD,
+                    v + static_cast<std::size_t>(row0 + j) * KVD);
+          j += run;
+        }
         for (int pi = full_part[si]; pi >= 0 && parts[pi].seq == static_cast<int>(si); --pi) {
-          const int n_slots = s.n_stored + parts[pi].first + parts[pi].n;
+          const int n_slots = n_kv_of(s, parts[pi].first, parts[pi].n);
           k_views[pi] = kv_.k_view(kvl, table, n_slots);
           v_views[pi] = kv_.v_view(kvl, table, n_slots);
         }
@@ -362,7 +400,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.kv_pos = s.row_positions
                        ? s.row_positions + static_cast<std::size_t>(kvl * hp.n_head_kv + a.head) * s.row_stride
                        : kv_positions_.data() + kv_pos_at[a.seq];
-        t.n_kv = s.n_stored + part.first + part.n;
+        t.n_kv = n_kv_of(s, part.first, part.n);
         t.out = attn + static_cast<std::size_t>(part.row0) * QD;
         t.out_stride = QD;
         if (s.stats) t.stats = s.stats->out(kvl, a.head);  // a shared KV layer's readers add up

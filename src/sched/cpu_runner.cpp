@@ -124,6 +124,7 @@ void cpu_runner::execute(const step_plan& plan, step_output& out) {
   // The target's own draft passes were rewound (truncate_block), which ends
   // their blocks' holds: held again for the verification's tentative slots.
   if (out.result.ok() && !out.drafts.empty()) hold_drafts(kv_, state_, plan);
+  if (out.result.ok() && !plan.seqs.empty()) out.result = blend(plan);
   if (out.result.ok() && !plan.seqs.empty()) forward(plan, out);
   if (out.result.ok()) mirror_step(plan);  // the KV mirror takes the slots the step wrote (cpu_runner_mirror.cpp)
   out.draft_seconds = out.drafts.empty() && !draft_ctx_ ? 0.0 : std::chrono::duration<double>(t1 - t0).count();
@@ -135,6 +136,9 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
   tables_.resize(plan.seqs.size());
   out.stats.resize(plan.seqs.size());
   sparse_.assign(plan.seqs.size(), 0);
+  blend_tokens_.resize(plan.seqs.size());
+  blend_slots_.resize(plan.seqs.size());
+  out.reused_rows.clear();
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
     runner_state::sequence& s = *state_.find(q.seq);  // apply() made it
@@ -158,6 +162,23 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     }
     f.selector = s.selector.get();
     f.sparse = &sparse_[i];
+    if (i < blend_rows_.size() && !blend_rows_[i].empty()) {
+      // Chunk reuse: only these rows, in place; the others keep their imported K/V.
+      const std::vector<std::int32_t>& rows = blend_rows_[i];
+      blend_tokens_[i].clear();
+      blend_slots_[i].clear();
+      for (const std::int32_t r : rows) {
+        blend_tokens_[i].push_back(q.tokens[static_cast<std::size_t>(r)]);
+        blend_slots_[i].push_back(q.n_stored + r);
+      }
+      f.tokens = blend_tokens_[i];
+      f.slots = blend_slots_[i];
+      f.positions = {};
+      f.n_stored = q.n_stored + static_cast<int>(q.tokens.size());
+      f.stored_positions = std::span<const std::int32_t>(s.positions).first(static_cast<std::size_t>(f.n_stored));
+      if (out.reused_rows.empty()) out.reused_rows.assign(plan.seqs.size(), 0);
+      out.reused_rows[i] = static_cast<std::int32_t>(q.tokens.size() - rows.size());
+    }
     batch_.push_back(f);
   }
   out.result = ctx_.forward(batch_, logits_);

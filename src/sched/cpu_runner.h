@@ -67,6 +67,11 @@ class cpu_runner final : public model_runner {
   void mirror_step(const step_plan& plan);
   // Appends a draft per row of logits_ to out.drafts[seq_of_row[row]] (runner_state::draft_token).
   void take_drafts(const step_plan& plan, int n_vocab, std::span<const std::size_t> seq_of_row, step_output& out);
+  // Chunk reuse (cpu_runner_blend.cpp): for each sequence of the plan whose
+  // step holds imported chunk tokens, the rows its forward pass recomputes
+  // (blend_rows_[i]; empty: every row), after running the layers up to the
+  // selection layer over all of them.
+  status blend(const step_plan& plan);
 
   kv_backend& kv_;
   llama_context ctx_;
@@ -88,6 +93,10 @@ class cpu_runner final : public model_runner {
   std::vector<std::span<const block_id>> mirror_tables_;  // a copied sequence's tables, by group
   std::vector<std::vector<token_id>> verify_tokens_;  // [plan.seqs]: a runner_drafts sequence's tokens, drafts filled in
   std::deque<bool> sparse_;  // [plan.seqs]: forward_seq::sparse targets (a deque: addressable bools)
+  std::vector<std::vector<std::int32_t>> blend_rows_;  // [plan.seqs]: rows recomputed (blend()); empty: all
+  std::vector<std::vector<token_id>> blend_tokens_;    // [plan.seqs]: their tokens
+  std::vector<std::vector<std::int32_t>> blend_slots_; // [plan.seqs]: their slots
+  std::vector<float> blend_before_, blend_after_;      // K/V at the selection layer, imported and in context
 };
 
 }  // namespace pagoda

@@ -33,6 +33,10 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};  // KV layers
   s.n_model_layers = c.kv.n_model_layers();
   s.key_summaries = c.kv.key_summaries;
+  if (c.kv.has_sealed())
+    s.chunk_reuse_refusal = fmt::format("chunk reuse rewrites single KV slots, which the KV layout {} cannot (a sealed "
+                                        "format encodes whole blocks); start the engine with a per-token KV type "
+                                        "(f16, bf16, fp8, int8, int4/token)", c.kv.describe());
   // Side memory is paid in group-0 blocks of the default type: each stands for its K/V bytes.
   s.side_block_bytes = static_cast<std::int64_t>(
       c.groups.empty() ? c.kv.bytes_per_block() : c.kv.select_layers(c.groups.front().layers).bytes_per_block());

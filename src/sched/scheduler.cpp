@@ -66,6 +66,7 @@ status scheduler::add_request(request req) {
       return error(errc::invalid_argument, "request id '{}' is already in use", req.id);
     // Finished, only not yet forgotten (that happens at the next schedule()): forget it now.
     for (const auto& s : old.seqs) seqs_.erase(s->id);
+    for (const auto& c : old.chunks) seqs_.erase(c.seq->id);
     requests_.erase(it);
   }
   // The messages below reach users (the server's 400s, batch's lines): they
@@ -142,6 +143,7 @@ status scheduler::add_request(request req) {
   PAGODA_RETURN_IF_ERROR(make_policy(*s));
   PAGODA_RETURN_IF_ERROR(resolve_speculation(*r));
   if (r->spec.enabled()) s->spec = std::make_unique<spec_sequence>(r->spec);
+  PAGODA_RETURN_IF_ERROR(add_chunks(*r));
   seqs_.emplace(s->id, s);
   enqueue_by_priority(s);
   stats_.n_prompt_tokens += static_cast<std::int64_t>(r->req.prompt.size());
@@ -157,6 +159,7 @@ bool scheduler::abort_request(const std::string& id) {
   if (r->n_finished >= (r->forked ? r->req.n : 1)) return false;
   for (auto& s : r->seqs)
     if (s->phase != seq_phase::finished) finish(s.get(), "abort", pending_events_);
+  end_chunks(*r);
   refresh_counts();
   return true;
 }
@@ -186,6 +189,11 @@ sequence_options scheduler::kv_options(const sequence& s) const {
   o.lookup = !s.req->req.prompt_logits;
   o.classes = s.req->kv_classes;
   o.side = s.req->side;
+  if (s.chunk >= 0) {  // a chunk computed alone: its own keys, no KV classes, no side memory
+    o.chunk = true;
+    o.classes = {};
+    o.side = {};
+  }
   return o;
 }
 
@@ -359,6 +367,9 @@ void scheduler::preempt(sequence* s) {
   s->pos_shift = 0;
   if (s->pol) s->pol->reset();
   if (s->spec) s->spec->planned.clear();  // its drafts go with its KV
+  // Imported chunks went with its KV: imported again (or computed) when it runs again.
+  for (request_state::chunk& c : s->req->chunks) c.imported = c.imported && s->chunk >= 0;
+  if (s->chunk < 0) s->reused.clear();
   forget_runner_kv(s);
   end_loading(s);
   s->phase = seq_phase::waiting;
@@ -388,6 +399,7 @@ std::unordered_set<block_key> scheduler::blocks_in_flight() const {
 bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step_plan& out,
                       const std::unordered_set<block_key>& in_flight, bool& stop, std::uint64_t& short_classes) {
   request_state* r = s->req;
+  if (!chunks_settled(*s)) return false;  // its chunks are computed first
   const int slots = (s->index == 0 && !r->forked) ? r->req.n : 1;
   if (static_cast<int>(running_.size()) + slots > config_.max_num_seqs || kv_.any_group_exhausted()) {
     stop = true;
@@ -428,7 +440,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   // The first admission that runs records what the cache gave (a refused one
   // leaves nothing behind, below).
   const auto admitted = [&] {
-    if (r->cached_tokens < 0) r->cached_tokens = std::min(s->n_computed, s->n_prompt);
+    if (r->cached_tokens < 0 && s->chunk < 0) r->cached_tokens = std::min(s->n_computed, s->n_prompt);
   };
   // Loading: the prompt continues in the external KV source, from the
   // cached prefix add_sequence took. Every group's blocks are loaded (a
@@ -452,9 +464,11 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     }
   }
   const int n = std::min<int>(next_chunk(*s), budget);
-  if (!kv_.allocate(s->id, n)) {
-    const alloc_blocker why = kv_.allocation_blocker(s->id, n);
-    const std::uint64_t short_mask = kv_.short_classes(s->id, n);
+  const int n_alloc = chunk_alloc(*s, n);
+  const bool import = chunks_due(*s);
+  if (!kv_.allocate(s->id, n_alloc)) {
+    const alloc_blocker why = kv_.allocation_blocker(s->id, n_alloc);
+    const std::uint64_t short_mask = kv_.short_classes(s->id, n_alloc);
     // Back to waiting as if never admitted: no blocks, no policy state (it
     // counted the cached slots, which the next attempt takes again).
     status st = kv_.free_sequence(s->id);
@@ -474,6 +488,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     }
     return false;
   }
+  if (import) import_chunks(s);
   s->phase = seq_phase::running;
   s->start_order = next_start_++;
   running_.push_back(s);
@@ -489,6 +504,7 @@ step_plan scheduler::schedule() {
     // Gone, or already replaced by a new request with the same id (add_request).
     if (it == requests_.end() || it->second->n_finished < (it->second->forked ? it->second->req.n : 1)) continue;
     for (const auto& s : it->second->seqs) seqs_.erase(s->id);
+    for (const auto& c : it->second->chunks) seqs_.erase(c.seq->id);
     requests_.erase(it);
   }
   finished_requests_.clear();
@@ -517,13 +533,15 @@ step_plan scheduler::schedule() {
       }
       s->spec->planned.clear();
     }
+    const int n_alloc = chunk_alloc(*s, n);
     for (;;) {
-      if (kv_.allocate(s->id, n)) {
+      if (kv_.allocate(s->id, n_alloc)) {
+        if (chunks_due(*s)) import_chunks(s);
         plan.push_back({s, n});
         budget -= n;
         break;
       }
-      sequence* victim = victim_for(*s, kv_.allocation_blocker(s->id, n), kv_.short_classes(s->id, n));
+      sequence* victim = victim_for(*s, kv_.allocation_blocker(s->id, n_alloc), kv_.short_classes(s->id, n_alloc));
       unplan(plan, budget, victim);
       preempt(victim);
       preempted = true;
@@ -591,7 +609,17 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
   q.n_stored = kv_.n_stored_tokens(s->id);
   q.all_logits = r.prompt_logits && s->n_computed < s->n_prompt;
   q.n_tokens = static_cast<std::int32_t>(s->tokens.size());
-  q.sample = s->n_computed + n_known >= static_cast<int>(s->tokens.size()) && r.max_tokens > 0;
+  q.sample = s->n_computed + n_known >= static_cast<int>(s->tokens.size()) && r.max_tokens > 0 && s->chunk < 0;
+  if (s->n_computed < static_cast<int>(s->reused.size())) {
+    // Prompt tokens whose K/V a chunk brought: the runner recomputes only some.
+    const auto from = s->reused.begin() + s->n_computed;
+    const auto to = from + std::min<std::ptrdiff_t>(n_known, s->reused.end() - from);
+    if (std::find(from, to, std::uint8_t{1}) != to) {
+      q.reused.assign(from, to);
+      q.reused.resize(static_cast<std::size_t>(n), 0);
+      q.recompute = s->req->recompute;
+    }
+  }
   // Completion i draws from seed + i, so completion 0 equals an n = 1
   // request; the others are forked at the first sample and draw their first
   // token from the same logits.
@@ -662,7 +690,7 @@ void scheduler::commit_loads(const step_plan& plan, const step_output& out) {
       s->n_computed += n_tokens;
       if (s->pol) s->pol->commit(n_tokens, nullptr);
       stats_.n_loaded_tokens += n_tokens;
-      if (!s->req->first_token_seen) {
+      if (!s->req->first_token_seen && s->chunk < 0) {
         s->req->cached_tokens = std::min(std::max(s->req->cached_tokens, 0) + n_tokens, s->n_prompt);
         std::vector<int>& by_tier = s->req->loaded_by_tier;
         for (std::size_t j = 0; j < n_ok; ++j) {
@@ -691,9 +719,11 @@ void scheduler::fail_step(const step_plan& plan, const status& st, std::vector<e
   runner_finished_.insert(runner_finished_.end(), plan.finished.begin(), plan.finished.end());
   runner_preempted_.insert(runner_preempted_.end(), plan.preempted.begin(), plan.preempted.end());
   const std::string why = fmt::format("the engine step failed: {}", st.message());
-  for (request_state* r : affected)
+  for (request_state* r : affected) {
     for (auto& s : r->seqs)
       if (s->phase != seq_phase::finished) finish(s.get(), "error", events, why);
+    end_chunks(*r);
+  }
   refresh_counts();
 }
 
@@ -784,7 +814,11 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
       const bool has_stats = q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0;
       s->pol->commit(n, has_stats ? &out.stats[i] : nullptr);
     }
-    if (s->n_computed < s->n_prompt) stats_.n_computed_prompt_tokens += std::min(n, s->n_prompt - s->n_computed);
+    const int n_reused = i < out.reused_rows.size() ? out.reused_rows[i] : 0;
+    s->req->reused_chunk_tokens += n_reused;
+    stats_.n_reused_chunk_tokens += n_reused;
+    if (s->n_computed < s->n_prompt)
+      stats_.n_computed_prompt_tokens += std::min(n, s->n_prompt - s->n_computed) - n_reused;
     const int first = s->n_computed;
     s->n_computed += n;
     if (q.all_logits) {
@@ -805,6 +839,8 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
           commit_tokens(s->req->seqs[j].get(), std::span(out.sampled).subspan(next_sample++, 1), events);
       }
       commit_tokens(s, std::span(out.sampled).subspan(next_sample++, 1), events);
+    } else if (s->chunk >= 0 && s->n_computed >= s->n_prompt) {
+      end_chunk(s);  // its blocks enter the prefix cache, where its request's prompt takes them
     } else if (s->n_computed >= static_cast<int>(s->tokens.size())) {
       finish(s, "length", events);  // the prompt only (scoring: max_tokens 0)
     }
@@ -883,7 +919,11 @@ result<std::unique_ptr<kv_policy>> scheduler::new_policy(const kv_policy_spec& s
 }
 
 int scheduler::next_chunk(const sequence& s) const {
-  const int left = static_cast<int>(s.tokens.size()) - s.n_computed;
+  int left = static_cast<int>(s.tokens.size()) - s.n_computed;
+  // A step stops where reused chunks start: they are imported before it.
+  if (s.chunk < 0)
+    for (const request_state::chunk& c : s.req->chunks)
+      if (c.done && !c.imported && c.at > s.n_computed) left = std::min(left, c.at - s.n_computed);
   const int chunk = s.req->req.prompt_chunk;
   return chunk > 0 && s.n_computed < s.n_prompt ? std::min(left, chunk) : left;
 }
@@ -950,6 +990,8 @@ void scheduler::end_sequence(sequence* s, const std::string& reason, engine_even
     e.usage.completion_tokens = r->completion_tokens;
     e.usage.cached_tokens = std::max(r->cached_tokens, 0);
     e.usage.loaded_tokens_by_tier = r->loaded_by_tier;
+    e.usage.reused_chunk_tokens = r->reused_chunk_tokens;
+    end_chunks(*r);
     ++stats_.n_requests_finished;
     finished_requests_.push_back(r->req.id);
   }

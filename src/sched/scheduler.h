@@ -124,6 +124,11 @@ struct scheduler_config {
   std::string kv_mirror;     // the KV type of the engine's KV mirror (speculative `self:view=int4`), or empty
   // Makes a sequence's policy from its spec; null: make_kv_policy (tests inject their own).
   seq_policy::policy_factory policy_factory;
+  // Chunk reuse (docs/serving.md, "Chunk reuse"): the fraction of a reused
+  // chunk's tokens recomputed when a request names none; and, when not empty,
+  // why this engine cannot reuse chunks (its KV layout), for the error.
+  float chunk_recompute = 0.15f;
+  std::string chunk_reuse_refusal;
   // The latency histograms (TTFT, inter-token, end to end, which the output
   // step observes) read this clock; null: the system's. Tests pass a manual_clock.
   const clock_source* clock = nullptr;
@@ -153,6 +158,7 @@ struct engine_stats {
   std::int64_t n_prompt_tokens = 0;           // admitted prompt tokens
   std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model (cache misses, recomputation)
   std::int64_t n_loaded_tokens = 0;           // prompt tokens loaded from the external KV source
+  std::int64_t n_reused_chunk_tokens = 0;     // prompt tokens taken from reused chunks, not recomputed
   std::int64_t n_generated_tokens = 0;
   std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
   std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed
@@ -347,6 +353,24 @@ class scheduler {
   void remove_from_running(sequence* s);
   void refresh_counts();
   sequence* by_id(seq_id id) const;
+  // Chunk reuse (scheduler_chunks.cpp). Checks the request's chunk parts and
+  // makes a sequence for each that computes it alone (queued before r's own).
+  status add_chunks(request_state& r);
+  // Whether s may be admitted: every chunk of its request computed (or given up).
+  bool chunks_settled(const sequence& s) const;
+  // Whether s's chunks are imported now: its next token is the first of the
+  // first chunk not imported yet.
+  bool chunks_due(const sequence& s) const;
+  // Slots s allocates to compute n tokens now: through its last chunk when they are due, else n.
+  int chunk_alloc(const sequence& s, int n) const;
+  // After that allocation: the chunks' K/V are copied into s's slots (gather
+  // ops, keys rotated to their positions) and s goes off chain.
+  void import_chunks(sequence* s);
+  // A chunk's sequence computed its tokens, or its request ended: its KV goes
+  // (full blocks stay in the prefix cache), no event.
+  void end_chunk(sequence* c);
+  // Every chunk sequence of r that still runs or waits ends (r finished, failed or was aborted).
+  void end_chunks(request_state& r);
 
   scheduler_config config_;
   const clock_source* clock_;

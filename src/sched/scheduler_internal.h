@@ -19,6 +19,18 @@ struct scheduler::request_state {
   std::vector<kv_class_run> kv_classes;  // positions whose blocks are of another KV class (segments' kv_type)
   spec_config spec;             // its speculation (resolve_speculation)
   side_charge side;             // each completion's side memory bound (seq_policy::side_memory)
+  // Chunk reuse: the parts marked "reuse": "chunk", each with the sequence
+  // that computes it alone (its whole blocks, positions from 0).
+  struct chunk {
+    int at = 0;  // its first token in the prompt
+    int n = 0;   // tokens reused: whole blocks of the part
+    std::unique_ptr<sequence> seq;
+    bool done = false;      // its sequence computed it (its blocks are in the prefix cache) or gave up
+    bool imported = false;  // copied into the prompt's slots
+  };
+  std::vector<chunk> chunks;
+  float recompute = 1.0f;       // the fraction of a chunk's tokens recomputed in context
+  int reused_chunk_tokens = 0;  // imported tokens the runner did not recompute
 };
 
 struct scheduler::sequence {
@@ -47,6 +59,11 @@ struct scheduler::sequence {
   std::vector<stored_block_ref> load_refs;
   runner_mirror runner;          // what the runner holds for it (runner_sync.h)
   std::unique_ptr<spec_sequence> spec;  // null: it does not speculate
+  // Chunk reuse: this sequence computes chunk `chunk` of its request alone
+  // (it never samples and leaves no event); -1: a completion.
+  int chunk = -1;
+  // A completion's prompt: 1 at the tokens whose K/V were imported from chunks.
+  std::vector<std::uint8_t> reused;
 
   sequence(request_state* r, int idx, seq_id sid)
       : req(r), index(idx), id(sid), tokens(r->req.prompt), n_prompt(static_cast<int>(r->req.prompt.size())) {}

@@ -99,6 +99,15 @@ struct scheduled_seq {
   // (k_runner_draft), and out.drafts[i] brings the tokens the runner drafted
   // and verified in their place.
   bool runner_drafts = false;
+  // Chunk reuse (CacheBlend): [tokens] 1 where the token's K/V were imported
+  // from a chunk computed alone (a gather op of this plan or an earlier one
+  // wrote them); empty: none. The runner recomputes the other tokens, the
+  // step's last token, and `recompute` of the imported ones: those whose K/V
+  // deviate most from their recomputed values at an early layer (every layer
+  // up to it is recomputed for all tokens of the step). Never with drafts,
+  // forks... (the scheduler refuses the combinations, scheduler_chunks.cpp).
+  std::vector<std::uint8_t> reused;
+  float recompute = 1.0f;
 
   // --- the runner's per-sequence state (runner_state.h) -------------------------
   std::optional<seq_setup> setup;        // the first time the runner sees the sequence
@@ -168,6 +177,7 @@ struct step_output {
   std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
   std::vector<std::uint8_t> sparse;     // [plan.seqs]: 1 when a selector chose a sparse read for any of its tokens
   std::vector<std::int64_t> selector_bytes;  // [plan.seqs]: the memory of its selector after the step
+  std::vector<std::int32_t> reused_rows;     // [plan.seqs]: imported tokens not recomputed (empty: none anywhere)
 };
 
 // Executes plans. Implementations: cpu_runner; fakes in tests.

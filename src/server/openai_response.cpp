@@ -35,6 +35,7 @@ void response_builder::add(int prompt_index, const engine_event& e) {
     usage_.prompt_tokens += e.usage.prompt_tokens;
     usage_.completion_tokens += e.usage.completion_tokens;
     usage_.cached_tokens += e.usage.cached_tokens;
+    usage_.reused_chunk_tokens += e.usage.reused_chunk_tokens;
     std::vector<int>& by_tier = usage_.loaded_tokens_by_tier;
     if (by_tier.size() < e.usage.loaded_tokens_by_tier.size()) by_tier.resize(e.usage.loaded_tokens_by_tier.size(), 0);
     for (std::size_t t = 0; t < e.usage.loaded_tokens_by_tier.size(); ++t) by_tier[t] += e.usage.loaded_tokens_by_tier[t];
@@ -46,6 +47,8 @@ json response_builder::usage_json() const {
             {"completion_tokens", usage_.completion_tokens},
             {"total_tokens", usage_.prompt_tokens + usage_.completion_tokens},
             {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens}}}};
+  // Pagoda's: prompt tokens whose KV came from reused chunks (apart from the prefix cache's).
+  if (usage_.reused_chunk_tokens > 0) u["prompt_tokens_details"]["reused_chunk_tokens"] = usage_.reused_chunk_tokens;
   if (!store_tiers_.empty()) {
     // An extension field (OpenAI clients ignore it): where the cached tokens came from.
     json by_tier = json::object();

@@ -15,8 +15,22 @@ std::optional<api_error> read_kv_object(const nlohmann::json& obj, const std::st
     return bad_request(name, fmt::format("'{}' must be an object like {{\"policy\": \"h2o:budget=0.25\", \"type\": "
                                          "\"int4\"}}", name));
   for (const auto& [key, value] : it->items())
-    if (key != "policy" && key != "type")
-      return bad_request(name + "." + key, fmt::format("unknown field '{}' in '{}' (known: policy, type)", key, name));
+    if (key != "policy" && key != "type" && key != "reuse" && key != "recompute")
+      return bad_request(name + "." + key,
+                         fmt::format("unknown field '{}' in '{}' (known: policy, type, reuse, recompute)", key, name));
+  if (const auto r = it->find("reuse"); r != it->end() && !r->is_null()) {
+    if (!r->is_string() || r->get<std::string>() != "chunk")
+      return bad_request(name + ".reuse", fmt::format("'{}.reuse' must be \"chunk\" (the part's KV computed alone "
+                                                      "and reused wherever it appears)", name));
+    kv.reuse_chunk = true;
+  }
+  if (const auto r = it->find("recompute"); r != it->end() && !r->is_null()) {
+    if (!kv.reuse_chunk)
+      return bad_request(name + ".recompute", fmt::format("'{}.recompute' goes with \"reuse\": \"chunk\"", name));
+    if (!r->is_number() || !(r->get<double>() >= 0.0 && r->get<double>() <= 1.0))
+      return bad_request(name + ".recompute", fmt::format("'{}.recompute' must be a number in [0, 1]", name));
+    kv.recompute = r->get<float>();
+  }
   if (const auto t = it->find("type"); t != it->end() && !t->is_null()) {
     if (!t->is_string()) return bad_request(name + ".type", fmt::format("'{}.type' must be a string", name));
     const std::string text = t->get<std::string>();
@@ -131,12 +145,18 @@ api_result<std::vector<prompt_segment>> place_segments(const tokenizer& vocab, b
                                               "request instead",
                                               p.param));
     from = at + p.text.size();
+    if (p.kv.reuse_chunk && p.text.empty())
+      return bad_request(p.param, fmt::format("'{}' is marked for chunk reuse but holds no text", p.param));
     if (!p.kv.any() || p.text.empty()) continue;
     // A token that straddles the start belongs to this part (it ends in it).
     const auto begin = static_cast<std::int32_t>(tokens_before(at));
     const auto end = static_cast<std::int32_t>(tokens_before(from));
-    if (end <= begin) continue;  // no token of its own
-    out.push_back(prompt_segment{begin, end, p.kv.policy, p.kv.type});
+    if (end <= begin) {
+      if (p.kv.reuse_chunk)
+        return bad_request(p.param, fmt::format("'{}' is marked for chunk reuse but holds no token of its own", p.param));
+      continue;  // no token of its own
+    }
+    out.push_back(prompt_segment{begin, end, p.kv.policy, p.kv.type, p.kv.reuse_chunk, p.kv.recompute});
   }
   return out;
 }

@@ -38,7 +38,9 @@ inline constexpr int k_max_kv_parts = 256;
 struct kv_choice {
   std::string policy;  // "NAME[:key=value,...]"
   std::string type;    // a KV type, as --kv-cache-dtype takes it
-  bool any() const { return !policy.empty() || !type.empty(); }
+  bool reuse_chunk = false;  // "reuse": "chunk" (CacheBlend chunk reuse)
+  float recompute = -1.0f;   // its "recompute" fraction; < 0: the engine's default
+  bool any() const { return !policy.empty() || !type.empty() || reuse_chunk; }
 };
 
 // A piece of prompt text and what it asks of the KV cache.

@@ -140,5 +140,44 @@ TEST(prompt_segments, parts_beyond_the_cap_are_refused) {
   EXPECT_TRUE(plain_r.ok() || plain_r.error.message.find("KV policy") == std::string::npos) << plain_r.error.message;
 }
 
+// "kv": {"reuse": "chunk", "recompute": r} marks a part for chunk reuse: the
+// segment carries the mark and the fraction; a bad value, a fraction without
+// the mark or out of [0, 1], and a marked part with no text are 400s naming the field.
+TEST(prompt_segments, chunk_reuse_marks_are_read_and_checked) {
+  const api_context ctx = context();
+  auto body = [](json kv, const std::string& text = "Once upon a time there was a dog.") {
+    return json{{"prompt", json::array({{{"text", "Read this. "}}, {{"text", text}, {"kv", std::move(kv)}},
+                                        {{"text", " What next?"}}})}};
+  };
+  auto ok = parse_request(api_kind::completion, body({{"reuse", "chunk"}, {"recompute", 0.3}}), ctx, "");
+  ASSERT_TRUE(ok.ok()) << ok.error.message;
+  ASSERT_EQ(ok.value->requests[0].segments.size(), 1u);
+  const prompt_segment& s = ok.value->requests[0].segments[0];
+  EXPECT_TRUE(s.reuse_chunk);
+  EXPECT_FLOAT_EQ(s.recompute, 0.3f);
+  EXPECT_LT(s.begin, s.end);
+  auto deflt = parse_request(api_kind::completion, body({{"reuse", "chunk"}}), ctx, "");
+  ASSERT_TRUE(deflt.ok()) << deflt.error.message;
+  EXPECT_LT(deflt.value->requests[0].segments[0].recompute, 0.0f) << "no fraction: the engine's default";
+
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"reuse", "prefix"}}, "prompt[1].kv.reuse"},
+      {{{"reuse", true}}, "prompt[1].kv.reuse"},
+      {{{"reuse", "chunk"}, {"recompute", 1.5}}, "prompt[1].kv.recompute"},
+      {{{"reuse", "chunk"}, {"recompute", -0.1}}, "prompt[1].kv.recompute"},
+      {{{"reuse", "chunk"}, {"recompute", "all"}}, "prompt[1].kv.recompute"},
+      {{{"recompute", 0.5}}, "prompt[1].kv.recompute"},
+  };
+  for (const auto& [kv, param] : bad) {
+    auto r = parse_request(api_kind::completion, body(kv), ctx, "");
+    ASSERT_FALSE(r.ok()) << kv.dump();
+    EXPECT_EQ(r.error.http_status, 400);
+    EXPECT_EQ(r.error.param, param) << kv.dump() << ": " << r.error.message;
+  }
+  auto empty = parse_request(api_kind::completion, body({{"reuse", "chunk"}}, ""), ctx, "");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.error.message.find("chunk reuse"), std::string::npos) << empty.error.message;
+}
+
 }  // namespace
 }  // namespace pagoda::server
