@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "common/requests.h"
+#include "common/synth_model.h"
 #include "sched/engine_setup.h"
 #include "store/redis_util.h"
 #include "store/warehouse.h"
@@ -115,6 +116,76 @@ TEST(warehouse_engine, a_restart_keeps_prefixes_on_disk) {
   EXPECT_EQ(b.usage.cached_tokens, n_blocks * 16);
   EXPECT_EQ(second.core->stats().n_loaded_tokens, n_blocks * 16);
   EXPECT_EQ(second.warehouse->counters().loads, n_blocks);
+  fs::remove_all(dir);
+}
+
+// Chunk reuse (CacheBlend): a chunk's blocks are stored like any cached
+// block, so after a restart a prompt holding the chunk elsewhere loads them
+// from disk (the chunk computes only its extra token) and gives the same
+// tokens as before; another model on the same directory never loads them
+// (the store's fingerprint names the model).
+TEST(warehouse_engine, reused_chunks_survive_a_restart_and_never_cross_models) {
+  const std::string dir = temp_dir("chunks");
+  const std::vector<token_id> doc = stories().vocab().encode(long_prompt(), false);
+  const int n_chunk = static_cast<int>(doc.size()) / 16 * 16;
+  ASSERT_GE(n_chunk, 32);
+  auto rag = [&](const std::string& id, const std::string& intro) {
+    std::vector<token_id> prompt = stories().vocab().encode(intro, true);
+    prompt_segment s;
+    s.begin = static_cast<std::int32_t>(prompt.size());
+    prompt.insert(prompt.end(), doc.begin(), doc.end());
+    s.end = static_cast<std::int32_t>(prompt.size());
+    s.reuse_chunk = true;
+    s.recompute = 0.0f;
+    const std::vector<token_id> q = stories().vocab().encode(" The end. Then", false);
+    prompt.insert(prompt.end(), q.begin(), q.end());
+    request r = test::greedy_ids(id, prompt, 12);
+    r.segments = {s};
+    return r;
+  };
+  const request r = rag("a", "Read this story.");
+  node::answer first;
+  {
+    node n(config(dir));
+    first = n.run(r);
+    EXPECT_EQ(first.usage.reused_chunk_tokens, n_chunk);
+  }
+  {
+    node second(config(dir));
+    const node::answer b = second.run(rag("b", "Read this story."));
+    EXPECT_EQ(b.tokens, first.tokens);
+    EXPECT_EQ(b.usage.reused_chunk_tokens, n_chunk);
+    EXPECT_EQ(second.core->stats().n_loaded_tokens, n_chunk) << "the chunk's blocks came from disk";
+    EXPECT_EQ(second.core->stats().n_computed_prompt_tokens, 1 + static_cast<std::int64_t>(r.prompt.size()) - n_chunk);
+    // Elsewhere in another prompt: the same chunk, from the pool now.
+    const node::answer c = second.run(rag("c", "Here is a tale for you."));
+    EXPECT_EQ(c.usage.reused_chunk_tokens, n_chunk);
+  }
+  // Another model (a synth with stories260K's shapes but other weights) on the same directory.
+  synth_options o = test::f32_synth_options("tiny256", 2);
+  auto other = test::load_synth(o, "wh_chunks_other");
+  ASSERT_TRUE(other);
+  std::vector<token_id> ids;
+  for (int i = 0; i < 120; ++i) ids.push_back(static_cast<token_id>((i * 13 + 5) % other->hparams().n_vocab));
+  request x = test::greedy_ids("x", ids, 4);
+  prompt_segment s;
+  s.begin = 8;
+  s.end = 100;
+  s.reuse_chunk = true;
+  x.segments = {s};
+  {
+    node writer(config(dir), *other);
+    writer.run(x);
+  }
+  node reader(config(dir), *other);
+  x.id = "y";
+  reader.run(x);
+  EXPECT_GT(reader.core->stats().n_loaded_tokens, 0) << "the same model loads its chunk from disk";
+  // stories260K on the same tokens (ids valid in both vocabularies): nothing loads.
+  node stories_node(config(dir));
+  x.id = "z";
+  stories_node.run(x);
+  EXPECT_EQ(stories_node.core->stats().n_loaded_tokens, 0);
   fs::remove_all(dir);
 }
 
