@@ -104,8 +104,8 @@ struct scheduled_seq {
   // wrote them); empty: none. The runner recomputes the other tokens, the
   // step's last token, and `recompute` of the imported ones: those whose K/V
   // deviate most from their recomputed values at an early layer (every layer
-  // up to it is recomputed for all tokens of the step). Never with drafts,
-  // forks... (the scheduler refuses the combinations, scheduler_chunks.cpp).
+  // up to it is recomputed for all tokens of the step). Never with drafts or
+  // all_logits (the scheduler refuses the combinations, scheduler_chunks.cpp).
   std::vector<std::uint8_t> reused;
   float recompute = 1.0f;
 

@@ -249,6 +249,26 @@ TEST(chunk_reuse, quantized_kv_and_batches_complete_without_leaks) {
   }
 }
 
+// n > 1: the prompt's last step, which forks the completions, blends too.
+TEST(chunk_reuse, completions_fork_from_a_blended_prompt) {
+  auto plain = engine(), blended = engine();
+  ASSERT_TRUE(plain && blended);
+  request r = rag("n", {1, 2}, 1.0f, 8);
+  r.n = 3;
+  request p = rag("n", {1, 2}, 1.0f, 8, false);
+  p.n = 3;
+  const auto got = run(*blended, {r});
+  ASSERT_TRUE(got.at("n").error.empty()) << got.at("n").error;
+  EXPECT_EQ(got.at("n").tokens, run(*plain, {p}).at("n").tokens) << "recompute 1: a plain prefill's completions";
+  r.id = "n0";
+  r.segments[0].recompute = r.segments[1].recompute = 0.15f;
+  const auto partial = run(*blended, {r});
+  ASSERT_TRUE(partial.at("n0").error.empty()) << partial.at("n0").error;
+  EXPECT_EQ(partial.at("n0").tokens.size(), 24u);
+  EXPECT_GT(partial.at("n0").usage.reused_chunk_tokens, 0);
+  EXPECT_EQ(blended->kv_stats().n_blocks_used, 0) << "blocks leaked";
+}
+
 TEST(chunk_reuse, bad_marks_and_combinations_are_refused) {
   auto e = engine();
   ASSERT_TRUE(e);
