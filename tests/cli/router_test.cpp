@@ -200,6 +200,46 @@ TEST_F(RouterTest, PassesStreamingThrough) {
   EXPECT_GE(routed_pieces, 4);  // not one piece at the end: events arrive as the replica sends them
 }
 
+// What the router polls: the admin key only; the keys of what the replica
+// cached; a few bytes when nothing changed since the caller's generation.
+TEST_F(RouterTest, ReplicaSummaryListsTheCachedBlocks) {
+  const int port = replicas_[0]->port();
+  EXPECT_EQ(call(port, "GET", "/v1/kv/summary", {}, k_alice)["http_status"], 403);
+  const json empty = call(port, "GET", "/v1/kv/summary", {}, k_admin);
+  ASSERT_EQ(empty["http_status"], 200) << empty;
+  EXPECT_EQ(empty["blocks"], 0);
+  EXPECT_EQ(empty["block_size_tokens"], k_store_test_block);
+  EXPECT_EQ(empty["model_fingerprint"].get<std::string>().size(), 16u);
+  const json r = complete(port, story_a(1), 4, k_alice);
+  ASSERT_EQ(r["http_status"], 200) << r;
+  const json full = call(port, "GET", "/v1/kv/summary", {}, k_admin);
+  const int n_blocks = r["usage"]["prompt_tokens"].get<int>() / k_store_test_block;
+  EXPECT_GE(full["blocks"].get<int>(), n_blocks) << full;
+  EXPECT_EQ(full["keys"].get<std::string>().size(), 16u * full["blocks"].get<std::size_t>());
+  EXPECT_NE(full["generation"], empty["generation"]);
+  const json same = call(port, "GET", "/v1/kv/summary?since=" + full["generation"].get<std::string>(), {}, k_admin);
+  EXPECT_EQ(same["unchanged"], true) << same;
+  EXPECT_FALSE(same.contains("keys"));
+}
+
+// A replica of another model: its keys can never match, so the router says
+// so and sends it requests by load only.
+TEST(RouterModels, AReplicaOfAnotherModelIsRoutedByLoadOnly) {
+  temp_dir dir("router_models");
+  std::filesystem::create_directories(dir.path);
+  const std::string other = (dir.path / "tiny.gguf").string();
+  ASSERT_EQ(run_cli("synth --preset tiny --layers 2 --weight-type f32 -o " + shell_quote(other)).exit_code, 0);
+  std::vector<std::string> same_args = store_test_args();
+  same_args.insert(same_args.end(), {"--no-kv-store", "--admin-key", k_admin});
+  serve_process same(same_args);
+  serve_process foreign({"-m", other, "--no-kv-store", "--admin-key", k_admin, "-t", "1"});
+  serve_process router("router", {"-m", model_path(), "--admin-key", k_admin, "--replica", url_of(same.port()),
+                                  "--replica", url_of(foreign.port()), "--poll-ms", "50"});
+  EXPECT_EQ(metric(router.port(), replica_series("pagoda_router:replica_prefix_usable", same.port())), 1);
+  EXPECT_EQ(metric(router.port(), replica_series("pagoda_router:replica_prefix_usable", foreign.port())), 0);
+  EXPECT_EQ(metric(router.port(), replica_series("pagoda_router:replica_up", foreign.port())), 1);
+}
+
 TEST(RouterBadInput, NoReplicasIsAClearError) {
   const cli_result r = run_cli("router -m " + shell_quote(model_path()));
   EXPECT_NE(r.exit_code, 0);
