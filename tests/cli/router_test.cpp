@@ -3,6 +3,7 @@
 // holds their prefix in memory, a replica killed mid-run is failed over,
 // streams pass through as the replica sent them, tenants' keys pass through,
 // and a router without replicas or with only dead ones says so and exits.
+#include <atomic>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -238,6 +239,57 @@ TEST(RouterModels, AReplicaOfAnotherModelIsRoutedByLoadOnly) {
   EXPECT_EQ(metric(router.port(), replica_series("pagoda_router:replica_prefix_usable", same.port())), 1);
   EXPECT_EQ(metric(router.port(), replica_series("pagoda_router:replica_prefix_usable", foreign.port())), 0);
   EXPECT_EQ(metric(router.port(), replica_series("pagoda_router:replica_up", foreign.port())), 1);
+}
+
+// A replica that refuses every completion with 503 (as a stopping or full
+// one does): the router tries another before answering; with none left the
+// refusal comes back as the replica sent it.
+class refusing_replica {
+ public:
+  refusing_replica() {
+    srv_.Get("/v1/kv/summary", [](const httplib::Request&, httplib::Response& res) {
+      res.status = 403;  // answers, so it is up; routed by load only
+      res.set_content(R"({"error":{"message":"no"}})", "application/json");
+    });
+    srv_.Post("/v1/completions", [this](const httplib::Request&, httplib::Response& res) {
+      ++n_refused_;
+      res.status = 503;
+      res.set_content(R"({"error":{"message":"stopping","code":"refused_here"}})", "application/json");
+    });
+    port_ = srv_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { srv_.listen_after_bind(); });
+    // bind_to_any_port already listens: connections wait in the backlog until the thread accepts.
+  }
+  ~refusing_replica() {
+    srv_.stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+  int n_refused() const { return n_refused_; }
+
+ private:
+  httplib::Server srv_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<int> n_refused_{0};
+};
+
+TEST(RouterRetry, A503IsRetriedOnAnotherReplicaAndPassedOnWhenAllRefuse) {
+  refusing_replica refusing;
+  {
+    serve_process live(store_test_args());
+    serve_process router("router", {"-m", model_path(), "--replica", url_of(refusing.port()), "--replica",
+                                    url_of(live.port()), "--no-access-log"});
+    for (int i = 0; i < 4; ++i) {
+      const json r = complete(router.port(), story_a(i), 2);
+      ASSERT_EQ(r["http_status"], 200) << r;
+    }
+    EXPECT_GE(refusing.n_refused(), 1);  // the rotation sent some there first
+  }
+  serve_process alone("router", {"-m", model_path(), "--replica", url_of(refusing.port()), "--no-access-log"});
+  const json r = complete(alone.port(), story_a(1), 2);
+  EXPECT_EQ(r["http_status"], 503);
+  EXPECT_EQ(r["error"]["code"], "refused_here") << r;
 }
 
 TEST(RouterBadInput, NoReplicasIsAClearError) {
