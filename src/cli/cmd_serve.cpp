@@ -161,12 +161,7 @@ int serve(serve_options o) {
 
   // Signals go to one waiting thread; block them before any thread starts so
   // every thread inherits the mask.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  sigset_t sigs = block_stop_signals();
   signal(SIGXFSZ, SIG_IGN);  // a file size limit fails the store's writes (EFBIG), not the server
 
   const bool auth_required = keys.enabled();

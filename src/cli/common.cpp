@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <pthread.h>
+
 #include "spec/speculative.h"
 
 #include <unistd.h>
@@ -210,6 +212,16 @@ void progress_bar::finish() {
   if (!enabled_) return;
   std::fprintf(stderr, "\r%*s\r", 80 + static_cast<int>(label_.size()), "");
   std::fflush(stderr);
+}
+
+sigset_t block_stop_signals() {
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return sigs;
 }
 
 int fail(const status& st) {

@@ -1,6 +1,8 @@
 // Options and helpers shared by the pagoda subcommands.
 #pragma once
 
+#include <signal.h>
+
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -65,5 +67,11 @@ int fail(const status& st);
 int fail_engine(const status& st);
 
 std::string human_bytes(double bytes);
+
+// Blocks SIGINT and SIGTERM in this thread (and every thread it starts
+// later, which inherit the mask) for one thread to sigwait() on them;
+// SIGPIPE is ignored (a client that hangs up fails a write, not the process).
+// Call before starting any thread.
+sigset_t block_stop_signals();
 
 }  // namespace pagoda::cli

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   register_batch(app, action);
   register_serve(app, action);
   register_kv(app, action);
+  register_router(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -305,11 +305,7 @@ block_key kv_manager::chain_key(const sequence& s, std::size_t block_index, bloc
 }
 
 std::string kv_manager::first_block_extras(const sequence_options& options) {
-  extra_keys extras;
-  if (!options.tenant.empty()) extras.add(extra_key_kind::tenant, options.tenant);
-  if (!options.cache_salt.empty()) extras.add(extra_key_kind::cache_salt, options.cache_salt);
-  if (options.chunk) extras.add(extra_key_kind::chunk, "");
-  return std::string(extras.bytes());
+  return pagoda::first_block_extras(options.tenant, options.cache_salt, options.chunk);
 }
 
 status kv_manager::check_class_runs(std::span<const kv_class_run> runs, std::size_t n_prompt) const {

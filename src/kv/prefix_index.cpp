@@ -22,6 +22,14 @@ block_key hash_block(block_key parent, std::span<const token_id> tokens, std::st
   return h.digest();
 }
 
+std::string first_block_extras(std::string_view tenant, std::string_view cache_salt, bool chunk) {
+  extra_keys extras;
+  if (!tenant.empty()) extras.add(extra_key_kind::tenant, tenant);
+  if (!cache_salt.empty()) extras.add(extra_key_kind::cache_salt, cache_salt);
+  if (chunk) extras.add(extra_key_kind::chunk, "");
+  return std::string(extras.bytes());
+}
+
 prefix_index::prefix_index(std::int32_t block_size, std::int32_t n_blocks)
     : block_size_(block_size),
       slots_(static_cast<std::size_t>(std::max(n_blocks, 0))),
@@ -56,6 +64,7 @@ bool prefix_index::insert(block_id b, block_key key, block_key parent, std::span
                 tokens.size());
   PAGODA_ASSERT(!slot(b).registered, "block {} registered twice", b.value);
   if (!by_key_.emplace(key, b).second) return false;
+  ++generation_;
   block_slot& s = slots_[static_cast<std::size_t>(b.value)];
   s.registered = true;
   s.key = key;
@@ -71,6 +80,7 @@ void prefix_index::erase(block_id b) {
   block_slot& s = slots_[static_cast<std::size_t>(b.value)];
   by_key_.erase(s.key);
   s = block_slot{};
+  ++generation_;
 }
 
 block_key prefix_index::key_of(block_id b) const {

@@ -60,6 +60,12 @@ class extra_keys {
 // The chained key of one full block.
 block_key hash_block(block_key parent, std::span<const token_id> tokens, std::string_view extras);
 
+// The extra keys of a sequence's first block: its tenant and cache salt (either
+// may be ""), and the chunk mark of a chunk computed alone (chunk reuse).
+// Everything that computes a prompt's keys outside the KV manager (the
+// router, src/router) calls this, so both always agree.
+std::string first_block_extras(std::string_view tenant, std::string_view cache_salt, bool chunk = false);
+
 class prefix_index {
  public:
   // REQUIRES: block_size > 0, n_blocks >= 0; block ids registered are < n_blocks.
@@ -80,6 +86,13 @@ class prefix_index {
   void erase(block_id b);
 
   bool contains(block_id b) const { return slot(b).registered; }
+  // Changes with every insert and erase (a summary is unchanged while it is).
+  std::uint64_t generation() const { return generation_; }
+  // Calls f(key) for every registered key, in no particular order.
+  template <typename F>
+  void for_each_key(F&& f) const {
+    for (const auto& [key, b] : by_key_) f(key);
+  }
   // The key b is registered under. REQUIRES: contains(b).
   block_key key_of(block_id b) const;
   // The parent key b is registered with. REQUIRES: contains(b).
@@ -102,6 +115,7 @@ class prefix_index {
   std::span<const token_id> slot_tokens(block_id b) const;
 
   std::int32_t block_size_;
+  std::uint64_t generation_ = 0;
   std::unordered_map<block_key, block_id> by_key_;
   std::vector<block_slot> slots_;  // [n_blocks]
   std::vector<token_id> tokens_;   // [n_blocks][block_size]

@@ -174,8 +174,9 @@ status add_tenant_quota(engine_config& config, const std::string& q) {
   return {};
 }
 
-std::uint64_t model_fingerprint(const llama_model& model) {
-  const gguf::file& f = model.gguf();
+std::uint64_t model_fingerprint(const llama_model& model) { return model_fingerprint(model.gguf()); }
+
+std::uint64_t model_fingerprint(const gguf::file& f) {
   hasher h(0xf1a9e7);
   for (const gguf::metadata_entry& e : f.metadata()) {
     h.update(e.key.data(), e.key.size());

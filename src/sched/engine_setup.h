@@ -58,7 +58,10 @@ status add_tenant_quota(engine_config& config, const std::string& spec);
 // tokenizer, tensor names, types and shapes) and samples of every tensor's
 // data (8 spans of 4 KiB, so a 4 GB file costs milliseconds): two files that
 // differ only in their weights (fine-tunes) get different fingerprints.
+// The file alone gives the same value (the router fingerprints a model it
+// loads only the vocabulary of; the sampled spans are the only data read).
 std::uint64_t model_fingerprint(const llama_model& model);
+std::uint64_t model_fingerprint(const gguf::file& f);
 
 // The KV warehouse the config asks for (disk and/or Redis tiers), keyed for
 // this model (each block brings its own layout); nullptr when it asks for

@@ -5,13 +5,17 @@
 namespace pagoda::server {
 
 result<chat_format> choose_chat_format(const llama_model& model, const std::string& override_name, std::string* warning) {
+  return choose_chat_format(model.gguf(), override_name, warning);
+}
+
+result<chat_format> choose_chat_format(const gguf::file& file, const std::string& override_name, std::string* warning) {
   if (!override_name.empty()) {
     if (auto f = chat_format_from_name(override_name)) return *f;
     std::string names;
     for (chat_format f : all_chat_formats()) names += std::string(names.empty() ? "" : ", ") + chat_format_name(f);
     return error(errc::invalid_argument, "--chat-template '{}': unknown; expected one of {}", override_name, names);
   }
-  auto jinja = model.gguf().get_string("tokenizer.chat_template");
+  auto jinja = file.get_string("tokenizer.chat_template");
   if (!jinja.ok()) return chat_format::plain;
   if (auto f = detect_chat_format(*jinja)) return *f;
   if (warning)
@@ -22,11 +26,15 @@ result<chat_format> choose_chat_format(const llama_model& model, const std::stri
 
 result<api_context> make_api_context(const llama_model& model, int max_model_len, const api_options& o,
                                      std::string* warning) {
+  return make_api_context(model.gguf(), model.vocab(), max_model_len, o, warning);
+}
+
+result<api_context> make_api_context(const gguf::file& file, const tokenizer& vocab, int max_model_len,
+                                     const api_options& o, std::string* warning) {
   if (max_model_len < 2) return error(errc::invalid_argument, "a context of {} tokens is too small to serve", max_model_len);
   api_context ctx;
-  const tokenizer& vocab = model.vocab();
   ctx.vocab = &vocab;
-  PAGODA_ASSIGN_OR_RETURN(ctx.chat, choose_chat_format(model, o.chat_template, warning));
+  PAGODA_ASSIGN_OR_RETURN(ctx.chat, choose_chat_format(file, o.chat_template, warning));
   if (vocab.bos() != k_no_token) ctx.chat_tokens.bos = std::string(vocab.token_text(vocab.bos()));
   if (vocab.eos() != k_no_token) ctx.chat_tokens.eos = std::string(vocab.token_text(vocab.eos()));
   const std::string stem = std::filesystem::path(o.model_path).stem().string();

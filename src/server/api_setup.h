@@ -24,9 +24,14 @@ struct api_options {
 // model has a template no family matches). errc::invalid_argument for an
 // unknown override, listing the names.
 result<chat_format> choose_chat_format(const llama_model& model, const std::string& override_name, std::string* warning);
+result<chat_format> choose_chat_format(const gguf::file& file, const std::string& override_name, std::string* warning);
 
 // REQUIRES: model outlives the context (it keeps a pointer to the vocabulary).
 result<api_context> make_api_context(const llama_model& model, int max_model_len, const api_options& opts,
                                      std::string* warning);
+// The same from the file and its vocabulary alone (the router: no weights).
+// REQUIRES: vocab outlives the context.
+result<api_context> make_api_context(const gguf::file& file, const tokenizer& vocab, int max_model_len,
+                                     const api_options& opts, std::string* warning);
 
 }  // namespace pagoda::server

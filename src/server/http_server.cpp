@@ -26,6 +26,7 @@
 #include "server/generate_call.h"
 #include "server/http_connection.h"
 #include "server/kv_calls.h"
+#include "server/kv_summary.h"
 #include "server/openai_response.h"
 #include "server/server_log.h"
 #include "server/tokenize_api.h"
@@ -53,7 +54,7 @@ std::int64_t unix_seconds() {
 // cannot grow the metrics without bound.
 std::string endpoint_label(std::string_view path) {
   for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version",
-                        "/tokenize", "/detokenize", "/v1/kv/warm", "/v1/kv/stats", "/v1/kv"})
+                        "/tokenize", "/detokenize", "/v1/kv/warm", "/v1/kv/stats", "/v1/kv/summary", "/v1/kv"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -161,6 +162,7 @@ struct http_server::impl {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   bool bound = false;
   bool warned_accept = false;
+  std::string model_fingerprint;  // the engine thread's (kv_summary.h), filled by the first summary
 
   impl(server_options o, api_context c, key_store k, engine_loop& l, kv_admin* a)
       : opts(std::move(o)),
@@ -470,6 +472,25 @@ bool http_server::impl::route_kv(const std::shared_ptr<http_exchange>& ex, std::
     on_worker(ex, [this](http_request&) { return json_response(200, kv->stats()); });
     return true;
   }
+  if (path == "/v1/kv/summary") {
+    if (!is_get) return wrong_method("GET, HEAD"), true;
+    if (!presents_admin_key(req)) return ex->respond(error_response(kv_admin::forbidden("GET /v1/kv/summary"))), true;
+    auto out = std::make_shared<kv_summary>();
+    loop.run_synced_async(
+        [this, out, since = query_param(req.target, "since")](engine_core& core) {
+          *out = collect_kv_summary(core, since, model_fingerprint);
+        },
+        [this, ex, out](status st) {
+          const engine_snapshot snap = loop.snapshot();
+          out->n_running = snap.n_running;
+          out->n_waiting = snap.n_waiting;
+          ex->post([ex, out, st = std::move(st)] {
+            if (ex->gone()) return;
+            ex->respond(st.ok() ? json_response(200, kv_summary_json(*out)) : error_response(from_status(st)));
+          });
+        });
+    return true;
+  }
   if (path == "/v1/kv") {
     if (req.method != "DELETE") return wrong_method("DELETE"), true;
     if (!presents_admin_key(req)) return ex->respond(error_response(kv_admin::forbidden("DELETE /v1/kv"))), true;
@@ -528,28 +549,33 @@ http_server::~http_server() {
   impl_->store_thread.join();
 }
 
-result<int> http_server::bind() {
-  impl& s = *impl_;
+result<int> listen_on(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host, int port) {
   error_code ec;
-  tcp::resolver resolver(s.ioc);
-  auto found = resolver.resolve(s.opts.host, std::to_string(s.opts.port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  tcp::resolver resolver(acceptor.get_executor());
+  auto found = resolver.resolve(host, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec || found.empty())
-    return error(errc::invalid_argument, "--host {}: not an address of this machine ({})", s.opts.host, ec.message());
+    return error(errc::invalid_argument, "--host {}: not an address of this machine ({})", host, ec.message());
   const tcp::endpoint ep = found.begin()->endpoint();
-  const std::string where = fmt::format("{}:{}", s.opts.host, s.opts.port);
-  if (s.acceptor.open(ep.protocol(), ec); ec) return error(errc::io_error, "cannot open a socket for {}: {}", where, ec.message());
+  const std::string where = fmt::format("{}:{}", host, port);
+  if (acceptor.open(ep.protocol(), ec); ec) return error(errc::io_error, "cannot open a socket for {}: {}", where, ec.message());
   // SO_REUSEADDR only lets a restart bind over connections in TIME_WAIT; on
   // Linux it never lets two listeners share a port (SO_REUSEPORT would).
-  s.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (s.acceptor.bind(ep, ec); ec) {
-    s.acceptor.close();
+  acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (acceptor.bind(ep, ec); ec) {
+    acceptor.close();
     if (ec == asio::error::address_in_use)
       return error(errc::io_error, "cannot listen on {}: the port is in use (another server?); pick another --port", where);
     return error(errc::io_error, "cannot listen on {}: {}", where, ec.message());
   }
-  if (s.acceptor.listen(k_listen_backlog, ec); ec) return error(errc::io_error, "cannot listen on {}: {}", where, ec.message());
-  s.bound = true;
-  return static_cast<int>(s.acceptor.local_endpoint().port());
+  if (acceptor.listen(k_listen_backlog, ec); ec) return error(errc::io_error, "cannot listen on {}: {}", where, ec.message());
+  return static_cast<int>(acceptor.local_endpoint().port());
+}
+
+result<int> http_server::bind() {
+  impl& s = *impl_;
+  result<int> port = listen_on(s.acceptor, s.opts.host, s.opts.port);
+  s.bound = port.ok();
+  return port;
 }
 
 status http_server::serve() {

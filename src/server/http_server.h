@@ -10,6 +10,7 @@
 //   GET  /metrics                                     Prometheus text (prometheus.h)
 //   GET  /version                                     {"version": "..."}
 //   POST /v1/kv/warm, GET /v1/kv/stats, DELETE /v1/kv  the KV store (kv_admin.h; warm and DELETE: kv_calls.h)
+//   GET  /v1/kv/summary                               the prefix cache's keys and the load, for the router (kv_summary.h)
 // With API keys configured every /v1 call and /tokenize, /detokenize need
 // `Authorization: Bearer KEY` (401 otherwise), the key compared exactly as
 // sent; the key decides the request's tenant (auth.h). /health, /metrics and
@@ -26,6 +27,8 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+
+#include <boost/asio/ip/tcp.hpp>
 
 #include "pagoda/status.h"
 #include "sched/engine_loop.h"
@@ -47,6 +50,10 @@ struct server_options {
   std::chrono::milliseconds stats_interval{10'000};  // the engine line's period; 0: none
   std::string version;                               // what GET /version reports
 };
+
+// Opens, binds and listens (backlog 4096) on host:port; returns the port
+// (the chosen one for port 0). Errors name the address (a port in use says so).
+result<int> listen_on(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host, int port);
 
 // Raises this process's soft limit on open files to its hard limit (every
 // connection is a descriptor); returns the limit now in force.

@@ -10,6 +10,8 @@
 //                             completion: a client that hangs up cancels it.
 //   GET    /v1/kv/stats       per tier (memory, disk, redis): entries, bytes,
 //                             hits, misses, loads, errors; the write-back queue.
+//   GET    /v1/kv/summary     the prefix cache's keys and the load, for the
+//                             router (kv_summary.h; registered in http_server.cpp).
 //   DELETE /v1/kv?tenant=NAME erases a tenant's cached KV from the pool and from
 //                             every store tier ("" or "-" is the global tenant),
 //                             as a barrier (engine_loop::close_tenant_async):

@@ -42,6 +42,12 @@ class serve_process {
       : args_(std::move(args)), max_file_bytes_(max_file_bytes) {
     start();
   }
+  // Another subcommand that prints the same "listening on" line on stdout
+  // (`pagoda router`): args after `pagoda COMMAND` (--port 0 is added).
+  serve_process(std::string command, std::vector<std::string> args)
+      : args_(std::move(args)), command_(std::move(command)) {
+    start();
+  }
   ~serve_process() { stop(SIGKILL); }
   serve_process(const serve_process&) = delete;
   serve_process& operator=(const serve_process&) = delete;
@@ -71,7 +77,7 @@ class serve_process {
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 2);
       ::close(out[0]);
-      std::vector<std::string> all = {"serve", "--port", "0"};
+      std::vector<std::string> all = {command_, "--port", "0"};
       all.insert(all.end(), args_.begin(), args_.end());
       exec_pagoda(std::move(all));
     }
@@ -90,7 +96,7 @@ class serve_process {
       text.append(buf, static_cast<std::size_t>(n));
     }
     const std::size_t at = text.find("listening on http://");
-    ASSERT_NE(at, std::string::npos) << "pagoda serve did not start: " << text;
+    ASSERT_NE(at, std::string::npos) << "pagoda " << command_ << " did not start: " << text;
     const std::size_t colon = text.find(':', at + 20);
     port_ = std::stoi(text.substr(colon + 1));
   }
@@ -108,6 +114,7 @@ class serve_process {
 
  private:
   std::vector<std::string> args_;
+  std::string command_ = "serve";
   rlim_t max_file_bytes_ = RLIM_INFINITY;
   pid_t pid_ = -1;
   int out_fd_ = -1;
