@@ -43,6 +43,10 @@
 // is a hit on its ancestors, so an ancestor's uses, level and key are at
 // least its descendant's and it is released later. A root evicted before its
 // descendants would leave them unreachable in the index until it is computed again.
+// This holds within a class; a chain whose blocks are of several classes
+// (typed prompt segments) keeps it for take() of each class, but
+// next_cached_of() compares classes by worth relative to their clocks, which
+// may pick an ancestor of one class before a descendant of another.
 //
 // Every used or cached block has an owner (a tenant). The pool keeps per-owner
 // counts (all classes together) and, per owner and class, the same buckets
@@ -53,8 +57,8 @@
 // lives in kv_manager.
 #pragma once
 
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 #include <vector>
