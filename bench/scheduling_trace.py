@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Cache-aware scheduling against FCFS on a multi-tenant trace (issue 32).
+"""Scheduling and prefix-cache eviction on a multi-tenant trace (issue 32).
 
 The trace: 8 system prompts (about 300 tokens of dev text each) x 64 users
 with short questions, arriving interleaved in a random order, plus one-off
 long documents (about 600 tokens) among them, all queued at once through
 `pagoda batch` on stories260K under memory pressure (a small KV pool, so
-cached prefixes are evicted). For each scheduling policy: prefix hit rate,
-prompt tokens computed, throughput and TTFT; the median of interleaved runs.
+cached prefixes are evicted). For each scheduling policy (fcfs,
+cache-aware) and prefix-cache eviction (lru, lfu): prefix hit rate, prompt
+tokens computed, throughput and TTFT; the median of interleaved runs.
 
 usage: bench/scheduling_trace.py [--pagoda build/release/pagoda] [--runs 3] [--kv-tokens 4096]
+                                 [--docs 32] [--only fcfs+lru,cache-aware+lfu,...]
 """
 import argparse
 import os
@@ -42,27 +44,33 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kv-tokens", type=int, default=4096)
     ap.add_argument("--max-passed-steps", type=int, default=16)
+    ap.add_argument("--docs", type=int, default=32, help="one-off long documents among the 512 user requests")
+    ap.add_argument("--only", default="fcfs+lru,cache-aware+lru,cache-aware+lfu,fcfs+lfu",
+                    help="comma-separated SCHEDULING+EVICTION configurations, the first the baseline")
     a = ap.parse_args()
-    lines = trace()
+    lines = trace(n_docs=a.docs)
     common = ["-t", "1", "--ctx", "1024", "--max-num-seqs", "16", "--max-num-batched-tokens", "1024",
               "--max-kv-tokens", str(a.kv_tokens), "--kv-cache-dtype", "f32",
               "--max-passed-steps", str(a.max_passed_steps)]
-    policies = ["fcfs", "cache-aware"]
-    got = {p: [] for p in policies}
+    configs = a.only.split(",")
+    got = {c: [] for c in configs}
     for _ in range(a.runs):
-        for p in policies:
-            got[p].append(batch(a.pagoda, STORIES, lines, common + ["--scheduling-policy", p]))
-    med = lambda p, k: statistics.median(s[k] for s in got[p])  # noqa: E731
+        for c in configs:
+            sched, evict = c.split("+")
+            got[c].append(batch(a.pagoda, STORIES, lines,
+                                common + ["--scheduling-policy", sched, "--prefix-cache-eviction", evict]))
+    med = lambda c, k: statistics.median(s[k] for s in got[c])  # noqa: E731
     print(f"{len(lines)} requests, KV pool {a.kv_tokens} tokens, median of {a.runs} interleaved runs\n")
-    print("| policy | prefix hit rate | prompt tokens computed | total tok/s | TTFT p50 ms | TTFT p99 ms | evictions |")
-    print("|---|---|---|---|---|---|---|")
-    for p in policies:
-        print(f"| {p} | {100 * med(p, 'prefix_hit_rate'):.1f}% | {med(p, 'computed_prompt_tokens'):.0f} | "
-              f"{med(p, 'total_tokens_per_s'):.0f} | {1000 * med(p, 'ttft_p50_s'):.1f} | {1000 * med(p, 'ttft_p99_s'):.1f} | "
-              f"{med(p, 'evictions'):.0f} |")
-    f, c = med("fcfs", "total_tokens_per_s"), med("cache-aware", "total_tokens_per_s")
-    print(f"\ncache-aware / fcfs throughput: {c / f:.2f}x; prompt tokens computed: "
-          f"{med('cache-aware', 'computed_prompt_tokens') / med('fcfs', 'computed_prompt_tokens'):.2f}x")
+    print("| scheduling + eviction | prefix hit rate | prompt tokens computed | total tok/s | TTFT p50 ms | "
+          "TTFT p99 ms | evictions | preemptions | vs " + configs[0] + ": prompt tokens | tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base = configs[0]
+    for c in configs:
+        print(f"| {c} | {100 * med(c, 'prefix_hit_rate'):.1f}% | {med(c, 'computed_prompt_tokens'):.0f} | "
+              f"{med(c, 'total_tokens_per_s'):.0f} | {1000 * med(c, 'ttft_p50_s'):.1f} | {1000 * med(c, 'ttft_p99_s'):.1f} | "
+              f"{med(c, 'evictions'):.0f} | {med(c, 'preemptions'):.0f} | "
+              f"{med(c, 'computed_prompt_tokens') / med(base, 'computed_prompt_tokens'):.2f}x | "
+              f"{med(c, 'total_tokens_per_s') / med(base, 'total_tokens_per_s'):.2f}x |")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ struct engine_config {
   double kv_cache_size_mib = 0;      // pool size in MiB, or
   std::int64_t max_kv_tokens = 0;    // pool size in tokens; neither: max_num_seqs full contexts, at most 4 GiB
   bool enable_prefix_caching = true;
+  // The order cached prefix blocks are evicted in: "lfu" (reuse counts, aged:
+  // one-off prompts pass through without flushing reused prefixes) or "lru".
+  std::string prefix_cache_eviction = "lfu";
   std::map<std::string, std::int32_t> tenant_quota_blocks;  // tenant -> most KV blocks it may hold
   // KV policy of requests that name none: "NAME[:key=value,...]" (docs/policies.md),
   // e.g. "h2o:budget=0.25"; "none" keeps every token.

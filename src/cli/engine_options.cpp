@@ -18,6 +18,10 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
       ->check(CLI::Range(0, 1 << 20));
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts.config.enable_prefix_caching,
                 "reuse cached KV blocks of shared prompt prefixes (default on)");
+  app->add_option("--prefix-cache-eviction", opts.config.prefix_cache_eviction,
+                  "order cached prefix blocks are evicted in: lfu (reuse counts, aged: one-off prompts pass through "
+                  "without flushing reused prefixes; the default) or lru")
+      ->check(CLI::IsMember({"lfu", "lru"}));
   app->add_option("--tenant-quota", opts.tenant_quotas, "NAME=BLOCKS: cap a tenant's KV blocks (repeatable)");
   app->add_option("--kv-store", opts.kv_store,
                   "PATH[,size=GiB]: keep KV blocks on disk (LMDB) across restarts, default size 8 GiB");

@@ -19,7 +19,7 @@ kv_group::kv_group(std::int32_t index, const kv_group_config& config, std::int32
       block_size_(block_size),
       prefix_caching_(prefix_caching),
       host_(host),
-      pool_(config.class_blocks),
+      pool_(config.class_blocks, config.eviction),
       index_(block_size, pool_.n_blocks()),
       fill_(static_cast<std::size_t>(pool_.n_blocks()), 0) {
   PAGODA_ASSERT(block_size > 0 && first_block >= 0, "KV group {}: block size {}, first block {}", index, block_size,
@@ -94,11 +94,15 @@ std::vector<block_id> kv_group::take(tenant_id t, std::span<const std::int32_t> 
   out.reserve(classes.size());
   for (const std::int32_t c : classes) {
     std::optional<block_pool::taken> got;
+    eviction_reason why = eviction_reason::quota;
     if (n_own > 0 && (got = pool_.take_cached_of(t, c))) --n_own;
-    if (!got) got = pool_.take(t, c);
+    if (!got) {
+      got = pool_.take(t, c);
+      why = eviction_reason::capacity;
+    }
     PAGODA_ASSERT(got.has_value(), "KV group {}: class {} ran dry after can_take (taken {} of {})", id_, c,
                   out.size(), classes.size());
-    if (got->evicted) forget_cached(got->id);
+    if (got->evicted) forget_cached(got->id, why);
     fill_[static_cast<std::size_t>(got->id.value)] = 0;
     out.push_back(global(got->id));
   }
@@ -155,7 +159,13 @@ void kv_group::unhash(block_id b) {
   pool_.clear_hash(l);
 }
 
-void kv_group::forget_cached(block_id l) {
+std::int64_t kv_group::n_evictions() const {
+  std::int64_t n = 0;
+  for (const std::int64_t k : n_evictions_) n += k;
+  return n;
+}
+
+void kv_group::forget_cached(block_id l, eviction_reason why) {
   const auto tokens = index_.tokens_of(l);
   kv_op op{.kind = kv_op_kind::evict, .block = global(l), .key = index_.key_of(l), .parent = index_.parent_of(l),
            .group = id_};
@@ -163,11 +173,11 @@ void kv_group::forget_cached(block_id l) {
   op.tenant = host_.tenant_name(pool_.owner(l));
   host_.emit(std::move(op));
   index_.erase(l);
-  ++n_evictions_;
+  ++n_evictions_[static_cast<std::size_t>(why)];
 }
 
-void kv_group::drop_cached(block_id l) {
-  forget_cached(l);
+void kv_group::drop_cached(block_id l, eviction_reason why) {
+  forget_cached(l, why);
   pool_.drop_hash(l);
 }
 
@@ -175,7 +185,7 @@ std::int32_t kv_group::evict_cached() {
   std::int32_t n = 0;
   for (const block_id l : pool_.free_queue()) {
     if (!pool_.is_hashed(l)) continue;
-    drop_cached(l);
+    drop_cached(l, eviction_reason::admin);
     ++n;
   }
   return n;
@@ -184,16 +194,16 @@ std::int32_t kv_group::evict_cached() {
 std::int32_t kv_group::evict_cached(tenant_id t) {
   std::int32_t n = 0;
   for (const block_id l : pool_.cached_of(t)) {
-    drop_cached(l);
+    drop_cached(l, eviction_reason::admin);
     ++n;
   }
   return n;
 }
 
-bool kv_group::evict_oldest_cached_of(tenant_id t) {
-  const auto l = pool_.oldest_cached_of(t);
+bool kv_group::evict_next_cached_of(tenant_id t) {
+  const auto l = pool_.next_cached_of(t);
   if (!l) return false;
-  drop_cached(*l);
+  drop_cached(*l, eviction_reason::quota);
   return true;
 }
 

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/kv_metrics.h"
 #include "kv/kv_ops.h"
 #include "kv/prefix_index.h"
 #include "pagoda/status.h"
@@ -56,6 +57,7 @@ struct kv_group_config {
   kv_group_kind kind = kv_group_kind::full;
   std::int32_t window_tokens = 0;          // sliding_window: a query at p sees positions p - window + 1 .. p
   std::vector<std::int32_t> class_blocks;  // [class]: blocks of each KV class (class 0: the default type)
+  cache_eviction eviction = cache_eviction::lru;  // the order cached blocks leave in (block_pool.h)
 };
 
 // What a group needs of its coordinator.
@@ -146,15 +148,17 @@ class kv_group {
   // A used block leaves the prefix index without an eviction report (its holder
   // rewrites it; the commit hook saw its bytes when it entered).
   void unhash(block_id b);
-  // Evicts cached (ref 0) blocks: all, one tenant's, or t's least recently used.
+  // Evicts cached (ref 0) blocks: all, one tenant's (both eviction_reason::admin),
+  // or t's of least worth (block_pool::next_cached_of; eviction_reason::quota).
   std::int32_t evict_cached();
   std::int32_t evict_cached(tenant_id t);
-  bool evict_oldest_cached_of(tenant_id t);
+  bool evict_next_cached_of(tenant_id t);
 
   // --- metrics ----------------------------------------------------------------
   std::int32_t peak_used() const { return peak_used_; }
   void reset_peak() { peak_used_ = pool_.n_used(); }
-  std::int64_t n_evictions() const { return n_evictions_; }
+  std::int64_t n_evictions() const;
+  std::int64_t n_evictions(eviction_reason r) const { return n_evictions_[static_cast<std::size_t>(r)]; }
   std::int64_t n_freed_out_of_window() const { return n_freed_out_of_window_; }
   void count_freed_out_of_window(std::int64_t n) { n_freed_out_of_window_ += n; }
 
@@ -173,9 +177,9 @@ class kv_group {
  protected:
   block_id local(block_id b) const { return block_id(b.value - first_); }
   block_id global(block_id b) const { return block_id(b.value + first_); }
-  // The place a cached block leaves the index: reports the eviction, erases, counts.
-  void forget_cached(block_id local_b);
-  void drop_cached(block_id local_b);
+  // The place a cached block leaves the index: reports the eviction, erases, counts it under why.
+  void forget_cached(block_id local_b, eviction_reason why);
+  void drop_cached(block_id local_b, eviction_reason why);
 
   const std::int32_t id_;
   const kv_group_kind kind_;
@@ -189,7 +193,7 @@ class kv_group {
   std::vector<std::int32_t> fill_;  // [n_blocks] by local id
   std::int64_t stored_tokens_in_used_ = 0;
   std::int32_t peak_used_ = 0;
-  std::int64_t n_evictions_ = 0;
+  std::array<std::int64_t, k_n_eviction_reasons> n_evictions_{};  // [eviction_reason]
   std::int64_t n_freed_out_of_window_ = 0;
 };
 

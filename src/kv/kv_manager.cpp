@@ -102,7 +102,7 @@ void kv_manager::evict_over_quota(tenant_id t) {
   if (!quota) return;
   kv_group& g = group0();
   while (g.pool().n_used(t) + g.pool().n_cached(t) > *quota)
-    if (!g.evict_oldest_cached_of(t)) break;  // only used blocks left: they shrink as sequences end
+    if (!g.evict_next_cached_of(t)) break;  // only used blocks left: they shrink as sequences end
 }
 
 // --- allocation ------------------------------------------------------------------
@@ -116,8 +116,8 @@ alloc_blocker kv_manager::take_blocker(tenant_id t, const demands& d) const {
 }
 
 std::vector<block_id> kv_manager::take(const sequence& s, std::int32_t g, const group_demand& d) {
-  // At its quota a tenant pays with its own cached blocks first (LRU among its
-  // own of the class it needs); the rest come from the head of the class's
+  // At its quota a tenant pays with its own cached blocks first (the least
+  // worth among its own of the class it needs, block_pool.h); the rest come from the head of the class's
   // queue. Own cached blocks of other classes that still keep it above its
   // quota are evicted afterwards (evict_over_quota).
   std::int32_t n_own = 0;
@@ -535,8 +535,8 @@ status kv_manager::fork(seq_id parent, seq_id child) {
 status kv_manager::free_sequence(seq_id seq) {
   const auto it = seqs_.find(seq);
   if (it == seqs_.end()) return error(errc::not_found, "free: unknown sequence {}", seq.value);
-  // Deepest first: released cached blocks are appended to the queue's tail in
-  // this order, so the tail end of a chain is evicted before its head.
+  // Deepest first: released cached blocks enter the eviction order in this
+  // order, so the tail end of a chain is evicted before its head (block_pool.h, "Chains").
   for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g]->release_table(it->second.tables[g]);
   for (const block_id b : it->second.side_blocks) group0().release(b);
   const tenant_id t = it->second.tenant;
@@ -624,6 +624,8 @@ kv_metrics kv_manager::metrics() const {
   m.n_cow_copies = n_cow_copies_;
   for (const auto& g : groups_) {
     m.n_evictions += g->n_evictions();
+    for (std::size_t r = 0; r < k_n_eviction_reasons; ++r)
+      m.n_evictions_by_reason[r] += g->n_evictions(static_cast<eviction_reason>(r));
     const block_pool& gp = g->pool();
     m.groups.push_back(kv_group_usage{kv_group_kind_name(g->kind()), g->window_tokens(), gp.n_blocks(), gp.n_used(),
                                       gp.n_cached(), gp.n_free(), g->peak_used(), g->stored_tokens_in_used(),

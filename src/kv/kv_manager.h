@@ -85,12 +85,14 @@
 //
 // Tenants and quotas (group 0). A tenant's footprint is its used blocks plus
 // its cached (ref-0, still indexed) blocks, and a quota bounds the footprint:
-// a tenant at its quota that allocates evicts its OWN least recently used
-// cached blocks first and never anyone else's: its cached blocks of the
-// class it needs are taken first, and if its footprint is still above the
-// quota, its least recently used cached blocks of other classes are evicted.
+// a tenant at its quota that allocates evicts its OWN cached blocks of least
+// worth first (the pool's eviction order, block_pool.h) and never anyone
+// else's: its cached blocks of the class it needs are taken first, and if its
+// footprint is still above the quota, its cached blocks of other classes are
+// evicted, least worth first. These evictions count as eviction_reason::quota,
+// those of a take from the class's queue as eviction_reason::capacity.
 // A tenant below its quota takes from the class's free queue: free blocks
-// first, then the least recently used cached block of that class, whoever
+// first, then the cached block of that class of least worth, whoever
 // owns it. With several classes a tenant at its quota whose own cache holds
 // no block of the class it needs takes that block like a tenant below its
 // quota and pays for it by evicting its own cached block of another class.
@@ -363,7 +365,8 @@ class kv_manager final : private kv_group_host {
   // REQUIRES: contains(seq).
   std::int32_t n_side_blocks(seq_id seq) const;
   // Drops every cached (ref-0) block from the prefix indexes (vLLM's
-  // reset_prefix_cache). Returns how many; each counts as an eviction.
+  // reset_prefix_cache). Returns how many; each counts as an eviction
+  // (eviction_reason::admin, as are the tenant's below).
   std::int32_t evict_cached_blocks();
   // The same for one tenant's cached blocks only (an admin erasing a tenant's
   // KV); 0 for a tenant never seen. Blocks its running sequences hold stay.

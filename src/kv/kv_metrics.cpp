@@ -8,6 +8,15 @@ namespace {
 double ratio(double num, double den) { return den > 0 ? num / den : 0.0; }
 }  // namespace
 
+const char* eviction_reason_name(eviction_reason r) {
+  switch (r) {
+    case eviction_reason::capacity: return "capacity";
+    case eviction_reason::quota: return "quota";
+    case eviction_reason::admin: return "admin";
+  }
+  return "unknown";
+}
+
 double kv_metrics::usage() const { return ratio(n_blocks_used, n_blocks_total); }
 
 double kv_metrics::fragmentation() const {
@@ -22,10 +31,11 @@ double kv_metrics::prefix_hit_ratio() const {
 std::string format_kv_metrics(const kv_metrics& m) {
   std::string out = fmt::format(
       "kv: {}/{} blocks used ({:.1f}%), {} cached, {} free, peak {}, frag {:.1f}%, prefix hits {}/{} tokens "
-      "({:.1f}%), {} evictions, {} preemptions, {} cow copies",
+      "({:.1f}%), {} evictions ({} capacity, {} quota, {} admin), {} preemptions, {} cow copies",
       m.n_blocks_used, m.n_blocks_total, 100.0 * m.usage(), m.n_blocks_cached, m.n_blocks_free,
       m.n_blocks_used_peak, 100.0 * m.fragmentation(), m.n_prefix_hit_tokens, m.n_prefix_query_tokens,
-      100.0 * m.prefix_hit_ratio(), m.n_evictions, m.n_preemptions, m.n_cow_copies);
+      100.0 * m.prefix_hit_ratio(), m.n_evictions, m.n_evictions_by_reason[0], m.n_evictions_by_reason[1],
+      m.n_evictions_by_reason[2], m.n_preemptions, m.n_cow_copies);
   if (m.groups.size() > 1) {
     for (std::size_t g = 1; g < m.groups.size(); ++g) {
       const kv_group_usage& k = m.groups[g];

@@ -3,12 +3,23 @@
 // text, `pagoda batch` as its summary.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace pagoda {
+
+// Why a cached block left a prefix index (kv_manager.h).
+enum class eviction_reason : std::uint8_t {
+  capacity,  // an allocation needed the block (the pool had no free one of its class)
+  quota,     // its tenant, at or above its quota, paid with its own cache
+  admin,     // dropped on request: the whole prefix cache reset, or a tenant's KV erased
+};
+inline constexpr std::size_t k_n_eviction_reasons = 3;
+// "capacity", "quota", "admin" (Prometheus label values).
+const char* eviction_reason_name(eviction_reason r);
 
 struct tenant_kv_usage {
   std::string name;  // "" is the default (global) tenant
@@ -64,6 +75,7 @@ struct kv_metrics {
   std::int64_t n_prefix_query_blocks = 0;  // full prompt blocks that could have come from the cache
   std::int64_t n_prefix_hit_blocks = 0;    // of those, found in it
   std::int64_t n_evictions = 0;            // cached blocks dropped from the indexes (every group)
+  std::array<std::int64_t, k_n_eviction_reasons> n_evictions_by_reason{};  // [eviction_reason]: sums to n_evictions
   std::int64_t n_preemptions = 0;
   std::int64_t n_cow_copies = 0;
 

@@ -18,6 +18,7 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.max_num_seqs = c.max_num_seqs;
   s.max_num_batched_tokens = c.max_num_batched_tokens;
   s.enable_prefix_caching = c.enable_prefix_caching;
+  s.prefix_cache_eviction = c.prefix_cache_eviction;
   s.block_size = c.kv.block_size;
   s.n_blocks = c.n_blocks;
   s.tenant_quota_blocks = c.tenant_quota_blocks;

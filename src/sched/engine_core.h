@@ -65,6 +65,7 @@ struct engine_core_config {
   int max_num_seqs = 64;              // sequences running at once (also the staging slots of sealed KV formats)
   int max_num_batched_tokens = 2048;  // tokens per step (decode + prompt chunks)
   bool enable_prefix_caching = true;
+  cache_eviction prefix_cache_eviction = cache_eviction::lfu;  // scheduler_config::prefix_cache_eviction
   kv_layout kv;                       // types and block size (n_layers etc. must match the model)
   std::int64_t n_blocks = 0;          // pool size in blocks (the default type's; classes have their own)
   std::vector<kv_segment_class> kv_classes;  // extra KV classes, 1, 2, ... (none: one type)

@@ -382,6 +382,10 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   cfg.max_num_seqs = opts.max_num_seqs;
   cfg.max_num_batched_tokens = opts.max_num_batched_tokens;
   cfg.enable_prefix_caching = opts.enable_prefix_caching;
+  const std::optional<cache_eviction> eviction = parse_cache_eviction(opts.prefix_cache_eviction);
+  if (!eviction)
+    return error(errc::invalid_argument, "--prefix-cache-eviction {}: expected lfu or lru", opts.prefix_cache_eviction);
+  cfg.prefix_cache_eviction = *eviction;
   cfg.tenant_quota_blocks = opts.tenant_quota_blocks;
   cfg.max_waiting = opts.max_waiting;
   if (opts.scheduling_policy != "fcfs" && opts.scheduling_policy != "cache-aware")

@@ -20,12 +20,16 @@ bool any_segment_policy(std::span<const prompt_segment> segments) {
 namespace {
 
 std::vector<kv_group_config> groups_of(const scheduler_config& c) {
-  if (!c.kv_groups.empty()) return c.kv_groups;
-  kv_group_config g;
-  g.class_blocks = c.kv_class_blocks.empty()
-                       ? std::vector<std::int32_t>{static_cast<std::int32_t>(std::clamp<std::int64_t>(c.n_blocks, 0, INT32_MAX))}
-                       : c.kv_class_blocks;
-  return {g};
+  std::vector<kv_group_config> groups = c.kv_groups;
+  if (groups.empty()) {
+    kv_group_config g;
+    g.class_blocks = c.kv_class_blocks.empty()
+                         ? std::vector<std::int32_t>{static_cast<std::int32_t>(std::clamp<std::int64_t>(c.n_blocks, 0, INT32_MAX))}
+                         : c.kv_class_blocks;
+    groups.push_back(std::move(g));
+  }
+  for (kv_group_config& g : groups) g.eviction = c.prefix_cache_eviction;
+  return groups;
 }
 
 }  // namespace

@@ -83,6 +83,9 @@ struct scheduler_config {
   int max_num_seqs = 64;              // sequences running at once
   int max_num_batched_tokens = 2048;  // tokens per step (decode + prompt chunks)
   bool enable_prefix_caching = true;
+  // The order every KV group's pool evicts cached blocks in (block_pool.h);
+  // lfu is the better on bench/scheduling_trace.py.
+  cache_eviction prefix_cache_eviction = cache_eviction::lfu;
   std::int32_t block_size = 16;
   std::int64_t n_blocks = 0;          // KV pool size in blocks
   std::map<std::string, std::int32_t> tenant_quota_blocks;

@@ -86,7 +86,14 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   w.metric("pagoda:prefix_cache_queries_total", "counter", "Prefix cache queries, in tokens.", kv.n_prefix_query_tokens);
   w.metric("pagoda:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", kv.n_prefix_hit_tokens);
   w.metric("pagoda:num_preemptions_total", "counter", "Cumulative number of preemptions.", kv.n_preemptions);
-  w.metric("pagoda:kv_cache_evictions_total", "counter", "Cached KV blocks evicted to make room.", kv.n_evictions);
+  w.metric("pagoda:kv_cache_evictions_total", "counter", "Cached KV blocks evicted (every reason).", kv.n_evictions);
+  w.family("pagoda:prefix_cache_evictions_total", "counter",
+           "Cached KV blocks evicted, by reason: capacity (an allocation needed the block), quota (a tenant at its "
+           "quota paid with its own cache), admin (a prefix cache reset or a tenant's KV erased).");
+  for (std::size_t r = 0; r < k_n_eviction_reasons; ++r)
+    w.sample("pagoda:prefix_cache_evictions_total",
+             fmt::format("reason=\"{}\"", eviction_reason_name(static_cast<eviction_reason>(r))),
+             static_cast<double>(kv.n_evictions_by_reason[r]));
   w.metric("pagoda:kv_cache_cow_copies_total", "counter", "KV blocks copied on write (n > 1 forks).", kv.n_cow_copies);
   if (kv.groups.size() > 1) {
     // KV groups (layers kept differently, e.g. sliding-window layers beside

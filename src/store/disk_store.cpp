@@ -32,6 +32,7 @@
 #include <shared_mutex>
 #include <tuple>
 
+#include "core/reuse_worth.h"
 #include "store/block_store.h"
 #include "store/lmdb_check.h"
 
@@ -533,7 +534,8 @@ class disk_store final : public block_store {
   // What put_many drops to make room, chosen from a copy of the index so
   // that index_mu_ is held only for the copy: at a sweep, every expired
   // entry; when the store would pass its cap, expired ones and then the lowest
-  // scores down to 90% of the cap with the new entries in. Score: hits, halved
+  // scores down to 90% of the cap with the new entries in. Score: the worth
+  // rule the memory tier evicts by (core/reuse_worth.h), (1 + hits) halved
   // every hour since the last use (an entry read many times a while ago
   // outranks one written once just now, and fades). n_fit: how many of the
   // fresh entries fit (all but for a batch larger than the cap).
@@ -560,7 +562,7 @@ class disk_store final : public block_store {
       const auto& [key, m] = all[i];
       if (replacing.contains(key)) continue;  // overwritten anyway
       const double age_h = static_cast<double>(std::max<std::int64_t>(now - m.last_use, 0)) / 3.6e6;
-      ranked.emplace_back(dead[i] ? -1.0 : (1.0 + m.hits) * std::exp2(-age_h), m.last_use, key, m.size);
+      ranked.emplace_back(dead[i] ? -1.0 : reuse::worth(m.hits, age_h), m.last_use, key, m.size);
     }
     std::sort(ranked.begin(), ranked.end());
     // Over the cap, a batch larger than the target is trimmed to what fits into an emptied store.

@@ -229,6 +229,26 @@ TEST(cli_batch, decode_speed_counts_the_passes_that_produced_the_tokens) {
               1e-6 * s["decode_tokens_per_s"].get<double>());
 }
 
+// --prefix-cache-eviction: both orders run and give the same greedy text; anything else is one clear error.
+TEST(cli_batch, prefix_cache_eviction_flag) {
+  const std::string in = write_temp("evict.jsonl", R"({"id":"a","prompt":"Once upon a time","max_tokens":4,"temperature":0}
+{"id":"b","prompt":"Once upon a time","max_tokens":4,"temperature":0}
+)");
+  std::vector<std::string> texts;
+  for (const char* e : {"lru", "lfu"}) {
+    auto r = run_cli("batch -m " + model_path() + " -i " + in + " --prefix-cache-eviction " + e);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    texts.push_back(r.out);
+  }
+  EXPECT_EQ(texts[0], texts[1]);
+  auto bad = run_cli("batch -m " + model_path() + " -i " + in + " --prefix-cache-eviction arc");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(bad.out.empty()) << bad.out;
+  EXPECT_NE(bad.err.find("--prefix-cache-eviction"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  std::remove(in.c_str());
+}
+
 TEST(cli_batch, missing_input_is_a_clear_error) {
   auto r = run_cli("batch -m " + model_path() + " -i /nonexistent/requests.jsonl");
   EXPECT_EQ(r.exit_code, 1);

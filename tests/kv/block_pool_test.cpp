@@ -134,6 +134,112 @@ TEST(block_pool, take_cached_of_takes_only_that_owners_lru_block) {
   expect_counts(p, 4, 2, 0);
 }
 
+// A hot chain of 3 blocks (root first) computed once and hit `hits` times,
+// released deepest first each time as kv_manager does; then a scan of
+// `scan` one-off blocks (taken, hashed, released once) through a pool of 8.
+// Returns the chain's ids; evicted: the blocks the scan's takes evicted.
+std::vector<block_id> hot_chain_then_scan(block_pool& p, int hits, int scan, std::vector<block_id>& evicted) {
+  std::vector<block_id> chain;
+  for (int i = 0; i < 3; ++i) chain.push_back(p.take(k_t0)->id);
+  for (const block_id b : chain) p.set_hashed(b);
+  for (int h = 0; h <= hits; ++h) {
+    if (h > 0)
+      for (const block_id b : chain) p.ref(b);  // a prefix hit: root to leaf
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) p.unref(*it);
+  }
+  for (int i = 0; i < scan; ++i) {
+    const auto t = p.take(k_t0);
+    EXPECT_TRUE(t.has_value());
+    if (!t) break;
+    if (t->evicted) evicted.push_back(t->id);
+    p.set_hashed(t->id);
+    p.unref(t->id);
+  }
+  return chain;
+}
+
+TEST(block_pool, a_hot_prefix_survives_a_scan_that_lru_loses) {
+  // 5 blocks besides the chain are free; the scan is 12 blocks long.
+  block_pool lru(8, cache_eviction::lru);
+  std::vector<block_id> evicted;
+  auto chain = hot_chain_then_scan(lru, 3, 12, evicted);
+  // LRU evicts the chain (leaf first) before the scan's own blocks.
+  ASSERT_EQ(evicted.size(), 7u);
+  EXPECT_EQ(std::vector<block_id>(evicted.begin(), evicted.begin() + 3),
+            (std::vector<block_id>{chain[2], chain[1], chain[0]}));
+  expect_counts(lru, 0, 8, 0);
+
+  block_pool lfu(8, cache_eviction::lfu);
+  evicted.clear();
+  chain = hot_chain_then_scan(lfu, 3, 12, evicted);
+  EXPECT_EQ(evicted.size(), 7u);
+  for (const block_id b : chain) {
+    EXPECT_EQ(std::count(evicted.begin(), evicted.end(), b), 0) << "lfu evicted " << b.value;
+    EXPECT_TRUE(lfu.is_hashed(b));
+    EXPECT_EQ(lfu.uses(b), 3);
+    EXPECT_EQ(lfu.eviction_key(b), 2);  // level floor(log2(1 + 3)) over clock 0
+  }
+  EXPECT_EQ(lfu.clock(0), 0);  // the scan passed through level 0
+  expect_counts(lfu, 0, 8, 0);
+}
+
+TEST(block_pool, chains_leave_deepest_first_under_both_orders) {
+  for (const cache_eviction e : {cache_eviction::lru, cache_eviction::lfu}) {
+    SCOPED_TRACE(cache_eviction_name(e));
+    block_pool p(8, e);
+    std::vector<block_id> evicted;
+    const auto chain = hot_chain_then_scan(p, 3, 5, evicted);  // fills the free blocks, evicts nothing
+    EXPECT_TRUE(evicted.empty());
+    // Hold the five scan blocks: the next takes must evict the chain, leaf first.
+    std::vector<block_id> held;
+    for (const block_id b : p.cached_of(k_t0))
+      if (std::find(chain.begin(), chain.end(), b) == chain.end()) held.push_back(b);
+    for (const block_id b : held) p.ref(b);
+    for (int i = 2; i >= 0; --i) {
+      const auto t = p.take(k_t1);
+      ASSERT_TRUE(t.has_value());
+      EXPECT_TRUE(t->evicted);
+      EXPECT_EQ(t->id, chain[static_cast<std::size_t>(i)]);
+    }
+    if (e == cache_eviction::lfu) {
+      EXPECT_EQ(p.clock(0), 2);  // the clock moved up to the chain's key
+    }
+    expect_counts(p, 8, 0, 0);
+  }
+}
+
+TEST(block_pool, lfu_take_cached_of_takes_the_owners_least_worth_block) {
+  block_pool p(6, cache_eviction::lfu);
+  std::vector<block_id> b;
+  for (int i = 0; i < 6; ++i) b.push_back(p.take(i < 4 ? k_t0 : k_t1)->id);
+  for (const block_id x : b) p.set_hashed(x);
+  // t0: block 0 hit 3 times (level 2), block 1 once (level 1), blocks 2 and 3
+  // never (level 0); t1's blocks never. Released 0, 1, 4, 2, 3, 5.
+  for (int h = 0; h < 3; ++h) p.ref(b[0]);
+  p.ref(b[1]);
+  for (const int i : {0, 0, 0, 0}) p.unref(b[static_cast<std::size_t>(i)]);
+  for (const int i : {1, 1, 4, 2, 3, 5}) p.unref(b[static_cast<std::size_t>(i)]);
+  EXPECT_EQ(ids(p.cached_of(k_t0)), (std::vector<std::int32_t>{2, 3, 1, 0}));
+  EXPECT_EQ(ids(p.free_queue()), (std::vector<std::int32_t>{4, 2, 3, 5, 1, 0}));
+  EXPECT_EQ(p.next_cached_of(k_t0), block_id(2));
+  EXPECT_EQ(p.take_cached_of(k_t0)->id.value, 2);
+  EXPECT_EQ(p.take_cached_of(k_t0)->id.value, 3);
+  EXPECT_EQ(p.take_cached_of(k_t0)->id.value, 1);
+  EXPECT_EQ(p.next_cached_of(k_t0), block_id(0));
+  EXPECT_EQ(p.take_cached_of(k_t0)->id.value, 0);
+  EXPECT_FALSE(p.take_cached_of(k_t0).has_value());
+  EXPECT_EQ(p.clock(0), 0);  // an owner paying with its own cache leaves the clock alone
+  EXPECT_EQ(ids(p.cached_of(k_t1)), (std::vector<std::int32_t>{4, 5}));
+  expect_counts(p, 4, 2, 0);
+}
+
+TEST(block_pool, eviction_names_parse_back) {
+  for (const cache_eviction e : {cache_eviction::lru, cache_eviction::lfu})
+    EXPECT_EQ(parse_cache_eviction(cache_eviction_name(e)), e);
+  EXPECT_FALSE(parse_cache_eviction("arc").has_value());
+  EXPECT_FALSE(parse_cache_eviction("").has_value());
+}
+
 TEST(block_pool, drop_hash_turns_a_cached_block_free_at_the_head) {
   block_pool p(3);
   const block_id a = p.take(k_t0)->id;
@@ -147,7 +253,7 @@ TEST(block_pool, drop_hash_turns_a_cached_block_free_at_the_head) {
   EXPECT_EQ(queue_of(p), (std::vector<std::int32_t>{1, 2, 0}));
   EXPECT_FALSE(p.is_hashed(b));
   EXPECT_FALSE(p.owner(b).valid());
-  EXPECT_EQ(p.oldest_cached_of(k_t0), a);
+  EXPECT_EQ(p.next_cached_of(k_t0), a);
   expect_counts(p, 0, 1, 2);
 }
 
@@ -232,16 +338,16 @@ TEST(block_pool, cached_lists_are_per_owner_and_class_and_oldest_spans_classes) 
   EXPECT_EQ(ids(p.cached_of(k_t0)), (std::vector<std::int32_t>{0, 1, 4, 5}));
   EXPECT_EQ(p.n_cached(k_t0), 4);
   EXPECT_EQ(p.n_used(k_t0), 2);
-  EXPECT_EQ(p.oldest_cached_of(k_t0), block_id(4));  // released first, in class 1
+  EXPECT_EQ(p.next_cached_of(k_t0), block_id(4));  // released first, in class 1
 
   EXPECT_EQ(p.take_cached_of(k_t0, 0)->id.value, 0);
-  EXPECT_EQ(p.oldest_cached_of(k_t0), block_id(4));
+  EXPECT_EQ(p.next_cached_of(k_t0), block_id(4));
   EXPECT_EQ(p.take_cached_of(k_t0, 1)->id.value, 4);
-  EXPECT_EQ(p.oldest_cached_of(k_t0), block_id(5));  // 5 was released before 1
+  EXPECT_EQ(p.next_cached_of(k_t0), block_id(5));  // 5 was released before 1
   EXPECT_EQ(p.take_cached_of(k_t0, 1)->id.value, 5);
   EXPECT_FALSE(p.take_cached_of(k_t0, 1).has_value());
-  EXPECT_EQ(p.oldest_cached_of(k_t0), block_id(1));
-  EXPECT_FALSE(p.oldest_cached_of(k_t1).has_value());
+  EXPECT_EQ(p.next_cached_of(k_t0), block_id(1));
+  EXPECT_FALSE(p.next_cached_of(k_t1).has_value());
   expect_counts(p, 5, 1, 0);
 }
 
@@ -268,127 +374,182 @@ TEST(block_pool_death, out_of_range_class_aborts) {
   EXPECT_DEATH((void)block_pool(std::vector<std::int32_t>{}), "classes");
 }
 
-// A plain reference model of the queues: a deque per class, with O(n) removal.
+// A plain reference model of the eviction order, O(n) everywhere: per class a
+// deque of free blocks and a clock; cached blocks ordered by (key, release).
 struct model_pool {
   struct blk {
     int ref = 0;
     bool hashed = false;
     int owner = -1;
     int cls = 0;
+    int uses = 0;
+    std::int64_t key = 0;
     std::uint64_t released = 0;  // when it was last released as cached
   };
+  cache_eviction eviction;
   std::vector<blk> blocks;
-  std::vector<std::deque<int>> queues;  // [class]
+  std::vector<std::deque<int>> free;  // [class]
+  std::vector<std::int64_t> clock;    // [class]
   std::uint64_t n_releases = 0;
 
-  explicit model_pool(const std::vector<std::int32_t>& sizes) : queues(sizes.size()) {
+  model_pool(const std::vector<std::int32_t>& sizes, cache_eviction e)
+      : eviction(e), free(sizes.size()), clock(sizes.size(), 0) {
     for (std::size_t c = 0; c < sizes.size(); ++c) {
       for (int k = 0; k < sizes[c]; ++k) {
-        queues[c].push_back(static_cast<int>(blocks.size()));
+        free[c].push_back(static_cast<int>(blocks.size()));
         blocks.push_back(blk{.cls = static_cast<int>(c)});
       }
     }
   }
-  std::deque<int>& queue_of_block(int i) { return queues[static_cast<std::size_t>(blocks[static_cast<std::size_t>(i)].cls)]; }
-  void remove(int i) {
-    auto& q = queue_of_block(i);
-    q.erase(std::find(q.begin(), q.end(), i));
+  blk& at(int i) { return blocks[static_cast<std::size_t>(i)]; }
+  bool cached(const blk& b) const { return b.ref == 0 && b.hashed; }
+  bool before(int a, int b) const {  // a leaves before b (same class)
+    const blk &x = blocks[static_cast<std::size_t>(a)], &y = blocks[static_cast<std::size_t>(b)];
+    return x.key != y.key ? x.key < y.key : x.released < y.released;
+  }
+  std::vector<int> cached_order(std::size_t c, int owner = -1) const {
+    std::vector<int> out;
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      if (cached(blocks[i]) && blocks[i].cls == static_cast<int>(c) && (owner < 0 || blocks[i].owner == owner))
+        out.push_back(static_cast<int>(i));
+    std::sort(out.begin(), out.end(), [&](int a, int b) { return before(a, b); });
+    return out;
+  }
+  std::vector<std::int32_t> order(std::size_t c) const {
+    std::vector<std::int32_t> out(free[c].begin(), free[c].end());
+    for (const int i : cached_order(c)) out.push_back(i);
+    return out;
   }
   int claim(int i, int owner) {
-    remove(i);
-    blk& b = blocks[static_cast<std::size_t>(i)];
-    b = blk{1, false, owner, b.cls};
+    blk& b = at(i);
+    if (!b.hashed) {
+      auto& q = free[static_cast<std::size_t>(b.cls)];
+      q.erase(std::find(q.begin(), q.end(), i));
+    }
+    b = blk{.ref = 1, .owner = owner, .cls = b.cls};
     return i;
   }
-  int oldest_cached_of(int owner) const {
+  int take(int owner, std::size_t c) {
+    if (!free[c].empty()) return claim(free[c].front(), owner);
+    const auto order = cached_order(c);
+    if (order.empty()) return -1;
+    clock[c] = at(order.front()).key;
+    return claim(order.front(), owner);
+  }
+  int take_cached_of(int owner, std::size_t c) {
+    const auto order = cached_order(c, owner);
+    return order.empty() ? -1 : claim(order.front(), owner);
+  }
+  void ref(int i) {
+    blk& b = at(i);
+    if (b.hashed) b.uses = std::min(b.uses + 1, 7);
+    ++b.ref;
+  }
+  void unref(int i) {
+    blk& b = at(i);
+    if (--b.ref > 0) return;
+    if (b.hashed) {
+      const int level = b.uses >= 7 ? 3 : b.uses >= 3 ? 2 : b.uses >= 1 ? 1 : 0;
+      b.key = clock[static_cast<std::size_t>(b.cls)] + (eviction == cache_eviction::lfu ? level : 0);
+      b.released = ++n_releases;
+    } else {
+      free[static_cast<std::size_t>(b.cls)].push_front(i);
+      b.owner = -1;
+    }
+  }
+  void drop_hash(int i) {
+    blk& b = at(i);
+    b.hashed = false;
+    b.owner = -1;
+    free[static_cast<std::size_t>(b.cls)].push_front(i);
+  }
+  int next_cached_of(int owner) const {
     int best = -1;
+    std::int64_t best_rel = 0;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const blk& b = blocks[i];
-      if (b.ref == 0 && b.hashed && b.owner == owner &&
-          (best < 0 || b.released < blocks[static_cast<std::size_t>(best)].released))
+      if (!cached(b) || b.owner != owner) continue;
+      const std::int64_t rel = b.key - clock[static_cast<std::size_t>(b.cls)];
+      if (best < 0 || rel < best_rel || (rel == best_rel && b.released < blocks[static_cast<std::size_t>(best)].released)) {
         best = static_cast<int>(i);
+        best_rel = rel;
+      }
     }
     return best;
   }
-  std::vector<std::int32_t> order(std::size_t c) const { return {queues[c].begin(), queues[c].end()}; }
 };
 
-void run_against_model(const std::vector<std::int32_t>& sizes, std::uint32_t seed) {
+// max_clock (if given): the highest clock a class reached (0 under lru).
+void run_against_model(const std::vector<std::int32_t>& sizes, std::uint32_t seed,
+                       cache_eviction eviction = cache_eviction::lru, std::int64_t* max_clock = nullptr) {
   std::mt19937 rng(seed);
-  block_pool p(sizes);
-  model_pool m(sizes);
+  block_pool p(sizes, eviction);
+  model_pool m(sizes, eviction);
   const int n = p.n_blocks();
   const auto n_classes = static_cast<std::uint32_t>(sizes.size());
   for (int step = 0; step < 3000; ++step) {
-    const int op = static_cast<int>(rng() % 6);
+    // Refs (ops 2 and 6) come twice as often as the rest, so that blocks climb levels and clocks move.
+    const int op = static_cast<int>(rng() % 7);
     const int i = static_cast<int>(rng() % static_cast<std::uint32_t>(n));
     const auto cls = static_cast<std::int32_t>(rng() % n_classes);
-    auto& q = m.queues[static_cast<std::size_t>(cls)];
-    auto& mb = m.blocks[static_cast<std::size_t>(i)];
+    auto& mb = m.at(i);
     const block_id b(i);
     const tenant_id owner(static_cast<std::int32_t>(rng() % 3));
     if (op == 0) {
       const auto t = p.take(owner, cls);
-      ASSERT_EQ(t.has_value(), !q.empty());
-      if (t) {
-        const int expect = q.front();
-        const bool was_hashed = m.blocks[static_cast<std::size_t>(expect)].hashed;
-        ASSERT_EQ(t->id.value, expect);
-        ASSERT_EQ(t->evicted, was_hashed);
-        m.claim(expect, owner.value);
-      }
-    } else if (op == 1) {
-      const auto t = p.take_cached_of(owner, cls);
-      int expect = -1;
-      for (const int k : q) {
-        const auto& qb = m.blocks[static_cast<std::size_t>(k)];
-        if (qb.hashed && qb.owner == owner.value) {
-          expect = k;
-          break;
-        }
-      }
+      const bool was_hashed = m.free[static_cast<std::size_t>(cls)].empty();  // else a free block goes first
+      const int expect = m.take(owner.value, static_cast<std::size_t>(cls));
       ASSERT_EQ(t.has_value(), expect >= 0);
       if (t) {
         ASSERT_EQ(t->id.value, expect);
-        m.claim(expect, owner.value);
+        ASSERT_EQ(t->evicted, was_hashed);
       }
-    } else if (op == 2 && (mb.ref > 0 || mb.hashed)) {
+    } else if (op == 1) {
+      const auto t = p.take_cached_of(owner, cls);
+      const int expect = m.take_cached_of(owner.value, static_cast<std::size_t>(cls));
+      ASSERT_EQ(t.has_value(), expect >= 0);
+      if (t) {
+        ASSERT_EQ(t->id.value, expect);
+      }
+    } else if ((op == 2 || op == 6) && (mb.ref > 0 || mb.hashed)) {
       p.ref(b);
-      if (mb.ref == 0) m.remove(i);
-      ++mb.ref;
+      m.ref(i);
     } else if (op == 3 && mb.ref > 0) {
       p.unref(b);
-      if (--mb.ref == 0) {
-        if (mb.hashed) {
-          m.queue_of_block(i).push_back(i);
-          mb.released = ++m.n_releases;
-        } else {
-          m.queue_of_block(i).push_front(i);
-          mb.owner = -1;
-        }
-      }
+      m.unref(i);
     } else if (op == 4 && mb.ref > 0 && !mb.hashed) {
       p.set_hashed(b);
       mb.hashed = true;
+      mb.uses = 0;
     } else if (op == 5 && mb.ref == 0 && mb.hashed) {
       p.drop_hash(b);
-      m.remove(i);
-      m.queue_of_block(i).push_front(i);
-      mb.hashed = false;
-      mb.owner = -1;
+      m.drop_hash(i);
     }
     const status st = p.check_invariants();
     ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.message();
-    for (std::size_t c = 0; c < sizes.size(); ++c)
+    for (std::size_t c = 0; c < sizes.size(); ++c) {
       ASSERT_EQ(ids(p.free_queue(static_cast<std::int32_t>(c))), m.order(c)) << "step " << step << " class " << c;
-    const auto oldest = p.oldest_cached_of(owner);
-    ASSERT_EQ(oldest ? oldest->value : -1, m.oldest_cached_of(owner.value)) << "step " << step;
+      ASSERT_EQ(p.clock(static_cast<std::int32_t>(c)), m.clock[c]) << "step " << step << " class " << c;
+      for (int t = 0; t < 3; ++t) {
+        std::vector<std::int32_t> expect;
+        for (const int k : m.cached_order(c, t)) expect.push_back(k);
+        ASSERT_EQ(ids(p.cached_of(tenant_id(t), static_cast<std::int32_t>(c))), expect) << "step " << step;
+      }
+    }
+    const auto next = p.next_cached_of(owner);
+    ASSERT_EQ(next ? next->value : -1, m.next_cached_of(owner.value)) << "step " << step;
     for (int k = 0; k < n; ++k) {
-      ASSERT_EQ(p.ref_count(block_id(k)), m.blocks[static_cast<std::size_t>(k)].ref);
-      ASSERT_EQ(p.is_hashed(block_id(k)), m.blocks[static_cast<std::size_t>(k)].hashed);
-      ASSERT_EQ(p.owner(block_id(k)).value, m.blocks[static_cast<std::size_t>(k)].owner);
+      const auto& x = m.blocks[static_cast<std::size_t>(k)];
+      ASSERT_EQ(p.ref_count(block_id(k)), x.ref);
+      ASSERT_EQ(p.is_hashed(block_id(k)), x.hashed);
+      ASSERT_EQ(p.owner(block_id(k)).value, x.owner);
+      ASSERT_EQ(p.uses(block_id(k)), x.uses) << "block " << k << " step " << step;
+      if (x.ref == 0 && x.hashed) {
+        ASSERT_EQ(p.eviction_key(block_id(k)), x.key) << "block " << k;
+      }
     }
   }
+  if (max_clock) *max_clock = *std::max_element(m.clock.begin(), m.clock.end());
 }
 
 TEST(block_pool, random_operations_match_a_reference_model) {
@@ -405,6 +566,21 @@ TEST(block_pool, random_operations_with_classes_match_a_reference_model) {
     run_against_model({5, 4, 3}, seed);
     if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// The same under lfu: per class and per owner, every order, clock, key and use count as the model says.
+TEST(block_pool, lfu_random_operations_match_a_reference_model) {
+  std::int64_t max_clock = 0;  // the clocks moved: blocks of several levels were evicted
+  for (std::uint32_t seed = 1; seed <= 10; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    for (const auto& sizes : {std::vector<std::int32_t>{12}, std::vector<std::int32_t>{5, 4, 3}}) {
+      std::int64_t clock = 0;
+      run_against_model(sizes, seed, cache_eviction::lfu, &clock);
+      if (::testing::Test::HasFatalFailure()) return;
+      max_clock = std::max(max_clock, clock);
+    }
+  }
+  EXPECT_GE(max_clock, 2);
 }
 
 }  // namespace

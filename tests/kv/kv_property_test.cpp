@@ -67,6 +67,7 @@ struct scenario {
   std::int32_t window_blocks = 0;  // > 0: a window group of that many blocks per class beside a full group; 0: group 0 slides
   std::vector<std::int32_t> classes = {};  // group 0's blocks of each KV class; empty: one class
   bool sealed = false;  // a sealed int4 storage beside the simulated tensors (one group, one class)
+  cache_eviction eviction = cache_eviction::lru;  // every group's (seeds of the second round: lfu)
 };
 
 scenario scenario_for(std::uint32_t seed) {
@@ -84,12 +85,15 @@ scenario scenario_for(std::uint32_t seed) {
                                          {3, 52, true, 7, 10, {32, 20}},
                                          {4, 48, true, 0, 0, {}, true},
                                          {3, 64, true, 0, 0, {}, true}};
-  return k_scenarios[seed % std::size(k_scenarios)];
+  scenario sc = k_scenarios[seed % std::size(k_scenarios)];
+  if ((seed / std::size(k_scenarios)) % 2 == 1) sc.eviction = cache_eviction::lfu;
+  return sc;
 }
 
 std::vector<kv_group_config> groups_of(const scenario& sc) {
   kv_group_config main;
   main.class_blocks = sc.classes.empty() ? std::vector<std::int32_t>{sc.n_blocks} : sc.classes;
+  main.eviction = sc.eviction;
   if (sc.window_tokens > 0 && sc.window_blocks == 0) {
     main.kind = kv_group_kind::sliding_window;
     main.window_tokens = sc.window_tokens;
@@ -99,6 +103,7 @@ std::vector<kv_group_config> groups_of(const scenario& sc) {
   window.kind = kv_group_kind::sliding_window;
   window.window_tokens = sc.window_tokens;
   window.class_blocks.assign(main.class_blocks.size(), sc.window_blocks);
+  window.eviction = sc.eviction;
   return {main, window};
 }
 
@@ -895,7 +900,7 @@ TEST_P(kv_property, random_operations_keep_every_invariant) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " block_size " << sc.block_size << " n_blocks "
                                     << sc.n_blocks << " prefix_caching " << sc.prefix_caching << " window "
                                     << sc.window_tokens << " window blocks " << sc.window_blocks << " classes "
-                                    << sc.classes.size());
+                                    << sc.classes.size() << " eviction " << cache_eviction_name(sc.eviction));
   harness h(seed, sc);
   h.run(5000);
 }

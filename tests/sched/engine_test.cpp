@@ -1038,6 +1038,27 @@ TEST(engine_kv_classes, each_class_is_its_own_pool) {
   EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
 }
 
+// --prefix-cache-eviction reaches every KV group's pool; lfu by default; a bad value is an error that names the flag.
+TEST(engine, prefix_cache_eviction_reaches_the_pool) {
+  engine_config opts;
+  opts.max_num_seqs = 2;
+  opts.n_ctx = 128;
+  for (const auto& [name, e] : {std::pair{"", cache_eviction::lfu}, std::pair{"lru", cache_eviction::lru},
+                                std::pair{"lfu", cache_eviction::lfu}}) {
+    if (*name) opts.prefix_cache_eviction = name;
+    auto cfg = make_engine_core_config(stories(), opts);
+    ASSERT_TRUE(cfg.ok()) << cfg.error().message();
+    EXPECT_EQ(cfg->prefix_cache_eviction, e) << name;
+    auto core = engine_core::create(stories(), *cfg);
+    ASSERT_TRUE(core.ok()) << core.error().message();
+    for (std::int32_t g = 0; g < (*core)->kv().n_groups(); ++g) EXPECT_EQ((*core)->kv().group(g).pool().eviction(), e);
+  }
+  opts.prefix_cache_eviction = "arc";
+  auto bad = make_engine_core_config(stories(), opts);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message(), "--prefix-cache-eviction arc: expected lfu or lru");
+}
+
 // --kv-segment-dtype: the pool's bytes shared out by fraction; bad values refused.
 TEST(engine_kv_classes, segment_dtypes_share_the_kv_cache_size) {
   engine_config opts;

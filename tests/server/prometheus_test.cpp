@@ -23,6 +23,17 @@ TEST(prometheus, renders_side_memory) {
   EXPECT_EQ(test::metric(m, "pagoda:tenant_kv_blocks{tenant=\"alice\",state=\"side\"}"), 2);
 }
 
+TEST(prometheus, renders_evictions_by_reason) {
+  engine_snapshot s;
+  s.kv.n_evictions = 9;
+  s.kv.n_evictions_by_reason = {5, 3, 1};  // capacity, quota, admin
+  auto m = test::parse_metrics(render_metrics(s, {}, "m"));
+  EXPECT_EQ(test::metric(m, "pagoda:kv_cache_evictions_total"), 9);
+  EXPECT_EQ(test::metric(m, "pagoda:prefix_cache_evictions_total{reason=\"capacity\"}"), 5);
+  EXPECT_EQ(test::metric(m, "pagoda:prefix_cache_evictions_total{reason=\"quota\"}"), 3);
+  EXPECT_EQ(test::metric(m, "pagoda:prefix_cache_evictions_total{reason=\"admin\"}"), 1);
+}
+
 TEST(prometheus, renders_every_series) {
   engine_snapshot s;
   s.kv.n_blocks_total = 10;
