@@ -22,22 +22,23 @@
 //     token, logprobs of all 512 tokens): the next-token distribution at the
 //     end of the prompt and at every position of C.
 // KL(reference || other) and top-1 agreement at the end of the prompt and
-// over the positions of C, and the perplexity of C. TTFT: wall time from
-// add_request to the first token, the best of --reps, chunks cached (the RAG
-// steady state), against the reference's full prefill.
+// over the positions of C, and the perplexity of C. TTFT: process CPU time
+// and wall time from add_request to the first token, the best of --reps,
+// chunks cached (the RAG steady state), against the reference's full prefill
+// (CPU time is what a machine loaded by other work does not inflate).
 //
 // ttft: a synth model (pagoda synth); n chunks of random tokens and a
 // 16-token question. Each round: a full prefill (engine without prefix
 // caching), then on the chunk-reuse engine: the chunks new (cold: they are
-// computed alone first), then the same chunks shuffled with another question
-// at each recompute fraction (warm). f16 KV, 2 threads, the default step of
-// 2048 tokens.
+// computed alone first; with --cold 0 an untimed request computes them),
+// then the same chunks shuffled with another question at each recompute
+// fraction (warm). f16 KV, 2 threads, the default step of 2048 tokens.
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
