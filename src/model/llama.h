@@ -217,7 +217,11 @@ class llama_context {
   // new token if all_logits, else one row for its last token; [rows][n_vocab].
   // n_layers > 0: only the first n_layers layers run (and write K/V), then the
   // final norm and the output head (an early-exit draft); 0: every layer.
-  status forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers = 0);
+  // kv_only: the last layer run stops once its K/V are written (no attention,
+  // FFN or output head; logits come back empty): what chunk reuse's selection
+  // pass needs of the layer it compares (cpu_runner_blend.cpp).
+  status forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers = 0,
+                 bool kv_only = false);
 
   const llama_model& model() const { return model_; }
   kv_backend& kv() { return kv_; }

@@ -145,7 +145,8 @@ int n_kv_of(const forward_seq& s, int first, int n) { return s.slots.empty() ? s
 
 }  // namespace
 
-status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers) {
+status llama_context::forward(std::span<const forward_seq> seqs, std::vector<float>& logits, int n_layers,
+                              bool kv_only) {
   const llama_hparams& hp = model_.hparams();
   const kv_layout& layout = kv_.layout();
   if (layout.n_model_layers() != hp.n_layer || layout.n_kv_heads != hp.n_head_kv || layout.head_dim != hp.head_dim)
@@ -326,24 +327,25 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     // K/V projections writes nothing either: its KV comes from elsewhere.
     const int kvl = layout.kv_layer_of(l);
     const bool computes_kv = layout.writes_kv(l) && L.wk.data != nullptr;
-    matmul(L.wq, xn, n_tok, q, pool_, mm_scratch_);
+    const bool last_kv_only = kv_only && l == n_run - 1;  // its K/V, nothing after them
+    if (!last_kv_only) matmul(L.wq, xn, n_tok, q, pool_, mm_scratch_);
     if (computes_kv) {
       matmul(L.wk, xn, n_tok, k, pool_, mm_scratch_);
       matmul(L.wv, xn, n_tok, v, pool_, mm_scratch_);
     }
     for (int i = 0; i < n_tok; ++i) {
-      if (!L.bq.empty()) add_inplace(q + static_cast<std::size_t>(i) * QD, L.bq.data(), QD);
+      if (!L.bq.empty() && !last_kv_only) add_inplace(q + static_cast<std::size_t>(i) * QD, L.bq.data(), QD);
       if (!L.bk.empty() && computes_kv) {
         add_inplace(k + static_cast<std::size_t>(i) * KVD, L.bk.data(), KVD);
         add_inplace(v + static_cast<std::size_t>(i) * KVD, L.bv.data(), KVD);
       }
-      if (!L.q_norm.empty())  // per head, before RoPE
+      if (!L.q_norm.empty() && !last_kv_only)  // per head, before RoPE
         rms_norm_rows(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, L.q_norm, hp.rms_eps);
       if (!L.k_norm.empty() && computes_kv)
         rms_norm_rows(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, L.k_norm, hp.rms_eps);
       const float* ct = &rope.cos_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
       const float* st = &rope.sin_t[static_cast<std::size_t>(i) * hp.rope_dim / 2];
-      apply_rope(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, hp.rope_dim, hp.rope_neox, ct, st);
+      if (!last_kv_only) apply_rope(q + static_cast<std::size_t>(i) * QD, hp.n_head, HD, hp.rope_dim, hp.rope_neox, ct, st);
       if (computes_kv)
         apply_rope(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, hp.rope_dim, hp.rope_neox, ct, st);
     }
@@ -376,6 +378,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         row0 += n;
       }
     }
+    if (last_kv_only) break;
     auto attend = [&](int ith, int nth) {
       std::size_t b, e;
       split_range(items.size(), ith, nth, 1, b, e);
@@ -455,6 +458,10 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     add_inplace(x, tmp, static_cast<std::int64_t>(n_tok) * E);
   }
 
+  if (kv_only) {
+    logits.clear();
+    return {};
+  }
   // Final norm and logits only for the rows asked for.
   {
     int i = 0, r = 0;

@@ -4,9 +4,10 @@
 //   - every token that is not imported, and the step's last (its logits);
 //   - of the imported ones, the `recompute` fraction whose K and V deviate
 //     most from their values in context at the selection layer. To know
-//     that deviation, the first layers up to it run over every token of the
-//     step first (a forward pass of those layers alone), which also leaves
-//     their K/V exact for every token;
+//     that deviation, the layers before it run over every token of the step
+//     first, and the selection layer computes only its K/V (a forward pass
+//     of those layers alone, kv_only), which also leaves the K/V of those
+//     layers exact for every token;
 // then the step's forward pass runs those tokens in place through every
 // layer (forward_seq::slots): each reads the imported K/V of the tokens not
 // recomputed and the recomputed K/V of those before it.
@@ -83,7 +84,7 @@ status cpu_runner::blend(const step_plan& plan) {
       tables_.resize(1);
       tables_[0].assign(s.tables.begin(), s.tables.end());
       f.tables = tables_[0];
-      PAGODA_RETURN_IF_ERROR(ctx_.forward(std::span<const forward_seq>(&f, 1), logits_, model_layer + 1));
+      PAGODA_RETURN_IF_ERROR(ctx_.forward(std::span<const forward_seq>(&f, 1), logits_, model_layer + 1, /*kv_only=*/true));
       read_slots(kv_, kvl, table, n_slots, slots, blend_after_);
       const std::size_t per_slot = blend_before_.size() / std::max<std::size_t>(slots.size(), 1);
       std::vector<double> dev(imported.size(), 0.0);

@@ -173,5 +173,60 @@ TEST(llama, f16_kv_close_to_f32) {
   EXPECT_GT(max_diff, 0.0);  // f16 really is a different storage
 }
 
+// Chunk reuse's two forward modes. In place (forward_seq::slots): rows that
+// rewrite stored slots with what those slots already hold read the cache as
+// a plain prefill left it, so their logits are the prefill's. kv_only: the
+// last layer run writes its K/V and stops, the K/V a full pass writes there.
+TEST(llama, in_place_rows_and_kv_only_layers_match_a_plain_prefill) {
+  harness h;
+  auto ids = story_tokens(*h.model, 80);
+  auto blocks = harness::table(0, 5);
+  std::vector<float> whole, logits;
+  forward_seq s = forward_seq::consecutive(ids, 0, blocks, true);
+  ASSERT_TRUE(h.ctx->forward({&s, 1}, whole).ok());
+  const int V = h.model->hparams().n_vocab;
+  const std::vector<std::int32_t> slots = {3, 17, 18, 40, 79};
+  std::vector<token_id> rows;
+  for (std::int32_t t : slots) rows.push_back(ids[static_cast<std::size_t>(t)]);
+  forward_seq r;
+  r.tokens = rows;
+  r.slots = slots;
+  r.n_stored = 80;
+  r.blocks = blocks;
+  r.all_logits = true;
+  ASSERT_TRUE(h.ctx->forward({&r, 1}, logits).ok());
+  ASSERT_EQ(logits.size(), slots.size() * static_cast<std::size_t>(V));
+  for (std::size_t j = 0; j < slots.size(); ++j)
+    for (int v = 0; v < V; ++v)
+      ASSERT_NEAR(logits[j * V + v], whole[static_cast<std::size_t>(slots[j]) * V + v], 1e-4f) << "slot " << slots[j];
+
+  // kv_only through layer 1 on another table: layer 1's K/V equal the full pass's.
+  auto other = harness::table(8, 5);
+  forward_seq k = forward_seq::consecutive(ids, 0, other, false);
+  ASSERT_TRUE(h.ctx->forward({&k, 1}, logits, 2, /*kv_only=*/true).ok());
+  EXPECT_TRUE(logits.empty());
+  const kv_layout& lay = h.kv->layout();
+  std::vector<float> a(static_cast<std::size_t>(lay.head_dim)), b(a.size());
+  for (int role = 0; role < 2; ++role) {
+    const paged_kv_view va = role ? h.kv->v_view(1, blocks, 80) : h.kv->k_view(1, blocks, 80);
+    const paged_kv_view vb = role ? h.kv->v_view(1, other, 80) : h.kv->k_view(1, other, 80);
+    for (int t = 0; t < 80; t += 13)
+      for (int hh = 0; hh < lay.n_kv_heads; ++hh) {
+        va.codec_of(t / 16)->decode(va.format_of(t / 16), va.shape, va.params_of(t / 16, hh), va.tile(t / 16, hh), t % 16, 1, a.data());
+        vb.codec_of(t / 16)->decode(vb.format_of(t / 16), vb.shape, vb.params_of(t / 16, hh), vb.tile(t / 16, hh), t % 16, 1, b.data());
+        for (int d = 0; d < lay.head_dim; ++d) ASSERT_FLOAT_EQ(a[d], b[d]) << "role " << role << " slot " << t;
+      }
+  }
+  // Bad in-place steps are refused: a slot past the stored ones, slots out of order.
+  const std::vector<std::int32_t> past = {80}, unordered = {5, 4};
+  forward_seq bad = r;
+  bad.tokens = std::span(rows).first(1);
+  bad.slots = past;
+  EXPECT_FALSE(h.ctx->forward({&bad, 1}, logits).ok());
+  bad.tokens = std::span(rows).first(2);
+  bad.slots = unordered;
+  EXPECT_FALSE(h.ctx->forward({&bad, 1}, logits).ok());
+}
+
 }  // namespace
 }  // namespace pagoda
