@@ -117,6 +117,10 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"prefix_hit_rate", kv.prefix_hit_ratio()},
           {"preemptions", kv.n_preemptions},
           {"evictions", kv.n_evictions},
+          // Flat, as every field of the summary (one line of JSON that scripts cut at its last '{').
+          {"evictions_capacity", kv.n_evictions_by_reason[static_cast<std::size_t>(eviction_reason::capacity)]},
+          {"evictions_quota", kv.n_evictions_by_reason[static_cast<std::size_t>(eviction_reason::quota)]},
+          {"evictions_admin", kv.n_evictions_by_reason[static_cast<std::size_t>(eviction_reason::admin)]},
           {"cow_copies", kv.n_cow_copies},
           {"policy_compactions", st.n_policy_compactions},
           {"policy_evicted_slots", st.n_policy_evicted_slots},

@@ -241,6 +241,20 @@ TEST(cli_batch, prefix_cache_eviction_flag) {
     texts.push_back(r.out);
   }
   EXPECT_EQ(texts[0], texts[1]);
+  // In a pool of three blocks, each new prompt evicts the one before: the summary splits evictions by reason.
+  const std::string tight = write_temp("evict_tight.jsonl", R"({"id":"a","prompt":"Once upon a time there was a little girl named Lily who loved the park","max_tokens":4,"temperature":0}
+{"id":"b","prompt":"Tom was a happy boy who liked to help his mom in the kitchen every day","max_tokens":4,"temperature":0}
+{"id":"c","prompt":"A small bird lived in a nest on a tall tree and sang to the sun","max_tokens":4,"temperature":0}
+)");
+  auto t = run_cli("batch -m " + model_path() + " -i " + tight + " --max-kv-tokens 48 --max-num-seqs 1 --json-summary");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  const json s = json::parse(t.err.substr(t.err.rfind('{')));
+  EXPECT_EQ(s["errors"].get<int>(), 0) << s;
+  EXPECT_GT(s["evictions"].get<int>(), 0) << s;
+  EXPECT_EQ(s["evictions_capacity"].get<int>(), s["evictions"].get<int>()) << s;
+  EXPECT_EQ(s["evictions_quota"].get<int>(), 0) << s;
+  EXPECT_EQ(s["evictions_admin"].get<int>(), 0) << s;
+  std::remove(tight.c_str());
   auto bad = run_cli("batch -m " + model_path() + " -i " + in + " --prefix-cache-eviction arc");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_TRUE(bad.out.empty()) << bad.out;
