@@ -16,6 +16,7 @@
 // A chunk whose blocks left the cache between its computation and the
 // import (memory pressure) is computed in context like any other text.
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>

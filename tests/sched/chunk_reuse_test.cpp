@@ -269,6 +269,26 @@ TEST(chunk_reuse, completions_fork_from_a_blended_prompt) {
   EXPECT_EQ(blended->kv_stats().n_blocks_used, 0) << "blocks leaked";
 }
 
+// Under memory pressure sequences are preempted, after their chunks were
+// imported too: they import again (or compute) when they run again, finish
+// with their tokens, and leave nothing behind.
+TEST(chunk_reuse, preempted_requests_import_again_and_finish) {
+  engine_config c = options();
+  c.max_kv_tokens = 448;
+  auto e = engine(c);
+  ASSERT_TRUE(e);
+  std::vector<request> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(rag("p" + std::to_string(i), {i % 3, (i + 2) % 3}, 0.15f, 40));
+  const auto got = run(*e, reqs);
+  EXPECT_GT(e->kv_stats().n_preemptions, 0) << "the pool was large enough: nothing was preempted";
+  for (const auto& [id, r] : got) {
+    EXPECT_TRUE(r.error.empty()) << id << ": " << r.error;
+    EXPECT_EQ(r.tokens.size(), 40u) << id;
+  }
+  EXPECT_EQ(got.size(), 6u);
+  EXPECT_EQ(e->kv_stats().n_blocks_used, 0) << "blocks leaked";
+}
+
 TEST(chunk_reuse, bad_marks_and_combinations_are_refused) {
   auto e = engine();
   ASSERT_TRUE(e);
