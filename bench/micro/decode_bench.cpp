@@ -9,6 +9,9 @@
 //     -o /tmp/llama3-8b-2l-q8.gguf
 //   PAGODA_DECODE_MODEL=/tmp/llama3-8b-2l-q8.gguf build/bench/decode_bench
 //
+// "f16+quest": the same step with Quest reading 1/8 of the blocks of every
+// layer (random keys choose scattered blocks: the worst case for locality).
+//
 // Counters: tokens/s (decode steps per second), KV_MiB (cache bytes the step
 // reads: every layer's K and V of n_ctx tokens).
 #include <benchmark/benchmark.h>
@@ -23,6 +26,7 @@
 
 #include "kv/kv_storage.h"
 #include "model/llama.h"
+#include "policy/quest.h"
 #include "quant/kv_format_spec.h"
 #include "bench_kv.h"
 
@@ -39,6 +43,8 @@ const llama_model* model() {
   return m.get();
 }
 
+// spec: a KV pair spec ("f16", "int4/token"), optionally "+quest": Quest
+// reading 1/8 of the blocks (its selector on every layer, as --kv-policy quest:budget=0.125).
 void bm_decode(benchmark::State& st, std::string spec) {
   const llama_model* m = model();
   if (!m) {
@@ -48,12 +54,15 @@ void bm_decode(benchmark::State& st, std::string spec) {
   const llama_hparams& hp = m->hparams();
   const int n_ctx = static_cast<int>(st.range(0));
   const int threads = static_cast<int>(st.range(1));
-  kv_pair_spec pair = *parse_kv_pair_spec(spec);
+  const std::size_t plus = spec.find("+quest");
+  const bool quest = plus != std::string::npos;
+  kv_pair_spec pair = *parse_kv_pair_spec(spec.substr(0, plus));
   kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
   for (int l = 0; l < hp.n_layer; ++l) {
     layout.k_formats[l] = pair.k.resolve(kv_role::key, false);
     layout.v_formats[l] = pair.v.resolve(kv_role::value, false);
   }
+  layout.key_summaries = quest;
   const int n_blocks = n_ctx / 16 + 2;
   auto storage = std::move(*kv_storage::create(layout, n_blocks, 1));
   std::vector<block_id> table;
@@ -62,9 +71,26 @@ void bm_decode(benchmark::State& st, std::string spec) {
   llama_context ctx(*m, *storage, threads);
   std::vector<float> logits;
   const std::vector<token_id> token{1};
-  for (auto _ : st) {
+  std::unique_ptr<quest_selector> selector;
+  if (quest) {
+    quest_params qp;
+    qp.budget = 0.125;
+    selector = std::make_unique<quest_selector>(qp, hp.n_layer, hp.n_head_kv, hp.head_dim);
+  }
+  bool sparse = false;
+  auto step = [&] {
     forward_seq s = forward_seq::consecutive(token, n_ctx, table, false);
-    if (auto r = ctx.forward({&s, 1}, logits); !r.ok()) {
+    s.selector = selector.get();
+    s.sparse = &sparse;
+    return ctx.forward({&s, 1}, logits);
+  };
+  // Untimed: the selector takes in the whole cache's blocks at its first step.
+  if (auto r = step(); !r.ok() || (quest && !sparse)) {
+    st.SkipWithError(r.ok() ? "quest read every block" : r.message().c_str());
+    return;
+  }
+  for (auto _ : st) {
+    if (auto r = step(); !r.ok()) {
       st.SkipWithError(r.message().c_str());
       return;
     }
@@ -72,14 +98,18 @@ void bm_decode(benchmark::State& st, std::string spec) {
   }
   using benchmark::Counter;
   st.counters["tokens/s"] = Counter(1, Counter::kIsIterationInvariantRate);
-  st.counters["KV_MiB"] = static_cast<double>(n_ctx) * layout.bytes_per_token() / (1 << 20);
+  // K and V of every layer (summaries aside), even when quest reads 1/8 of it.
+  kv_layout kv_only = layout;
+  kv_only.key_summaries = false;
+  st.counters["KV_MiB"] = static_cast<double>(n_ctx) * kv_only.bytes_per_token() / (1 << 20);
   st.SetLabel(layout.describe());
 }
 
 void register_all() {
-  for (const char* spec : {"f16", "bf16", "fp8", "int8", "k8v4", "int4/token", "int4", "k4v2", "int2", "q8_0", "q4_0"}) {
+  for (const char* spec : {"f16", "bf16", "fp8", "int8", "k8v4", "int4/token", "int4", "k4v2", "int2", "q8_0", "q4_0",
+                           "f16+quest", "int8+quest"}) {
     auto* b = benchmark::RegisterBenchmark(fmt::format("decode_step/{}", spec).c_str(), bm_decode, std::string(spec));
-    for (int ctx : {4096, 16384, 32768})
+    for (int ctx : {4096, 16384, 32768, 131072})
       for (int threads : {1, 2}) b->Args({ctx, threads});
     b->ArgNames({"ctx", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
   }

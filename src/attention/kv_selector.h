@@ -57,6 +57,47 @@ struct kv_select_query {
   std::span<const std::int32_t> q_pos;  // [n_rows / n_rep] positions of the query tokens
 };
 
+// What attention read against what it could have read, summed over query
+// rows, layers and KV heads: one "row" is one query token of one layer and KV
+// head. A row sees the slots at or before its own (its layer's window, if
+// any); it reads all of them, or the ones its sequence's selector chose. Blocks
+// count the blocks of `block_size` slots those slots lie in. A sparse read's
+// saving is 1 - read / visible (Prometheus pagoda:kv_read_*_total, batch's
+// summary, perplexity's "read").
+struct kv_read_counts {
+  std::int64_t rows = 0;
+  std::int64_t tokens_visible = 0;
+  std::int64_t tokens_read = 0;
+  std::int64_t blocks_visible = 0;
+  std::int64_t blocks_read = 0;
+
+  kv_read_counts& operator+=(const kv_read_counts& o) {
+    rows += o.rows;
+    tokens_visible += o.tokens_visible;
+    tokens_read += o.tokens_read;
+    blocks_visible += o.blocks_visible;
+    blocks_read += o.blocks_read;
+    return *this;
+  }
+  friend bool operator==(const kv_read_counts&, const kv_read_counts&) = default;
+};
+
+// Reads of prompt steps (a sequence still computing its prompt) and of
+// decode steps (generating; a verification's rows included) apart: a prompt's
+// rows see a triangle of tokens and would swamp the decode figures.
+struct kv_read_stats {
+  kv_read_counts prompt;
+  kv_read_counts decode;
+};
+
+// The reads of one attention task: n_rows query rows, the last of them
+// seeing slots [0, n_kv) and each earlier one a slot fewer (new tokens
+// append), limited to the newest window_slots slots when window_slots > 0;
+// they read every visible slot, or, when `sparse`, those in `ranges` (sorted,
+// disjoint: kv_read_selector::select's contract).
+kv_read_counts count_reads(int n_kv, int n_rows, int window_slots, int block_size, bool sparse,
+                           std::span<const slot_range> ranges);
+
 class kv_read_selector {
  public:
   virtual ~kv_read_selector() = default;

@@ -90,6 +90,9 @@ json speculative_json(const engine_stats& st) {
 json summary_json(const engine_core& eng, double seconds, std::size_t n_requests, std::size_t n_errors,
                   double mean_fragmentation, double peak_usage, std::int64_t decode_tokens, std::int64_t decode_us) {
   const engine_stats& st = eng.stats();
+  kv_read_counts reads;  // decode steps' attention, every policy
+  for (const auto& [policy, r] : st.kv_reads) reads += r.decode;
+  const auto ratio = [](std::int64_t a, std::int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
   kv_metrics kv = eng.kv_stats();
   double gen_tps = st.n_generated_tokens / std::max(seconds, 1e-9);
   json out = {{"requests", n_requests},
@@ -125,6 +128,12 @@ json summary_json(const engine_core& eng, double seconds, std::size_t n_requests
           {"policy_compactions", st.n_policy_compactions},
           {"policy_evicted_slots", st.n_policy_evicted_slots},
           {"peak_selector_bytes", st.peak_selector_bytes},
+          // Decode attention's reads per query row (token x layer x KV head), and
+          // as a fraction of what the rows could see: below 1 with a sparse read.
+          {"decode_read_tokens_per_row", ratio(reads.tokens_read, reads.rows)},
+          {"decode_read_blocks_per_row", ratio(reads.blocks_read, reads.rows)},
+          {"decode_read_fraction", ratio(reads.tokens_read, reads.tokens_visible)},
+          {"decode_read_blocks_fraction", ratio(reads.blocks_read, reads.blocks_visible)},
           {"ttft_p50_s", st.ttft_seconds.quantile(0.5)},
           {"ttft_p99_s", st.ttft_seconds.quantile(0.99)},
           {"itl_p50_s", st.itl_seconds.quantile(0.5)},

@@ -401,6 +401,14 @@ int perplexity(const ppl_options& o) {
         core_cfg.kv_policy, o.policy_step);
   const double kept_mean = kept_rows ? kept_sum / kept_rows : 0.0;
   const double kept_frac = kept_rows ? kept_frac_sum / kept_rows : 1.0;
+  // What attention read of what it kept, beside what was kept: every piece is
+  // a prompt fed policy_step tokens a step (the prompt phase's reads).
+  kv_read_counts reads;
+  for (const auto& [policy, r] : eng->stats().kv_reads) reads += r.prompt;
+  const auto ratio = [](std::int64_t a, std::int64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 1.0; };
+  const double read_mean = reads.rows ? static_cast<double>(reads.tokens_read) / static_cast<double>(reads.rows) : 0.0;
+  const double read_frac = ratio(reads.tokens_read, reads.tokens_visible);
+  const double read_blocks_frac = ratio(reads.blocks_read, reads.blocks_visible);
   // The segment's layout (a class the engine was given above).
   const kv_layout& seg = segmented ? core_cfg.kv_classes.at(*find_kv_class(core_cfg, o.segment_kv_type) - 1u).layout : layout;
   if (o.json) {
@@ -441,11 +449,16 @@ int perplexity(const ppl_options& o) {
                             {"rows", kl_tail.n},
                             {"mean_kl", kl_tail.sum_kl / std::max<std::int64_t>(kl_tail.n, 1)},
                             {"top1_agreement", static_cast<double>(kl_tail.top1_agree) / std::max<std::int64_t>(kl_tail.n, 1)}};
-    if (with_policy)
+    if (with_policy) {
       j["kv_policy"] = {{"policy", core_cfg.kv_policy},
                         {"step_tokens", o.policy_step},
                         {"mean_kept_tokens", kept_mean},
-                        {"mean_kept_fraction", kept_frac}};
+                        {"mean_kept_fraction", kept_frac},
+                        {"read", {{"rows", reads.rows},
+                                  {"mean_read_tokens", read_mean},
+                                  {"read_fraction", read_frac},
+                                  {"read_blocks_fraction", read_blocks_frac}}}};
+    }
     if (exact_ctx)
       j["kl_divergence"] = {{"mean_kl", kl_mean},
                             {"top1_agreement", top1},
@@ -466,6 +479,9 @@ int perplexity(const ppl_options& o) {
     if (with_policy)
       std::printf("KV policy:        %s: kept %.1f tokens on average, %.2f%% of those seen\n", core_cfg.kv_policy.c_str(),
                   kept_mean, kept_frac * 100.0);
+    if (with_policy)
+      std::printf("KV read:          %.1f tokens per query row and layer head, %.2f%% of those visible (%.2f%% of their blocks)\n",
+                  read_mean, read_frac * 100.0, read_blocks_frac * 100.0);
     std::printf("mean NLL:         %.6f nats/token\n", mean);
     std::printf("perplexity:       %.4f\n", std::exp(mean));
     if (exact_ctx) {

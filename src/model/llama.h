@@ -186,6 +186,10 @@ struct forward_seq {
   // without a sliding window: a windowed layer reads its window, already bounded.
   kv_read_selector* selector = nullptr;
   bool* sparse = nullptr;
+  // Optional: what the step's attention read of this sequence's KV against
+  // what it could see, added here (kv_selector.h, kv_read_counts); rows that
+  // rewrite slots in place are not counted.
+  kv_read_counts* reads = nullptr;
   // In place (CacheBlend's recompute): [tokens] the stored slots the new
   // tokens rewrite, increasing, each < n_stored; the step adds no slot. Each
   // row reads every stored slot at or before its position (rewritten ones as

@@ -312,6 +312,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     for (int h = 0; h < hp.n_head_kv; ++h) items.push_back({parts[pi].seq, pi, h});
   std::vector<paged_kv_view> k_views(parts.size()), v_views(parts.size());
   std::vector<std::uint8_t> sparse_items(items.size(), 0);  // per item: its selector read less than everything
+  std::vector<kv_read_counts> read_items(items.size());     // per item, this layer: for forward_seq::reads
   double attn_flops = 0;
   for (const forward_seq& s : seqs)
     attn_flops += 4.0 * s.tokens.size() * (s.n_stored + s.tokens.size()) * hp.n_head * hp.head_dim;
@@ -415,7 +416,10 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
           t.stats.window = row >= 0 ? t.stats.window + static_cast<std::size_t>(row) * s.stats->n_kv : nullptr;
           t.stats.n_window = row >= 0 ? 1 : 0;
         }
-        if (s.selector && !hp.is_swa(l) && select_reads(s, t, kvl, attn_scratch_[ith])) {
+        const bool sparse = s.selector && !hp.is_swa(l) && select_reads(s, t, kvl, attn_scratch_[ith]);
+        if (s.reads && s.slots.empty())
+          read_items[it] = count_reads(t.n_kv, t.n_tokens, window, layout.block_size, sparse, t.ranges);
+        if (sparse) {
           sparse_items[it] = 1;
           // Scattered tokens (retrieval's top-k) are gathered one by one;
           // runs of whole blocks (Quest's pages) go through paged attention.
@@ -434,8 +438,11 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     // contexts) runs on the calling thread. Results are the same either way.
     if (attn_flops < k_min_parallel_flops) attend(0, 1);
     else pool_.run(attend);
-    for (std::size_t it = 0; it < items.size(); ++it)
-      if (sparse_items[it] && seqs[items[it].seq].sparse) *seqs[items[it].seq].sparse = true;
+    for (std::size_t it = 0; it < items.size(); ++it) {
+      const forward_seq& s = seqs[items[it].seq];
+      if (sparse_items[it] && s.sparse) *s.sparse = true;
+      if (s.reads) *s.reads += read_items[it];
+    }
     matmul(L.wo, attn, n_tok, tmp, pool_, mm_scratch_);
     if (!L.bo.empty())
       for (int i = 0; i < n_tok; ++i) add_inplace(tmp + static_cast<std::size_t>(i) * E, L.bo.data(), E);

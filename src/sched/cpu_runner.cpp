@@ -136,6 +136,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
   tables_.resize(plan.seqs.size());
   out.stats.resize(plan.seqs.size());
   sparse_.assign(plan.seqs.size(), 0);
+  out.reads.assign(plan.seqs.size(), kv_read_counts{});
   blend_tokens_.resize(plan.seqs.size());
   blend_slots_.resize(plan.seqs.size());
   out.reused_rows.clear();
@@ -162,6 +163,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     }
     f.selector = s.selector.get();
     f.sparse = &sparse_[i];
+    f.reads = &out.reads[i];
     if (i < blend_rows_.size() && !blend_rows_[i].empty()) {
       // Chunk reuse: only these rows, in place; the others keep their imported K/V.
       const std::vector<std::int32_t>& rows = blend_rows_[i];

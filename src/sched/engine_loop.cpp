@@ -190,6 +190,7 @@ void engine_loop::publish() {
   s.selector_bytes = st.selector_bytes;
   s.n_generated_tokens = st.n_generated_tokens;
   s.spec_decode = st.spec_decode;
+  s.kv_reads = st.kv_reads;
   s.n_running = st.n_running;
   s.n_waiting = st.n_waiting;
   // engine_stats' counts are refreshed by step(); when aborts emptied the

@@ -76,6 +76,7 @@ struct engine_snapshot {
   std::int64_t selector_bytes = 0;            // sparse-read selectors' memory (key bounds, ANN indexes)
   std::int64_t n_generated_tokens = 0;
   std::map<std::string, spec_decode_stats> spec_decode;  // speculative decoding, by drafter
+  std::map<std::string, kv_read_stats> kv_reads;         // attention's reads, by KV policy
   int n_running = 0;
   int n_waiting = 0;
   std::map<std::string, std::int64_t> n_finished_by_reason;  // finish reason of a request's last completion

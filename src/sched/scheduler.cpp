@@ -15,6 +15,12 @@ bool any_segment_policy(std::span<const prompt_segment> segments) {
   return std::any_of(segments.begin(), segments.end(), [](const prompt_segment& p) { return !p.kv_policy.empty(); });
 }
 
+// A policy spec's name ("quest:budget=0.125" -> "quest"): the label of its reads.
+std::string policy_name(std::string_view spec) {
+  const std::string_view name = spec.substr(0, spec.find(':'));
+  return name.empty() ? std::string("none") : std::string(name);
+}
+
 }  // namespace
 
 namespace {
@@ -799,6 +805,10 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     // from here on the sequence's blocks stay out of the prefix cache.
     if (i < out.sparse.size() && out.sparse[i]) kv_.set_off_chain(s->id);
     if (i < out.selector_bytes.size()) s->runner.selector_bytes = out.selector_bytes[i];
+    if (i < out.reads.size() && out.reads[i].rows > 0) {
+      kv_read_stats& r = stats_.kv_reads[policy_name(s->req->req.kv_policy)];
+      (s->n_computed < s->n_prompt ? r.prompt : r.decode) += out.reads[i];
+    }
     if (!q.draft.empty()) {
       first_computed[i] = s->n_computed;
       const std::size_t n_emitted = 1 + static_cast<std::size_t>(out.accepted[i]);

@@ -178,6 +178,9 @@ struct engine_stats {
   histogram e2e_seconds{latency_buckets_seconds()};
   std::int64_t peak_running = 0;
   std::map<std::string, spec_decode_stats> spec_decode;  // by drafter name
+  // What attention read of the KV against what it could see, by the name of
+  // the sequences' KV policy ("none", "quest", "retrieval", ...).
+  std::map<std::string, kv_read_stats> kv_reads;
 };
 
 // Where a sequence is in its life.

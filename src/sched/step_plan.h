@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "attention/attention_stats.h"
+#include "attention/kv_selector.h"
 #include "kv/kv_hooks.h"
 #include "kv/kv_ops.h"
 #include "pagoda/events.h"
@@ -176,6 +177,7 @@ struct step_output {
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from
   std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
   std::vector<std::uint8_t> sparse;     // [plan.seqs]: 1 when a selector chose a sparse read for any of its tokens
+  std::vector<kv_read_counts> reads;    // [plan.seqs]: what its attention read (empty: not counted)
   std::vector<std::int64_t> selector_bytes;  // [plan.seqs]: the memory of its selector after the step
   std::vector<std::int32_t> reused_rows;     // [plan.seqs]: imported tokens not recomputed (empty: none anywhere)
 };

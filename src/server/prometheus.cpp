@@ -170,6 +170,27 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
            s.n_policy_compactions);
   w.metric("pagoda:kv_policy_evicted_slots_total", "counter", "KV slots freed by KV policies (evicted or merged tokens).",
            s.n_policy_evicted_slots);
+  // Sparse reads: what attention read against what it could see (kv_selector.h,
+  // kv_read_counts); 1 - read / visible is what a policy saved.
+  auto per_policy = [&](const char* name, const char* help, auto value) {
+    w.family(name, "counter", help);
+    for (const auto& [policy, r] : s.kv_reads)
+      for (const auto& [phase, c] : {std::pair{"prompt", &r.prompt}, std::pair{"decode", &r.decode}})
+        w.sample(name, fmt::format("policy=\"{}\",phase=\"{}\"", escape_label(policy), phase),
+                 static_cast<double>(value(*c)));
+  };
+  per_policy("pagoda:kv_attention_rows_total",
+             "Query rows attention ran (one per token, layer and KV head), by KV policy and phase (prompt or decode).",
+             [](const kv_read_counts& r) { return r.rows; });
+  per_policy("pagoda:kv_visible_tokens_total", "KV tokens those rows could see, by KV policy and phase.",
+             [](const kv_read_counts& r) { return r.tokens_visible; });
+  per_policy("pagoda:kv_read_tokens_total",
+             "KV tokens those rows read (a sparse read: fewer than visible), by KV policy and phase.",
+             [](const kv_read_counts& r) { return r.tokens_read; });
+  per_policy("pagoda:kv_visible_blocks_total", "KV blocks holding the tokens those rows could see, by KV policy and phase.",
+             [](const kv_read_counts& r) { return r.blocks_visible; });
+  per_policy("pagoda:kv_read_blocks_total", "KV blocks holding the tokens those rows read, by KV policy and phase.",
+             [](const kv_read_counts& r) { return r.blocks_read; });
   w.metric("pagoda:kv_selector_memory_bytes", "gauge",
            "Memory held by running sequences' sparse-read selectors (Quest's key bounds, retrieval's ANN indexes).",
            s.selector_bytes);

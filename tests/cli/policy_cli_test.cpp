@@ -87,6 +87,10 @@ TEST(cli_policy, batch_lines_name_their_own_policies) {
     EXPECT_GT(summary["policy_evicted_slots"].get<int>(), 0) << summary;
     // The quest and retrieval lines' key bounds and ANN indexes were counted.
     EXPECT_GT(summary["peak_selector_bytes"].get<std::int64_t>(), 0) << summary;
+    // The retrieval line read fewer tokens than its rows could see; every line's rows were counted.
+    EXPECT_GT(summary["decode_read_tokens_per_row"].get<double>(), 0.0) << summary;
+    EXPECT_LT(summary["decode_read_fraction"].get<double>(), 1.0) << summary;
+    EXPECT_GT(summary["decode_read_fraction"].get<double>(), 0.0) << summary;
     EXPECT_EQ(summary["kv_usage_end"].get<double>(), 0.0) << summary;
   }
   std::remove(in.c_str());
@@ -113,8 +117,27 @@ TEST(cli_policy, perplexity_in_the_decode_time_setting) {
   const double kept = j["kv_policy"]["mean_kept_fraction"];
   EXPECT_GT(kept, 0.2);
   EXPECT_LT(kept, 0.5);
+  // An evicting policy reads all it keeps.
+  EXPECT_EQ(j["kv_policy"]["read"]["read_fraction"].get<double>(), 1.0) << j["kv_policy"];
   EXPECT_GT(j["kl_divergence"]["mean_kl"].get<double>(), 0.0);
   EXPECT_GT(j["kl_divergence"]["perplexity_change_percent"].get<double>(), -0.5);
+  std::remove(file.c_str());
+}
+
+// A sparse read keeps everything and reads a part: perplexity reports the
+// part read beside what was kept (steps of up to 8 tokens: quest selects for them).
+TEST(cli_policy, perplexity_reports_what_a_sparse_read_read) {
+  const std::string file = first_dev_documents(6);
+  auto r = run_cli("perplexity -m " + model_path() + " -f " + file + " --ctx 512 --json --kv-cache-dtype f16 " +
+                   "--kv-policy quest:budget=0.25,min_context=64 --policy-step 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["kv_policy"]["mean_kept_fraction"].get<double>(), 1.0) << j["kv_policy"];
+  const json read = j["kv_policy"]["read"];
+  EXPECT_GT(read["rows"].get<std::int64_t>(), 0) << read;
+  EXPECT_LT(read["read_fraction"].get<double>(), 0.9) << read;
+  EXPECT_GT(read["read_fraction"].get<double>(), 0.2) << read;
+  EXPECT_LE(read["read_fraction"].get<double>(), read["read_blocks_fraction"].get<double>() + 0.05) << read;
   std::remove(file.c_str());
 }
 

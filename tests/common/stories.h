@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -25,6 +28,16 @@ inline const llama_model& stories() {
     return std::move(*r);
   }();
   return *m;
+}
+
+// The first n tokens of the dev text (tests/data/tinystories_dev.txt), BOS first.
+inline std::vector<token_id> story_tokens(std::size_t n) {
+  std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/tinystories_dev.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::vector<token_id> t = stories().vocab().encode(text.substr(0, 4000), true);
+  EXPECT_GE(t.size(), n);
+  t.resize(n);
+  return t;
 }
 
 }  // namespace pagoda::test

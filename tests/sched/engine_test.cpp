@@ -943,14 +943,7 @@ request typed_request(const std::string& id, std::vector<token_id> prompt, std::
   return r;
 }
 
-std::vector<token_id> story_tokens(std::size_t n) {
-  std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/tinystories_dev.txt");
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  std::vector<token_id> t = stories().vocab().encode(text.substr(0, 4000), true);
-  EXPECT_GE(t.size(), n);
-  t.resize(n);
-  return t;
-}
+using test::story_tokens;
 
 // The block-class rule seen through the logits alone. Prefill reads the K/V
 // it just wrote from the cache, so a prompt position's logits depend on the

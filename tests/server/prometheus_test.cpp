@@ -34,6 +34,19 @@ TEST(prometheus, renders_evictions_by_reason) {
   EXPECT_EQ(test::metric(m, "pagoda:prefix_cache_evictions_total{reason=\"admin\"}"), 1);
 }
 
+TEST(prometheus, renders_kv_reads_by_policy_and_phase) {
+  engine_snapshot s;
+  s.kv_reads["quest"].decode = kv_read_counts{4, 400, 50, 28, 4};
+  s.kv_reads["quest"].prompt = kv_read_counts{8, 100, 100, 16, 16};
+  auto m = test::parse_metrics(render_metrics(s, {}, "m"));
+  EXPECT_EQ(test::metric(m, "pagoda:kv_attention_rows_total{policy=\"quest\",phase=\"decode\"}"), 4);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_visible_tokens_total{policy=\"quest\",phase=\"decode\"}"), 400);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_read_tokens_total{policy=\"quest\",phase=\"decode\"}"), 50);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_visible_blocks_total{policy=\"quest\",phase=\"decode\"}"), 28);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_read_blocks_total{policy=\"quest\",phase=\"decode\"}"), 4);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_read_tokens_total{policy=\"quest\",phase=\"prompt\"}"), 100);
+}
+
 TEST(prometheus, renders_every_series) {
   engine_snapshot s;
   s.kv.n_blocks_total = 10;
