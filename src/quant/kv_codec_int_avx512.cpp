@@ -159,42 +159,75 @@ void scale_query_rows(const float* q, int n_q, int hd, int stride, float levels,
   }
 }
 
-// The operand rows of one tile's (or the static) scales: S' and M widened once
-// for all rows (s16/m16: a tile's fp16 ones; else s32/m32), then per row the
-// int16 words, sc[r] and extra[r] = q_r . M. Scales that are zero, or not
-// finite (an fp16 overflow of a huge range), give a zero operand.
-void fold_quantize_rows(int n_q, int hd, int stride, const std::uint8_t* s16, const std::uint8_t* m16,
-                        const float* s32, const float* m32, operand_rows& ops) {
-  float* sn = ops.s.data();
-  float* mp = ops.m.data();
-  __m512 vmax = _mm512_setzero_ps();
-  for (int d = 0; d < stride; d += 16) {
-    const __mmask16 m = lane_mask(hd - d);
-    const __m512 sv = s16 ? load_h16(s16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, s32 + d);
-    _mm512_storeu_ps(sn + d, sv);
-    _mm512_storeu_ps(mp + d, m16 ? load_h16(m16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, m32 + d));
-    vmax = _mm512_max_ps(vmax, sv);  // scales are >= 0
+// The largest of a tile's (or the static) scales: on the fp16 bits, which
+// order as unsigned integers for the scales' non-negative values.
+float scale_max(int hd, const std::uint8_t* s16, const float* s32) {
+  if (s16) {
+    __m256i vmax = _mm256_setzero_si256();
+    for (int d = 0; d < hd; d += 16) vmax = _mm256_max_epu16(vmax, _mm256_maskz_loadu_epi16(lane_mask(hd - d), s16 + 2 * d));
+    __m128i m = _mm_max_epu16(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
+    m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0xb1));
+    m = _mm_max_epu16(m, _mm_srli_epi32(m, 16));
+    return _mm_cvtss_f32(_mm_cvtph_ps(m));
   }
-  float smax = _mm512_reduce_max_ps(vmax);
-  if (!(smax > 0) || !(smax < INFINITY)) smax = 0.0f;
-  const __m512 sinv = _mm512_set1_ps(smax > 0 ? 1.0f / smax : 0.0f);
-  for (int d = 0; d < stride; d += 16) _mm512_storeu_ps(sn + d, _mm512_mul_ps(_mm512_loadu_ps(sn + d), sinv));
+  __m512 vmax = _mm512_setzero_ps();
+  for (int d = 0; d < hd; d += 16) vmax = _mm512_max_ps(vmax, _mm512_maskz_loadu_ps(lane_mask(hd - d), s32 + d));
+  return _mm512_reduce_max_ps(vmax);
+}
+
+// Rows r0 .. r0 + R of fold_quantize_rows, channel vector by channel vector:
+// S' and M are widened once and serve all R rows from registers.
+template <int R>
+void fold_rows(int r0, int hd, int stride, const std::uint8_t* s16, const std::uint8_t* m16, const float* s32,
+               const float* m32, float smax, operand_rows& ops) {
   // Within each 8-byte group of int16 channels c0..c3: c0 c2 c1 c3.
   const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,  //
                                          0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
-  for (int r = 0; r < n_q; ++r) {
-    const float* qs = ops.qs.data() + static_cast<std::size_t>(r) * stride;
-    const float* qp = ops.qp.data() + static_cast<std::size_t>(r) * stride;
-    std::int32_t* row = operand_row(ops, r, stride);
-    __m512 bias = _mm512_setzero_ps();
-    for (int d = 0; d < stride; d += 16) {
-      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(qs + d), _mm512_loadu_ps(sn + d));
+  const __m512 sinv = _mm512_set1_ps(smax > 0 ? 1.0f / smax : 0.0f);
+  const float* qs[R];
+  const float* qp[R];
+  std::int32_t* row[R];
+  __m512 bias[R];
+  for (int r = 0; r < R; ++r) {
+    qs[r] = ops.qs.data() + static_cast<std::size_t>(r0 + r) * stride;
+    qp[r] = ops.qp.data() + static_cast<std::size_t>(r0 + r) * stride;
+    row[r] = operand_row(ops, r0 + r, stride);
+    bias[r] = _mm512_setzero_ps();
+  }
+  for (int d = 0; d < stride; d += 16) {
+    const __mmask16 m = lane_mask(hd - d);
+    const __m512 S = _mm512_mul_ps(s16 ? load_h16(s16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, s32 + d), sinv);
+    const __m512 M = m16 ? load_h16(m16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, m32 + d);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(qs[r] + d), S);
       const __m256i w = _mm512_cvtepi32_epi16(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + d / 2), _mm256_shuffle_epi8(w, order));
-      bias = _mm512_fmadd_ps(_mm512_loadu_ps(qp + d), _mm512_loadu_ps(mp + d), bias);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row[r] + d / 2), _mm256_shuffle_epi8(w, order));
+      bias[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qp[r] + d), M, bias[r]);
     }
-    ops.extra[r] = _mm512_reduce_add_ps(bias);
-    ops.sc[r] = ops.qmax[r] * smax;
+  }
+  for (int r = 0; r < R; ++r) {
+    ops.extra[r0 + r] = _mm512_reduce_add_ps(bias[r]);
+    ops.sc[r0 + r] = ops.qmax[r0 + r] * smax;
+  }
+}
+
+// The operand rows of one tile's scales (s16/m16: fp16 in the tile) or the
+// static ones (s32/m32): per row the int16 words, sc[r] and extra[r] = q_r . M.
+// Scales that are all zero, or not finite (an fp16 overflow of a huge range),
+// give a zero operand.
+void fold_quantize_rows(int n_q, int hd, int stride, const std::uint8_t* s16, const std::uint8_t* m16,
+                        const float* s32, const float* m32, operand_rows& ops) {
+  float smax = scale_max(hd, s16, s32);
+  if (!(smax > 0) || !(smax < INFINITY)) smax = 0.0f;
+  int r = 0;
+  for (; r + 4 <= n_q; r += 4) fold_rows<4>(r, hd, stride, s16, m16, s32, m32, smax, ops);
+  switch (n_q - r) {
+    case 3: fold_rows<3>(r, hd, stride, s16, m16, s32, m32, smax, ops); break;
+    case 2: fold_rows<2>(r, hd, stride, s16, m16, s32, m32, smax, ops); break;
+    case 1: fold_rows<1>(r, hd, stride, s16, m16, s32, m32, smax, ops); break;
+    default: break;
   }
 }
 
