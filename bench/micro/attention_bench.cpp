@@ -201,8 +201,9 @@ void bm_decode(benchmark::State& st, std::string spec, std::optional<simd_level>
 void register_all(const std::vector<simd_level>& levels) {
   for (int threads : {1, 2})
     benchmark::RegisterBenchmark("stream_read", bm_stream)->Arg(threads)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
-  const char* specs[] = {"f32",  "f16",          "bf16", "fp8",  "fp8_e5m2", "int8", "int8/channel",
-                         "k8v4", "int4/token",   "int4", "k4v2", "int2",     "q8_0", "q4_0"};
+  // int2/token: the per-token 2-bit layout, beside KIVI's int2 (per-channel keys).
+  const char* specs[] = {"f32",  "f16",        "bf16", "fp8",  "fp8_e5m2",   "int8", "int8/channel", "k8v4",
+                         "int4/token", "int4", "k4v2", "int2/token", "int2", "q8_0", "q4_0"};
   for (const char* spec : specs) {
     if (levels.empty()) {
       auto* b = benchmark::RegisterBenchmark(fmt::format("decode/{}", spec).c_str(), bm_decode, std::string(spec),
