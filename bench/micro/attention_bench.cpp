@@ -20,6 +20,7 @@
 //
 //   build/bench/attention_bench --benchmark_filter='ctx:32768'   (etc.)
 //   build/bench/attention_bench --benchmark_filter='stream'      (bandwidth only)
+//   build/bench/attention_bench --benchmark_filter='kernel/'     (q.k and a.v in cache, bm_kernel)
 //
 // Kernels run at the process's SIMD level (the CPU's best, lowered by
 // PAGODA_SIMD=scalar|avx2). To compare levels in one run, name them:
@@ -48,9 +49,11 @@
 #include <fmt/format.h>
 
 #include "attention/paged_attention.h"
+#include "core/aligned_buffer.h"
 #include "core/cpu.h"
 #include "core/thread_pool.h"
 #include "kv/kv_storage.h"
+#include "quant/kv_codec.h"
 #include "quant/kv_format_spec.h"
 #include "read_bandwidth.h"
 
@@ -198,11 +201,72 @@ void bm_decode(benchmark::State& st, std::string spec, std::optional<simd_level>
   st.SetLabel(s.kv->layout().describe() + " simd " + simd_level_name(active_simd_level()));
 }
 
+// --- the codec kernels alone, in cache ---------------------------------------
+//
+// kernel/SPEC: one KV head's q.k and a.v (4 query rows, head_dim 128) over 64
+// tiles of 16 tokens (1K tokens, L2-resident), each timed alone; the counters
+// are from the FASTEST of the iterations (qk_us, av_us per call, and GB/s of
+// the K and V tiles through both), the speed of the arithmetic when memory is
+// not in the way. On this shared VM a slice of another process lands in many
+// iterations; the fastest is the one that had the core to itself. Set against
+// decode/SPEC's stream_GB/s, it bounds what of_stream can reach.
+void bm_kernel(benchmark::State& st, std::string spec) {
+  constexpr int k_tiles = 64, k_rows = 4;
+  const kv_tile_shape shape{k_block, k_head_dim};
+  const kv_pair_spec pair = *parse_kv_pair_spec(spec);
+  const kv_format kf = pair.k.resolve(kv_role::key, false), vf = pair.v.resolve(kv_role::value, false);
+  const kv_codec* kc = get_kv_codec(kf.type);
+  const kv_codec* vc = get_kv_codec(vf.type);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<aligned_buffer> kt, vt;
+  std::vector<const void*> kp, vp;
+  std::vector<float> x(static_cast<std::size_t>(k_block) * k_head_dim);
+  for (int i = 0; i < k_tiles; ++i) {
+    for (std::size_t j = 0; j < x.size(); ++j) x[j] = nd(rng) * (j % k_head_dim % 16 == 5 ? 8.0f : 1.0f);
+    kt.emplace_back(kc->tile_bytes(kf, shape));
+    kc->encode(kf, shape, nullptr, x.data(), 0, k_block, kt.back().data());
+    kp.push_back(kt.back().data());
+    for (float& v : x) v = nd(rng);
+    vt.emplace_back(vc->tile_bytes(vf, shape));
+    vc->encode(vf, shape, nullptr, x.data(), 0, k_block, vt.back().data());
+    vp.push_back(vt.back().data());
+  }
+  const int n = k_tiles * k_block;
+  std::vector<float> q(static_cast<std::size_t>(k_rows) * k_head_dim), scores(static_cast<std::size_t>(k_rows) * n),
+      w(scores.size()), acc(q.size());
+  for (float& v : q) v = nd(rng);
+  for (float& v : w) v = std::exp(nd(rng) - 2.0f);
+  using clock = std::chrono::steady_clock;
+  double qk_s = 1e9, av_s = 1e9;
+  for (auto _ : st) {
+    auto t0 = clock::now();
+    kc->qk(kf, shape, nullptr, kp.data(), n, q.data(), k_rows, scores.data(), n);
+    auto t1 = clock::now();
+    vc->av(vf, shape, nullptr, vp.data(), n, w.data(), n, k_rows, acc.data());
+    auto t2 = clock::now();
+    qk_s = std::min(qk_s, std::chrono::duration<double>(t1 - t0).count());
+    av_s = std::min(av_s, std::chrono::duration<double>(t2 - t1).count());
+    benchmark::DoNotOptimize(acc.data());
+  }
+  const double kb = static_cast<double>(kc->tile_bytes(kf, shape)) * k_tiles;
+  const double vb = static_cast<double>(vc->tile_bytes(vf, shape)) * k_tiles;
+  st.counters["qk_us"] = qk_s * 1e6;
+  st.counters["av_us"] = av_s * 1e6;
+  st.counters["qk_GB/s"] = kb / qk_s * 1e-9;
+  st.counters["av_GB/s"] = vb / av_s * 1e-9;
+  st.counters["KV_GB/s"] = (kb + vb) / (qk_s + av_s) * 1e-9;
+  st.SetLabel(kv_format_name(kf) + "+" + kv_format_name(vf));
+}
+
 void register_all(const std::vector<simd_level>& levels) {
   for (int threads : {1, 2})
     benchmark::RegisterBenchmark("stream_read", bm_stream)->Arg(threads)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
-  const char* specs[] = {"f32",  "f16",          "bf16", "fp8",  "fp8_e5m2", "int8", "int8/channel",
-                         "k8v4", "int4/token",   "int4", "k4v2", "int2",     "q8_0", "q4_0"};
+  // int2/token: the per-token 2-bit layout, beside KIVI's int2 (per-channel keys).
+  const char* specs[] = {"f32",  "f16",        "bf16", "fp8",  "fp8_e5m2",   "int8", "int8/channel", "k8v4",
+                         "int4/token", "int4", "k4v2", "int2/token", "int2", "q8_0", "q4_0"};
+  for (const char* spec : specs)
+    benchmark::RegisterBenchmark(fmt::format("kernel/{}", spec).c_str(), bm_kernel, std::string(spec))->Iterations(3000);
   for (const char* spec : specs) {
     if (levels.empty()) {
       auto* b = benchmark::RegisterBenchmark(fmt::format("decode/{}", spec).c_str(), bm_decode, std::string(spec),

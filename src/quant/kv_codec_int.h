@@ -23,6 +23,7 @@
 // After the codes: fp16 scales [n_scales], then fp16 offsets [n_scales].
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -81,18 +82,31 @@ inline std::size_t scale_index(const tile_layout& L, kv_tile_shape s, int t, int
   }
 }
 
+// The levels of the int16 operand of keys with per-channel or static scales
+// in the AVX-512 q.k (x = q * S rounded to integers in [-levels, levels]):
+// 32767, or less where a score's integer sum over the padded channels of a
+// token (at most positions * u_max * levels) would not fit an int32.
+inline int wide_levels(const tile_layout& L) {
+  const long positions = (static_cast<long>(L.n_outer) * L.lanes + 15) / 16 * 16;
+  return static_cast<int>(std::clamp<long>(2147483647L / (positions * L.u_max()), 127, 32767));
+}
+
 // Precision of the f32 operand in the AVX-512 kernels. The operand (a query row
 // for qk; a row of weights times token scales, per group of up to 128 tokens,
 // for av) is scaled by 127 / max|x| and rounded to int8 "hi"; for av and for
-// keys with int8 codes or per-channel/static scales (where x = q * S) the
-// residual is rounded again to int8 "lo" in units of 1/254, so each element is
-// off by at most max|x| / (127 * 508); hi only (int4/int2 keys with per-token
-// or group scales): max|x| / 254.
+// keys with int8 codes the residual is rounded again to int8 "lo" in units of
+// 1/254, so each element is off by at most max|x| / (127 * 508); hi only
+// (int4/int2 keys with per-token or group scales): max|x| / 254.
 // A score then differs from the exact one on the codes by at most
 // eps * max_d(|x_d| * S_d) * sum_d u_d (offsets are applied exactly in f32).
+// Keys with per-channel or static scales (x = q * S) are rounded once to
+// int16 in units of max|q| * max S / wide_levels (kv_codec_int_avx512.cpp,
+// fold_quantize_rows): there the bound is eps * max_d |q_d| * max_d S_d *
+// sum_d u_d with eps = 1 / (2 * wide_levels), 1 / 65534 for head_dim up to 256.
 inline double operand_error(const tile_layout& L) {
   const bool folded = L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales;
-  return L.key && L.bits < 8 && !folded ? 1.0 / 254.0 : 1.0 / (127.0 * 508.0);
+  if (L.key && folded) return 1.0 / (2.0 * wide_levels(L));
+  return L.key && L.bits < 8 ? 1.0 / 254.0 : 1.0 / (127.0 * 508.0);
 }
 
 // Whether the AVX-512 kernels handle this format (others use the reference):

@@ -6,12 +6,19 @@
 // 1.6e-5 * max|x| per element: far below the codes' own rounding. Offsets
 // (sum of x times the group minimum) are added in f32.
 //
+// Keys with per-channel or static scales (FOLDED) take x = q * S rounded once
+// to 16-bit words instead, multiplied (vpdpwssd) with the codes split into
+// their even and odd bytes: the same number of dot-product instructions as the
+// two int8 halves, but the operand, which per-channel keys rebuild for every
+// tile, costs a third of the instructions to make (fold_quantize_rows).
+//
 // Batch invariance: a row's operand is quantized from that row alone (its own
 // max), each 32-bit lane sums one token (qk) or one channel (av) in a fixed
 // order, and zero weights quantize to zero codes that add exactly nothing.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -25,11 +32,13 @@ namespace {
 
 constexpr float k_inv254 = 1.0f / 254.0f;
 
-// Whether q.k splits the query into hi and lo halves (operand_error in
-// kv_codec_int.h). 8-bit codes need it. 4- and 2-bit codes with per-token
-// scales carry errors ten times larger than a query rounded to 8 bits, so one
-// pass is enough there; with per-channel or static scales the operand is
-// q * S, whose small channels a single 8-bit pass would round away.
+// Whether q.k keeps a second accumulator per row (operand_error in
+// kv_codec_int.h). 8-bit codes need the query's lo half. 4- and 2-bit codes
+// with per-token scales carry errors ten times larger than a query rounded to
+// 8 bits, so one pass is enough there. With per-channel or static scales the
+// operand is q * S, whose small channels a single 8-bit pass would round away:
+// it is one int16 word per channel, and the second accumulator sums the odd
+// channels (FOLDED below).
 template <int BITS, bool FOLDED>
 constexpr bool k_qk_lo = BITS == 8 || FOLDED;
 
@@ -85,6 +94,7 @@ struct operand_rows {
   std::vector<float> bias;                   // [rows * groups][16]: sum_t w_t M_t lane by lane (av, per token)
   std::vector<float> x;                      // [stride]
   std::vector<float> s, m;                   // [stride]: a tile's per-channel scales and offsets as f32
+  std::vector<float> qs, qp, qmax;           // folded q.k: [rows][stride] q' and q, [rows] (scale_query_rows)
   // The quantized operand rows (quantize_hilo): [rows * groups][stride / 2].
   std::vector<std::int32_t> packed;
   void size(int rows, int groups, int stride) {
@@ -101,6 +111,11 @@ struct operand_rows {
       s.resize(stride);
       m.resize(stride);
     }
+    if (qs.size() < static_cast<std::size_t>(rows) * stride) {
+      qs.resize(static_cast<std::size_t>(rows) * stride);
+      qp.resize(qs.size());
+    }
+    if (qmax.size() < static_cast<std::size_t>(rows)) qmax.resize(rows);
   }
 };
 thread_local operand_rows t_ops;
@@ -113,37 +128,106 @@ inline const std::int32_t* operand_row(const operand_rows& ops, int og, int stri
   return ops.packed.data() + static_cast<std::size_t>(og) * (stride / 2);
 }
 
-// Folded operands of every query row r: x = q_r * S and extra[r] = q_r . M
-// (S, M: a tile's fp16 per-channel scales and offsets in s16/m16, or f32
-// static parameters in s32/m32), x quantized into the row's operand. The
-// scales are widened once for all rows and the max is taken while x is
-// written: per-channel (KIVI) keys do this for every tile, where doing it row
-// by row cost more than the dot products.
-void fold_quantize_rows(const float* q, int n_q, int hd, int stride, const std::uint8_t* s16, const std::uint8_t* m16,
-                        const float* s32, const float* m32, operand_rows& ops, bool with_lo) {
-  if (s16) {
-    for (int d = 0; d < hd; d += 16) {
-      const __mmask16 m = lane_mask(hd - d);
-      _mm512_mask_storeu_ps(ops.s.data() + d, m, load_h16(s16 + 2 * d, m));
-      _mm512_mask_storeu_ps(ops.m.data() + d, m, load_h16(m16 + 2 * d, m));
-    }
-    s32 = ops.s.data();
-    m32 = ops.m.data();
-  }
-  float* x = ops.x.data();
+// Folded q.k (per-channel or static scales S, offsets M): the operand of row r
+// is x = q_r * S rounded to int16 words. Its unit is fixed by bounds instead of
+// by max|x|, so that no row needs a pass for its max at every tile:
+//   x_d ~ sc_r * round(q'_rd * S'_d),  q'_r = q_r * levels / max|q_r|  (once per call),
+//                                      S'  = S / max S                 (once per tile, for all rows),
+//   sc_r = max|q_r| * max S / levels,  |q'_rd * S'_d| <= levels.
+// Each element is then off by at most max|q_r| * max S / (2 * levels)
+// (int_kv::operand_error). Operand word w holds channels 4w + 0 and 4w + 2
+// (row[2w], low and high half), 4w + 1 and 4w + 3 (row[2w + 1]), as the even
+// and odd bytes of a code word pair with them (codes_wide).
+
+// q' of every row into ops.qs and q into ops.qp ([n_q][stride] each, zeros past
+// hd), max|q_r| / levels into ops.qmax.
+void scale_query_rows(const float* q, int n_q, int hd, int stride, float levels, operand_rows& ops) {
   for (int r = 0; r < n_q; ++r) {
     const float* qr = q + static_cast<std::size_t>(r) * hd;
-    __m512 vmax = _mm512_setzero_ps(), bias = _mm512_setzero_ps();
-    for (int d = 0; d < hd; d += 16) {
-      const __mmask16 m = lane_mask(hd - d);
-      const __m512 qv = _mm512_maskz_loadu_ps(m, qr + d);
-      const __m512 xv = _mm512_mul_ps(qv, _mm512_maskz_loadu_ps(m, s32 + d));
-      _mm512_mask_storeu_ps(x + d, m, xv);
-      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(xv));
-      bias = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, m32 + d), bias);
+    float* qs = ops.qs.data() + static_cast<std::size_t>(r) * stride;
+    float* qp = ops.qp.data() + static_cast<std::size_t>(r) * stride;
+    __m512 vmax = _mm512_setzero_ps();
+    for (int d = 0; d < stride; d += 16) {
+      const __m512 qv = _mm512_maskz_loadu_ps(lane_mask(hd - d), qr + d);
+      _mm512_storeu_ps(qp + d, qv);
+      vmax = _mm512_max_ps(vmax, _mm512_abs_ps(qv));
     }
-    ops.extra[r] = _mm512_reduce_add_ps(bias);
-    ops.sc[r] = quantize_hilo_max(x, hd, stride, _mm512_reduce_max_ps(vmax), operand_row(ops, r, stride), with_lo);
+    const float qmax = _mm512_reduce_max_ps(vmax);
+    const __m512 inv = _mm512_set1_ps(qmax > 0 ? levels / qmax : 0.0f);
+    for (int d = 0; d < stride; d += 16) _mm512_storeu_ps(qs + d, _mm512_mul_ps(_mm512_loadu_ps(qp + d), inv));
+    ops.qmax[r] = qmax / levels;
+  }
+}
+
+// The largest of a tile's (or the static) scales: on the fp16 bits, which
+// order as unsigned integers for the scales' non-negative values.
+float scale_max(int hd, const std::uint8_t* s16, const float* s32) {
+  if (s16) {
+    __m256i vmax = _mm256_setzero_si256();
+    for (int d = 0; d < hd; d += 16) vmax = _mm256_max_epu16(vmax, _mm256_maskz_loadu_epi16(lane_mask(hd - d), s16 + 2 * d));
+    __m128i m = _mm_max_epu16(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
+    m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0xb1));
+    m = _mm_max_epu16(m, _mm_srli_epi32(m, 16));
+    return _mm_cvtss_f32(_mm_cvtph_ps(m));
+  }
+  __m512 vmax = _mm512_setzero_ps();
+  for (int d = 0; d < hd; d += 16) vmax = _mm512_max_ps(vmax, _mm512_maskz_loadu_ps(lane_mask(hd - d), s32 + d));
+  return _mm512_reduce_max_ps(vmax);
+}
+
+// Rows r0 .. r0 + R of fold_quantize_rows, channel vector by channel vector:
+// S' and M are widened once and serve all R rows from registers.
+template <int R>
+void fold_rows(int r0, int hd, int stride, const std::uint8_t* s16, const std::uint8_t* m16, const float* s32,
+               const float* m32, float smax, operand_rows& ops) {
+  // Within each 8-byte group of int16 channels c0..c3: c0 c2 c1 c3.
+  const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,  //
+                                         0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+  const __m512 sinv = _mm512_set1_ps(smax > 0 ? 1.0f / smax : 0.0f);
+  const float* qs[R];
+  const float* qp[R];
+  std::int32_t* row[R];
+  __m512 bias[R];
+  for (int r = 0; r < R; ++r) {
+    qs[r] = ops.qs.data() + static_cast<std::size_t>(r0 + r) * stride;
+    qp[r] = ops.qp.data() + static_cast<std::size_t>(r0 + r) * stride;
+    row[r] = operand_row(ops, r0 + r, stride);
+    bias[r] = _mm512_setzero_ps();
+  }
+  for (int d = 0; d < stride; d += 16) {
+    const __mmask16 m = lane_mask(hd - d);
+    const __m512 S = _mm512_mul_ps(s16 ? load_h16(s16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, s32 + d), sinv);
+    const __m512 M = m16 ? load_h16(m16 + 2 * d, m) : _mm512_maskz_loadu_ps(m, m32 + d);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(qs[r] + d), S);
+      const __m256i w = _mm512_cvtepi32_epi16(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row[r] + d / 2), _mm256_shuffle_epi8(w, order));
+      bias[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qp[r] + d), M, bias[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    ops.extra[r0 + r] = _mm512_reduce_add_ps(bias[r]);
+    ops.sc[r0 + r] = ops.qmax[r0 + r] * smax;
+  }
+}
+
+// The operand rows of one tile's scales (s16/m16: fp16 in the tile) or the
+// static ones (s32/m32): per row the int16 words, sc[r] and extra[r] = q_r . M.
+// Scales that are all zero, or not finite (an fp16 overflow of a huge range),
+// give a zero operand.
+void fold_quantize_rows(int n_q, int hd, int stride, const std::uint8_t* s16, const std::uint8_t* m16,
+                        const float* s32, const float* m32, operand_rows& ops) {
+  float smax = scale_max(hd, s16, s32);
+  if (!(smax > 0) || !(smax < INFINITY)) smax = 0.0f;
+  int r = 0;
+  for (; r + 4 <= n_q; r += 4) fold_rows<4>(r, hd, stride, s16, m16, s32, m32, smax, ops);
+  switch (n_q - r) {
+    case 3: fold_rows<3>(r, hd, stride, s16, m16, s32, m32, smax, ops); break;
+    case 2: fold_rows<2>(r, hd, stride, s16, m16, s32, m32, smax, ops); break;
+    case 1: fold_rows<1>(r, hd, stride, s16, m16, s32, m32, smax, ops); break;
+    default: break;
   }
 }
 
@@ -155,37 +239,65 @@ inline __m512i codes_k(__m512i v, int k) {
   return _mm512_and_si512(_mm512_srli_epi32(v, BITS * k), low);
 }
 
+// Code k of every byte as 16-bit words: even (bytes 0 and 2 of each 32-bit
+// lane, the channels or tokens 4w + 0 and 4w + 2 of operand word w) and odd
+// (bytes 1 and 3).
+template <int BITS>
+inline void codes_wide(__m512i v, int k, __m512i& even, __m512i& odd) {
+  if constexpr (BITS == 8) {
+    even = _mm512_and_si512(v, _mm512_set1_epi32(0x00ff00ff));
+    odd = _mm512_srli_epi16(v, 8);
+  } else {
+    const __m512i low = _mm512_set1_epi32(((1 << BITS) - 1) * 0x00010001);
+    even = _mm512_and_si512(k == 0 ? v : _mm512_srli_epi32(v, BITS * k), low);
+    odd = _mm512_and_si512(_mm512_srli_epi32(v, BITS * k + 8), low);
+  }
+}
+
 // ah/al[v][r] += the codes of the 64-byte vectors vec[v] (all packed word w)
 // times row r's hi/lo operand words: wp points at row 0's pair for operand
 // word w * (8 / BITS), row r's is rowstep further on, the next codes' words
-// follow at +2. Each broadcast serves all NV vectors.
-template <int R, int BITS, bool LO, int NV = 1>
+// follow at +2. Each broadcast serves all NV vectors. WIDE: the pair is the
+// int16 operand of fold_quantize_rows, ah sums the even codes, al the odd.
+template <int R, int BITS, bool LO, int NV = 1, bool WIDE = false>
 inline void accumulate(const __m512i* vec, const std::int32_t* wp, std::size_t rowstep, __m512i (*ah)[R],
                        __m512i (*al)[R]) {
+  static_assert(!WIDE || LO, "the int16 operand uses both accumulators");
   constexpr int CPB = 8 / BITS;
 #pragma GCC unroll 16
   for (int k = 0; k < CPB; ++k) {
-    __m512i u[NV];
+    __m512i u[NV], o[NV];
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) u[v] = codes_k<BITS>(vec[v], k);
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (WIDE) codes_wide<BITS>(vec[v], k, u[v], o[v]);
+      else u[v] = codes_k<BITS>(vec[v], k);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const std::int32_t* p = wp + r * rowstep + 2 * k;
       const __m512i h = _mm512_set1_epi32(p[0]);
 #pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) kv_simd::dpbusd(ah[v][r], u[v], h);
+      for (int v = 0; v < NV; ++v) {
+        if constexpr (WIDE) kv_simd::dpwssd(ah[v][r], u[v], h);
+        else kv_simd::dpbusd(ah[v][r], u[v], h);
+      }
       if constexpr (LO) {
         const __m512i l = _mm512_set1_epi32(p[1]);
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) kv_simd::dpbusd(al[v][r], u[v], l);
+        for (int v = 0; v < NV; ++v) {
+          if constexpr (WIDE) kv_simd::dpwssd(al[v][r], o[v], l);
+          else kv_simd::dpbusd(al[v][r], u[v], l);
+        }
       }
     }
   }
 }
 
-// The dot product with an operand of scale sc, from its integer halves.
-template <bool LO>
+// The dot product with an operand of scale sc, from its integer halves (WIDE:
+// the even and odd sums, whose total wide_levels keeps within int32).
+template <bool LO, bool WIDE = false>
 inline __m512 finish_dot(__m512i ah, __m512i al, float sc) {
+  if constexpr (WIDE) return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ah, al)), _mm512_set1_ps(sc));
   if constexpr (!LO) return _mm512_mul_ps(_mm512_cvtepi32_ps(ah), _mm512_set1_ps(sc));
   __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(al), _mm512_set1_ps(k_inv254), _mm512_cvtepi32_ps(ah));
   return _mm512_mul_ps(dot, _mm512_set1_ps(sc));
@@ -207,7 +319,7 @@ struct token_vector {
 // h/l[v][r] += the integer sums over n_words packed words of NV token vectors
 // (cp[v], then step bytes further per word; lanes m[v]) with operand words
 // from op on, prefetching the same lines from pp[v] on.
-template <int R, int NV, int BITS, bool LO>
+template <int R, int NV, int BITS, bool LO, bool WIDE>
 __attribute__((always_inline)) inline void dot_words(const std::uint8_t** cp, const std::uint8_t** pp,
                                                      const __mmask16* m, std::size_t step, int n_words,
                                                      const std::int32_t* op, std::size_t rowstep, __m512i (*h)[R],
@@ -221,7 +333,7 @@ __attribute__((always_inline)) inline void dot_words(const std::uint8_t** cp, co
       cp[v] += step;
       pp[v] += step;
     }
-    accumulate<R, BITS, LO, NV>(vec, op, rowstep, h, l);
+    accumulate<R, BITS, LO, NV, WIDE>(vec, op, rowstep, h, l);
     op += (8 / BITS) * 2;
   }
 }
@@ -262,7 +374,7 @@ __attribute__((noinline)) void qk_list(const tile_layout& L, int block_size, con
       // cp and pp walk on through the groups' words.
       const std::int32_t* op = operand_row(ops, r0 * G + g, stride) +
                                static_cast<std::size_t>(g) * words_per_group * (8 / BITS) * 2;
-      dot_words<R, NV, BITS, LO>(cp, pp, m, step, words_per_group, op, rowstep, h, l);
+      dot_words<R, NV, BITS, LO, FOLDED>(cp, pp, m, step, words_per_group, op, rowstep, h, l);
 #pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) {
         __m512 S, M;
@@ -274,7 +386,7 @@ __attribute__((noinline)) void qk_list(const tile_layout& L, int block_size, con
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const int og = (r0 + r) * G + g;
-          __m512 dot = finish_dot<LO>(h[v][r], l[v][r], ops.sc[og]);
+          __m512 dot = finish_dot<LO, FOLDED>(h[v][r], l[v][r], ops.sc[og]);
           if constexpr (FOLDED) {
             dot = _mm512_add_ps(dot, _mm512_set1_ps(ops.extra[og]));
             total[v][r] = _mm512_add_ps(total[v][r], dot);
@@ -303,15 +415,15 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
   const bool per_tile = L.mode == kv_scale_mode::per_channel;
   operand_rows& ops = t_ops;
   ops.size(n_q, G, stride);
+  if constexpr (FOLDED) scale_query_rows(q, n_q, hd, stride, static_cast<float>(wide_levels(L)), ops);
 
   // Quantizes every row's operand: q (per-token scales) or q * S (folded).
   auto prepare = [&](const std::uint8_t* tile) {
     if constexpr (FOLDED) {
       if (per_tile)
-        fold_quantize_rows(q, n_q, hd, stride, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, ops,
-                           k_qk_lo<BITS, FOLDED>);
+        fold_quantize_rows(n_q, hd, stride, tile + L.scale_off, tile + L.offset_off, nullptr, nullptr, ops);
       else
-        fold_quantize_rows(q, n_q, hd, stride, nullptr, nullptr, sp->scale, sp->offset, ops, k_qk_lo<BITS, FOLDED>);
+        fold_quantize_rows(n_q, hd, stride, nullptr, nullptr, sp->scale, sp->offset, ops);
     } else {
       for (int r = 0; r < n_q; ++r) {
         const float* qr = q + static_cast<std::size_t>(r) * hd;

@@ -455,20 +455,25 @@ TEST_P(codec_level, simd_matches_reference) {
     auto v_terms = [&](int t, int d) { return int_element(vf, shape, sv.get(vf), vp[t / bs], t % bs, d); };
     const double k_eps = operand_rounding ? int_kv::operand_error(int_kv::layout_of(kf, shape)) : 0;
     const double v_eps = operand_rounding ? int_kv::operand_error(int_kv::layout_of(vf, shape)) : 0;
+    const bool k_folded = kf.scale_mode == kv_scale_mode::per_channel || kf.scale_mode == kv_scale_mode::static_scales;
     for (int r = 0; r < n_q; ++r) {
       const float* qr = &q[static_cast<std::size_t>(r) * hd];
       for (int t = 0; t < n_tok; ++t) {
         const float* k = &kd[static_cast<std::size_t>(t) * hd];
-        double mag = 0, xs_max = 0, codes = 0;
+        double mag = 0, xs_max = 0, codes = 0, q_max = 0, s_max = 0;
         for (int d = 0; d < hd; ++d) {
           mag += std::fabs(qr[d] * k[d]);
           if (integer) {
             int_terms it = k_terms(t, d);
             xs_max = std::max(xs_max, std::fabs(qr[d]) * it.scale);
+            q_max = std::max(q_max, static_cast<double>(std::fabs(qr[d])));
+            s_max = std::max(s_max, static_cast<double>(it.scale));
             codes += it.code;
             mag += std::fabs(qr[d]) * (it.scale * it.code + std::fabs(it.offset));
           }
         }
+        // Folded keys round q * S in units of max|q| * max S (operand_error).
+        if (k_folded) xs_max = q_max * s_max;
         double tol = 1e-5 * mag + 1e-6 + k_eps * xs_max * codes * 1.001;
         ASSERT_NEAR(s_simd[r * ld + t], s_ref[r * ld + t], tol) << kv_format_name(kf) << " trial " << trial;
       }
