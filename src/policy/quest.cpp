@@ -4,9 +4,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -216,6 +218,39 @@ void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_
 
 // --- selection ------------------------------------------------------------------
 
+float quest_kth_largest(std::span<const float> x, int k, std::vector<float>& scratch) {
+  const std::size_t n = x.size();
+  PAGODA_ASSERT(k >= 1 && static_cast<std::size_t>(k) <= n, "quest: the {}-th largest of {} values", k, n);
+  constexpr std::size_t stride = 8;
+  if (n >= 64 * stride && static_cast<std::size_t>(k) * 4 <= n) {
+    // A threshold from every 8th value, ranked about 3 standard deviations
+    // past where the k-th largest is expected among them, so that at least k
+    // values reach it unless the sample is very unlucky (then the plain path).
+    const std::size_t m = n / stride;
+    scratch.resize(n);
+    for (std::size_t i = 0; i < m; ++i) scratch[i] = x[i * stride];
+    const double expect = static_cast<double>(k) / stride;
+    const std::size_t r = std::min(m - 1, static_cast<std::size_t>(expect + 3 * std::sqrt(expect) + 4));
+    std::nth_element(scratch.begin(), scratch.begin() + r, scratch.begin() + m, std::greater<float>());
+    const float t = scratch[r];
+    // Every value >= t, branch-free; the k-th largest of them is the k-th
+    // largest of all when there are at least k.
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      scratch[c] = x[i];
+      c += x[i] >= t;
+    }
+    if (c >= static_cast<std::size_t>(k)) {
+      std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.begin() + c, std::greater<float>());
+      return scratch[k - 1];
+    }
+  }
+  scratch.assign(x.begin(), x.end());
+  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+  return scratch[k - 1];
+}
+
+
 namespace {
 
 // Per thread: select() runs on attention threads, for any sequence.
@@ -223,8 +258,7 @@ struct quest_scratch {
   std::vector<key_summary> summaries;  // f32 bounds: [candidates]
   quest_query8 query;                  // int8 bounds
   std::vector<float> bound;            // [candidates]
-  std::vector<float> sorted;           // [candidates]: the bounds, partly ordered
-  std::vector<std::uint8_t> read;      // [blocks]
+  std::vector<float> sorted;           // quest_kth_largest's scratch
 };
 thread_local quest_scratch t_scratch;
 
@@ -261,9 +295,14 @@ int quest_selector::int8_bounds(const kv_select_query& q, int c0, int c_end) {
   const std::size_t per_block = 2 * static_cast<std::size_t>(padded_dim_);
   // Cached entries stay valid while the table holds the same block there
   // (a truncation or compaction is announced by on_slots_changed).
-  std::size_t n = 0;
+  static_assert(std::has_unique_object_representations_v<block_id>, "ids are compared as bytes");
+  // (One comparison of the whole id arrays in the usual case where nothing
+  // changed: the mismatch search only when it fails.)
   const std::size_t limit = std::min(r.ids.size(), q.k->blocks.size());
-  while (n < limit && r.ids[n] == q.k->blocks[n]) ++n;
+  std::size_t n = limit;
+  if (limit > 0 && std::memcmp(r.ids.data(), q.k->blocks.data(), limit * sizeof(block_id)) != 0)
+    n = static_cast<std::size_t>(std::mismatch(r.ids.begin(), r.ids.begin() + limit, q.k->blocks.begin()).first -
+                                 r.ids.begin());
   if (n < r.ids.size()) {
     r.ids.resize(n);
     r.blocks.resize(n);
@@ -311,25 +350,31 @@ bool quest_selector::select(const kv_select_query& q, std::vector<slot_range>& o
   const int k = std::clamp(n_read - n_forced, 0, n_cand);
   if (k == n_cand && live_block == 0) return false;  // every block: a plain full read
 
-  quest_scratch& sc = t_scratch;
-  sc.read.assign(n_blocks, 0);
-  for (int b = live_block; b < n_blocks; ++b) sc.read[b] = b < c0 || b >= c1;
-  if (k > 0) {
-    // The k largest bounds: every bound above the k-th largest, then the
-    // oldest blocks whose bound equals it (a deterministic choice among ties).
-    sc.sorted.assign(sc.bound.begin(), sc.bound.begin() + n_cand);
-    std::nth_element(sc.sorted.begin(), sc.sorted.begin() + (k - 1), sc.sorted.end(), std::greater<float>());
-    const float kth = sc.sorted[k - 1];
-    int ties = k - static_cast<int>(std::count_if(sc.bound.begin(), sc.bound.begin() + n_cand, [&](float x) { return x > kth; }));
-    for (int i = 0; i < n_cand; ++i)
-      if (sc.bound[i] > kth || (sc.bound[i] == kth && ties-- > 0)) sc.read[c0 + i] = 1;
-  }
-  for (int b = live_block; b < n_blocks; ++b) {
-    if (!sc.read[b]) continue;
-    const int begin = b * bs, end = std::min(q.n_kv, begin + bs);
+  // Ranges in block order: the forced blocks before the candidates, the
+  // chosen candidates, the forced blocks after them. O(n_cand) simple passes
+  // and a partial selection of about k values (no sort, no per-block array).
+  auto add = [&](int b0, int b1) {  // blocks [b0, b1)
+    if (b0 >= b1) return;
+    const int begin = b0 * bs, end = std::min(q.n_kv, b1 * bs);
     if (!out.empty() && out.back().end == begin) out.back().end = end;
     else out.push_back({begin, end});
+  };
+  add(live_block, c0);
+  if (k > 0) {
+    quest_scratch& sc = t_scratch;
+    const float* bound = sc.bound.data();
+    // The k largest bounds: every bound above the k-th largest, then the
+    // oldest blocks whose bound equals it (a deterministic choice among ties).
+    const float kth = quest_kth_largest(std::span<const float>(bound, n_cand), k, sc.sorted);
+    int ties = k;
+    for (int i = 0; i < n_cand; ++i) ties -= bound[i] > kth;
+    for (int i = 0; i < n_cand; ++i) {
+      const bool take = bound[i] > kth || (bound[i] == kth && ties > 0);
+      ties -= bound[i] == kth && ties > 0;
+      if (take) add(c0 + i, c0 + i + 1);
+    }
   }
+  add(c1, n_blocks);
   return true;
 }
 

@@ -121,6 +121,13 @@ void quest_encode_query(const float* q, int n_rows, int head_dim, quest_query8& 
 void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out);
 void quest_bounds8_ref(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out);
 
+// The k-th largest of x (1 <= k <= x.size()), as std::nth_element would give
+// it, in O(n) simple passes: a threshold from a sample of x, the values at or
+// above it, and a partial selection among those (about 1.1 k + 3 sqrt(8 k)
+// values); the plain nth_element over all of x when the sample is too small
+// or unlucky. scratch: x.size() floats, reused across calls.
+float quest_kth_largest(std::span<const float> x, int k, std::vector<float>& scratch);
+
 // --- the selector ------------------------------------------------------------------
 
 // The per-sequence selector. select() may run concurrently for different

@@ -355,6 +355,30 @@ TEST_P(quest_bound_property, bound_is_at_least_every_score) {
   EXPECT_EQ(n_checked, H * (N / B) * R * B);
 }
 
+// The partial selection agrees with std::nth_element for every k, on random
+// values (the sampled threshold), monotone runs (where a stride sample sees
+// only one side), many ties, and short inputs (the plain path).
+TEST(quest_kth_largest_test, equals_nth_element) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> scratch;
+  int n_cases = 0;
+  for (int n : {1, 7, 511, 512, 2048, 3001})
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<float> x(n);
+      for (int i = 0; i < n; ++i)
+        x[i] = kind == 0 ? nd(rng) : kind == 1 ? static_cast<float>(i) : kind == 2 ? static_cast<float>(-i)
+                                                                                    : std::round(nd(rng) * 2);
+      for (int k = 1; k <= n; k += std::max(1, n / 97)) {
+        std::vector<float> want(x);
+        std::nth_element(want.begin(), want.begin() + (k - 1), want.end(), std::greater<float>());
+        ASSERT_EQ(quest_kth_largest(x, k, scratch), want[k - 1]) << "n " << n << " kind " << kind << " k " << k;
+        ++n_cases;
+      }
+    }
+  EXPECT_GT(n_cases, 1000);
+}
+
 // --- the selector -------------------------------------------------------------------
 
 // A decode query over the whole cache, for KV head h: n_rows = n_tokens x n_rep rows.
