@@ -161,7 +161,7 @@ void bm_quest(benchmark::State& st, std::string spec) {
   quest_params qp;
   qp.budget = 1.0 / inv_budget;
   qp.min_context = 0;
-  qp.int8_bounds = int8_bounds;
+  qp.bounds = int8_bounds ? quest_bounds_kind::int8 : quest_bounds_kind::f32;
   quest_selector selector(qp, n_layers, k_kv_heads, k_head_dim);
   attention_scratch scratch;
   std::vector<slot_range> ranges;
@@ -290,7 +290,7 @@ void bm_select(benchmark::State& st) {
   std::vector<float> scaled(p.q);
   for (float& x : scaled) x /= std::sqrt(static_cast<float>(k_head_dim));
   quest_params qp;
-  qp.int8_bounds = int8;
+  qp.bounds = int8 ? quest_bounds_kind::int8 : quest_bounds_kind::f32;
   quest_selector selector(qp, 1, k_kv_heads, k_head_dim);
   const std::int32_t q_pos = n_ctx - 1;
   kv_select_query q;

@@ -87,9 +87,9 @@ result<quest_params> parse_quest_params(const kv_policy_spec& spec) {
     if (key == "budget") {
       PAGODA_ASSIGN_OR_RETURN(p.budget, parse_fraction(value));
     } else if (key == "bounds") {
-      if (value != "int8" && value != "f32")
-        return error(errc::invalid_argument, "quest: bounds '{}': expected int8 or f32", value);
-      p.int8_bounds = value == "int8";
+      if (value != "int8" && value != "int4" && value != "f32")
+        return error(errc::invalid_argument, "quest: bounds '{}': expected int8, int4 or f32", value);
+      p.bounds = value == "int8" ? quest_bounds_kind::int8 : value == "int4" ? quest_bounds_kind::int4 : quest_bounds_kind::f32;
     } else if (key == "pages" || key == "sinks" || key == "min_context") {
       PAGODA_ASSIGN_OR_RETURN((key == "pages" ? p.pages : key == "sinks" ? p.sinks : p.min_context),
                               parse_count(key, value, key == "pages" ? 1 : 0));
@@ -169,8 +169,12 @@ quest_block8 quest_encode_block(const key_summary& s, int head_dim, std::int8_t*
 }
 
 void quest_encode_query(const float* q, int n_rows, int head_dim, quest_query8& out) {
+  quest_detail::encode_query(q, n_rows, head_dim, quest_padded_dim(head_dim), out);
+}
+
+void quest_detail::encode_query(const float* q, int n_rows, int head_dim, int padded_dim, quest_query8& out) {
   out.n_rows = n_rows;
-  out.padded_dim = quest_padded_dim(head_dim);
+  out.padded_dim = padded_dim;
   const std::size_t pd = out.padded_dim;
   out.pos.assign(static_cast<std::size_t>(n_rows) * pd, 0);
   out.neg.assign(static_cast<std::size_t>(n_rows) * pd, 0);
@@ -190,21 +194,8 @@ void quest_encode_query(const float* q, int n_rows, int head_dim, quest_query8& 
 }
 
 void quest_bounds8_ref(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out) {
-  const int pd = q.padded_dim;
-  for (int i = 0; i < n; ++i) {
-    const std::int8_t* lo = codes + static_cast<std::size_t>(i) * 2 * pd;
-    const std::int8_t* hi = lo + pd;
-    float best = -INFINITY;
-    for (int r = 0; r < q.n_rows && blocks[i].scale < INFINITY; ++r) {
-      std::int32_t p = 0, m = 0;
-      for (int d = 0; d < pd; ++d) {
-        p += q.pos[static_cast<std::size_t>(r) * pd + d] * hi[d];
-        m += q.neg[static_cast<std::size_t>(r) * pd + d] * lo[d];
-      }
-      best = std::max(best, quest_detail::finish8(p - m, blocks[i], 0.5f * q.scale[r]));
-    }
-    out[i] = blocks[i].scale < INFINITY ? best : INFINITY;
-  }
+  const std::size_t pd = q.padded_dim;
+  quest_detail::bounds_ref(q, blocks, n, out, [&](int i, int side, int d) { return codes[(2 * i + side) * pd + d]; });
 }
 
 void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out) {
@@ -257,6 +248,7 @@ namespace {
 struct quest_scratch {
   std::vector<key_summary> summaries;  // f32 bounds: [candidates]
   quest_query8 query;                  // int8 bounds
+  quest_query4 query4;                 // int4 bounds
   std::vector<float> bound;            // [candidates]
   std::vector<float> sorted;           // quest_kth_largest's scratch
 };
@@ -267,8 +259,10 @@ thread_local quest_scratch t_scratch;
 quest_selector::quest_selector(const quest_params& params, int n_layers, int n_kv_heads, int head_dim)
     : params_(params),
       n_kv_heads_(n_kv_heads),
-      padded_dim_(quest_padded_dim(head_dim)),
-      rows_(params.int8_bounds ? static_cast<std::size_t>(n_layers) * n_kv_heads : 0) {}
+      padded_dim_(params.bounds == quest_bounds_kind::int4 ? quest4_padded_dim(head_dim) : quest_padded_dim(head_dim)),
+      per_block_(params.bounds == quest_bounds_kind::int4 ? static_cast<std::size_t>(padded_dim_)
+                                                          : 2 * static_cast<std::size_t>(padded_dim_)),
+      rows_(params.bounds != quest_bounds_kind::f32 ? static_cast<std::size_t>(n_layers) * n_kv_heads : 0) {}
 
 int quest_selector::f32_bounds(const kv_select_query& q, int c0, int c_end) {
   quest_scratch& sc = t_scratch;
@@ -284,15 +278,44 @@ int quest_selector::f32_bounds(const kv_select_query& q, int c0, int c_end) {
   return c1;
 }
 
-int quest_selector::int8_bounds(const kv_select_query& q, int c0, int c_end) {
+void quest_selector::encode_new_blocks(const kv_select_query& q, row& r, int c_end) {
+  const bool int4 = params_.bounds == quest_bounds_kind::int4;
+  const int first = static_cast<int>(r.ids.size());
+  if (first >= c_end) return;
+  std::vector<key_summary>& sums = t_scratch.summaries;
+  sums.clear();
+  for (int b = first; b < c_end; ++b) {
+    const std::optional<key_summary> s = q.kv->key_summary_of(q.k->blocks[b], q.layer, q.kv_head);
+    if (!s) break;
+    sums.push_back(*s);
+  }
+  if (int4 && first == 0 && !sums.empty()) {
+    // The row's channel scales, from (up to 64 of) the blocks sealed now.
+    std::vector<key_summary> sample;
+    const std::size_t step = (sums.size() + 63) / 64;
+    for (std::size_t i = 0; i < sums.size(); i += step) sample.push_back(sums[i]);
+    r.channel_scale.resize(q.head_dim);
+    quest_channel_scales(sample, q.head_dim, r.channel_scale.data());
+  }
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    r.ids.push_back(q.k->blocks[first + i]);
+    r.codes.resize(r.codes.size() + per_block_);
+    std::int8_t* codes = r.codes.data() + r.codes.size() - per_block_;
+    r.blocks.push_back(int4 ? quest_encode_block4(sums[i], q.head_dim, r.channel_scale.data(),
+                                                  reinterpret_cast<std::uint8_t*>(codes))
+                            : quest_encode_block(sums[i], q.head_dim, codes));
+  }
+}
+
+int quest_selector::coded_bounds(const kv_select_query& q, int c0, int c_end) {
+  const bool int4 = params_.bounds == quest_bounds_kind::int4;
   PAGODA_ASSERT(q.layer >= 0 && q.kv_head >= 0 && q.kv_head < n_kv_heads_ &&
                     static_cast<std::size_t>(q.layer) * n_kv_heads_ + q.kv_head < rows_.size() &&
-                    quest_padded_dim(q.head_dim) == padded_dim_,
+                    (int4 ? quest4_padded_dim(q.head_dim) : quest_padded_dim(q.head_dim)) == padded_dim_,
                 "quest: a query for layer {} head {} of head_dim {} outside the selector's shape", q.layer,
                 q.kv_head, q.head_dim);
   row& r = rows_[static_cast<std::size_t>(q.layer) * n_kv_heads_ + q.kv_head];
   r.block_size = q.k->shape.block_size;
-  const std::size_t per_block = 2 * static_cast<std::size_t>(padded_dim_);
   // Cached entries stay valid while the table holds the same block there
   // (a truncation or compaction is announced by on_slots_changed).
   static_assert(std::has_unique_object_representations_v<block_id>, "ids are compared as bytes");
@@ -306,21 +329,22 @@ int quest_selector::int8_bounds(const kv_select_query& q, int c0, int c_end) {
   if (n < r.ids.size()) {
     r.ids.resize(n);
     r.blocks.resize(n);
-    r.codes.resize(n * per_block);
+    r.codes.resize(n * per_block_);
   }
-  for (int b = static_cast<int>(n); b < c_end; ++b) {
-    const std::optional<key_summary> s = q.kv->key_summary_of(q.k->blocks[b], q.layer, q.kv_head);
-    if (!s) break;
-    r.ids.push_back(q.k->blocks[b]);
-    r.codes.resize(r.codes.size() + per_block);
-    r.blocks.push_back(quest_encode_block(*s, q.head_dim, r.codes.data() + r.codes.size() - per_block));
-  }
+  encode_new_blocks(q, r, c_end);
   const int c1 = std::max(c0, std::min(c_end, static_cast<int>(r.ids.size())));
   quest_scratch& sc = t_scratch;
   sc.bound.resize(c1 - c0);
   if (c1 > c0) {
-    quest_encode_query(q.q, q.n_rows, q.head_dim, sc.query);
-    quest_bounds8(sc.query, r.codes.data() + c0 * per_block, r.blocks.data() + c0, c1 - c0, sc.bound.data());
+    const std::int8_t* codes = r.codes.data() + c0 * per_block_;
+    if (int4) {
+      quest_encode_query4(q.q, q.n_rows, q.head_dim, r.channel_scale.data(), sc.query4);
+      quest_bounds4(sc.query4, reinterpret_cast<const std::uint8_t*>(codes), r.blocks.data() + c0, c1 - c0,
+                    sc.bound.data());
+    } else {
+      quest_encode_query(q.q, q.n_rows, q.head_dim, sc.query);
+      quest_bounds8(sc.query, codes, r.blocks.data() + c0, c1 - c0, sc.bound.data());
+    }
   }
   return c1;
 }
@@ -344,7 +368,7 @@ bool quest_selector::select(const kv_select_query& q, std::vector<slot_range>& o
   // Candidates: the blocks from the sinks to the newest (excluded) that have a
   // bound, [c0, c1); every other live block is read.
   const int c0 = std::max(sink_end, live_block), c_end = std::max(c0, n_blocks - 1);
-  const int c1 = params_.int8_bounds ? int8_bounds(q, c0, c_end) : f32_bounds(q, c0, c_end);
+  const int c1 = params_.bounds != quest_bounds_kind::f32 ? coded_bounds(q, c0, c_end) : f32_bounds(q, c0, c_end);
   const int n_cand = c1 - c0;
   const int n_forced = n_blocks - live_block - n_cand;
   const int k = std::clamp(n_read - n_forced, 0, n_cand);
@@ -384,14 +408,15 @@ void quest_selector::on_slots_changed(int n_kv, bool kept) {
     const std::size_t keep = kept && r.block_size > 0 ? std::min<std::size_t>(r.ids.size(), n_kv / r.block_size) : 0;
     r.ids.resize(keep);
     r.blocks.resize(keep);
-    r.codes.resize(keep * 2 * static_cast<std::size_t>(padded_dim_));
+    r.codes.resize(keep * per_block_);
   }
 }
 
 std::size_t quest_selector::memory_bytes() const {
   std::size_t bytes = rows_.capacity() * sizeof(row);
   for (const row& r : rows_)
-    bytes += r.ids.capacity() * sizeof(block_id) + r.codes.capacity() + r.blocks.capacity() * sizeof(quest_block8);
+    bytes += r.ids.capacity() * sizeof(block_id) + r.codes.capacity() + r.blocks.capacity() * sizeof(quest_block8) +
+             r.channel_scale.capacity() * sizeof(float);
   return bytes;
 }
 

@@ -144,4 +144,74 @@ void bounds8_avx512(const quest_query8& q, const std::int8_t* codes, const quest
     for (int i = 0; i < n; ++i) out[i] = blocks[i].scale < INFINITY ? -INFINITY : INFINITY;
 }
 
+namespace {
+// int4 (quest_bounds4): four rows [r0, r0 + nr) against every block, as
+// rows4 with two vectors of channels from each 64-byte load of nibbles.
+// NG > 0: NG groups of 128 channels, the rows' codes in registers.
+template <int NG>
+void rows4_int4(const quest_query4& q4, const float* half, const std::int32_t* bias, int r0, int nr,
+                const std::uint8_t* codes, const quest_block8* blocks, int n, float* out, bool first) {
+  const quest_query8& q = q4.q;
+  const int pd = q.padded_dim, n_grp = NG > 0 ? NG : pd / 128;
+  auto query = [&](const std::vector<std::uint8_t>& c, int j, int v) {
+    return j < nr ? _mm512_loadu_si512(c.data() + static_cast<std::size_t>(r0 + j) * pd + v * 64)
+                  : _mm512_setzero_si512();
+  };
+  __m512i qp[4][NG > 0 ? 2 * NG : 1], qn[4][NG > 0 ? 2 * NG : 1];
+  if constexpr (NG > 0)
+    for (int j = 0; j < 4; ++j)
+      for (int v = 0; v < 2 * NG; ++v) {
+        qp[j][v] = query(q.pos, j, v);
+        qn[j][v] = query(q.neg, j, v);
+      }
+  const __m128i bias4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bias + r0));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int i = 0; i < n; ++i) {
+    if (!(blocks[i].scale < INFINITY)) {
+      out[i] = INFINITY;
+      continue;
+    }
+    const std::uint8_t* lo = codes + static_cast<std::size_t>(i) * pd;
+    const std::uint8_t* hi = lo + pd / 2;
+    if (first && i + 2 * k_ahead < n)  // 2 x the blocks of rows4: the same bytes ahead
+      for (int v = 0; v < n_grp; ++v) {
+        _mm_prefetch(reinterpret_cast<const char*>(lo + 2 * k_ahead * pd + v * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(hi + 2 * k_ahead * pd + v * 64), _MM_HINT_T0);
+      }
+    __m512i ap[4], an[4];
+    for (int j = 0; j < 4; ++j) ap[j] = an[j] = _mm512_setzero_si512();
+    for (int g = 0; g < n_grp; ++g) {
+      const __m512i l = _mm512_loadu_si512(lo + g * 64), h = _mm512_loadu_si512(hi + g * 64);
+      const __m512i l0 = _mm512_and_si512(l, low4), l1 = _mm512_and_si512(_mm512_srli_epi16(l, 4), low4);
+      const __m512i h0 = _mm512_and_si512(h, low4), h1 = _mm512_and_si512(_mm512_srli_epi16(h, 4), low4);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (NG > 0) {
+          ap[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ap[j], qp[j][2 * g], h0), qp[j][2 * g + 1], h1);
+          an[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(an[j], qn[j][2 * g], l0), qn[j][2 * g + 1], l1);
+        } else if (j < nr) {
+          ap[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ap[j], query(q.pos, j, 2 * g), h0), query(q.pos, j, 2 * g + 1), h1);
+          an[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(an[j], query(q.neg, j, 2 * g), l0), query(q.neg, j, 2 * g + 1), l1);
+        }
+      }
+    }
+    const __m128i pm = sum4(_mm512_sub_epi32(ap[0], an[0]), _mm512_sub_epi32(ap[1], an[1]),
+                            _mm512_sub_epi32(ap[2], an[2]), _mm512_sub_epi32(ap[3], an[3]));
+    const float b = finish8_x4(_mm_sub_epi32(pm, bias4), blocks[i], half + r0, nr);
+    out[i] = first ? b : std::max(out[i], b);
+  }
+}
+}  // namespace
+
+void bounds4_avx512(const quest_query4& q, const std::uint8_t* codes, const quest_block8* blocks, int n, float* out) {
+  const int n_rows = q.q.n_rows;
+  for (int r0 = 0; r0 < n_rows; r0 += 4) {
+    const int nr = std::min(4, n_rows - r0);
+    const bool first = r0 == 0;
+    if (q.q.padded_dim == 128) rows4_int4<1>(q, q.half_scale.data(), q.bias.data(), r0, nr, codes, blocks, n, out, first);
+    else rows4_int4<0>(q, q.half_scale.data(), q.bias.data(), r0, nr, codes, blocks, n, out, first);
+  }
+  if (n_rows == 0)
+    for (int i = 0; i < n; ++i) out[i] = blocks[i].scale < INFINITY ? -INFINITY : INFINITY;
+}
+
 }  // namespace pagoda::quest_detail
