@@ -15,8 +15,9 @@
 // sixteenth of 128 MiB of f16 KV plus the summaries) would otherwise stay in
 // it. Medians of each; speedup = full / quest from the same run.
 //
-// int8_bounds: 1 for quest's default bounds (int8 codes the selector keeps),
-// 0 for bounds=f32 (the backend's f32 summaries, read on every step).
+// bounds: 1 for bounds=int8 (the default: int8 codes the selector keeps), 2
+// for bounds=int4 (nibble codes, half the bytes), 0 for bounds=f32 (the
+// backend's f32 summaries, read on every step).
 //
 // layers: the KV layout's layer count. Only layer 0 is written and read, but
 // kv_storage keeps key summaries as [block][layer][head][min|max|mean], so
@@ -27,6 +28,7 @@
 //   full_us, quest_us   thread CPU time of one step (8 KV heads)
 //   select_us           CPU time of quest's selection (its share of quest_us)
 //   sparse_attn_us      CPU time of quest's attention over the ranges
+//   select_of_read      select_us / sparse_attn_us: selection against the read it saves for
 //   speedup             full_us / quest_us (CPU time)
 //   speedup_wall        the same ratio of wall-clock medians
 //   read                fraction of the blocks quest read (sinks and newest included)
@@ -41,6 +43,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -115,6 +118,10 @@ void evict_cache() {
   benchmark::DoNotOptimize(s);
 }
 
+quest_bounds_kind bounds_kind(int arg) {
+  return arg == 0 ? quest_bounds_kind::f32 : arg == 1 ? quest_bounds_kind::int8 : quest_bounds_kind::int4;
+}
+
 double thread_cpu_s() {
   timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -151,7 +158,7 @@ void bm_quest(benchmark::State& st, std::string spec) {
   const int n_ctx = static_cast<int>(st.range(0));
   const int inv_budget = static_cast<int>(st.range(1));
   const int n_layers = static_cast<int>(st.range(2));
-  const bool int8_bounds = st.range(3) != 0;
+  const int bounds = static_cast<int>(st.range(3));
   const bool shuffled = st.range(4) != 0;
   pool& p = pool_for(spec, n_ctx, n_layers, shuffled);
   const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx), vview = p.kv->v_view(0, p.table, n_ctx);
@@ -161,7 +168,7 @@ void bm_quest(benchmark::State& st, std::string spec) {
   quest_params qp;
   qp.budget = 1.0 / inv_budget;
   qp.min_context = 0;
-  qp.bounds = int8_bounds ? quest_bounds_kind::int8 : quest_bounds_kind::f32;
+  qp.bounds = bounds_kind(bounds);
   quest_selector selector(qp, n_layers, k_kv_heads, k_head_dim);
   attention_scratch scratch;
   std::vector<slot_range> ranges;
@@ -238,6 +245,7 @@ void bm_quest(benchmark::State& st, std::string spec) {
   st.counters["quest_us"] = median(quest_s) * 1e6;
   st.counters["select_us"] = median(select_s) * 1e6;
   st.counters["sparse_attn_us"] = median(attn_s) * 1e6;
+  st.counters["select_of_read"] = median(select_s) / median(attn_s);
   st.counters["speedup"] = median(full_s) / median(quest_s);
   st.counters["speedup_wall"] = median(full_wall) / median(quest_wall);
   st.counters["read"] = read_slots / (static_cast<double>(quest_s.size()) * k_kv_heads * n_ctx);
@@ -247,7 +255,7 @@ void bm_quest(benchmark::State& st, std::string spec) {
 // The bound kernels alone, hot in cache: 2048 blocks (32K tokens), 4 rows
 // (one decode token of a GQA-4 group), head_dim 128; blocks/s by CPU time.
 void bm_bounds(benchmark::State& st) {
-  const bool int8 = st.range(0) != 0;
+  const quest_bounds_kind kind = bounds_kind(static_cast<int>(st.range(0)));
   const int n = 2048, rows = k_rep, hd = k_head_dim;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -259,18 +267,27 @@ void bm_bounds(benchmark::State& st) {
   }
   for (float& x : q) x = nd(rng);
   std::vector<key_summary> sums(n);
-  std::vector<std::int8_t> codes(static_cast<std::size_t>(n) * 2 * quest_padded_dim(hd));
-  std::vector<quest_block8> blocks(n);
+  const std::size_t per8 = 2 * static_cast<std::size_t>(quest_padded_dim(hd)), per4 = quest4_padded_dim(hd);
+  std::vector<std::int8_t> codes(n * per8);
+  std::vector<std::uint8_t> codes4(n * per4);
+  std::vector<quest_block8> blocks(n), blocks4(n);
+  std::vector<float> scales(hd);
+  for (int i = 0; i < n; ++i) sums[i] = {&lo[static_cast<std::size_t>(i) * hd], &hi[static_cast<std::size_t>(i) * hd], nullptr};
+  quest_channel_scales(sums, hd, scales.data());
   for (int i = 0; i < n; ++i) {
-    sums[i] = {&lo[static_cast<std::size_t>(i) * hd], &hi[static_cast<std::size_t>(i) * hd], nullptr};
-    blocks[i] = quest_encode_block(sums[i], hd, codes.data() + static_cast<std::size_t>(i) * 2 * quest_padded_dim(hd));
+    blocks[i] = quest_encode_block(sums[i], hd, codes.data() + i * per8);
+    blocks4[i] = quest_encode_block4(sums[i], hd, scales.data(), codes4.data() + i * per4);
   }
   quest_query8 q8;
+  quest_query4 q4;
   std::vector<float> out(n);
   for (auto _ : st) {
-    if (int8) {
+    if (kind == quest_bounds_kind::int8) {
       quest_encode_query(q.data(), rows, hd, q8);
       quest_bounds8(q8, codes.data(), blocks.data(), n, out.data());
+    } else if (kind == quest_bounds_kind::int4) {
+      quest_encode_query4(q.data(), rows, hd, scales.data(), q4);
+      quest_bounds4(q4, codes4.data(), blocks4.data(), n, out.data());
     } else {
       quest_bounds(q.data(), rows, hd, sums, out.data());
     }
@@ -280,17 +297,42 @@ void bm_bounds(benchmark::State& st) {
   st.SetLabel(simd_level_name(active_simd_level()));
 }
 
+// The k-th largest of 2046 random bounds (k = 254: a 32K-token step's
+// candidates at 1/8), quest_kth_largest (kth:1) against std::nth_element
+// over a copy (kth:0), on 64 arrays in turn.
+void bm_kth(benchmark::State& st) {
+  const bool ours = st.range(0) != 0;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(100.0f, 5.0f);
+  std::vector<std::vector<float>> xs(64, std::vector<float>(2046));  // the branch predictor must not learn one
+  for (auto& x : xs)
+    for (float& v : x) v = nd(rng);
+  std::vector<float> scratch;
+  std::size_t at = 0;
+  for (auto _ : st) {
+    const std::vector<float>& x = xs[at++ % xs.size()];
+    float kth = 0;
+    if (ours) {
+      kth = quest_kth_largest(x, 254, scratch);
+    } else {
+      scratch.assign(x.begin(), x.end());
+      std::nth_element(scratch.begin(), scratch.begin() + 253, scratch.end(), std::greater<float>());
+      kth = scratch[253];
+    }
+    benchmark::DoNotOptimize(kth);
+  }
+}
+
 // quest_selector::select alone, hot in cache, one KV head of a 32K-token
 // f16 pool (2048 blocks): bounds, top-k and ranges; selects/s by CPU time.
 void bm_select(benchmark::State& st) {
-  const bool int8 = st.range(0) != 0;
   const int n_ctx = 32768;
   pool& p = pool_for("f16", n_ctx, 1);
   const paged_kv_view kview = p.kv->k_view(0, p.table, n_ctx);
   std::vector<float> scaled(p.q);
   for (float& x : scaled) x /= std::sqrt(static_cast<float>(k_head_dim));
   quest_params qp;
-  qp.bounds = int8 ? quest_bounds_kind::int8 : quest_bounds_kind::f32;
+  qp.bounds = bounds_kind(static_cast<int>(st.range(0)));
   quest_selector selector(qp, 1, k_kv_heads, k_head_dim);
   const std::int32_t q_pos = n_ctx - 1;
   kv_select_query q;
@@ -339,15 +381,16 @@ void register_all() {
         ->Arg(1)
         ->ArgName("scattered")
         ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("select", bm_select)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("bounds", bm_bounds)->Arg(1)->Arg(0)->ArgName("int8")->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("select", bm_select)->Arg(2)->Arg(1)->Arg(0)->ArgName("bounds")->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("kth", bm_kth)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("bounds", bm_bounds)->Arg(2)->Arg(1)->Arg(0)->ArgName("bounds")->Unit(benchmark::kMicrosecond);
   for (const char* spec : {"f16", "int8"}) {
     auto* b = benchmark::RegisterBenchmark(fmt::format("quest/{}", spec).c_str(), bm_quest, std::string(spec));
-    for (int ctx : {32768, 131072})
+    for (int ctx : {16384, 32768, 131072})
       for (int layers : {1, 32})
         for (int shuffled : {0, 1})  // (a pool per (ctx, layers, shuffled): bounds innermost)
-          for (int int8_bounds : {1, 0}) b->Args({ctx, 8, layers, int8_bounds, shuffled});
-    b->ArgNames({"ctx", "inv_budget", "layers", "int8_bounds", "shuffled"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
+          for (int bounds : {2, 1, 0}) b->Args({ctx, 8, layers, bounds, shuffled});
+    b->ArgNames({"ctx", "inv_budget", "layers", "bounds", "shuffled"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(2.0);
   }
 }
 

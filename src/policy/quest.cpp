@@ -186,9 +186,12 @@ void quest_detail::encode_query(const float* q, int n_rows, int head_dim, int pa
     out.scale[r] = m / 127;
     if (!(m > 0)) continue;  // a zero row scores 0 (a NaN row: NaN scale, +inf bounds)
     const float inv = 127 / m;
-    for (int d = 0; d < head_dim; ++d) {
+    std::uint8_t* pos = out.pos.data() + r * pd;
+    std::uint8_t* neg = out.neg.data() + r * pd;
+    for (int d = 0; d < head_dim; ++d) {  // branch-free: the signs are random
       const auto u = static_cast<std::uint8_t>(std::min(127.0f, std::nearbyint(std::fabs(qr[d]) * inv)));
-      (qr[d] >= 0 ? out.pos : out.neg)[r * pd + d] = u;
+      pos[d] = qr[d] >= 0 ? u : 0;
+      neg[d] = qr[d] >= 0 ? 0 : u;
     }
   }
 }
@@ -209,38 +212,69 @@ void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_
 
 // --- selection ------------------------------------------------------------------
 
+namespace {
+
+// The k-th largest of a[0, m) (1 <= k <= m), destroying a; tmp holds m
+// floats. Quickselect whose partitions are branch-free (each value is
+// written to both ends of tmp, and only the matching end's cursor moves):
+// with bounds in random order a branchy partition mispredicts about half
+// of its comparisons.
+float select_kth(float* a, float* tmp, std::size_t m, std::size_t k) {
+  for (int round = 0; m > 16 && round < 48; ++round) {
+    const float x0 = a[0], x1 = a[m / 2], x2 = a[m - 1];
+    const float p = std::max(std::min(x0, x1), std::min(std::max(x0, x1), x2));  // median of three
+    std::size_t g = 0, l = m;  // tmp: [0, g) above p, [l, m) below it
+    for (std::size_t i = 0; i < m; ++i) {
+      const float x = a[i];
+      tmp[l - 1] = x;  // (when g == l - 1 both writes store x)
+      tmp[g] = x;
+      g += x > p;
+      l -= x < p;
+    }
+    if (k <= g) {
+      m = g;
+    } else if (k <= l) {
+      return p;  // [g, l) equal p
+    } else {
+      tmp += l;
+      m -= l;
+      k -= l;
+    }
+    std::swap(a, tmp);
+  }
+  std::nth_element(a, a + (k - 1), a + m, std::greater<float>());
+  return a[k - 1];
+}
+
+}  // namespace
+
 float quest_kth_largest(std::span<const float> x, int k, std::vector<float>& scratch) {
   const std::size_t n = x.size();
   PAGODA_ASSERT(k >= 1 && static_cast<std::size_t>(k) <= n, "quest: the {}-th largest of {} values", k, n);
+  scratch.resize(2 * n);
+  float* const buf = scratch.data();
   constexpr std::size_t stride = 8;
   if (n >= 64 * stride && static_cast<std::size_t>(k) * 4 <= n) {
     // A threshold from every 8th value, ranked about 3 standard deviations
     // past where the k-th largest is expected among them, so that at least k
     // values reach it unless the sample is very unlucky (then the plain path).
     const std::size_t m = n / stride;
-    scratch.resize(n);
-    for (std::size_t i = 0; i < m; ++i) scratch[i] = x[i * stride];
+    for (std::size_t i = 0; i < m; ++i) buf[i] = x[i * stride];
     const double expect = static_cast<double>(k) / stride;
     const std::size_t r = std::min(m - 1, static_cast<std::size_t>(expect + 3 * std::sqrt(expect) + 4));
-    std::nth_element(scratch.begin(), scratch.begin() + r, scratch.begin() + m, std::greater<float>());
-    const float t = scratch[r];
+    const float t = select_kth(buf, buf + n, m, r + 1);
     // Every value >= t, branch-free; the k-th largest of them is the k-th
     // largest of all when there are at least k.
     std::size_t c = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      scratch[c] = x[i];
+      buf[c] = x[i];
       c += x[i] >= t;
     }
-    if (c >= static_cast<std::size_t>(k)) {
-      std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.begin() + c, std::greater<float>());
-      return scratch[k - 1];
-    }
+    if (c >= static_cast<std::size_t>(k)) return select_kth(buf, buf + n, c, k);
   }
-  scratch.assign(x.begin(), x.end());
-  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
-  return scratch[k - 1];
+  std::copy(x.begin(), x.end(), buf);
+  return select_kth(buf, buf + n, n, k);
 }
-
 
 namespace {
 
@@ -251,6 +285,7 @@ struct quest_scratch {
   quest_query4 query4;                 // int4 bounds
   std::vector<float> bound;            // [candidates]
   std::vector<float> sorted;           // quest_kth_largest's scratch
+  std::vector<int> chosen;             // [candidates]: indices of the chosen ones
 };
 thread_local quest_scratch t_scratch;
 
@@ -392,11 +427,16 @@ bool quest_selector::select(const kv_select_query& q, std::vector<slot_range>& o
     const float kth = quest_kth_largest(std::span<const float>(bound, n_cand), k, sc.sorted);
     int ties = k;
     for (int i = 0; i < n_cand; ++i) ties -= bound[i] > kth;
+    // The chosen indices, branch-free (1/8 of them in random places), then their ranges.
+    sc.chosen.resize(n_cand);
+    int n_chosen = 0;
     for (int i = 0; i < n_cand; ++i) {
-      const bool take = bound[i] > kth || (bound[i] == kth && ties > 0);
-      ties -= bound[i] == kth && ties > 0;
-      if (take) add(c0 + i, c0 + i + 1);
+      const int tie = bound[i] == kth && ties > 0;
+      sc.chosen[n_chosen] = i;
+      n_chosen += (bound[i] > kth) | tie;
+      ties -= tie;
     }
+    for (int j = 0; j < n_chosen; ++j) add(c0 + sc.chosen[j], c0 + sc.chosen[j] + 1);
   }
   add(c1, n_blocks);
   return true;

@@ -164,11 +164,11 @@ void quest_encode_query4(const float* q, int n_rows, int head_dim, const float* 
 void quest_bounds4(const quest_query4& q, const std::uint8_t* codes, const quest_block8* blocks, int n, float* out);
 void quest_bounds4_ref(const quest_query4& q, const std::uint8_t* codes, const quest_block8* blocks, int n, float* out);
 
-// The k-th largest of x (1 <= k <= x.size()), as std::nth_element would give
-// it, in O(n) simple passes: a threshold from a sample of x, the values at or
-// above it, and a partial selection among those (about 1.1 k + 3 sqrt(8 k)
-// values); the plain nth_element over all of x when the sample is too small
-// or unlucky. scratch: x.size() floats, reused across calls.
+// The k-th largest of x (1 <= k <= x.size(); no NaN in x), as std::nth_element
+// would give it, in O(n) simple passes: a threshold from a sample of x, the
+// values at or above it, and a branch-free quickselect among those (about
+// k + 3 sqrt(8 k) values); a quickselect over all of x when the sample is too
+// small or unlucky. scratch: 2 x.size() floats, reused across calls.
 float quest_kth_largest(std::span<const float> x, int k, std::vector<float>& scratch);
 
 // --- the selector ------------------------------------------------------------------
