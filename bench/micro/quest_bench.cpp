@@ -4,8 +4,8 @@
 // (consecutive block ids, shuffled:0) or a fragmented one (a random
 // permutation of the pool, shuffled:1; in this VM scattered 2-4 KiB tile
 // reads run at about half the speed of sequential ones, bench/RESULTS.md). Full = paged_attention over every slot; quest = for every KV
-// head, quest_selector::select (bounds, top-k, ranges) and then
-// paged_attention over the ranges. Selection is
+// head, quest_selector::select (bounds, top-k, ranges), and then for every
+// head paged_attention over its ranges. Selection is
 // included in quest's time.
 //
 // The two run interleaved in one benchmark (full then quest, then quest then
@@ -35,8 +35,9 @@
 //
 //   build/release/bench/quest_bench --benchmark_filter='quest/'            (the steps)
 //   build/release/bench/quest_bench --benchmark_filter='quest/.*ctx:32768/' (32K only)
-//   build/release/bench/quest_bench --benchmark_filter='^(select|bounds|sparse_hot)'
+//   build/release/bench/quest_bench --benchmark_filter='^(select|bounds|kth|sparse_hot)'
 //                                          (selection and sparse reads hot in cache)
+//   build/release/bench/quest_bench --benchmark_filter='^quality'  (what each bound chooses)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -171,7 +172,6 @@ void bm_quest(benchmark::State& st, std::string spec) {
   qp.bounds = bounds_kind(bounds);
   quest_selector selector(qp, n_layers, k_kv_heads, k_head_dim);
   attention_scratch scratch;
-  std::vector<slot_range> ranges;
   std::vector<float> out(p.q.size());
   const std::int32_t q_pos = n_ctx - 1;
 
@@ -180,7 +180,13 @@ void bm_quest(benchmark::State& st, std::string spec) {
     for (int h = 0; h < k_kv_heads; ++h) paged_attention(task(h), scratch);
   };
   double read_slots = 0;
+  // The 8 selections, then the 8 sparse reads: one CPU-clock reading around
+  // the selections (a reading is a system call, 1.3-2.9 us in this VM: one
+  // per head would add 10-25 us to the selection's figure).
+  std::vector<std::vector<slot_range>> head_ranges(k_kv_heads);
+  std::vector<char> head_sparse(k_kv_heads);
   auto quest_step = [&](double& select_s) {
+    const double t0 = thread_cpu_s();
     for (int h = 0; h < k_kv_heads; ++h) {
       kv_select_query q;
       q.layer = 0;
@@ -194,13 +200,14 @@ void bm_quest(benchmark::State& st, std::string spec) {
       q.n_rep = k_rep;
       q.head_dim = k_head_dim;
       q.q_pos = {&q_pos, 1};
-      const double t0 = thread_cpu_s();
-      const bool sparse = selector.select(q, ranges);
-      select_s += thread_cpu_s() - t0;
+      head_sparse[h] = selector.select(q, head_ranges[h]);
+    }
+    select_s += thread_cpu_s() - t0;
+    for (int h = 0; h < k_kv_heads; ++h) {
       attention_task t = task(h);
-      if (sparse) t.ranges = ranges;
+      if (head_sparse[h]) t.ranges = head_ranges[h];
       for (const slot_range& r : t.ranges) read_slots += r.end - r.begin;
-      if (!sparse) read_slots += n_ctx;
+      if (!head_sparse[h]) read_slots += n_ctx;
       paged_attention(t, scratch);
     }
   };
@@ -374,7 +381,120 @@ void bm_sparse_hot(benchmark::State& st, std::string spec) {
     }
 }
 
+// What each bound chooses, not how fast: one decode step at 32K tokens
+// (8 KV heads x 4 query rows, head_dim 128, f32 KV so the summaries are of
+// the keys themselves), budget 1/8. Keys as in the steps above (N(0, 1),
+// every 16th channel 8x); planted:1 adds to 1% of the tokens (random ones)
+// 0.5 sqrt(head_dim) along one query row's direction (about 5.7 more score
+// there: attention mass concentrated in few tokens, as real heads have it).
+// Per KV head: mass(S) = mean over its rows of the softmax mass (over all
+// tokens, scores scaled by 1/sqrt(head_dim)) in the blocks S reads; the
+// oracle reads the n_read blocks of the largest mass. Counters, means over
+// heads: mass_<bounds> = mass(Quest's selection) / mass(oracle's);
+// same_<bounds> = the share of the f32 bound's chosen blocks that int8 /
+// int4 choose too.
+void bm_quality(benchmark::State& st) {
+  const bool planted = st.range(0) != 0;
+  const int n_ctx = 32768, n_blocks = n_ctx / k_block, rows = k_rep;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(static_cast<std::size_t>(k_kv_heads) * rows * k_head_dim);
+  for (float& x : q) x = nd(rng) / std::sqrt(static_cast<float>(k_head_dim));  // pre-scaled
+  std::vector<float> k(static_cast<std::size_t>(n_ctx) * k_kv_heads * k_head_dim), v(k.size(), 0.0f);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = nd(rng) * (i % k_head_dim % 16 == 5 ? 8.0f : 1.0f);
+  if (planted)
+    for (int t = 0; t < n_ctx; ++t)
+      for (int h = 0; h < k_kv_heads; ++h) {
+        if (rng() % 100 != 0) continue;
+        const float* qr = &q[(static_cast<std::size_t>(h) * rows + rng() % rows) * k_head_dim];
+        double norm = 0;
+        for (int d = 0; d < k_head_dim; ++d) norm += qr[d] * qr[d];
+        float* kt = &k[(static_cast<std::size_t>(t) * k_kv_heads + h) * k_head_dim];
+        for (int d = 0; d < k_head_dim; ++d) kt[d] += static_cast<float>(0.5 * std::sqrt(k_head_dim) * qr[d] / std::sqrt(norm));
+      }
+  kv_layout layout = kv_layout::uniform(1, k_kv_heads, k_head_dim, k_block, kv_type::f32, kv_type::f32);
+  layout.key_summaries = true;
+  auto kv = std::move(*kv_storage::create(layout, n_blocks));
+  std::vector<block_id> table;
+  for (int b = 0; b < n_blocks; ++b) table.push_back(block_id(b));
+  kv->write(0, table, 0, n_ctx, k.data(), v.data());
+  const paged_kv_view kview = kv->k_view(0, table, n_ctx);
+  std::vector<std::int32_t> pos(n_ctx);
+  std::iota(pos.begin(), pos.end(), 0);
+  const std::int32_t q_pos = n_ctx - 1;
+  const quest_bounds_kind kinds[3] = {quest_bounds_kind::f32, quest_bounds_kind::int8, quest_bounds_kind::int4};
+  double mass_sum[3] = {0, 0, 0}, same_sum[3] = {0, 0, 0};
+  for (auto _ : st) {
+    for (int h = 0; h < k_kv_heads; ++h) {
+      // Each row's softmax mass per block.
+      std::vector<double> block_mass(static_cast<std::size_t>(rows) * n_blocks, 0.0);
+      for (int r = 0; r < rows; ++r) {
+        const float* qr = &q[(static_cast<std::size_t>(h) * rows + r) * k_head_dim];
+        std::vector<double> s(n_ctx);
+        double mx = -INFINITY, z = 0;
+        for (int t = 0; t < n_ctx; ++t) {
+          const float* kt = &k[(static_cast<std::size_t>(t) * k_kv_heads + h) * k_head_dim];
+          double dot = 0;
+          for (int d = 0; d < k_head_dim; ++d) dot += static_cast<double>(qr[d]) * kt[d];
+          s[t] = dot;
+          mx = std::max(mx, dot);
+        }
+        for (int t = 0; t < n_ctx; ++t) z += std::exp(s[t] - mx);
+        for (int t = 0; t < n_ctx; ++t) block_mass[static_cast<std::size_t>(r) * n_blocks + t / k_block] += std::exp(s[t] - mx) / z;
+      }
+      auto mass_of = [&](const std::vector<int>& blocks) {
+        double m = 0;
+        for (int b : blocks)
+          for (int r = 0; r < rows; ++r) m += block_mass[static_cast<std::size_t>(r) * n_blocks + b];
+        return m / rows;
+      };
+      quest_params qp;
+      const int n_read = qp.blocks_read(n_blocks);
+      std::vector<int> order(n_blocks);
+      std::iota(order.begin(), order.end(), 0);
+      std::vector<double> total(n_blocks, 0.0);
+      for (int b = 0; b < n_blocks; ++b)
+        for (int r = 0; r < rows; ++r) total[b] += block_mass[static_cast<std::size_t>(r) * n_blocks + b];
+      std::partial_sort(order.begin(), order.begin() + n_read, order.end(), [&](int a, int b) { return total[a] > total[b]; });
+      const double oracle = mass_of(std::vector<int>(order.begin(), order.begin() + n_read));
+      std::vector<int> chosen[3];
+      for (int m = 0; m < 3; ++m) {
+        qp.bounds = kinds[m];
+        quest_selector sel(qp, 1, k_kv_heads, k_head_dim);
+        kv_select_query sq;
+        sq.layer = 0;
+        sq.kv_head = h;
+        sq.k = &kview;
+        sq.kv = kv.get();
+        sq.kv_pos = pos;
+        sq.n_kv = n_ctx;
+        sq.q = &q[static_cast<std::size_t>(h) * rows * k_head_dim];
+        sq.n_rows = sq.n_rep = rows;
+        sq.head_dim = k_head_dim;
+        sq.q_pos = {&q_pos, 1};
+        std::vector<slot_range> ranges;
+        sel.select(sq, ranges);
+        for (const slot_range& rg : ranges)
+          for (int b = rg.begin / k_block; b * k_block < rg.end; ++b) chosen[m].push_back(b);
+        mass_sum[m] += mass_of(chosen[m]) / oracle;
+      }
+      for (int m = 1; m < 3; ++m) {
+        int same = 0;
+        for (int b : chosen[m]) same += std::binary_search(chosen[0].begin(), chosen[0].end(), b);
+        same_sum[m] += static_cast<double>(same) / static_cast<double>(chosen[0].size());
+      }
+    }
+  }
+  const double n = static_cast<double>(st.iterations()) * k_kv_heads;
+  st.counters["mass_f32"] = mass_sum[0] / n;
+  st.counters["mass_int8"] = mass_sum[1] / n;
+  st.counters["mass_int4"] = mass_sum[2] / n;
+  st.counters["same_int8"] = same_sum[1] / n;
+  st.counters["same_int4"] = same_sum[2] / n;
+}
+
 void register_all() {
+  benchmark::RegisterBenchmark("quality", bm_quality)->Arg(0)->Arg(1)->ArgName("planted")->Iterations(1)->Unit(benchmark::kMillisecond);
   for (const char* spec : {"f16", "int8"})
     benchmark::RegisterBenchmark(fmt::format("sparse_hot/{}", spec).c_str(), bm_sparse_hot, std::string(spec))
         ->Arg(0)

@@ -315,8 +315,16 @@ int quest_selector::f32_bounds(const kv_select_query& q, int c0, int c_end) {
 
 void quest_selector::encode_new_blocks(const kv_select_query& q, row& r, int c_end) {
   const bool int4 = params_.bounds == quest_bounds_kind::int4;
+  if (static_cast<int>(r.ids.size()) >= c_end) return;
+  if (int4 && c_end >= 2 * r.scales_blocks && c_end > r.scales_blocks + 8) {
+    // Channel scales taken from few blocks (a context that grew from a short
+    // prompt) describe the keys since poorly: at each doubling of the row,
+    // new scales and codes (O(1) amortized per block).
+    r.ids.clear();
+    r.blocks.clear();
+    r.codes.clear();
+  }
   const int first = static_cast<int>(r.ids.size());
-  if (first >= c_end) return;
   std::vector<key_summary>& sums = t_scratch.summaries;
   sums.clear();
   for (int b = first; b < c_end; ++b) {
@@ -331,6 +339,7 @@ void quest_selector::encode_new_blocks(const kv_select_query& q, row& r, int c_e
     for (std::size_t i = 0; i < sums.size(); i += step) sample.push_back(sums[i]);
     r.channel_scale.resize(q.head_dim);
     quest_channel_scales(sample, q.head_dim, r.channel_scale.data());
+    r.scales_blocks = static_cast<int>(sums.size());
   }
   for (std::size_t i = 0; i < sums.size(); ++i) {
     r.ids.push_back(q.k->blocks[first + i]);

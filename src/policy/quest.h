@@ -133,9 +133,11 @@ void quest_bounds8_ref(const quest_query8& q, const std::int8_t* codes, const qu
 // (quest_channel_scales, fixed when the row's first codes are made); the
 // bound is then the int8 bound of y_d = x_d / s_d against the folded query
 // q'_d = q_d s_d (q'_d y_d = q_d x_d; exact, s_d being a power of two). Codes
-// are c in [-7, 7] per block scale, rounded outward, stored as c + 8 in
-// nibbles: per 128 channels, byte j holds channel j (low nibble) and channel
-// 64 + j (high nibble), so one 64-byte load gives two vectors of channels.
+// are c in [-7, 7] per block scale, rounded outward, stored in nibbles as
+// 8 - c_lo for the min (negated: the kernels then sum pos x hi + neg x (-lo)
+// in one accumulator) and c_hi + 8 for the max: per 128 channels, byte j
+// holds channel j (low nibble) and channel 64 + j (high nibble), so one
+// 64-byte load gives two vectors of channels.
 inline constexpr int k_quest4_align = 128;
 inline int quest4_padded_dim(int head_dim) { return (head_dim + k_quest4_align - 1) / k_quest4_align * k_quest4_align; }
 
@@ -145,12 +147,13 @@ inline int quest4_padded_dim(int head_dim) { return (head_dim + k_quest4_align -
 // skipped. A block outside these scales gets a larger block scale, not a wrong bound.
 void quest_channel_scales(std::span<const key_summary> sample, int head_dim, float* scales);
 // Writes code_lo then code_hi as nibbles (2 x quest4_padded_dim / 2 bytes):
-// scale * (code_lo[d]) <= min[d] / s_d and scale * code_hi[d] >= max[d] / s_d,
-// code = nibble - 8 in [-7, 7], padding channels coded 0; l1 as quest_block8's.
+// scale * code_lo[d] <= min[d] / s_d and scale * code_hi[d] >= max[d] / s_d,
+// codes in [-7, 7] (nibbles 8 - code_lo, code_hi + 8), padding channels coded
+// 0; l1 as quest_block8's.
 quest_block8 quest_encode_block4(const key_summary& s, int head_dim, const float* scales, std::uint8_t* codes);
 // The folded query's codes (quest_encode_query of q_d s_d, padded to
-// quest4_padded_dim) and, per row, bias = 8 x sum_d (pos - neg) (the nibbles'
-// offset) and half_scale = q.scale / 2, both zero-padded to whole groups of 4 rows.
+// quest4_padded_dim) and, per row, bias = 8 x sum_d (pos + neg) (the nibbles'
+// offset in pos x hi + neg x (-lo)) and half_scale = q.scale / 2, both zero-padded to whole groups of 4 rows.
 struct quest_query4 {
   quest_query8 q;
   std::vector<std::int32_t> bias;  // [n_rows rounded up to 4]
@@ -194,6 +197,7 @@ class quest_selector final : public kv_read_selector {
     std::vector<std::int8_t> codes;      // [cached][per_block_]: int8 codes, or int4 nibbles
     std::vector<quest_block8> blocks;    // [cached]
     std::vector<float> channel_scale;    // int4: [head_dim], set with the first codes
+    int scales_blocks = 0;               // int4: the blocks channel_scale was taken from
   };
   // Bounds of blocks [c0, c_end) into the thread's scratch; returns where the
   // blocks with a bound end (<= c_end: the first block without a summary).

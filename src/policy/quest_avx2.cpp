@@ -126,8 +126,8 @@ void bounds4_avx2(const quest_query4& q4, const std::uint8_t* codes, const quest
     float best = -INFINITY;
     for (int r0 = 0; r0 < q.n_rows; r0 += 4) {
       const int nr = std::min(4, q.n_rows - r0);
-      __m256i ap[4], an[4];
-      for (int j = 0; j < 4; ++j) ap[j] = an[j] = _mm256_setzero_si256();
+      __m256i acc[4];  // pos x hi + neg x (-lo): P - N + bias (the min's codes are negated)
+      for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_si256();
       for (int g = 0; g < n_grp; ++g)
         for (int part = 0; part < 2; ++part) {
           const int at = g * 64 + part * 32;  // byte offset; channels 2 g 64 + part 32 and 64 more
@@ -138,12 +138,11 @@ void bounds4_avx2(const quest_query4& q4, const std::uint8_t* codes, const quest
           const std::size_t c0 = static_cast<std::size_t>(g) * 128 + part * 32, c1 = c0 + 64;
           for (int j = 0; j < nr; ++j) {
             const std::size_t row = static_cast<std::size_t>(r0 + j) * pd;
-            ap[j] = _mm256_add_epi32(ap[j], _mm256_add_epi32(dot(q.pos.data() + row + c0, h0), dot(q.pos.data() + row + c1, h1)));
-            an[j] = _mm256_add_epi32(an[j], _mm256_add_epi32(dot(q.neg.data() + row + c0, l0), dot(q.neg.data() + row + c1, l1)));
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_add_epi32(dot(q.pos.data() + row + c0, h0), dot(q.pos.data() + row + c1, h1)));
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_add_epi32(dot(q.neg.data() + row + c0, l0), dot(q.neg.data() + row + c1, l1)));
           }
         }
-      const __m128i pm = sum4(_mm256_sub_epi32(ap[0], an[0]), _mm256_sub_epi32(ap[1], an[1]),
-                              _mm256_sub_epi32(ap[2], an[2]), _mm256_sub_epi32(ap[3], an[3]));
+      const __m128i pm = sum4(acc[0], acc[1], acc[2], acc[3]);
       const __m128i b4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q4.bias.data() + r0));
       best = std::max(best, finish8_x4(_mm_sub_epi32(pm, b4), blocks[i], q4.half_scale.data() + r0, nr));
     }

@@ -68,7 +68,7 @@ quest_block8 quest_encode_block4(const key_summary& s, int head_dim, const float
     if (sc * lo > ylo) lo -= 1;
     if (sc * hi < yhi) hi += 1;
     const int cl = static_cast<int>(std::clamp(lo, -7.0, 7.0)), ch = static_cast<int>(std::clamp(hi, -7.0, 7.0));
-    put(codes, d, cl);
+    put(codes, d, -cl);  // negated: one accumulator sums pos x hi + neg x (-lo)
     put(codes + half, d, ch);
     b.l1 += std::abs(cl) + std::abs(ch);
   }
@@ -86,24 +86,25 @@ void quest_encode_query4(const float* q, int n_rows, int head_dim, const float* 
   out.half_scale.assign(out.bias.size(), 0.0f);
   const std::size_t pd = out.q.padded_dim;
   for (int r = 0; r < n_rows; ++r) {
-    for (std::size_t d = 0; d < pd; ++d) out.bias[r] += 8 * (out.q.pos[r * pd + d] - out.q.neg[r * pd + d]);
+    for (std::size_t d = 0; d < pd; ++d) out.bias[r] += 8 * (out.q.pos[r * pd + d] + out.q.neg[r * pd + d]);
     out.half_scale[r] = 0.5f * out.q.scale[r];
   }
 }
 
 namespace {
-// Channel d's code (nibble - 8) in one side's codes.
-int code4(const std::uint8_t* side, int d) {
+// Channel d's code of block side 0 (min: nibble = 8 - code) or 1 (max: nibble = code + 8).
+int code4(const std::uint8_t* codes, int side, int d) {
   const int g = d / k_quest4_align, j = d % k_quest4_align;
-  const std::uint8_t byte = side[g * (k_quest4_align / 2) + j % (k_quest4_align / 2)];
-  return (j < k_quest4_align / 2 ? byte & 0xF : byte >> 4) - 8;
+  const std::uint8_t byte = codes[g * (k_quest4_align / 2) + j % (k_quest4_align / 2)];
+  const int nib = j < k_quest4_align / 2 ? byte & 0xF : byte >> 4;
+  return side == 0 ? 8 - nib : nib - 8;
 }
 }  // namespace
 
 void quest_bounds4_ref(const quest_query4& q, const std::uint8_t* codes, const quest_block8* blocks, int n, float* out) {
   const int pd = q.q.padded_dim;
   quest_detail::bounds_ref(q.q, blocks, n, out, [&](int i, int side, int d) {
-    return code4(codes + static_cast<std::size_t>(i) * pd + side * pd / 2, d);
+    return code4(codes + static_cast<std::size_t>(i) * pd + side * pd / 2, side, d);
   });
 }
 

@@ -52,12 +52,13 @@ struct coded4_case {
     for (float& x : q) x = qd(rng);
     quest_encode_query4(q.data(), rows, hd, scales.data(), q4);
   }
-  // Channel d's code (nibble - 8) of block i, side 0 (min) or 1 (max).
+  // Channel d's code of block i, side 0 (min: nibble 8 - code) or 1 (max: nibble code + 8).
   int code(int i, int side, int d) const {
     const int pd = quest4_padded_dim(hd);
     const std::uint8_t* s = codes.data() + static_cast<std::size_t>(i) * pd + side * pd / 2;
     const std::uint8_t byte = s[d / 128 * 64 + d % 64];
-    return (d % 128 < 64 ? byte & 0xF : byte >> 4) - 8;
+    const int nib = d % 128 < 64 ? byte & 0xF : byte >> 4;
+    return side == 0 ? 8 - nib : nib - 8;
   }
 };
 

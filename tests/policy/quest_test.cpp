@@ -484,7 +484,8 @@ TEST_P(quest_level, picks_the_block_holding_the_key_most_aligned_with_q) {
 // chosen beyond them are the top-k of bounds recomputed independently from
 // the backend's summaries: int8 and int4 bounds exactly (the reference twins'
 // integer sums; int4 with the channel scales of every ceil(n / 64)-th of
-// the n blocks sealed at the first select, as the selector takes them), f32 bounds in double up
+// the n blocks sealed, as the selector takes them when a row has doubled
+// since its scales were made), f32 bounds in double up
 // to float rounding of near ties. 63 blocks (the partial selection's plain
 // path) and 1025 (its sampled threshold).
 TEST_P(quest_level, reads_sinks_and_newest_and_the_exact_top_k) {
@@ -502,6 +503,13 @@ TEST_P(quest_level, reads_sinks_and_newest_and_the_exact_top_k) {
       for (int h = 0; h < H; ++h) {
         const auto q = random_queries(R, D, 300 + h);
         std::vector<slot_range> out;
+        // First a step over the first 20 blocks: int8 codes are then extended,
+        // int4 ones remade with scales from the whole row (it has more than doubled).
+        const int prefix = 20 * B + 3;
+        const paged_kv_view kv_prefix = c.kv->k_view(0, c.table, prefix);
+        kv_select_query early = make_query(c, kv_prefix, h, q, R, c.pos, {&q_pos, 1});
+        early.n_kv = prefix;
+        sel.select(early, out);
         ASSERT_TRUE(sel.select(make_query(c, kv, h, q, R, c.pos, {&q_pos, 1}), out));
         const auto blocks = blocks_of(out, B, N);
         ASSERT_EQ(static_cast<int>(blocks.size()), n_read);
