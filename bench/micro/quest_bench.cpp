@@ -32,6 +32,9 @@
 //   speedup             full_us / quest_us (CPU time)
 //   speedup_wall        the same ratio of wall-clock medians
 //   read                fraction of the blocks quest read (sinks and newest included)
+//   stream_gbs          a sequential read of 64 MiB (the cache eviction before each step), GB/s by CPU time
+//   full_of_stream      full attention's KV bytes / full_us, as a share of stream_gbs
+//   sparse_of_stream    quest's KV bytes read / sparse_attn_us, as a share of stream_gbs
 //
 //   build/release/bench/quest_bench --benchmark_filter='quest/'            (the steps)
 //   build/release/bench/quest_bench --benchmark_filter='quest/.*ctx:32768/' (32K only)
@@ -59,6 +62,7 @@
 #include "core/cpu.h"
 #include "kv/kv_storage.h"
 #include "policy/quest.h"
+#include "read_bandwidth.h"
 #include "quant/kv_format_spec.h"
 
 namespace {
@@ -111,12 +115,17 @@ pool& pool_for(const std::string& spec, int n_ctx, int n_layers, bool shuffled =
   return *(cache[key] = std::move(p));
 }
 
-// Reads 64 MiB (twice the last-level cache) so that a step starts cold.
-void evict_cache() {
+double thread_cpu_s();
+
+// Reads 64 MiB (twice the last-level cache) so that a step starts cold; a
+// STREAM-like pass (read_bandwidth.h's loop), so its thread CPU time, in
+// seconds (returned), gives the bandwidth of a sequential read in the same run.
+double evict_cache() {
   static std::vector<float> junk(std::size_t{16} << 20, 1.0f);
-  float s = 0;
-  for (std::size_t i = 0; i < junk.size(); i += 16) s += junk[i];
+  const double t0 = thread_cpu_s();
+  float s = bench::read_sum(junk.data(), junk.size());
   benchmark::DoNotOptimize(s);
+  return thread_cpu_s() - t0;
 }
 
 quest_bounds_kind bounds_kind(int arg) {
@@ -224,7 +233,7 @@ void bm_quest(benchmark::State& st, std::string spec) {
     const auto w1 = std::chrono::steady_clock::now();
     return sample{thread_cpu_s() - c0, std::chrono::duration<double>(w1 - w0).count()};
   };
-  std::vector<double> full_s, quest_s, select_s, attn_s, full_wall, quest_wall;
+  std::vector<double> full_s, quest_s, select_s, attn_s, full_wall, quest_wall, evict_s;
   full_step();  // first touch of the scratch buffers
   for (auto _ : st) {
     sample tf, tq, ts;
@@ -234,10 +243,10 @@ void bm_quest(benchmark::State& st, std::string spec) {
       tq = timed([&] { quest_step(sel_cpu); });
       ts.cpu = sel_cpu;
     };
-    evict_cache();
+    evict_s.push_back(evict_cache());
     if (full_first) tf = timed(full_step);
     else run_quest();
-    evict_cache();
+    evict_s.push_back(evict_cache());
     if (full_first) run_quest();
     else tf = timed(full_step);
     full_s.push_back(tf.cpu);
@@ -255,7 +264,16 @@ void bm_quest(benchmark::State& st, std::string spec) {
   st.counters["select_of_read"] = median(select_s) / median(attn_s);
   st.counters["speedup"] = median(full_s) / median(quest_s);
   st.counters["speedup_wall"] = median(full_wall) / median(quest_wall);
-  st.counters["read"] = read_slots / (static_cast<double>(quest_s.size()) * k_kv_heads * n_ctx);
+  const double read = read_slots / (static_cast<double>(quest_s.size()) * k_kv_heads * n_ctx);
+  st.counters["read"] = read;
+  // Bandwidths: the KV bytes each read (all 8 heads' K and V tiles of the
+  // blocks read) over its CPU time, and the 64 MiB pass; the two reads as
+  // shares of that pass.
+  const double kv_bytes = static_cast<double>(p.kv->layout().layer_tile_bytes_per_block(0)) * (n_ctx / k_block);
+  const double stream = 64.0 * (1 << 20) / median(evict_s) * 1e-9;
+  st.counters["stream_gbs"] = stream;
+  st.counters["full_of_stream"] = kv_bytes / median(full_s) * 1e-9 / stream;
+  st.counters["sparse_of_stream"] = read * kv_bytes / median(attn_s) * 1e-9 / stream;
   st.SetLabel(p.kv->layout().describe() + " simd " + simd_level_name(active_simd_level()));
 }
 

@@ -188,8 +188,13 @@ void quest_detail::encode_query(const float* q, int n_rows, int head_dim, int pa
     const float inv = 127 / m;
     std::uint8_t* pos = out.pos.data() + r * pd;
     std::uint8_t* neg = out.neg.data() + r * pd;
-    for (int d = 0; d < head_dim; ++d) {  // branch-free: the signs are random
-      const auto u = static_cast<std::uint8_t>(std::min(127.0f, std::nearbyint(std::fabs(qr[d]) * inv)));
+    // Branch-free (the signs are random) and without a libm call per channel:
+    // adding and subtracting 1.5 x 2^23 rounds a float in [0, 2^22) to the
+    // nearest integer (ties to even), as nearbyint does, in plain SSE adds.
+    constexpr float round_magic = 12582912.0f;
+    for (int d = 0; d < head_dim; ++d) {
+      const float a = std::fabs(qr[d]) * inv;  // <= 127 (1 + 2^-23): max|q| / m
+      const auto u = static_cast<std::uint8_t>(std::min(127.0f, (a + round_magic) - round_magic));
       pos[d] = qr[d] >= 0 ? u : 0;
       neg[d] = qr[d] >= 0 ? 0 : u;
     }

@@ -225,9 +225,11 @@ void rows4_int4(const quest_query4& q4, int r0, int nr, const std::uint8_t* code
   };
   int i = 0;
   for (; i + 2 <= n; i += 2) {
-    if (first && i + 2 * k_ahead + 1 < n)  // 2 x the blocks of rows4: the same bytes ahead
-      for (int v = 0; v < 2 * n_grp; ++v)
+    if (first && i + 2 * k_ahead + 1 < n) {  // 2 x the blocks of rows4 (the same bytes ahead): both blocks' codes
+      for (int v = 0; v < 4 * n_grp; ++v)
         _mm_prefetch(reinterpret_cast<const char*>(codes + static_cast<std::size_t>(i + 2 * k_ahead) * pd + v * 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blocks + i + 2 * k_ahead), _MM_HINT_T0);
+    }
     __m512i a[4], b[4];
     block(i, a);
     block(i + 1, b);

@@ -201,6 +201,29 @@ TEST(quest_int4_bounds, non_finite_and_zero_blocks) {
   EXPECT_EQ(out, INFINITY);
 }
 
+// Query codes are |q| / scale rounded to the nearest integer (ties to even,
+// as nearbyint), on the sign's side, the other side 0: the covering term
+// relies on |error| <= 1/2. int4's folded query: the same of q_d s_d.
+TEST(quest_int4_bounds, query_codes_round_to_nearest) {
+  for (int hd : {40, 128}) {
+    coded4_case c(hd, 5, 3, 9 * hd);
+    quest_query8 q8;
+    quest_encode_query(c.q.data(), c.rows, hd, q8);
+    for (int folded = 0; folded < 2; ++folded) {
+      const quest_query8& qq = folded ? c.q4.q : q8;
+      for (int r = 0; r < c.rows; ++r)
+        for (int d = 0; d < hd; ++d) {
+          const float x = c.q[static_cast<std::size_t>(r) * hd + d] * (folded ? c.scales[d] : 1.0f);
+          const std::size_t at = static_cast<std::size_t>(r) * qq.padded_dim + d;
+          const float want = std::nearbyint(std::fabs(x) * (127 / (qq.scale[r] * 127)));
+          ASSERT_EQ(x >= 0 ? qq.pos[at] : qq.neg[at], std::min(127.0f, want)) << r << " " << d;
+          ASSERT_EQ(x >= 0 ? qq.neg[at] : qq.pos[at], 0) << r << " " << d;
+          ASSERT_LE(std::fabs(std::fabs(x) / qq.scale[r] - (x >= 0 ? qq.pos[at] : qq.neg[at])), 0.5 + 1e-5);
+        }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(levels, quest_int4_level, ::testing::ValuesIn(test::simd_levels_under_test()),
                          test::level_param_name);
 
