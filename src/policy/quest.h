@@ -15,7 +15,7 @@
 //   min_context=T  below T tokens of context, read everything. Default: the
 //                  context at which the budget reaches 4 blocks beyond the
 //                  sinks and the newest block (with pages=N: 0).
-//   bounds=int8    how the bound is computed (below): int8 (default) or f32.
+//   bounds=int8    how the bound is computed (below): int8 (default), int4 or f32.
 //
 // Bounds. bounds=f32 computes the sum above from the backend's f32 summaries
 // on every step. bounds=int8 (the default) computes a slightly larger bound
@@ -27,7 +27,15 @@
 // (the backend keeps summaries as [block][layer][head]: one (layer, head)'s
 // are 1.5 KiB every 384 KiB on a 32-layer model), and a quarter of the
 // instructions; the copy costs 2 x head_dim + 8 bytes per block per layer
-// and KV head (memory_bytes()).
+// and KV head (memory_bytes()). bounds=int4 keeps 4-bit codes over per-channel
+// scales instead (quest_bounds4 below): head_dim + 8 bytes per block (136 at
+// head_dim 128, 264 for int8), a bound as sound but looser, so it may choose
+// other blocks (bench/RESULTS.md, "Sparse reads (Quest)", measures both).
+//
+// Per step, outside the bound kernel, the work is a few branch-free passes
+// over the candidates (the k-th largest bound by quest_kth_largest, then the
+// chosen blocks' ranges) and one comparison of the cached block ids with the
+// table; a block's codes are made once, when it is sealed.
 //
 // Choices:
 //   - Decode only: a group of more than k_quest_max_query_tokens query tokens
