@@ -322,6 +322,37 @@ void bm_bounds(benchmark::State& st) {
   st.SetLabel(simd_level_name(active_simd_level()));
 }
 
+// Making the codes of 2048 sealed blocks (one (layer, KV head) row at 32K):
+// what a row pays once per block as blocks seal, and what the first step
+// after a long prompt pays per row. bounds:1 int8, bounds:2 int4.
+void bm_encode(benchmark::State& st) {
+  const bool int4 = st.range(0) == 2;
+  const int n = 2048, hd = k_head_dim;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> lo(static_cast<std::size_t>(n) * hd), hi(lo.size());
+  for (std::size_t i = 0; i < lo.size(); ++i) {
+    const float a = nd(rng), b = nd(rng);
+    lo[i] = std::min(a, b);
+    hi[i] = std::max(a, b);
+  }
+  std::vector<key_summary> sums(n);
+  for (int i = 0; i < n; ++i) sums[i] = {&lo[static_cast<std::size_t>(i) * hd], &hi[static_cast<std::size_t>(i) * hd], nullptr};
+  std::vector<float> scales(hd);
+  quest_channel_scales(sums, hd, scales.data());
+  const std::size_t per = int4 ? quest4_padded_dim(hd) : 2 * static_cast<std::size_t>(quest_padded_dim(hd));
+  std::vector<std::uint8_t> codes(n * per);
+  std::vector<quest_block8> blocks(n);
+  for (auto _ : st) {
+    for (int i = 0; i < n; ++i)
+      blocks[i] = int4 ? quest_encode_block4(sums[i], hd, scales.data(), codes.data() + i * per)
+                       : quest_encode_block(sums[i], hd, reinterpret_cast<std::int8_t*>(codes.data() + i * per));
+    benchmark::DoNotOptimize(blocks.data());
+  }
+  st.counters["s_per_block"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate |
+                                                                                benchmark::Counter::kInvert);
+}
+
 // The k-th largest of 2046 random bounds (k = 254: a 32K-token step's
 // candidates at 1/8), quest_kth_largest (kth:1) against std::nth_element
 // over a copy (kth:0), on 64 arrays in turn.
@@ -520,6 +551,7 @@ void register_all() {
         ->ArgName("scattered")
         ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("select", bm_select)->Arg(2)->Arg(1)->Arg(0)->ArgName("bounds")->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("encode", bm_encode)->Arg(2)->Arg(1)->ArgName("bounds")->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("kth", bm_kth)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("bounds", bm_bounds)->Arg(2)->Arg(1)->Arg(0)->ArgName("bounds")->Unit(benchmark::kMicrosecond);
   for (const char* spec : {"f16", "int8"}) {
