@@ -4,9 +4,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -85,9 +87,9 @@ result<quest_params> parse_quest_params(const kv_policy_spec& spec) {
     if (key == "budget") {
       PAGODA_ASSIGN_OR_RETURN(p.budget, parse_fraction(value));
     } else if (key == "bounds") {
-      if (value != "int8" && value != "f32")
-        return error(errc::invalid_argument, "quest: bounds '{}': expected int8 or f32", value);
-      p.int8_bounds = value == "int8";
+      if (value != "int8" && value != "int4" && value != "f32")
+        return error(errc::invalid_argument, "quest: bounds '{}': expected int8, int4 or f32", value);
+      p.bounds = value == "int8" ? quest_bounds_kind::int8 : value == "int4" ? quest_bounds_kind::int4 : quest_bounds_kind::f32;
     } else if (key == "pages" || key == "sinks" || key == "min_context") {
       PAGODA_ASSIGN_OR_RETURN((key == "pages" ? p.pages : key == "sinks" ? p.sinks : p.min_context),
                               parse_count(key, value, key == "pages" ? 1 : 0));
@@ -167,8 +169,12 @@ quest_block8 quest_encode_block(const key_summary& s, int head_dim, std::int8_t*
 }
 
 void quest_encode_query(const float* q, int n_rows, int head_dim, quest_query8& out) {
+  quest_detail::encode_query(q, n_rows, head_dim, quest_padded_dim(head_dim), out);
+}
+
+void quest_detail::encode_query(const float* q, int n_rows, int head_dim, int padded_dim, quest_query8& out) {
   out.n_rows = n_rows;
-  out.padded_dim = quest_padded_dim(head_dim);
+  out.padded_dim = padded_dim;
   const std::size_t pd = out.padded_dim;
   out.pos.assign(static_cast<std::size_t>(n_rows) * pd, 0);
   out.neg.assign(static_cast<std::size_t>(n_rows) * pd, 0);
@@ -180,29 +186,24 @@ void quest_encode_query(const float* q, int n_rows, int head_dim, quest_query8& 
     out.scale[r] = m / 127;
     if (!(m > 0)) continue;  // a zero row scores 0 (a NaN row: NaN scale, +inf bounds)
     const float inv = 127 / m;
+    std::uint8_t* pos = out.pos.data() + r * pd;
+    std::uint8_t* neg = out.neg.data() + r * pd;
+    // Branch-free (the signs are random) and without a libm call per channel:
+    // adding and subtracting 1.5 x 2^23 rounds a float in [0, 2^22) to the
+    // nearest integer (ties to even), as nearbyint does, in plain SSE adds.
+    constexpr float round_magic = 12582912.0f;
     for (int d = 0; d < head_dim; ++d) {
-      const auto u = static_cast<std::uint8_t>(std::min(127.0f, std::nearbyint(std::fabs(qr[d]) * inv)));
-      (qr[d] >= 0 ? out.pos : out.neg)[r * pd + d] = u;
+      const float a = std::fabs(qr[d]) * inv;  // <= 127 (1 + 2^-23): max|q| / m
+      const auto u = static_cast<std::uint8_t>(std::min(127.0f, (a + round_magic) - round_magic));
+      pos[d] = qr[d] >= 0 ? u : 0;
+      neg[d] = qr[d] >= 0 ? 0 : u;
     }
   }
 }
 
 void quest_bounds8_ref(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out) {
-  const int pd = q.padded_dim;
-  for (int i = 0; i < n; ++i) {
-    const std::int8_t* lo = codes + static_cast<std::size_t>(i) * 2 * pd;
-    const std::int8_t* hi = lo + pd;
-    float best = -INFINITY;
-    for (int r = 0; r < q.n_rows && blocks[i].scale < INFINITY; ++r) {
-      std::int32_t p = 0, m = 0;
-      for (int d = 0; d < pd; ++d) {
-        p += q.pos[static_cast<std::size_t>(r) * pd + d] * hi[d];
-        m += q.neg[static_cast<std::size_t>(r) * pd + d] * lo[d];
-      }
-      best = std::max(best, quest_detail::finish8(p - m, blocks[i], 0.5f * q.scale[r]));
-    }
-    out[i] = blocks[i].scale < INFINITY ? best : INFINITY;
-  }
+  const std::size_t pd = q.padded_dim;
+  quest_detail::bounds_ref(q, blocks, n, out, [&](int i, int side, int d) { return codes[(2 * i + side) * pd + d]; });
 }
 
 void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_block8* blocks, int n, float* out) {
@@ -218,13 +219,78 @@ void quest_bounds8(const quest_query8& q, const std::int8_t* codes, const quest_
 
 namespace {
 
+// The k-th largest of a[0, m) (1 <= k <= m), destroying a; tmp holds m
+// floats. Quickselect whose partitions are branch-free (each value is
+// written to both ends of tmp, and only the matching end's cursor moves):
+// with bounds in random order a branchy partition mispredicts about half
+// of its comparisons.
+float select_kth(float* a, float* tmp, std::size_t m, std::size_t k) {
+  for (int round = 0; m > 16 && round < 48; ++round) {
+    const float x0 = a[0], x1 = a[m / 2], x2 = a[m - 1];
+    const float p = std::max(std::min(x0, x1), std::min(std::max(x0, x1), x2));  // median of three
+    std::size_t g = 0, l = m;  // tmp: [0, g) above p, [l, m) below it
+    for (std::size_t i = 0; i < m; ++i) {
+      const float x = a[i];
+      tmp[l - 1] = x;  // (when g == l - 1 both writes store x)
+      tmp[g] = x;
+      g += x > p;
+      l -= x < p;
+    }
+    if (k <= g) {
+      m = g;
+    } else if (k <= l) {
+      return p;  // [g, l) equal p
+    } else {
+      tmp += l;
+      m -= l;
+      k -= l;
+    }
+    std::swap(a, tmp);
+  }
+  std::nth_element(a, a + (k - 1), a + m, std::greater<float>());
+  return a[k - 1];
+}
+
+}  // namespace
+
+float quest_kth_largest(std::span<const float> x, int k, std::vector<float>& scratch) {
+  const std::size_t n = x.size();
+  PAGODA_ASSERT(k >= 1 && static_cast<std::size_t>(k) <= n, "quest: the {}-th largest of {} values", k, n);
+  scratch.resize(2 * n);
+  float* const buf = scratch.data();
+  constexpr std::size_t stride = 8;
+  if (n >= 64 * stride && static_cast<std::size_t>(k) * 4 <= n) {
+    // A threshold from every 8th value, ranked about 3 standard deviations
+    // past where the k-th largest is expected among them, so that at least k
+    // values reach it unless the sample is very unlucky (then the plain path).
+    const std::size_t m = n / stride;
+    for (std::size_t i = 0; i < m; ++i) buf[i] = x[i * stride];
+    const double expect = static_cast<double>(k) / stride;
+    const std::size_t r = std::min(m - 1, static_cast<std::size_t>(expect + 3 * std::sqrt(expect) + 4));
+    const float t = select_kth(buf, buf + n, m, r + 1);
+    // Every value >= t, branch-free; the k-th largest of them is the k-th
+    // largest of all when there are at least k.
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      buf[c] = x[i];
+      c += x[i] >= t;
+    }
+    if (c >= static_cast<std::size_t>(k)) return select_kth(buf, buf + n, c, k);
+  }
+  std::copy(x.begin(), x.end(), buf);
+  return select_kth(buf, buf + n, n, k);
+}
+
+namespace {
+
 // Per thread: select() runs on attention threads, for any sequence.
 struct quest_scratch {
   std::vector<key_summary> summaries;  // f32 bounds: [candidates]
   quest_query8 query;                  // int8 bounds
+  quest_query4 query4;                 // int4 bounds
   std::vector<float> bound;            // [candidates]
-  std::vector<float> sorted;           // [candidates]: the bounds, partly ordered
-  std::vector<std::uint8_t> read;      // [blocks]
+  std::vector<float> sorted;           // quest_kth_largest's scratch
+  std::vector<int> chosen;             // [candidates]: indices of the chosen ones
 };
 thread_local quest_scratch t_scratch;
 
@@ -233,8 +299,10 @@ thread_local quest_scratch t_scratch;
 quest_selector::quest_selector(const quest_params& params, int n_layers, int n_kv_heads, int head_dim)
     : params_(params),
       n_kv_heads_(n_kv_heads),
-      padded_dim_(quest_padded_dim(head_dim)),
-      rows_(params.int8_bounds ? static_cast<std::size_t>(n_layers) * n_kv_heads : 0) {}
+      padded_dim_(params.bounds == quest_bounds_kind::int4 ? quest4_padded_dim(head_dim) : quest_padded_dim(head_dim)),
+      per_block_(params.bounds == quest_bounds_kind::int4 ? static_cast<std::size_t>(padded_dim_)
+                                                          : 2 * static_cast<std::size_t>(padded_dim_)),
+      rows_(params.bounds != quest_bounds_kind::f32 ? static_cast<std::size_t>(n_layers) * n_kv_heads : 0) {}
 
 int quest_selector::f32_bounds(const kv_select_query& q, int c0, int c_end) {
   quest_scratch& sc = t_scratch;
@@ -250,38 +318,82 @@ int quest_selector::f32_bounds(const kv_select_query& q, int c0, int c_end) {
   return c1;
 }
 
-int quest_selector::int8_bounds(const kv_select_query& q, int c0, int c_end) {
+void quest_selector::encode_new_blocks(const kv_select_query& q, row& r, int c_end) {
+  const bool int4 = params_.bounds == quest_bounds_kind::int4;
+  if (static_cast<int>(r.ids.size()) >= c_end) return;
+  if (int4 && c_end >= 2 * r.scales_blocks && c_end > r.scales_blocks + 8) {
+    // Channel scales taken from few blocks (a context that grew from a short
+    // prompt) describe the keys since poorly: at each doubling of the row,
+    // new scales and codes (O(1) amortized per block).
+    r.ids.clear();
+    r.blocks.clear();
+    r.codes.clear();
+  }
+  const int first = static_cast<int>(r.ids.size());
+  std::vector<key_summary>& sums = t_scratch.summaries;
+  sums.clear();
+  for (int b = first; b < c_end; ++b) {
+    const std::optional<key_summary> s = q.kv->key_summary_of(q.k->blocks[b], q.layer, q.kv_head);
+    if (!s) break;
+    sums.push_back(*s);
+  }
+  if (int4 && first == 0 && !sums.empty()) {
+    // The row's channel scales, from (up to 64 of) the blocks sealed now.
+    std::vector<key_summary> sample;
+    const std::size_t step = (sums.size() + 63) / 64;
+    for (std::size_t i = 0; i < sums.size(); i += step) sample.push_back(sums[i]);
+    r.channel_scale.resize(q.head_dim);
+    quest_channel_scales(sample, q.head_dim, r.channel_scale.data());
+    r.scales_blocks = static_cast<int>(sums.size());
+  }
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    r.ids.push_back(q.k->blocks[first + i]);
+    r.codes.resize(r.codes.size() + per_block_);
+    std::int8_t* codes = r.codes.data() + r.codes.size() - per_block_;
+    r.blocks.push_back(int4 ? quest_encode_block4(sums[i], q.head_dim, r.channel_scale.data(),
+                                                  reinterpret_cast<std::uint8_t*>(codes))
+                            : quest_encode_block(sums[i], q.head_dim, codes));
+  }
+}
+
+int quest_selector::coded_bounds(const kv_select_query& q, int c0, int c_end) {
+  const bool int4 = params_.bounds == quest_bounds_kind::int4;
   PAGODA_ASSERT(q.layer >= 0 && q.kv_head >= 0 && q.kv_head < n_kv_heads_ &&
                     static_cast<std::size_t>(q.layer) * n_kv_heads_ + q.kv_head < rows_.size() &&
-                    quest_padded_dim(q.head_dim) == padded_dim_,
+                    (int4 ? quest4_padded_dim(q.head_dim) : quest_padded_dim(q.head_dim)) == padded_dim_,
                 "quest: a query for layer {} head {} of head_dim {} outside the selector's shape", q.layer,
                 q.kv_head, q.head_dim);
   row& r = rows_[static_cast<std::size_t>(q.layer) * n_kv_heads_ + q.kv_head];
   r.block_size = q.k->shape.block_size;
-  const std::size_t per_block = 2 * static_cast<std::size_t>(padded_dim_);
   // Cached entries stay valid while the table holds the same block there
   // (a truncation or compaction is announced by on_slots_changed).
-  std::size_t n = 0;
+  static_assert(std::has_unique_object_representations_v<block_id>, "ids are compared as bytes");
+  // (One comparison of the whole id arrays in the usual case where nothing
+  // changed: the mismatch search only when it fails.)
   const std::size_t limit = std::min(r.ids.size(), q.k->blocks.size());
-  while (n < limit && r.ids[n] == q.k->blocks[n]) ++n;
+  std::size_t n = limit;
+  if (limit > 0 && std::memcmp(r.ids.data(), q.k->blocks.data(), limit * sizeof(block_id)) != 0)
+    n = static_cast<std::size_t>(std::mismatch(r.ids.begin(), r.ids.begin() + limit, q.k->blocks.begin()).first -
+                                 r.ids.begin());
   if (n < r.ids.size()) {
     r.ids.resize(n);
     r.blocks.resize(n);
-    r.codes.resize(n * per_block);
+    r.codes.resize(n * per_block_);
   }
-  for (int b = static_cast<int>(n); b < c_end; ++b) {
-    const std::optional<key_summary> s = q.kv->key_summary_of(q.k->blocks[b], q.layer, q.kv_head);
-    if (!s) break;
-    r.ids.push_back(q.k->blocks[b]);
-    r.codes.resize(r.codes.size() + per_block);
-    r.blocks.push_back(quest_encode_block(*s, q.head_dim, r.codes.data() + r.codes.size() - per_block));
-  }
+  encode_new_blocks(q, r, c_end);
   const int c1 = std::max(c0, std::min(c_end, static_cast<int>(r.ids.size())));
   quest_scratch& sc = t_scratch;
   sc.bound.resize(c1 - c0);
   if (c1 > c0) {
-    quest_encode_query(q.q, q.n_rows, q.head_dim, sc.query);
-    quest_bounds8(sc.query, r.codes.data() + c0 * per_block, r.blocks.data() + c0, c1 - c0, sc.bound.data());
+    const std::int8_t* codes = r.codes.data() + c0 * per_block_;
+    if (int4) {
+      quest_encode_query4(q.q, q.n_rows, q.head_dim, r.channel_scale.data(), sc.query4);
+      quest_bounds4(sc.query4, reinterpret_cast<const std::uint8_t*>(codes), r.blocks.data() + c0, c1 - c0,
+                    sc.bound.data());
+    } else {
+      quest_encode_query(q.q, q.n_rows, q.head_dim, sc.query);
+      quest_bounds8(sc.query, codes, r.blocks.data() + c0, c1 - c0, sc.bound.data());
+    }
   }
   return c1;
 }
@@ -305,31 +417,42 @@ bool quest_selector::select(const kv_select_query& q, std::vector<slot_range>& o
   // Candidates: the blocks from the sinks to the newest (excluded) that have a
   // bound, [c0, c1); every other live block is read.
   const int c0 = std::max(sink_end, live_block), c_end = std::max(c0, n_blocks - 1);
-  const int c1 = params_.int8_bounds ? int8_bounds(q, c0, c_end) : f32_bounds(q, c0, c_end);
+  const int c1 = params_.bounds != quest_bounds_kind::f32 ? coded_bounds(q, c0, c_end) : f32_bounds(q, c0, c_end);
   const int n_cand = c1 - c0;
   const int n_forced = n_blocks - live_block - n_cand;
   const int k = std::clamp(n_read - n_forced, 0, n_cand);
   if (k == n_cand && live_block == 0) return false;  // every block: a plain full read
 
-  quest_scratch& sc = t_scratch;
-  sc.read.assign(n_blocks, 0);
-  for (int b = live_block; b < n_blocks; ++b) sc.read[b] = b < c0 || b >= c1;
-  if (k > 0) {
-    // The k largest bounds: every bound above the k-th largest, then the
-    // oldest blocks whose bound equals it (a deterministic choice among ties).
-    sc.sorted.assign(sc.bound.begin(), sc.bound.begin() + n_cand);
-    std::nth_element(sc.sorted.begin(), sc.sorted.begin() + (k - 1), sc.sorted.end(), std::greater<float>());
-    const float kth = sc.sorted[k - 1];
-    int ties = k - static_cast<int>(std::count_if(sc.bound.begin(), sc.bound.begin() + n_cand, [&](float x) { return x > kth; }));
-    for (int i = 0; i < n_cand; ++i)
-      if (sc.bound[i] > kth || (sc.bound[i] == kth && ties-- > 0)) sc.read[c0 + i] = 1;
-  }
-  for (int b = live_block; b < n_blocks; ++b) {
-    if (!sc.read[b]) continue;
-    const int begin = b * bs, end = std::min(q.n_kv, begin + bs);
+  // Ranges in block order: the forced blocks before the candidates, the
+  // chosen candidates, the forced blocks after them. O(n_cand) simple passes
+  // and a partial selection of about k values (no sort, no per-block array).
+  auto add = [&](int b0, int b1) {  // blocks [b0, b1)
+    if (b0 >= b1) return;
+    const int begin = b0 * bs, end = std::min(q.n_kv, b1 * bs);
     if (!out.empty() && out.back().end == begin) out.back().end = end;
     else out.push_back({begin, end});
+  };
+  add(live_block, c0);
+  if (k > 0) {
+    quest_scratch& sc = t_scratch;
+    const float* bound = sc.bound.data();
+    // The k largest bounds: every bound above the k-th largest, then the
+    // oldest blocks whose bound equals it (a deterministic choice among ties).
+    const float kth = quest_kth_largest(std::span<const float>(bound, n_cand), k, sc.sorted);
+    int ties = k;
+    for (int i = 0; i < n_cand; ++i) ties -= bound[i] > kth;
+    // The chosen indices, branch-free (1/8 of them in random places), then their ranges.
+    sc.chosen.resize(n_cand);
+    int n_chosen = 0;
+    for (int i = 0; i < n_cand; ++i) {
+      const int tie = bound[i] == kth && ties > 0;
+      sc.chosen[n_chosen] = i;
+      n_chosen += (bound[i] > kth) | tie;
+      ties -= tie;
+    }
+    for (int j = 0; j < n_chosen; ++j) add(c0 + sc.chosen[j], c0 + sc.chosen[j] + 1);
   }
+  add(c1, n_blocks);
   return true;
 }
 
@@ -339,14 +462,15 @@ void quest_selector::on_slots_changed(int n_kv, bool kept) {
     const std::size_t keep = kept && r.block_size > 0 ? std::min<std::size_t>(r.ids.size(), n_kv / r.block_size) : 0;
     r.ids.resize(keep);
     r.blocks.resize(keep);
-    r.codes.resize(keep * 2 * static_cast<std::size_t>(padded_dim_));
+    r.codes.resize(keep * per_block_);
   }
 }
 
 std::size_t quest_selector::memory_bytes() const {
   std::size_t bytes = rows_.capacity() * sizeof(row);
   for (const row& r : rows_)
-    bytes += r.ids.capacity() * sizeof(block_id) + r.codes.capacity() + r.blocks.capacity() * sizeof(quest_block8);
+    bytes += r.ids.capacity() * sizeof(block_id) + r.codes.capacity() + r.blocks.capacity() * sizeof(quest_block8) +
+             r.channel_scale.capacity() * sizeof(float);
   return bytes;
 }
 

@@ -106,4 +106,48 @@ void bounds8_avx2(const quest_query8& q, const std::int8_t* codes, const quest_b
   }
 }
 
+void bounds4_avx2(const quest_query4& q4, const std::uint8_t* codes, const quest_block8* blocks, int n, float* out) {
+  // 32 bytes of nibbles: channels [32 h, 32 h + 32) of a 128-channel group
+  // in the low nibbles, 64 further on in the high ones (quest.h). Pairs of
+  // products are at most 2 x 127 x 15: vpmaddubsw cannot saturate.
+  const quest_query8& q = q4.q;
+  const int pd = q.padded_dim, n_grp = pd / 128;
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+  auto dot = [&](const std::uint8_t* u, __m256i c) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(u)), c), ones);
+  };
+  for (int i = 0; i < n; ++i) {
+    if (!(blocks[i].scale < INFINITY)) {
+      out[i] = INFINITY;
+      continue;
+    }
+    const std::uint8_t* lo = codes + static_cast<std::size_t>(i) * pd;
+    const std::uint8_t* hi = lo + pd / 2;
+    float best = -INFINITY;
+    for (int r0 = 0; r0 < q.n_rows; r0 += 4) {
+      const int nr = std::min(4, q.n_rows - r0);
+      __m256i acc[4];  // pos x hi + neg x (-lo): P - N + bias (the min's codes are negated)
+      for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_si256();
+      for (int g = 0; g < n_grp; ++g)
+        for (int part = 0; part < 2; ++part) {
+          const int at = g * 64 + part * 32;  // byte offset; channels 2 g 64 + part 32 and 64 more
+          const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + at));
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + at));
+          const __m256i l0 = _mm256_and_si256(l, low4), l1 = _mm256_and_si256(_mm256_srli_epi16(l, 4), low4);
+          const __m256i h0 = _mm256_and_si256(h, low4), h1 = _mm256_and_si256(_mm256_srli_epi16(h, 4), low4);
+          const std::size_t c0 = static_cast<std::size_t>(g) * 128 + part * 32, c1 = c0 + 64;
+          for (int j = 0; j < nr; ++j) {
+            const std::size_t row = static_cast<std::size_t>(r0 + j) * pd;
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_add_epi32(dot(q.pos.data() + row + c0, h0), dot(q.pos.data() + row + c1, h1)));
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_add_epi32(dot(q.neg.data() + row + c0, l0), dot(q.neg.data() + row + c1, l1)));
+          }
+        }
+      const __m128i pm = sum4(acc[0], acc[1], acc[2], acc[3]);
+      const __m128i b4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q4.bias.data() + r0));
+      best = std::max(best, finish8_x4(_mm_sub_epi32(pm, b4), blocks[i], q4.half_scale.data() + r0, nr));
+    }
+    out[i] = best;
+  }
+}
+
 }  // namespace pagoda::quest_detail

@@ -144,4 +144,118 @@ void bounds8_avx512(const quest_query8& q, const std::int8_t* codes, const quest
     for (int i = 0; i < n; ++i) out[i] = blocks[i].scale < INFINITY ? -INFINITY : INFINITY;
 }
 
+namespace {
+// Lanes [0, 4) of the result: the sums of a[0..3]; lanes [4, 8): of b[0..3].
+inline __m256i sum8(const __m512i a[4], const __m512i b[4]) {
+  auto pairs = [](__m512i x, __m512i y) { return _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y)); };
+  auto quads = [](__m512i x, __m512i y) { return _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y)); };
+  const __m512i xa = quads(pairs(a[0], a[1]), pairs(a[2], a[3]));  // 128-bit lane k: a[0..3]'s part k
+  const __m512i xb = quads(pairs(b[0], b[1]), pairs(b[2], b[3]));
+  const __m512i e = _mm512_add_epi32(_mm512_shuffle_i32x4(xa, xb, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_i32x4(xa, xb, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i f = _mm512_add_epi32(e, _mm512_shuffle_i32x4(e, e, _MM_SHUFFLE(2, 3, 0, 1)));  // [sa sa sb sb]
+  return _mm512_castsi512_si256(_mm512_shuffle_i32x4(f, f, _MM_SHUFFLE(2, 0, 2, 0)));
+}
+
+// finish8_x4 of two blocks at once: lanes [0, 4) rows of block a, [4, 8) of
+// block b (the same float operations per lane, so the same bits).
+inline void finish8_x8(__m256i pm, const quest_block8& a, const quest_block8& b, const float* half_scale, int nr,
+                       float* out_a, float* out_b) {
+  const __m256i l1 = _mm256_setr_epi32(a.l1, a.l1, a.l1, a.l1, b.l1, b.l1, b.l1, b.l1);
+  const __m256 sc = _mm256_setr_ps(a.scale, a.scale, a.scale, a.scale, b.scale, b.scale, b.scale, b.scale);
+  const __m128 h4 = _mm_loadu_ps(half_scale);
+  const __m256 half = _mm256_insertf128_ps(_mm256_castps128_ps256(h4), h4, 1);
+  __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(pm, pm), l1)), half), sc);
+  v = _mm256_blendv_ps(v, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i row = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3);
+  v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nr), row)));
+  v = _mm256_max_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm256_max_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  *out_a = _mm256_cvtss_f32(v);
+  *out_b = _mm_cvtss_f32(_mm256_extractf128_ps(v, 1));
+}
+
+// int4 (quest_bounds4): four rows [r0, r0 + nr) against every block. With
+// the min's codes negated (quest.h), one accumulator per row and block sums
+// pos x hi + neg x (-lo) = P - N + bias; two blocks share the horizontal
+// sums and the finish. NG > 0: NG groups of 128 channels, the rows' codes
+// held in registers.
+template <int NG>
+void rows4_int4(const quest_query4& q4, int r0, int nr, const std::uint8_t* codes, const quest_block8* blocks, int n,
+                float* out, bool first) {
+  const quest_query8& q = q4.q;
+  const int pd = q.padded_dim, n_grp = NG > 0 ? NG : pd / 128;
+  auto query = [&](const std::vector<std::uint8_t>& c, int j, int v) {
+    return j < nr ? _mm512_loadu_si512(c.data() + static_cast<std::size_t>(r0 + j) * pd + v * 64)
+                  : _mm512_setzero_si512();
+  };
+  __m512i qp[4][NG > 0 ? 2 * NG : 1], qn[4][NG > 0 ? 2 * NG : 1];
+  if constexpr (NG > 0)
+    for (int j = 0; j < 4; ++j)
+      for (int v = 0; v < 2 * NG; ++v) {
+        qp[j][v] = query(q.pos, j, v);
+        qn[j][v] = query(q.neg, j, v);
+      }
+  const __m128i bias4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q4.bias.data() + r0));
+  const __m256i bias8 = _mm256_inserti128_si256(_mm256_castsi128_si256(bias4), bias4, 1);
+  const float* half = q4.half_scale.data() + r0;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  auto block = [&](int i, __m512i acc[4]) {
+    const std::uint8_t* lo = codes + static_cast<std::size_t>(i) * pd;
+    const std::uint8_t* hi = lo + pd / 2;
+    for (int j = 0; j < 4; ++j) acc[j] = _mm512_setzero_si512();
+    for (int g = 0; g < n_grp; ++g) {
+      const __m512i l = _mm512_loadu_si512(lo + g * 64), h = _mm512_loadu_si512(hi + g * 64);
+      const __m512i l0 = _mm512_and_si512(l, low4), l1 = _mm512_and_si512(_mm512_srli_epi16(l, 4), low4);
+      const __m512i h0 = _mm512_and_si512(h, low4), h1 = _mm512_and_si512(_mm512_srli_epi16(h, 4), low4);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (NG > 0) {
+          acc[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[j], qp[j][2 * g], h0), qp[j][2 * g + 1], h1);
+          acc[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[j], qn[j][2 * g], l0), qn[j][2 * g + 1], l1);
+        } else if (j < nr) {
+          acc[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[j], query(q.pos, j, 2 * g), h0), query(q.pos, j, 2 * g + 1), h1);
+          acc[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[j], query(q.neg, j, 2 * g), l0), query(q.neg, j, 2 * g + 1), l1);
+        }
+      }
+    }
+  };
+  auto put = [&](int i, float b) {
+    b = blocks[i].scale < INFINITY ? b : INFINITY;  // a non-finite summary: read the block
+    out[i] = first ? b : std::max(out[i], b);
+  };
+  int i = 0;
+  for (; i + 2 <= n; i += 2) {
+    if (first && i + 2 * k_ahead + 1 < n) {  // 2 x the blocks of rows4 (the same bytes ahead): both blocks' codes
+      for (int v = 0; v < 4 * n_grp; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(codes + static_cast<std::size_t>(i + 2 * k_ahead) * pd + v * 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blocks + i + 2 * k_ahead), _MM_HINT_T0);
+    }
+    __m512i a[4], b[4];
+    block(i, a);
+    block(i + 1, b);
+    float va = 0, vb = 0;
+    finish8_x8(_mm256_sub_epi32(sum8(a, b), bias8), blocks[i], blocks[i + 1], half, nr, &va, &vb);
+    put(i, va);
+    put(i + 1, vb);
+  }
+  if (i < n) {
+    __m512i a[4];
+    block(i, a);
+    put(i, finish8_x4(_mm_sub_epi32(sum4(a[0], a[1], a[2], a[3]), bias4), blocks[i], half, nr));
+  }
+}
+}  // namespace
+
+void bounds4_avx512(const quest_query4& q, const std::uint8_t* codes, const quest_block8* blocks, int n, float* out) {
+  const int n_rows = q.q.n_rows;
+  for (int r0 = 0; r0 < n_rows; r0 += 4) {
+    const int nr = std::min(4, n_rows - r0);
+    const bool first = r0 == 0;
+    if (q.q.padded_dim == 128) rows4_int4<1>(q, r0, nr, codes, blocks, n, out, first);
+    else rows4_int4<0>(q, r0, nr, codes, blocks, n, out, first);
+  }
+  if (n_rows == 0)
+    for (int i = 0; i < n; ++i) out[i] = blocks[i].scale < INFINITY ? -INFINITY : INFINITY;
+}
+
 }  // namespace pagoda::quest_detail

@@ -276,8 +276,9 @@ TEST_P(quest_level, int8_bound_covers_the_query_rounding) {
 //     s |u_d| is |k_d - offset| <= max(|k_d|, k_d - min_d' k_d') (the token's
 //     decoded key); with per-channel scales (x = q s) it is at most the
 //     channel's range, so the term is at most e x max|q| x head_dim x max range.
-// The int8 bound (quest_bound8, from codes of the same summaries) is held to
-// the same tolerances: in exact arithmetic it is at least the f32 bound.
+// The int8 and int4 bounds (quest_bounds8 / quest_bounds4, from codes of the
+// same summaries; int4 with another block's channel scales) are held to the
+// same tolerances: in exact arithmetic they are at least the f32 bound.
 // Queries: random rows, and rows along a token's decoded key (whose score
 // then nearly reaches the bound: a bound that dropped a channel's term fails).
 // And the bound is not vacuous: it exceeds every exact score by at most
@@ -325,6 +326,16 @@ TEST_P(quest_bound_property, bound_is_at_least_every_score) {
         std::vector<std::int8_t> codes(2 * static_cast<std::size_t>(quest_padded_dim(D)));
         const quest_block8 b8 = quest_encode_block(*sum, D, codes.data());
         quest_bounds8(q8, codes.data(), &b8, 1, &bound8);
+        // int4, with the channel scales of another block (codes outside them are still outward).
+        float bound4 = 0;
+        std::vector<float> scales(D);
+        const key_summary other = *c.kv->key_summary_of(c.table[(b + 1) % (N / B)], 0, h);
+        quest_channel_scales(std::span<const key_summary>(&other, 1), D, scales.data());
+        quest_query4 q4;
+        quest_encode_query4(qr, 1, D, scales.data(), q4);
+        std::vector<std::uint8_t> codes4(quest4_padded_dim(D));
+        const quest_block8 b4 = quest_encode_block4(*sum, D, scales.data(), codes4.data());
+        quest_bounds4(q4, codes4.data(), &b4, 1, &bound4);
         double S = 0, qmax = 0, spread = 0;
         for (int d = 0; d < D; ++d) {
           S += std::fabs(qr[d]) * std::max(std::fabs(sum->min[d]), std::fabs(sum->max[d]));
@@ -347,12 +358,38 @@ TEST_P(quest_bound_property, bound_is_at_least_every_score) {
           ASSERT_LE(fast[at], bound + tol_fast) << spec << " block " << b << " row " << r << " token " << t;
           ASSERT_LE(exact[at], bound8 + tol) << spec << " int8 bound, block " << b << " row " << r << " token " << t;
           ASSERT_LE(fast[at], bound8 + tol_fast) << spec << " int8 bound, block " << b << " row " << r << " token " << t;
+          ASSERT_LE(exact[at], bound4 + tol) << spec << " int4 bound, block " << b << " row " << r << " token " << t;
+          ASSERT_LE(fast[at], bound4 + tol_fast) << spec << " int4 bound, block " << b << " row " << r << " token " << t;
           ASSERT_GE(exact[at], bound - spread - tol) << spec << " block " << b << " row " << r << " token " << t;
           ++n_checked;
         }
       }
     }
   EXPECT_EQ(n_checked, H * (N / B) * R * B);
+}
+
+// The partial selection agrees with std::nth_element for every k, on random
+// values (the sampled threshold), monotone runs (where a stride sample sees
+// only one side), many ties, and short inputs (the plain path).
+TEST(quest_kth_largest_test, equals_nth_element) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> scratch;
+  int n_cases = 0;
+  for (int n : {1, 7, 511, 512, 2048, 3001})
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<float> x(n);
+      for (int i = 0; i < n; ++i)
+        x[i] = kind == 0 ? nd(rng) : kind == 1 ? static_cast<float>(i) : kind == 2 ? static_cast<float>(-i)
+                                                                                    : std::round(nd(rng) * 2);
+      for (int k = 1; k <= n; k += std::max(1, n / 97)) {
+        std::vector<float> want(x);
+        std::nth_element(want.begin(), want.begin() + (k - 1), want.end(), std::greater<float>());
+        ASSERT_EQ(quest_kth_largest(x, k, scratch), want[k - 1]) << "n " << n << " kind " << kind << " k " << k;
+        ++n_cases;
+      }
+    }
+  EXPECT_GT(n_cases, 1000);
 }
 
 // --- the selector -------------------------------------------------------------------
@@ -411,7 +448,7 @@ quest_selector selector_for(const quest_cache& c, std::vector<std::pair<std::str
   return quest_selector(params_of(std::move(kv)), 1, c.n_kv_heads, c.head_dim);
 }
 
-constexpr const char* k_modes[] = {"int8", "f32"};
+constexpr const char* k_modes[] = {"int8", "int4", "f32"};
 
 // Known answer: small random keys, and in one block a key along q (for one
 // query row of the GQA group): with room for one block beyond the sink block
@@ -445,52 +482,79 @@ TEST_P(quest_level, picks_the_block_holding_the_key_most_aligned_with_q) {
 // Sinks (in tokens, rounded up to blocks), the unsealed last block and the
 // newest block are always read; the budget's count is exact; and the blocks
 // chosen beyond them are the top-k of bounds recomputed independently from
-// the backend's summaries: int8 bounds exactly (the reference twin's integer
-// sums), f32 bounds in double up to float rounding of near ties.
+// the backend's summaries: int8 and int4 bounds exactly (the reference twins'
+// integer sums; int4 with the channel scales of every ceil(n / 64)-th of
+// the n blocks sealed, as the selector takes them when a row has doubled
+// since its scales were made), f32 bounds in double up
+// to float rounding of near ties. 63 blocks (the partial selection's plain
+// path) and 1025 (its sampled threshold).
 TEST_P(quest_level, reads_sinks_and_newest_and_the_exact_top_k) {
   PAGODA_USE_SIMD_LEVEL(GetParam());
-  const int H = 2, D = 128, B = 16, N = 1000, R = 4;  // 63 blocks, the last holds 8 tokens
-  quest_cache c("int8", H, D, B, N, 21);
-  const paged_kv_view k = c.k_view();
-  const std::int32_t q_pos = N;
-  for (const char* mode : k_modes) {
-    quest_selector sel = selector_for(c, {{"budget", "12.5%"}, {"sinks", "40"}, {"min_context", "0"}}, mode);
-    for (int h = 0; h < H; ++h) {
-      const auto q = random_queries(R, D, 300 + h);
-      std::vector<slot_range> out;
-      ASSERT_TRUE(sel.select(make_query(c, k, h, q, R, c.pos, {&q_pos, 1}), out));
-      const auto blocks = blocks_of(out, B, N);
-      ASSERT_EQ(blocks.size(), 8u);  // ceil(0.125 x 63)
-      EXPECT_EQ(out.back().end, N);
-      for (int b : {0, 1, 2, 62}) EXPECT_TRUE(std::count(blocks.begin(), blocks.end(), b)) << "block " << b;
-      // The other four: the top 4 of blocks 3..61 by bound.
-      quest_query8 q8;
-      quest_encode_query(q.data(), R, D, q8);
-      std::vector<std::int8_t> codes(2 * static_cast<std::size_t>(quest_padded_dim(D)));
-      std::vector<std::pair<float, int>> ranked;
-      for (int b = 3; b < 62; ++b) {
-        const key_summary s = *c.kv->key_summary_of(c.table[b], 0, h);
-        float bound = 0;
-        if (std::string(mode) == "int8") {
-          const quest_block8 b8 = quest_encode_block(s, D, codes.data());
-          quest_bounds8_ref(q8, codes.data(), &b8, 1, &bound);
-        } else {
-          quest_bounds_ref(q.data(), R, D, std::span<const key_summary>(&s, 1), &bound);
+  const int H = 2, D = 128, B = 16, R = 4;
+  for (const int N : {1000, 1024 * B + 8}) {  // the last block holds 8 tokens
+    const int n_blocks = (N + B - 1) / B, last = n_blocks - 1;
+    const int n_read = (n_blocks + 7) / 8, k = n_read - 4;
+    quest_cache c("int8", H, D, B, N, 21);
+    const paged_kv_view kv = c.k_view();
+    const std::int32_t q_pos = N;
+    for (const char* mode : k_modes) {
+      const std::string m = mode;
+      quest_selector sel = selector_for(c, {{"budget", "12.5%"}, {"sinks", "40"}, {"min_context", "0"}}, mode);
+      for (int h = 0; h < H; ++h) {
+        const auto q = random_queries(R, D, 300 + h);
+        std::vector<slot_range> out;
+        // First a step over the first 20 blocks: int8 codes are then extended,
+        // int4 ones remade with scales from the whole row (it has more than doubled).
+        const int prefix = 20 * B + 3;
+        const paged_kv_view kv_prefix = c.kv->k_view(0, c.table, prefix);
+        kv_select_query early = make_query(c, kv_prefix, h, q, R, c.pos, {&q_pos, 1});
+        early.n_kv = prefix;
+        sel.select(early, out);
+        ASSERT_TRUE(sel.select(make_query(c, kv, h, q, R, c.pos, {&q_pos, 1}), out));
+        const auto blocks = blocks_of(out, B, N);
+        ASSERT_EQ(static_cast<int>(blocks.size()), n_read);
+        EXPECT_EQ(out.back().end, N);
+        for (int b : {0, 1, 2, last}) EXPECT_TRUE(std::count(blocks.begin(), blocks.end(), b)) << "block " << b;
+        // The other k: the top k of blocks 3..last-1 by bound.
+        quest_query8 q8;
+        quest_encode_query(q.data(), R, D, q8);
+        std::vector<key_summary> sums;
+        for (int b = 0; b < last; ++b) sums.push_back(*c.kv->key_summary_of(c.table[b], 0, h));
+        std::vector<key_summary> sample;
+        for (std::size_t i = 0; i < sums.size(); i += (sums.size() + 63) / 64) sample.push_back(sums[i]);
+        std::vector<float> scales(D);
+        quest_channel_scales(sample, D, scales.data());
+        quest_query4 q4;
+        quest_encode_query4(q.data(), R, D, scales.data(), q4);
+        std::vector<std::int8_t> codes(2 * static_cast<std::size_t>(quest_padded_dim(D)));
+        std::vector<std::uint8_t> codes4(quest4_padded_dim(D));
+        std::vector<std::pair<float, int>> ranked;
+        for (int b = 3; b < last; ++b) {
+          float bound = 0;
+          if (m == "int8") {
+            const quest_block8 b8 = quest_encode_block(sums[b], D, codes.data());
+            quest_bounds8_ref(q8, codes.data(), &b8, 1, &bound);
+          } else if (m == "int4") {
+            const quest_block8 b4 = quest_encode_block4(sums[b], D, scales.data(), codes4.data());
+            quest_bounds4_ref(q4, codes4.data(), &b4, 1, &bound);
+          } else {
+            quest_bounds_ref(q.data(), R, D, std::span<const key_summary>(&sums[b], 1), &bound);
+          }
+          ranked.push_back({bound, -b});  // ties to the older block
         }
-        ranked.push_back({bound, -b});  // ties to the older block
-      }
-      std::sort(ranked.rbegin(), ranked.rend());
-      std::vector<int> want = {0, 1, 2, 62};
-      for (int i = 0; i < 4; ++i) want.push_back(-ranked[i].second);
-      std::sort(want.begin(), want.end());
-      if (std::string(mode) == "int8") {
-        EXPECT_EQ(blocks, want) << "head " << h;
-      } else {
-        const float kth = ranked[3].first;
-        for (int b : blocks) {
-          if (b <= 2 || b == 62) continue;
-          const auto it = std::find_if(ranked.begin(), ranked.end(), [&](auto& x) { return x.second == -b; });
-          EXPECT_GE(it->first, kth - 1e-4f * std::fabs(kth)) << "block " << b << " is not among the top 4";
+        std::sort(ranked.rbegin(), ranked.rend());
+        std::vector<int> want = {0, 1, 2, last};
+        for (int i = 0; i < k; ++i) want.push_back(-ranked[i].second);
+        std::sort(want.begin(), want.end());
+        if (m != "f32") {
+          EXPECT_EQ(blocks, want) << m << " head " << h << " N " << N;
+        } else {
+          const float kth = ranked[k - 1].first;
+          for (int b : blocks) {
+            if (b <= 2 || b == last) continue;
+            const auto it = std::find_if(ranked.begin(), ranked.end(), [&](auto& x) { return x.second == -b; });
+            EXPECT_GE(it->first, kth - 1e-4f * std::fabs(kth)) << "block " << b << " is not among the top " << k;
+          }
         }
       }
     }
@@ -723,8 +787,8 @@ TEST(quest_params_test, parses_and_rejects) {
            {"pages", "0", ">= 1"},
            {"sinks", "-1", ">= 0"},
            {"sinks", "4x", "whole number"},
-           {"bounds", "f16", "int8 or f32"},
-           {"bounds", "f16", "int8 or f32"},
+           {"bounds", "f16", "int8, int4 or f32"},
+           {"bounds", "int2", "int8, int4 or f32"},
            {"topk", "3", "unknown parameter 'topk'"}}) {
     auto p = parse_quest_params(quest_spec({{key, value}}));
     ASSERT_FALSE(p.ok()) << key << "=" << value;
@@ -742,8 +806,9 @@ TEST(quest_params_test, the_policy_needs_summaries_evicts_nothing_and_makes_sele
   EXPECT_TRUE((*p)->evict(eviction_input{}).empty());
   EXPECT_EQ((*p)->spec().name, "quest");
   EXPECT_NE((*p)->make_selector(2, 8, 128), nullptr);
-  EXPECT_FALSE(params_of({{"bounds", "f32"}}).int8_bounds);
-  EXPECT_TRUE(params_of({}).int8_bounds);
+  EXPECT_EQ(params_of({{"bounds", "f32"}}).bounds, quest_bounds_kind::f32);
+  EXPECT_EQ(params_of({{"bounds", "int4"}}).bounds, quest_bounds_kind::int4);
+  EXPECT_EQ(params_of({}).bounds, quest_bounds_kind::int8);
 }
 
 INSTANTIATE_TEST_SUITE_P(codecs, quest_bound_property,
