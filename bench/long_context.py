@@ -128,6 +128,13 @@ def main():
             lim_ratio = f"{limit_bw * 1e3 / mb / statistics.median(best):.2f}x" if limit_bw else "-"
             print(f"| {t} | pagoda {cfg} | {med:.1f} | **{ratio:.2f}x** | {mb:.0f} | {gbs:.1f} | {lim} | {lim_ratio} |")
     print()
+    print(f"Against Pagoda's own {configs[0]} step (median of each round's ratio):")
+    print()
+    for t in threads:
+        for cfg in configs[1:]:
+            r = statistics.median(x / y for x, y in zip(res[(cfg, t)], res[(configs[0], t)]))
+            print(f"- {t} thread(s): {cfg} {r:.2f}x {configs[0]}")
+    print()
     print("raw (every round, in order):")
     for k, v in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         print(f"  {k}: " + ", ".join(f"{x:.1f}" for x in v))

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kv/kv_backend.h"
@@ -90,6 +91,24 @@ struct kv_read_stats {
   kv_read_counts decode;
 };
 
+// What a selector's sampled recall check has counted (retrieval's indexes):
+// over the sampled searches, `found` of the exact top-k's `wanted` slots were
+// among the index's results; `searches` counts every index search. Counters
+// only grow over a selector's life.
+struct index_recall {
+  std::uint64_t found = 0;
+  std::uint64_t wanted = 0;
+  std::uint64_t searches = 0;
+
+  index_recall& operator+=(const index_recall& o) {
+    found += o.found;
+    wanted += o.wanted;
+    searches += o.searches;
+    return *this;
+  }
+  friend bool operator==(const index_recall&, const index_recall&) = default;
+};
+
 // The reads of one attention task: n_rows query rows, the last of them
 // seeing slots [0, n_kv) and each earlier one a slot fewer (new tokens
 // append), limited to the newest window_slots slots when window_slots > 0;
@@ -116,6 +135,11 @@ class kv_read_selector {
   virtual key_rows key_rows_of(int layer, int kv_head) const { return {}; }
   // The bytes this selector holds (indexes), for memory accounting.
   virtual std::size_t memory_bytes() const { return 0; }
+  // The kind of approximate index its searches use ("ivfpq", "hnsw"), and
+  // their sampled recall so far; an empty name: it searches no index. The
+  // name has static storage (a literal): the engine keeps views of it.
+  virtual std::string_view index_name() const { return {}; }
+  virtual index_recall sampled_recall() const { return {}; }
   // Called when slots were truncated or compacted away: the selector forgets
   // what it knew of slots >= n_kv (a rollback) or of everything (kept = false).
   virtual void on_slots_changed(int n_kv, bool kept) {}

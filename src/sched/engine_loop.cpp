@@ -191,6 +191,7 @@ void engine_loop::publish() {
   s.n_generated_tokens = st.n_generated_tokens;
   s.spec_decode = st.spec_decode;
   s.kv_reads = st.kv_reads;
+  s.recall_by_index = st.recall_by_index;
   s.n_running = st.n_running;
   s.n_waiting = st.n_waiting;
   // engine_stats' counts are refreshed by step(); when aborts emptied the

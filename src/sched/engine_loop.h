@@ -77,6 +77,7 @@ struct engine_snapshot {
   std::int64_t n_generated_tokens = 0;
   std::map<std::string, spec_decode_stats> spec_decode;  // speculative decoding, by drafter
   std::map<std::string, kv_read_stats> kv_reads;         // attention's reads, by KV policy
+  std::map<std::string, index_recall, std::less<>> recall_by_index;  // sparse-read indexes' sampled recall, by kind
   int n_running = 0;
   int n_waiting = 0;
   std::map<std::string, std::int64_t> n_finished_by_reason;  // finish reason of a request's last completion

@@ -239,9 +239,14 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
     out.prompt_logits.swap(logits);
   }
   out.selector_bytes.assign(plan.seqs.size(), 0);
+  out.index_names.assign(plan.seqs.size(), {});
+  out.recall.assign(plan.seqs.size(), {});
   for (std::size_t i = 0; i < plan.seqs.size(); ++i)
-    if (const sequence* s = find(plan.seqs[i].seq); s && s->selector)
+    if (const sequence* s = find(plan.seqs[i].seq); s && s->selector) {
       out.selector_bytes[i] = static_cast<std::int64_t>(s->selector->memory_bytes());
+      out.index_names[i] = s->selector->index_name();
+      if (!out.index_names[i].empty()) out.recall[i] = s->selector->sampled_recall();
+    }
   return {};
 }
 

@@ -25,6 +25,7 @@ struct runner_mirror {
   std::int32_t n_positions = 0;  // leading stored positions the runner holds as the KV manager has them
   std::array<std::vector<block_id>, k_max_kv_groups> tables;  // the runner's tables, as sent
   std::int64_t selector_bytes = 0;  // its selector's memory, as the runner last reported
+  index_recall recall;              // its selector's sampled recall, as the runner last reported
 
   // The sequence left the pool (preempted, or a refused admission): its KV state goes.
   void forget_kv() {
@@ -32,6 +33,7 @@ struct runner_mirror {
     n_positions = 0;
     for (auto& t : tables) t.clear();
     selector_bytes = 0;
+    recall = {};
   }
   // Stored positions from `slot` on were rewritten (compaction, drop, truncation).
   void positions_changed_from(std::int32_t slot) { n_positions = std::min(n_positions, std::max(slot, 0)); }

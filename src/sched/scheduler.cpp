@@ -805,6 +805,16 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     // from here on the sequence's blocks stay out of the prefix cache.
     if (i < out.sparse.size() && out.sparse[i]) kv_.set_off_chain(s->id);
     if (i < out.selector_bytes.size()) s->runner.selector_bytes = out.selector_bytes[i];
+    if (i < out.recall.size() && !out.index_names[i].empty()) {
+      // The runner reports a selector's running totals: add what is new since the last report.
+      const index_recall now = out.recall[i], seen = s->runner.recall;
+      if (now.searches >= seen.searches && now.wanted >= seen.wanted && now.found >= seen.found) {
+        auto it = stats_.recall_by_index.find(out.index_names[i]);
+        if (it == stats_.recall_by_index.end()) it = stats_.recall_by_index.emplace(std::string(out.index_names[i]), index_recall{}).first;
+        it->second += index_recall{now.found - seen.found, now.wanted - seen.wanted, now.searches - seen.searches};
+      }
+      s->runner.recall = now;
+    }
     if (i < out.reads.size() && out.reads[i].rows > 0) {
       kv_read_stats& r = stats_.kv_reads[policy_name(s->req->req.kv_policy)];
       (s->n_computed < s->n_prompt ? r.prompt : r.decode) += out.reads[i];

@@ -181,6 +181,8 @@ struct engine_stats {
   // What attention read of the KV against what it could see, by the name of
   // the sequences' KV policy ("none", "quest", "retrieval", ...).
   std::map<std::string, kv_read_stats> kv_reads;
+  // Sampled recall of sparse-read indexes (retrieval), by index kind.
+  std::map<std::string, index_recall, std::less<>> recall_by_index;
 };
 
 // Where a sequence is in its life.

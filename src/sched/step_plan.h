@@ -179,6 +179,9 @@ struct step_output {
   std::vector<std::uint8_t> sparse;     // [plan.seqs]: 1 when a selector chose a sparse read for any of its tokens
   std::vector<kv_read_counts> reads;    // [plan.seqs]: what its attention read (empty: not counted)
   std::vector<std::int64_t> selector_bytes;  // [plan.seqs]: the memory of its selector after the step
+  // [plan.seqs]: its selector's index kind ("" without one) and sampled recall so far.
+  std::vector<std::string_view> index_names;
+  std::vector<index_recall> recall;
   std::vector<std::int32_t> reused_rows;     // [plan.seqs]: imported tokens not recomputed (empty: none anywhere)
 };
 

@@ -191,6 +191,21 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
              [](const kv_read_counts& r) { return r.blocks_visible; });
   per_policy("pagoda:kv_read_blocks_total", "KV blocks holding the tokens those rows read, by KV policy and phase.",
              [](const kv_read_counts& r) { return r.blocks_read; });
+  // Retrieval's indexes: every Nth search is checked against the exact top-k
+  // (retrieval:recall_every); recall = found / wanted.
+  auto per_index = [&](const char* name, const char* help, auto value) {
+    w.family(name, "counter", help);
+    for (const auto& [index, r] : s.recall_by_index)
+      w.sample(name, fmt::format("index=\"{}\"", escape_label(index)), static_cast<double>(value(r)));
+  };
+  per_index("pagoda:kv_index_searches_total", "Searches of sparse-read indexes (retrieval), by index kind.",
+            [](const index_recall& r) { return r.searches; });
+  per_index("pagoda:kv_index_recall_wanted_total",
+            "Slots of the exact top-k in the sampled searches (the recall check's denominator), by index kind.",
+            [](const index_recall& r) { return r.wanted; });
+  per_index("pagoda:kv_index_recall_found_total",
+            "Of those, slots the index's search returned: recall = found / wanted, by index kind.",
+            [](const index_recall& r) { return r.found; });
   w.metric("pagoda:kv_selector_memory_bytes", "gauge",
            "Memory held by running sequences' sparse-read selectors (Quest's key bounds, retrieval's ANN indexes).",
            s.selector_bytes);

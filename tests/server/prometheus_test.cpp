@@ -47,6 +47,15 @@ TEST(prometheus, renders_kv_reads_by_policy_and_phase) {
   EXPECT_EQ(test::metric(m, "pagoda:kv_read_tokens_total{policy=\"quest\",phase=\"prompt\"}"), 100);
 }
 
+TEST(prometheus, renders_index_recall_by_index_kind) {
+  engine_snapshot s;
+  s.recall_by_index["ivfpq"] = index_recall{90, 128, 1000};
+  auto m = test::parse_metrics(render_metrics(s, {}, "m"));
+  EXPECT_EQ(test::metric(m, "pagoda:kv_index_searches_total{index=\"ivfpq\"}"), 1000);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_index_recall_wanted_total{index=\"ivfpq\"}"), 128);
+  EXPECT_EQ(test::metric(m, "pagoda:kv_index_recall_found_total{index=\"ivfpq\"}"), 90);
+}
+
 TEST(prometheus, renders_every_series) {
   engine_snapshot s;
   s.kv.n_blocks_total = 10;
