@@ -89,6 +89,9 @@ struct retrieval_params {
   int recall_every = 256;
   hnsw_params hnsw;
   ivfpq_params ivfpq;
+  // Tests and benches: the index each (layer, KV head) builds, in place of
+  // the kind's (not parsed; nullptr: the kind's).
+  std::unique_ptr<key_index> (*make_index)(int head_dim) = nullptr;
 
   // Keys per query row at n_kv slots: at least 1.
   int resolve_k(int n_kv) const;

@@ -65,6 +65,15 @@ void retrieval_builder::loop() {
 }
 
 void retrieval_builder::run(const job& j) {
+  run_heads(j);
+  // A prompt's job holds a whole head's keys: give them back.
+  std::vector<float>().swap(keys_);
+  std::vector<float>().swap(sample_);
+  std::vector<std::int32_t>().swap(slots_);
+  scratch_bytes_.store(0, std::memory_order_relaxed);
+}
+
+void retrieval_builder::run_heads(const job& j) {
   const retrieval_params& p = sel_.params_;
   const auto hd = static_cast<std::size_t>(sel_.head_dim_);
   constexpr int shift = 8;  // the copy's chunk rows (retrieval_selector.cpp)

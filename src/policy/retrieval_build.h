@@ -67,6 +67,7 @@ class retrieval_builder {
   };
   void loop();
   void run(const job& j);
+  void run_heads(const job& j);
   bool current(const job& j) const { return gen_.load(std::memory_order_acquire) == j.gen; }
 
   retrieval_selector& sel_;

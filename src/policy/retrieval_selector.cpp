@@ -20,6 +20,7 @@ constexpr int k_chunk_rows = 1 << k_chunk_shift;
 }  // namespace
 
 std::unique_ptr<key_index> make_retrieval_index(const retrieval_params& p, int head_dim) {
+  if (p.make_index) return p.make_index(head_dim);
   switch (p.index) {
     case retrieval_index_kind::hnsw: return make_hnsw_index(head_dim, p.hnsw);
     case retrieval_index_kind::auto_:
