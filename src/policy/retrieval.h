@@ -27,12 +27,14 @@
 //   m, ef_construction, ef_search            hnsw (retrieval_index.h)
 //   nlist, pq_m, nbits, nprobe, train        ivfpq and auto (retrieval_index.h)
 //
-// The exact top-k: q.k of every candidate key, from a token-major f16 copy of
-// the keys of the sequence's SEALED (full) blocks, which on_layer_written
-// decodes through the view's codec as blocks fill (keys that f16 does not
-// hold exactly, as quantized or f32 KV, are ranked by their f16 rounding;
-// attention itself reads the view). Slots past the last full block are
-// always read, as part of the recent window.
+// The exact top-k: q.k of every candidate key of the sequence's SEALED (full)
+// blocks, read from the KV tiles by the codec's own qk kernel (what full
+// attention scores with), so it is exact for every KV type; then a k-heap per
+// query row. Slots past the last full block are always read, as part of the
+// recent window. Beside it, on_layer_written keeps a token-major f16 copy of
+// the sealed keys as blocks fill (decoded through the view's codec): the
+// builder's source, and gather_attention's for scattered keys (key_rows_of)
+// when every value is f16-exact.
 //
 // An index is built beside the exact path, never in front of it. A layer
 // whose index kind is on (ivfpq and hnsw from the first sealed blocks and

@@ -2,6 +2,8 @@
 // union with the index's top-k. The background build is retrieval_build.cpp.
 #include <algorithm>
 #include <climits>
+#include <functional>
+#include <limits>
 
 #include "attention/gather_attention.h"
 #include "core/assert.h"
@@ -262,32 +264,73 @@ std::size_t retrieval_selector::memory_bytes() const {
 void retrieval_selector::exact_candidates(const kv_select_query& q, int k, int lo, int hi,
                                           std::vector<std::int32_t>& out) const {
   if (hi <= lo) return;
-  const head_state& hs = heads_[row(q.layer, q.kv_head)];
-  thread_local std::vector<std::int32_t> slots;
-  thread_local std::vector<float> scores;
-  thread_local std::vector<std::int32_t> order;
-  slots.clear();
-  for (int s = lo; s < hi; ++s)
-    if (q.kv_pos[static_cast<std::size_t>(s)] >= 0) slots.push_back(s);
-  const std::size_t n = slots.size();
-  if (n == 0) return;
-  if (n <= static_cast<std::size_t>(k)) {
-    out.insert(out.end(), slots.begin(), slots.end());
+  std::size_t n_live = 0;
+  for (int s = lo; s < hi; ++s) n_live += q.kv_pos[static_cast<std::size_t>(s)] >= 0 ? 1 : 0;
+  if (n_live <= static_cast<std::size_t>(k)) {
+    for (int s = lo; s < hi; ++s)
+      if (q.kv_pos[static_cast<std::size_t>(s)] >= 0) out.push_back(s);
     return;
   }
-  // [lo, hi) lies past the index's end, whose copy is never released.
-  const key_rows kr{hs.chunks.data(), k_chunk_shift, hi};
+  // q.k straight from the KV tiles, a run of blocks of one class at a time,
+  // through the codec's qk kernel (the one full attention scores with): the
+  // exact scores of what attention reads, whatever the KV type.
+  // [lo, hi) lies within the sealed blocks: no staged block among them.
+  const paged_kv_view& v = *q.k;
+  const int bs = v.shape.block_size, base = lo / bs * bs;
+  const auto n = static_cast<std::size_t>(hi - base);
+  constexpr int k_run_blocks = 64;
+  thread_local std::vector<float> scores;
+  thread_local std::vector<const void*> tiles;
   scores.resize(static_cast<std::size_t>(q.n_rows) * n);
-  score_key_rows(q.q, q.n_rows, q.head_dim, kr, slots.data(), n, scores.data(), n);
-  order.resize(n);
+  for (int b0 = base / bs; b0 * bs < hi;) {
+    int b1 = b0;
+    while ((b1 + 1) * bs < hi && b1 - b0 + 1 < k_run_blocks && v.class_of(b1 + 1) == v.class_of(b0)) ++b1;
+    tiles.clear();
+    for (int b = b0; b <= b1; ++b) tiles.push_back(v.tile(b, q.kv_head));
+    const int n_tokens = std::min(hi, (b1 + 1) * bs) - b0 * bs;
+    v.codec_of(b0)->qk(v.format_of(b0), v.shape, v.params_of(b0, q.kv_head), tiles.data(), n_tokens, q.q, q.n_rows,
+                       scores.data() + (b0 * bs - base), static_cast<int>(n));
+    b0 = b1 + 1;
+  }
+  // Per row: t = the k-th largest of the maxima of 16-slot groups. The k
+  // groups of the largest maxima hold k keys >= t, so the k-th largest key is
+  // >= t: the keys >= t (a few k, where attention is peaked or clustered)
+  // hold the top-k, picked among them by (score, then the smaller slot:
+  // exact_top_k's order). Dead slots and those before lo score -inf.
+  constexpr float k_none = -std::numeric_limits<float>::infinity();
+  thread_local std::vector<float> group_max_tls;
+  thread_local std::vector<std::pair<float, std::int32_t>> cand_tls;
+  std::vector<float>& group_max = group_max_tls;  // the thread-local lookups once, not per key
+  std::vector<std::pair<float, std::int32_t>>& cand = cand_tls;
+  auto better = [](const std::pair<float, std::int32_t>& a, const std::pair<float, std::int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  const std::size_t n_groups = (n + 15) / 16;
+  group_max.resize(n_groups);
+  const bool dead = n_live < static_cast<std::size_t>(hi - lo);
   for (int r = 0; r < q.n_rows; ++r) {
-    const float* sc = scores.data() + static_cast<std::size_t>(r) * n;
-    for (std::size_t i = 0; i < n; ++i) order[i] = static_cast<std::int32_t>(i);
-    // Largest q.k first, ties to the smaller slot (exact_top_k's order).
-    std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), [sc](std::int32_t a, std::int32_t b) {
-      return sc[a] > sc[b] || (sc[a] == sc[b] && a < b);
-    });
-    for (int i = 0; i < k; ++i) out.push_back(slots[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])]);
+    float* sc = scores.data() + static_cast<std::size_t>(r) * n;  // sc[slot - base]
+    for (int s = base; s < lo; ++s) sc[s - base] = k_none;
+    for (int s = lo; dead && s < hi; ++s)
+      if (q.kv_pos[static_cast<std::size_t>(s)] < 0) sc[s - base] = k_none;
+    for (std::size_t g = 0; g < n_groups; ++g) {
+      float m = k_none;
+      for (std::size_t i = g * 16, e = std::min(n, i + 16); i < e; ++i) m = std::max(m, sc[i]);
+      group_max[g] = m;
+    }
+    float t = k_none;
+    if (n_groups > static_cast<std::size_t>(k)) {
+      std::nth_element(group_max.begin(), group_max.begin() + (k - 1), group_max.end(), std::greater<float>());
+      t = group_max[static_cast<std::size_t>(k - 1)];
+    }
+    cand.clear();
+    for (std::size_t i = 0; i < n; ++i)
+      if (sc[i] >= t && sc[i] != k_none) cand.emplace_back(sc[i], base + static_cast<std::int32_t>(i));
+    if (cand.size() > static_cast<std::size_t>(k)) {
+      std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), better);
+      cand.resize(static_cast<std::size_t>(k));
+    }
+    for (const auto& c : cand) out.push_back(c.second);
   }
 }
 
