@@ -13,7 +13,7 @@ namespace pagoda {
 namespace {
 
 constexpr const char* k_known_params =
-    "index, auto_min, k, sinks, recent, max_tokens, background, recall_every, m, ef_construction, ef_search, nlist, "
+    "index, auto_min, exact_max, k, sinks, recent, max_tokens, background, recall_every, m, ef_construction, ef_search, nlist, "
     "pq_m, nbits, nprobe, train";
 
 result<int> parse_int(std::string_view key, std::string_view v, int lo, int hi) {
@@ -70,6 +70,7 @@ constexpr int_param k_int_params[] = {
     {"recent", &retrieval_params::recent, nullptr, nullptr, 1, 1 << 20},
     {"max_tokens", &retrieval_params::max_tokens, nullptr, nullptr, 1, 1 << 16},
     {"recall_every", &retrieval_params::recall_every, nullptr, nullptr, 0, 1 << 30},
+    {"exact_max", &retrieval_params::exact_max, nullptr, nullptr, 0, 1 << 30},
     {"m", nullptr, &hnsw_params::m, nullptr, 2, 256},
     {"ef_construction", nullptr, &hnsw_params::ef_construction, nullptr, 1, 4096},
     {"ef_search", nullptr, &hnsw_params::ef_search, nullptr, 1, 65536},

@@ -7,12 +7,18 @@
 //   --kv-policy retrieval[:index=auto|exact|ivfpq|hnsw,k=128,sinks=4,recent=64,...]
 //
 // Parameters (kv_policy_spec):
-//   index        auto (default): the exact top-k below auto_min slots, IVF-PQ
-//                from there; exact: always the exact top-k (no index);
+//   index        auto (default): IVF-PQ from auto_min sealed slots; below it
+//                the exact top-k up to exact_max slots, full attention past
+//                that; exact: always the exact top-k (no index);
 //                ivfpq (faiss IVF-PQ) or hnsw (hnswlib) from the start
 //   auto_min     index=auto: the sealed slots at which a layer's IVF-PQ index
-//                starts being built (default 32768: the measured crossover,
-//                bench/RESULTS.md "Retrieval attention"); at least `train`
+//                starts being built (default 16384, bench/RESULTS.md
+//                "Retrieval attention"); at least `train`
+//   exact_max    when more candidate slots than this are not in an index
+//                (below auto_min, or while the index is being built), the
+//                step reads everything: on this machine the exact top-k costs
+//                more than full attention at every length measured (default
+//                1024; index=exact ignores it)
 //   k            keys per query row: a count ("128", the default) or a
 //                fraction of the slots the query sees ("0.01", "1%")
 //   sinks        the first live slots, always read (default 4)
@@ -81,7 +87,8 @@ enum class retrieval_index_kind : std::uint8_t { auto_, exact, ivfpq, hnsw };
 
 struct retrieval_params {
   retrieval_index_kind index = retrieval_index_kind::auto_;
-  int auto_min = 32768;     // index=auto: sealed slots from which IVF-PQ is built
+  int auto_min = 16384;     // index=auto: sealed slots from which IVF-PQ is built
+  int exact_max = 1024;     // more candidates than this outside the index: read everything
   int k_tokens = 128;       // keys per query row, when > 0
   double k_fraction = 0.0;  // else this fraction of the visible slots
   int sinks = 4;

@@ -399,6 +399,8 @@ bool retrieval_selector::select(const kv_select_query& q, std::vector<slot_range
         sample_recall(q, hs, k, first, std::min(hs.indexed_end, n_kv));
     }
   }
+  // The exact top-k over many slots costs more than reading them all.
+  if (params_.index != retrieval_index_kind::exact && window_begin - ie > params_.exact_max) return false;
   exact_candidates(q, k, ie, window_begin, cand);
   std::sort(cand.begin(), cand.end());
   cand.erase(std::unique(cand.begin(), cand.end()), cand.end());

@@ -124,6 +124,30 @@ TEST(retrieval_build, auto_picks_exact_below_auto_min_and_ivfpq_from_it) {
   EXPECT_LT(sel.memory_bytes(), exact.memory_bytes());
 }
 
+// More candidates outside any index than exact_max: the step reads
+// everything (full attention is cheaper than the exact top-k there), unless
+// the index kind is exact.
+TEST(retrieval_build, past_exact_max_outside_the_index_reads_everything) {
+  sequence s = integral_sequence(300);
+  retrieval_params p = base_params();
+  p.exact_max = 100;
+  p.auto_min = 1 << 20;
+  retrieval_params e = p;
+  e.index = retrieval_index_kind::exact;
+  retrieval_selector sel(p, 1, s.n_kv_heads, s.head_dim), exact(e, 1, s.n_kv_heads, s.head_dim);
+  s.write(100, sel);  // 96 sealed: 84 candidates, exact
+  exact.on_layer_written(0, s.kview(), std::span(s.pos).first(s.n), s.n);
+  const auto q = integral_query(s, 3);
+  const paged_kv_view kv = s.kview();
+  std::vector<slot_range> out;
+  EXPECT_TRUE(sel.select(query(s, kv, 0, q, 1), out));
+  s.write(100, sel);  // 192 sealed: 180 candidates
+  exact.on_layer_written(0, s.kview(), std::span(s.pos).first(s.n), s.n);
+  const paged_kv_view kv2 = s.kview();
+  EXPECT_FALSE(sel.select(query(s, kv2, 0, q, 1), out));
+  EXPECT_TRUE(exact.select(query(s, kv2, 0, q, 1), out));
+}
+
 // Grown one token at a time with the builder on its thread, every selection
 // holds the exact top-k (the index part and the exact part never drop a
 // slot between them); once built, the selection equals that of a selector

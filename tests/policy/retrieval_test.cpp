@@ -325,7 +325,8 @@ TEST(retrieval_params, defaults_and_values) {
   auto p = parse_retrieval_params(spec({}));
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->index, retrieval_index_kind::auto_);
-  EXPECT_EQ(p->auto_min, 32768);
+  EXPECT_EQ(p->auto_min, 16384);
+  EXPECT_EQ(p->exact_max, 1024);
   EXPECT_TRUE(p->background);
   EXPECT_EQ(p->resolve_k(100000), 128);
   p = parse_retrieval_params(spec({{"auto_min", "20000"}, {"nprobe", "8"}, {"background", "0"}, {"recall_every", "0"}}));
