@@ -18,6 +18,10 @@ namespace {
 // block is sealed.
 constexpr int k_chunk_shift = 8;
 constexpr int k_chunk_rows = 1 << k_chunk_shift;
+// Slots a layer's copy grows by at most per on_layer_written: 128 keys of 8
+// heads cost a few percent of a 16K-context decode step (bench/RESULTS.md,
+// "Retrieval attention": first_token).
+constexpr int k_copy_per_step = 128;
 
 }  // namespace
 
@@ -57,7 +61,11 @@ void retrieval_selector::on_layer_written(int layer, const paged_kv_view& k, std
     requeue_from_indexes();
   }
   if (L.failed.load(std::memory_order_acquire)) return;
-  copy_blocks(layer, k, kv_pos, end);
+  // A long cached prompt is copied a few blocks a step, not all in its first
+  // step (decoding and converting 16K keys of 8 heads costs several times a
+  // layer's decode step): select() scores from the KV tiles and reads what
+  // no index holds, so nothing waits for the copy.
+  copy_blocks(layer, k, kv_pos, std::min(end, L.sealed_end + k_copy_per_step));
   if (L.sealed_end >= params_.index_from() && L.queued_end < L.sealed_end) {
     const int b0 = L.queued_end;
     L.queued_end = L.sealed_end;
@@ -375,8 +383,10 @@ bool retrieval_selector::select(const kv_select_query& q, std::vector<slot_range
   // Dead slots (negative positions) lead; sinks are the first live ones.
   const int first = static_cast<int>(std::upper_bound(q.kv_pos.begin(), q.kv_pos.begin() + n_kv, -1) - q.kv_pos.begin());
   if (first >= n_kv) return false;
-  const int sealed = std::min(L.sealed_end, n_kv);
-  // Everything not copied is read, so the window reaches back to the copies' end.
+  // The sealed blocks of the view (the copies may lag: select never reads them).
+  const int bs = q.k->shape.block_size;
+  const int sealed = n_kv / bs * bs;
+  // Slots past the sealed blocks are read, so the window reaches back to them.
   const int window_begin = std::max(first, std::min(n_kv - params_.recent, sealed));
   const int sink_end = std::min(first + params_.sinks, window_begin);
   const int k = params_.resolve_k(n_kv);
@@ -391,6 +401,8 @@ bool retrieval_selector::select(const kv_select_query& q, std::vector<slot_range
     const head_state& hs = heads_[row(q.layer, q.kv_head)];
     std::lock_guard lock(hs.mu);
     ie = std::clamp(hs.indexed_end, sink_end, window_begin);
+    // The exact top-k over many slots costs more than reading them all.
+    if (params_.index != retrieval_index_kind::exact && window_begin - ie > params_.exact_max) return false;
     if (ie > sink_end && hs.ix->size() > 0) {
       const std::uint64_t n = searches_.fetch_add(1, std::memory_order_relaxed);
       hs.ix->search_rows(q.q, q.n_rows, q.head_dim, k, cand);
@@ -399,8 +411,6 @@ bool retrieval_selector::select(const kv_select_query& q, std::vector<slot_range
         sample_recall(q, hs, k, first, std::min(hs.indexed_end, n_kv));
     }
   }
-  // The exact top-k over many slots costs more than reading them all.
-  if (params_.index != retrieval_index_kind::exact && window_begin - ie > params_.exact_max) return false;
   exact_candidates(q, k, ie, window_begin, cand);
   std::sort(cand.begin(), cand.end());
   cand.erase(std::unique(cand.begin(), cand.end()), cand.end());

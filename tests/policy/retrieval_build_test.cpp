@@ -74,6 +74,13 @@ std::vector<slot_range> select_ranges(retrieval_selector& sel, const sequence& s
   return out;
 }
 
+// The copy grows a few blocks per on_layer_written (as over a decode's
+// steps): told again until every sealed key of layer is copied.
+void settle(retrieval_selector& sel, const sequence& s, int layer = 0) {
+  while (sel.sealed_end(layer) < s.n / s.block_size * s.block_size)
+    sel.on_layer_written(layer, s.kview(), std::span(s.pos).first(s.n), s.n);
+}
+
 retrieval_params base_params() {
   retrieval_params p;
   p.k_tokens = 5;
@@ -172,7 +179,9 @@ TEST(retrieval_build, grown_block_by_block_equals_from_scratch_and_loses_no_slot
   scratch_p.background = false;
   sequence t = integral_sequence(420);
   retrieval_selector scratch(scratch_p, 1, t.n_kv_heads, t.head_dim);
-  t.write(420, scratch);
+  t.write(420, scratch);  // copies 128 slots: a long prompt is copied a few blocks a step
+  EXPECT_EQ(scratch.sealed_end(0), 128);
+  settle(scratch, t);
   for (int h = 0; h < s.n_kv_heads; ++h) {
     EXPECT_EQ(sel.indexed_end(0, h), 416);
     EXPECT_EQ(sel.index_size(0, h), 416);
@@ -262,6 +271,9 @@ void expect_like_scratch(retrieval_selector& sel, const sequence& s) {
   sequence t = integral_sequence(static_cast<int>(s.pos.size()));
   retrieval_selector scratch(p, 1, t.n_kv_heads, t.head_dim);
   t.write(s.n, scratch);
+  settle(scratch, t);
+  settle(sel, s);
+  sel.wait_built();
   for (int h = 0; h < s.n_kv_heads; ++h) {
     EXPECT_EQ(sel.indexed_end(0, h), s.n / 16 * 16);
     EXPECT_EQ(sel.index_size(0, h), s.n / 16 * 16);
@@ -309,6 +321,7 @@ TEST(retrieval_build, a_lagging_index_and_the_exact_tail_together_lose_no_slot) 
   sequence s = integral_sequence(300);
   retrieval_selector sel(p, 2, s.n_kv_heads, s.head_dim);
   s.write(200, sel);  // layer 0: [0, 192) indexed
+  settle(sel, s);
   sel.wait_built();
   ASSERT_EQ(sel.indexed_end(0, 1), 192);
   closed_gate g;
