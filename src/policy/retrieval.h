@@ -35,23 +35,26 @@
 //
 // The exact top-k: q.k of every candidate key of the sequence's SEALED (full)
 // blocks, read from the KV tiles by the codec's own qk kernel (what full
-// attention scores with), so it is exact for every KV type; then a k-heap per
-// query row. Slots past the last full block are always read, as part of the
+// attention scores with), so it is exact for every KV type; then, per query
+// row, the keys at or above the k-th largest maximum of 16-slot groups, and
+// the k best of those (ties to the smaller slot). Slots past the last full block are always read, as part of the
 // recent window. Beside it, on_layer_written keeps a token-major f16 copy of
-// the sealed keys as blocks fill (decoded through the view's codec): the
+// the sealed keys as blocks fill (decoded through the view's codec, at most
+// 128 slots per layer and call, so a long cached prompt's first step does
+// not copy it all; an index starts when the copy reaches its start): the
 // builder's source, and gather_attention's for scattered keys (key_rows_of)
 // when every value is f16-exact.
 //
 // An index is built beside the exact path, never in front of it. A layer
-// whose index kind is on (ivfpq and hnsw from the first sealed blocks and
-// index=ivfpq from `train` slots, auto from auto_min) hands its sealed blocks
+// whose index kind is on (hnsw from the first sealed block, ivfpq from
+// `train` copied slots, auto from auto_min) hands its copied blocks
 // to a background thread in order; a (layer, KV head)'s index covers slots
 // [0, indexed_end(layer, kv_head)), and select() takes the index's top-k over
-// that part and the exact top-k over the sealed slots past it, so a block
-// is served exactly until its index holds it and never missed in between,
-// and the first token after a long prompt waits for no index. IVF-PQ is
-// trained once per (layer, KV head) on `train` keys sampled evenly from the
-// sealed keys of the moment it starts, on a private index that is published
+// that part and the exact top-k over the sealed slots past it (or, past
+// exact_max of those, reads everything), so a block is never missed between
+// the two, and the first token after a long prompt waits for no index.
+// IVF-PQ is trained once per (layer, KV head) on `train` keys sampled evenly
+// from the keys copied when it starts, on a private index that is published
 // when built; later blocks are added to the trained lists (no retraining: the
 // lists drift as later keys move, which the sampled recall shows). A
 // compaction (on_slots_changed with kept = false) drops indexes and training.
