@@ -215,7 +215,8 @@ class ivfpq_index final : public key_index {
     auto ivf = std::make_unique<faiss::IndexIVFPQ>(quantizer_.get(), head_dim_, params_.nlist, params_.m, params_.nbits,
                                                    faiss::METRIC_INNER_PRODUCT);
     // 10 k-means iterations rather than faiss's 25: the coarse lists and
-    // codebooks barely move after that, and training runs inside a step.
+    // codebooks barely move after that (training runs on the retrieval
+    // selector's builder thread, once per layer and KV head).
     ivf->cp.seed = 1234;
     ivf->pq.cp.seed = 1234;
     ivf->cp.niter = 10;
