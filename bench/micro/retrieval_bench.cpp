@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <utility>
 #include <cmath>
@@ -61,6 +62,7 @@
 
 #include "attention/gather_attention.h"
 #include "attention/paged_attention.h"
+#include "bench_kv.h"
 #include "kv/kv_storage.h"
 #include "model/llama.h"
 #include "policy/retrieval.h"
@@ -90,6 +92,7 @@ struct index_case {
 std::unique_ptr<key_index> make_index(const index_case& c, int head_dim) {
   switch (c.kind) {
     case retrieval_index_kind::hnsw: return make_hnsw_index(head_dim, c.hnsw);
+    case retrieval_index_kind::auto_:
     case retrieval_index_kind::ivfpq: return make_ivfpq_index(head_dim, c.ivfpq);
     case retrieval_index_kind::exact: break;
   }
@@ -402,9 +405,13 @@ struct decode_setup {
   std::vector<block_id> table;
   std::vector<std::int32_t> pos;
   std::vector<float> q;  // [32][128]: one decode token, every query head
-  std::unique_ptr<retrieval_selector> hnsw, ivfpq;
-  double build_hnsw_s = 0, build_ivfpq_s = 0;
+  // [0] exact top-k (index=exact), [1] IVF-PQ (index=ivfpq); index=auto is
+  // [0] below auto_min and [1] from it.
+  std::unique_ptr<retrieval_selector> sel[2];
+  double build_s[2] = {0, 0};    // on_layer_written of the whole context (IVF-PQ: built inline)
 };
+
+constexpr const char* k_variants[2] = {"exact", "ivfpq"};
 
 // keys: clustered (RoPE-rotated topics, as above) or Gaussian (i.i.d.
 // N(0, 1) keys and queries: the case of a random-weight model such as
@@ -452,13 +459,16 @@ decode_setup& decode_for(int n_ctx, bool gaussian_keys) {
   const paged_kv_view kview = s->kv->k_view(0, s->table, n_ctx);
   retrieval_params p;
   p.k_tokens = 128;
-  for (auto [sel, kind, secs] : {std::tuple{&s->hnsw, retrieval_index_kind::hnsw, &s->build_hnsw_s},
-                                 std::tuple{&s->ivfpq, retrieval_index_kind::ivfpq, &s->build_ivfpq_s}}) {
-    p.index = kind;
+  p.background = false;  // the index whole before the steps
+  p.recall_every = 64;   // one sampled search in 8 steps (8 heads a step): the medians skip it
+  for (int i = 0; i < 2; ++i) {
+    p.index = i == 0 ? retrieval_index_kind::exact : retrieval_index_kind::ivfpq;
     const auto t0 = clock_type::now();
-    *sel = std::make_unique<retrieval_selector>(p, 1, k_kv_heads, k_hd);
-    (*sel)->on_layer_written(0, kview, s->pos, n_ctx);
-    *secs = seconds_since(t0);
+    s->sel[i] = std::make_unique<retrieval_selector>(p, 1, k_kv_heads, k_hd);
+    // The copy grows a few blocks per call (the steps of a decode): call
+    // until every sealed key is copied and indexed.
+    while (s->sel[i]->sealed_end(0) < n_ctx / k_block * k_block) s->sel[i]->on_layer_written(0, kview, s->pos, n_ctx);
+    s->build_s[i] = seconds_since(t0);
   }
   return *s;
 }
@@ -550,12 +560,12 @@ void bm_decode(benchmark::State& st) {
   const bool gaussian_keys = st.range(1) != 0;
   decode_setup& s = decode_for(n_ctx, gaussian_keys);
   const paged_kv_view k = s.kv->k_view(0, s.table, n_ctx), v = s.kv->v_view(0, s.table, n_ctx);
-  std::vector<float> out_full(s.q.size()), out_hnsw(s.q.size()), out_ivf(s.q.size());
+  std::vector<float> out_full(s.q.size()), out[2] = {out_full, out_full};
   attention_scratch asc;
   gather_scratch gsc;
-  // [0] full, [1] hnsw, [2] ivfpq: wall and CPU seconds per step.
+  // [0] full, [1] exact, [2] ivfpq: wall and CPU seconds per step.
   std::vector<double> wall[3], cpu[3], search_s[2], gather_s[2];
-  std::size_t read_hnsw = 0, read_ivf = 0;
+  std::size_t read[2] = {0, 0};
   auto keep = [&](int i, std::pair<double, double> t) {
     wall[i].push_back(t.first);
     cpu[i].push_back(t.second);
@@ -564,39 +574,103 @@ void bm_decode(benchmark::State& st) {
     keep(0, timed([&] {
            for (int h = 0; h < k_kv_heads; ++h) paged_attention(decode_task(s, k, v, h, out_full.data()), asc);
          }));
-    auto split = [&](int i, std::pair<double, double> sg) {
-      search_s[i].push_back(sg.first);
-      gather_s[i].push_back(sg.second);
-    };
-    keep(1, timed([&] { split(0, retrieval_step(s, *s.hnsw, k, v, out_hnsw.data(), gsc, read_hnsw)); }));
-    keep(2, timed([&] { split(1, retrieval_step(s, *s.ivfpq, k, v, out_ivf.data(), gsc, read_ivf)); }));
+    for (int i = 0; i < 2; ++i)
+      keep(i + 1, timed([&] {
+             const auto sg = retrieval_step(s, *s.sel[i], k, v, out[i].data(), gsc, read[i]);
+             search_s[i].push_back(sg.first);
+             gather_s[i].push_back(sg.second);
+           }));
     benchmark::DoNotOptimize(out_full.data());
   }
-  const char* names[3] = {"full", "hnsw", "ivfpq"};
-  for (int i = 0; i < 3; ++i) {
-    st.counters[fmt::format("{}_ms", names[i])] = median(wall[i]) * 1e3;
-    st.counters[fmt::format("{}_cpu_ms", names[i])] = median(cpu[i]) * 1e3;
-    if (i > 0) {
-      st.counters[fmt::format("x_{}", names[i])] = median(wall[0]) / median(wall[i]);
-      st.counters[fmt::format("x_{}_cpu", names[i])] = median(cpu[0]) / median(cpu[i]);
-    }
+  const double kv_bytes = static_cast<double>(n_ctx) * k_kv_heads * k_hd * 2 * 2;
+  st.counters["full_ms"] = median(wall[0]) * 1e3;
+  st.counters["full_cpu_ms"] = median(cpu[0]) * 1e3;
+  for (int i = 0; i < 2; ++i) {
+    const std::string n = k_variants[i];
+    st.counters[n + "_ms"] = median(wall[i + 1]) * 1e3;
+    st.counters[n + "_cpu_ms"] = median(cpu[i + 1]) * 1e3;
+    st.counters["x_" + n] = median(wall[0]) / median(wall[i + 1]);
+    st.counters["x_" + n + "_cpu"] = median(cpu[0]) / median(cpu[i + 1]);
+    // Thread CPU time of select (the top-k) and of gather_attention, per step.
+    st.counters["select_cpu_ms_" + n] = median(search_s[i]) * 1e3;
+    st.counters["gather_cpu_ms_" + n] = median(gather_s[i]) * 1e3;
+    st.counters["err_" + n] = relative_error(out[i], out_full);
+    st.counters["read_frac_" + n] = static_cast<double>(read[i]) / (static_cast<double>(n_ctx) * k_kv_heads);
+    st.counters["mem_per_kv_" + n] = static_cast<double>(s.sel[i]->memory_bytes()) / kv_bytes;
+    st.counters["build_s_" + n] = s.build_s[i];
   }
-  st.counters["err_hnsw"] = relative_error(out_hnsw, out_full);
-  st.counters["err_ivfpq"] = relative_error(out_ivf, out_full);
-  // Thread CPU time of select (the searches) and of gather_attention, per step.
-  st.counters["search_cpu_ms_hnsw"] = median(search_s[0]) * 1e3;
-  st.counters["search_cpu_ms_ivfpq"] = median(search_s[1]) * 1e3;
-  st.counters["gather_cpu_ms_hnsw"] = median(gather_s[0]) * 1e3;
-  st.counters["gather_cpu_ms_ivfpq"] = median(gather_s[1]) * 1e3;
-  st.counters["read_frac_hnsw"] = static_cast<double>(read_hnsw) / (static_cast<double>(n_ctx) * k_kv_heads);
-  st.counters["read_frac_ivfpq"] = static_cast<double>(read_ivf) / (static_cast<double>(n_ctx) * k_kv_heads);
-  st.counters["hnsw_MiB"] = static_cast<double>(s.hnsw->memory_bytes()) / (1 << 20);
-  st.counters["ivfpq_MiB"] = static_cast<double>(s.ivfpq->memory_bytes()) / (1 << 20);
-  st.counters["kv_MiB"] = static_cast<double>(n_ctx) * k_kv_heads * k_hd * 2 * 2 / (1 << 20);
-  st.counters["build_s_hnsw"] = s.build_hnsw_s;
-  st.counters["build_s_ivfpq"] = s.build_ivfpq_s;
+  const retrieval_recall r = s.sel[1]->recall();
+  st.counters["recall_ivfpq"] = r.wanted ? static_cast<double>(r.found) / static_cast<double>(r.wanted) : 0.0;
+  st.counters["kv_MiB"] = kv_bytes / (1 << 20);
   st.SetLabel(fmt::format("{} keys, 1 layer, 8 KV heads x 4, head_dim 128, f16 KV, k=128, sinks 4, recent 64, 1 thread",
                           gaussian_keys ? "Gaussian" : "clustered"));
+}
+
+// --- the first token after a cached prompt ---------------------------------
+
+// A synth model with Llama-3-8B shapes (see the top), or nullptr.
+const llama_model* first_token_model() {
+  static std::unique_ptr<llama_model> m = [] {
+    const char* path = std::getenv("PAGODA_RETRIEVAL_MODEL");
+    auto r = llama_model::load(path ? path : "/tmp/llama3-8b-2l-q8.gguf");
+    return r.ok() ? std::move(*r) : nullptr;
+  }();
+  return m.get();
+}
+
+// One whole forward step of one token after n_ctx cached tokens (random f16
+// K/V, as the prefix cache would hand them: no prefill), 1 thread: full
+// attention against `--kv-policy retrieval` with its defaults (index=auto,
+// background build), a fresh selector each round, so its first step sees the
+// whole prompt at once (on_layer_written copies every sealed key; from
+// auto_min the IVF-PQ build starts on the builder's thread). Then a second
+// step with the same selector (the steady state while the index builds).
+// Alternated round by round.
+void bm_first_token(benchmark::State& st) {
+  const llama_model* m = first_token_model();
+  if (!m) return st.SkipWithError("no model: set PAGODA_RETRIEVAL_MODEL to a GGUF from pagoda synth (see the top)");
+  const llama_hparams& hp = m->hparams();
+  const int n_ctx = static_cast<int>(st.range(0));
+  const kv_layout layout = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, k_block, kv_type::f16, kv_type::f16);
+  const int n_blocks = n_ctx / k_block + 2;
+  auto storage = std::move(*kv_storage::create(layout, n_blocks, 1));
+  std::vector<block_id> table;
+  for (int b = 0; b < n_blocks; ++b) table.push_back(block_id(b));
+  pagoda::bench::fill_random_kv(*storage, table, n_ctx);
+  llama_context ctx(*m, *storage, 1);
+  std::vector<float> logits;
+  const std::vector<token_id> token{1};
+  kv_policy_spec spec;
+  spec.name = "retrieval";
+  auto policy = make_retrieval_policy(spec);
+  std::vector<double> wall[3], cpu[3];  // [0] full, [1] retrieval's first step, [2] its second
+  auto step = [&](kv_read_selector* sel, int i) {
+    forward_seq s = forward_seq::consecutive(token, n_ctx, table, false);
+    s.selector = sel;
+    status r;
+    const auto t = timed([&] { r = ctx.forward({&s, 1}, logits); });
+    if (!r.ok()) fmt::print(stderr, "retrieval_bench: {}\n", r.message());
+    wall[i].push_back(t.first);
+    cpu[i].push_back(t.second);
+  };
+  for (auto _ : st) {
+    step(nullptr, 0);
+    auto sel = (*policy)->make_selector(hp.n_layer, hp.n_head_kv, hp.head_dim);
+    step(sel.get(), 1);
+    step(sel.get(), 2);
+    st.PauseTiming();
+    sel.reset();  // waits for a build in flight
+    st.ResumeTiming();
+  }
+  st.counters["full_ms"] = median(wall[0]) * 1e3;
+  st.counters["full_cpu_ms"] = median(cpu[0]) * 1e3;
+  st.counters["first_ms"] = median(wall[1]) * 1e3;
+  st.counters["first_cpu_ms"] = median(cpu[1]) * 1e3;
+  st.counters["second_cpu_ms"] = median(cpu[2]) * 1e3;
+  st.counters["first_over_full"] = median(wall[1]) / median(wall[0]);
+  st.counters["first_over_full_cpu"] = median(cpu[1]) / median(cpu[0]);
+  st.counters["second_over_full_cpu"] = median(cpu[2]) / median(cpu[0]);
+  st.SetLabel(fmt::format("{} layers, f16 KV, 1 thread, retrieval defaults", hp.n_layer));
 }
 
 void register_all() {
@@ -624,8 +698,14 @@ void register_all() {
           ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("decode", bm_decode)
       ->ArgNames({"ctx", "gaussian"})
-      ->ArgsProduct({{32768, 131072}, {0, 1}})
+      ->ArgsProduct({{4096, 8192, 16384, 32768, 65536, 131072}, {0, 1}})
       ->Iterations(20)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("first_token", bm_first_token)
+      ->ArgNames({"ctx"})
+      ->Args({16384})
+      ->Args({32768})
+      ->Iterations(15)
       ->Unit(benchmark::kMillisecond);
 }
 

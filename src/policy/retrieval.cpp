@@ -2,19 +2,19 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <string>
 #include <string_view>
 
-#include "attention/gather_attention.h"
-#include "core/assert.h"
-#include "core/half.h"
+#include "policy/retrieval_build.h"
 
 namespace pagoda {
 namespace {
 
 constexpr const char* k_known_params =
-    "index, k, sinks, recent, max_tokens, m, ef_construction, ef_search, nlist, pq_m, nbits, nprobe, train";
+    "index, auto_min, exact_max, k, sinks, recent, max_tokens, background, recall_every, m, ef_construction, ef_search, nlist, "
+    "pq_m, nbits, nprobe, train";
 
 result<int> parse_int(std::string_view key, std::string_view v, int lo, int hi) {
   int x = 0;
@@ -47,15 +47,16 @@ status parse_k(std::string_view v, retrieval_params& p) {
 }
 
 status parse_index_kind(std::string_view v, retrieval_params& p) {
-  if (v == "hnsw") p.index = retrieval_index_kind::hnsw;
+  if (v == "auto") p.index = retrieval_index_kind::auto_;
+  else if (v == "hnsw") p.index = retrieval_index_kind::hnsw;
   else if (v == "ivfpq") p.index = retrieval_index_kind::ivfpq;
   else if (v == "exact") p.index = retrieval_index_kind::exact;
-  else return error(errc::invalid_argument, "retrieval: index={}: expected hnsw, ivfpq or exact", v);
+  else return error(errc::invalid_argument, "retrieval: index={}: expected auto, exact, ivfpq or hnsw", v);
   return {};
 }
 
 // The int field a key names, with its bounds and the index it applies to
-// (nullptr: any index).
+// (nullptr: any index; "ivfpq" also accepts auto, which builds IVF-PQ).
 struct int_param {
   const char* key;
   int retrieval_params::*field = nullptr;
@@ -68,6 +69,8 @@ constexpr int_param k_int_params[] = {
     {"sinks", &retrieval_params::sinks, nullptr, nullptr, 0, 1 << 20},
     {"recent", &retrieval_params::recent, nullptr, nullptr, 1, 1 << 20},
     {"max_tokens", &retrieval_params::max_tokens, nullptr, nullptr, 1, 1 << 16},
+    {"recall_every", &retrieval_params::recall_every, nullptr, nullptr, 0, 1 << 30},
+    {"exact_max", &retrieval_params::exact_max, nullptr, nullptr, 0, 1 << 30},
     {"m", nullptr, &hnsw_params::m, nullptr, 2, 256},
     {"ef_construction", nullptr, &hnsw_params::ef_construction, nullptr, 1, 4096},
     {"ef_search", nullptr, &hnsw_params::ef_search, nullptr, 1, 65536},
@@ -82,6 +85,18 @@ constexpr int_param k_int_params[] = {
 status parse_param(std::string_view key, std::string_view value, retrieval_params& p, const char** needs) {
   if (key == "index") return parse_index_kind(value, p);
   if (key == "k") return parse_k(value, p);
+  if (key == "auto_min") {
+    auto r = parse_int(key, value, 0, 1 << 30);
+    if (!r.ok()) return r.error();
+    p.auto_min = *r;
+    *needs = "auto";
+    return {};
+  }
+  if (key == "background") {
+    if (value != "0" && value != "1") return error(errc::invalid_argument, "retrieval: background={}: expected 0 or 1", value);
+    p.background = value == "1";
+    return {};
+  }
   for (const int_param& ip : k_int_params) {
     if (key != ip.key) continue;
     auto r = parse_int(key, value, ip.lo, ip.hi);
@@ -102,18 +117,12 @@ status parse_param(std::string_view key, std::string_view value, retrieval_param
 
 const char* index_kind_name(retrieval_index_kind k) {
   switch (k) {
+    case retrieval_index_kind::auto_: return "auto";
     case retrieval_index_kind::hnsw: return "hnsw";
     case retrieval_index_kind::ivfpq: return "ivfpq";
     case retrieval_index_kind::exact: return "exact";
   }
   return "?";
-}
-
-// The largest divisor of n that is at most m (1 at least).
-int divisor_at_most(int n, int m) {
-  for (int d = std::min(n, m); d > 1; --d)
-    if (n % d == 0) return d;
-  return 1;
 }
 
 class retrieval_policy final : public kv_policy {
@@ -134,11 +143,32 @@ class retrieval_policy final : public kv_policy {
 
 }  // namespace
 
+int divisor_at_most(int n, int m) {
+  for (int d = std::min(n, m); d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
+int retrieval_params::index_from() const {
+  switch (index) {
+    case retrieval_index_kind::auto_: return std::max(auto_min, ivfpq.resolved_n_train());
+    case retrieval_index_kind::ivfpq: return ivfpq.resolved_n_train();
+    case retrieval_index_kind::hnsw: return 0;
+    case retrieval_index_kind::exact: break;
+  }
+  return INT_MAX;
+}
+
 side_charge retrieval_side_memory(const retrieval_params& p, int n_layers, int n_kv_heads, int head_dim) {
   const std::int64_t hd = head_dim;
   const std::int64_t rows = static_cast<std::int64_t>(n_layers) * n_kv_heads;
-  // The key copy: whole chunks of 2^k_chunk_shift f16 rows, and their pointers.
+  // The key copy: whole chunks of 256 f16 rows, and their pointers.
   std::int64_t fixed = 256 * hd * 2 + 256, per_token = hd * 2 + 1;
+  // Outside the rows: the liveness of each slot per layer (doubled), and the
+  // builder's keys of one (layer, KV head) job (its first job holds every
+  // sealed key of the head as f32, doubled).
+  std::int64_t fixed_all = std::int64_t{1} << 16, per_token_all = 2 * static_cast<std::int64_t>(n_layers);
+  if (p.index != retrieval_index_kind::exact) per_token_all += 2 * (hd * 4 + 4);
   switch (p.index) {
     case retrieval_index_kind::hnsw: {
       const std::int64_t m = p.hnsw.m;
@@ -151,19 +181,19 @@ side_charge retrieval_side_memory(const retrieval_params& p, int n_layers, int n
       per_token += 2 * element + upper_links + label;
       break;
     }
+    case retrieval_index_kind::auto_:
     case retrieval_index_kind::ivfpq: {
       const ivfpq_params& q = p.ivfpq;
       const std::int64_t pq_m = divisor_at_most(head_dim, q.m);
-      const std::int64_t n_train = q.resolved_n_train();
-      fixed += 2 * n_train * (hd * 4 + 4)                // the training buffer, doubled
-               + static_cast<std::int64_t>(q.nlist) * (hd * 4 + 64)  // coarse centroids, list headers
+      fixed += static_cast<std::int64_t>(q.nlist) * (hd * 4 + 64)  // coarse centroids, list headers
                + (std::int64_t{1} << q.nbits) * hd * 4 + 4096;      // the PQ codebooks
-      per_token += 2 * (pq_m * q.nbits / 8 + 1 + 8);
+      per_token += 2 * (pq_m * q.nbits / 8 + 1 + 8);                 // codes and ids at doubling capacities
+      fixed_all += static_cast<std::int64_t>(q.resolved_n_train()) * hd * 4;  // the builder's training sample
       break;
     }
-    case retrieval_index_kind::exact: per_token += 2 * (hd * 4 + 4); break;
+    case retrieval_index_kind::exact: break;
   }
-  return side_charge{rows * fixed + (std::int64_t{1} << 16), rows * per_token};
+  return side_charge{rows * fixed + fixed_all, rows * per_token + per_token_all};
 }
 
 int retrieval_params::resolve_k(int n_kv) const {
@@ -180,12 +210,13 @@ result<retrieval_params> parse_retrieval_params(const kv_policy_spec& spec) {
     if (needs) index_specific.emplace_back(key, needs);
   }
   for (const auto& [key, needs] : index_specific)
-    if (std::string_view(needs) != index_kind_name(p.index))
+    if (std::string_view(needs) != index_kind_name(p.index) &&
+        !(std::string_view(needs) == "ivfpq" && p.index == retrieval_index_kind::auto_))
       return error(errc::invalid_argument, "retrieval: {} applies to index={}, not index={}", key, needs,
                    index_kind_name(p.index));
   if (p.index == retrieval_index_kind::hnsw)
     if (status s = check_hnsw_params(p.hnsw); !s.ok()) return s;
-  if (p.index == retrieval_index_kind::ivfpq)
+  if (p.index == retrieval_index_kind::ivfpq || p.index == retrieval_index_kind::auto_)
     if (status s = check_ivfpq_params(p.ivfpq, 0); !s.ok()) return s;
   return p;
 }
@@ -194,182 +225,6 @@ result<std::unique_ptr<kv_policy>> make_retrieval_policy(const kv_policy_spec& s
   auto p = parse_retrieval_params(spec);
   if (!p.ok()) return p.error();
   return std::unique_ptr<kv_policy>(std::make_unique<retrieval_policy>(spec, *p));
-}
-
-retrieval_selector::retrieval_selector(const retrieval_params& p, int n_layers, int n_kv_heads, int head_dim)
-    : params_(p), n_layers_(n_layers), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
-  params_.ivfpq.m = divisor_at_most(head_dim, params_.ivfpq.m);
-  indexes_.resize(static_cast<std::size_t>(n_layers) * n_kv_heads);
-  for (auto& ix : indexes_) {
-    switch (params_.index) {
-      case retrieval_index_kind::hnsw: ix = make_hnsw_index(head_dim, params_.hnsw); break;
-      case retrieval_index_kind::ivfpq: ix = make_ivfpq_index(head_dim, params_.ivfpq); break;
-      case retrieval_index_kind::exact: ix = make_exact_index(head_dim); break;
-    }
-  }
-  indexed_end_.assign(n_layers, 0);
-  failed_.assign(n_layers, 0);
-  rows_.resize(indexes_.size());
-  rows_exact_.assign(n_layers, 1);
-}
-
-void retrieval_selector::on_layer_written(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos,
-                                          int n_kv) {
-  PAGODA_ASSERT(layer >= 0 && layer < n_layers_ && k.shape.head_dim == head_dim_, "retrieval: layer {} or head_dim {}",
-                layer, k.shape.head_dim);
-  block_size_ = k.shape.block_size;
-  if (indexed_end_[layer] > n_kv) forget_from(layer, n_kv / block_size_ * block_size_);  // an unannounced rollback
-  if (!failed_[layer]) add_blocks(layer, k, kv_pos, n_kv / block_size_ * block_size_);
-}
-
-// Decodes the sealed blocks in [indexed_end, end) of every head, copies them
-// (key_rows_of) and adds their live slots to the index.
-void retrieval_selector::add_blocks(int layer, const paged_kv_view& k, std::span<const std::int32_t> kv_pos, int end) {
-  if (end <= indexed_end_[layer]) return;  // most decode steps seal nothing
-  const int bs = block_size_;
-  const auto hd = static_cast<std::size_t>(head_dim_);
-  std::vector<float>& keys = block_keys_;
-  std::vector<std::int32_t>& slots = block_slots_;
-  keys.resize(static_cast<std::size_t>(bs) * hd);
-  for (int h = 0; h < n_kv_heads_; ++h) {
-    for (int b0 = indexed_end_[layer]; b0 < end; b0 += bs) {
-      decode_kv_rows(k, h, b0, bs, keys.data());
-      if (rows_exact_[layer]) copy_rows(layer, h, b0, keys.data(), kv_pos);
-      slots.clear();
-      for (int i = 0; i < bs; ++i) {
-        if (kv_pos[b0 + i] < 0) continue;  // dead: nothing to find
-        std::copy_n(&keys[static_cast<std::size_t>(i) * hd], hd, &keys[slots.size() * hd]);
-        slots.push_back(b0 + i);
-      }
-      status s = indexes_[row(layer, h)]->add(keys.data(), slots.data(), static_cast<int>(slots.size()));
-      if (!s.ok()) {
-        if (error_.ok()) error_ = s;
-        failed_[layer] = 1;
-        return;
-      }
-    }
-  }
-  indexed_end_[layer] = std::max(indexed_end_[layer], end);
-}
-
-// Appends block [b0, b0 + block_size)'s decoded keys to (layer, h)'s copy, or
-// drops the layer's copies for good when one value is not an f16 (the copy
-// must score exactly what the view holds).
-void retrieval_selector::copy_rows(int layer, int h, int b0, const float* keys, std::span<const std::int32_t> kv_pos) {
-  const auto hd = static_cast<std::size_t>(head_dim_);
-  constexpr int chunk_rows = 1 << k_chunk_shift;
-  row_copy& rc = rows_[row(layer, h)];
-  for (int i = 0; i < block_size_; ++i) {
-    const int slot = b0 + i;
-    const auto c = static_cast<std::size_t>(slot >> k_chunk_shift);
-    PAGODA_DASSERT(c <= rc.owned.size());
-    if (c == rc.owned.size()) {
-      rc.owned.push_back(std::make_unique_for_overwrite<std::uint16_t[]>(chunk_rows * hd));
-      rc.chunks.push_back(rc.owned.back().get());
-    }
-    std::uint16_t* dst = rc.owned[c].get() + static_cast<std::size_t>(slot & (chunk_rows - 1)) * hd;
-    const float* x = keys + static_cast<std::size_t>(i) * hd;
-    if (kv_pos[b0 + i] < 0) {
-      std::fill_n(dst, hd, std::uint16_t{0});
-      continue;
-    }
-    for (std::size_t d = 0; d < hd; ++d) {
-      dst[d] = f32_to_fp16(x[d]);
-      if (fp16_to_f32(dst[d]) != x[d]) {  // NaN included
-        rows_exact_[layer] = 0;
-        for (int g = 0; g < n_kv_heads_; ++g) trim_rows(layer, g, 0);
-        return;
-      }
-    }
-  }
-}
-
-void retrieval_selector::trim_rows(int layer, int h, int slot) {
-  row_copy& rc = rows_[row(layer, h)];
-  const std::size_t keep = (static_cast<std::size_t>(slot) + (1u << k_chunk_shift) - 1) >> k_chunk_shift;
-  if (rc.owned.size() <= keep) return;
-  rc.owned.resize(keep);
-  rc.chunks.resize(keep);
-}
-
-key_rows retrieval_selector::key_rows_of(int layer, int kv_head) const {
-  // The copy may run past indexed_end when a block's add failed (failed_ then).
-  if (!rows_exact_[layer] || failed_[layer] || indexed_end_[layer] == 0) return {};
-  return {rows_[row(layer, kv_head)].chunks.data(), k_chunk_shift, indexed_end_[layer]};
-}
-
-void retrieval_selector::forget_from(int layer, int slot) {
-  for (int h = 0; h < n_kv_heads_; ++h) {
-    indexes_[row(layer, h)]->remove_from(slot);
-    trim_rows(layer, h, slot);
-  }
-  indexed_end_[layer] = std::min(indexed_end_[layer], slot);
-}
-
-void retrieval_selector::on_slots_changed(int n_kv, bool kept) {
-  for (int l = 0; l < n_layers_; ++l) {
-    if (!kept) {
-      for (int h = 0; h < n_kv_heads_; ++h) {
-        indexes_[row(l, h)]->clear();
-        trim_rows(l, h, 0);
-      }
-      indexed_end_[l] = 0;
-      failed_[l] = 0;
-      rows_exact_[l] = 1;
-    } else if (indexed_end_[l] > n_kv) {
-      forget_from(l, n_kv / block_size_ * block_size_);
-    }
-  }
-}
-
-std::size_t retrieval_selector::memory_bytes() const {
-  std::size_t bytes = sizeof(*this) + indexes_.capacity() * sizeof(indexes_[0]) + indexed_end_.capacity() * sizeof(int) +
-                      failed_.capacity() + rows_exact_.capacity() + rows_.capacity() * sizeof(rows_[0]) +
-                      block_keys_.capacity() * sizeof(float) + block_slots_.capacity() * sizeof(std::int32_t);
-  for (const auto& ix : indexes_) bytes += ix->memory_bytes();
-  for (const row_copy& rc : rows_)
-    bytes += rc.owned.size() * (std::size_t{1} << k_chunk_shift) * head_dim_ * sizeof(std::uint16_t) +
-             rc.owned.capacity() * sizeof(rc.owned[0]) + rc.chunks.capacity() * sizeof(rc.chunks[0]);
-  return bytes;
-}
-
-void retrieval_selector::candidates(const kv_select_query& q, int k, int lo, int hi,
-                                    std::vector<std::int32_t>& out) const {
-  const key_index& ix = *indexes_[row(q.layer, q.kv_head)];
-  ix.search_rows(q.q, q.n_rows, q.head_dim, k, out);
-  std::erase_if(out, [lo, hi](std::int32_t s) { return s < lo || s >= hi; });
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-}
-
-bool retrieval_selector::select(const kv_select_query& q, std::vector<slot_range>& out) {
-  out.clear();
-  const int n_kv = q.n_kv;
-  if (failed_[q.layer] || q.n_rows > params_.max_tokens * q.n_rep || n_kv <= 0) return false;
-  // Dead slots (negative positions) lead; sinks are the first live ones.
-  const int first = static_cast<int>(std::upper_bound(q.kv_pos.begin(), q.kv_pos.begin() + n_kv, -1) - q.kv_pos.begin());
-  if (first >= n_kv) return false;
-  const int indexed = std::min(indexed_end_[q.layer], n_kv);
-  // Everything not indexed is read, so the window reaches back to the index's end.
-  const int window_begin = std::max(first, std::min(n_kv - params_.recent, indexed));
-  const int sink_end = std::min(first + params_.sinks, window_begin);
-  const int k = params_.resolve_k(n_kv);
-  const key_index& ix = *indexes_[row(q.layer, q.kv_head)];
-  if (k >= ix.size()) {  // every indexed key: no search needed
-    out.push_back({first, n_kv});
-    return true;
-  }
-  thread_local std::vector<std::int32_t> cand;
-  cand.clear();
-  candidates(q, k, sink_end, window_begin, cand);
-  if (sink_end > first) out.push_back({first, sink_end});
-  for (std::int32_t s : cand) {
-    if (!out.empty() && out.back().end == s) ++out.back().end;
-    else out.push_back({s, s + 1});
-  }
-  if (!out.empty() && out.back().end == window_begin) out.back().end = n_kv;
-  else out.push_back({window_begin, n_kv});
-  return true;
 }
 
 }  // namespace pagoda

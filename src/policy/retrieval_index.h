@@ -17,10 +17,10 @@
 //           then incremental adds; until trained it searches exactly over the
 //           keys it buffers for training.
 //
-// Every key carries its KV slot number as its label. Indexes are filled from
-// one thread (kv_read_selector::on_layer_written) and searched concurrently
-// by several (select for different heads touches different indexes; a search
-// on one index is const and thread-safe). faiss runs on the caller's thread
+// Every key carries its KV slot number as its label. An index is not
+// synchronised: its owner (retrieval_selector) serialises adds, removals and
+// searches of one index (a search is const, and searches of different
+// indexes run concurrently). faiss runs on the caller's thread
 // (its OpenMP team is limited to 1 for the calling thread). Errors of the
 // libraries (exceptions) never leave this module.
 #pragma once
@@ -53,6 +53,13 @@ class key_index {
   virtual void remove_from(std::int32_t slot) = 0;
   // Forgets every key (training, if any, is kept).
   virtual void clear() = 0;
+  // Whether add() would first buffer keys until it can train (ivfpq, untrained).
+  virtual bool needs_training() const { return false; }
+  // Trains on n keys [n][head_dim] (a sample) without adding them; a no-op for
+  // indexes that need no training. REQUIRES: size() == 0. The retrieval
+  // selector trains a private index this way on its background thread, so
+  // the expensive k-means never runs where a search waits.
+  [[nodiscard]] virtual status train(const float* keys, int n) { return {}; }
   // Keys it can return.
   virtual int size() const = 0;
   // Bytes it holds, allocated capacity included.

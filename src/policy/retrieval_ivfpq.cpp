@@ -33,7 +33,7 @@ class ivfpq_index final : public key_index {
       if (trained()) return add_to_lists(keys, slots, n);
       pending_keys_.insert(pending_keys_.end(), keys, keys + static_cast<std::size_t>(n) * head_dim_);
       pending_slots_.insert(pending_slots_.end(), slots, slots + n);
-      if (static_cast<int>(pending_slots_.size()) >= n_train_) return train();
+      if (static_cast<int>(pending_slots_.size()) >= n_train_) return train_pending();
     } catch (const std::exception& e) {
       return error(errc::internal, "retrieval: ivfpq index: {}", e.what());
     }
@@ -88,6 +88,18 @@ class ivfpq_index final : public key_index {
     }
     pending_keys_.clear();
     pending_slots_.clear();
+  }
+
+  bool needs_training() const override { return !trained(); }
+
+  status train(const float* keys, int n) override {
+    PAGODA_ASSERT(size() == 0, "ivfpq: train() on an index holding {} keys", size());
+    try {
+      train_on(keys, n);
+    } catch (const std::exception& e) {
+      return error(errc::internal, "retrieval: ivfpq index: {}", e.what());
+    }
+    return {};
   }
 
   int size() const override { return static_cast<int>(trained() ? ivf_->ntotal : static_cast<faiss::Index::idx_t>(pending_slots_.size())); }
@@ -187,25 +199,31 @@ class ivfpq_index final : public key_index {
 
   // k-means for the coarse lists and PQ codebooks on the buffered keys, which
   // then become the first entries of the lists.
-  status train() {
+  status train_pending() {
+    const auto n = static_cast<faiss::Index::idx_t>(pending_slots_.size());
+    train_on(pending_keys_.data(), static_cast<int>(n));
+    status s = add_to_lists(pending_keys_.data(), pending_slots_.data(), static_cast<int>(n));
+    std::vector<float>().swap(pending_keys_);  // releases the capacity
+    std::vector<std::int32_t>().swap(pending_slots_);
+    return s;
+  }
+
+  // The coarse lists and codebooks from n keys; the lists stay empty.
+  void train_on(const float* keys, int n) {
     faiss_on_this_thread();
     quantizer_ = std::make_unique<faiss::IndexFlatIP>(head_dim_);
     auto ivf = std::make_unique<faiss::IndexIVFPQ>(quantizer_.get(), head_dim_, params_.nlist, params_.m, params_.nbits,
                                                    faiss::METRIC_INNER_PRODUCT);
     // 10 k-means iterations rather than faiss's 25: the coarse lists and
-    // codebooks barely move after that, and training runs inside a step.
+    // codebooks barely move after that (training runs on the retrieval
+    // selector's builder thread, once per layer and KV head).
     ivf->cp.seed = 1234;
     ivf->pq.cp.seed = 1234;
     ivf->cp.niter = 10;
     ivf->pq.cp.niter = 10;
     ivf->nprobe = params_.nprobe;
-    const auto n = static_cast<faiss::Index::idx_t>(pending_slots_.size());
-    ivf->train(n, pending_keys_.data());
+    ivf->train(n, keys);
     ivf_ = std::move(ivf);
-    status s = add_to_lists(pending_keys_.data(), pending_slots_.data(), static_cast<int>(n));
-    std::vector<float>().swap(pending_keys_);  // releases the capacity
-    std::vector<std::int32_t>().swap(pending_slots_);
-    return s;
   }
 
   status add_to_lists(const float* keys, const std::int32_t* slots, int n) {

@@ -47,15 +47,23 @@ void check_bound(const retrieval_params& p, int n_tokens) {
 
 TEST(retrieval_side, the_charged_bound_covers_what_every_index_holds) {
   retrieval_params hnsw;
+  hnsw.index = retrieval_index_kind::hnsw;
+  hnsw.background = false;
   check_bound(hnsw, 3000);  // past hnsw's first capacity of 1024: one doubling
   retrieval_params ivfpq;
   ivfpq.index = retrieval_index_kind::ivfpq;
   ivfpq.ivfpq.nlist = 16;
   ivfpq.ivfpq.m = 4;
   ivfpq.ivfpq.nprobe = 4;
+  ivfpq.background = false;
   check_bound(ivfpq, 12000);  // trains at 39 x 256 keys, then adds to the lists
+  retrieval_params automatic = ivfpq;
+  automatic.index = retrieval_index_kind::auto_;
+  automatic.auto_min = 10240;
+  check_bound(automatic, 12000);  // exact below 10240 slots, IVF-PQ (copies released) from there
   retrieval_params exact;
   exact.index = retrieval_index_kind::exact;
+  exact.background = false;
   check_bound(exact, 2000);
 }
 

@@ -15,29 +15,16 @@
 #include "core/simd_levels.h"
 #include "kv/kv_storage.h"
 #include "quant/kv_format_spec.h"
+#include "retrieval_test_util.h"
 
 namespace pagoda {
 namespace {
-
-std::vector<float> gaussian(std::size_t n, unsigned seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sigma);
-  std::vector<float> x(n);
-  for (float& v : x) v = nd(rng);
-  return x;
-}
 
 // Rounded to f16, so the HNSW index (f16 copies) ranks the same values as
 // the exact f32 reference.
 std::vector<float> f16_exact(std::vector<float> x) {
   for (float& v : x) v = fp16_to_f32(f32_to_fp16(v));
   return x;
-}
-
-std::vector<std::int32_t> iota_slots(int n, int first = 0) {
-  std::vector<std::int32_t> s(n);
-  std::iota(s.begin(), s.end(), first);
-  return s;
 }
 
 double dot(const float* a, const float* b, int n) {
@@ -337,15 +324,25 @@ TEST(retrieval_index, hnsw_memory_count_is_the_same_asked_often_or_once) {
 TEST(retrieval_params, defaults_and_values) {
   auto p = parse_retrieval_params(spec({}));
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(p->index, retrieval_index_kind::hnsw);
+  EXPECT_EQ(p->index, retrieval_index_kind::auto_);
+  EXPECT_EQ(p->auto_min, 16384);
+  EXPECT_EQ(p->exact_max, 1024);
+  EXPECT_TRUE(p->background);
   EXPECT_EQ(p->resolve_k(100000), 128);
+  p = parse_retrieval_params(spec({{"auto_min", "20000"}, {"nprobe", "8"}, {"background", "0"}, {"recall_every", "0"}}));
+  ASSERT_TRUE(p.ok()) << p.error().message();  // auto builds IVF-PQ: its parameters apply
+  EXPECT_EQ(p->auto_min, 20000);
+  EXPECT_EQ(p->index_from(), 20000);
+  EXPECT_EQ(p->ivfpq.nprobe, 8);
+  EXPECT_FALSE(p->background);
+  EXPECT_EQ(p->recall_every, 0);
   p = parse_retrieval_params(spec({{"k", "1%"}, {"index", "ivfpq"}, {"nlist", "64"}, {"pq_m", "8"}, {"sinks", "0"}}));
   ASSERT_TRUE(p.ok()) << p.error().message();
   EXPECT_EQ(p->resolve_k(1000), 10);
   EXPECT_EQ(p->resolve_k(10), 1);
   EXPECT_EQ(p->ivfpq.nlist, 64);
   EXPECT_EQ(p->sinks, 0);
-  p = parse_retrieval_params(spec({{"k", "0.25"}, {"ef_search", "200"}}));
+  p = parse_retrieval_params(spec({{"k", "0.25"}, {"index", "hnsw"}, {"ef_search", "200"}}));
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->resolve_k(1000), 250);
   EXPECT_EQ(p->hnsw.ef_search, 200);
@@ -363,10 +360,13 @@ TEST(retrieval_params, bad_values_are_rejected_with_the_parameter_named) {
       {{{"recent", "0"}}, "recent=0"},
       {{{"sinks", "x"}}, "sinks=x"},
       {{{"index", "ivfpq"}, {"ef_search", "10"}}, "ef_search applies to index=hnsw"},
-      {{{"nprobe", "4"}}, "nprobe applies to index=ivfpq"},
+      {{{"index", "exact"}, {"nprobe", "4"}}, "nprobe applies to index=ivfpq"},
+      {{{"index", "ivfpq"}, {"auto_min", "4"}}, "auto_min applies to index=auto"},
+      {{{"background", "2"}}, "background=2"},
+      {{{"recall_every", "-1"}}, "recall_every=-1"},
       {{{"index", "ivfpq"}, {"nlist", "8"}, {"nprobe", "9"}}, "nprobe 9"},
       {{{"index", "ivfpq"}, {"train", "100"}}, "train 100"},
-      {{{"m", "1"}}, "m=1"},
+      {{{"index", "hnsw"}, {"m", "1"}}, "m=1"},
   };
   for (const auto& [params, words] : bad) {
     auto p = make_retrieval_policy(spec(params));
@@ -378,59 +378,13 @@ TEST(retrieval_params, bad_values_are_rejected_with_the_parameter_named) {
 
 // --- the selector -----------------------------------------------------------
 
-// One layer of KV written step by step, with a selector told after each write.
-struct sequence {
-  int n_kv_heads = 2, n_rep = 2, head_dim = 16, block_size = 16;
-  std::unique_ptr<kv_storage> kv;
-  std::vector<block_id> table;
-  std::vector<float> k, v;  // [n][n_kv_heads][head_dim] as written
-  std::vector<std::int32_t> pos;
-  int n = 0;
-
-  explicit sequence(const std::string& kv_spec, int capacity) {
-    kv_pair_spec pair = *parse_kv_pair_spec(kv_spec);
-    kv_layout layout = kv_layout::uniform(1, n_kv_heads, head_dim, block_size, kv_type::f32, kv_type::f32);
-    layout.k_formats[0] = pair.k.resolve(kv_role::key, false);
-    layout.v_formats[0] = pair.v.resolve(kv_role::value, false);
-    const int n_blocks = (capacity + block_size - 1) / block_size;
-    kv = *kv_storage::create(layout, n_blocks);
-    for (int i = 0; i < n_blocks; ++i) table.push_back(block_id(n_blocks - 1 - i));
-    const std::size_t row = static_cast<std::size_t>(n_kv_heads) * head_dim;
-    k = gaussian(capacity * row, 21);
-    v = gaussian(capacity * row, 22);
-    pos = iota_slots(capacity);
-  }
-  std::size_t row() const { return static_cast<std::size_t>(n_kv_heads) * head_dim; }
-  paged_kv_view kview() const { return kv->k_view(0, table, n); }
-  paged_kv_view vview() const { return kv->v_view(0, table, n); }
-  void write(int m, kv_read_selector& sel) {
-    kv->write(0, table, n, m, &k[n * row()], &v[n * row()]);
-    n += m;
-    sel.on_layer_written(0, kview(), std::span(pos).first(n), n);
-  }
-};
-
-kv_select_query query(const sequence& s, const paged_kv_view& kv, int h, const std::vector<float>& q, int n_tok) {
-  kv_select_query x;
-  x.layer = 0;
-  x.kv_head = h;
-  x.k = &kv;
-  x.kv_pos = std::span(s.pos).first(s.n);
-  x.n_kv = s.n;
-  x.q = q.data();
-  x.n_rows = n_tok * s.n_rep;
-  x.n_rep = s.n_rep;
-  x.head_dim = s.head_dim;
-  x.q_pos = std::span(s.pos).subspan(s.n - n_tok, n_tok);
-  return x;
-}
-
 retrieval_params exact_params(int k) {
   retrieval_params p;
   p.index = retrieval_index_kind::exact;
   p.k_tokens = k;
   p.sinks = 4;
   p.recent = 8;
+  p.background = false;
   return p;
 }
 
@@ -441,37 +395,35 @@ TEST(retrieval_selector, indexes_sealed_blocks_and_selects_sinks_topk_window) {
   sequence s("f16", 200);
   retrieval_selector sel(exact_params(5), 1, s.n_kv_heads, s.head_dim);
   s.write(10, sel);
-  EXPECT_EQ(sel.indexed_end(0), 0);
-  EXPECT_EQ(sel.index(0, 1).size(), 0);
+  EXPECT_EQ(sel.sealed_end(0), 0);
   s.write(30, sel);  // 40 slots: blocks 0 and 1 are full
-  EXPECT_EQ(sel.indexed_end(0), 32);
-  EXPECT_EQ(sel.index(0, 0).size(), 32);
+  EXPECT_EQ(sel.sealed_end(0), 32);
   for (int i = 0; i < 7; ++i) s.write(1, sel);  // decode steps: 47 slots
-  EXPECT_EQ(sel.indexed_end(0), 32);
+  EXPECT_EQ(sel.sealed_end(0), 32);
   s.write(1, sel);
-  EXPECT_EQ(sel.indexed_end(0), 48);
+  EXPECT_EQ(sel.sealed_end(0), 48);
   s.write(100, sel);  // 148
-  EXPECT_EQ(sel.indexed_end(0), 144);
-  EXPECT_EQ(sel.index(0, 1).size(), 144);
+  EXPECT_EQ(sel.sealed_end(0), 144);
+  EXPECT_EQ(sel.index_size(0, 1), 0);  // exact: no index
 
   const paged_kv_view kv = s.kview();
   const auto q = gaussian(static_cast<std::size_t>(2 * s.n_rep) * s.head_dim, 30);
   std::vector<slot_range> out;
   ASSERT_TRUE(sel.select(query(s, kv, 1, q, 2), out));
-  // Expected: sinks [0, 4), window [140, 148) (recent 8; the index ends at
-  // 144), and each of the 4 query rows' exact top-5 over the indexed keys
-  // (decoded f16) in [4, 140).
+  // Expected: sinks [0, 4), window [140, 148) (recent 8; the copies end at
+  // 144), and each of the 4 query rows' exact top-5 among the sealed keys
+  // (decoded f16) of [4, 140).
   std::set<std::int32_t> want;
   for (int i = 0; i < 4; ++i) want.insert(i);
   for (int i = 140; i < 148; ++i) want.insert(i);
   std::vector<float> keys(static_cast<std::size_t>(144) * s.head_dim);
   for (int b = 0; b < 9; ++b) decode_kv_rows(kv, 1, b * 16, 16, &keys[static_cast<std::size_t>(b) * 16 * s.head_dim]);
-  const auto slots = iota_slots(144);
+  const auto slots = iota_slots(136, 4);  // the exact path ranks only the slots it may add
   for (int r = 0; r < 2 * s.n_rep; ++r) {
     std::vector<std::int32_t> top;
-    exact_top_k(&q[static_cast<std::size_t>(r) * s.head_dim], keys.data(), slots.data(), 144, s.head_dim, 5, top);
-    for (std::int32_t t : top)
-      if (t >= 4 && t < 140) want.insert(t);
+    exact_top_k(&q[static_cast<std::size_t>(r) * s.head_dim], &keys[4 * static_cast<std::size_t>(s.head_dim)],
+                slots.data(), 136, s.head_dim, 5, top);
+    want.insert(top.begin(), top.end());
   }
   std::set<std::int32_t> got;
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -482,7 +434,7 @@ TEST(retrieval_selector, indexes_sealed_blocks_and_selects_sinks_topk_window) {
     for (int x = out[i].begin; x < out[i].end; ++x) got.insert(x);
   }
   EXPECT_EQ(got, want);
-  EXPECT_GT(sel.memory_bytes(), 2u * 144 * s.head_dim * sizeof(float));
+  EXPECT_GT(sel.memory_bytes(), 2u * 144 * s.head_dim * sizeof(std::uint16_t));  // the f16 copies
 
   // A prompt chunk past max_tokens reads everything.
   const auto big = gaussian(static_cast<std::size_t>(9 * s.n_rep) * s.head_dim, 31);
@@ -500,6 +452,7 @@ TEST(retrieval_selector, k_at_context_length_is_full_attention) {
       p.index = kind;
       p.k_tokens = 300;
       p.ivfpq = ivfpq_params{4, 4, 2, 2, 160};
+      p.background = false;
       retrieval_selector sel(p, 1, s.n_kv_heads, s.head_dim);
       s.write(250, sel);
       s.write(1, sel);
@@ -550,14 +503,14 @@ TEST(retrieval_selector, slots_changed) {
   p.index = retrieval_index_kind::hnsw;
   retrieval_selector sel(p, 1, s.n_kv_heads, s.head_dim);
   s.write(100, sel);
-  EXPECT_EQ(sel.indexed_end(0), 96);
+  EXPECT_EQ(sel.indexed_end(0, 0), 96);
   s.n = 70;  // the engine truncated to 70 slots: block 4 keeps 6, blocks 5 and 6 none
   s.kv->truncate_block(s.table[4], 6);
   s.kv->truncate_block(s.table[5], 0);
   s.kv->truncate_block(s.table[6], 0);
   sel.on_slots_changed(70, true);
-  EXPECT_EQ(sel.indexed_end(0), 64);
-  EXPECT_EQ(sel.index(0, 0).size(), 64);
+  EXPECT_EQ(sel.indexed_end(0, 1), 64);
+  EXPECT_EQ(sel.index_size(0, 0), 64);
   const paged_kv_view kv = s.kview();
   const auto q = gaussian(s.row(), 50);
   std::vector<slot_range> out;
@@ -565,15 +518,15 @@ TEST(retrieval_selector, slots_changed) {
   EXPECT_EQ(out.back(), (slot_range{62, 70}));  // recent 8
   for (const slot_range& r : out) EXPECT_LE(r.end, 70);
   s.write(30, sel);  // 100 again: blocks 4 and 5 come back
-  EXPECT_EQ(sel.indexed_end(0), 96);
-  EXPECT_EQ(sel.index(0, 1).size(), 96);
+  EXPECT_EQ(sel.indexed_end(0, 0), 96);
+  EXPECT_EQ(sel.index_size(0, 1), 96);
 
   sel.on_slots_changed(100, false);
-  EXPECT_EQ(sel.indexed_end(0), 0);
-  EXPECT_EQ(sel.index(0, 0).size(), 0);
+  EXPECT_EQ(sel.indexed_end(0, 0), 0);
+  EXPECT_EQ(sel.index_size(0, 0), 0);
   s.write(1, sel);
-  EXPECT_EQ(sel.indexed_end(0), 96);
-  EXPECT_EQ(sel.index(0, 0).size(), 96);
+  EXPECT_EQ(sel.indexed_end(0, 1), 96);
+  EXPECT_EQ(sel.index_size(0, 0), 96);
 }
 
 // The token-major key copy (key_rows_of) holds exactly the decoded keys of
@@ -585,7 +538,7 @@ TEST(retrieval_selector, key_rows_copy_the_indexed_keys) {
     std::vector<float> x(s.head_dim);
     for (int h = 0; h < s.n_kv_heads; ++h) {
       const key_rows r = sel.key_rows_of(0, h);
-      ASSERT_EQ(r.n_slots, sel.indexed_end(0));
+      ASSERT_EQ(r.n_slots, sel.sealed_end(0));
       for (int slot = 0; slot < r.n_slots; ++slot) {
         decode_kv_rows(kv, h, slot, 1, x.data());
         for (int d = 0; d < s.head_dim; ++d)
@@ -618,7 +571,7 @@ TEST(retrieval_selector, key_rows_copy_the_indexed_keys) {
   sequence q("int8", 100);
   retrieval_selector qsel(exact_params(3), 1, q.n_kv_heads, q.head_dim);
   q.write(100, qsel);
-  EXPECT_EQ(qsel.indexed_end(0), 96);
+  EXPECT_EQ(qsel.sealed_end(0), 96);
   EXPECT_EQ(qsel.key_rows_of(0, 0).chunks, nullptr);
   EXPECT_EQ(qsel.key_rows_of(0, 0).n_slots, 0);
 }
@@ -628,9 +581,11 @@ TEST(retrieval_selector, key_rows_copy_the_indexed_keys) {
 TEST(retrieval_selector, dead_slots_are_skipped) {
   sequence s("f32", 100);
   for (int i = 0; i < 20; ++i) s.pos[i] = -1;
-  retrieval_selector sel(exact_params(2), 1, s.n_kv_heads, s.head_dim);
+  retrieval_params p = exact_params(2);
+  p.index = retrieval_index_kind::hnsw;
+  retrieval_selector sel(p, 1, s.n_kv_heads, s.head_dim);
   s.write(100, sel);
-  EXPECT_EQ(sel.index(0, 0).size(), 96 - 20);
+  EXPECT_EQ(sel.index_size(0, 0), 96 - 20);
   const paged_kv_view kv = s.kview();
   const auto q = gaussian(s.row(), 60);
   std::vector<slot_range> out;

@@ -718,7 +718,7 @@ TEST_F(hostile, tokenize_memory_is_returned) {
 TEST_F(hostile, retrieval_indexes_stay_within_the_kv_budget) {
   // stories260K's KV in f32 is 20 KiB a block: 8 MiB is about 400 blocks, and
   // one retrieval sequence's HNSW indexes (20 layer-heads) take about 250.
-  start({"--kv-policy", "retrieval", "--kv-cache-size", "8"});
+  start({"--kv-policy", "retrieval:index=hnsw", "--kv-cache-size", "8"});
   // KV plus an index that could never fit in the pool: a clear error at once.
   const http_answer big = ask(
       port_, post(json{{"prompt", repeat("Once upon a time there was a girl. ", 40)}, {"max_tokens", 50}}.dump()), 30000);
