@@ -96,5 +96,21 @@ TEST(kv_reads, quest_reads_its_budget_of_blocks_per_decode_row) {
   EXPECT_LT(r.decode.tokens_read * 3, r.decode.tokens_visible) << "a quarter of the blocks, about a quarter of the tokens";
 }
 
+// Retrieval's sampled recall reaches the engine's stats by index kind: with
+// recall_every=1 every search is checked; HNSW built inline finds most of the
+// exact top-k of stories260K's keys. An exact top-k searches no index.
+TEST(kv_reads, retrieval_recall_is_summed_by_index_kind) {
+  const engine_stats st = run_one("retrieval:index=hnsw,k=8,background=0,recall_every=1");
+  ASSERT_EQ(st.recall_by_index.count("hnsw"), 1u);
+  const index_recall& r = st.recall_by_index.at("hnsw");
+  EXPECT_GT(r.searches, 0u);
+  const auto n_rep = static_cast<std::uint64_t>(stories().hparams().n_rep());
+  EXPECT_EQ(r.wanted, 8u * n_rep * r.searches) << "every search checked: k slots for each query row of the group";
+  EXPECT_LE(r.found, r.wanted);
+  EXPECT_GT(static_cast<double>(r.found), 0.5 * static_cast<double>(r.wanted));
+  EXPECT_LT(st.kv_reads.at("retrieval").decode.tokens_read, st.kv_reads.at("retrieval").decode.tokens_visible);
+  EXPECT_TRUE(run_one("retrieval:index=exact,k=8").recall_by_index.empty());
+}
+
 }  // namespace
 }  // namespace pagoda
