@@ -34,6 +34,9 @@ inline int prefetch_ahead(std::size_t tile_bytes) {
 
 // The tile prefetch_ahead(bytes) after tiles[i] of a run of n_tiles, or tiles[i]
 // itself (already in cache, so asking for it again costs a hit) near the end.
+// A sparse read's run is the tiles of every selected block of a head, gathered
+// across its ranges (paged_attention), so the distance spans range boundaries:
+// a jump to the next range is prefetched like the next tile of a full read.
 inline const std::uint8_t* tile_ahead(const void* const* tiles, int i, int n_tiles, int ahead) {
   return static_cast<const std::uint8_t*>(tiles[i + ahead < n_tiles ? i + ahead : i]);
 }
