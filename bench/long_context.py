@@ -54,7 +54,7 @@ def llama_tg(llama, model, threads, depth, n_gen):
 
 def pagoda_tg(bench, model, cfg, threads, depth):
     """decode_bench's tokens/s and the KV MiB of the configuration (all of the cache)."""
-    flt = f"^decode_step/{re.escape(cfg)}/ctx:{depth}/threads:{threads}$"
+    flt = f"^decode_step/{re.escape(cfg)}/ctx:{depth}/threads:{threads}/"
     r = subprocess.run([bench, f"--benchmark_filter={flt}", "--benchmark_format=json"], capture_output=True, text=True,
                        env=dict(os.environ, PAGODA_DECODE_MODEL=model))
     if r.returncode != 0:
@@ -71,7 +71,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--llama-bench", required=True)
     ap.add_argument("--bandwidth", help="matmul_bench binary: the read bandwidth of each round")
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--threads", default="2,1", help="llama-bench fills the cache with the first thread count")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--depth", type=int, default=32768)
     ap.add_argument("--n-gen", type=int, default=32)
@@ -89,6 +89,7 @@ def main():
     for rnd in range(a.rounds):
         for (t, fa), v in sorted(llama_tg(a.llama_bench, a.model, threads, a.depth, a.n_gen).items()):
             res.setdefault((f"llama.cpp fa {fa}", t), []).append(v)
+            print(f"llama.cpp, {t} thread(s), FA {fa}: {v:.2f} tok/s", file=sys.stderr, flush=True)
         for t in threads:
             v = bandwidth(a.bandwidth, t)
             if v:
@@ -96,6 +97,7 @@ def main():
             for cfg in configs:
                 tg, mib = pagoda_tg(a.decode_bench, a.model, cfg, t, a.depth)
                 res.setdefault((cfg, t), []).append(tg)
+                print(f"pagoda {cfg}, {t} thread(s): {tg:.2f} tok/s", file=sys.stderr, flush=True)
                 kv_mib[cfg] = mib
         loads.append(load_average())
         print(f"round {rnd + 1}/{a.rounds} done, {time.time() - t0:.0f} s, load {loads[-1]:.1f}", file=sys.stderr)

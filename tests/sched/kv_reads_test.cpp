@@ -18,26 +18,28 @@ constexpr int k_prompt = 300;
 constexpr int k_new = 8;
 constexpr int k_block = 16;
 
-engine_core_config config(const std::string& policy) {
+engine_core_config config(const std::string& policy, std::int64_t n_blocks) {
   const llama_hparams& hp = stories().hparams();
   engine_core_config c;
   c.n_threads = 1;
   c.max_model_len = 512;
   c.max_num_batched_tokens = 2048;
   c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, k_block, kv_type::f16, kv_type::f16);
-  c.n_blocks = 64;
+  c.n_blocks = n_blocks;
   c.kv_policy = policy;
   return c;
 }
 
 
-// Runs one greedy request of k_prompt tokens and k_new new ones.
-engine_stats run_one(const std::string& policy) {
-  auto e = engine_core::create(stories(), config(policy));
+// Runs one greedy request of k_prompt tokens and k_new new ones (a pool of
+// n_blocks: retrieval's indexes are paid for in blocks too).
+engine_stats run_one(const std::string& policy, std::int64_t n_blocks = 64) {
+  auto e = engine_core::create(stories(), config(policy, n_blocks));
   EXPECT_TRUE(e.ok()) << e.error().message();
   request r = test::greedy_ids("r", story_tokens(k_prompt), k_new);
   r.ignore_eos = true;
-  EXPECT_TRUE((*e)->add_request(r).ok());
+  const status added = (*e)->add_request(r);
+  EXPECT_TRUE(added.ok()) << added.message();
   std::vector<engine_event> events;
   while ((*e)->has_work()) {
     events.clear();
@@ -100,7 +102,7 @@ TEST(kv_reads, quest_reads_its_budget_of_blocks_per_decode_row) {
 // recall_every=1 every search is checked; HNSW built inline finds most of the
 // exact top-k of stories260K's keys. An exact top-k searches no index.
 TEST(kv_reads, retrieval_recall_is_summed_by_index_kind) {
-  const engine_stats st = run_one("retrieval:index=hnsw,k=8,background=0,recall_every=1");
+  const engine_stats st = run_one("retrieval:index=hnsw,k=8,background=0,recall_every=1", 1024);
   ASSERT_EQ(st.recall_by_index.count("hnsw"), 1u);
   const index_recall& r = st.recall_by_index.at("hnsw");
   EXPECT_GT(r.searches, 0u);
@@ -109,7 +111,7 @@ TEST(kv_reads, retrieval_recall_is_summed_by_index_kind) {
   EXPECT_LE(r.found, r.wanted);
   EXPECT_GT(static_cast<double>(r.found), 0.5 * static_cast<double>(r.wanted));
   EXPECT_LT(st.kv_reads.at("retrieval").decode.tokens_read, st.kv_reads.at("retrieval").decode.tokens_visible);
-  EXPECT_TRUE(run_one("retrieval:index=exact,k=8").recall_by_index.empty());
+  EXPECT_TRUE(run_one("retrieval:index=exact,k=8", 1024).recall_by_index.empty());
 }
 
 }  // namespace
