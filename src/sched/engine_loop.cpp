@@ -188,6 +188,9 @@ void engine_loop::publish() {
   s.n_policy_compactions = st.n_policy_compactions;
   s.n_policy_evicted_slots = st.n_policy_evicted_slots;
   s.selector_bytes = st.selector_bytes;
+  s.peak_selector_bytes = st.peak_selector_bytes;
+  s.peak_side_blocks = st.peak_side_blocks;
+  s.peak_running = st.peak_running;
   s.n_generated_tokens = st.n_generated_tokens;
   s.spec_decode = st.spec_decode;
   s.kv_reads = st.kv_reads;

@@ -74,6 +74,9 @@ struct engine_snapshot {
   std::int64_t n_policy_compactions = 0;      // KV policy compactions applied
   std::int64_t n_policy_evicted_slots = 0;    // KV slots they freed
   std::int64_t selector_bytes = 0;            // sparse-read selectors' memory (key bounds, ANN indexes)
+  std::int64_t peak_selector_bytes = 0;       // the most of it at any step since start
+  std::int64_t peak_side_blocks = 0;          // most pool blocks held for side memory at any step
+  std::int64_t peak_running = 0;              // most sequences running at once
   std::int64_t n_generated_tokens = 0;
   std::map<std::string, spec_decode_stats> spec_decode;  // speculative decoding, by drafter
   std::map<std::string, kv_read_stats> kv_reads;         // attention's reads, by KV policy

@@ -227,10 +227,14 @@ void scheduler::refresh_counts() {
   stats_.n_running = static_cast<int>(running_.size());
   stats_.n_waiting = static_cast<int>(waiting_.size());
   stats_.peak_running = std::max<std::int64_t>(stats_.peak_running, stats_.n_running);
-  std::int64_t bytes = 0;
-  for (const sequence* s : running_) bytes += s->runner.selector_bytes;
+  std::int64_t bytes = 0, side_blocks = 0;
+  for (const sequence* s : running_) {
+    bytes += s->runner.selector_bytes;
+    side_blocks += kv_.n_side_blocks(s->id);
+  }
   stats_.selector_bytes = bytes;
   stats_.peak_selector_bytes = std::max(stats_.peak_selector_bytes, bytes);
+  stats_.peak_side_blocks = std::max(stats_.peak_side_blocks, side_blocks);
 }
 
 // --- planning --------------------------------------------------------------------

@@ -171,6 +171,9 @@ struct engine_stats {
   // last step: now, and the most at any step.
   std::int64_t selector_bytes = 0;
   std::int64_t peak_selector_bytes = 0;
+  // Most pool blocks the running sequences held for side memory at any step
+  // (kv_manager.h, "Side blocks"); the gauge of now is in kv_metrics.
+  std::int64_t peak_side_blocks = 0;
   int n_running = 0;
   int n_waiting = 0;
   histogram ttft_seconds{latency_buckets_seconds()};

@@ -70,6 +70,8 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   writer w(model_name);
   const kv_metrics& kv = s.kv;
   w.metric("pagoda:num_requests_running", "gauge", "Number of requests in model execution batches.", s.n_running);
+  w.metric("pagoda:num_requests_running_peak", "gauge", "Most requests in model execution batches at once since start.",
+           s.peak_running);
   w.metric("pagoda:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", s.n_waiting);
   w.metric("pagoda:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage (used blocks / total).",
            kv.usage());
@@ -209,10 +211,14 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
   w.metric("pagoda:kv_selector_memory_bytes", "gauge",
            "Memory held by running sequences' sparse-read selectors (Quest's key bounds, retrieval's ANN indexes).",
            s.selector_bytes);
+  w.metric("pagoda:kv_selector_memory_bytes_peak", "gauge",
+           "Most memory the running sequences' sparse-read selectors held at once since start.", s.peak_selector_bytes);
   // Side memory (kv_manager.h, "Side blocks"): paid in pool blocks, which kv_cache_blocks{state="used"} includes.
   w.metric("pagoda:kv_side_blocks", "gauge",
            "KV pool blocks held for side memory (retrieval indexes, policy statistics); part of the used blocks.",
            kv.n_side_blocks);
+  w.metric("pagoda:kv_side_blocks_peak", "gauge", "Most KV pool blocks held for side memory at once since start.",
+           s.peak_side_blocks);
   w.metric("pagoda:kv_side_memory_bytes", "gauge",
            "Side memory the running sequences' structures report holding (retrieval indexes, key bounds).",
            kv.side_measured_bytes);

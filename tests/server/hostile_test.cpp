@@ -735,7 +735,9 @@ TEST_F(hostile, retrieval_indexes_stay_within_the_kv_budget) {
       n_ok += ask(port_, post(body), 60000).status == 200 ? 1 : 0;
       ++n_done;
     });
-  double most_measured = 0, most_side_blocks = 0, most_running = 0;
+  // Sampled while the requests run (the invariants must hold at every
+  // sample); the peaks are the engine's own, so a fast machine that finishes
+  // between samples proves the same.
   while (n_done.load() < 4) {
     json m = metrics_of(port_);
     const auto value = [&](const char* key) { return m.contains(key) ? m[key].get<double>() : -1.0; };
@@ -748,18 +750,18 @@ TEST_F(hostile, retrieval_indexes_stay_within_the_kv_budget) {
       EXPECT_LE(measured, charged) << "side memory held but not charged";
     }
     EXPECT_LE(used, total);
-    most_measured = std::max(most_measured, measured);
-    most_side_blocks = std::max(most_side_blocks, side);
-    most_running = std::max(most_running, value("pagoda:num_requests_running"));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (std::thread& t : clients) t.join();
   EXPECT_EQ(n_ok.load(), 4);
+  const double most_measured = metric_value(port_, "pagoda:kv_selector_memory_bytes_peak");
+  const double most_side_blocks = metric_value(port_, "pagoda:kv_side_blocks_peak");
   EXPECT_GT(most_measured, 0) << "no side memory reported in /metrics";
   // One sequence's indexes at a time (about 240 blocks each): the others waited.
   const double total = metric_value(port_, "pagoda:kv_cache_num_blocks");
   EXPECT_GT(most_side_blocks, total / 2);
-  EXPECT_EQ(most_running, 1);
+  EXPECT_LE(most_side_blocks, total);
+  EXPECT_EQ(metric_value(port_, "pagoda:num_requests_running_peak"), 1);
   EXPECT_EQ(metric_value(port_, "pagoda:kv_side_blocks"), 0);
   std::fprintf(stderr, "retrieval: side memory at most %.1f MB in %.0f blocks of a %.0f-block pool\n", most_measured / 1e6,
                most_side_blocks, total);
