@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Cross-layer KV sharing: what `--kv-share reuse` costs in quality (issue 31).
+"""Cross-layer KV sharing: what `--kv-share reuse` and `minicache` cost in quality (issue 31).
 
-`reuse:from=L` for every starting layer of stories260K (5 layers: from=0..4)
+`reuse:from=L` and `minicache:from=L` for every starting layer of stories260K (5 layers: from=0..4)
 beside the KV codecs and the KV policies at about the same bytes per token,
 so that one table says which saving costs least. Every row is one
 `pagoda perplexity --truncate --kl-divergence --json` run on the dev text at
@@ -12,11 +12,13 @@ Bytes per token are the layout's (`kv.bytes_per_token` of the run) times the
 mean fraction of tokens a policy keeps; the "of f16" column divides by the
 unshared f16 cache's. reuse:from=L keeps 5 - floor((5 - L) / 2) of the 5 KV
 layers: 0.6 of the bytes at from=0 and 1, 0.8 at from=2 and 3, all at from=4
-(nothing to pair: the unshared run). The policies run at budgets 0.6 and 0.8
+(nothing to pair: the unshared run). minicache keeps the same KV layers plus
+its side data (per-slot ratios and 1/16 of the tokens retained: about 0.1 of
+a merged layer at f16). The policies run at budgets 0.6 and 0.8
 to match (policy_quality.py's setting: 16 tokens a step, slack=0).
 
 usage: bench/kv_share_quality.py [--pagoda build/release/pagoda] [--docs N]
-                                 [--jobs 2] [--out table.md]
+                                 [--jobs 2] [--out table.md] [--kinds codec,reuse,minicache,policy]
 """
 import argparse
 import os
@@ -39,6 +41,13 @@ def make_jobs(policy_step):
     for frm in range(N_LAYERS):
         jobs.append(dict(kind="reuse", name=f"reuse:from={frm}", kv="f16", dtype="f16", spec="none", step=policy_step,
                          share=f"reuse:from={frm}"))
+    # MiniCache: the same pairs, one merged KV each (defaults t=0.6, retain=1/16), then its knobs at from=1.
+    for frm in range(N_LAYERS):
+        jobs.append(dict(kind="minicache", name=f"minicache:from={frm}", kv="f16", dtype="f16", spec="none",
+                         step=policy_step, share=f"minicache:from={frm}"))
+    for knob in ["retain=0", "retain=0.25", "t=0.5,retain=0"]:
+        jobs.append(dict(kind="minicache", name=f"minicache:from=1,{knob}", kv="f16", dtype="f16", spec="none",
+                         step=policy_step, share=f"minicache:from=1,{knob}"))
     # Sharing and a codec together: the two savings multiply.
     jobs.append(dict(kind="reuse", name="reuse:from=1 + int8", kv="int8", dtype="int8", spec="none", step=policy_step,
                      share="reuse:from=1"))
@@ -80,6 +89,8 @@ def parse_args():
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (a shared 2-core machine: at most 2)")
     ap.add_argument("--results", default=os.path.join(pq.ROOT, "build", "policy_quality"), help="cache of runs")
     ap.add_argument("--out", default="", help="write the table here (default: stdout)")
+    ap.add_argument("--kinds", default="codec,reuse,minicache,policy",
+                    help="which rows to run: comma-separated of codec, reuse, minicache, policy (codec f16 always)")
     return ap.parse_args()
 
 
@@ -87,7 +98,8 @@ def main():
     args = parse_args()
     if not os.access(args.pagoda, os.X_OK):
         sys.exit(f"kv_share_quality: no {args.pagoda} (build first)")
-    jobs = make_jobs(args.policy_step)
+    kinds = set(args.kinds.split(","))
+    jobs = [j for j in make_jobs(args.policy_step) if j["kind"] in kinds or (j["kind"] == "codec" and j["dtype"] == "f16")]
     results = pq.run_jobs(args, jobs, pq.documents(args), range(len(jobs)))
     pq.write_out(args, table(jobs, results))
 

@@ -175,6 +175,63 @@ void add_stats(const attention_task& t, const attention_scratch& sc, const float
   }
 }
 
+// MiniCache's reader (kv_merge.h): a slot's score is the stored key's times
+// the slot's K ratio, a retained slot's is its own key's (q is pre-scaled).
+// Columns past n_ctx are left as they are (row_weights zeroes them).
+void merge_scores(const attention_task& t, const attention_scratch& sc, int n_ctx, int rows, float* scores, int ld) {
+  const paged_kv_view& k = *t.k;
+  const int bs = k.shape.block_size, hd = t.head_dim;
+  for (std::size_t c = 0; c < sc.blocks.size(); ++c) {
+    const kv_merge_ref m = k.merge_of(sc.blocks[c], t.kv_head);
+    const int col0 = static_cast<int>(c) * bs, n = std::min(bs, n_ctx - sc.blocks[c] * bs);
+    const float* ratio = m.ratio_k();
+    for (int r = 0; r < rows; ++r) {
+      float* s = scores + static_cast<std::size_t>(r) * ld + col0;
+      for (int j = 0; j < n; ++j) s[j] *= ratio[j];
+    }
+    for (int e = 0; e < m.shape.retain; ++e) {
+      const int j = m.slot(e);
+      if (j < 0 || j >= n) continue;
+      const float* own = m.k(e);
+      for (int r = 0; r < rows; ++r) {
+        const float* q = sc.q.data() + static_cast<std::size_t>(r) * hd;
+        float s = 0;
+        for (int d = 0; d < hd; ++d) s += q[d] * own[d];
+        scores[static_cast<std::size_t>(r) * ld + col0 + j] = s;
+      }
+    }
+  }
+}
+
+// The reader's values: a retained slot adds its weight times its own value
+// row to acc and leaves the kernel a weight of 0; every other slot's weight is
+// scaled by its V ratio. Runs after the statistics took the weights as they are.
+void merge_weights(const attention_task& t, const attention_scratch& sc, int n_ctx, int rows, float* w, int ld,
+                   float* acc) {
+  const paged_kv_view& v = *t.v;
+  const int bs = v.shape.block_size, hd = t.head_dim;
+  for (std::size_t c = 0; c < sc.blocks.size(); ++c) {
+    const kv_merge_ref m = v.merge_of(sc.blocks[c], t.kv_head);
+    const int col0 = static_cast<int>(c) * bs, n = std::min(bs, n_ctx - sc.blocks[c] * bs);
+    for (int e = 0; e < m.shape.retain; ++e) {
+      const int j = m.slot(e);
+      if (j < 0 || j >= n) continue;
+      const float* own = m.v(e);
+      for (int r = 0; r < rows; ++r) {
+        float& wj = w[static_cast<std::size_t>(r) * ld + col0 + j];
+        float* a = acc + static_cast<std::size_t>(r) * hd;
+        for (int d = 0; d < hd; ++d) a[d] += wj * own[d];
+        wj = 0.0f;
+      }
+    }
+    const float* ratio = m.ratio_v();
+    for (int r = 0; r < rows; ++r) {
+      float* s = w + static_cast<std::size_t>(r) * ld + col0;
+      for (int j = 0; j < n; ++j) s[j] *= ratio[j];
+    }
+  }
+}
+
 // The group's query rows, pre-scaled: row i * n_rep + j is token g0 + i, query head kv_head * n_rep + j.
 void load_queries(const attention_task& t, int g0, int gn, std::vector<float>& q) {
   const int hd = t.head_dim;
@@ -277,6 +334,7 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
     sc.row_sum.resize(rows);
 
     run_qk(k, t.kv_head, sc.blocks, n_ctx, sc.q.data(), rows, sc.scores.data(), ld, sc.tiles);
+    if (k.merge) merge_scores(t, sc, n_ctx, rows, sc.scores.data(), ld);
     for (int r = 0; r < rows; ++r) {
       const int i = g0 + r / t.n_rep;
       const int clo = column_of(sc.blocks, bs, sc.lo[i]), chi = column_of(sc.blocks, bs, sc.hi[i]);
@@ -284,6 +342,7 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
       sc.row_sum[r] = row_weights(t, sc, s, ld, clo, chi, sink_of(t, r % t.n_rep));
       if (sc.row_sum[r] > 0) add_stats(t, sc, s, clo, chi, 1.0f / sc.row_sum[r], i);
     }
+    if (v.merge) merge_weights(t, sc, n_ctx, rows, sc.scores.data(), ld, sc.acc.data());
     run_av(v, t.kv_head, sc.blocks, n_ctx, sc.scores.data(), ld, rows, sc.acc.data(), sc.tiles);
     store_outputs(t, g0, gn, sc);
   }
@@ -302,6 +361,20 @@ void paged_attention_ref(const attention_task& t) {
       float* dst = &(x == &k ? keys : values)[static_cast<std::size_t>(p) * hd];
       if (x->is_staged(b)) x->staged_codec->decode(x->staged_format, x->shape, nullptr, x->staged_tile(t.kv_head), slot, 1, dst);
       else x->codec_of(b)->decode(x->format_of(b), x->shape, x->params_of(b, t.kv_head), x->tile(b, t.kv_head), slot, 1, dst);
+    }
+  }
+  // A merged pair's reader (kv_merge.h) reads restored rows: the stored row
+  // times its ratio, or its own row where retained.
+  for (const paged_kv_view* x : {&k, &v}) {
+    if (!x->merge) continue;
+    std::vector<float>& rows = x == &k ? keys : values;
+    for (int p = 0; p < n_ctx; ++p) {
+      const kv_merge_ref m = x->merge_of(p / bs, t.kv_head);
+      float* row = &rows[static_cast<std::size_t>(p) * hd];
+      const float ratio = (x == &k ? m.ratio_k() : m.ratio_v())[p % bs];
+      for (int d = 0; d < hd; ++d) row[d] *= ratio;
+      for (int e = 0; e < m.shape.retain; ++e)
+        if (m.slot(e) == p % bs) std::copy_n(x == &k ? m.k(e) : m.v(e), hd, row);
     }
   }
   // What the ranges select and what the bias adds, slot by slot.

@@ -102,8 +102,8 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_option("--kv-scales", opts.kv_scales_path,
                   "calibrated KV ranges (pagoda calibrate); quantized types without a mode use them");
   app->add_option("--kv-share", opts.kv_share,
-                  "NAME[:key=value]: cross-layer KV sharing for a model that declares none: none, reuse:from=L "
-                  "(docs/kv-sharing.md)")
+                  "NAME[:key=value]: cross-layer KV sharing for a model that declares none: none, reuse:from=L, "
+                  "minicache:from=L[,t=0.6][,retain=0.0625] (docs/kv-sharing.md)")
       ->each([](const std::string& text) {
         if (auto from = parse_kv_share_spec(text); !from.ok()) throw spec_usage_error(from.error().message());
       });

@@ -85,6 +85,16 @@ result<std::unique_ptr<kv_arena>> kv_arena::create(std::span<const kv_class_spec
                    std::strerror(errno));
     s->has_bias_.assign(static_cast<std::size_t>(layout.n_layers) * static_cast<std::size_t>(total), 0);
   }
+  s->merge_.assign(static_cast<std::size_t>(layout.n_layers), nullptr);
+  s->merge_bytes_ = sizeof(float) * layout.merge_shape().head_floats() * layout.n_kv_heads * static_cast<std::size_t>(total);
+  for (int l = 0; l < layout.n_layers; ++l) {
+    if (!layout.merged(l)) continue;
+    s->merge_[static_cast<std::size_t>(l)] = static_cast<float*>(map_zeroed(s->merge_bytes_));
+    if (!s->merge_[static_cast<std::size_t>(l)])
+      return error(errc::resource_exhausted, "cannot map {} bytes of merged-KV side data: {}", s->merge_bytes_,
+                   std::strerror(errno));
+  }
+  s->merge_scratch_.resize(6 * static_cast<std::size_t>(layout.head_dim));
   if (layout.key_summaries) {
     s->summaries_bytes_ = layout.summary_bytes_per_block() * static_cast<std::size_t>(total);
     s->summaries_ = static_cast<float*>(map_zeroed(s->summaries_bytes_));
@@ -172,10 +182,13 @@ kv_arena::~kv_arena() {
   if (staging_) munmap(staging_, slot_bytes_ * n_slots_);
   if (summaries_) munmap(summaries_, summaries_bytes_);
   if (bias_) munmap(bias_, bias_bytes_);
+  for (float* m : merge_)
+    if (m) munmap(m, merge_bytes_);
 }
 
 std::size_t kv_arena::total_bytes() const {
   std::size_t total = slot_bytes_ * static_cast<std::size_t>(n_slots_) + summaries_bytes_;
+  for (const float* m : merge_) total += m ? merge_bytes_ : 0;
   for (const block_class_data& c : classes_)
     for (auto* tensors : {&c.k, &c.v})
       for (const tensor& t : *tensors) total += t.size_bytes + t.static_values.size() * sizeof(float);
@@ -485,6 +498,11 @@ void kv_arena::copy_block(block_id src, block_id dst, int n_tokens) {
       }
   }
   for (int l = 0; l < layout().n_layers; ++l) {
+    if (!merge_[static_cast<std::size_t>(l)]) continue;
+    std::memcpy(merge_head(dst, l, 0).data, merge_head(src, l, 0).data, merge_bytes_per_block_head() * layout().n_kv_heads);
+    for (int h = 0; h < layout().n_kv_heads; ++h) merge_head(dst, l, h).drop_from(n_tokens);
+  }
+  for (int l = 0; l < layout().n_layers; ++l) {
     has_bias(dst, l) = has_bias(src, l);
     if (has_bias(src, l))
       std::memcpy(bias_at(dst, l, 0), bias_at(src, l, 0), sizeof(float) * layout().n_kv_heads * bs);
@@ -506,6 +524,9 @@ void kv_arena::truncate_block(block_id b, int n_tokens) {
   PAGODA_ASSERT(owns(b));
   PAGODA_ASSERT(n_tokens >= 0 && n_tokens < layout().block_size, "truncate to {} tokens", n_tokens);
   forget_summaries(b);
+  for (int l = 0; l < layout().n_layers; ++l)
+    if (merge_[static_cast<std::size_t>(l)])
+      for (int h = 0; h < layout().n_kv_heads; ++h) merge_head(b, l, h).drop_from(n_tokens);
   block_class_data& c = classes_[block_class(b)];
   if (c.n_sealed == 0) return;  // codes of other formats are per token: later writes just overwrite
   // A held block kept its whole staging when sealed: the kept slots' f16
@@ -536,6 +557,9 @@ void kv_arena::release_block(block_id b) {
   if (slot_stride_ > 0 && block_slot_[at(b)] >= 0) release_slot(block_slot_[at(b)]);
   forget_summaries(b);
   clear_bias(b);
+  for (int l = 0; l < layout().n_layers; ++l)
+    if (merge_[static_cast<std::size_t>(l)])
+      std::memset(merge_head(b, l, 0).data, 0, merge_bytes_per_block_head() * layout().n_kv_heads);
 }
 
 void kv_arena::read_block(block_id b, std::span<std::byte> out) const {
@@ -552,6 +576,12 @@ void kv_arena::read_block(block_id b, std::span<std::byte> out) const {
         std::memcpy(dst, tile(*t, b, h), t->tile_bytes);
         dst += t->tile_bytes;
       }
+  for (int l = 0; l < layout().n_layers; ++l) {
+    if (!merge_[static_cast<std::size_t>(l)]) continue;
+    const std::size_t bytes = merge_bytes_per_block_head() * layout().n_kv_heads;
+    std::memcpy(dst, merge_head(b, l, 0).data, bytes);
+    dst += bytes;
+  }
 }
 
 status kv_arena::write_block(block_id b, std::span<const std::byte> in) {
@@ -574,8 +604,74 @@ status kv_arena::write_block(block_id b, std::span<const std::byte> in) {
         std::memcpy(tile(*t, b, h), src, t->tile_bytes);
         src += t->tile_bytes;
       }
+  for (int l = 0; l < layout().n_layers; ++l) {
+    if (!merge_[static_cast<std::size_t>(l)]) continue;
+    const std::size_t bytes = merge_bytes_per_block_head() * layout().n_kv_heads;
+    std::memcpy(merge_head(b, l, 0).data, src, bytes);
+    src += bytes;
+  }
   for (int l = 0; l < layout().n_layers; ++l) summarize(l, b);
   return {};
+}
+
+// --- merged layers (MiniCache) -----------------------------------------------------
+
+std::size_t kv_arena::merge_bytes_per_block_head() const { return sizeof(float) * layout().merge_shape().head_floats(); }
+
+kv_merge_head kv_arena::merge_head(block_id b, int layer, int head) const {
+  float* base = merge_[static_cast<std::size_t>(layer)];
+  PAGODA_DASSERT(base != nullptr, "layer {} is not merged", layer);
+  const kv_merge_shape shape = layout().merge_shape();
+  return {base + (at(b) * static_cast<std::size_t>(layout().n_kv_heads) + static_cast<std::size_t>(head)) *
+                     shape.head_floats(),
+          shape};
+}
+
+void kv_arena::attach_merge(int layer, paged_kv_view& k, paged_kv_view& v) const {
+  const float* base = merge_[static_cast<std::size_t>(layer)];
+  if (!base) return;
+  for (paged_kv_view* view : {&k, &v}) {
+    view->merge = base;
+    view->merge_shape = layout().merge_shape();
+    view->n_kv_heads = layout().n_kv_heads;
+  }
+}
+
+void kv_arena::merge_write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k,
+                           const float* v, const float* prod_k, const float* prod_v) {
+  PAGODA_ASSERT(layer >= 0 && layer < layout().n_layers && merge_[static_cast<std::size_t>(layer)],
+                "merge_write to layer {}, which is not merged", layer);
+  const int bs = layout().block_size, hd = layout().head_dim, n_heads = layout().n_kv_heads;
+  const kv_tile_shape shape = layout().tile_shape();
+  const std::size_t row = static_cast<std::size_t>(n_heads) * hd;
+  float* sk = merge_scratch_.data();
+  float* sv = sk + 3 * static_cast<std::size_t>(hd);
+  for (int i = 0; i < n; ++i) {
+    const int p = slot + i;
+    PAGODA_ASSERT(p / bs < static_cast<int>(blocks.size()), "slot {} has no block (table holds {})", p, blocks.size());
+    const block_id b = blocks[static_cast<std::size_t>(p / bs)];
+    tensor& tk = k_of(b, layer);
+    tensor& tv = v_of(b, layer);
+    PAGODA_ASSERT(tk.sealed_index < 0 && tv.sealed_index < 0, "merged layer {} of a sealed format", layer);
+    for (int h = 0; h < n_heads; ++h) {
+      std::byte* tile_k = tile(tk, b, h);
+      std::byte* tile_v = tile(tv, b, h);
+      const std::size_t at_row = static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * hd;
+      kv_merge_write writes[2];
+      kv_merge_token(merge_head(b, layer, h), p % bs, {prod_k + at_row, prod_v + at_row, k + at_row, v + at_row},
+                     layout().merge_t, sk, sv, writes, [&](int s, float* ko, float* vo) {
+                       tk.codec->decode(tk.format, shape, tk.params(h), tile_k, s, 1, ko);
+                       tv.codec->decode(tv.format, shape, tv.params(h), tile_v, s, 1, vo);
+                     });
+      for (const kv_merge_write& w : writes) {
+        if (w.slot < 0) continue;
+        tk.codec->encode(tk.format, shape, tk.params(h), w.k, w.slot, 1, tile_k);
+        tv.codec->encode(tv.format, shape, tv.params(h), w.v, w.slot, 1, tile_v);
+      }
+    }
+    // A full block's key summary follows its rewritten keys.
+    if (summaries_ && (p % bs == bs - 1 || i == n - 1) && summarized(b, layer)) summarize(layer, b);
+  }
 }
 
 }  // namespace pagoda

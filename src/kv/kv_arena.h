@@ -111,6 +111,12 @@ class kv_arena {
   // The per-slot bias of block b's slots for (layer, head): [block_size], or
   // nullptr when the block has none (tests, tools).
   const float* bias_of(block_id b, int layer, int head) const;
+  // MiniCache (kv_merge.h): kv_backend's merge_write and attach_merge, and
+  // block b's side data of merged layer `layer` for one KV head.
+  void merge_write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v,
+                   const float* prod_k, const float* prod_v);
+  void attach_merge(int layer, paged_kv_view& k, paged_kv_view& v) const;
+  kv_merge_head merge_head(block_id b, int layer, int head) const;
 
  private:
   struct tensor {
@@ -171,9 +177,22 @@ class kv_arena {
   // x[t1 - t0][n_kv_heads][head_dim]; slots below t0 keep what they hold.
   void rewrite_block(tensor& t, int layer, block_id b, int t0, int t1, const float* x);
   void gather_layer(const kv_gather& g, int layer, const kv_backend::key_rotation& rotate);
+  // A merged layer's side data of a gather's sources, by destination slot
+  // i and head h (at i * n_kv_heads + h; own rows [n][n_kv_heads][head_dim]),
+  // and its write into the destination blocks: ratios follow their slots,
+  // retained tokens keep their own rows while their block has room (a block
+  // that receives more merges the least divergent ones into k, v, the rows
+  // about to be written). A folded entry keeps the ratios and own rows of
+  // the kept token it stands for.
+  struct merge_moves {
+    std::vector<float> ratio_k, ratio_v, divergence, own_k, own_v;
+  };
+  merge_moves read_merge_moves(const kv_gather& g, int layer) const;
+  void write_merge_moves(const kv_gather& g, int layer, const merge_moves& m, float* k, float* v);
   float* bias_at(block_id b, int layer, int head) const;
   std::uint8_t& has_bias(block_id b, int layer) { return has_bias_[static_cast<std::size_t>(layer) * n_blocks_ + at(b)]; }
   void clear_bias(block_id b);
+  std::size_t merge_bytes_per_block_head() const;
 
   // Staging slots.
   std::byte* slot_data(std::int32_t slot) const;
@@ -222,6 +241,11 @@ class kv_arena {
   std::size_t bias_bytes_ = 0;
   std::vector<std::uint8_t> has_bias_;
   bool any_bias_ = false;  // some block ever had a bias: views carry the arrays
+  // MiniCache side data (kv_merge.h): [n_layers] -> [n_blocks][n_kv_heads]
+  // [merge_shape().head_floats()] for merged layers, null for the others.
+  std::vector<float*> merge_;
+  std::size_t merge_bytes_ = 0;  // of each merged layer's array
+  std::vector<float> merge_scratch_;  // [2][3][head_dim]
 };
 
 }  // namespace pagoda

@@ -172,7 +172,16 @@ void kv_arena::gather_layer(const kv_gather& g, int layer, const kv_backend::key
     }
     any_mass = true;
   }
-  if (!g.rotate.empty()) rotate(model_layers_[static_cast<std::size_t>(layer)], k.data(), n, g.rotate.data());
+  // A merged layer (MiniCache): each destination slot takes its source's
+  // side data, read before anything is written (kv_merge.h).
+  merge_moves moves;
+  if (merge_[static_cast<std::size_t>(layer)]) moves = read_merge_moves(g, layer);
+  if (!g.rotate.empty()) {
+    rotate(model_layers_[static_cast<std::size_t>(layer)], k.data(), n, g.rotate.data());
+    if (!moves.own_k.empty())  // the reader's retained keys turn with the rest (the pair shares its RoPE)
+      rotate(model_layers_[static_cast<std::size_t>(layer)], moves.own_k.data(), n, g.rotate.data());
+  }
+  if (merge_[static_cast<std::size_t>(layer)]) write_merge_moves(g, layer, moves, k.data(), v.data());
 
   // Write block by block.
   for (int i = 0; i < n;) {
@@ -193,6 +202,86 @@ void kv_arena::gather_layer(const kv_gather& g, int layer, const kv_backend::key
       }
       has = 1;
       any_bias_ = true;
+    }
+    i += t1 - t0;
+  }
+}
+
+kv_arena::merge_moves kv_arena::read_merge_moves(const kv_gather& g, int layer) const {
+  const int bs = layout().block_size, hd = layout().head_dim, H = layout().n_kv_heads, n = g.n;
+  const std::size_t row = static_cast<std::size_t>(H) * hd;
+  merge_moves m;
+  m.ratio_k.assign(static_cast<std::size_t>(n) * H, 0.0f);
+  m.ratio_v.assign(m.ratio_k.size(), 0.0f);
+  m.divergence.assign(m.ratio_k.size(), -1.0f);  // -1: not retained
+  m.own_k.assign(static_cast<std::size_t>(n) * row, 0.0f);
+  m.own_v.assign(m.own_k.size(), 0.0f);
+  for (int h = 0; h < H; ++h) {
+    const int r = g.n_rows == 1 ? 0 : model_layers_[static_cast<std::size_t>(layer)] * H + h;
+    const std::int32_t* src = g.row_sources(r);
+    for (int i = 0; i < n; ++i) {
+      const std::int32_t s = src[i];
+      if (s < 0) continue;  // a dead slot: nothing to read
+      const kv_merge_head from = merge_head(g.src_table[static_cast<std::size_t>(s / bs)], layer, h);
+      const std::size_t at = static_cast<std::size_t>(i) * H + h;
+      m.ratio_k[at] = from.ratio_k()[s % bs];
+      m.ratio_v[at] = from.ratio_v()[s % bs];
+      if (const int e = from.find(s % bs); e >= 0) {
+        m.divergence[at] = from.divergence(e);
+        std::copy_n(from.k(e), hd, m.own_k.data() + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * hd);
+        std::copy_n(from.v(e), hd, m.own_v.data() + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * hd);
+      }
+    }
+  }
+  return m;
+}
+
+void kv_arena::write_merge_moves(const kv_gather& g, int layer, const merge_moves& m, float* k, float* v) {
+  const int bs = layout().block_size, hd = layout().head_dim, H = layout().n_kv_heads, n = g.n;
+  const std::size_t row = static_cast<std::size_t>(H) * hd;
+  const float t = layout().merge_t;
+  for (int i = 0; i < n;) {
+    const int slot = g.first + i;
+    const block_id b = g.dst_table[static_cast<std::size_t>(slot / bs)];
+    const int t0 = slot % bs, t1 = std::min(bs, t0 + (n - i));
+    for (int h = 0; h < H; ++h) {
+      const kv_merge_head to = merge_head(b, layer, h);
+      to.drop_from(t0);  // slots below t0 keep theirs; the rewritten ones take their sources'
+      int free_entries = 0;
+      for (int e = 0; e < to.shape.retain; ++e) free_entries += to.slot(e) < 0;
+      // The retained tokens moving here, most divergent first; those past the
+      // block's room are merged now, from the row they bring and their own.
+      std::vector<int> retained;
+      for (int j = t0; j < t1; ++j)
+        if (m.divergence[static_cast<std::size_t>(i + j - t0) * H + h] >= 0) retained.push_back(j);
+      std::stable_sort(retained.begin(), retained.end(), [&](int x, int y) {
+        return m.divergence[static_cast<std::size_t>(i + x - t0) * H + h] > m.divergence[static_cast<std::size_t>(i + y - t0) * H + h];
+      });
+      for (int j = t0; j < t1; ++j) {
+        const std::size_t at = static_cast<std::size_t>(i + j - t0) * H + h;
+        to.ratio_k()[j] = m.ratio_k[at];
+        to.ratio_v()[j] = m.ratio_v[at];
+      }
+      for (std::size_t x = 0; x < retained.size(); ++x) {
+        const int j = retained[x];
+        const std::size_t at = static_cast<std::size_t>(i + j - t0) * H + h;
+        const std::size_t off = static_cast<std::size_t>(i + j - t0) * row + static_cast<std::size_t>(h) * hd;
+        if (static_cast<int>(x) < free_entries) {
+          int e = 0;
+          while (to.slot(e) >= 0) ++e;
+          float* en = to.entry(e);
+          en[0] = static_cast<float>(j + 1);
+          en[1] = m.divergence[at];
+          std::copy_n(m.own_k.data() + off, hd, to.k(e));
+          std::copy_n(m.own_v.data() + off, hd, to.v(e));
+          continue;
+        }
+        std::vector<float> merged(2 * static_cast<std::size_t>(hd));
+        to.ratio_k()[j] = kv_merge_rows(k + off, m.own_k.data() + off, hd, t, merged.data());
+        to.ratio_v()[j] = kv_merge_rows(v + off, m.own_v.data() + off, hd, t, merged.data() + hd);
+        std::copy_n(merged.data(), hd, k + off);
+        std::copy_n(merged.data() + hd, hd, v + off);
+      }
     }
     i += t1 - t0;
   }

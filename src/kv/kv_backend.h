@@ -121,6 +121,14 @@ struct paged_kv_view {
   // for this layer and role.
   const paged_kv_class* classes = nullptr;     // [n classes]
   const std::uint8_t* block_class = nullptr;   // [group blocks]
+  // MiniCache (kv_merge.h), set on the views the upper layer of a merged
+  // pair reads (kv_backend::attach_merge): per block and KV head, the
+  // reader's per-slot ratios and retained rows, [group blocks][n_kv_heads]
+  // [merge_shape.head_floats()]. A key view scales each slot's score by its
+  // K ratio, a value view each slot's weight by its V ratio, and a retained
+  // slot is read from the reader's own rows. Null: rows as stored.
+  const float* merge = nullptr;
+  kv_merge_shape merge_shape;
 
   const void* tile(int block_index, int head) const {
     const std::int32_t b = blocks[block_index].value;
@@ -157,6 +165,10 @@ struct paged_kv_view {
     return staged != nullptr && block_index == (n_tokens - 1) / shape.block_size;
   }
   const void* staged_tile(int head) const { return staged + static_cast<std::size_t>(head) * staged_tile_bytes; }
+  kv_merge_ref merge_of(int block_index, int head) const {
+    const auto b = static_cast<std::size_t>(blocks[block_index].value - first_block);
+    return {merge + (b * static_cast<std::size_t>(n_kv_heads) + head) * merge_shape.head_floats(), merge_shape};
+  }
   // The bias of block_index's slots for head, or nullptr when it has none.
   const float* bias_of(int block_index, int head) const {
     if (!bias) return nullptr;
@@ -202,6 +214,18 @@ class kv_backend {
   // truncate_block / copy_block left it).
   virtual void write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k,
                      const float* v) = 0;
+  // MiniCache (kv_merge.h, kv_layout::merge_reader): the reader of merged
+  // KV layer `layer` stores its rows of slots [slot, slot + n): k, v are
+  // its own ([n][n_kv_heads][head_dim]), prod_k, prod_v the producer's rows
+  // of the same tokens (written by write() before). The layer's slots and
+  // side data are rewritten as kv_merge_token says.
+  // REQUIRES: layout().merged(layer).
+  virtual void merge_write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k,
+                           const float* v, const float* prod_k, const float* prod_v);
+  // Points the views of merged KV layer `layer` at its reader's side data
+  // (paged_kv_view::merge); leaves them as they are when this backend keeps
+  // none (a KV mirror: its reader reads the rows as stored).
+  virtual void attach_merge(int layer, paged_kv_view& k, paged_kv_view& v) const {}
   // The first n_slots KV slots of the table, for one layer.
   virtual paged_kv_view k_view(int layer, std::span<const block_id> blocks, int n_slots) const = 0;
   virtual paged_kv_view v_view(int layer, std::span<const block_id> blocks, int n_slots) const = 0;

@@ -51,7 +51,15 @@ status kv_layout::check() const {
                        kv_format_name(*f));
         PAGODA_RETURN_IF_ERROR(scales->check_shape(n_layers, n_kv_heads, head_dim));
       }
+      if (merged(l) && kv_format_sealed(*f))
+        return error(errc::invalid_argument,
+                     "layer {} {}: KV merging ({}) rewrites slots as the upper layer merges them, which {} (per-channel "
+                     "scales over whole blocks) cannot take; merged layers need a per-token type (f16, bf16, fp8, "
+                     "int8, int4/token, ...)",
+                     l, what, sharing, kv_format_name(*f));
     }
+  if (!merge_reader.empty() && static_cast<int>(merge_reader.size()) != n_layers)
+    return error(errc::invalid_argument, "KV merging: {} readers for {} KV layers", merge_reader.size(), n_layers);
   return {};
 }
 
@@ -65,7 +73,12 @@ std::size_t kv_layout::layer_tile_bytes_per_block(int layer) const {
   const kv_tile_shape shape = tile_shape();
   return (get_kv_codec(k_formats[layer].type)->tile_bytes(k_formats[layer], shape) +
           get_kv_codec(v_formats[layer].type)->tile_bytes(v_formats[layer], shape)) *
-         n_kv_heads;
+             n_kv_heads +
+         merge_bytes_per_block(layer);
+}
+
+std::size_t kv_layout::merge_bytes_per_block(int kv_layer) const {
+  return merged(kv_layer) ? sizeof(float) * merge_shape().head_floats() * static_cast<std::size_t>(n_kv_heads) : 0;
 }
 
 std::size_t kv_layout::tile_bytes_per_block() const {
@@ -115,7 +128,8 @@ std::string kv_layout::describe() const {
 
 status check_kv_class_shape(const kv_layout& base, const kv_layout& c, int index) {
   if (c.n_layers != base.n_layers || c.n_kv_heads != base.n_kv_heads || c.head_dim != base.head_dim ||
-      c.block_size != base.block_size || c.key_summaries != base.key_summaries)
+      c.block_size != base.block_size || c.key_summaries != base.key_summaries || c.merge_reader != base.merge_reader ||
+      c.merge_retain != base.merge_retain)
     return error(errc::invalid_argument,
                  "KV block class {}: shape {} layers x {} KV heads x head_dim {}, block_size {}, key summaries {} "
                  "differs from the default layout's {} x {} x {}, {}, {}",
@@ -130,6 +144,9 @@ kv_layout kv_layout::select_layers(std::span<const int> layers) const {
   out.k_formats.clear();
   out.v_formats.clear();
   out.model_layers.clear();
+  out.merge_reader.clear();
+  for (const int l : layers)
+    if (!merge_reader.empty()) out.merge_reader.push_back(merge_reader[static_cast<std::size_t>(l)]);
   for (const int l : layers) {
     out.model_layers.push_back(model_layers.empty() ? l : model_layers[static_cast<std::size_t>(l)]);
     out.k_formats.push_back(k_formats[static_cast<std::size_t>(l)]);
@@ -197,6 +214,30 @@ result<kv_layout> share_kv_layers(const kv_layout& per_model_layer, std::span<co
     out.sharing = std::move(sharing);
   }
   return out;
+}
+
+result<kv_layout> merge_kv_layers(kv_layout shared, std::span<const int> readers, float t, int retain) {
+  if (!(t >= 0.0f && t <= 1.0f))
+    return error(errc::invalid_argument, "KV merging {}: t={} is outside [0, 1]", shared.sharing, t);
+  if (retain < 0 || retain > shared.block_size)
+    return error(errc::invalid_argument, "KV merging {}: {} retained tokens per block of {}", shared.sharing, retain,
+                 shared.block_size);
+  shared.merge_reader.assign(static_cast<std::size_t>(shared.n_layers), -1);
+  shared.merge_t = t;
+  shared.merge_retain = retain;
+  for (const int r : readers) {
+    if (r < 0 || r >= shared.n_model_layers())
+      return error(errc::invalid_argument, "KV merging {}: no layer {}", shared.sharing, r);
+    const int j = shared.kv_layer_of(r);
+    int n_readers = 0;
+    for (int l = 0; l < shared.n_model_layers(); ++l) n_readers += shared.kv_layer_of(l) == j;
+    if (shared.writes_kv(r) || n_readers != 2)
+      return error(errc::invalid_argument,
+                   "KV merging {}: layer {} must be the second of exactly two layers reading one KV layer", shared.sharing, r);
+    shared.merge_reader[static_cast<std::size_t>(j)] = r;
+  }
+  PAGODA_RETURN_IF_ERROR(shared.check());
+  return shared;
 }
 
 }  // namespace pagoda

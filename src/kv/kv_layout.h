@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/kv_merge.h"
 #include "pagoda/status.h"
 #include "quant/kv_codec.h"
 #include "quant/kv_scales.h"
@@ -50,6 +51,13 @@ struct kv_layout {
   // What made the map ("cla:2", "yoco", "reuse:from=3"): two sharings with
   // one map may store different bytes. Empty without sharing.
   std::string sharing;
+  // MiniCache (kv_merge.h, merge_kv_layers): [KV layer] -> the model layer
+  // that stores its KV into it merged (the upper layer of a merged pair), or
+  // -1; empty: nothing is merged. Each block then also holds, per merged
+  // layer and KV head, the reader's side data (merge_shape()).
+  std::vector<std::int32_t> merge_reader;
+  float merge_t = 0.6f;  // the slerp parameter (0: the lower layer's direction)
+  int merge_retain = 0;  // tokens per block and KV head kept apart unmerged
 
   // Every layer K and V of the given types, in their default formats.
   static kv_layout uniform(int n_layers, int n_kv_heads, int head_dim, int block_size, kv_type k_type,
@@ -94,6 +102,17 @@ struct kv_layout {
   }
   // Whether model layer l writes its KV layer (the first model layer to read it).
   bool writes_kv(int model_layer) const;
+  // MiniCache: whether KV layer j holds a merged pair; whether model layer l
+  // merges its KV into its KV layer (the pair's reader); the side data's shape.
+  bool merged(int kv_layer) const {
+    return !merge_reader.empty() && merge_reader[static_cast<std::size_t>(kv_layer)] >= 0;
+  }
+  bool merges_kv(int model_layer) const {
+    return !merge_reader.empty() && merge_reader[static_cast<std::size_t>(kv_layer_of(model_layer))] == model_layer;
+  }
+  kv_merge_shape merge_shape() const { return {block_size, head_dim, merge_retain}; }
+  // Bytes of one block's side data of KV layer j (0 unless merged).
+  std::size_t merge_bytes_per_block(int kv_layer) const;
   // The model layer that writes KV layer j.
   int kv_producer(int kv_layer) const;
 };
@@ -106,6 +125,15 @@ struct kv_layout {
 // differs from its producer's (per-layer KV types apply to the shared KV
 // layer as a whole). `sharing` names it (kv_layout::sharing).
 result<kv_layout> share_kv_layers(const kv_layout& per_model_layer, std::span<const int> source, std::string sharing);
+
+// MiniCache: `shared` (share_kv_layers' result) where each model layer in
+// `readers` stores its KV merged into the KV layer it reads (kv_merge.h),
+// with slerp parameter t and `retain` tokens per block and KV head kept
+// apart. Errors: a reader that is not the second layer of a KV layer read by
+// exactly two, t outside [0, 1], retain outside [0, block_size], and a merged
+// layer of a sealed format (per-channel scales: its slots are rewritten as
+// the reader merges them, which a sealed block cannot take).
+result<kv_layout> merge_kv_layers(kv_layout shared, std::span<const int> readers, float t, int retain);
 
 // An extra class's layout must have the default's shape (blocks of every
 // class share block tables, biases and key summaries): an error naming class

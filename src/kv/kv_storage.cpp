@@ -121,6 +121,20 @@ void kv_storage::write(int layer, std::span<const block_id> blocks, int slot, in
   arena_of_layer(layer).write(local_layer(layer), blocks, slot, n, k, v);
 }
 
+void kv_storage::merge_write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k,
+                             const float* v, const float* prod_k, const float* prod_v) {
+  arena_of_layer(layer).merge_write(local_layer(layer), blocks, slot, n, k, v, prod_k, prod_v);
+}
+
+void kv_storage::attach_merge(int layer, paged_kv_view& k, paged_kv_view& v) const {
+  arena_of_layer(layer).attach_merge(local_layer(layer), k, v);
+}
+
+void kv_backend::merge_write(int layer, std::span<const block_id>, int, int, const float*, const float*, const float*,
+                             const float*) {
+  PAGODA_ASSERT(false, "this KV backend merges no layer (layer {})", layer);
+}
+
 paged_kv_view kv_storage::k_view(int layer, std::span<const block_id> blocks, int n_slots) const {
   return arena_of_layer(layer).k_view(local_layer(layer), blocks, n_slots);
 }

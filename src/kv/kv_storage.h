@@ -75,6 +75,9 @@ class kv_storage final : public kv_backend {
   kv_staging_stats staging() const;
 
   void write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v) override;
+  void merge_write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v,
+                   const float* prod_k, const float* prod_v) override;
+  void attach_merge(int layer, paged_kv_view& k, paged_kv_view& v) const override;
   paged_kv_view k_view(int layer, std::span<const block_id> blocks, int n_slots) const override;
   paged_kv_view v_view(int layer, std::span<const block_id> blocks, int n_slots) const override;
   void copy_block(block_id src, block_id dst, int n_tokens) override;

@@ -317,6 +317,9 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   for (const forward_seq& s : seqs)
     attn_flops += 4.0 * s.tokens.size() * (s.n_stored + s.tokens.size()) * hp.n_head * hp.head_dim;
 
+  // MiniCache (kv/kv_merge.h): a merged pair's lower layer keeps its K/V of
+  // this step's tokens here for the upper layer, which merges its own into them.
+  std::vector<float> merge_k, merge_v;
   for (int l = 0; l < n_run; ++l) {
     const llama_layer& L = model_.layers()[l];
     const rope_tables& rope = hp.is_swa(l) && !rope_local.cos_t.empty() ? rope_local : rope_global;
@@ -327,7 +330,9 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     // kvl, and computes and writes it only as its producer. A layer without
     // K/V projections writes nothing either: its KV comes from elsewhere.
     const int kvl = layout.kv_layer_of(l);
-    const bool computes_kv = layout.writes_kv(l) && L.wk.data != nullptr;
+    // A merged pair's upper layer computes its K/V too and stores them merged.
+    const bool merges = layout.merges_kv(l) && L.wk.data != nullptr;
+    const bool computes_kv = (layout.writes_kv(l) || merges) && L.wk.data != nullptr;
     const bool last_kv_only = kv_only && l == n_run - 1;  // its K/V, nothing after them
     if (!last_kv_only) matmul(L.wq, xn, n_tok, q, pool_, mm_scratch_);
     if (computes_kv) {
@@ -350,28 +355,36 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       if (computes_kv)
         apply_rope(k + static_cast<std::size_t>(i) * KVD, hp.n_head_kv, HD, hp.rope_dim, hp.rope_neox, ct, st);
     }
+    if (computes_kv && !merges && layout.merged(kvl)) {
+      merge_k.assign(k, k + static_cast<std::size_t>(n_tok) * KVD);
+      merge_v.assign(v, v + static_cast<std::size_t>(n_tok) * KVD);
+    }
     {
       int row0 = 0;
+      // Rows [at, at + run) of this step into slots [slot, slot + run).
+      auto store = [&](int kv_layer, std::span<const block_id> table, int slot, int run, int at) {
+        const std::size_t off = static_cast<std::size_t>(at) * KVD;
+        if (merges) kv_.merge_write(kv_layer, table, slot, run, k + off, v + off, merge_k.data() + off, merge_v.data() + off);
+        else kv_.write(kv_layer, table, slot, run, k + off, v + off);
+      };
       for (std::size_t si = 0; si < seqs.size(); ++si) {
         const forward_seq& s = seqs[si];
         int n = static_cast<int>(s.tokens.size());
         const std::span<const block_id> table = table_of(s, kv_.layer_group(kvl));
-        if (computes_kv && s.slots.empty())
-          kv_.write(kvl, table, s.n_stored, n, k + static_cast<std::size_t>(row0) * KVD,
-                    v + static_cast<std::size_t>(row0) * KVD);
+        if (computes_kv && s.slots.empty()) store(kvl, table, s.n_stored, n, row0);
         for (int j = 0; computes_kv && j < n && !s.slots.empty();) {  // in place: runs of consecutive slots
           int run = 1;
           while (j + run < n && s.slots[j + run] == s.slots[j] + run) ++run;
-          kv_.write(kvl, table, s.slots[j], run, k + static_cast<std::size_t>(row0 + j) * KVD,
-                    v + static_cast<std::size_t>(row0 + j) * KVD);
+          store(kvl, table, s.slots[j], run, row0 + j);
           j += run;
         }
         for (int pi = full_part[si]; pi >= 0 && parts[pi].seq == static_cast<int>(si); --pi) {
           const int n_slots = n_kv_of(s, parts[pi].first, parts[pi].n);
           k_views[pi] = kv_.k_view(kvl, table, n_slots);
           v_views[pi] = kv_.v_view(kvl, table, n_slots);
+          if (merges) kv_.attach_merge(kvl, k_views[pi], v_views[pi]);
         }
-        if (s.selector && !hp.is_swa(l) && computes_kv)
+        if (s.selector && !hp.is_swa(l) && computes_kv && !merges)
           s.selector->on_layer_written(
               kvl, k_views[full_part[si]],
               std::span<const std::int32_t>(kv_positions_.data() + kv_pos_at[si], static_cast<std::size_t>(s.n_stored + n)),
@@ -423,7 +436,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
           sparse_items[it] = 1;
           // Scattered tokens (retrieval's top-k) are gathered one by one;
           // runs of whole blocks (Quest's pages) go through paged attention.
-          if (!s.stats && scattered(t.ranges, layout.block_size)) {
+          if (!s.stats && !t.k->merge && scattered(t.ranges, layout.block_size)) {
             std::vector<std::int32_t>& slots = gather_slots_[ith];
             slots.clear();
             append_slots_of_ranges(t.ranges, slots);

@@ -34,6 +34,19 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.policy_shape = {c.kv.n_layers, c.kv.n_kv_heads, c.kv.head_dim, c.kv.block_size};  // KV layers
   s.n_model_layers = c.kv.n_model_layers();
   s.key_summaries = c.kv.key_summaries;
+  bool merged = false;
+  for (int j = 0; j < c.kv.n_layers; ++j) merged = merged || c.kv.merged(j);
+  if (merged) {
+    s.chunk_reuse_refusal = fmt::format("chunk reuse moves KV slots into place, which merged KV layers ({}) do not "
+                                        "follow yet; start the engine without --kv-share minicache", c.kv.sharing);
+    // A merged pair's lower layer reads its own rows of a step's earlier
+    // tokens unmerged, and a rollback cannot give back a token a draft
+    // displaced from the retained ones: verification would not give plain
+    // decoding's tokens.
+    s.speculation_refusal = fmt::format("speculative decoding verifies drafts in one step, which with merged KV layers "
+                                        "({}) would not give plain decoding's tokens; run without speculation or "
+                                        "without --kv-share minicache", c.kv.sharing);
+  }
   if (c.kv.has_sealed())
     s.chunk_reuse_refusal = fmt::format("chunk reuse rewrites single KV slots, which the KV layout {} cannot (a sealed "
                                         "format encodes whole blocks); start the engine with a per-token KV type "
@@ -193,8 +206,11 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
     if (!spec.ok()) return spec.error().with_context("--kv-policy");
     auto policy = make_kv_policy(*spec);
     if (!policy.ok()) return policy.error().with_context("--kv-policy");
+    const scheduler_config sc = scheduler_config_of(c);
     // A self drafter reading Quest's pages needs them as much as a quest policy does.
     auto speculation = parse_spec_config(c.speculative);
+    if (speculation.ok() && speculation->enabled() && !sc.speculation_refusal.empty())
+      return error(errc::invalid_argument, "--speculative {}: {}", c.speculative, sc.speculation_refusal);
     const bool quest_drafts = speculation.ok() && speculation->model_drafter() && speculation->view == draft_view::quest;
     if ((*policy)->needs().key_summaries || quest_drafts) {
       c.kv.key_summaries = true;

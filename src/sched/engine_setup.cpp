@@ -21,23 +21,32 @@ int context_length(const engine_config& opts, const llama_hparams& hp) {
   return opts.n_ctx > 0 ? opts.n_ctx : hp.n_ctx_train;
 }
 
-result<int> parse_kv_share_spec(std::string_view text) {
+result<kv_share_spec> parse_kv_share_spec(std::string_view text) {
   PAGODA_ASSIGN_OR_RETURN(const kv_policy_spec spec, parse_kv_policy_spec(text));
+  kv_share_spec out;
   if (spec.is_none()) {
     if (!spec.params.empty()) return error(errc::invalid_argument, "--kv-share none: takes no parameters");
-    return -1;
+    return out;
   }
-  if (spec.name != "reuse")
-    return error(errc::invalid_argument, "--kv-share: unknown sharing '{}'; known: reuse (or none)", spec.name);
+  if (spec.name != "reuse" && spec.name != "minicache")
+    return error(errc::invalid_argument, "--kv-share: unknown sharing '{}'; known: reuse, minicache (or none)", spec.name);
+  out.name = spec.name;
   policy_detail::param_reader r(spec);
-  PAGODA_ASSIGN_OR_RETURN(const int from, r.integer("from", -1, 0, 1 << 20));
+  PAGODA_ASSIGN_OR_RETURN(out.from, r.integer("from", -1, 0, 1 << 20));
+  if (out.name == "minicache") {
+    PAGODA_ASSIGN_OR_RETURN(const double t, r.number("t", out.t, 0.0, 1.0));
+    PAGODA_ASSIGN_OR_RETURN(out.retain, r.number("retain", out.retain, 0.0, 1.0));
+    out.t = static_cast<float>(t);
+  }
   PAGODA_RETURN_IF_ERROR(r.finish().with_context("--kv-share"));
-  if (from < 0) return error(errc::invalid_argument, "--kv-share {}: from=L is required (the first layer that shares)", spec.name);
-  return from;
+  if (out.from < 0)
+    return error(errc::invalid_argument, "--kv-share {}: from=L is required (the first layer that shares)", spec.name);
+  return out;
 }
 
-result<kv_share_plan> plan_kv_sharing(const llama_hparams& hp, std::string_view spec_text) {
-  PAGODA_ASSIGN_OR_RETURN(const int from, parse_kv_share_spec(spec_text));
+result<kv_share_plan> plan_kv_sharing(const llama_hparams& hp, std::string_view spec_text, int block_size) {
+  PAGODA_ASSIGN_OR_RETURN(const kv_share_spec want, parse_kv_share_spec(spec_text));
+  const int from = want.from;
   kv_share_plan plan;
   if (!hp.kv_source.empty()) {
     if (from >= 0)
@@ -57,11 +66,19 @@ result<kv_share_plan> plan_kv_sharing(const llama_hparams& hp, std::string_view 
   for (int l = 0; l < hp.n_layer; ++l) {
     const bool reader = l >= from && (l - from) % 2 == 1;
     plan.source[static_cast<std::size_t>(l)] = reader ? l - 1 : l;
+    if (reader && want.name == "minicache") plan.merge_readers.push_back(l);
     any = any || reader;
   }
   PAGODA_RETURN_IF_ERROR(check_kv_sources(hp, plan.source, "--kv-share"));
   if (!any) {
     plan.source.clear();  // nothing shared: the unshared layout, bit for bit
+    return plan;
+  }
+  if (want.name == "minicache") {
+    plan.merge_t = want.t;
+    plan.merge_retain = static_cast<int>(std::lround(want.retain * block_size));
+    // The name keys stored blocks (the layout fingerprint): every parameter that changes their bytes is in it.
+    plan.name = fmt::format("minicache:from={},t={},retain={}", from, plan.merge_t, plan.merge_retain);
     return plan;
   }
   plan.name = fmt::format("reuse:from={}", from);
@@ -131,11 +148,14 @@ result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& 
     layout.v_formats[l] = per_layer[l].v.resolve(kv_role::value, layout.scales != nullptr);
   }
   PAGODA_RETURN_IF_ERROR(layout.check());
-  PAGODA_ASSIGN_OR_RETURN(const kv_share_plan share, plan_kv_sharing(hp, opts.kv_share));
+  PAGODA_ASSIGN_OR_RETURN(const kv_share_plan share, plan_kv_sharing(hp, opts.kv_share, layout.block_size));
   if (!share.shares()) return layout;
   auto shared = share_kv_layers(layout, share.source, share.name);
   if (!shared.ok()) return shared.error().with_context("--kv-layer-types with KV sharing");
-  return shared;
+  if (share.merge_readers.empty()) return shared;
+  auto merged = merge_kv_layers(std::move(*shared), share.merge_readers, share.merge_t, share.merge_retain);
+  if (!merged.ok()) return merged.error().with_context("--kv-share");
+  return merged;
 }
 
 result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& opts, std::int64_t default_tokens,

@@ -23,17 +23,30 @@ int context_length(const engine_config& config, const llama_hparams& hp);
 struct kv_share_plan {
   std::string name;         // kv_layout::sharing: "" when nothing is shared
   std::vector<int> source;  // [n_layer]: the layer whose KV layer l reads; empty: each its own
+  // MiniCache (kv/kv_merge.h): the layers that store their KV merged into
+  // the KV layer they read (merge_kv_layers), with its parameters.
+  std::vector<int> merge_readers;
+  float merge_t = 0.6f;
+  int merge_retain = 0;
   bool shares() const { return !name.empty(); }
 };
-// The first layer of a --kv-share spec (-1: "none"), checked without a
-// model: the name, the parameters (usage errors at the command line).
-result<int> parse_kv_share_spec(std::string_view text);
+// A --kv-share spec as given, checked without a model: the name, the
+// parameters (usage errors at the command line).
+struct kv_share_spec {
+  std::string name;  // "reuse", "minicache"; empty: none
+  int from = -1;
+  float t = 0.6f;                  // minicache: the slerp parameter (MiniCache's default)
+  double retain = 1.0 / 16;        // minicache: the fraction of each block's tokens kept apart
+};
+result<kv_share_spec> parse_kv_share_spec(std::string_view text);
 // The sharing of a run: the model's declared one (hparams::kv_source), or
 // `spec` (--kv-share, the NAME:k=v grammar of --kv-policy): "none", or
 // "reuse:from=L" (layers L, L + 2, ... compute their KV and the layer above
-// each reads it; from = n_layer shares nothing). A spec on a model that
-// declares sharing is refused.
-result<kv_share_plan> plan_kv_sharing(const llama_hparams& hp, std::string_view spec);
+// each reads it; from = n_layer shares nothing), or
+// "minicache:from=L[,t=T][,retain=F]" (the same pairs, each storing one
+// merged KV; F of a block's block_size tokens kept apart). A spec on a model
+// that declares sharing is refused.
+result<kv_share_plan> plan_kv_sharing(const llama_hparams& hp, std::string_view spec, int block_size = 16);
 
 
 // `layout` (one format per model layer, the same on layers that share) with

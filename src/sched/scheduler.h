@@ -132,6 +132,9 @@ struct scheduler_config {
   // why this engine cannot reuse chunks (its KV layout), for the error.
   float chunk_recompute = 0.15f;
   std::string chunk_reuse_refusal;
+  // Non-empty: why speculative decoding is refused (its verification could
+  // not give plain decoding's tokens with this KV layout).
+  std::string speculation_refusal;
   // The latency histograms (TTFT, inter-token, end to end, which the output
   // step observes) read this clock; null: the system's. Tests pass a manual_clock.
   const clock_source* clock = nullptr;

@@ -26,6 +26,8 @@ status scheduler::resolve_speculation(request_state& r) const {
   if (!spec.ok()) return spec.error().with_context(own ? "speculative" : "--speculative");
   r.spec = *spec;
   if (!r.spec.enabled()) return {};
+  if (!config_.speculation_refusal.empty())
+    return error(errc::invalid_argument, "{}: {}", own ? "speculative" : "--speculative", config_.speculation_refusal);
   if (r.spec.model_drafter()) {
     const char* where = own ? "speculative" : "--speculative";
     if (r.spec.drafter == "draft" && !config_.draft_model)

@@ -11,70 +11,31 @@
 #include "gguf_util.h"
 #include "kv/kv_storage.h"
 #include "model/kv_share.h"
+#include "model/kv_share_util.h"
 #include "model/llama.h"
 
 namespace pagoda {
 namespace {
+
+using test::logits_through;
 
 // A KV backend over an unshared storage (one KV layer per model layer) that
 // plays the sharing by copying: a write to a producer's layer goes to every
 // layer that reads it too, a write to a reader's layer is dropped. A plain
 // forward (the identity map) over it computes what sharing means with none
 // of the map's machinery: the shared K/V copied to each layer.
-class copying_backend final : public kv_backend {
+class copying_backend final : public test::forwarding_backend {
  public:
-  copying_backend(kv_backend& inner, std::vector<int> source) : inner_(inner), source_(std::move(source)) {}
-  const kv_layout& layout() const override { return inner_.layout(); }
-  std::int64_t n_blocks() const override { return inner_.n_blocks(); }
+  copying_backend(kv_backend& inner, std::vector<int> source) : forwarding_backend(inner), source_(std::move(source)) {}
   void write(int layer, std::span<const block_id> blocks, int slot, int n, const float* k, const float* v) override {
     if (source_[static_cast<std::size_t>(layer)] != layer) return;
     for (std::size_t l = 0; l < source_.size(); ++l)
       if (source_[l] == layer) inner_.write(static_cast<int>(l), blocks, slot, n, k, v);
   }
-  paged_kv_view k_view(int layer, std::span<const block_id> blocks, int n_slots) const override {
-    return inner_.k_view(layer, blocks, n_slots);
-  }
-  paged_kv_view v_view(int layer, std::span<const block_id> blocks, int n_slots) const override {
-    return inner_.v_view(layer, blocks, n_slots);
-  }
-  void copy_block(block_id src, block_id dst, int n_tokens) override { inner_.copy_block(src, dst, n_tokens); }
-  void truncate_block(block_id b, int n_tokens) override { inner_.truncate_block(b, n_tokens); }
-  void release_block(block_id b) override { inner_.release_block(b); }
-  void read_block(block_id b, std::span<std::byte> out) const override { inner_.read_block(b, out); }
-  status write_block(block_id b, std::span<const std::byte> in) override { return inner_.write_block(b, in); }
-  std::optional<key_summary> key_summary_of(block_id b, int layer, int head) const override {
-    return inner_.key_summary_of(b, layer, head);
-  }
-  void gather(const kv_gather& g, const key_rotation& rotate) override { inner_.gather(g, rotate); }
 
  private:
-  kv_backend& inner_;
   std::vector<int> source_;
 };
-
-// Every row's logits of a prompt of 40 tokens computed in a chunk of 24 and
-// then 16 one-token steps, through `kv`.
-std::vector<float> logits_through(const llama_model& m, kv_backend& kv) {
-  llama_context ctx(m, kv, 1);
-  std::vector<token_id> tokens;
-  for (int i = 0; i < 40; ++i) tokens.push_back(static_cast<token_id>(3 + (i * 37) % (m.hparams().n_vocab - 3)));
-  std::vector<block_id> table;
-  for (int b = 0; b < 4; ++b) table.push_back(block_id(b));
-  std::vector<float> all, logits;
-  for (int at = 0; at < 40;) {
-    const int n = at == 0 ? 24 : 1;
-    forward_seq s;
-    s.tokens = std::span<const token_id>(tokens).subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n));
-    s.n_stored = at;
-    s.blocks = table;
-    s.all_logits = true;
-    const status st = ctx.forward({&s, 1}, logits);
-    EXPECT_TRUE(st.ok()) << st.message();
-    all.insert(all.end(), logits.begin(), logits.end());
-    at += n;
-  }
-  return all;
-}
 
 // The shared run (a storage of the shared layout) against the copying
 // reference (an unshared storage), for `source`; returns the shared layout.
@@ -87,10 +48,7 @@ kv_layout expect_sharing_matches_reference(const llama_model& m, const std::vect
   auto plain = *kv_storage::create(flat, 4);
   copying_backend reference(*plain, source);
   const std::vector<float> a = logits_through(m, *shared), b = logits_through(m, reference);
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-  EXPECT_LE(worst, 1e-5) << what << ": shared logits part from the copying reference";
+  EXPECT_LE(test::max_logit_diff(a, b), 1e-5) << what << ": shared logits part from the copying reference";
   return *shared_layout;
 }
 
@@ -149,10 +107,7 @@ TEST(kv_share, reuse_on_stories_matches_the_copying_reference) {
     // And sharing changes the logits (the comparison above checks something).
     auto s = *kv_storage::create(shared, 4);
     auto u = *kv_storage::create(kv_layout::uniform(n, m.hparams().n_head_kv, m.hparams().head_dim, 16, kv_type::f32, kv_type::f32), 4);
-    const std::vector<float> a = logits_through(m, *s), b = logits_through(m, *u);
-    double diff = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(double(a[i]) - b[i]));
-    EXPECT_GT(diff, 1e-3) << "reuse:from=" << from << " computes what the unshared model does";
+    EXPECT_GT(test::max_logit_diff(logits_through(m, *s), logits_through(m, *u)), 1e-3) << "reuse:from=" << from << " computes what the unshared model does";
   }
 }
 

@@ -61,6 +61,18 @@ std::vector<request> shared_prefix_requests(int n) {
   return reqs;
 }
 
+// Requests batched together on `batched` give each request's tokens when it
+// runs alone on a fresh engine of the same options; returns the batch's.
+std::map<std::string, std::vector<token_id>> expect_batch_invariant(engine_core& batched, const engine_config& c,
+                                                                    const std::vector<request>& reqs) {
+  const auto together = run(batched, reqs);
+  for (const request& r : reqs) {
+    auto single = engine(c);
+    EXPECT_EQ(run(*single, {r}).at(r.id), together.at(r.id)) << c.kv_share << " " << c.kv_cache_dtype << " " << r.id;
+  }
+  return together;
+}
+
 TEST(kv_share_engine, from_past_the_last_layer_is_the_unshared_engine) {
   const int n = stories().hparams().n_layer;
   auto a = make_kv_layout(stories(), options("none"));
@@ -190,6 +202,104 @@ TEST(kv_share_engine, bad_specs_name_the_parameter) {
   auto l = make_kv_layout(stories(), c);
   ASSERT_FALSE(l.ok());
   EXPECT_NE(l.error().message().find("their KV types differ"), std::string::npos) << l.error().message();
+}
+
+}  // namespace
+}  // namespace pagoda
+
+namespace pagoda {
+namespace {
+
+// MiniCache through the engine: the same pairs as reuse, one KV layer each
+// plus the upper layer's side data; from past the last layer is the unshared
+// engine; batching is invariant when each prompt is prefilled in one step;
+// prefix caching, int8 KV and KV policies run; what it cannot give
+// (speculation's exact outputs, sealed types) is refused.
+TEST(kv_share_engine, minicache_layout_batching_caching_and_refusals) {
+  const int n = stories().hparams().n_layer;
+  auto plain = make_kv_layout(stories(), options("none"));
+  auto past = make_kv_layout(stories(), options("minicache:from=" + std::to_string(n)));
+  ASSERT_TRUE(plain.ok() && past.ok()) << past.error().message();
+  EXPECT_TRUE(past->layer_map.empty());
+  EXPECT_TRUE(past->merge_reader.empty());
+  EXPECT_EQ(layout_fingerprint(*plain), layout_fingerprint(*past));
+  const auto reqs = shared_prefix_requests(16);
+  {
+    auto a = engine(options("none"));
+    auto b = engine(options("minicache:from=" + std::to_string(n)));
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(run(*a, reqs), run(*b, reqs));
+  }
+  auto merged = make_kv_layout(stories(), options("minicache:from=1,retain=0.125", "int8"));
+  ASSERT_TRUE(merged.ok()) << merged.error().message();
+  EXPECT_EQ(merged->n_layers, 3);
+  EXPECT_EQ(merged->merge_reader, (std::vector<std::int32_t>{-1, 2, 4}));
+  EXPECT_EQ(merged->merge_retain, 2);
+  EXPECT_EQ(merged->sharing, "minicache:from=1,t=0.6,retain=2");
+  auto reused = make_kv_layout(stories(), options("reuse:from=1", "int8"));
+  ASSERT_TRUE(reused.ok());
+  EXPECT_NE(layout_fingerprint(*merged), layout_fingerprint(*reused));
+  EXPECT_EQ(merged->bytes_per_block(), reused->bytes_per_block() + merged->merge_bytes_per_block(1) +
+                                           merged->merge_bytes_per_block(2));
+  EXPECT_LT(merged->bytes_per_token(), plain->bytes_per_token());
+
+  // Prompts that share no block: a prefix hit would split a prompt into two
+  // steps, and a merged pair's lower layer reads its own rows of a step's
+  // earlier tokens unmerged (docs/kv-sharing.md), so hits may change tokens.
+  std::vector<request> distinct;
+  for (int i = 0; i < 16; ++i)
+    distinct.push_back(greedy_request("d" + std::to_string(i),
+                                      "Story " + std::to_string(i) + ". Once upon a time there was a little dog.", 32));
+  for (const char* dtype : {"f32", "int8"}) {
+    auto batched = engine(options("minicache:from=1", dtype));
+    ASSERT_TRUE(batched);
+    expect_batch_invariant(*batched, options("minicache:from=1", dtype), distinct);
+    const auto together = run(*batched, reqs);
+    // A second wave hits the first's merged blocks and finishes; nothing leaks.
+    const auto again = run(*batched, reqs);
+    for (const request& r : reqs) EXPECT_EQ(again.at(r.id).size(), 32u) << dtype << " " << r.id;
+    EXPECT_GT(batched->kv_stats().n_prefix_hit_tokens, 0) << dtype;
+    EXPECT_EQ(batched->kv_stats().n_blocks_used, 0) << dtype;
+    auto reuse = engine(options("reuse:from=1", dtype));
+    EXPECT_NE(run(*reuse, reqs), together) << dtype << ": minicache is reuse";
+  }
+  // KV policies: a sparse read, and policies that evict or fold tokens (their
+  // compactions carry the side data with the slots).
+  for (const char* policy : {"quest:budget=0.5,min_context=32", "h2o:budget=32", "snapkv:budget=24", "window:budget=32",
+                             "window:budget=24,positions=cache", "merge:budget=32", "cluster:budget=32",
+                             "pyramid:budget=32"}) {
+    engine_config c = options("minicache:from=1,retain=0.125", "f16");
+    c.kv_policy = policy;
+    auto e = engine(c);
+    ASSERT_TRUE(e) << policy;
+    const auto out = run(*e, reqs);
+    for (const request& r : reqs) EXPECT_EQ(out.at(r.id).size(), 32u) << policy << " " << r.id;
+    if (std::string(policy).rfind("quest", 0) != 0) {
+      EXPECT_GT(e->stats().n_policy_compactions, 0) << policy;
+    }
+    EXPECT_EQ(e->kv_stats().n_blocks_used, 0) << policy;
+  }
+
+  // Refused, each with its reason.
+  auto e = engine(options("minicache:from=1"));
+  ASSERT_TRUE(e);
+  request r = reqs[0];
+  engine_config speculative = options("minicache:from=1");
+  speculative.speculative = "ngram:k=3";
+  auto cc = make_engine_core_config(stories(), speculative);
+  ASSERT_TRUE(cc.ok());
+  auto refused = engine_core::create(stories(), *cc);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message().find("plain decoding's tokens"), std::string::npos) << refused.error().message();
+  r.speculative = "ngram:k=3";
+  const status spec_st = e->add_request(r);
+  ASSERT_FALSE(spec_st.ok());
+  EXPECT_NE(spec_st.message().find("plain decoding's tokens"), std::string::npos) << spec_st.message();
+  auto sealed = make_kv_layout(stories(), options("minicache:from=1", "int4"));
+  ASSERT_FALSE(sealed.ok());
+  EXPECT_NE(sealed.error().message().find("per-token type"), std::string::npos) << sealed.error().message();
+  for (const char* bad : {"minicache:from=1,t=2", "minicache:from=1,retain=1.5", "minicache", "minicache:from=1,x=1"})
+    EXPECT_FALSE(parse_kv_share_spec(bad).ok()) << bad;
 }
 
 }  // namespace
