@@ -60,14 +60,17 @@ json slots_json(const api_context& ctx, const engine_snapshot& snap, const std::
   for (const running_sequence& s : snap.sequences) {
     if (tenant && s.tenant != *tenant) continue;
     const int n_remain = std::max(0, s.max_tokens - s.n_generated);
+    // As llama.cpp counts them: the prompt tokens found cached, and those computed here.
+    const int n_cache = std::max(0, s.n_cached_prompt);
+    const int n_processed = std::max(0, std::min(s.n_computed, s.n_prompt) - n_cache);
     out.push_back({{"id", s.seq},
                    {"id_task", s.request_id},
                    {"n_ctx", ctx.limits.max_model_len},
                    {"speculative", s.speculative},
                    {"is_processing", true},
                    {"n_prompt_tokens", s.n_prompt},
-                   {"n_prompt_tokens_processed", std::min(s.n_computed, s.n_prompt)},
-                   {"n_prompt_tokens_cache", std::max(0, s.n_cached_prompt)},
+                   {"n_prompt_tokens_processed", n_processed},
+                   {"n_prompt_tokens_cache", n_cache},
                    {"params", params_json(s.sampling, s.max_tokens, s.ignore_eos, s.sampling.seed)},
                    {"next_token", {{"has_next_token", n_remain > 0}, {"n_remain", n_remain}, {"n_decoded", s.n_generated}}},
                    {"kv",
