@@ -135,8 +135,32 @@ void print_kv_by_layer_type(const llama_hparams& hp, const kv_layout& layout) {
                 human_bytes(bytes[1] * static_cast<double>(std::min<std::int64_t>(k_ctx, hp.sliding_window))).c_str());
 }
 
+// A GGUF with metadata and no tensors (llama.cpp's ggml-vocab-*.gguf): what
+// it holds, the vocabulary, and what it is good for.
+int info_vocabulary_only(const std::string& path, const gguf::file& f) {
+  std::printf("model:           %s\n", path.c_str());
+  if (auto name = f.get_string("general.name"); name.ok()) std::printf("name:            %s\n", std::string(*name).c_str());
+  std::printf("gguf version:    %u, 0 tensors, %zu metadata keys\n", f.version(), f.metadata().size());
+  if (auto arch = f.get_string("general.architecture"); arch.ok())
+    std::printf("architecture:    %s\n", std::string(*arch).c_str());
+  std::printf("contents:        a vocabulary only, no weights: `pagoda tokenize` reads it; run, serve and perplexity "
+              "need a model\n");
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto vocab, tokenizer::from_gguf(f));
+  auto token = [&](token_id t) {
+    return t == k_no_token ? std::string("none") : fmt::format("{} '{}'", t, vocab->token_text(t));
+  };
+  std::printf("vocabulary:      %d (%s tokenizer), BOS %s%s, EOS %s\n", vocab->n_vocab(), vocab->model_name().c_str(),
+              token(vocab->bos()).c_str(), vocab->add_bos_default() ? " (added)" : "", token(vocab->eos()).c_str());
+  std::printf("chat template:   %s\n", f.get_string("tokenizer.chat_template").ok() ? "yes" : "none");
+  return 0;
+}
+
 int info(const info_options& o) {
-  PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.config));
+  PAGODA_ASSIGN_OR_RETURN_CLI(auto file, gguf::file::open(o.config.model_path, {o.config.use_mmap}));
+  if (file->tensors().empty()) return info_vocabulary_only(o.config.model_path, *file);
+  auto loaded = llama_model::from_gguf(std::move(file));
+  if (!loaded.ok()) return fail(loaded.error().with_context(o.config.model_path));
+  auto model = std::move(*loaded);
   const llama_hparams& hp = model->hparams();
   const gguf::file& f = model->gguf();
   std::printf("model:           %s\n", o.config.model_path.c_str());

@@ -12,6 +12,8 @@
 // no chunk is dropped), BOS in place of each chunk's first token, and only
 // the second half of each chunk scored (the tokens at n_ctx/2 + 1 ..
 // n_ctx - 1), so the figure compares with llama.cpp's at the same context.
+// --chunks N scores the first N chunks, or the first N documents of a text
+// with separators.
 //
 // Each piece (document, window or chunk) is one request to the engine
 // (max_tokens 0, prompt logits), so pieces are scored several at a time in
@@ -218,6 +220,8 @@ result<plan> make_plan(const ppl_options& o, const tokenizer& vocab, int n_ctx) 
     plan_document(std::move(ids), n_ctx, o.truncate, vocab, p);  // shorter than one chunk: scored whole
     return p;
   }
+  // --chunks on documents: the first that many (a quick run over a sample, as on a whole text).
+  if (o.max_chunks >= 0 && static_cast<std::size_t>(o.max_chunks) < texts.size()) texts.resize(o.max_chunks);
   for (const std::string& t : texts) {
     std::vector<token_id> ids = vocab.encode(t, /*add_bos=*/true);
     p.n_text_tokens += static_cast<std::int64_t>(ids.size());
@@ -517,7 +521,8 @@ void register_perplexity(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--truncate", opts->truncate,
                 "cut documents longer than the context at it instead of scoring them in windows");
   cmd->add_option("--chunks", opts->max_chunks,
-                  "text without separators: score at most this many chunks (-1: all; llama-perplexity's --chunks)")
+                  "score at most this many chunks of a text without separators, or the first this many documents "
+                  "of one with them (-1: all; llama-perplexity's --chunks)")
       ->check(CLI::Range(-1, 1 << 30));
   cmd->add_flag("--kl-divergence", opts->kl_divergence,
                 "also score with an exact f32 KV cache in the same run: mean KL divergence, top-1 agreement and "

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ struct run_options {
   bool ignore_eos = false;
   std::vector<std::string> logit_bias;  // llama.cpp's TOKEN+BIAS / TOKEN-BIAS
   bool json = false;
+  bool seed_given = false;  // -s: else a fresh seed, printed so the run can be repeated
 };
 
 // llama.cpp's --logit-bias: "15043+1.5" or "15043-inf" (-inf: never).
@@ -83,6 +85,7 @@ result<std::string> read_prompt_file(const std::string& path) {
 }
 
 int run(run_options o) {
+  if (!o.seed_given) o.sampling.seed = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   PAGODA_RETURN_IF_ERROR_CLI(parse_logit_bias(o.logit_bias, o.sampling));
   if (auto st = o.sampling.validate(); !st.ok()) return fail(st);
   if (!o.prompt_file.empty()) {
@@ -174,6 +177,7 @@ int run(run_options o) {
     j["tokens"] = generated;
     j["text"] = text;
     j["stop_reason"] = stop_reason;
+    j["seed"] = o.sampling.seed;
     j["timings"] = {{"prompt_ms", prompt_s * 1e3},
                     {"prompt_tokens_per_s", prompt.size() / std::max(prompt_s, 1e-9)},
                     {"generation_ms", gen_s * 1e3},
@@ -208,6 +212,9 @@ int run(run_options o) {
                human_bytes(static_cast<double>(kv_used)).c_str(), kv.n_blocks_used_peak, info.kv_block_size,
                human_bytes(info.kv_bytes_per_token).c_str(), info.kv_layout.c_str(),
                human_bytes(static_cast<double>(info.kv_bytes_total)).c_str());
+  if (!o.sampling.is_greedy())
+    std::fprintf(stderr, "pagoda: seed %llu%s\n", static_cast<unsigned long long>(o.sampling.seed),
+                 o.seed_given ? "" : " (drawn for this run; --seed repeats it)");
   if (const speculation_usage sp = eng->speculation(); sp.n_drafts > 0)
     std::fprintf(stderr, "pagoda: speculative: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per verification step; "
                  "%.1f ms drafting, %.1f ms verifying\n",
@@ -241,13 +248,16 @@ void register_run(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating past the end-of-generation token");
   cmd->add_option("-l,--logit-bias", opts->logit_bias,
                   "TOKEN+BIAS or TOKEN-BIAS added to a token's logit, bias in [-100, 100] (-inf: never); repeatable");
-  cmd->add_option("-s,--seed", opts->sampling.seed, "random seed");
+  CLI::Option* seed = cmd->add_option("-s,--seed", opts->sampling.seed,
+                                      "random seed (default: a fresh one each run, printed on stderr)")
+                             ->default_str("fresh");
   cmd->add_option("-b,--ubatch,--max-num-batched-tokens", opts->config.max_num_batched_tokens,
                   "prompt tokens per forward step")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
-  cmd->callback([opts, &action, prompt, file] {
+  cmd->callback([opts, &action, prompt, file, seed] {
     if (prompt->count() + file->count() == 0) throw CLI::RequiredError("a prompt: -p TEXT or -f FILE");
+    opts->seed_given = seed->count() > 0;
     action = [opts] { return run(*opts); };
   });
 }

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "server/api_setup.h"
@@ -34,6 +36,7 @@ struct serve_options {
   bool no_auth = false;
   std::string chat_template;  // "" = from the model
   std::string served_model_name;
+  std::string model_positional;  // `serve MODEL` (vLLM's spelling of -m)
   int max_waiting = 128;
   int max_prompt_tokens = 0;  // 0: the context
   int max_tokens_limit = 0;   // 0: the context
@@ -46,6 +49,7 @@ struct serve_options {
   int workers = 2;
   double stats_interval_s = 10;
   bool no_access_log = false;
+  std::vector<std::string> cors_origins;
 };
 
 // The keys from --api-key, $PAGODA_API_KEY, --api-key-file and --tenants; the
@@ -97,6 +101,7 @@ server::server_options http_options(const serve_options& o) {
   s.access_log = !o.no_access_log;
   s.stats_interval = millis(o.stats_interval_s);
   s.version = PAGODA_VERSION_STRING;
+  s.cors_origins = o.cors_origins;
   // Every connection is a descriptor: keep some for the model, the store and logs.
   constexpr int k_reserved_fds = 256;
   const int fds = server::raise_open_file_limit();
@@ -126,6 +131,9 @@ void print_startup(const serve_options& o, const server::api_context& ctx, const
                sopts.n_io_threads, sopts.n_workers, sopts.limits.max_connections, sopts.limits.max_header_bytes,
                sopts.limits.max_header_count, o.header_timeout_s, sopts.limits.max_body_bytes, o.body_timeout_s,
                o.idle_timeout_s);
+  if (!o.cors_origins.empty())
+    std::fprintf(stderr, "pagoda serve: CORS: pages from %s may call the API (--cors-origin)\n",
+                 fmt::format("{}", fmt::join(o.cors_origins, ", ")).c_str());
   if (!auth_required && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1")
     std::fprintf(stderr, "pagoda serve: warning: listening on %s without API keys: anyone who reaches it can use it\n",
                  o.host.c_str());
@@ -265,12 +273,31 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
                   "seconds between engine stats lines while busy; 0: none (default 10)")
       ->check(finite_range(0.0, 86400.0));
   cmd->add_flag("--no-access-log", o.no_access_log, "no per-request access lines on stderr");
+  cmd->add_option("--cors-origin", o.cors_origins,
+                  "ORIGIN: let browser pages from ORIGIN (scheme://host[:port], or * for any) call the API: "
+                  "Access-Control-Allow-Origin on replies, OPTIONS preflights answered (repeatable or a comma "
+                  "list; default: none, no CORS headers)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](std::string& origin) -> std::string {
+            if (origin == "*") return "";
+            const std::size_t scheme = origin.find("://");
+            const bool web = origin.starts_with("http://") || origin.starts_with("https://");
+            if (!web || origin.size() == scheme + 3 || origin.find('/', scheme + 3) != std::string::npos)
+              return "'" + origin + "' is not an origin: scheme://host[:port] with no path (a browser's Origin "
+                     "header, e.g. http://localhost:3000), or *";
+            return "";
+          },
+          "ORIGIN"));
 }
 
 void register_serve(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<serve_options>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)");
   add_engine_options(cmd, opts->engine);
+  use_positional_model(cmd, opts->model_positional);
   cmd->add_option("--host", opts->host, "address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", opts->port, "port to listen on; 0 picks a free one (default 8080)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", opts->api_keys,
@@ -302,7 +329,10 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--no-kv-store", opts->no_kv_store,
                 "keep KV blocks in memory only (default: a disk store at $XDG_CACHE_HOME/pagoda/kv or ~/.cache/pagoda/kv, "
                 "8 GiB; --kv-store picks another)");
-  cmd->callback([opts, &action] { action = [opts] { return serve(*opts); }; });
+  cmd->callback([opts, &action] {
+    resolve_positional_model(opts->engine.config.model_path, opts->model_positional);
+    action = [opts] { return serve(*opts); };
+  });
 }
 
 }  // namespace pagoda::cli

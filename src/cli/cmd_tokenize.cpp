@@ -19,7 +19,7 @@ struct tokenize_options {
 int tokenize(const tokenize_options& o) {
   // The vocabulary alone is enough: vocab-only GGUF files work too.
   auto file = gguf::file::open(o.model);
-  if (!file.ok()) return fail(file.error().with_context(o.model));
+  if (!file.ok()) return fail(file.error());  // its errors name the path
   auto tok = tokenizer::from_gguf(**file);
   if (!tok.ok()) return fail(tok.error().with_context(o.model));
   std::vector<token_id> ids = (*tok)->encode(o.text, !o.no_bos && (*tok)->add_bos_default(), o.parse_special);

@@ -20,11 +20,15 @@ namespace pagoda::cli {
 void add_model_options(CLI::App* app, engine_config& opts) {
   app->add_option("-m,--model", opts.model_path, "GGUF model file")->required();
   app->add_option("-t,--threads", opts.n_threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app->add_option("-c,--ctx", opts.n_ctx, "context length in tokens (default: the model's)")->check(CLI::Range(0, 1 << 24));
+  app->add_option("-c,--ctx,--ctx-size,--max-model-len", opts.n_ctx,
+                  "context length in tokens (default: the model's; --max-model-len is vLLM's name, --ctx-size "
+                  "llama.cpp's)")
+      ->check(CLI::Range(0, 1 << 24));
   app->add_flag_callback("--no-mmap", [&opts] { opts.use_mmap = false; },
                          "read the weights into memory (huge pages where the kernel gives them) instead of mapping "
                          "the file");
   add_gpu_options(app);
+  add_vllm_options(app);
 }
 
 namespace {
@@ -34,11 +38,10 @@ std::vector<std::string>& gpu_flags_seen() {
   return seen;
 }
 
-// A bad --speculative spec: a usage error, exit 2.
-class spec_usage_error : public CLI::ParseError {
- public:
-  explicit spec_usage_error(std::string message) : CLI::ParseError("SpeculativeError", std::move(message), 2) {}
-};
+std::vector<std::string>& other_notes() {
+  static std::vector<std::string> notes;
+  return notes;
+}
 
 CLI::Validator finite_check(std::string description, double lo, bool lo_open, double hi) {
   return CLI::Validator(
@@ -80,13 +83,59 @@ void add_gpu_options(CLI::App* app) {
       ->group(group);
 }
 
-std::string gpu_flags_note() {
+void add_vllm_options(CLI::App* app) {
+  const std::string group = "vLLM's and TGI's flags (what they mean on the CPU)";
+  app->add_option_function<std::string>(
+         "--gpu-memory-utilization",
+         [](const std::string& v) {
+           other_notes().push_back(fmt::format(
+               "pagoda: note: --gpu-memory-utilization {} ignored: there is no GPU memory here; the KV pool's size "
+               "is --kv-cache-size MiB or --max-kv-tokens",
+               v));
+         },
+         "vLLM's fraction of GPU memory: accepted and ignored (size the KV pool with --kv-cache-size or "
+         "--max-kv-tokens)")
+      ->check(finite_positive(1.0))
+      ->group(group);
+  app->add_option_function<std::string>(
+         "--quantize,--quantization",
+         [](const std::string& v) {
+           throw usage_error(fmt::format(
+               "--quantize {}: the weights are used in the GGUF's own types (pick a quantized GGUF, e.g. Q4_K_M; "
+               "`pagoda info` shows them); the KV cache is quantized with --kv-cache-dtype (int8, int4, fp8, k8v4)",
+               v));
+         },
+         "TGI's and vLLM's weight quantization: refused (the GGUF's own weight types are used; quantize the KV "
+         "cache with --kv-cache-dtype)")
+      ->group(group);
+}
+
+std::vector<std::string> flag_notes() {
+  std::vector<std::string> notes;
   const auto& seen = gpu_flags_seen();
-  if (seen.empty()) return "";
-  std::string names;
-  for (const std::string& n : seen)
-    if (names.find(n) == std::string::npos) names += (names.empty() ? "" : ", ") + n;
-  return fmt::format("pagoda: note: this build runs on the CPU; {} ignored", names);
+  if (!seen.empty()) {
+    std::string names;
+    for (const std::string& n : seen)
+      if (names.find(n) == std::string::npos) names += (names.empty() ? "" : ", ") + n;
+    notes.push_back(fmt::format("pagoda: note: this build runs on the CPU; {} ignored", names));
+  }
+  for (const std::string& n : other_notes()) notes.push_back(n);
+  return notes;
+}
+
+void use_positional_model(CLI::App* app, std::string& positional) {
+  app->get_option("--model")->required(false);
+  app->add_option("MODEL", positional, "GGUF model file, as -m (vLLM's `serve MODEL`)");
+}
+
+void resolve_positional_model(std::string& model_path, const std::string& positional) {
+  if (positional.empty()) {
+    if (model_path.empty()) throw usage_error("a model is required: -m MODEL, or MODEL after the command");
+    return;
+  }
+  if (!model_path.empty() && model_path != positional)
+    throw usage_error(fmt::format("two models given: -m {} and {}; give one", model_path, positional));
+  model_path = positional;
 }
 
 void add_kv_options(CLI::App* app, engine_config& opts) {
@@ -105,7 +154,7 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
                   "NAME[:key=value]: cross-layer KV sharing for a model that declares none: none, reuse:from=L, "
                   "minicache:from=L[,t=0.6][,retain=0.0625] (docs/kv-sharing.md)")
       ->each([](const std::string& text) {
-        if (auto from = parse_kv_share_spec(text); !from.ok()) throw spec_usage_error(from.error().message());
+        if (auto from = parse_kv_share_spec(text); !from.ok()) throw usage_error(from.error().message());
       });
   app->add_option("--block-size", opts.block_size, "tokens per KV block")->check(CLI::Range(1, 1024));
   app->add_option("--kv-cache-size", opts.kv_cache_size_mib, "KV pool size in MiB (default: --max-kv-tokens)")
@@ -120,7 +169,7 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
       ->each([](const std::string& text) {
         // A bad spec is a usage error (exit 2) naming the flag and the parameter.
         if (auto c = parse_spec_config(text); !c.ok())
-          throw spec_usage_error("--speculative: " + c.error().message());
+          throw usage_error("--speculative: " + c.error().message());
       });
   app->add_option("--draft-model", opts.draft_model_path,
                   "PATH: a draft model with this model's vocabulary for speculative decoding (--speculative draft:k=4, "

@@ -14,6 +14,7 @@
 #include "model/llama.h"
 #include "pagoda/config.h"
 #include "pagoda/status.h"
+#include "cli/usage.h"
 #include "sched/engine_setup.h"
 
 namespace pagoda::cli {
@@ -41,9 +42,21 @@ CLI::Validator finite_positive(double hi = std::numeric_limits<double>::max());
 CLI::Validator finite_range(double lo, double hi);
 
 // llama.cpp's GPU flags (-ngl, --n-gpu-layers, -fa, -sm, -mg, -ts, ...),
-// accepted and ignored; gpu_flags_note() is then the one line saying so.
+// accepted and ignored; flag_notes() then has the one line saying so.
 void add_gpu_options(CLI::App* app);
-std::string gpu_flags_note();
+// vLLM's and TGI's flags that have no CPU meaning: --gpu-memory-utilization
+// accepted with a note (the KV pool is sized by --kv-cache-size), --quantize
+// (--quantization) refused, naming what to use instead (a usage error).
+void add_vllm_options(CLI::App* app);
+// The notes the flags given left, one line each, for stderr after parsing.
+std::vector<std::string> flag_notes();
+
+// `COMMAND MODEL`, as vLLM's `vllm serve MODEL`: a positional model, the same
+// as -m (which then is not required). After parsing,
+// resolve_positional_model() moves it into model_path; a usage error when
+// neither is given or both name different files.
+void use_positional_model(CLI::App* app, std::string& positional);
+void resolve_positional_model(std::string& model_path, const std::string& positional);
 
 // A one-line progress bar on stderr, drawn only when stderr is a terminal.
 class progress_bar {

@@ -16,8 +16,12 @@ void add_engine_options(CLI::App* app, engine_options& opts) {
   app->add_option("--max-passed-steps", opts.config.max_passed_steps,
                   "cache-aware: steps a request may be passed over by later arrivals before it goes in arrival order")
       ->check(CLI::Range(0, 1 << 20));
-  app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", opts.config.enable_prefix_caching,
+  // Two flags, not CLI11's "!--no-..." negation: --help would show the
+  // negation's value ({false}) beside "default on".
+  app->add_flag("--enable-prefix-caching", opts.config.enable_prefix_caching,
                 "reuse cached KV blocks of shared prompt prefixes (default on)");
+  app->add_flag_callback("--no-enable-prefix-caching", [&opts] { opts.config.enable_prefix_caching = false; },
+                         "do not reuse cached KV blocks of shared prompt prefixes (wins over --enable-prefix-caching)");
   app->add_option("--prefix-cache-eviction", opts.config.prefix_cache_eviction,
                   "order cached prefix blocks are evicted in: lfu (reuse counts, aged: one-off prompts pass through "
                   "without flushing reused prefixes; the default) or lru")

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/usage.h"
 
 int main(int argc, char** argv) {
   using namespace pagoda::cli;
@@ -31,11 +32,20 @@ int main(int argc, char** argv) {
   register_serve(app, action);
   register_kv(app, action);
   register_router(app, action);
+  // A mistyped command or option names the nearest one; every usage error exits 2.
+  auto usage = [](const std::string& message) {
+    std::fprintf(stderr, "pagoda: error: %s\n", message.c_str());
+    return k_usage_exit_code;
+  };
+  if (const std::string e = unknown_command_error(app, argc, argv); !e.empty()) return usage(e);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (dynamic_cast<const CLI::ExtrasError*>(&e))
+      if (const std::string m = unknown_option_error(app, argc, argv); !m.empty()) return usage(m);
+    const int code = app.exit(e);
+    return code == 0 ? 0 : k_usage_exit_code;
   }
-  if (const std::string note = gpu_flags_note(); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+  for (const std::string& note : flag_notes()) std::fprintf(stderr, "%s\n", note.c_str());
   return action ? action() : 0;
 }

@@ -494,7 +494,7 @@ std::int64_t llama_model::n_active_params() const {
 
 result<std::unique_ptr<llama_model>> llama_model::load(const std::string& path, gguf::open_options options) {
   auto f = gguf::file::open(path, options);
-  if (!f.ok()) return f.error().with_context(path);
+  if (!f.ok()) return f.error();  // its errors name the path
   auto m = from_gguf(std::move(*f));
   if (!m.ok()) return m.error().with_context(path);
   return m;

@@ -200,6 +200,8 @@ void engine_loop::publish() {
   // engine_stats' counts are refreshed by step(); when aborts emptied the
   // engine, no step ran since to refresh them.
   if (!engine_->has_work()) s.n_running = s.n_waiting = 0;
+  s.max_num_seqs = engine_->config().max_num_seqs;
+  s.sequences = engine_->sched().running_sequences();
   s.n_finished_by_reason = finished_by_reason_;
   s.n_requests_active = static_cast<std::int64_t>(channels_.size());
   s.ttft_seconds = st.ttft_seconds.snapshot();

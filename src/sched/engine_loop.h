@@ -83,6 +83,8 @@ struct engine_snapshot {
   std::map<std::string, index_recall, std::less<>> recall_by_index;  // sparse-read indexes' sampled recall, by kind
   int n_running = 0;
   int n_waiting = 0;
+  int max_num_seqs = 0;                     // sequences that may run at once (llama.cpp's slots)
+  std::vector<running_sequence> sequences;  // those holding KV now (/slots)
   std::map<std::string, std::int64_t> n_finished_by_reason;  // finish reason of a request's last completion
   std::int64_t n_requests_active = 0;         // submitted, not finished yet
   histogram_snapshot ttft_seconds;

@@ -194,6 +194,27 @@ struct engine_stats {
 // Where a sequence is in its life.
 enum class seq_phase : std::uint8_t { waiting, loading, running, finished };
 
+// A sequence holding KV now (running or loading), as llama.cpp's /slots
+// shows a busy slot: what it asked for and what of it the cache holds.
+struct running_sequence {
+  std::int64_t seq = 0;             // its seq_id
+  std::string request_id;
+  int index = 0;                    // completion index within the request
+  std::string tenant;
+  bool loading = false;             // its prompt's blocks are coming from the KV store
+  int n_prompt = 0;
+  int n_cached_prompt = 0;          // prompt tokens it found cached (prefix cache or store); -1: not admitted yet
+  int n_computed = 0;               // leading tokens whose K/V were computed
+  int n_generated = 0;
+  int max_tokens = 0;
+  int n_stored_tokens = 0;          // KV slots it holds (fewer than computed once a policy dropped some)
+  int n_blocks = 0;                 // KV blocks its main table holds
+  sampling_params sampling;
+  bool ignore_eos = false;
+  std::string kv_policy;            // as the request named it ("": the engine's default)
+  bool speculative = false;
+};
+
 class scheduler {
  public:
   // REQUIRES: vocab outlives the scheduler.
@@ -275,6 +296,8 @@ class scheduler {
   }
 
   const engine_stats& stats() const { return stats_; }
+  // The sequences holding KV now, in start order (chunk-reuse helpers left out).
+  std::vector<running_sequence> running_sequences() const;
   // For the output step, which observes the latency histograms (output_processor.h).
   engine_stats& output_stats() { return stats_; }
   const clock_source& clock() const { return *clock_; }

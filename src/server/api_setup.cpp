@@ -41,6 +41,8 @@ result<api_context> make_api_context(const gguf::file& file, const tokenizer& vo
   ctx.model_names = {o.served_model_name.empty() ? stem : o.served_model_name};
   for (const std::string& alias : {o.model_path, stem})
     if (!alias.empty() && alias != ctx.model_names.front()) ctx.model_names.push_back(alias);
+  ctx.model_path = o.model_path;
+  if (auto jinja = file.get_string("tokenizer.chat_template"); jinja.ok()) ctx.chat_template_source = std::string(*jinja);
   ctx.limits.max_model_len = max_model_len;
   ctx.limits.max_prompt_tokens = o.max_prompt_tokens > 0 ? std::min(o.max_prompt_tokens, max_model_len - 1) : max_model_len - 1;
   ctx.limits.max_tokens = o.max_tokens_limit > 0 ? std::min(o.max_tokens_limit, max_model_len - 1) : max_model_len - 1;

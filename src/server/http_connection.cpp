@@ -56,7 +56,10 @@ void http_exchange::respond(http_response r) {
   status_ = r.status;
   if (gone_) return;
   http_connection& c = *conn_;
-  std::string bytes = c.head(r.status, r.content_type, r.fields, fmt::format("Content-Length: {}\r\n", r.body.size()));
+  if (c.hooks_.decorate) c.hooks_.decorate(req_, r.fields);
+  // A 204 has no body and no Content-Length (RFC 9110, 8.6).
+  const std::string framing = r.status == 204 ? std::string() : fmt::format("Content-Length: {}\r\n", r.body.size());
+  std::string bytes = c.head(r.status, r.content_type, r.fields, framing);
   if (!c.head_request_) bytes += r.body;
   c.queue(std::move(bytes), /*ends_exchange=*/true);
 }
@@ -67,6 +70,7 @@ void http_exchange::begin_stream(int status, std::string content_type, http_fiel
   status_ = status;
   if (gone_) return;
   http_connection& c = *conn_;
+  if (c.hooks_.decorate) c.hooks_.decorate(req_, fields);
   c.heartbeat_ = std::move(heartbeat);
   c.queue(c.head(status, content_type, fields, c.version_ == 10 ? "" : "Transfer-Encoding: chunked\r\n"));
 }
@@ -249,6 +253,8 @@ void http_connection::dispatch() {
 
 void http_connection::reject(const http_rejection& r) {
   const int status = r.status;
+  http_fields fields = r.fields;
+  if (parser_ && parser_->got_some() && hooks_.decorate) hooks_.decorate(parser_->request(), fields);
   hooks_.rejected(parser_ && parser_->got_some() ? &parser_->request() : nullptr, status);
   version_ = parser_ && parser_->got_some() ? parser_->request().version : 11;
   parser_.reset();
@@ -263,7 +269,6 @@ void http_connection::reject(const http_rejection& r) {
   // 501 and 505 refuse what the client sent: its error, not the server's.
   if (status == 503) e.type = "service_unavailable";
   if (status == 500) e.type = "internal_error";
-  http_fields fields = r.fields;
   fields.emplace_back("Connection", "close");
   head_request_ = false;
   const std::string body = dump_json(error_body(e));

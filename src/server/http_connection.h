@@ -119,6 +119,8 @@ struct connection_hooks {
   // A request refused before dispatch (`req` null when not even its request line arrived).
   std::function<void(const http_request* req, int status)> rejected;
   std::function<void(http_connection*)> closed;  // once, when the socket closes
+  // Adds the fields every response to `req` carries (CORS); may be empty.
+  std::function<void(const http_request& req, http_fields& fields)> decorate;
 };
 
 class http_connection : public std::enable_shared_from_this<http_connection> {

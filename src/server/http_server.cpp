@@ -3,7 +3,9 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <mutex>
 #include <random>
@@ -27,6 +29,7 @@
 #include "server/http_connection.h"
 #include "server/kv_calls.h"
 #include "server/kv_summary.h"
+#include "server/llama_api.h"
 #include "server/openai_response.h"
 #include "server/server_log.h"
 #include "server/tokenize_api.h"
@@ -54,7 +57,8 @@ std::int64_t unix_seconds() {
 // cannot grow the metrics without bound.
 std::string endpoint_label(std::string_view path) {
   for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version",
-                        "/tokenize", "/detokenize", "/v1/kv/warm", "/v1/kv/stats", "/v1/kv/summary", "/v1/kv"})
+                        "/tokenize", "/detokenize", "/v1/kv/warm", "/v1/kv/stats", "/v1/kv/summary", "/v1/kv",
+                        "/props", "/slots"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -66,6 +70,28 @@ http_response method_not_allowed(std::string_view method, std::string_view where
   e.message = fmt::format("Method {} is not allowed on {} (allowed: {})", method.substr(0, 16), where, allow);
   http_response r = error_response(e);
   r.fields.emplace_back("Allow", allow);
+  return r;
+}
+
+// The Access-Control-Request-Headers a preflight may be answered with as
+// sent: header names and separators only.
+bool plain_header_list(std::string_view v) {
+  return v.size() <= 1024 && std::all_of(v.begin(), v.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ',' || c == ' ';
+         });
+}
+
+// The answer to a CORS preflight (OPTIONS): what a page may send. The
+// origin's own header is added by the server's decorate hook, as on every reply.
+http_response preflight_response(const http_request& req) {
+  http_response r;
+  r.status = 204;
+  r.content_type.clear();
+  r.fields.emplace_back("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+  const std::optional<std::string_view> asked = req.field("Access-Control-Request-Headers");
+  r.fields.emplace_back("Access-Control-Allow-Headers",
+                        asked && plain_header_list(*asked) ? std::string(*asked) : "Authorization, Content-Type");
+  r.fields.emplace_back("Access-Control-Max-Age", "600");
   return r;
 }
 
@@ -189,6 +215,8 @@ struct http_server::impl {
     hooks.dispatch = [this](const std::shared_ptr<http_exchange>& ex) { route(ex); };
     hooks.finished = [this](const http_exchange& ex) { finished(ex); };
     hooks.rejected = [this](const http_request* req, int status) { rejected(req, status); };
+    if (!opts.cors_origins.empty())
+      hooks.decorate = [this](const http_request& req, http_fields& fields) { add_cors_fields(req, fields); };
     hooks.closed = [this](http_connection* c) {
       {
         std::lock_guard lock(conns_mu);
@@ -218,6 +246,8 @@ struct http_server::impl {
   std::optional<std::string> authorize(http_exchange& ex) const;
   void on_worker(const std::shared_ptr<http_exchange>& ex, std::function<http_response(http_request&)> fn);
   json model_card(const std::string& name) const;
+  void add_cors_fields(const http_request& req, http_fields& fields) const;
+  void route_llama(const std::shared_ptr<http_exchange>& ex, std::string_view path);
   void finished(const http_exchange& ex);
   void rejected(const http_request* req, int status);
   void count(const std::string& endpoint, int status) {
@@ -346,6 +376,44 @@ json http_server::impl::model_card(const std::string& name) const {
           {"max_model_len", ctx.limits.max_model_len}};
 }
 
+// Access-Control-Allow-Origin for a request from an allowed origin: "*"
+// when any is, else the origin itself (and Vary: Origin, for caches).
+void http_server::impl::add_cors_fields(const http_request& req, http_fields& fields) const {
+  const std::optional<std::string_view> origin = req.field("Origin");
+  if (!origin) return;
+  const auto& allowed = opts.cors_origins;
+  if (std::find(allowed.begin(), allowed.end(), "*") != allowed.end()) {
+    fields.emplace_back("Access-Control-Allow-Origin", "*");
+  } else if (std::find(allowed.begin(), allowed.end(), *origin) != allowed.end()) {
+    fields.emplace_back("Access-Control-Allow-Origin", std::string(*origin));
+    fields.emplace_back("Vary", "Origin");
+  }
+}
+
+// GET /props and GET /slots (llama_api.h), from the engine's snapshot.
+void http_server::impl::route_llama(const std::shared_ptr<http_exchange>& ex, std::string_view path) {
+  const http_request& req = ex->request();
+  const bool admin = kv && presents_admin_key(req);
+  std::optional<std::string> tenant;
+  if (!admin) {
+    tenant = authorize(*ex);
+    if (!tenant) return;
+    ex->tenant = *tenant;
+  }
+  const engine_snapshot snap = loop.snapshot();
+  if (path == "/props") return ex->respond(json_response(200, props_json(ctx, snap, opts.version)));
+  if (query_param(req.target, "fail_on_no_slot") == "1" && snap.n_running >= snap.max_num_seqs) {
+    api_error e;
+    e.http_status = 503;
+    e.type = "service_unavailable";
+    e.message = fmt::format("No slot available: {} of {} sequences running", snap.n_running, snap.max_num_seqs);
+    return ex->respond(error_response(e));
+  }
+  // A tenant's key sees its own tenant's sequences; the admin key, or a server without keys, all.
+  if (!keys.enabled() || admin) tenant.reset();
+  ex->respond(json_response(200, slots_json(ctx, snap, tenant)));
+}
+
 // Runs fn(request) on the worker pool and answers with its response.
 void http_server::impl::on_worker(const std::shared_ptr<http_exchange>& ex,
                                   std::function<http_response(http_request&)> fn) {
@@ -364,6 +432,7 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
   const bool is_get = req.method == "GET" || req.method == "HEAD", is_post = req.method == "POST";
   auto wrong_method = [&](const char* allow) { ex->respond(method_not_allowed(req.method, ex->endpoint, allow)); };
 
+  if (req.method == "OPTIONS" && !opts.cors_origins.empty()) return ex->respond(preflight_response(req));
   if (path == "/health") {
     if (!is_get) return wrong_method("GET, HEAD");
     if (loop.stopped()) return ex->respond(json_response(503, {{"status", "stopping"}}));
@@ -415,6 +484,10 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
       if (n_body_bytes + resp.body.size() > k_trim_after_bytes) malloc_trim(0);
       return resp;
     });
+  }
+  if (path == "/props" || path == "/slots") {
+    if (!is_get) return wrong_method("GET, HEAD");
+    return route_llama(ex, path);
   }
   if (kv && route_kv(ex, path, is_get, is_post)) return;
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {

@@ -11,6 +11,8 @@
 //   GET  /version                                     {"version": "..."}
 //   POST /v1/kv/warm, GET /v1/kv/stats, DELETE /v1/kv  the KV store (kv_admin.h; warm and DELETE: kv_calls.h)
 //   GET  /v1/kv/summary                               the prefix cache's keys and the load, for the router (kv_summary.h)
+//   GET  /props, GET /slots                           llama.cpp's server properties and running sequences (llama_api.h)
+//   OPTIONS *                                         CORS preflight, with --cors-origin: 204 and what may be sent
 // With API keys configured every /v1 call and /tokenize, /detokenize need
 // `Authorization: Bearer KEY` (401 otherwise), the key compared exactly as
 // sent; the key decides the request's tenant (auth.h). /health, /metrics and
@@ -27,6 +29,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <boost/asio/ip/tcp.hpp>
 
@@ -49,6 +52,9 @@ struct server_options {
   bool access_log = true;
   std::chrono::milliseconds stats_interval{10'000};  // the engine line's period; 0: none
   std::string version;                               // what GET /version reports
+  // --cors-origin: origins whose browser pages may call the API ("*": any).
+  // Empty: no CORS headers and no preflight answers (OPTIONS is a 405).
+  std::vector<std::string> cors_origins;
 };
 
 // Opens, binds and listens (backlog 4096) on host:port; returns the port

@@ -55,6 +55,10 @@ struct api_context {
   // The KV warehouse's tiers in lookup order ("disk", "redis"); empty without
   // one. Usage then says where cached tokens came from.
   std::vector<std::string> store_tiers;
+  // For GET /props (llama_api.h): the model file as given, and the GGUF's
+  // own chat template text ("" when it has none).
+  std::string model_path;
+  std::string chat_template_source;
 };
 
 enum class api_kind { completion, chat };
