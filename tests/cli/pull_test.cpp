@@ -280,6 +280,19 @@ TEST_F(Pull, AMissingRepoAndAMissingQuantAreClearErrors) {
   EXPECT_EQ(hub_.n_file_gets(), 0);
 }
 
+TEST_F(Pull, HfFileTakesAnExactNameAndASplitGGUFIsRefused) {
+  auto exact = run_cli(std::string("pull ") + k_repo + " --hf-file tiny-Q8_0.gguf");
+  ASSERT_EQ(exact.exit_code, 0) << exact.err;
+  EXPECT_EQ(trim(exact.out), local("tiny-Q8_0.gguf"));
+  hub_.add(k_repo, "big-Q6_K-00001-of-00002.gguf", {stories_, sha256_hex(stories_)});
+  hub_.add(k_repo, "big-Q6_K-00002-of-00002.gguf", {other_, sha256_hex(other_)});
+  auto split = run_cli(std::string("pull ") + k_repo + ":Q6_K");
+  EXPECT_EQ(split.exit_code, 1);
+  EXPECT_NE(split.err.find("big-Q6_K-00001-of-00002.gguf is part 1 of a GGUF split into 2 files"), std::string::npos)
+      << split.err;
+  EXPECT_EQ(hub_.n_file_gets(), 1);
+}
+
 TEST_F(Pull, HfOnRunAndInfoLoadsThePulledFileWithoutDownloadingAgain) {
   ASSERT_EQ(run_cli(std::string("pull ") + k_repo + ":Q8_0").exit_code, 0);
   ASSERT_EQ(hub_.n_file_gets(), 1);
