@@ -2,7 +2,9 @@
 // test: the tree API (sizes, lfs.oid = SHA-256) and resolve/main/FILE, for a
 // fake repository holding the real stories260K.gguf and a second GGUF. No
 // network: HF_ENDPOINT points at the test's server.
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -246,6 +248,22 @@ TEST_F(Pull, AnInterruptedDownloadResumesWithARangeRequest) {
   EXPECT_EQ(ranges[1], "bytes=" + std::to_string(half) + "-");
   EXPECT_EQ(sha256_hex(read_bytes(local("tiny-Q8_0.gguf"))), sha256_hex(stories_));
   EXPECT_FALSE(fs::exists(local("tiny-Q8_0.gguf.part")));
+}
+
+TEST_F(Pull, TwoPullsOfOneFileNeverWriteItTogether) {
+  fs::create_directories(fs::path(local("tiny-Q8_0.gguf")).parent_path());
+  const std::string part = local("tiny-Q8_0.gguf.part");
+  const int fd = ::open(part.c_str(), O_RDWR | O_CREAT, 0644);  // as a pull under way holds it
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  auto r = run_cli(std::string("pull ") + k_repo + ":Q8_0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("another process is pulling " + local("tiny-Q8_0.gguf") + " now"), std::string::npos) << r.err;
+  EXPECT_EQ(hub_.n_file_gets(), 0);
+  ::close(fd);
+  auto after = run_cli(std::string("pull ") + k_repo + ":Q8_0");
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(read_bytes(local("tiny-Q8_0.gguf")), stories_);
 }
 
 TEST_F(Pull, AWrongHashIsRefusedAndNothingIsLeft) {
