@@ -56,7 +56,7 @@ int resolve_model_sources() {
     if (s.hf_spec.empty()) {
       if (!s.hf_file.empty()) return usage("--hf-file needs -hf REPO");
       if (s.model_path->empty())
-        return usage(fmt::format("a model is required: -m MODEL{}, or -hf REPO[:QUANT] (a GGUF from Hugging Face)",
+        return usage(fmt::format("a model is required: -m/--model MODEL{}, or -hf REPO[:QUANT] (a GGUF from Hugging Face)",
                                  positional ? ", MODEL after the command" : ""));
       return -1;
     }

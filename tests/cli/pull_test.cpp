@@ -333,7 +333,7 @@ TEST_F(Pull, HfPullsWhatIsNotCachedAndRefusesTwoModels) {
   EXPECT_NE(both.err.find("two models given"), std::string::npos) << both.err;
   auto none = run_cli("info");
   EXPECT_EQ(none.exit_code, 2);
-  EXPECT_NE(none.err.find("a model is required: -m MODEL, or -hf REPO[:QUANT]"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("a model is required: -m/--model MODEL, or -hf REPO[:QUANT]"), std::string::npos) << none.err;
 }
 
 TEST_F(Pull, HfTokenIsSentAsABearerHeader) {
