@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/chat.h"
@@ -197,13 +198,18 @@ void print_help() {
       "A message that starts with / is typed as //. Ctrl-C stops a reply; at the prompt it ends the session.\n");
 }
 
+// " (N from the KV store)" with a store attached, else "".
+std::string store_note(const chat_session& s, const turn_stats& t) {
+  return s.stack.warehouse ? fmt::format(" ({} from the KV store)", t.stored_tokens) : "";
+}
+
 void print_stats(const chat_session& s) {
   const kv_metrics kv = s.stack.core->kv_stats();
   std::printf("conversation: %zu messages, %d tokens of a %d-token context\n", s.messages.size(), s.n_tokens, s.n_ctx);
   if (s.have_turn) {
     const turn_stats& t = s.last;
-    std::printf("last turn: prompt %d tokens, %d cached (%d from the KV store), %d computed in %.1f ms\n",
-                t.prompt_tokens, t.cached_tokens, t.stored_tokens, t.prompt_tokens - t.cached_tokens, t.prompt_ms);
+    std::printf("last turn: prompt %d tokens, %d cached%s, %d computed in %.1f ms\n", t.prompt_tokens, t.cached_tokens,
+                store_note(s, t).c_str(), t.prompt_tokens - t.cached_tokens, t.prompt_ms);
     std::printf("last reply: %d tokens, %.1f ms after the first, %.1f tok/s\n", t.reply_tokens, t.reply_ms,
                 t.tokens_per_s());
   } else {
@@ -282,10 +288,8 @@ status load_conversation(chat_session& s, const std::string& path) {
   s.messages = std::move(messages);
   s.n_tokens = t.prompt_tokens;
   s.have_turn = false;
-  std::printf("loaded %zu messages from %s: %d tokens, %d from the KV cache (%d of them from the KV store), %d "
-              "computed\n",
-              s.messages.size(), path.c_str(), t.prompt_tokens, t.cached_tokens, t.stored_tokens,
-              t.prompt_tokens - t.cached_tokens);
+  std::printf("loaded %zu messages from %s: %d tokens, %d from the KV cache%s, %d computed\n", s.messages.size(),
+              path.c_str(), t.prompt_tokens, t.cached_tokens, store_note(s, t).c_str(), t.prompt_tokens - t.cached_tokens);
   return {};
 }
 
