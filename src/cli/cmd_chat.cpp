@@ -5,12 +5,14 @@
 // how many). With --kv-store the conversation's blocks reach the disk store
 // too: /save writes the messages, /load in a later session reads them back
 // and loads their KV from the store instead of recomputing it.
+#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,10 +36,17 @@ using server::chat_message;
 // Ctrl-C: during a reply it ends the reply (what came so far stays in the
 // conversation); at the prompt it interrupts the read, which ends the session
 // as Ctrl-D does (the engine closes normally, the store keeps every block).
+// The engine's worker threads may take the signal: it is passed on to the
+// thread reading stdin, so that its read is the one interrupted.
 volatile std::sig_atomic_t g_interrupted = 0;
-void on_interrupt(int) { g_interrupted = 1; }
+pthread_t g_reader;
+void on_interrupt(int) {
+  g_interrupted = 1;
+  if (!pthread_equal(pthread_self(), g_reader)) pthread_kill(g_reader, SIGINT);
+}
 
 void catch_interrupt() {
+  g_reader = pthread_self();
   struct sigaction sa{};
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
@@ -134,6 +143,7 @@ result<turn_stats> run_request(chat_session& s, std::vector<token_id> prompt, in
       }
     }
   }
+  g_interrupted = 0;  // a Ctrl-C as the reply ended stops nothing more
   // The ops the finished request left: its blocks enter the prefix cache (and
   // the store's write queue) now.
   events.clear();
@@ -327,12 +337,40 @@ bool command(chat_session& s, const std::string& line) {
   return true;
 }
 
+// One line of stdin, without its newline; false at the end of input or when
+// Ctrl-C interrupted the read. Read with read(2), not std::cin: libstdc++'s
+// file reads retry on EINTR, so Ctrl-C could not end a read.
+bool read_line(std::string& line) {
+  static std::string buffered;
+  line.clear();
+  for (;;) {
+    if (const std::size_t nl = buffered.find('\n'); nl != std::string::npos) {
+      line = buffered.substr(0, nl);
+      buffered.erase(0, nl + 1);
+      return true;
+    }
+    if (g_interrupted) return false;  // Ctrl-C came before the read began
+    char buf[4096];
+    const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+    if (n > 0) {
+      buffered.append(buf, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR && !g_interrupted) continue;
+    if (n < 0 && errno == EINTR) return false;
+    // The end of input: a last line without a newline still counts.
+    line = std::move(buffered);
+    buffered.clear();
+    return !line.empty();
+  }
+}
+
 // One message from stdin: a line, or several joined where a line ends with
 // '\'. False at the end of input.
 bool read_message(std::string& message) {
   message.clear();
   std::string line;
-  while (std::getline(std::cin, line)) {
+  while (read_line(line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.back() != '\\') {
       message += line;
@@ -343,7 +381,7 @@ bool read_message(std::string& message) {
     std::printf("... ");
     std::fflush(stdout);
   }
-  return !message.empty();
+  return false;
 }
 
 }  // namespace
@@ -392,8 +430,10 @@ int run_chat(chat_options o) {
 
 void register_chat(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<chat_options>();
+  auto positional = std::make_shared<std::string>();  // `chat MODEL`, as `serve MODEL`
   CLI::App* cmd = app.add_subcommand("chat", "an interactive conversation with a chat model (llama.cpp's run -cnv)");
   add_engine_options(cmd, opts->engine);
+  use_positional_model(cmd, *positional);
   cmd->add_option("--system,--system-prompt", opts->system, "the system message that opens the conversation");
   cmd->add_option("-n,--n-predict", opts->n_predict,
                   "tokens per reply at most (-1: until the model ends it or the context is full)")
@@ -401,7 +441,10 @@ void register_chat(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--chat-template", opts->chat_template,
                   "the chat template family (chatml, llama3, ...; default: recognised from the model)");
   add_sampling_options(cmd, opts->sampling);
-  cmd->callback([opts, &action] { action = [opts] { return run_chat(*opts); }; });
+  cmd->callback([opts, positional, &action] {
+    resolve_positional_model(opts->engine.config.model_path, *positional);
+    action = [opts] { return run_chat(*opts); };
+  });
 }
 
 }  // namespace pagoda::cli

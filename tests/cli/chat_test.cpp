@@ -72,7 +72,7 @@ class pty_session {
         return out;
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0 || !read_some(static_cast<int>(left.count()))) {
+      if (left.count() <= 0 || read_some(static_cast<int>(left.count())) <= 0) {
         ADD_FAILURE() << "no '" << marker << "' in time; the session printed:\n" << all_.substr(consumed_);
         return "";
       }
@@ -98,12 +98,7 @@ class pty_session {
         exited_ = true;
         return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
       }
-      if (!read_some(1000)) {
-        // The slave side closed: the process is exiting; reap it.
-        waitpid(pid_, &st, 0);
-        exited_ = true;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-      }
+      read_some(100);  // until the output ends (the pty's slave side closed), or a while
     }
     ADD_FAILURE() << "the session did not exit; it printed:\n" << all_.substr(consumed_);
     return -1;
@@ -116,16 +111,17 @@ class pty_session {
   }
 
  private:
-  // False at the end of output (the process closed the terminal) or on a timeout.
-  bool read_some(int timeout_ms) {
+  // 1: read something; 0: nothing in timeout_ms; -1: the end of output (the
+  // process closed the terminal: EIO).
+  int read_some(int timeout_ms) {
     pollfd p{master_, POLLIN, 0};
     const int r = poll(&p, 1, timeout_ms);
-    if (r <= 0) return false;
+    if (r == 0) return 0;
     char buf[4096];
-    const ssize_t n = read(master_, buf, sizeof buf);
-    if (n <= 0) return false;  // EIO once the slave side is closed
+    const ssize_t n = r < 0 ? -1 : read(master_, buf, sizeof buf);
+    if (n <= 0) return -1;
     all_.append(buf, static_cast<std::size_t>(n));
-    return true;
+    return 1;
   }
 
   int master_ = -1;
