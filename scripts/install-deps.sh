@@ -9,7 +9,7 @@ packages=(
   nlohmann-json3-dev libboost-dev libcpp-httplib-dev libcli11-dev
   libfmt-dev libspdlog-dev libxxhash-dev libzstd-dev liblmdb-dev
   libpcre2-dev libhnswlib-dev libfaiss-dev libhiredis-dev redis-server
-  libssl-dev openssl
+  libssl-dev openssl libcurl4-openssl-dev
   clang libclang-rt-14-dev
   nodejs
 )

@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/clock.h"
+#include "policy/streaming.h"
 #include "server/api_setup.h"
 #include "server/chat_template.h"
 #include "store/warehouse.h"
@@ -175,7 +176,11 @@ void user_turn(chat_session& s, const std::string& text) {
     return;
   }
   const int room = s.n_ctx - static_cast<int>(prompt->size());
-  const int max_tokens = s.options.n_predict < 0 ? room : std::min(s.options.n_predict, room);
+  // A streaming window (--kv-policy window:budget=N,positions=cache) lets -n
+  // run past the context, as in run.
+  const bool streams = streams_past_context(s.options.engine.config.kv_policy, s.n_ctx);
+  const int max_tokens =
+      s.options.n_predict < 0 ? room : streams ? s.options.n_predict : std::min(s.options.n_predict, room);
   std::string reply;
   auto t = run_request(s, std::move(*prompt), max_tokens, &reply);
   std::printf("\n");

@@ -60,6 +60,8 @@ result<std::unique_ptr<block_store>> open_store(const kv_options& o, bool create
   d.path = o.store;
   d.capacity_bytes = static_cast<std::int64_t>(o.size_gib * static_cast<double>(std::int64_t{1} << 30));
   d.quarantine_damaged = false;  // a tool reports damage; the server moves a damaged store aside
+  d.owner = false;                // beside a running server: no lock, and the server's cap is the one reported
+  d.use_recorded_capacity = !create;
   return make_disk_store(d);
 }
 

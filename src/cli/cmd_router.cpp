@@ -136,8 +136,7 @@ int run_router(const router_cli_options& o) {
 void register_router(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<router_cli_options>();
   CLI::App* cmd = app.add_subcommand("router", "KV-aware proxy in front of `pagoda serve` replicas (docs/router.md)");
-  cmd->add_option("-m,--model", opts->model, "the replicas' GGUF model (its vocabulary and chat template key requests)")
-      ->required();
+  add_model_source(cmd, opts->model, "the replicas' GGUF model (its vocabulary and chat template key requests)");
   cmd->add_option("--replica", opts->replicas, "a replica's URL, http://HOST:PORT (repeatable)");
   cmd->add_option("--replicas-file", opts->replicas_file, "file of replica URLs, one a line ('#' comments)");
   cmd->add_option("--policy", opts->policy, "prefix (the replica holding the longest prefix, balanced by load) or "

@@ -18,6 +18,7 @@
 #include "cli/sampling_options.h"
 #include "core/clock.h"
 #include "pagoda/engine.h"
+#include "policy/streaming.h"
 
 namespace pagoda::cli {
 namespace {
@@ -76,8 +77,11 @@ int run(run_options o) {
   request req;
   req.id = "run";
   req.prompt = prompt;
-  // Generation stops at the context, as llama.cpp's does.
-  req.max_tokens = std::min(o.n_predict, info.n_ctx - static_cast<int>(prompt.size()));
+  // Generation stops at the context, as llama.cpp's does, unless a streaming
+  // window (--kv-policy window:budget=N,positions=cache) keeps it going.
+  req.max_tokens = streams_past_context(o.config.kv_policy, info.n_ctx)
+                       ? o.n_predict
+                       : std::min(o.n_predict, info.n_ctx - static_cast<int>(prompt.size()));
   req.sampling = o.sampling.sampling;
   req.ignore_eos = o.sampling.ignore_eos;
 

@@ -118,11 +118,19 @@ void print_startup(const serve_options& o, const server::api_context& ctx, const
                    const kv_metrics& kv, const server::server_options& sopts, bool auth_required) {
   const double pool_bytes = static_cast<double>(cfg.kv.bytes_per_block()) * kv.n_blocks_total;
   const std::int64_t pool_tokens = static_cast<std::int64_t>(kv.n_blocks_total) * kv.block_size_tokens;
+  // The KV as configured: types (and sharing), the default policy, and the split into KV classes.
+  std::string kv_line = cfg.kv.describe();
+  if (!cfg.kv.sharing.empty()) kv_line += ", shared " + cfg.kv.sharing;
+  kv_line += ", policy " + (cfg.kv_policy.empty() ? std::string("none") : cfg.kv_policy);
+  if (!cfg.kv_classes.empty()) {
+    kv_line += fmt::format(", classes {} {} blocks", cfg.kv.describe(), cfg.n_blocks);
+    for (const kv_segment_class& c : cfg.kv_classes) kv_line += fmt::format(" + {} {} blocks", c.name, c.n_blocks);
+  }
   std::fprintf(stderr,
                "pagoda serve: model '%s' (%s), context %d, KV %s, pool %s = %d blocks of %d tokens (%lld tokens: "
                "%lld full-context sequences), chat template %s, %s\n",
                ctx.model_names.front().c_str(), o.engine.config.model_path.c_str(), cfg.max_model_len,
-               cfg.kv.describe().c_str(), human_bytes(pool_bytes).c_str(), kv.n_blocks_total, kv.block_size_tokens,
+               kv_line.c_str(), human_bytes(pool_bytes).c_str(), kv.n_blocks_total, kv.block_size_tokens,
                static_cast<long long>(pool_tokens), static_cast<long long>(pool_tokens / std::max(1, cfg.max_model_len)),
                server::chat_format_name(ctx.chat), auth_required ? "API keys required" : "no API key");
   std::fprintf(stderr,
@@ -142,9 +150,9 @@ void print_startup(const serve_options& o, const server::api_context& ctx, const
 int serve(serve_options o) {
   if (o.no_kv_store) {
     if (!o.engine.kv_store.empty()) return fail(error(errc::invalid_argument, "--kv-store and --no-kv-store conflict"));
-  } else if (o.engine.kv_store.empty()) {
-    o.engine.kv_store = default_kv_store_dir();
   }
+  const bool default_store = !o.no_kv_store && o.engine.kv_store.empty();
+  if (default_store) o.engine.kv_store = default_kv_store_dir();
   PAGODA_ASSIGN_OR_RETURN_CLI(auto model, load_model(o.engine.config));
   PAGODA_ASSIGN_OR_RETURN_CLI(engine_core_config cfg, make_engine_config(*model, o.engine));
   auto loaded = load_draft_model(o.engine.config);  // outlives the engine below
@@ -160,6 +168,7 @@ int serve(serve_options o) {
   aopts.chat_template = o.chat_template;
   aopts.max_prompt_tokens = o.max_prompt_tokens;
   aopts.max_tokens_limit = o.max_tokens_limit;
+  aopts.default_kv_policy = cfg.kv_policy;
   aopts.max_n = o.max_n;
   aopts.max_tokenize_tokens = o.max_tokenize_tokens;
   std::string warning;
@@ -178,7 +187,18 @@ int serve(serve_options o) {
   auto eng = std::move(*made);
   // Declared before the loop: the engine thread writes to it until the loop
   // stops; its destructor then drains the write-back queue.
-  PAGODA_ASSIGN_OR_RETURN_CLI(std::unique_ptr<kv_warehouse> warehouse, open_warehouse(*model, o.engine));
+  auto opened = open_warehouse(*model, o.engine);
+  if (!opened.ok() && default_store && opened.error().code() == errc::resource_exhausted) {
+    // The default directory held by another server on this machine (a second
+    // replica, another model): serve without a disk tier rather than not at
+    // all; a directory given with --kv-store stays an error.
+    std::fprintf(stderr, "pagoda serve: warning: %s; serving without a disk tier (give each server its own --kv-store)\n",
+                 opened.error().message().c_str());
+    o.engine.kv_store.clear();
+    opened = open_warehouse(*model, o.engine);
+  }
+  if (!opened.ok()) return fail(opened.error());
+  std::unique_ptr<kv_warehouse> warehouse = std::move(*opened);
   if (warehouse) attach_warehouse(*eng, *warehouse);
   if (warehouse) ctx.store_tiers = warehouse->tier_names();
   const kv_metrics kv = eng->kv_stats();
@@ -192,7 +212,12 @@ int serve(serve_options o) {
   print_startup(o, ctx, cfg, kv, sopts, auth_required);
   if (warehouse) {
     std::string tiers;
-    for (const auto& t : warehouse->tiers()) tiers += std::string(tiers.empty() ? "" : " -> ") + t->tier();
+    for (const auto& t : warehouse->tiers()) {
+      tiers += std::string(tiers.empty() ? "" : " -> ") + t->tier();
+      if (std::string_view(t->tier()) == "redis")  // where, never the password
+        if (auto r = parse_redis_url(o.engine.config.kv_store_remote); r.ok())
+          tiers += fmt::format(" ({}://{}:{}/{})", r->tls ? "rediss" : "redis", r->host, r->port, r->db);
+    }
     std::fprintf(stderr, "pagoda serve: KV store %s%s%s (--no-kv-store turns it off); records %s\n", tiers.c_str(),
                  o.engine.kv_store.empty() ? "" : " at ", o.engine.kv_store.c_str(),
                  o.engine.config.kv_store_secret_file.empty()

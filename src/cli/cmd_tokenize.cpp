@@ -37,7 +37,7 @@ int tokenize(const tokenize_options& o) {
 void register_tokenize(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<tokenize_options>();
   CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a text");
-  cmd->add_option("-m,--model", opts->model, "GGUF model or vocabulary file")->required();
+  add_model_source(cmd, opts->model, "GGUF model or vocabulary file");
   cmd->add_option("-p,--prompt", opts->text, "text to tokenize")->required();
   cmd->add_flag("--no-bos", opts->no_bos, "do not prepend BOS");
   cmd->add_flag("--parse-special", opts->parse_special, "match special tokens written in the text");

@@ -33,5 +33,6 @@ void register_batch(CLI::App& app, std::function<int()>& action);
 void register_serve(CLI::App& app, std::function<int()>& action);
 void register_kv(CLI::App& app, std::function<int()>& action);
 void register_router(CLI::App& app, std::function<int()>& action);
+void register_pull(CLI::App& app, std::function<int()>& action);
 
 }  // namespace pagoda::cli

@@ -18,7 +18,7 @@
 namespace pagoda::cli {
 
 void add_model_options(CLI::App* app, engine_config& opts) {
-  app->add_option("-m,--model", opts.model_path, "GGUF model file")->required();
+  add_model_source(app, opts.model_path, "GGUF model file");
   app->add_option("-t,--threads", opts.n_threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app->add_option("-c,--ctx,--ctx-size,--max-model-len", opts.n_ctx,
                   "context length in tokens (default: the model's; --max-model-len is vLLM's name, --ctx-size "
@@ -124,15 +124,11 @@ std::vector<std::string> flag_notes() {
 }
 
 void use_positional_model(CLI::App* app, std::string& positional) {
-  app->get_option("--model")->required(false);
   app->add_option("MODEL", positional, "GGUF model file, as -m (vLLM's `serve MODEL`)");
 }
 
 void resolve_positional_model(std::string& model_path, const std::string& positional) {
-  if (positional.empty()) {
-    if (model_path.empty()) throw usage_error("a model is required: -m MODEL, or MODEL after the command");
-    return;
-  }
+  if (positional.empty()) return;  // -m, or -hf, or none (resolve_model_sources() says so)
   if (!model_path.empty() && model_path != positional)
     throw usage_error(fmt::format("two models given: -m {} and {}; give one", model_path, positional));
   model_path = positional;
@@ -227,7 +223,8 @@ void normalize_args(int& argc, char**& argv) {
         {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},   {"-ngl", "--n-gpu-layers"},
         {"-ngld", "--n-gpu-layers-draft"}, {"-fa", "--flash-attn"}, {"-sm", "--split-mode"},
         {"-mg", "--main-gpu"},      {"-ts", "--tensor-split"},    {"-nkvo", "--no-kv-offload"},
-        {"-dev", "--device"},       {"-cnv", "--conversation"}};
+        {"-dev", "--device"},       {"-hf", "--hf-repo"},         {"-hfr", "--hf-repo"},
+        {"-hff", "--hf-file"},      {"-cnv", "--conversation"}};
     for (const auto& [short_name, long_name] : k_long) {
       if (a == short_name) a = long_name;
       else if (a.size() > std::strlen(short_name) && a.compare(0, std::strlen(short_name), short_name) == 0 &&

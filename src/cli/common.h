@@ -14,6 +14,7 @@
 #include "model/llama.h"
 #include "pagoda/config.h"
 #include "pagoda/status.h"
+#include "cli/model_source.h"
 #include "cli/usage.h"
 #include "sched/engine_setup.h"
 
@@ -33,7 +34,7 @@ std::vector<std::string> split_documents(const std::string& text, const std::str
 result<std::vector<std::string>> read_documents(const std::string& path, const std::string& sep);
 
 // Rewrites llama.cpp-style multi-letter short flags (-ctk, -ctv, -ngl, -fa,
-// ...) to their long forms (CLI11 would read -ngl as -n gl).
+// -hf, ...) to their long forms (CLI11 would read -ngl as -n gl).
 void normalize_args(int& argc, char**& argv);
 
 // Numbers that must be finite: CLI11's PositiveNumber and Range let NaN
@@ -52,9 +53,9 @@ void add_vllm_options(CLI::App* app);
 std::vector<std::string> flag_notes();
 
 // `COMMAND MODEL`, as vLLM's `vllm serve MODEL`: a positional model, the same
-// as -m (which then is not required). After parsing,
-// resolve_positional_model() moves it into model_path; a usage error when
-// neither is given or both name different files.
+// as -m. After parsing, resolve_positional_model() moves it into model_path; a
+// usage error when both name different files (none at all is
+// resolve_model_sources()'s error, as -hf may give it).
 void use_positional_model(CLI::App* app, std::string& positional);
 void resolve_positional_model(std::string& model_path, const std::string& positional);
 

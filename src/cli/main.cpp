@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_source.h"
 #include "cli/usage.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   register_serve(app, action);
   register_kv(app, action);
   register_router(app, action);
+  register_pull(app, action);
   // A mistyped command or option names the nearest one; every usage error exits 2.
   auto usage = [](const std::string& message) {
     std::fprintf(stderr, "pagoda: error: %s\n", message.c_str());
@@ -48,5 +50,6 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : k_usage_exit_code;
   }
   for (const std::string& note : flag_notes()) std::fprintf(stderr, "%s\n", note.c_str());
+  if (const int code = resolve_model_sources(); code >= 0) return code;  // -hf: pulls the model first
   return action ? action() : 0;
 }

@@ -5,6 +5,8 @@
 #include <climits>
 #include <cmath>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "core/hash.h"
@@ -179,7 +181,21 @@ result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& o
     std::int64_t tokens = opts.max_kv_tokens > 0 ? opts.max_kv_tokens : default_tokens;
     blocks = (tokens + layout.block_size - 1) / layout.block_size;
   }
+  // The pool is mapped lazily: one larger than the machine would start and
+  // then die of memory once it filled. Refuse it now.
+  const double pool_bytes = static_cast<double>(blocks) * static_cast<double>(layout.bytes_per_block());
+  if (const double machine = static_cast<double>(machine_memory_bytes()); machine > 0 && pool_bytes > machine)
+    return error(errc::invalid_argument,
+                 "the KV pool ({:.1f} GiB: {} blocks of {} bytes) exceeds this machine's memory ({:.1f} GiB); lower "
+                 "{}",
+                 pool_bytes / (1 << 30), blocks, layout.bytes_per_block(), machine / (1 << 30),
+                 opts.kv_cache_size_mib > 0 ? "--kv-cache-size" : opts.max_kv_tokens > 0 ? "--max-kv-tokens" : "--ctx");
   return blocks;
+}
+
+std::int64_t machine_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : 0;
 }
 
 status add_tenant_quota(engine_config& config, const std::string& q) {

@@ -61,8 +61,12 @@ result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& 
 // Blocks in the pool: from kv_cache_size_mib or max_kv_tokens, else enough for
 // default_tokens. A MiB budget also pays for n_slots staging slots (the f16
 // window of sealed formats) and static scales, so the pool's real bytes stay within it.
+// A pool larger than the machine's memory (machine_memory_bytes) is an error
+// naming the option to lower.
 result<std::int64_t> pool_blocks(const kv_layout& layout, const engine_config& config, std::int64_t default_tokens,
                                  std::int64_t n_slots = 1);
+// Physical memory (sysconf), or 0 when unknown.
+std::int64_t machine_memory_bytes();
 
 // "NAME=BLOCKS" (--tenant-quota) into config.tenant_quota_blocks.
 status add_tenant_quota(engine_config& config, const std::string& spec);

@@ -1,5 +1,7 @@
 #include "sched/scheduler.h"
 
+#include "policy/streaming.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -135,11 +137,19 @@ status scheduler::add_request(request req) {
     if (t >= n_vocab)
       return error(errc::invalid_argument, "logit_bias: token id {} outside the vocabulary of {}", t, n_vocab);
   const std::int64_t total = static_cast<std::int64_t>(req.prompt.size()) + req.max_tokens;
-  if (total > config_.max_model_len)
-    return error(errc::out_of_range, "prompt ({} tokens) plus max_tokens ({}) is {} tokens, beyond the context of {}",
+  // StreamingLLM (policy/streaming.h): a fixed window renumbered within the
+  // cache runs past the context; its prompt still fits, and its KV never
+  // holds more than the context.
+  const bool streams = streams_past_context(req.kv_policy.empty() ? config_.kv_policy : req.kv_policy,
+                                            config_.max_model_len);
+  if (total > config_.max_model_len && !(streams && static_cast<std::int64_t>(req.prompt.size()) < config_.max_model_len))
+    return error(errc::out_of_range,
+                 "prompt ({} tokens) plus max_tokens ({}) is {} tokens, beyond the context of {} (a kv_policy "
+                 "window:budget=N,positions=cache generates past it)",
                  req.prompt.size(), req.max_tokens, total, config_.max_model_len);
-  PAGODA_RETURN_IF_ERROR(kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()), req.max_tokens,
-                                                req.tenant, req.n, classes, side));
+  const std::int64_t most_held = std::min<std::int64_t>(req.max_tokens, config_.max_model_len - static_cast<std::int64_t>(req.prompt.size()));
+  PAGODA_RETURN_IF_ERROR(kv_.check_request_fits(static_cast<std::int32_t>(req.prompt.size()),
+                                                static_cast<std::int32_t>(most_held), req.tenant, req.n, classes, side));
   if (static_cast<int>(waiting_.size()) >= config_.max_waiting)
     return error(errc::resource_exhausted, "the request queue is full ({} waiting)", waiting_.size());
 

@@ -65,7 +65,7 @@ std::vector<token_id> scheduler::propose_drafts(sequence& s, int n, int budget) 
   // two staging slots a sequence has for sealed KV formats, which the
   // runner holds for the drafts (kv_arena.h).
   const int k = std::min({s.spec->k.next(), budget - n, r.max_tokens - s.n_generated - 1,
-                          config_.max_model_len - n_tokens - 1, config_.block_size - 1});
+                          config_.max_model_len - (n_tokens - s.pos_shift) - 1, config_.block_size - 1});
   if (k < 1) return {};
   // A model drafter drafts in the runner: k placeholders it fills.
   if (!s.spec->drafts) return std::vector<token_id>(static_cast<std::size_t>(k), k_runner_draft);
@@ -140,7 +140,10 @@ std::string scheduler::finish_reason_of(const sequence& s, token_id tok, int n_g
   const request& r = s.req->req;
   const bool stop_token = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) != r.stop_token_ids.end();
   if ((!r.ignore_eos && vocab_.is_eog(tok)) || stop_token) return "stop";
-  if (n_generated >= r.max_tokens || n_tokens >= config_.max_model_len) return "length";
+  // The context bounds the position the next token would take: with
+  // positions renumbered within the cache (a streaming window) that is
+  // n_tokens - pos_shift, and the stream goes on past the context.
+  if (n_generated >= r.max_tokens || n_tokens - s.pos_shift >= config_.max_model_len) return "length";
   return {};
 }
 

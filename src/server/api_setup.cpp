@@ -1,5 +1,7 @@
 #include "server/api_setup.h"
 
+#include "policy/streaming.h"
+
 #include <filesystem>
 
 namespace pagoda::server {
@@ -46,6 +48,8 @@ result<api_context> make_api_context(const gguf::file& file, const tokenizer& vo
   ctx.limits.max_model_len = max_model_len;
   ctx.limits.max_prompt_tokens = o.max_prompt_tokens > 0 ? std::min(o.max_prompt_tokens, max_model_len - 1) : max_model_len - 1;
   ctx.limits.max_tokens = o.max_tokens_limit > 0 ? std::min(o.max_tokens_limit, max_model_len - 1) : max_model_len - 1;
+  ctx.limits.max_streaming_tokens = o.max_tokens_limit > 0 ? o.max_tokens_limit : k_max_streaming_tokens;
+  ctx.default_kv_policy = o.default_kv_policy;
   ctx.limits.max_choices = o.max_n;
   ctx.limits.max_tokenize_tokens = o.max_tokenize_tokens > 0 ? o.max_tokenize_tokens : std::max(65536, max_model_len);
   for (token_id t = 0; t < vocab.n_vocab(); ++t) ctx.max_token_bytes = std::max(ctx.max_token_bytes, vocab.token_text(t).size());

@@ -14,7 +14,8 @@ struct api_options {
   std::string served_model_name;  // "" = the file name without extension
   std::string chat_template;      // a family name; "" = recognised from the model
   int max_prompt_tokens = 0;      // 0 = the context minus one
-  int max_tokens_limit = 0;       // 0 = the context minus one
+  int max_tokens_limit = 0;       // 0 = the context minus one (a streaming window: k_max_streaming_tokens)
+  std::string default_kv_policy;  // the engine's --kv-policy (api_context::default_kv_policy)
   int max_n = 16;
   int max_tokenize_tokens = 0;    // 0 = the larger of 65536 and the context
 };

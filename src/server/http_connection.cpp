@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "core/assert.h"
+#include "server/server_log.h"
 #include "server/api_error.h"
 #include "server/openai_response.h"
 
@@ -54,6 +55,7 @@ void http_exchange::respond(http_response r) {
   PAGODA_ASSERT(!head_sent_, "respond() after the response started");
   answered_ = head_sent_ = true;
   status_ = r.status;
+  if (r.status >= 400) error_code = access_error_code(r.body);
   if (gone_) return;
   http_connection& c = *conn_;
   if (c.hooks_.decorate) c.hooks_.decorate(req_, r.fields);

@@ -85,6 +85,7 @@ class http_exchange : public std::enable_shared_from_this<http_exchange> {
   int status() const { return status_; }
   // Filled by the handler for the access log.
   std::string tenant;
+  std::string error_code;  // an error reply's code (the JSON body's error.code, else error.type), for the access log
   int prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;
   double ttft_ms = -1;
   std::string endpoint;  // the metrics label of the route

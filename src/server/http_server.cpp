@@ -436,7 +436,11 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
   if (path == "/health") {
     if (!is_get) return wrong_method("GET, HEAD");
     if (loop.stopped()) return ex->respond(json_response(503, {{"status", "stopping"}}));
-    return ex->respond(json_response(200, {{"status", "ok"}}));
+    // The store tiers' state: a Redis that is down does not stop serving (the
+    // pool and the disk serve on), so it is detail, not the status.
+    nlohmann::json body = {{"status", "ok"}};
+    if (kv) body["kv_store"] = kv->health();
+    return ex->respond(json_response(200, body));
   }
   if (path == "/metrics") {
     if (!is_get) return wrong_method("GET, HEAD");
@@ -590,6 +594,7 @@ void http_server::impl::finished(const http_exchange& ex) {
   a.cached_tokens = ex.cached_tokens;
   a.completion_tokens = ex.completion_tokens;
   a.ttft_ms = ex.ttft_ms;
+  a.error = ex.error_code;
   a.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - req.started).count();
   server_logger().info("{}", format_access(a));
 }

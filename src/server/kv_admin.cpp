@@ -155,6 +155,18 @@ store_metrics gather(const engine_snapshot& snap, kv_warehouse* warehouse) {
 
 }  // namespace
 
+json kv_admin::health() const {
+  json tiers = json::array();
+  if (!warehouse_) return tiers;
+  for (const auto& t : warehouse_->tiers()) {
+    const std::string why = t->down_reason();
+    json one = {{"tier", t->tier()}, {"up", why.empty()}};
+    if (!why.empty()) one["reason"] = why;
+    tiers.push_back(std::move(one));
+  }
+  return tiers;
+}
+
 json kv_admin::stats() {
   const engine_snapshot snap = loop_.snapshot();
   const store_metrics m = gather(snap, warehouse_);

@@ -91,6 +91,8 @@ class kv_admin {
 
   // GET /v1/kv/stats.
   nlohmann::json stats();
+  // /health's detail: each store tier, up or down (and why); [] without a store.
+  nlohmann::json health() const;
 
   // DELETE /v1/kv?tenant=NAME: the tenant named by the query ("-" is the
   // global tenant ""), or a 400 for a missing, empty or malformed name.

@@ -1,5 +1,7 @@
 #include "server/openai_request.h"
 
+#include "policy/streaming.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -335,11 +337,10 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
 
 // max_completion_tokens wins over max_tokens, as in vLLM. Returns the value
 // asked for and the field it came from; nullopt when neither is set.
-maybe_error read_max_tokens(const json& body, const api_context& ctx, std::optional<std::int64_t>& out,
-                            std::string& param) {
+maybe_error read_max_tokens(const json& body, std::int64_t most, std::optional<std::int64_t>& out, std::string& param) {
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     std::optional<std::int64_t> v;
-    PAGODA_API_TRY(read_int(body, name, 1, ctx.limits.max_tokens, v));
+    PAGODA_API_TRY(read_int(body, name, 1, most, v));
     if (v && !out) {
       out = v;
       param = name;
@@ -354,7 +355,11 @@ maybe_error finish_requests(const json& body, const api_context& ctx, api_kind k
   const char* prompt_param = kind == api_kind::chat ? "messages" : "prompt";
   std::optional<std::int64_t> asked;
   std::string param;
-  PAGODA_API_TRY(read_max_tokens(body, ctx, asked, param));
+  // A streaming window (StreamingLLM) generates past the context: its
+  // max_tokens is bounded by the server's cap only.
+  const bool streams = streams_past_context(base.kv_policy.empty() ? ctx.default_kv_policy : base.kv_policy,
+                                            ctx.limits.max_model_len);
+  PAGODA_API_TRY(read_max_tokens(body, streams ? ctx.limits.max_streaming_tokens : ctx.limits.max_tokens, asked, param));
   if (static_cast<std::int64_t>(prompts.size()) * call.n > ctx.limits.max_choices)
     return bad_request("n", fmt::format("{} prompts x n = {} choices, more than the server's limit of {}", prompts.size(),
                                         prompts.size() * call.n, ctx.limits.max_choices));
@@ -370,7 +375,7 @@ maybe_error finish_requests(const json& body, const api_context& ctx, api_kind k
     const std::int64_t room = ctx.limits.max_model_len - n_prompt;
     std::int64_t max_tokens = 0;
     if (asked) {
-      if (n_prompt + *asked > ctx.limits.max_model_len)
+      if (n_prompt + *asked > ctx.limits.max_model_len && !streams)
         return bad_request(param,
                            fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
                                        "tokens ({} in the {}, {} in the completion). Please reduce the length of the {} "

@@ -32,6 +32,7 @@ struct api_limits {
   int max_model_len = 2048;     // prompt + completion
   int max_prompt_tokens = 2048; // one prompt
   int max_tokens = 2048;        // the largest max_tokens a request may ask for
+  int max_streaming_tokens = 1 << 24;  // the same under a streaming window (policy/streaming.h), which runs past the context
   int max_choices = 16;         // n x number of prompts
   int max_stop = 16;            // stop strings
   int max_stop_bytes = 1024;    // one stop string
@@ -59,6 +60,10 @@ struct api_context {
   // own chat template text ("" when it has none).
   std::string model_path;
   std::string chat_template_source;
+  // The engine's default KV policy (--kv-policy): a request without its own
+  // follows it, and a streaming window (policy/streaming.h) lifts the context
+  // limit on max_tokens.
+  std::string default_kv_policy;
 };
 
 enum class api_kind { completion, chat };

@@ -17,6 +17,16 @@ spdlog::logger& server_logger() {
   return *logger;
 }
 
+std::string access_error_code(std::string_view body) {
+  for (std::string_view field : {std::string_view(R"("code":")"), std::string_view(R"("type":")")}) {
+    const std::size_t at = body.find(field);
+    if (at == std::string_view::npos) continue;
+    const std::size_t start = at + field.size(), end = body.find('"', start);
+    if (end != std::string_view::npos && end - start <= 64) return std::string(body.substr(start, end - start));
+  }
+  return {};
+}
+
 std::string format_access(const access_entry& e) {
   // The target as sent, cut and with control bytes escaped: a log line is one line.
   std::string target;
@@ -32,6 +42,7 @@ std::string format_access(const access_entry& e) {
     line += fmt::format(" prompt={} cached={} completion={}", e.prompt_tokens, std::max(e.cached_tokens, 0),
                         std::max(e.completion_tokens, 0));
   if (e.ttft_ms >= 0) line += fmt::format(" ttft={:.1f}ms", e.ttft_ms);
+  if (!e.error.empty()) line += fmt::format(" error={}", e.error.substr(0, 64));
   line += fmt::format(" {:.1f}ms", e.duration_ms);
   return line;
 }

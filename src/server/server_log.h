@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 
 #include <spdlog/logger.h>
 
@@ -28,8 +29,12 @@ struct access_entry {
   int prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;  // -1: not a generation
   double ttft_ms = -1;                              // -1: no token
   double duration_ms = 0;
+  std::string error;  // an error reply's code ("too_many_tokens", "invalid_request_error"), or ""
 };
 std::string format_access(const access_entry& e);
+// The code of an OpenAI-style error body ({"error": {..., "code": "x"}}), or
+// its "type" when it has no code: the first such field, or "".
+std::string access_error_code(std::string_view body);
 
 // Turns consecutive snapshots into engine lines.
 class stats_reporter {

@@ -76,6 +76,8 @@ class block_store {
   // tools: ls, verify, export).
   virtual status for_each(const std::function<bool(const store_key&, std::span<const std::byte>)>& fn) = 0;
   virtual store_tier_stats stats() = 0;
+  // Why the tier is down now ("" when it is up, or cannot tell): for /health.
+  virtual std::string down_reason() const { return {}; }
 };
 
 // An in-memory tier: the reference the other tiers are tested against.
@@ -106,6 +108,13 @@ struct disk_store_options {
   // started, logged and counted (errors, quarantined); false: opening it fails
   // with errc::corrupt instead (offline tools, which report and never move).
   bool quarantine_damaged = true;
+  // The process that serves from the store (true) takes the directory's lock
+  // (a second owner is refused, naming the holder's PID: two servers on one
+  // store would each evict what the other relies on) and records its size cap
+  // in the directory; a tool (false) takes no lock and, with
+  // use_recorded_capacity, reports the owner's recorded cap as its own.
+  bool owner = true;
+  bool use_recorded_capacity = false;
 };
 result<std::unique_ptr<block_store>> make_disk_store(const disk_store_options& options,
                                                      const clock_source& clock = system_clock_source());

@@ -16,6 +16,7 @@
 // sync, and nothing that answers a lookup takes it.
 #include <fcntl.h>
 #include <lmdb.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -149,6 +150,7 @@ class disk_store final : public block_store {
       (void)flush_hits();
     }
     close_env();
+    if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
   }
 
   // Opens the environment. A file that fails the structural check (or that
@@ -156,6 +158,8 @@ class disk_store final : public block_store {
   // moved aside under a timestamped name, and the store starts empty.
   status open() {
     PAGODA_RETURN_IF_ERROR(make_private_directories(o_.path));
+    if (o_.owner) PAGODA_RETURN_IF_ERROR(take_lock());
+    PAGODA_RETURN_IF_ERROR(o_.owner ? record_capacity() : read_recorded_capacity());
     const std::string data = o_.path + "/data.mdb";
     PAGODA_ASSIGN_OR_RETURN(const lmdb_check_report rep, check_lmdb_file(data));
     if (!rep.ok()) {
@@ -170,6 +174,53 @@ class disk_store final : public block_store {
       st = open_env();
     }
     return st;
+  }
+
+  // The directory's lock: flock on <dir>/lock, which holds the owner's PID.
+  status take_lock() {
+    const std::string path = o_.path + "/lock";
+    lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock_fd_ < 0) return error(errc::io_error, "KV store {}: cannot open {}: {}", o_.path, path, std::strerror(errno));
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      char pid[32] = {};
+      const ssize_t n = ::pread(lock_fd_, pid, sizeof(pid) - 1, 0);
+      std::string holder(pid, n > 0 ? static_cast<std::size_t>(n) : 0);
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      ::close(lock_fd_);
+      lock_fd_ = -1;
+      if (e == EWOULDBLOCK)
+        return error(errc::resource_exhausted,
+                     "KV store {} is in use by process {} (another pagoda serve?): give each server its own --kv-store "
+                     "directory; servers share KV through --kv-store-remote (Redis)",
+                     o_.path, holder.empty() ? std::string("?") : holder);
+      return error(errc::io_error, "KV store {}: cannot lock {}: {}", o_.path, path, std::strerror(e));
+    }
+    const std::string me = fmt::format("{}\n", ::getpid());
+    if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
+      return error(errc::io_error, "KV store {}: cannot write {}: {}", o_.path, path, std::strerror(errno));
+    return {};
+  }
+
+  // <dir>/capacity: the owner's size cap in bytes, for the tools (`pagoda kv stats`).
+  status record_capacity() const {
+    const std::string path = o_.path + "/capacity";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);  // private, as the store
+    const std::string text = fmt::format("{}\n", o_.capacity_bytes);
+    const bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    if (!ok) return error(errc::io_error, "KV store {}: cannot write {}: {}", o_.path, path, std::strerror(e));
+    return {};
+  }
+  status read_recorded_capacity() {
+    if (!o_.use_recorded_capacity) return {};
+    std::FILE* f = std::fopen((o_.path + "/capacity").c_str(), "r");
+    if (!f) return {};  // never served from: the tool's own cap
+    long long bytes = 0;
+    if (std::fscanf(f, "%lld", &bytes) == 1 && bytes >= (1 << 20)) o_.capacity_bytes = bytes;
+    std::fclose(f);
+    return {};
   }
 
   const char* tier() const override { return "disk"; }
@@ -657,6 +708,7 @@ class disk_store final : public block_store {
 
   disk_store_options o_;
   const clock_source& clock_;
+  int lock_fd_ = -1;  // the directory's lock, held while open (owner only)
   MDB_env* env_ = nullptr;
   MDB_dbi blocks_ = 0, meta_ = 0;
   std::mutex write_mu_;  // one writer at a time; held across LMDB write transactions

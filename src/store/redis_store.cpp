@@ -154,6 +154,11 @@ class redis_store final : public block_store {
     return s;
   }
 
+ std::string down_reason() const override {
+    std::lock_guard lock(reason_mu_);
+    return reason_copy_;
+  }
+
  private:
   // Opens a connection (TLS, AUTH, SELECT, PING); a failure is logged when its
   // reason differs from the last one, so a tier that stays down logs once.
@@ -163,18 +168,24 @@ class redis_store final : public block_store {
     auto c = redis_connection::open(o_, creds_);
     if (!c.ok()) {
       if (log) note_down_locked(c.error().message());
-      else down_reason_ = c.error().message();
+      else set_down_reason_locked(c.error().message());
       return c.error();
     }
     conn_ = std::move(*c);
     if (!down_reason_.empty()) std::fprintf(stderr, "pagoda: Redis tier %s:%d is back\n", o_.host.c_str(), o_.port);
-    down_reason_.clear();
+    set_down_reason_locked("");
     return {};
   }
 
   void note_down_locked(const std::string& why) {
     if (why != down_reason_) std::fprintf(stderr, "pagoda: Redis tier is down: %s\n", why.c_str());
+    set_down_reason_locked(why);
+  }
+  // down_reason_ and the copy down_reason() reads without waiting on a round trip.
+  void set_down_reason_locked(const std::string& why) {
     down_reason_ = why;
+    std::lock_guard lock(reason_mu_);
+    reason_copy_ = why;
   }
 
   status ensure_connected_locked() {
@@ -246,6 +257,8 @@ class redis_store final : public block_store {
   std::mutex mu_;  // the connection; held across round trips
   std::unique_ptr<redis_connection> conn_;  // null: down
   std::string down_reason_;                 // why the last connection failed or was lost; "" when up
+  mutable std::mutex reason_mu_;            // guards reason_copy_ (never held across I/O)
+  std::string reason_copy_;
   std::int64_t last_attempt_us_ = INT64_MIN / 2;  // monotonic_us of the last connection attempt
   std::mutex stats_mu_;
   store_tier_stats stats_;

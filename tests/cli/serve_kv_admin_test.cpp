@@ -361,3 +361,68 @@ TEST(serve_kv_admin, a_full_disk_stops_write_back_and_serving_continues) {
 
 }  // namespace
 }  // namespace pagoda::test
+
+namespace pagoda::test {
+namespace {
+
+// Two servers on one disk store would each evict what the other relies on:
+// the second is refused at start, naming the first one's PID.
+TEST(serve_kv_admin, a_second_server_on_one_disk_store_is_refused_naming_the_first) {
+  temp_dir dir("kvlock");
+  const std::string disk = (dir.path / "kv").string();
+  auto args = store_test_args();
+  args.insert(args.end(), {"--kv-store", disk + ",size=0.5"});
+  serve_process first(args);
+  ASSERT_TRUE(first.running());
+  std::string second = "serve --port 0";
+  for (const std::string& a : args) second += " " + shell_quote(a);
+  const cli_result r = run_cli(second);
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("in use by process " + std::to_string(first.pid())), std::string::npos) << r.err;
+  // And `pagoda kv stats` reads beside it, with the server's cap (0.5 GiB), not a tool's default (8 GiB).
+  const cli_result stats = run_cli("kv stats --store " + shell_quote(disk));
+  EXPECT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_NE(stats.out.find("capacity 512"), std::string::npos) << stats.out;
+  first.stop(SIGTERM);
+}
+
+// /health names each store tier's state: Redis down (with why) while it is,
+// up once it is back, down again after it goes; serving never stops.
+TEST(serve_kv_admin, health_shows_the_redis_tier_going_down_and_up) {
+  redis_server redis;
+  redis.stop();
+  auto args = store_test_args();
+  args.insert(args.end(), {"--no-kv-store", "--kv-store-remote", redis.url()});
+  serve_process s(args);
+  ASSERT_TRUE(s.running());
+  auto redis_state = [&] {
+    const json h = call(s.port(), "GET", "/health");
+    EXPECT_EQ(h["status"], "ok") << h;
+    for (const json& t : h.value("kv_store", json::array()))
+      if (t["tier"] == "redis") return t;
+    ADD_FAILURE() << "no redis tier in /health: " << h;
+    return json();
+  };
+  json down = redis_state();
+  EXPECT_EQ(down["up"], false) << down;
+  EXPECT_FALSE(down.value("reason", "").empty()) << down;
+  redis.start();
+  // The tier reconnects when it is next used (at most once a second): keep asking with requests.
+  bool up = false;
+  for (int i = 0; i < 100 && !up; ++i) {
+    EXPECT_EQ(complete(s.port(), story_prompt(i), 2)["http_status"], 200);
+    up = redis_state()["up"] == true;
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(up) << redis_state();
+  redis.stop();
+  bool again = false;
+  for (int i = 0; i < 100 && !again; ++i) {
+    EXPECT_EQ(complete(s.port(), story_prompt(100 + i), 2)["http_status"], 200);
+    again = redis_state()["up"] == false;
+  }
+  EXPECT_TRUE(again) << redis_state();
+}
+
+}  // namespace
+}  // namespace pagoda::test

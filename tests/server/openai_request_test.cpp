@@ -257,6 +257,28 @@ TEST(openai_request, kv_policy_is_checked) {
   }
 }
 
+// StreamingLLM: a fixed window renumbered within the cache may ask for more
+// tokens than the context holds, by its own kv_policy or the server's
+// default; any other policy may not.
+TEST(openai_request, a_streaming_window_asks_past_the_context) {
+  api_context ctx = context();
+  const int past = ctx.limits.max_model_len * 10;
+  const json body = {{"prompt", "Once"}, {"max_tokens", past}, {"kv_policy", "window:budget=32,positions=cache"}};
+  auto r = parse_request(api_kind::completion, body, ctx, "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_EQ(r.value->requests[0].max_tokens, past);
+  for (const char* policy : {"window:budget=32", "window:budget=0.25,positions=cache", "h2o:budget=32", ""}) {
+    json b = body;
+    if (*policy) b["kv_policy"] = policy;
+    else b.erase("kv_policy");
+    EXPECT_FALSE(parse_request(api_kind::completion, b, ctx, "").ok()) << policy;
+  }
+  ctx.default_kv_policy = "window:budget=32,positions=cache";  // the server's --kv-policy
+  json by_default = body;
+  by_default.erase("kv_policy");
+  EXPECT_TRUE(parse_request(api_kind::completion, by_default, ctx, "").ok());
+}
+
 // Pagoda's speculative extension: a bad drafter, parameter or k is a 400 naming the field.
 TEST(openai_request, speculative_is_checked) {
   api_context ctx = context();

@@ -25,6 +25,16 @@ TEST(server_log, access_line_fields_and_escapes) {
   bad.status = 400;
   bad.version = 10;
   EXPECT_EQ(format_access(bad), "- \"- /x\\x0d\\x0aInjected: yes\\x22 HTTP/1.0\" 400 0.0ms");
+  bad.error = "too_many_tokens";  // why it was refused
+  EXPECT_EQ(format_access(bad), "- \"- /x\\x0d\\x0aInjected: yes\\x22 HTTP/1.0\" 400 error=too_many_tokens 0.0ms");
+}
+
+TEST(server_log, an_error_replys_code_for_the_access_line) {
+  EXPECT_EQ(access_error_code(R"({"error":{"message":"too long","type":"invalid_request_error","param":"prompt","code":"too_many_tokens"}})"),
+            "too_many_tokens");
+  EXPECT_EQ(access_error_code(R"({"error":{"message":"m","type":"invalid_request_error","param":null,"code":null}})"),
+            "invalid_request_error");
+  EXPECT_EQ(access_error_code("not json"), "");
 }
 
 TEST(server_log, engine_line_rates_over_the_interval) {

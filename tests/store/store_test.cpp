@@ -265,6 +265,31 @@ TEST(disk_store, entries_survive_a_reopen) {
   fs::remove_all(dir);
 }
 
+// One owner at a time: a second server on the same directory is refused,
+// naming the holder's PID; a tool opens beside it and reports the owner's
+// size cap, not its own default.
+TEST(disk_store, one_owner_at_a_time_and_tools_see_its_cap) {
+  const std::string dir = temp_dir("owner");
+  {
+    auto owner = make_disk_store({dir, 48 << 20, 0});
+    ASSERT_TRUE(owner.ok()) << owner.error().message();
+    auto second = make_disk_store({dir, 16 << 20, 0});
+    ASSERT_FALSE(second.ok());
+    EXPECT_NE(second.error().message().find("in use by process " + std::to_string(::getpid())), std::string::npos)
+        << second.error().message();
+    disk_store_options tool{dir, 8 << 20, 0};
+    tool.owner = false;
+    tool.use_recorded_capacity = true;
+    auto t = make_disk_store(tool);
+    ASSERT_TRUE(t.ok()) << t.error().message();
+    EXPECT_EQ((*t)->stats().capacity_bytes, 48 << 20);
+  }
+  // The owner gone, the lock is free.
+  auto next = make_disk_store({dir, 16 << 20, 0});
+  EXPECT_TRUE(next.ok()) << next.error().message();
+  fs::remove_all(dir);
+}
+
 // Over its cap the tier keeps what is read often: a block read many times
 // outlives blocks written after it and never read.
 TEST(disk_store, the_cap_evicts_cold_entries_before_hot_ones) {
