@@ -2,20 +2,20 @@
 // through the public engine (pagoda/engine.h), as a library user would run it.
 #include <time.h>
 
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cli/chat.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/sampling_options.h"
 #include "core/clock.h"
 #include "pagoda/engine.h"
 #include "policy/streaming.h"
@@ -28,38 +28,10 @@ struct run_options {
   std::string prompt;
   std::string prompt_file;
   int n_predict = 128;
-  sampling_params sampling;
-  bool ignore_eos = false;
-  std::vector<std::string> logit_bias;  // llama.cpp's TOKEN+BIAS / TOKEN-BIAS
+  sampling_flags sampling;
   bool json = false;
-  bool seed_given = false;  // -s: else a fresh seed, printed so the run can be repeated
+  bool conversation = false;  // -cnv: a chat session instead (the prompt is its system message)
 };
-
-// llama.cpp's --logit-bias: "15043+1.5" or "15043-inf" (-inf: never).
-status parse_logit_bias(const std::vector<std::string>& specs, sampling_params& p) {
-  for (const std::string& spec : specs) {
-    const std::size_t at = spec.find_first_of("+-", 1);
-    token_id token = -1;
-    float bias = 0;
-    const char* end = spec.data() + spec.size();
-    const char* split = at == std::string::npos ? end : spec.data() + at;
-    const auto [tp, tec] = std::from_chars(spec.data(), split, token);
-    bool ok = at != std::string::npos && tec == std::errc() && tp == split && token >= 0;
-    if (ok) {
-      const std::string value = spec.substr(at);
-      if (value == "-inf") {
-        bias = -100.0f;
-      } else {
-        char* vend = nullptr;
-        bias = std::strtof(value.c_str(), &vend);
-        ok = vend == value.c_str() + value.size();
-      }
-    }
-    if (!ok) return error(errc::invalid_argument, "--logit-bias '{}': expected TOKEN+BIAS or TOKEN-BIAS, e.g. 15043+1", spec);
-    p.logit_bias.emplace_back(token, bias);
-  }
-  return {};
-}
 
 // CPU time of the whole process (every thread), in microseconds. Next to the
 // wall time it says how much of a run the machine gave us: on a shared
@@ -86,9 +58,7 @@ result<std::string> read_prompt_file(const std::string& path) {
 }
 
 int run(run_options o) {
-  if (!o.seed_given) o.sampling.seed = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
-  PAGODA_RETURN_IF_ERROR_CLI(parse_logit_bias(o.logit_bias, o.sampling));
-  if (auto st = o.sampling.validate(); !st.ok()) return fail(st);
+  PAGODA_RETURN_IF_ERROR_CLI(finish_sampling_options(o.sampling));
   if (!o.prompt_file.empty()) {
     PAGODA_ASSIGN_OR_RETURN_CLI(o.prompt, read_prompt_file(o.prompt_file));
   }
@@ -112,8 +82,8 @@ int run(run_options o) {
   req.max_tokens = streams_past_context(o.config.kv_policy, info.n_ctx)
                        ? o.n_predict
                        : std::min(o.n_predict, info.n_ctx - static_cast<int>(prompt.size()));
-  req.sampling = o.sampling;
-  req.ignore_eos = o.ignore_eos;
+  req.sampling = o.sampling.sampling;
+  req.ignore_eos = o.sampling.ignore_eos;
 
   // Refused (a pool too small for prompt + -n, ...) before anything is printed.
   const std::int64_t t0 = now_us(), cpu0 = process_cpu_us();
@@ -181,7 +151,7 @@ int run(run_options o) {
     j["tokens"] = generated;
     j["text"] = text;
     j["stop_reason"] = stop_reason;
-    j["seed"] = o.sampling.seed;
+    j["seed"] = o.sampling.sampling.seed;
     j["timings"] = {{"prompt_ms", prompt_s * 1e3},
                     {"prompt_tokens_per_s", prompt.size() / std::max(prompt_s, 1e-9)},
                     {"generation_ms", gen_s * 1e3},
@@ -216,9 +186,9 @@ int run(run_options o) {
                human_bytes(static_cast<double>(kv_used)).c_str(), kv.n_blocks_used_peak, info.kv_block_size,
                human_bytes(info.kv_bytes_per_token).c_str(), info.kv_layout.c_str(),
                human_bytes(static_cast<double>(info.kv_bytes_total)).c_str());
-  if (!o.sampling.is_greedy())
-    std::fprintf(stderr, "pagoda: seed %llu%s\n", static_cast<unsigned long long>(o.sampling.seed),
-                 o.seed_given ? "" : " (drawn for this run; --seed repeats it)");
+  if (!o.sampling.sampling.is_greedy())
+    std::fprintf(stderr, "pagoda: seed %llu%s\n", static_cast<unsigned long long>(o.sampling.sampling.seed),
+                 o.sampling.seed_given ? "" : " (drawn for this run; --seed repeats it)");
   if (const speculation_usage sp = eng->speculation(); sp.n_drafts > 0)
     std::fprintf(stderr, "pagoda: speculative: %lld of %lld draft tokens accepted (%.1f%%), %.2f tokens per verification step; "
                  "%.1f ms drafting, %.1f ms verifying\n",
@@ -240,28 +210,30 @@ void register_run(CLI::App& app, std::function<int()>& action) {
   CLI::Option* file = cmd->add_option("-f,--file", opts->prompt_file, "read the prompt from a file (llama.cpp's -f)");
   prompt->excludes(file);
   cmd->add_option("-n,--n-predict", opts->n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
-  cmd->add_option("--temp,--temperature", opts->sampling.temperature, "temperature (0 = greedy)");
-  cmd->add_option("--top-k", opts->sampling.top_k, "top-k (0 = off)");
-  cmd->add_option("--top-p", opts->sampling.top_p, "top-p (1 = off)");
-  cmd->add_option("--min-p", opts->sampling.min_p, "min-p (0 = off)");
-  cmd->add_option("--repeat-penalty,--repetition-penalty", opts->sampling.repetition_penalty,
-                  "divide the logits of tokens already in the prompt or output (1 = off; docs/serving.md)");
-  cmd->add_option("--presence-penalty", opts->sampling.presence_penalty, "subtract from tokens already generated (0 = off)");
-  cmd->add_option("--frequency-penalty", opts->sampling.frequency_penalty,
-                  "subtract per occurrence in the output (0 = off)");
-  cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating past the end-of-generation token");
-  cmd->add_option("-l,--logit-bias", opts->logit_bias,
-                  "TOKEN+BIAS or TOKEN-BIAS added to a token's logit, bias in [-100, 100] (-inf: never); repeatable");
-  CLI::Option* seed = cmd->add_option("-s,--seed", opts->sampling.seed,
-                                      "random seed (default: a fresh one each run, printed on stderr)")
-                             ->default_str("fresh");
+  add_sampling_options(cmd, opts->sampling);
   cmd->add_option("-b,--ubatch,--max-num-batched-tokens", opts->config.max_num_batched_tokens,
                   "prompt tokens per forward step")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
-  cmd->callback([opts, &action, prompt, file, seed] {
+  cmd->add_flag("--conversation", opts->conversation,
+                "an interactive chat instead (llama.cpp's -cnv; the same as `pagoda chat`): -p or -f is its system "
+                "message, -n the tokens of each reply");
+  cmd->callback([opts, &action, prompt, file] {
+    if (opts->conversation) {
+      action = [opts] {
+        chat_options c;
+        c.engine.config = opts->config;
+        c.sampling = opts->sampling;
+        c.n_predict = opts->n_predict;
+        c.system = opts->prompt;
+        if (!opts->prompt_file.empty()) {
+          PAGODA_ASSIGN_OR_RETURN_CLI(c.system, read_prompt_file(opts->prompt_file));
+        }
+        return run_chat(std::move(c));
+      };
+      return;
+    }
     if (prompt->count() + file->count() == 0) throw CLI::RequiredError("a prompt: -p TEXT or -f FILE");
-    opts->seed_given = seed->count() > 0;
     action = [opts] { return run(*opts); };
   });
 }

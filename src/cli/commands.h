@@ -23,6 +23,7 @@
 namespace pagoda::cli {
 
 void register_run(CLI::App& app, std::function<int()>& action);
+void register_chat(CLI::App& app, std::function<int()>& action);
 void register_tokenize(CLI::App& app, std::function<int()>& action);
 void register_perplexity(CLI::App& app, std::function<int()>& action);
 void register_info(CLI::App& app, std::function<int()>& action);

@@ -224,7 +224,7 @@ void normalize_args(int& argc, char**& argv) {
         {"-ngld", "--n-gpu-layers-draft"}, {"-fa", "--flash-attn"}, {"-sm", "--split-mode"},
         {"-mg", "--main-gpu"},      {"-ts", "--tensor-split"},    {"-nkvo", "--no-kv-offload"},
         {"-dev", "--device"},       {"-hf", "--hf-repo"},         {"-hfr", "--hf-repo"},
-        {"-hff", "--hf-file"}};
+        {"-hff", "--hf-file"},      {"-cnv", "--conversation"}};
     for (const auto& [short_name, long_name] : k_long) {
       if (a == short_name) a = long_name;
       else if (a.size() > std::strlen(short_name) && a.compare(0, std::strlen(short_name), short_name) == 0 &&

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   });
   std::function<int()> action;
   register_run(app, action);
+  register_chat(app, action);
   register_tokenize(app, action);
   register_perplexity(app, action);
   register_info(app, action);

@@ -207,7 +207,7 @@ TEST(cli_usage, a_missing_file_is_named_once) {
 // --help shows each option's default, never a false one: no "{false}"
 // beside "default on", no seed 0 where each run draws its own.
 TEST(cli_usage, help_shows_true_defaults) {
-  for (const char* cmd : {"serve --help", "batch --help", "run --help", "perplexity --help"}) {
+  for (const char* cmd : {"serve --help", "batch --help", "run --help", "chat --help", "perplexity --help"}) {
     auto r = run_cli(cmd);
     ASSERT_EQ(r.exit_code, 0) << cmd;
     EXPECT_EQ(r.out.find("{false}"), std::string::npos) << cmd << ":\n" << r.out;
