@@ -177,10 +177,12 @@ TEST(warehouse_engine, reused_chunks_survive_a_restart_and_never_cross_models) {
     node writer(config(dir), *other);
     writer.run(x);
   }
-  node reader(config(dir), *other);
-  x.id = "y";
-  reader.run(x);
-  EXPECT_GT(reader.core->stats().n_loaded_tokens, 0) << "the same model loads its chunk from disk";
+  {  // one owner of the directory at a time, as servers are (the store's lock)
+    node reader(config(dir), *other);
+    x.id = "y";
+    reader.run(x);
+    EXPECT_GT(reader.core->stats().n_loaded_tokens, 0) << "the same model loads its chunk from disk";
+  }
   // stories260K on the same tokens (ids valid in both vocabularies): nothing loads.
   node stories_node(config(dir));
   x.id = "z";
