@@ -220,7 +220,8 @@ std::string store_note(const chat_session& s, const turn_stats& t) {
 
 void print_stats(const chat_session& s) {
   const kv_metrics kv = s.stack.core->kv_stats();
-  std::printf("conversation: %zu messages, %d tokens of a %d-token context\n", s.messages.size(), s.n_tokens, s.n_ctx);
+  std::printf("conversation: %zu message%s, %d tokens of a %d-token context\n", s.messages.size(),
+              s.messages.size() == 1 ? "" : "s", s.n_tokens, s.n_ctx);
   if (s.have_turn) {
     const turn_stats& t = s.last;
     std::printf("last turn: prompt %d tokens, %d cached%s, %d computed in %.1f ms\n", t.prompt_tokens, t.cached_tokens,
@@ -444,7 +445,8 @@ void register_chat(CLI::App& app, std::function<int()>& action) {
                   "tokens per reply at most (-1: until the model ends it or the context is full)")
       ->check(CLI::Range(-1, 1 << 24));
   cmd->add_option("--chat-template", opts->chat_template,
-                  "the chat template family (chatml, llama3, ...; default: recognised from the model)");
+                  "the chat template family (chatml, llama3, ...; default: recognised from the model)")
+      ->each(check_chat_template_name);
   add_sampling_options(cmd, opts->sampling);
   cmd->callback([opts, positional, &action] {
     resolve_positional_model(opts->engine.config.model_path, *positional);

@@ -337,7 +337,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                 "serve without API keys even when --tenants lists none (an empty key source is otherwise an error)");
   cmd->add_option("--chat-template", opts->chat_template,
                   "chat format: plain, chatml, llama2, llama3, mistral, gemma, phi3, zephyr, deepseek, deepseek3 "
-                  "(default: recognised from the model)");
+                  "(default: recognised from the model)")
+      ->each(check_chat_template_name);
   cmd->add_option("--served-model-name", opts->served_model_name, "the model's name in the API (default: file name)");
   cmd->add_option("--max-waiting", opts->max_waiting, "requests queued at once before 429 (default 128)")
       ->check(CLI::Range(1, 1 << 20));

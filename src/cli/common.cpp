@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include "server/chat_template.h"
+
 #include <pthread.h>
 
 #include "spec/speculative.h"
@@ -279,6 +281,14 @@ int fail_engine(const status& st) {
   fail(st);
   const std::string& m = st.message();
   return m.starts_with("--speculative") || m.starts_with("--draft-model") || m.starts_with("--kv-share") ? 2 : 1;
+}
+
+void check_chat_template_name(const std::string& name) {
+  if (server::chat_format_from_name(name)) return;
+  std::string names;
+  for (server::chat_format f : server::all_chat_formats())
+    names += std::string(names.empty() ? "" : ", ") + server::chat_format_name(f);
+  throw usage_error(fmt::format("--chat-template '{}': unknown; expected one of {}", name, names));
 }
 
 std::string human_bytes(double bytes) {

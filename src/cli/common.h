@@ -81,6 +81,8 @@ int fail(const status& st);
 int fail_engine(const status& st);
 
 std::string human_bytes(double bytes);
+// --chat-template NAME (serve, chat): an unknown family is a usage error (exit 2) naming the known ones.
+void check_chat_template_name(const std::string& name);
 
 // Blocks SIGINT and SIGTERM in this thread (and every thread it starts
 // later, which inherit the mask) for one thread to sigwait() on them;

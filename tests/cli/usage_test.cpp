@@ -206,6 +206,13 @@ TEST(cli_usage, a_missing_file_is_named_once) {
 
 // --help shows each option's default, never a false one: no "{false}"
 // beside "default on", no seed 0 where each run draws its own.
+// An unknown chat template family is a usage error before the model loads.
+TEST(cli_usage, an_unknown_chat_template_is_a_usage_error) {
+  for (const char* cmd : {"chat", "serve"})
+    expect_usage_error(run_cli(std::string(cmd) + " -m " + shell_quote(model_path()) + " --chat-template nope"),
+                       "--chat-template 'nope': unknown; expected one of plain, chatml");
+}
+
 TEST(cli_usage, help_shows_true_defaults) {
   for (const char* cmd : {"serve --help", "batch --help", "run --help", "chat --help", "perplexity --help"}) {
     auto r = run_cli(cmd);
