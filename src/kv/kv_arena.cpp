@@ -646,27 +646,35 @@ void kv_arena::merge_write(int layer, std::span<const block_id> blocks, int slot
   const std::size_t row = static_cast<std::size_t>(n_heads) * hd;
   float* sk = merge_scratch_.data();
   float* sv = sk + 3 * static_cast<std::size_t>(hd);
+  // The tiles of the (block, head) being merged: the one decode callback
+  // (made once, not per token and head) reads a displaced slot from them.
+  const tensor* tk = nullptr;
+  const tensor* tv = nullptr;
+  std::byte* tile_k = nullptr;
+  std::byte* tile_v = nullptr;
+  int head = 0;
+  const kv_merge_decode decode = [&](int s, float* ko, float* vo) {
+    tk->codec->decode(tk->format, shape, tk->params(head), tile_k, s, 1, ko);
+    tv->codec->decode(tv->format, shape, tv->params(head), tile_v, s, 1, vo);
+  };
   for (int i = 0; i < n; ++i) {
     const int p = slot + i;
     PAGODA_ASSERT(p / bs < static_cast<int>(blocks.size()), "slot {} has no block (table holds {})", p, blocks.size());
     const block_id b = blocks[static_cast<std::size_t>(p / bs)];
-    tensor& tk = k_of(b, layer);
-    tensor& tv = v_of(b, layer);
-    PAGODA_ASSERT(tk.sealed_index < 0 && tv.sealed_index < 0, "merged layer {} of a sealed format", layer);
-    for (int h = 0; h < n_heads; ++h) {
-      std::byte* tile_k = tile(tk, b, h);
-      std::byte* tile_v = tile(tv, b, h);
-      const std::size_t at_row = static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * hd;
+    tk = &k_of(b, layer);
+    tv = &v_of(b, layer);
+    PAGODA_ASSERT(tk->sealed_index < 0 && tv->sealed_index < 0, "merged layer {} of a sealed format", layer);
+    for (head = 0; head < n_heads; ++head) {
+      tile_k = tile(*tk, b, head);
+      tile_v = tile(*tv, b, head);
+      const std::size_t at_row = static_cast<std::size_t>(i) * row + static_cast<std::size_t>(head) * hd;
       kv_merge_write writes[2];
-      kv_merge_token(merge_head(b, layer, h), p % bs, {prod_k + at_row, prod_v + at_row, k + at_row, v + at_row},
-                     layout().merge_t, sk, sv, writes, [&](int s, float* ko, float* vo) {
-                       tk.codec->decode(tk.format, shape, tk.params(h), tile_k, s, 1, ko);
-                       tv.codec->decode(tv.format, shape, tv.params(h), tile_v, s, 1, vo);
-                     });
+      kv_merge_token(merge_head(b, layer, head), p % bs, {prod_k + at_row, prod_v + at_row, k + at_row, v + at_row},
+                     layout().merge_t, sk, sv, writes, decode);
       for (const kv_merge_write& w : writes) {
         if (w.slot < 0) continue;
-        tk.codec->encode(tk.format, shape, tk.params(h), w.k, w.slot, 1, tile_k);
-        tv.codec->encode(tv.format, shape, tv.params(h), w.v, w.slot, 1, tile_v);
+        tk->codec->encode(tk->format, shape, tk->params(head), w.k, w.slot, 1, tile_k);
+        tv->codec->encode(tv->format, shape, tv->params(head), w.v, w.slot, 1, tile_v);
       }
     }
     // A full block's key summary follows its rewritten keys.
