@@ -72,6 +72,7 @@ result<std::unique_ptr<kv_arena>> kv_arena::create(std::span<const kv_class_spec
                    std::strerror(errno));
     s->slot_block_.assign(s->n_slots_, -1);
     s->slot_fill_.assign(s->n_slots_ * s->slot_stride_, 0);
+    s->merge_pending_.assign(s->n_slots_ * s->slot_stride_, 0);
     for (std::int64_t i = s->n_slots_ - 1; i >= 0; --i) s->free_slots_.push_back(static_cast<std::int32_t>(i));
   }
   {
@@ -232,6 +233,7 @@ std::int32_t kv_arena::acquire_slot(block_id b) {
   slot_block_[slot] = b.value;
   block_slot_[at(b)] = slot;
   std::fill_n(slot_fill_.begin() + static_cast<std::ptrdiff_t>(slot) * slot_stride_, slot_stride_, 0);
+  std::fill_n(merge_pending_.begin() + static_cast<std::ptrdiff_t>(slot) * slot_stride_, slot_stride_, 0);
   peak_slots_in_use_ = std::max(peak_slots_in_use_, ++slots_in_use_);
   return slot;
 }
@@ -244,8 +246,12 @@ void kv_arena::release_slot(std::int32_t slot) {
 }
 
 bool kv_arena::slot_sealed(std::int32_t slot, int cls) const {
-  const std::int32_t* fills = &slot_fill_[static_cast<std::size_t>(slot) * slot_stride_];
-  return std::all_of(fills, fills + classes_[cls].n_sealed, [&](std::int32_t f) { return f == layout().block_size; });
+  const std::size_t at = static_cast<std::size_t>(slot) * slot_stride_;
+  const std::int32_t* fills = &slot_fill_[at];
+  const std::uint8_t* pending = &merge_pending_[at];
+  const int n = classes_[cls].n_sealed;
+  return std::all_of(fills, fills + n, [&](std::int32_t f) { return f == layout().block_size; }) &&
+         std::none_of(pending, pending + n, [](std::uint8_t x) { return x != 0; });
 }
 
 void kv_arena::hold_staging(block_id b) {
@@ -328,6 +334,17 @@ std::optional<key_summary> kv_arena::key_summary_of(block_id b, int layer, int h
 
 // --- writes and views ---------------------------------------------------------
 
+void kv_arena::seal_from_staging(tensor& a, block_id id, std::int32_t slot) {
+  const int bs = layout().block_size;
+  const kv_tile_shape shape = layout().tile_shape();
+  const kv_codec* f16 = get_kv_codec(kv_type::f16);
+  const kv_format staged_fmt = kv_staged_format(a.format.role);
+  for (int h = 0; h < layout().n_kv_heads; ++h) {
+    f16->decode(staged_fmt, shape, nullptr, staged_tile(slot, a.sealed_index, h), 0, bs, gather_.data());
+    a.codec->encode(a.format, shape, nullptr, gather_.data(), 0, bs, tile(a, id, h));
+  }
+}
+
 void kv_arena::write_run(tensor& a, int layer, block_id id, int t0, int run, const float* x) {
   const int bs = layout().block_size;
   const int hd = layout().head_dim;
@@ -375,11 +392,12 @@ void kv_arena::write_run(tensor& a, int layer, block_id id, int t0, int run, con
         f16->encode(staged_fmt, shape, nullptr, gather, t0, run, staged_tile(slot, a.sealed_index, h));
       }
       fill = t0 + run;
-      if (fill == bs)  // seal: encode the staged block
-        for (int h = 0; h < n_heads; ++h) {
-          f16->decode(staged_fmt, shape, nullptr, staged_tile(slot, a.sealed_index, h), 0, bs, gather);
-          a.codec->encode(a.format, shape, nullptr, gather, 0, bs, tile(a, id, h));
-        }
+      if (fill == bs) {  // seal: encode the staged block
+        seal_from_staging(a, id, slot);
+        // A merged layer's reader rewrites the block next (merge_write), from
+        // this staging, which stays until it seals the block again.
+        if (merge_[static_cast<std::size_t>(layer)]) merge_pending_[static_cast<std::size_t>(slot) * slot_stride_ + a.sealed_index] = 1;
+      }
     }
     if (slot >= 0 && !held(id) && slot_sealed(slot, a.cls)) release_slot(slot);
   }
@@ -644,42 +662,113 @@ void kv_arena::merge_write(int layer, std::span<const block_id> blocks, int slot
   const int bs = layout().block_size, hd = layout().head_dim, n_heads = layout().n_kv_heads;
   const kv_tile_shape shape = layout().tile_shape();
   const std::size_t row = static_cast<std::size_t>(n_heads) * hd;
+  const std::size_t block_rows = static_cast<std::size_t>(bs) * hd;
   float* sk = merge_scratch_.data();
   float* sv = sk + 3 * static_cast<std::size_t>(hd);
-  // The tiles of the (block, head) being merged: the one decode callback
-  // (made once, not per token and head) reads a displaced slot from them.
-  const tensor* tk = nullptr;
-  const tensor* tv = nullptr;
-  std::byte* tile_k = nullptr;
-  std::byte* tile_v = nullptr;
-  int head = 0;
+  // Where one role's rows of the (block, head) being merged are read and
+  // written: its tile (a per-token format), its staged f16 copy (a sealed
+  // format, the block open or just sealed by its producer), or a block of
+  // rows here (a sealed format, the block written whole in this step: it
+  // has no staging, and is encoded once its last slot is merged).
+  struct rows_at {
+    const kv_codec* codec = nullptr;
+    kv_format format;
+    const kv_static_params* params = nullptr;
+    std::byte* tile = nullptr;
+    float* rows = nullptr;  // [block_size][head_dim], or null
+  };
+  rows_at at_k, at_v;
+  const kv_codec* f16 = get_kv_codec(kv_type::f16);
+  auto locate = [&](tensor& t, block_id b, int head, float* whole) {
+    rows_at r;
+    if (t.sealed_index < 0) {
+      r = {t.codec, t.format, t.params(head), tile(t, b, head), nullptr};
+    } else if (const std::int32_t st = slot_of(b); st >= 0) {
+      r = {f16, kv_staged_format(t.format.role), nullptr, staged_tile(st, t.sealed_index, head), nullptr};
+    } else {
+      r.rows = whole + static_cast<std::size_t>(head) * block_rows;
+    }
+    return r;
+  };
+  auto read_row = [&](const rows_at& r, int s, float* out) {
+    if (r.rows) std::copy_n(r.rows + static_cast<std::size_t>(s) * hd, hd, out);
+    else r.codec->decode(r.format, shape, r.params, r.tile, s, 1, out);
+  };
+  auto write_row = [&](const rows_at& r, int s, const float* x) {
+    if (!r.rows) {
+      r.codec->encode(r.format, shape, r.params, x, s, 1, r.tile);
+      return;
+    }
+    for (int d = 0; d < hd; ++d) r.rows[static_cast<std::size_t>(s) * hd + d] = fp16_to_f32(f32_to_fp16(x[d]));  // as staging holds it
+  };
+  // The one decode callback (made once, not per token and head) reads a displaced slot.
   const kv_merge_decode decode = [&](int s, float* ko, float* vo) {
-    tk->codec->decode(tk->format, shape, tk->params(head), tile_k, s, 1, ko);
-    tv->codec->decode(tv->format, shape, tv->params(head), tile_v, s, 1, vo);
+    read_row(at_k, s, ko);
+    read_row(at_v, s, vo);
   };
   for (int i = 0; i < n; ++i) {
     const int p = slot + i;
     PAGODA_ASSERT(p / bs < static_cast<int>(blocks.size()), "slot {} has no block (table holds {})", p, blocks.size());
     const block_id b = blocks[static_cast<std::size_t>(p / bs)];
-    tk = &k_of(b, layer);
-    tv = &v_of(b, layer);
-    PAGODA_ASSERT(tk->sealed_index < 0 && tv->sealed_index < 0, "merged layer {} of a sealed format", layer);
-    for (head = 0; head < n_heads; ++head) {
-      tile_k = tile(*tk, b, head);
-      tile_v = tile(*tv, b, head);
+    tensor& tk = k_of(b, layer);
+    tensor& tv = v_of(b, layer);
+    const bool whole = (tk.sealed_index >= 0 || tv.sealed_index >= 0) && slot_of(b) < 0;
+    if (whole && p % bs == 0) {
+      // A block written whole in this step: its rows start as the producer's,
+      // rounded through f16 as its write encoded them.
+      PAGODA_ASSERT(n - i >= bs, "merge_write of block {} from slot {}: a sealed block without staging is merged whole",
+                    b.value, p % bs);
+      merge_block_.resize(2 * static_cast<std::size_t>(n_heads) * block_rows);
+      for (int h = 0; h < n_heads; ++h)
+        for (int j = 0; j < bs; ++j)
+          for (int d = 0; d < hd; ++d) {
+            const std::size_t from = static_cast<std::size_t>(i + j) * row + static_cast<std::size_t>(h) * hd + d;
+            const std::size_t to = static_cast<std::size_t>(h) * block_rows + static_cast<std::size_t>(j) * hd + d;
+            merge_block_[to] = fp16_to_f32(f32_to_fp16(prod_k[from]));
+            merge_block_[static_cast<std::size_t>(n_heads) * block_rows + to] = fp16_to_f32(f32_to_fp16(prod_v[from]));
+          }
+    }
+    float* whole_k = merge_block_.data();
+    float* whole_v = whole_k + static_cast<std::size_t>(n_heads) * block_rows;
+    for (int head = 0; head < n_heads; ++head) {
+      at_k = locate(tk, b, head, whole_k);
+      at_v = locate(tv, b, head, whole_v);
       const std::size_t at_row = static_cast<std::size_t>(i) * row + static_cast<std::size_t>(head) * hd;
       kv_merge_write writes[2];
       kv_merge_token(merge_head(b, layer, head), p % bs, {prod_k + at_row, prod_v + at_row, k + at_row, v + at_row},
                      layout().merge_t, sk, sv, writes, decode);
       for (const kv_merge_write& w : writes) {
         if (w.slot < 0) continue;
-        tk->codec->encode(tk->format, shape, tk->params(head), w.k, w.slot, 1, tile_k);
-        tv->codec->encode(tv->format, shape, tv->params(head), w.v, w.slot, 1, tile_v);
+        write_row(at_k, w.slot, w.k);
+        write_row(at_v, w.slot, w.v);
       }
     }
+    if (p % bs == bs - 1) seal_merged(layer, b, whole ? whole_k : nullptr, whole ? whole_v : nullptr);
     // A full block's key summary follows its rewritten keys.
     if (summaries_ && (p % bs == bs - 1 || i == n - 1) && summarized(b, layer)) summarize(layer, b);
   }
+}
+
+void kv_arena::seal_merged(int layer, block_id b, const float* whole_k, const float* whole_v) {
+  const int bs = layout().block_size, hd = layout().head_dim;
+  const std::size_t block_rows = static_cast<std::size_t>(bs) * hd;
+  if (k_of(b, layer).sealed_index < 0 && v_of(b, layer).sealed_index < 0) return;  // encoded as written
+  const std::int32_t st = slot_of(b);
+  for (auto [t, whole] : {std::pair{&k_of(b, layer), whole_k}, std::pair{&v_of(b, layer), whole_v}}) {
+    if (t->sealed_index < 0) continue;
+    if (whole) {  // the block's rows (f16 values, as staging would hold them)
+      for (int h = 0; h < layout().n_kv_heads; ++h)
+        t->codec->encode(t->format, layout().tile_shape(), nullptr, whole + static_cast<std::size_t>(h) * block_rows, 0,
+                         bs, tile(*t, b, h));
+      continue;
+    }
+    PAGODA_ASSERT(st >= 0, "merged block {} of layer {} lost its staging before its reader merged it", b.value, layer);
+    std::uint8_t& pending = merge_pending_[static_cast<std::size_t>(st) * slot_stride_ + t->sealed_index];
+    if (!pending) continue;  // not sealed by its producer (held blocks keep staging whole and seal later)
+    seal_from_staging(*t, b, st);
+    pending = 0;
+  }
+  if (st >= 0 && !held(b) && slot_sealed(st, block_class(b))) release_slot(st);
 }
 
 }  // namespace pagoda

@@ -198,10 +198,18 @@ class kv_arena {
   std::byte* slot_data(std::int32_t slot) const;
   std::byte* staged_tile(std::int32_t slot, int sealed_index, int head) const;
   std::int32_t acquire_slot(block_id b);
+  // Encodes a's tile of block id from its staged f16 copy in `slot`.
+  void seal_from_staging(tensor& a, block_id id, std::int32_t slot);
+  // Merged layer `layer` of block b has its last slot merged: its sealed
+  // tensors are encoded from whole_k / whole_v (a block merged whole:
+  // [n_kv_heads][block_size][head_dim]) or from staging, which is then
+  // released once every sealed tensor of b is sealed.
+  void seal_merged(int layer, block_id b, const float* whole_k, const float* whole_v);
   void release_slot(std::int32_t slot);
   std::int32_t& slot_of(block_id b) { return block_slot_[at(b)]; }
   std::int32_t slot_of(block_id b) const { return block_slot_[at(b)]; }
-  // Every sealed tensor of staging slot `slot`'s block (of class cls) is sealed.
+  // Every sealed tensor of staging slot `slot`'s block (of class cls) is
+  // sealed (and no merged one awaits its reader's rewrite).
   bool slot_sealed(std::int32_t slot, int cls) const;
   bool held(block_id b) const { return !held_.empty() && held_[at(b)] != 0; }
   void unhold(block_id b) {
@@ -226,6 +234,10 @@ class kv_arena {
   std::vector<std::int32_t> slot_block_;  // [slots]: global block or -1
   std::vector<std::int32_t> slot_fill_;   // [slots][slot_stride_]: tokens staged per sealed tensor of
                                           // the slot's block's class (block_size: sealed)
+  // [slots][slot_stride_]: a sealed tensor of a merged layer (MiniCache)
+  // sealed by its producer's write and not yet rewritten by its reader's
+  // merge_write, which needs the staging: the slot is not released meanwhile.
+  std::vector<std::uint8_t> merge_pending_;
   std::vector<std::int32_t> free_slots_;
   std::vector<std::uint8_t> held_;          // [n_blocks] by at(): hold_staging, until the hold ends
   std::vector<std::int32_t> held_blocks_;   // blocks held since the last end_holds (some may be no longer)
@@ -246,6 +258,7 @@ class kv_arena {
   std::vector<float*> merge_;
   std::size_t merge_bytes_ = 0;  // of each merged layer's array
   std::vector<float> merge_scratch_;  // [2][3][head_dim]
+  std::vector<float> merge_block_;    // [2 (K, V)][n_kv_heads][block_size][head_dim]: a block merged whole
 };
 
 }  // namespace pagoda

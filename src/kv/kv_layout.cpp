@@ -51,12 +51,6 @@ status kv_layout::check() const {
                        kv_format_name(*f));
         PAGODA_RETURN_IF_ERROR(scales->check_shape(n_layers, n_kv_heads, head_dim));
       }
-      if (merged(l) && kv_format_sealed(*f))
-        return error(errc::invalid_argument,
-                     "layer {} {}: KV merging ({}) rewrites slots as the upper layer merges them, which {} (per-channel "
-                     "scales over whole blocks) cannot take; merged layers need a per-token type (f16, bf16, fp8, "
-                     "int8, int4/token, ...)",
-                     l, what, sharing, kv_format_name(*f));
     }
   if (!merge_reader.empty() && static_cast<int>(merge_reader.size()) != n_layers)
     return error(errc::invalid_argument, "KV merging: {} readers for {} KV layers", merge_reader.size(), n_layers);

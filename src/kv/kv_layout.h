@@ -130,9 +130,10 @@ result<kv_layout> share_kv_layers(const kv_layout& per_model_layer, std::span<co
 // `readers` stores its KV merged into the KV layer it reads (kv_merge.h),
 // with slerp parameter t and `retain` tokens per block and KV head kept
 // apart. Errors: a reader that is not the second layer of a KV layer read by
-// exactly two, t outside [0, 1], retain outside [0, block_size], and a merged
-// layer of a sealed format (per-channel scales: its slots are rewritten as
-// the reader merges them, which a sealed block cannot take).
+// exactly two, t outside [0, 1], retain outside [0, block_size]. A merged
+// layer may be of a sealed format (per-channel scales): the reader rewrites
+// the block from its staged f16 copy, and the block is encoded once merged
+// (kv_arena::merge_write).
 result<kv_layout> merge_kv_layers(kv_layout shared, std::span<const int> readers, float t, int retain);
 
 // An extra class's layout must have the default's shape (blocks of every

@@ -17,14 +17,19 @@ namespace {
 
 constexpr int H = 2, D = 8, B = 8;
 
-std::unique_ptr<kv_storage> merged_storage(int retain, kv_type type = kv_type::f16) {
-  auto shared = share_kv_layers(kv_layout::uniform(2, H, D, B, type, type), std::vector<int>{0, 0}, "minicache");
+// Two model layers over one KV layer, the upper one merged, in `flat`'s formats.
+std::unique_ptr<kv_storage> merged_storage_of(const kv_layout& flat, int retain) {
+  auto shared = share_kv_layers(flat, std::vector<int>{0, 0}, "minicache");
   EXPECT_TRUE(shared.ok());
   auto layout = merge_kv_layers(*shared, std::vector<int>{1}, 0.6f, retain);
   EXPECT_TRUE(layout.ok()) << layout.error().message();
-  auto s = kv_storage::create(*layout, 6);
+  auto s = kv_storage::create(*layout, 6, 2);  // a step may hold two staging slots (kv_arena.h)
   EXPECT_TRUE(s.ok()) << s.error().message();
   return std::move(*s);
+}
+
+std::unique_ptr<kv_storage> merged_storage(int retain, kv_type type = kv_type::f16) {
+  return merged_storage_of(kv_layout::uniform(2, H, D, B, type, type), retain);
 }
 
 // Slots [0, n) of `table` written by the lower and the upper layer (random rows).
@@ -186,6 +191,79 @@ TEST(kv_merge_storage, a_compaction_moves_side_data_with_the_slots) {
     }
   EXPECT_GT(same, 0);
   EXPECT_GE(overflowed, 2) << "4 retained tokens of head 0 moved into one block of 2 places";
+}
+
+// A merged layer of a sealed type (int4 and int2, per-channel key scales):
+// the reader merges from the producer's staged f16 copy, or from the step's
+// rows when the step writes the block whole, and the block is encoded once
+// merged. So at every slot it stores what a merged layer stores whose sealed
+// formats are f16 instead, and a full block's tile is that block encoded once: the same side data, the open
+// block's staged rows equal to the f16 rows, and every full tile the codec's
+// encoding of them. Steps: a whole block, a partial one filled a token at a
+// time, and a chunk from inside a block across a whole one into the next.
+TEST(kv_merge_storage, a_sealed_merged_layer_is_the_f16_merge_encoded_once) {
+  for (const kv_type sealed_type : {kv_type::int4, kv_type::int2}) {
+    SCOPED_TRACE(kv_type_name(sealed_type));
+    kv_layout flat = kv_layout::uniform(2, H, D, B, sealed_type, sealed_type), unsealed = flat;
+    for (auto* formats : {&unsealed.k_formats, &unsealed.v_formats})
+      for (kv_format& f : *formats)
+        if (kv_format_sealed(f)) f = default_kv_format(kv_type::f16, f.role);
+    auto sealed = merged_storage_of(flat, 2);
+    auto f16 = merged_storage_of(unsealed, 2);
+    ASSERT_TRUE(sealed->layout().has_sealed());
+    const std::vector<block_id> table = {block_id(0), block_id(2), block_id(3), block_id(5), block_id(4)};
+    std::mt19937 rng(17);
+    std::normal_distribution<float> g;
+    auto step = [&](int slot, int n) {
+      std::vector<float> a(static_cast<std::size_t>(n) * H * D * 4);
+      for (float& x : a) x = g(rng);
+      const std::size_t m = static_cast<std::size_t>(n) * H * D;
+      for (kv_storage* s : {sealed.get(), f16.get()}) {
+        s->write(0, table, slot, n, a.data(), a.data() + m);
+        s->merge_write(0, table, slot, n, a.data() + 2 * m, a.data() + 3 * m, a.data(), a.data() + m);
+      }
+    };
+    auto check = [&](int n_slots, const char* when) {
+      SCOPED_TRACE(when);
+      const paged_kv_view sk = sealed->k_view(0, table, n_slots), sv = sealed->v_view(0, table, n_slots);
+      const paged_kv_view fk = f16->k_view(0, table, n_slots), fv = f16->v_view(0, table, n_slots);
+      for (int b = 0; b * B < n_slots; ++b)
+        for (int h = 0; h < H; ++h) {
+          const int n = std::min(B, n_slots - b * B);
+          for (auto [s, f] : {std::pair{&sk, &fk}, std::pair{&sv, &fv}}) {
+            std::vector<float> want(static_cast<std::size_t>(B) * D), got(want.size());
+            f->codec_of(b)->decode(f->format_of(b), f->shape, f->params_of(b, h), f->tile(b, h), 0, n, want.data());
+            if (s->is_staged(b)) {
+              s->staged_codec->decode(s->staged_format, s->shape, nullptr, s->staged_tile(h), 0, n, got.data());
+            } else if (!kv_format_sealed(s->format_of(b))) {  // a per-token format, the same in both
+              s->codec_of(b)->decode(s->format_of(b), s->shape, s->params_of(b, h), s->tile(b, h), 0, n, got.data());
+            } else {  // sealed: the f16 rows encoded once
+              ASSERT_EQ(n, B) << "block " << b << " is partly filled but not staged";
+              std::vector<std::byte> tile(s->tile_bytes);
+              s->codec_of(b)->encode(s->format_of(b), s->shape, nullptr, want.data(), 0, B, tile.data());
+              s->codec_of(b)->decode(s->format_of(b), s->shape, nullptr, tile.data(), 0, B, want.data());
+              s->codec_of(b)->decode(s->format_of(b), s->shape, nullptr, s->tile(b, h), 0, B, got.data());
+            }
+            EXPECT_EQ(got, want) << "block " << b << " head " << h << (s == &sk ? " K" : " V");
+          }
+          const kv_merge_ref ms = side(*sealed, table, b, h), mf = side(*f16, table, b, h);
+          EXPECT_TRUE(std::equal(ms.data, ms.data + ms.shape.head_floats(), mf.data)) << "side data of block " << b << " head " << h;
+        }
+    };
+    step(0, B);  // a whole block: merged from the step's rows
+    check(B, "a whole block");
+    step(B, 5);  // a partial block, then a token at a time: merged in staging
+    check(B + 5, "a partial block");
+    for (int p = B + 5; p < 2 * B; ++p) step(p, 1);
+    check(2 * B, "filled a token at a time");
+    step(2 * B, 3);
+    step(2 * B + 3, 2 * B + 1);  // from inside block 2, across block 3 (whole) into block 4
+    check(4 * B + 4, "a chunk across blocks");
+    EXPECT_EQ(sealed->staging().slots_in_use, 1) << "the open block's alone";
+    step(4 * B + 4, B - 4);
+    check(5 * B, "all full");
+    EXPECT_EQ(sealed->staging().slots_in_use, 0) << "every staging slot given back once merged and sealed";
+  }
 }
 
 }  // namespace
