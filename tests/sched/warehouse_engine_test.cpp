@@ -245,6 +245,45 @@ TEST(warehouse_engine, shared_and_unshared_caches_never_meet) {
   fs::remove_all(dir);
 }
 
+// MiniCache (--kv-share minicache) blocks carry the reader's side data to
+// the disk tier and back: after a restart, a prompt served from disk gives
+// the tokens the same prompt gives served from the in-memory prefix cache
+// (the same split of the prompt: merged outputs depend on it), in f32 and in
+// sealed int4; a minicache of another retain, and reuse over the same pairs,
+// load nothing from that directory.
+TEST(warehouse_engine, minicache_blocks_carry_their_side_data_through_the_disk_tier) {
+  for (const char* dtype : {"f32", "int4"}) {
+    SCOPED_TRACE(dtype);
+    const std::string dir = temp_dir(std::string("minicache_") + dtype);
+    const request r = greedy_request("a", long_prompt(), 24);
+    const int n_blocks = static_cast<int>((r.prompt.size() - 1) / 16);
+    engine_config merged = config(dir);
+    merged.kv_cache_dtype = dtype;
+    merged.kv_share = "minicache:from=1,retain=0.25";
+    node::answer warm;
+    {
+      node writer(merged);
+      writer.run(r);
+      warm = writer.run(r);  // served from memory
+      EXPECT_EQ(warm.usage.cached_tokens, n_blocks * 16);
+      EXPECT_GE(writer.warehouse->counters().written, n_blocks);
+    }
+    for (const char* other : {"minicache:from=1,retain=0.125", "reuse:from=1"}) {
+      engine_config c = merged;
+      c.kv_share = other;
+      node n(c);
+      EXPECT_EQ(n.run(r).usage.cached_tokens, 0) << other;
+      EXPECT_EQ(n.warehouse->counters().loads, 0) << other;
+    }
+    node again(merged);
+    const node::answer b = again.run(r);  // served from disk
+    EXPECT_EQ(b.usage.cached_tokens, n_blocks * 16);
+    EXPECT_EQ(again.core->stats().n_loaded_tokens, n_blocks * 16);
+    EXPECT_EQ(b.tokens, warm.tokens);
+    fs::remove_all(dir);
+  }
+}
+
 // gemma2 (tests/data/oracle, window 32) with its sliding layer in a KV group
 // of its own: both groups' blocks reach the disk tier, each under its own
 // layout (same formats, other layers: they must not collide), and a restart
