@@ -51,6 +51,10 @@ def make_jobs(policy_step):
     # Sharing and a codec together: the two savings multiply.
     jobs.append(dict(kind="reuse", name="reuse:from=1 + int8", kv="int8", dtype="int8", spec="none", step=policy_step,
                      share="reuse:from=1"))
+    # MiniCache over quantized KV: per-token int8, and sealed int4 (KIVI: per-channel keys, merged before sealing).
+    for frm, label, dtype in [(1, "int8", "int8"), (3, "int8", "int8"), (1, "int4 KIVI", "int4"), (3, "int4 KIVI", "int4")]:
+        jobs.append(dict(kind="minicache", name=f"minicache:from={frm} + {label}", kv=label, dtype=dtype, spec="none",
+                         step=policy_step, share=f"minicache:from={frm}"))
     for b in POLICY_BUDGETS:
         for name, prefix in POLICIES:
             jobs.append(dict(kind="policy", name=f"{name} at {pq.percent(b)}", kv="f16", dtype="f16",

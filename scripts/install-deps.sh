@@ -12,6 +12,7 @@ packages=(
   libssl-dev openssl libcurl4-openssl-dev
   clang libclang-rt-14-dev
   nodejs
+  chromium  # the dashboard test drives it headless (tests/server/dashboard_test.cpp)
 )
 
 missing=()

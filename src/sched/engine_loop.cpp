@@ -174,6 +174,11 @@ engine_snapshot engine_loop::snapshot() {
   return snapshot_;
 }
 
+void engine_loop::want_block_map() {
+  block_map_wanted_ = true;
+  post([] {});  // an idle engine publishes after its tasks; a busy one after its step
+}
+
 void engine_loop::publish() {
   const engine_stats& st = engine_->stats();
   engine_snapshot s;
@@ -207,6 +212,9 @@ void engine_loop::publish() {
   s.ttft_seconds = st.ttft_seconds.snapshot();
   s.itl_seconds = st.itl_seconds.snapshot();
   s.e2e_seconds = st.e2e_seconds.snapshot();
+  if (block_map_wanted_.exchange(false))
+    block_map_ = std::make_shared<const kv_block_map>(make_kv_block_map(engine_->kv(), st.n_steps));
+  s.block_map = block_map_;
   std::lock_guard lock(snapshot_mu_);
   snapshot_ = std::move(s);
 }

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/kv_block_map.h"
 #include "sched/engine_core.h"
 
 namespace pagoda {
@@ -90,6 +91,9 @@ struct engine_snapshot {
   histogram_snapshot ttft_seconds;
   histogram_snapshot itl_seconds;
   histogram_snapshot e2e_seconds;
+  // What every block of the pool holds (a dashboard's grid), as of the
+  // latest publish after want_block_map(); null until the first is taken.
+  std::shared_ptr<const kv_block_map> block_map;
 };
 
 class engine_loop {
@@ -151,6 +155,11 @@ class engine_loop {
   // (or task): never waits for a running step, so /metrics answers at once.
   // Events a client has received are already counted in it.
   engine_snapshot snapshot();
+  // Asks for the pool's block map (engine_snapshot::block_map): the engine
+  // thread takes it at its next publish (after the running step, or at once
+  // when idle), so the map and the snapshot's counts are of the same moment.
+  // A map costs O(blocks); it is taken only when asked for.
+  void want_block_map();
 
   // Aborts every request, answers their channels and joins the thread. Idempotent.
   void stop();
@@ -166,6 +175,8 @@ class engine_loop {
   void when_synced(std::function<void(engine_core&)> fn, std::function<void(status)> done);
   void dispatch(std::vector<engine_event>& events);
   void publish();  // engine thread: refreshes snapshot_
+  std::atomic<bool> block_map_wanted_{false};
+  std::shared_ptr<const kv_block_map> block_map_;  // engine thread: the latest taken
   void fail_all(const status& st);
 
   std::unique_ptr<engine_core> engine_;

@@ -25,6 +25,7 @@
 #include "core/assert.h"
 #include "server/bounded_json.h"
 #include "server/connection_limits.h"
+#include "server/dashboard.h"
 #include "server/generate_call.h"
 #include "server/http_connection.h"
 #include "server/kv_calls.h"
@@ -58,7 +59,7 @@ std::int64_t unix_seconds() {
 std::string endpoint_label(std::string_view path) {
   for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version",
                         "/tokenize", "/detokenize", "/v1/kv/warm", "/v1/kv/stats", "/v1/kv/summary", "/v1/kv",
-                        "/props", "/slots"})
+                        "/props", "/slots", "/dashboard", "/dashboard/blocks"})
     if (path == p) return p;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
@@ -237,6 +238,7 @@ struct http_server::impl {
   void route(const std::shared_ptr<http_exchange>& ex);
   bool route_kv(const std::shared_ptr<http_exchange>& ex, std::string_view path, bool is_get, bool is_post);
   bool presents_admin_key(const http_request& req) const;
+  void route_dashboard(const std::shared_ptr<http_exchange>& ex, std::string_view path);
   struct key_check {
     std::optional<std::size_t> index;  // in `keys`
     std::string problem;               // why not, for the 401
@@ -414,6 +416,24 @@ void http_server::impl::route_llama(const std::shared_ptr<http_exchange>& ex, st
   ex->respond(json_response(200, slots_json(ctx, snap, tenant)));
 }
 
+// GET /dashboard (the page: it holds no data) and GET /dashboard/blocks
+// (dashboard.h; the admin key when API keys are set).
+void http_server::impl::route_dashboard(const std::shared_ptr<http_exchange>& ex, std::string_view path) {
+  if (path != "/dashboard/blocks") {
+    http_response r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = std::string(dashboard_page());
+    return ex->respond(std::move(r));
+  }
+  if (keys.enabled() && !(kv && presents_admin_key(ex->request())))
+    return ex->respond(error_response(kv_admin::forbidden("GET /dashboard/blocks")));
+  loop.want_block_map();
+  const engine_snapshot snap = loop.snapshot();
+  if (!snap.block_map)
+    return ex->respond(json_response(200, {{"object", "kv.blocks"}, {"pending", true}}));
+  ex->respond(json_response(200, kv_blocks_json(*snap.block_map, snap.kv_class_types, ctx.default_kv_policy)));
+}
+
 // Runs fn(request) on the worker pool and answers with its response.
 void http_server::impl::on_worker(const std::shared_ptr<http_exchange>& ex,
                                   std::function<http_response(http_request&)> fn) {
@@ -492,6 +512,10 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
   if (path == "/props" || path == "/slots") {
     if (!is_get) return wrong_method("GET, HEAD");
     return route_llama(ex, path);
+  }
+  if (path == "/dashboard" || path == "/dashboard/" || path == "/dashboard/blocks") {
+    if (!is_get) return wrong_method("GET, HEAD");
+    return route_dashboard(ex, path);
   }
   if (kv && route_kv(ex, path, is_get, is_post)) return;
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
