@@ -157,6 +157,16 @@ class chart:
         return "\n".join(out) + "\n"
 
 
+def group_by(rows, key):
+    """Rows in a dict by key(row), in first-seen order; rows whose key is None are left out."""
+    out = {}
+    for r in rows:
+        k = key(r)
+        if k is not None:
+            out.setdefault(k, []).append(r)
+    return out
+
+
 def short_formats(formats):
     return formats.strip("`").replace("/channel", "/ch").replace("/token", "/tok").replace("/static", "/st")
 
@@ -201,10 +211,7 @@ def batch_throughput(text):
     head, rows = table_after(text, "Continuous batching throughput (`pagoda batch`)")
     c = chart("Continuous batching: throughput against concurrency", "sequences at once (log)",
               "generated tokens/s (log)", xlog=True, ylog=True)
-    by_model = {}
-    for r in rows:
-        by_model.setdefault(r[0], []).append(r)
-    for model, rs in by_model.items():
+    for model, rs in group_by(rows, lambda r: r[0]).items():
         c.add(f"{model}: at once", [(number(r[2]), number(r[4]), None) for r in rs])
         c.add(f"{model}: one at a time", [(number(r[2]), number(r[3]), None) for r in rs])
     ns = sorted({number(r[2]) for r in rows})
@@ -226,15 +233,11 @@ def policy_quality(text):
     head, rows = table_after(text, "Quality under a budget")
     c = chart("KV policies: quality against budget (stories260K)", "budget kept (% of tokens, log)",
               "mean KL to full KV (nats, log)", xlog=True, ylog=True)
-    by_policy = {}
-    for r in rows:
-        budget = number(r[1]) if r[1].endswith("%") else None
-        if budget is None or "f16" not in r[2]:
-            continue
-        by_policy.setdefault(r[0], []).append((budget, number(r[6]), None))
-    for name, pts in by_policy.items():
-        c.add(name, sorted(pts))
-    budgets = sorted({p[0] for pts in by_policy.values() for p in pts})
+    # Rows with a budget in percent, on f16 KV (quest's row reads a fraction, keeps everything).
+    by_policy = group_by(rows, lambda r: r[0] if r[1].endswith("%") and "f16" in r[2] else None)
+    for name, rs in by_policy.items():
+        c.add(name, sorted((number(r[1]), number(r[6]), None) for r in rs))
+    budgets = sorted({number(r[1]) for rs in by_policy.values() for r in rs})
     c.xticks = [(b, f"{b:g}%") for b in budgets]
     return c
 
