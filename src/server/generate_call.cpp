@@ -51,6 +51,7 @@ class generate_call final : public channel_call {
   std::optional<response_builder> builder_;
   bool stream_ = false;
   bool include_usage_ = false;
+  std::string kv_policy_;  // set before submit, read on the strand (record_usage)
 
   // Strand only.
   std::size_t n_finished_ = 0;
@@ -73,6 +74,9 @@ void generate_call::parse_and_submit() {
   builder_->set_store_tiers(env_.ctx.store_tiers);
   stream_ = call.stream;
   include_usage_ = call.include_usage;
+  // The policy in force, for the access line: the request's, else the server's default.
+  kv_policy_ = call.requests.front().kv_policy.empty() ? env_.ctx.default_kv_policy : call.requests.front().kv_policy;
+  if (kv_policy_.empty()) kv_policy_ = "none";
   submit(std::move(call.requests));
 }
 
@@ -168,6 +172,7 @@ void generate_call::record_usage() {
   ex_->prompt_tokens = u.prompt_tokens;
   ex_->cached_tokens = u.cached_tokens;
   ex_->completion_tokens = u.completion_tokens;
+  ex_->kv_policy = kv_policy_;
 }
 
 }  // namespace

@@ -88,6 +88,7 @@ class http_exchange : public std::enable_shared_from_this<http_exchange> {
   std::string error_code;  // an error reply's code (the JSON body's error.code, else error.type), for the access log
   int prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;
   double ttft_ms = -1;
+  std::string kv_policy;  // a generation's KV policy in force ("none": full KV)
   std::string endpoint;  // the metrics label of the route
 
  private:

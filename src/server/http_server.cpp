@@ -150,6 +150,7 @@ struct http_server::impl {
   key_store keys;
   engine_loop& loop;
   kv_admin* kv;
+  std::string kv_type;  // the engine's KV type(s), named on access lines
   body_budget budget;
   // Each API key's share of `budget` (indexed as `keys`), and the admin key's.
   std::vector<std::unique_ptr<body_budget>> key_budgets;
@@ -210,6 +211,9 @@ struct http_server::impl {
         stop_timer(control) {
     env.id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
     if (kv) kv_calls.emplace(kv_env{env, *kv, store_thread});
+    // The KV type(s) for access lines: the default class's, then each extra class's.
+    const engine_snapshot snap = loop.snapshot();
+    for (const std::string& t : snap.kv_class_types) kv_type += (kv_type.empty() ? "" : ",") + t;
     for (std::size_t i = 0; i < keys.size(); ++i)
       key_budgets.push_back(std::make_unique<body_budget>(opts.limits.max_body_memory_per_key_bytes));
     hooks.admit = [this](http_request& req, bool has_body) { return admit(req, has_body); };
@@ -617,6 +621,10 @@ void http_server::impl::finished(const http_exchange& ex) {
   a.prompt_tokens = ex.prompt_tokens;
   a.cached_tokens = ex.cached_tokens;
   a.completion_tokens = ex.completion_tokens;
+  if (ex.prompt_tokens >= 0) {
+    a.kv_type = kv_type;
+    a.kv_policy = ex.kv_policy;
+  }
   a.ttft_ms = ex.ttft_ms;
   a.error = ex.error_code;
   a.duration_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - req.started).count();

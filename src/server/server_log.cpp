@@ -41,6 +41,8 @@ std::string format_access(const access_entry& e) {
   if (e.prompt_tokens >= 0)
     line += fmt::format(" prompt={} cached={} completion={}", e.prompt_tokens, std::max(e.cached_tokens, 0),
                         std::max(e.completion_tokens, 0));
+  if (!e.kv_type.empty()) line += fmt::format(" kv={}", e.kv_type);
+  if (!e.kv_policy.empty()) line += fmt::format(" policy={}", e.kv_policy);
   if (e.ttft_ms >= 0) line += fmt::format(" ttft={:.1f}ms", e.ttft_ms);
   if (!e.error.empty()) line += fmt::format(" error={}", e.error.substr(0, 64));
   line += fmt::format(" {:.1f}ms", e.duration_ms);

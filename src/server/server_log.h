@@ -3,7 +3,7 @@
 //
 //   access, one line per request, as uvicorn and nginx print them, with what
 //   vLLM's request logs add:
-//     127.0.0.1:52734 "POST /v1/completions HTTP/1.1" 200 tenant=alice prompt=41 cached=32 completion=16 ttft=12.3ms 210.5ms
+//     127.0.0.1:52734 "POST /v1/completions HTTP/1.1" 200 tenant=alice prompt=41 cached=32 completion=16 kv=int8/token+int8/token policy=h2o:budget=0.25 ttft=12.3ms 210.5ms
 //   engine, every --log-stats-interval seconds while there is activity, as vLLM's:
 //     engine: prompt 512.3 tok/s, generation 88.1 tok/s, running 4, waiting 0, KV 12.5% used, prefix hits 61.0%
 #pragma once
@@ -28,6 +28,7 @@ struct access_entry {
   std::string tenant;                               // "" = none or the global tenant
   int prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;  // -1: not a generation
   double ttft_ms = -1;                              // -1: no token
+  std::string kv_type, kv_policy;                   // a generation's KV type and policy in force ("": not one)
   double duration_ms = 0;
   std::string error;  // an error reply's code ("too_many_tokens", "invalid_request_error"), or ""
 };

@@ -1,7 +1,13 @@
-// The access line and the engine line.
+// The access line and the engine line, and the access lines a real server
+// writes.
 #include "server/server_log.h"
 
+#include <sstream>
+
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include "server/server_util.h"
 
 namespace pagoda::server {
 namespace {
@@ -27,6 +33,49 @@ TEST(server_log, access_line_fields_and_escapes) {
   EXPECT_EQ(format_access(bad), "- \"- /x\\x0d\\x0aInjected: yes\\x22 HTTP/1.0\" 400 0.0ms");
   bad.error = "too_many_tokens";  // why it was refused
   EXPECT_EQ(format_access(bad), "- \"- /x\\x0d\\x0aInjected: yes\\x22 HTTP/1.0\" 400 error=too_many_tokens 0.0ms");
+}
+
+TEST(server_log, a_generations_line_names_its_kv_type_and_policy) {
+  access_entry a;
+  a.status = 200;
+  a.prompt_tokens = 5;
+  a.cached_tokens = 0;
+  a.completion_tokens = 2;
+  a.kv_type = "int8/token+int8/token";
+  a.kv_policy = "h2o:budget=0.25";
+  EXPECT_EQ(format_access(a), "- \"- - HTTP/1.1\" 200 prompt=5 cached=0 completion=2 kv=int8/token+int8/token "
+                              "policy=h2o:budget=0.25 0.0ms");
+}
+
+// What a server writes: a generation's line names the KV type and the policy
+// in force (the request's own, or the server's default), a refused request's
+// its error code.
+TEST(server_log, a_servers_access_lines_carry_kv_and_errors) {
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  server_logger().sinks().push_back(sink);
+  struct unhook {
+    std::shared_ptr<spdlog::sinks::sink> s;
+    ~unhook() { std::erase(server_logger().sinks(), s); }
+  } guard{sink};
+  test::server_setup setup = test::default_setup();
+  setup.http.access_log = true;
+  {
+    test::test_server s(setup);
+    auto c = s.client();
+    auto ok = c->Post("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 2, "kv_policy": "window:budget=64"})",
+                      "application/json");
+    ASSERT_TRUE(ok && ok->status == 200) << (ok ? ok->body : "");
+    auto plain = c->Post("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 2})", "application/json");
+    ASSERT_TRUE(plain && plain->status == 200);
+    auto bad = c->Post("/v1/completions", R"({"prompt": "x", "max_tokens": -3})", "application/json");
+    ASSERT_TRUE(bad && bad->status == 400);
+  }
+  server_logger().flush();
+  const std::string log = captured.str();
+  EXPECT_NE(log.find("completion=2 kv=f32+f32 policy=window:budget=64"), std::string::npos) << log;
+  EXPECT_NE(log.find("completion=2 kv=f32+f32 policy=none"), std::string::npos) << log;
+  EXPECT_NE(log.find("400 error="), std::string::npos) << log;
 }
 
 TEST(server_log, an_error_replys_code_for_the_access_line) {
