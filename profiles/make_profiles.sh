@@ -2,7 +2,7 @@
 # Regenerates the shipped profiles `pagoda plan` reads (docs/plan.md):
 #   profiles/stories260K.json  quality: `pagoda perplexity --kl-divergence
 #                              --profile-out` for every configuration plan lists
-#                              for stories260K at its context (512 tokens), over
+#                              for stories260K at --ctx 512 (plan it at --ctx 512), over
 #                              the first 100 stories of tests/data/tinystories_dev.txt;
 #   profiles/attention_speed.json  speed: bench/attention_profile.py (attention_bench).
 # Usage: profiles/make_profiles.sh [BUILD_DIR]   (default build/release)
@@ -16,7 +16,7 @@ out=profiles/stories260K.json
 rm -f "$out"
 measure() {
   echo "profiles: $*" >&2
-  "$pagoda" perplexity -m "$model" -f "$text" --chunks 100 -t 1 --kl-divergence --profile-out "$out" "$@" >/dev/null
+  "$pagoda" perplexity -m "$model" -f "$text" --ctx 512 --chunks 100 -t 1 --kl-divergence --profile-out "$out" "$@" >/dev/null
 }
 for t in f32 f16 bf16 fp8_e4m3 fp8_e5m2 int8 int4 int2 q8_0 q4_0 \
          int8/channel+int8/token int4/channel+int4/token int4/token+int4 int2/token+int2 int8+int4 int4+int2 int8+int2; do

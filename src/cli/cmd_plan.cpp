@@ -221,7 +221,16 @@ result<plan_answer> make_answer(const plan_model& m, const plan_options& o) {
   if (hp.n_swa_layers() > 0)
     a.notes.push_back("sliding-window layers are counted at every position (an upper bound: the engine keeps only "
                       "their window in a KV group of their own)");
-  for (const plan_config& c : plan_configs(hp, a.n_ctx, o.block_size)) a.rows.push_back(make_row(m, o, c, a));
+  for (plan_config& c : plan_configs(hp, a.n_ctx, o.block_size)) {
+    c.lossless = c.kv_policy.empty() && c.kv_share.empty() && c.kv_layer_types.empty() &&
+                 (c.kv_cache_dtype == "f32" || c.kv_cache_dtype == kv_type_name(m.auto_type));
+    plan_row r = make_row(m, o, c, a);
+    // Two spellings of one layout ("int4" is int4/channel+int4/token): the first stays.
+    const bool seen = r.error.empty() && std::any_of(a.rows.begin(), a.rows.end(), [&](const plan_row& x) {
+      return x.layout == r.layout && x.config.kv_policy == c.kv_policy && x.config.kv_share == c.kv_share;
+    });
+    if (!seen) a.rows.push_back(std::move(r));
+  }
   // Profiles: the files given, else the shipped ones for this model.
   std::vector<profile> quality, speed;
   for (const std::string& path : o.profile_paths) {
@@ -256,7 +265,8 @@ result<plan_answer> make_answer(const plan_model& m, const plan_options& o) {
   if (o.max_ppl_change >= 0) budget.max_ppl_change = o.max_ppl_change;
   a.best = recommend(a.rows, budget);
   if (!budget.given())
-    a.notes.push_back("no quality budget (--max-kl, --max-ppl-change): only exact formats (f32, f16) are recommended");
+    a.notes.push_back(fmt::format("no quality budget (--max-kl, --max-ppl-change): only f32 and the model's own type ({}) are "
+                                      "recommended", kv_type_name(m.auto_type)));
   return a;
 }
 

@@ -31,7 +31,6 @@ std::vector<plan_config> plan_configs(const llama_hparams& hp, std::int64_t n_ct
   std::vector<plan_config> out;
   auto add = [&](std::string dtype) {
     plan_config c;
-    c.lossless = dtype == "f32" || dtype == "f16" || dtype == "auto";
     c.kv_cache_dtype = std::move(dtype);
     out.push_back(std::move(c));
   };
@@ -90,7 +89,7 @@ std::int64_t blocks_per_sequence(const kv_layout& layout, const plan_config& c, 
         const seq_policy_shape shape{layout.n_layers, layout.n_kv_heads, layout.head_dim, layout.block_size};
         const side_charge side = seq_policy::side_memory_of(policy->get(), shape, -1);
         const auto block_bytes = static_cast<std::int64_t>(layout.bytes_per_block());
-        blocks += (side.bytes_for(n_tokens) + block_bytes - 1) / block_bytes;
+        blocks += (side.bytes_for(held) + block_bytes - 1) / block_bytes;  // charged on slots stored (kv_manager.h)
       }
   }
   return blocks;
@@ -171,6 +170,8 @@ result<std::vector<std::int64_t>> read_length_mix(const std::string& path, const
     if (prompt < 0 && j.contains("prompt")) {
       const nlohmann::json& p = j.at("prompt");
       if (p.is_array()) {
+        if (!p.empty() && !p.front().is_number_integer())
+          return error(errc::invalid_argument, "{}: line {}: several prompts in one line; give one per line", path, line);
         prompt = static_cast<std::int64_t>(p.size());
       } else if (p.is_string()) {
         if (!tokenize)

@@ -35,7 +35,9 @@ struct plan_config {
   // Tokens a sequence keeps under kv_policy (0: every token); the policy's
   // slack (one block) comes on top.
   std::int64_t kept_tokens = 0;
-  // What the configuration keeps exactly: no lossy format, policy or sharing.
+  // Whether the configuration keeps what the engine's default keeps: f32, or
+  // the model's own float type ("auto": f16 unless the weights are f32), with
+  // no policy or sharing (set by the caller, who knows the model).
   bool lossless = false;
   std::string flags() const;  // "--kv-cache-dtype int8 --kv-policy ..." as the engine takes them
 };
