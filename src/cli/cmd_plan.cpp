@@ -158,7 +158,7 @@ plan_row make_row(const plan_model& m, const plan_options& o, const plan_config&
   r.bits_per_element = l.bits_per_element();
   r.bytes_per_token = l.bytes_per_token();
   r.staging_bytes_per_seq = static_cast<std::int64_t>(l.staging_bytes_per_slot()) * k_staging_slots_per_sequence;
-  r.blocks_per_seq = blocks_per_sequence(l, c, a.n_ctx);
+  r.blocks_per_seq = blocks_per_sequence(l, c, a.n_ctx, o.max_num_batched_tokens);
   r.bytes_per_seq = static_cast<double>(r.blocks_per_seq) * static_cast<double>(l.bytes_per_block()) +
                     static_cast<double>(r.staging_bytes_per_seq);
   // What `--kv-cache-size pool_mib` gives: pool_blocks' accounting, the budget rounded down to a MiB.
@@ -251,7 +251,15 @@ result<plan_answer> make_answer(const plan_model& m, const plan_options& o) {
       for (profile& p : find_speed_profiles(dir)) speed.push_back(std::move(p));
   }
   for (const profile& p : quality) a.quality_profiles.push_back(p.path);
-  for (const profile& p : speed) a.speed_profiles.push_back(p.path);
+  for (const profile& p : speed) {
+    a.speed_profiles.push_back(p.path);
+    // Where the figures come from: a benchmark of one machine, under its load then.
+    if (const nlohmann::json& src = p.doc.value("speed_source", nlohmann::json::object()); src.is_object() && !src.empty())
+      a.notes.push_back(fmt::format("attention speed: {} ({}; {}, SIMD {}, host {}, load average {}); a decode step's "
+                                    "attention alone, the rest of the step does not change with the KV format",
+                                    p.path, src.value("benchmark", "?"), src.value("shape", "?"), src.value("simd", "?"),
+                                    src.value("host", "?"), src.contains("load_average") ? src["load_average"].dump() : "?"));
+  }
   if (quality.empty())
     a.notes.push_back(m.fingerprint.empty()
                           ? "quality: unknown (a synth preset has random weights; measure a real model with "
@@ -273,8 +281,12 @@ result<plan_answer> make_answer(const plan_model& m, const plan_options& o) {
 std::string run_command(const plan_model& m, const plan_options& o, const plan_answer& a, const plan_row& r) {
   const std::string model = m.loaded ? o.model_path : fmt::format("MODEL.gguf ({})", m.name);
   const std::int64_t seqs = a.run_seqs > 0 ? a.run_seqs : r.max_users;
-  return fmt::format("pagoda serve -m {} {} --block-size {} --kv-cache-size {} --max-num-seqs {} --ctx {}", model,
-                     r.config.flags(), o.block_size, r.pool_mib, seqs, a.n_ctx);
+  std::string cmd = fmt::format("pagoda serve -m {} {} --block-size {} --kv-cache-size {} --max-num-seqs {} --ctx {}",
+                                model, r.config.flags(), o.block_size, r.pool_mib, seqs, a.n_ctx);
+  // The step size the activations and a policy's peak were counted at, when it is not the engine's default.
+  if (o.max_num_batched_tokens != engine_config{}.max_num_batched_tokens)
+    cmd += fmt::format(" --max-num-batched-tokens {}", o.max_num_batched_tokens);
+  return cmd;
 }
 
 nlohmann::json to_json(const plan_model& m, const plan_options& o, const plan_answer& a) {

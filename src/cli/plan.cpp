@@ -77,10 +77,11 @@ double activation_bytes(const llama_hparams& hp, std::int64_t n_tokens, std::int
   return f32 + quantized + logits;
 }
 
-std::int64_t blocks_per_sequence(const kv_layout& layout, const plan_config& c, std::int64_t n_tokens) {
+std::int64_t blocks_per_sequence(const kv_layout& layout, const plan_config& c, std::int64_t n_tokens,
+                                 std::int64_t prompt_chunk) {
   const std::int64_t bs = layout.block_size;
   std::int64_t held = n_tokens;
-  if (c.kept_tokens > 0) held = std::min<std::int64_t>(n_tokens, c.kept_tokens + bs);  // + one block of slack
+  if (c.kept_tokens > 0) held = std::min<std::int64_t>(n_tokens, c.kept_tokens + bs + prompt_chunk);
   std::int64_t blocks = (held + bs - 1) / bs;
   if (!c.kv_policy.empty()) {
     auto spec = parse_kv_policy_spec(c.kv_policy);

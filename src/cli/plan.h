@@ -94,9 +94,13 @@ struct plan_row {
 // are paid once (pool_blocks' accounting under --kv-cache-size).
 std::int64_t max_sequences(const kv_layout& layout, double pool_bytes, std::int64_t blocks_per_seq);
 
-// Blocks one sequence of n_tokens takes under a configuration (kept tokens +
-// one block of slack under an eviction policy, and its side memory).
-std::int64_t blocks_per_sequence(const kv_layout& layout, const plan_config& c, std::int64_t n_tokens);
+// Blocks one sequence of n_tokens takes at its peak under a configuration.
+// Under an eviction policy: the kept tokens, one block of slack and the
+// prompt chunk written before the policy acts (it acts after each step, so a
+// prompt of up to prompt_chunk tokens, --max-num-batched-tokens, is held whole
+// first), and the policy's side memory on those slots.
+std::int64_t blocks_per_sequence(const kv_layout& layout, const plan_config& c, std::int64_t n_tokens,
+                                 std::int64_t prompt_chunk);
 
 // Block sizes against a request-length mix.
 struct block_size_row {

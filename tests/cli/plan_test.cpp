@@ -238,13 +238,40 @@ TEST(cli_plan, perplexity_profile_out_feeds_plan) {
   std::remove(prof.c_str());
 }
 
-// The shipped stories260K profile is found without --profile.
-TEST(cli_plan, shipped_profile_is_found_for_stories260k) {
-  const json p = plan_json("-m " + model_path() + " --memory 2GiB --ctx 256");
+// The shipped stories260K profile is found without --profile, and the shipped
+// attention speed profile for any model.
+TEST(cli_plan, shipped_profiles_are_found) {
+  const json p = plan_json("-m " + model_path() + " --memory 2GiB --ctx 512");
   ASSERT_EQ(p["profiles"]["quality"].size(), 1u) << p.dump(1);
   const json* int8 = row_of(p, "int8");
   ASSERT_NE(int8, nullptr);
   EXPECT_TRUE((*int8)["mean_kl"].is_number()) << int8->dump();
+  for (const json& r : p["configs"])  // every row plan lists at --ctx 512 was measured
+    EXPECT_TRUE(r.contains("error") || r["mean_kl"].is_number()) << r.dump();
+  const json q = plan_json("--preset llama3-8b --memory 32GiB");
+  EXPECT_EQ(q["profiles"]["quality"].size(), 0u);  // random weights: no quality
+  ASSERT_EQ(q["profiles"]["speed"].size(), 1u) << q.dump(1);
+  EXPECT_EQ(row_of(q, "f16")->at("decode_attention_vs_f16"), 1.0);
+}
+
+// A speed profile fills the attention column by the layout's name; formats it lacks stay unknown.
+TEST(cli_plan, speed_profile_fills_the_attention_column) {
+  const std::string prof = temp_path("speed.json");
+  std::ofstream(prof) << R"({"pagoda_profile": 1, "speed": [{"kv": "f16+f16", "decode_attention_vs_f16": 1.0},
+                            {"kv": "int8/token+int8/token", "decode_attention_vs_f16": 1.7}]})";
+  const json p = plan_json("--preset llama3-8b --memory 32GiB --profile " + prof);
+  std::remove(prof.c_str());
+  EXPECT_EQ(row_of(p, "int8")->at("decode_attention_vs_f16"), 1.7);
+  EXPECT_TRUE(row_of(p, "int4")->at("decode_attention_vs_f16").is_null());
+  // The policy and sharing rows read f16 blocks: f16's cost.
+  for (const json& r : p["configs"]) {
+    if (r["kv_policy"] != "" || r["kv_share"] == "reuse:from=0") {
+      EXPECT_EQ(r["decode_attention_vs_f16"], 1.0) << r.dump();
+    }
+  }
+  auto bad = run_cli("plan --preset tiny --profile " + shell_quote(model_path()));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("not a pagoda profile"), std::string::npos) << bad.err;
 }
 
 }  // namespace
