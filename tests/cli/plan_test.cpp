@@ -104,6 +104,26 @@ TEST(cli_plan, bytes_per_token_match_info_on_stories260k) {
   EXPECT_GE(matched, 10) << info.out;
 }
 
+// `pagoda batch` over n distinct prompts of `prompt` tokens generating `gen`
+// each (nothing shared between them); its JSON summary.
+json batch_summary(std::int64_t n, int prompt, int gen, const std::string& flags) {
+  const std::string in = temp_path("fits.jsonl");
+  {
+    std::ofstream f(in);
+    for (std::int64_t i = 0; i < n; ++i) {
+      json ids = json::array();
+      for (int t = 0; t < prompt; ++t) ids.push_back(300 + (i * prompt + t) % 200);
+      f << json{{"id", std::to_string(i)}, {"prompt", ids}, {"max_tokens", gen}, {"ignore_eos", true},
+                {"temperature", 0}}.dump() << "\n";
+    }
+  }
+  auto r = run_cli("batch -m " + model_path() + " -i " + in + " " + flags + " --max-num-seqs " + std::to_string(n) +
+                   " --no-enable-prefix-caching --json-summary -t 1");
+  std::remove(in.c_str());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.err.substr(r.err.rfind('{')), nullptr, false);
+}
+
 // Plan's "fits": that many sequences of that length run in `pagoda batch` with
 // the pool plan names and no preemption; one more does not fit.
 TEST(cli_plan, fits_is_what_batch_runs_without_preemption) {
@@ -115,32 +135,33 @@ TEST(cli_plan, fits_is_what_batch_runs_without_preemption) {
   const std::int64_t users = (*f16)["max_users"];
   ASSERT_GT(users, 4);
   EXPECT_EQ((*f16)["kv_cache_size_mib"], 1);
-  auto run = [&](std::int64_t n) {
-    const std::string in = temp_path("fits.jsonl");
-    {
-      std::ofstream f(in);
-      for (std::int64_t i = 0; i < n; ++i) {  // distinct prompts: nothing shared between them
-        json prompt = json::array();
-        for (int t = 0; t < k_prompt; ++t) prompt.push_back(300 + (i * k_prompt + t) % 200);
-        f << json{{"id", std::to_string(i)}, {"prompt", prompt}, {"max_tokens", k_gen}, {"ignore_eos", true},
-                  {"temperature", 0}}.dump() << "\n";
-      }
-    }
-    auto r = run_cli("batch -m " + model_path() + " -i " + in + " --kv-cache-dtype f16 --kv-cache-size 1 --max-num-seqs " +
-                     std::to_string(n) + " --no-enable-prefix-caching --json-summary -t 1");
-    std::remove(in.c_str());
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return json::parse(r.err.substr(r.err.rfind('{')), nullptr, false);
-  };
-  const json fits = run(users);
+  const std::string flags = "--kv-cache-dtype f16 --kv-cache-size 1";
+  const json fits = batch_summary(users, k_prompt, k_gen, flags);
   ASSERT_FALSE(fits.is_discarded());
   EXPECT_EQ(fits["preemptions"], 0) << fits.dump();
   EXPECT_EQ(fits["peak_running"], users) << fits.dump();
   EXPECT_EQ(fits["generated_tokens"], users * k_gen);
-  const json over = run(users + 1);
+  const json over = batch_summary(users + 1, k_prompt, k_gen, flags);
   ASSERT_FALSE(over.is_discarded());
   EXPECT_GT(over["preemptions"].get<std::int64_t>(), 0) << "plan said " << users << " fit; " << users + 1
                                                         << " ran without preemption: " << over.dump();
+}
+
+// An eviction row's "fits" holds too: the policy's kept tokens, slack, prompt
+// chunk and side memory are counted at their peak.
+TEST(cli_plan, fits_under_an_eviction_policy) {
+  const json p = plan_json("-m " + model_path() + " --kv-cache-size 1 --ctx 160 --max-num-batched-tokens 32 --no-profiles");
+  for (const json& r : p["configs"]) {
+    if (r["kv_policy"] == "") continue;
+    const std::int64_t users = r["max_users"];
+    ASSERT_GT(users, 2) << r.dump();
+    const json s = batch_summary(users, 40, 120, r["flags"].get<std::string>() +
+                                                     " --kv-cache-size 1 --max-num-batched-tokens 32");
+    ASSERT_FALSE(s.is_discarded());
+    EXPECT_EQ(s["preemptions"], 0) << r["flags"] << ": " << s.dump();
+    EXPECT_GT(s["policy_evicted_slots"].get<std::int64_t>(), 0) << r["flags"] << ": " << s.dump();
+    EXPECT_EQ(s["generated_tokens"], users * 120);
+  }
 }
 
 TEST(cli_plan, block_size_from_a_length_mix) {
