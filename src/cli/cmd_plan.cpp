@@ -395,8 +395,11 @@ void print_table(const plan_model& m, const plan_options& o, const plan_answer& 
     for (const block_size_row& b : a.block_sizes)
       std::printf("%s %-10d %13.2f%% %18.1f %26.1f\n", b.block_size == a.block_size ? "*" : " ", b.block_size,
                   100 * b.fragmentation, b.wasted_tokens_per_request, b.prefix_granularity);
-    std::printf("recommended block size: %d (the largest that wastes at most 5%% of the slots it allocates)\n",
-                a.block_size);
+    std::printf("recommended block size: %d (the largest that wastes at most 5%% of the slots it allocates)%s\n",
+                a.block_size,
+                a.block_size != o.block_size ? fmt::format("; plan again with --block-size {} to size the pool in those "
+                                                           "blocks", a.block_size).c_str()
+                                             : "");
   }
   for (const std::string& p : a.quality_profiles) std::printf("quality profile: %s\n", p.c_str());
   for (const std::string& p : a.speed_profiles) std::printf("speed profile:   %s\n", p.c_str());

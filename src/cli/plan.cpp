@@ -372,11 +372,13 @@ result<double> parse_memory_size(const std::string& text) {
 
 double available_memory_bytes() {
   std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024.0;
+  std::string line;
+  while (std::getline(in, line)) {  // "MemAvailable:   12345678 kB"
+    std::istringstream fields(line);
+    std::string key;
+    double kib = 0;
+    if (fields >> key >> kib && key == "MemAvailable:") return kib * 1024.0;
+  }
   return static_cast<double>(machine_memory_bytes());
 }
 
