@@ -86,13 +86,11 @@ std::map<std::string, std::string> info_bytes_per_token(const std::string& out) 
   return rows;
 }
 
-TEST(cli_plan, bytes_per_token_match_info_on_stories260k) {
-  auto info = run_cli("info -m " + model_path());
-  ASSERT_EQ(info.exit_code, 0) << info.err;
-  const auto by_name = info_bytes_per_token(info.out);
-  const json p = plan_json("-m " + model_path() + " --memory 2GiB --ctx 256 --no-profiles");
+// Each of plan's plain rows against info's row of the same layout; how many matched.
+int expect_rows_match_info(const json& plan, const std::string& info_out) {
+  const auto by_name = info_bytes_per_token(info_out);
   int matched = 0;
-  for (const json& r : p["configs"]) {
+  for (const json& r : plan["configs"]) {
     if (r.contains("error") || r["kv_policy"] != "" || r["kv_share"] != "" || r["kv_layer_types"] != "") continue;
     const auto it = by_name.find(r["layout"].get<std::string>());
     if (it == by_name.end()) continue;
@@ -101,7 +99,26 @@ TEST(cli_plan, bytes_per_token_match_info_on_stories260k) {
     EXPECT_EQ(it->second, buf) << r["layout"];
     ++matched;
   }
-  EXPECT_GE(matched, 10) << info.out;
+  return matched;
+}
+
+TEST(cli_plan, bytes_per_token_match_info_on_stories260k) {
+  auto info = run_cli("info -m " + model_path());
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  const json p = plan_json("-m " + model_path() + " --memory 2GiB --ctx 256 --no-profiles");
+  EXPECT_GE(expect_rows_match_info(p, info.out), 10) << info.out;
+}
+
+// A preset plans from its shape alone: the same figures as info on the file synth writes of it.
+TEST(cli_plan, preset_bytes_per_token_match_info_on_its_file) {
+  const std::string file = temp_path("tiny.gguf");
+  auto w = run_cli("synth --preset tiny -o " + file);
+  ASSERT_EQ(w.exit_code, 0) << w.err;
+  auto info = run_cli("info -m " + file);
+  std::remove(file.c_str());
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  const json p = plan_json("--preset tiny --memory 2GiB --ctx 256 --no-profiles");
+  EXPECT_GE(expect_rows_match_info(p, info.out), 10) << info.out;
 }
 
 // `pagoda batch` over n distinct prompts of `prompt` tokens generating `gen`
