@@ -142,26 +142,34 @@ json batch_summary(std::int64_t n, int prompt, int gen, const std::string& flags
 }
 
 // Plan's "fits": that many sequences of that length run in `pagoda batch` with
-// the pool plan names and no preemption; one more does not fit.
+// the configuration and pool plan names and no preemption; one more does not
+// fit. For the recommended configuration (within a KL budget, from the shipped
+// profile), f16, and int4 KIVI (sealed per-channel keys: staging slots too).
 TEST(cli_plan, fits_is_what_batch_runs_without_preemption) {
   constexpr int k_prompt = 8, k_gen = 32;  // 40 tokens: 39 KV slots written, 3 blocks of 16 either way
   const json p = plan_json("-m " + model_path() + " --kv-cache-size 1 --ctx " + std::to_string(k_prompt + k_gen) +
-                           " --no-profiles");
-  const json* f16 = row_of(p, "f16");
-  ASSERT_NE(f16, nullptr);
-  const std::int64_t users = (*f16)["max_users"];
-  ASSERT_GT(users, 4);
-  EXPECT_EQ((*f16)["kv_cache_size_mib"], 1);
-  const std::string flags = "--kv-cache-dtype f16 --kv-cache-size 1";
-  const json fits = batch_summary(users, k_prompt, k_gen, flags);
-  ASSERT_FALSE(fits.is_discarded());
-  EXPECT_EQ(fits["preemptions"], 0) << fits.dump();
-  EXPECT_EQ(fits["peak_running"], users) << fits.dump();
-  EXPECT_EQ(fits["generated_tokens"], users * k_gen);
-  const json over = batch_summary(users + 1, k_prompt, k_gen, flags);
-  ASSERT_FALSE(over.is_discarded());
-  EXPECT_GT(over["preemptions"].get<std::int64_t>(), 0) << "plan said " << users << " fit; " << users + 1
-                                                        << " ran without preemption: " << over.dump();
+                           " --max-kl 0.02");
+  ASSERT_TRUE(p["recommendation"].is_object()) << p.dump(1);
+  std::vector<const json*> rows = {&p["configs"][p["recommendation"]["index"].get<int>()], row_of(p, "f16"),
+                                   row_of(p, "int4")};
+  EXPECT_EQ(rows[2]->at("layout"), "int4/channel+int4/token");
+  EXPECT_GT(rows[2]->at("staging_bytes_per_sequence").get<std::int64_t>(), 0);
+  for (const json* r : rows) {
+    ASSERT_NE(r, nullptr);
+    const std::int64_t users = (*r)["max_users"];
+    ASSERT_GT(users, 4) << r->dump();
+    EXPECT_EQ((*r)["kv_cache_size_mib"], 1);
+    const std::string flags = (*r)["flags"].get<std::string>() + " --kv-cache-size 1";
+    const json fits = batch_summary(users, k_prompt, k_gen, flags);
+    ASSERT_FALSE(fits.is_discarded());
+    EXPECT_EQ(fits["preemptions"], 0) << flags << ": " << fits.dump();
+    EXPECT_EQ(fits["peak_running"], users) << flags << ": " << fits.dump();
+    EXPECT_EQ(fits["generated_tokens"], users * k_gen);
+    const json over = batch_summary(users + 1, k_prompt, k_gen, flags);
+    ASSERT_FALSE(over.is_discarded());
+    EXPECT_GT(over["preemptions"].get<std::int64_t>(), 0) << flags << ": plan said " << users << " fit; " << users + 1
+                                                          << " ran without preemption: " << over.dump();
+  }
 }
 
 // An eviction row's "fits" holds too: the policy's kept tokens, slack, prompt
