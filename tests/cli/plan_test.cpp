@@ -1,6 +1,8 @@
 // pagoda plan end to end: the formula's worked example, bytes per token equal
 // to info's, "fits" checked by running that many sequences in `pagoda batch`,
 // the length mix's block sizes, profiles written by perplexity and found by plan.
+#include <sys/resource.h>
+
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -170,6 +172,31 @@ TEST(cli_plan, fits_is_what_batch_runs_without_preemption) {
     EXPECT_GT(over["preemptions"].get<std::int64_t>(), 0) << flags << ": plan said " << users << " fit; " << users + 1
                                                           << " ran without preemption: " << over.dump();
   }
+}
+
+// Under a memory budget (weights, activations and headroom counted): the
+// recommended command, run with every sequence plan says fits at full length,
+// fills the pool without preemption and its peak resident memory stays within
+// the budget. (ctest runs each test in its own process: RUSAGE_CHILDREN is this
+// test's children alone.)
+TEST(cli_plan, recommended_command_stays_within_the_memory_budget) {
+  constexpr int k_ctx = 256, k_prompt = 8;
+  const json p = plan_json("-m " + model_path() + " --memory 320MiB --ctx " + std::to_string(k_ctx));
+  ASSERT_TRUE(p["recommendation"].is_object()) << p.dump(1);
+  const json& r = p["configs"][p["recommendation"]["index"].get<int>()];
+  const std::int64_t users = r["max_users"];
+  ASSERT_GT(users, 10) << r.dump();
+  const json s = batch_summary(users, k_prompt, k_ctx - k_prompt,
+                               r["flags"].get<std::string>() + " --kv-cache-size " +
+                                   std::to_string(r["kv_cache_size_mib"].get<std::int64_t>()) + " --ctx " +
+                                   std::to_string(k_ctx));
+  ASSERT_FALSE(s.is_discarded());
+  EXPECT_EQ(s["preemptions"], 0) << s.dump();
+  EXPECT_GE(s["peak_blocks_used"].get<double>(), 0.99 * s["blocks_total"].get<double>()) << s.dump();  // the pool was filled
+  rusage children{};
+  ASSERT_EQ(getrusage(RUSAGE_CHILDREN, &children), 0);
+  EXPECT_LE(static_cast<double>(children.ru_maxrss) * 1024, p["memory"]["budget_bytes"].get<double>())
+      << "peak RSS " << children.ru_maxrss << " KiB";
 }
 
 // An eviction row's "fits" holds too: the policy's kept tokens, slack, prompt
