@@ -387,7 +387,9 @@ void print_table(const plan_model& m, const plan_options& o, const plan_answer& 
     const plan_row& r = a.rows[static_cast<std::size_t>(a.best)];
     std::printf("recommended (*): %s\n  %s\n", row_name(r).c_str(), run_command(m, o, a, r).c_str());
   } else {
-    std::printf("recommended: none fits within the quality budget\n");
+    std::printf("recommended: none: no configuration %s holds %lld sequences of %lld tokens in this pool\n",
+                o.max_kl >= 0 || o.max_ppl_change >= 0 ? "within the quality budget" : "of exact quality",
+                static_cast<long long>(std::max<std::int64_t>(o.users, 1)), static_cast<long long>(a.n_ctx));
   }
   if (!a.block_sizes.empty()) {
     std::printf("\nblock size for the request-length mix (only full blocks are shared as prefixes):\n");
