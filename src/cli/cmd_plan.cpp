@@ -175,6 +175,49 @@ plan_row make_row(const plan_model& m, const plan_options& o, const plan_config&
   return r;
 }
 
+// Fills the quality and speed columns: the profiles given, else the shipped
+// ones (quality only for this model's fingerprint), with notes on where
+// they come from or that there are none.
+status add_profiles(const plan_model& m, const plan_options& o, plan_answer& a) {
+  std::vector<profile> quality, speed;
+  for (const std::string& path : o.profile_paths) {
+    PAGODA_ASSIGN_OR_RETURN(profile p, read_profile(path));
+    if (p.doc.contains("quality")) {
+      if (p.fingerprint() != m.fingerprint)
+        a.notes.push_back(fmt::format("{}: measured on {} ({}), not this model: its quality figures are that "
+                                      "model's", path, p.model_name(), p.fingerprint()));
+      quality.push_back(p);
+    }
+    if (p.doc.contains("speed")) speed.push_back(p);
+  }
+  if (!o.no_profiles) {
+    const std::string dir = shipped_profile_dir();
+    if (o.profile_paths.empty())
+      for (profile& p : find_profiles(dir, m.fingerprint)) quality.push_back(std::move(p));
+    if (speed.empty())
+      for (profile& p : find_speed_profiles(dir)) speed.push_back(std::move(p));
+  }
+  for (const profile& p : quality) a.quality_profiles.push_back(p.path);
+  for (const profile& p : speed) {
+    a.speed_profiles.push_back(p.path);
+    // Where the figures come from: a benchmark of one machine, under its load then.
+    if (const nlohmann::json& src = p.doc.value("speed_source", nlohmann::json::object()); src.is_object() && !src.empty())
+      a.notes.push_back(fmt::format("attention speed: {} ({}; {}, SIMD {}, host {}, load average {}): decode attention "
+                                    "alone; the rest of a decode step (the weights) is the same for every KV format",
+                                    p.path, src.value("benchmark", "?"), src.value("shape", "?"), src.value("simd", "?"),
+                                    src.value("host", "?"), src.contains("load_average") ? src["load_average"].dump() : "?"));
+  }
+  if (quality.empty())
+    a.notes.push_back(m.fingerprint.empty()
+                          ? "quality: unknown (a synth preset has random weights; measure a real model with "
+                            "`pagoda perplexity --kl-divergence --profile-out FILE` and pass --profile FILE)"
+                          : "quality: unknown (no profile for this model; write one with `pagoda perplexity "
+                            "--kl-divergence --profile-out FILE`)");
+  if (speed.empty()) a.notes.push_back("attention speed: unknown (no speed profile found)");
+  apply_profiles(a.rows, quality, speed);
+  return {};
+}
+
 result<plan_answer> make_answer(const plan_model& m, const plan_options& o) {
   plan_answer a;
   const llama_hparams& hp = m.hp;
@@ -231,43 +274,7 @@ result<plan_answer> make_answer(const plan_model& m, const plan_options& o) {
     });
     if (!seen) a.rows.push_back(std::move(r));
   }
-  // Profiles: the files given, else the shipped ones for this model.
-  std::vector<profile> quality, speed;
-  for (const std::string& path : o.profile_paths) {
-    PAGODA_ASSIGN_OR_RETURN(profile p, read_profile(path));
-    if (p.doc.contains("quality")) {
-      if (p.fingerprint() != m.fingerprint)
-        a.notes.push_back(fmt::format("{}: measured on {} ({}), not this model: its quality figures are that "
-                                      "model's", path, p.model_name(), p.fingerprint()));
-      quality.push_back(p);
-    }
-    if (p.doc.contains("speed")) speed.push_back(p);
-  }
-  if (!o.no_profiles) {
-    const std::string dir = shipped_profile_dir();
-    if (o.profile_paths.empty())
-      for (profile& p : find_profiles(dir, m.fingerprint)) quality.push_back(std::move(p));
-    if (speed.empty())
-      for (profile& p : find_speed_profiles(dir)) speed.push_back(std::move(p));
-  }
-  for (const profile& p : quality) a.quality_profiles.push_back(p.path);
-  for (const profile& p : speed) {
-    a.speed_profiles.push_back(p.path);
-    // Where the figures come from: a benchmark of one machine, under its load then.
-    if (const nlohmann::json& src = p.doc.value("speed_source", nlohmann::json::object()); src.is_object() && !src.empty())
-      a.notes.push_back(fmt::format("attention speed: {} ({}; {}, SIMD {}, host {}, load average {}); a decode step's "
-                                    "attention alone, the rest of the step does not change with the KV format",
-                                    p.path, src.value("benchmark", "?"), src.value("shape", "?"), src.value("simd", "?"),
-                                    src.value("host", "?"), src.contains("load_average") ? src["load_average"].dump() : "?"));
-  }
-  if (quality.empty())
-    a.notes.push_back(m.fingerprint.empty()
-                          ? "quality: unknown (a synth preset has random weights; measure a real model with "
-                            "`pagoda perplexity --kl-divergence --profile-out FILE` and pass --profile FILE)"
-                          : "quality: unknown (no profile for this model; write one with `pagoda perplexity "
-                            "--kl-divergence --profile-out FILE`)");
-  if (speed.empty()) a.notes.push_back("attention speed: unknown (no speed profile found)");
-  apply_profiles(a.rows, quality, speed);
+  PAGODA_RETURN_IF_ERROR(add_profiles(m, o, a));
   quality_budget budget;
   if (o.max_kl >= 0) budget.max_kl = o.max_kl;
   if (o.max_ppl_change >= 0) budget.max_ppl_change = o.max_ppl_change;
