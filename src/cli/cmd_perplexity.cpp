@@ -41,6 +41,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/plan.h"
 #include <map>
 
 #include "policy/kv_policy.h"
@@ -65,6 +66,7 @@ struct ppl_options {
   std::string segment_kv_type;   // "": no segment
   double segment_fraction = 0.75;  // of each piece's tokens, from its start
   bool tail_rows = false;  // report the rows past the first segment_fraction apart (set with a segment or the fraction)
+  std::string profile_out;  // --profile-out: the quality profile `pagoda plan` reads (cli/plan.h)
 };
 
 // One request: row j of its prompt logits predicts tokens[j + 1]; rows from
@@ -397,6 +399,23 @@ int perplexity(const ppl_options& o) {
   const double ppl_exact = std::exp(kl.sum_nll_exact / std::max<std::int64_t>(kl.n, 1));
   const double ppl_change = (std::exp(mean) / ppl_exact - 1.0) * 100.0;
   const bool exact_ctx = exact != nullptr;
+  if (!o.profile_out.empty()) {
+    // One measured configuration, keyed as plan keys its rows: the layout, the policy, the sharing.
+    const nlohmann::json entry = {{"kv", layout.describe()},
+                                  {"kv_policy", core_cfg.kv_policy == "none" ? "" : core_cfg.kv_policy},
+                                  {"kv_share", cfg.kv_share == "none" ? "" : cfg.kv_share},
+                                  {"bits_per_element", layout.bits_per_element()},
+                                  {"bytes_per_token", layout.bytes_per_token()},
+                                  {"mean_kl", kl.sum_kl / std::max<std::int64_t>(kl.n, 1)},
+                                  {"perplexity_change_percent", (std::exp(mean) / ppl_exact - 1.0) * 100.0},
+                                  {"top1_agreement", static_cast<double>(kl.top1_agree) / std::max<std::int64_t>(kl.n, 1)},
+                                  {"predicted_tokens", n_predicted},
+                                  {"context", n_ctx},
+                                  {"text", o.file}};
+    PAGODA_RETURN_IF_ERROR_CLI(write_quality_entry(o.profile_out, hp.name.empty() ? o.config.model_path : hp.name,
+                                                   fingerprint_text(model_fingerprint(*model)), entry)
+                                   .with_context("--profile-out"));
+  }
   std::string method = scoring_method(pl, n_ctx);
   if (with_policy)
     method += fmt::format(
@@ -538,8 +557,15 @@ void register_perplexity(CLI::App& app, std::function<int()>& action) {
                       "the typed part of each piece (default 0.75); with --kl-divergence the rows past it are "
                       "reported apart, with or without --segment-kv-type")
           ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--profile-out", opts->profile_out,
+                  "with --kl-divergence: add this KV configuration's measured quality to a profile `pagoda plan` "
+                  "reads (created, or the entry of the same configuration replaced)");
   cmd->callback([opts, fraction, &action] {
     opts->tail_rows = fraction->count() > 0 || !opts->segment_kv_type.empty();
+    if (!opts->profile_out.empty() && !opts->kl_divergence)
+      throw usage_error("--profile-out needs --kl-divergence (the quality it writes is the KL against an exact cache)");
+    if (!opts->profile_out.empty() && !opts->segment_kv_type.empty())
+      throw usage_error("--profile-out: a --segment-kv-type run mixes two KV types; profile one type at a time");
     action = [opts] { return perplexity(*opts); };
   });
 }

@@ -34,5 +34,6 @@ void register_serve(CLI::App& app, std::function<int()>& action);
 void register_kv(CLI::App& app, std::function<int()>& action);
 void register_router(CLI::App& app, std::function<int()>& action);
 void register_pull(CLI::App& app, std::function<int()>& action);
+void register_plan(CLI::App& app, std::function<int()>& action);
 
 }  // namespace pagoda::cli

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   register_kv(app, action);
   register_router(app, action);
   register_pull(app, action);
+  register_plan(app, action);
   // A mistyped command or option names the nearest one; every usage error exits 2.
   auto usage = [](const std::string& message) {
     std::fprintf(stderr, "pagoda: error: %s\n", message.c_str());

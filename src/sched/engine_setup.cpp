@@ -93,10 +93,13 @@ result<kv_layout> with_declared_kv_sharing(const llama_hparams& hp, kv_layout la
 }
 
 result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& opts) {
-  const llama_hparams& hp = model.hparams();
   // "auto" follows the weights, as vLLM's "auto" does: an f32 model keeps an f32
   // cache (bitwise reproducible); anything else gets f16 (vLLM's and llama.cpp's default).
   const kv_type auto_type = model.layers().front().wq.type == gguf::tensor_type::f32 ? kv_type::f32 : kv_type::f16;
+  return make_kv_layout(model.hparams(), auto_type, opts);
+}
+
+result<kv_layout> make_kv_layout(const llama_hparams& hp, kv_type auto_type, const engine_config& opts) {
   auto spec_of = [&](const std::string& text, const char* what) -> result<kv_format_spec> {
     if (text == "auto") return kv_format_spec{auto_type, std::nullopt, 0};
     auto s = parse_kv_format_spec(text);

@@ -57,6 +57,9 @@ result<kv_layout> with_declared_kv_sharing(const llama_hparams& hp, kv_layout la
 // plan_kv_sharing(config.kv_share) says). Errors name the
 // option at fault ("--kv-layer-types: layer range 3-9 is past the model's 5 layers").
 result<kv_layout> make_kv_layout(const llama_model& model, const engine_config& config);
+// The same from the hyper-parameters alone (`pagoda plan` on a synth preset,
+// with no file), "auto" meaning auto_type (the model's: f32 for f32 weights, else f16).
+result<kv_layout> make_kv_layout(const llama_hparams& hp, kv_type auto_type, const engine_config& config);
 
 // Blocks in the pool: from kv_cache_size_mib or max_kv_tokens, else enough for
 // default_tokens. A MiB budget also pays for n_slots staging slots (the f16
