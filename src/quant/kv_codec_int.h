@@ -114,7 +114,8 @@ inline double operand_error(const tile_layout& L) {
 bool simd_supported(const tile_layout& L, kv_tile_shape shape);
 
 // Whether the AVX2 kernels handle this format (others use the reference at
-// that level): per-token scales, or groups whose key words lie in one group.
+// that level): per-token scales, groups whose key words lie in one group, and
+// keys with per-channel or static scales (folded into the query per tile).
 bool avx2_supported(const tile_layout& L, kv_tile_shape shape);
 
 void qk_avx2(const kv_format& fmt, kv_tile_shape shape, const kv_static_params* sp, const void* const* tiles,

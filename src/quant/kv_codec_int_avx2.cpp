@@ -1,13 +1,16 @@
 // AVX2 (+FMA, F16C) qk/av for the integer codecs with per-token or group
-// scales (int8's default, int4/int2 values), on the packed codes directly.
-// Per-channel and static scales (folded into the operand by the AVX-512
-// kernels) run on the reference at this level.
+// scales (int8's default, int4/int2 values), on the packed codes directly,
+// and qk for keys with per-channel or static scales (KIVI's int4/int2 keys):
+// each tile's channel scales are folded into the query (below). Values with
+// per-channel or static scales run on the reference at this level.
 //
 // AVX2 has no VNNI, so codes are widened to f32 (shift, mask, convert: once
 // per code for all the rows that use it) and multiplied by the f32 operand
 // with FMAs; scales and offsets are applied after the integer-code sums:
 //   q.k_t  = sum_g S_gt * (sum_{d in g} q_d u_td) + M_gt * (sum_{d in g} q_d)
 //   a.v_d += sum_t (w_t S_t) u_td + (sum_t w_t M_t)
+// Keys with per-channel or static scales fold them into the operand, per tile:
+//   q.k_t  = sum_d (q_d S_d) u_td + (sum_d q_d M_d)
 // Rounding is float rounding of these sums (no operand is quantized).
 //
 // Batch invariance: every lane (one token for qk, one channel for av) is one
@@ -19,6 +22,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "core/half.h"
 #include "quant/kv_codec_int.h"
@@ -63,7 +68,9 @@ struct token_vector {
 // channels) for NV token vectors, adding group g's terms to what scores hold
 // from the groups before (g > 0). Words [w0, w1) hold group g's channels; only
 // channels below head_dim are read from q.
-template <int NR, int NV, int BITS>
+// FOLDED (per-channel or static scales): q is the folded operand q * S, there
+// is one group, and qsum holds each row's offsets term sum_d q_d M_d.
+template <int NR, int NV, int BITS, bool FOLDED = false>
 void qk_group(const tile_layout& L, kv_tile_shape s, const token_vector* tv, int g, int w0, int w1, const float* q,
               const float* qsum, int ld) {
   constexpr int CPB = 8 / BITS;
@@ -93,6 +100,13 @@ void qk_group(const tile_layout& L, kv_tile_shape s, const token_vector* tv, int
           for (int v = 0; v < NV; ++v) dot[v][r] = _mm256_fmadd_ps(qb, u[v], dot[v][r]);
         }
       }
+  }
+  if constexpr (FOLDED) {
+    for (int v = 0; v < NV; ++v)
+      for (int r = 0; r < NR; ++r)
+        kv_simd::store8(tv[v].scores + static_cast<std::size_t>(r) * ld, _mm256_add_ps(dot[v][r], _mm256_set1_ps(qsum[r])),
+                        tv[v].n);
+    return;
   }
   for (int v = 0; v < NV; ++v) {
     const std::size_t at = L.scale_off + (static_cast<std::size_t>(g) * B + tv[v].tc) * 2;
@@ -177,6 +191,86 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const void* const* tiles, int
     }
   }
   if (n_vec > 0) run_chunk();
+}
+
+// Keys with per-channel scales (the tile's fp16 S and M per channel) or
+// static ones (sp): tile by tile, every row's operand q * S and offsets term
+// sum_d q_d M_d (in channel order, so a row's scores never depend on the
+// other rows), then the token vectors of the tile, four rows at a time.
+template <int BITS>
+void qk_run_folded(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
+                   int n_tokens, const float* q, int n_q, float* scores, int ld) {
+  const int B = s.block_size, D = s.head_dim;
+  const bool per_tile = L.mode == kv_scale_mode::per_channel;
+  thread_local std::vector<float> folded, consts, scale, offset;
+  folded.resize(static_cast<std::size_t>(n_q) * D);
+  consts.resize(static_cast<std::size_t>(n_q));
+  scale.resize(static_cast<std::size_t>(D));
+  offset.resize(static_cast<std::size_t>(D));
+  if (!per_tile) {
+    std::copy_n(sp->scale, D, scale.data());
+    std::copy_n(sp->offset, D, offset.data());
+  }
+  constexpr int k_chunk = 16;
+  token_vector chunk[k_chunk];
+  const int n_tiles = (n_tokens + B - 1) / B, ahead = kv_simd::prefetch_ahead(L.bytes);
+  for (int i = 0; i < n_tiles; ++i) {
+    const auto* tile = static_cast<const std::uint8_t*>(tiles[i]);
+    const std::uint8_t* later = kv_simd::tile_ahead(tiles, i, n_tiles, ahead);
+    kv_simd::prefetch_slice(later, L.codes_bytes, L.bytes);
+    if (per_tile || i == 0) {
+      if (per_tile)
+        for (int d = 0; d < D; ++d) {
+          fp16_t h[2];
+          std::memcpy(&h[0], tile + L.scale_off + 2 * static_cast<std::size_t>(d), 2);
+          std::memcpy(&h[1], tile + L.offset_off + 2 * static_cast<std::size_t>(d), 2);
+          scale[static_cast<std::size_t>(d)] = fp16_to_f32(h[0]);
+          offset[static_cast<std::size_t>(d)] = fp16_to_f32(h[1]);
+        }
+      for (int r = 0; r < n_q; ++r) {
+        const float* qr = q + static_cast<std::size_t>(r) * D;
+        float* fr = folded.data() + static_cast<std::size_t>(r) * D;
+        float c = 0;
+        for (int d = 0; d < D; ++d) {
+          fr[d] = qr[d] * scale[static_cast<std::size_t>(d)];
+          c += qr[d] * offset[static_cast<std::size_t>(d)];
+        }
+        consts[static_cast<std::size_t>(r)] = c;
+      }
+    }
+    const int nt = std::min(B, n_tokens - i * B);
+    for (int tc0 = 0; tc0 < nt; tc0 += 8 * k_chunk) {
+      int n_vec = 0;
+      for (int tc = tc0; tc < nt && n_vec < k_chunk; tc += 8)
+        chunk[n_vec++] = {tile, later, tc, nt - tc, B - tc, scores + static_cast<std::size_t>(i) * B + tc};
+      auto rows = [&]<int NR>(int r0) {
+        const float* fr = folded.data() + static_cast<std::size_t>(r0) * D;
+        const float* cr = consts.data() + r0;
+        token_vector tv[2];
+        int v = 0;
+        for (; v + 2 <= n_vec; v += 2) {
+          for (int k = 0; k < 2; ++k) {
+            tv[k] = chunk[v + k];
+            tv[k].scores += static_cast<std::size_t>(r0) * ld;
+          }
+          qk_group<NR, 2, BITS, true>(L, s, tv, 0, 0, L.n_outer, fr, cr, ld);
+        }
+        if (v < n_vec) {
+          tv[0] = chunk[v];
+          tv[0].scores += static_cast<std::size_t>(r0) * ld;
+          qk_group<NR, 1, BITS, true>(L, s, tv, 0, 0, L.n_outer, fr, cr, ld);
+        }
+      };
+      int r = 0;
+      for (; r + 4 <= n_q; r += 4) rows.template operator()<4>(r);
+      switch (n_q - r) {
+        case 3: rows.template operator()<3>(r); break;
+        case 2: rows.template operator()<2>(r); break;
+        case 1: rows.template operator()<1>(r); break;
+        default: break;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -293,14 +387,23 @@ void av_run(const tile_layout& L, kv_tile_shape s, const void* const* tiles, int
 
 bool avx2_supported(const tile_layout& L, kv_tile_shape s) {
   if (L.mode == kv_scale_mode::per_token) return true;
+  // Keys fold per-channel or static scales into the query (qk_run_folded); values do not.
+  if (L.key && (L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales)) return true;
   // A key word must not straddle two scale groups.
   return L.mode == kv_scale_mode::group && (!L.key || L.group_size % L.lanes == 0);
 }
 
-void qk_avx2(const kv_format& fmt, kv_tile_shape s, const kv_static_params*, const void* const* tiles, int n_tokens,
+void qk_avx2(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
              const float* q, int n_q, float* scores, int ld) {
   if (n_tokens <= 0 || n_q <= 0) return;
   const tile_layout L = layout_of(fmt, s);
+  if (L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales) {
+    switch (L.bits) {
+      case 8: return qk_run_folded<8>(L, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+      case 4: return qk_run_folded<4>(L, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+      default: return qk_run_folded<2>(L, s, sp, tiles, n_tokens, q, n_q, scores, ld);
+    }
+  }
   switch (L.bits) {
     case 8: return qk_run<8>(L, s, tiles, n_tokens, q, n_q, scores, ld);
     case 4: return qk_run<4>(L, s, tiles, n_tokens, q, n_q, scores, ld);
