@@ -37,6 +37,20 @@ namespace pagoda::int_kv {
 // scales of one span (at most max(128, block_size) tokens).
 inline constexpr int k_max_block_size = 1024;
 
+// Calls rows.template operator()<R>(r0) over rows [0, n) in blocks of R = 4
+// rows, then one block of the 3, 2 or 1 left: the kernels' row tiling.
+template <typename F>
+inline void for_row_blocks(int n, F&& rows) {
+  int r = 0;
+  for (; r + 4 <= n; r += 4) rows.template operator()<4>(r);
+  switch (n - r) {
+    case 3: rows.template operator()<3>(r); break;
+    case 2: rows.template operator()<2>(r); break;
+    case 1: rows.template operator()<1>(r); break;
+    default: break;
+  }
+}
+
 struct tile_layout {
   int bits = 8;
   int cpb = 1;            // codes per byte

@@ -261,14 +261,7 @@ void qk_run_folded(const tile_layout& L, kv_tile_shape s, const kv_static_params
           qk_group<NR, 1, BITS, true>(L, s, tv, 0, 0, L.n_outer, fr, cr, ld);
         }
       };
-      int r = 0;
-      for (; r + 4 <= n_q; r += 4) rows.template operator()<4>(r);
-      switch (n_q - r) {
-        case 3: rows.template operator()<3>(r); break;
-        case 2: rows.template operator()<2>(r); break;
-        case 1: rows.template operator()<1>(r); break;
-        default: break;
-      }
+      for_row_blocks(n_q, rows);
     }
   }
 }

@@ -458,14 +458,7 @@ void qk_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
       qk_list<R, 2, BITS, FOLDED>(L, B, chunk, even, ops, r0, stride, G, words_per_group, ld);
       if (even < n_vec) qk_list<R, 1, BITS, FOLDED>(L, B, chunk + even, 1, ops, r0, stride, G, words_per_group, ld);
     };
-    int r = 0;
-    for (; r + 4 <= n_q; r += 4) rows.template operator()<4>(r);
-    switch (n_q - r) {
-      case 3: rows.template operator()<3>(r); break;
-      case 2: rows.template operator()<2>(r); break;
-      case 1: rows.template operator()<1>(r); break;
-      default: break;
-    }
+    for_row_blocks(n_q, rows);
     n_vec = 0;
   };
   if (!per_tile) prepare(nullptr);
