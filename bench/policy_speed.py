@@ -445,7 +445,7 @@ def part_memory(a, results):
     rows = []
     for spec in (a.memory_policies.split(";") if a.memory_policies else MEMORY_POLICIES):
         args = ["-m", model, "-t", str(a.threads), "--kv-cache-dtype", "f16", "--max-kv-tokens",
-                str(ctx + 4 * (a.gen + 32)), "--max-num-seqs", "1", "--ctx", str(ctx + a.gen + 64),
+                str(a.memory_pool_tokens or ctx + 4 * (a.gen + 32)), "--max-num-seqs", "1", "--ctx", str(ctx + a.gen + 64),
                 "--no-enable-prefix-caching", "--no-kv-store"]
         load0 = load_average()
         tag = re.sub(r"[^A-Za-z0-9.=_-]+", "_", spec)
@@ -559,6 +559,9 @@ def main():
     p.add_argument("--no-perf", dest="perf", action="store_false",
                    help="speed: skip perf's split of the decode's CPU time (attention, selection, weights)")
     p.add_argument("--memory-ctx", type=int, default=32768)
+    p.add_argument("--memory-pool-tokens", type=int, default=0,
+                   help="memory: the KV pool in tokens (default: the context and 4 x (gen + 32)); admission "
+                        "counts a policy's side memory for the whole sequence")
     p.add_argument("--memory-policies", default="",
                    help="memory: the kv_policy specs to compare, ';'-separated (default: none and window, h2o, snapkv at 25%%)")
     p.add_argument("--load-requests", type=int, default=64)

@@ -75,7 +75,9 @@ TEST(prompt_chunks, are_the_budget_in_blocks_or_the_chunk_asked_for) {
   EXPECT_EQ(chunks("window:budget=100", 4096), std::pair(112, 0));
   EXPECT_EQ(chunks("window:budget=3", 4096), std::pair(16, 0));  // at least a block
   EXPECT_EQ(chunks("snapkv:budget=0.25", 4096), std::pair(256, 16));
-  EXPECT_EQ(chunks("snapkv:budget=8,window=32", 4096), std::pair(32, 32));
+  // SnapKV: a chunk whose budget keeps twice the window (else it keeps the window alone), at most 256.
+  EXPECT_EQ(chunks("snapkv:budget=0.25", 400), std::pair(128, 16));  // 100 would keep 25 < 32
+  EXPECT_EQ(chunks("snapkv:budget=8,window=32", 4096), std::pair(256, 32));
   EXPECT_EQ(chunks("h2o:budget=0.25,chunk=50", 4096), std::pair(50, 0));  // as asked, not in blocks
   EXPECT_EQ(chunks("snapkv:budget=0.25,chunk=8", 4096), std::pair(16, 16));
   EXPECT_EQ(chunks("pyramid:budget=0.25", 4096), std::pair(256, 16));

@@ -159,7 +159,7 @@ TEST(segmented_policy, what_cannot_compose_is_refused) {
   EXPECT_THAT(segmented_error("window:positions=cache", {segment(0, 10, "none")}),
               HasSubstr("the base policy: window:positions=cache"));
   EXPECT_EQ(segmented_error("none", {segment(0, 10, "h2o:bugdet=1")}),
-            "segment [0, 10): h2o: unknown parameter 'bugdet'; known: budget, slack, recent");
+            "segment [0, 10): h2o: unknown parameter 'bugdet'; known: budget, slack, chunk, recent");
   EXPECT_THAT(segmented_error("none", {segment(0, 10, "lru")}), HasSubstr("segment [0, 10): unknown KV policy 'lru'"));
   // A "none" part folds nothing: it composes with anything.
   EXPECT_NE(segmented("merge", {segment(0, 10, "none")}), nullptr);

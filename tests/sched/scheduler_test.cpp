@@ -803,16 +803,16 @@ TEST(scheduler_policy, a_long_prompt_peaks_at_its_budget_plus_a_chunk) {
     EXPECT_LE(chunked.peak_blocks, (budget + chunk + bs - 1) / bs + 1);
     EXPECT_GE(chunked.prompt_steps.size(), 4u);
     const long_prompt_run whole = run_long_prompt(std::string(p) + ",chunk=0", n_prompt);
-    EXPECT_EQ(whole.prompt_steps, std::vector<int>{n_prompt});
+    EXPECT_EQ(whole.prompt_steps, (std::vector<int>{n_prompt}));
     EXPECT_GE(whole.peak_blocks, n_prompt / bs);
   }
   // An explicit chunk: the budget plus that.
   const long_prompt_run small = run_long_prompt("h2o:budget=0.25,chunk=20", n_prompt);
   EXPECT_LE(small.peak_blocks, (budget + 20 + bs - 1) / bs + 1);
   // A prompt within its budget and one chunk is computed whole, as it peaks no higher.
-  EXPECT_EQ(run_long_prompt("h2o:budget=150", 250).prompt_steps, std::vector<int>{250});
+  EXPECT_EQ(run_long_prompt("h2o:budget=150", 250).prompt_steps, (std::vector<int>{250}));
   // No policy, or one that does not evict: whole.
-  EXPECT_EQ(run_long_prompt("none", n_prompt).prompt_steps, std::vector<int>{n_prompt});
+  EXPECT_EQ(run_long_prompt("none", n_prompt).prompt_steps, (std::vector<int>{n_prompt}));
 }
 
 // SnapKV's final choice sees the prompt's last `window` tokens in one step:
@@ -834,13 +834,14 @@ TEST(scheduler_policy, snapkvs_last_prompt_chunk_holds_its_observation_window) {
 // holds exactly its budget (a fraction of the tokens seen, rounded up), and
 // the usage says what it keeps. With slack=K it holds up to K more.
 TEST(scheduler_policy, budgets_are_exact_by_default_and_usage_reports_what_is_kept) {
+  const kv_budget quarter{0.25, 0};
   for (const char* p : {"window:budget=0.25", "h2o:budget=0.25", "snapkv:budget=0.25"}) {
     SCOPED_TRACE(p);
     const long_prompt_run run = run_long_prompt(p, 300, 40);
-    for (const auto& [seen, stored] : run.after) EXPECT_EQ(stored, kv_budget{0.25, 0}.resolve(seen)) << seen;
+    for (const auto& [seen, stored] : run.after) EXPECT_EQ(stored, quarter.resolve(seen)) << seen;
     // The last sampled token is never computed.
     EXPECT_EQ(run.usage.kv_tokens_seen, 300 + 40 - 1);
-    EXPECT_EQ(run.usage.kv_tokens_kept, kv_budget{0.25, 0}.resolve(300 + 40 - 1));
+    EXPECT_EQ(run.usage.kv_tokens_kept, quarter.resolve(300 + 40 - 1));
   }
   const long_prompt_run fixed = run_long_prompt("h2o:budget=32", 300, 40);
   for (const auto& [seen, stored] : fixed.after) EXPECT_EQ(stored, std::min(seen, 32)) << seen;
