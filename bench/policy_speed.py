@@ -443,12 +443,13 @@ def part_memory(a, results):
     ctx = a.memory_ctx
     prompt = random_prompt(ctx, seed=ctx)
     rows = []
-    for spec in MEMORY_POLICIES:
+    for spec in (a.memory_policies.split(";") if a.memory_policies else MEMORY_POLICIES):
         args = ["-m", model, "-t", str(a.threads), "--kv-cache-dtype", "f16", "--max-kv-tokens",
-                str(ctx + 4 * (a.gen + 32)), "--max-num-seqs", "1", "--ctx", str(ctx + a.gen + 64),
+                str(a.memory_pool_tokens or ctx + 4 * (a.gen + 32)), "--max-num-seqs", "1", "--ctx", str(ctx + a.gen + 64),
                 "--no-enable-prefix-caching", "--no-kv-store"]
         load0 = load_average()
-        srv = server(a.pagoda, args, os.path.join(a.workdir, f"serve-memory-{spec.split(':')[0]}.log"))
+        tag = re.sub(r"[^A-Za-z0-9.=_-]+", "_", spec)
+        srv = server(a.pagoda, args, os.path.join(a.workdir, f"serve-memory-{tag}.log"))
         held = {}
 
         def on_token(n):
@@ -462,6 +463,7 @@ def part_memory(a, results):
         row = {"policy": spec, **r.as_dict(),
                "blocks_held": held['pagoda:kv_cache_blocks{state="used"}'],
                "blocks_peak": end["pagoda:kv_cache_blocks_used_peak"],
+               "side_blocks_peak": end.get("pagoda:kv_side_blocks_peak", 0),
                "block_size": end["pagoda:kv_cache_block_size_tokens"], "load": [load0, load_average()]}
         log(f"memory {spec}: {row}")
         rows.append(row)
@@ -474,11 +476,12 @@ def print_memory(m):
     full = rows[0]
     print(f"### KV held by one {m['ctx']:,}-token sequence (f16 KV, synth Llama-3-8B shapes, 1 layer)\n")
     print("| policy | blocks held at decode token " + str(m["gen"] // 2) + " | vs full | peak blocks (prefill included) | "
-          "vs full | prefill s | decode ms / token | decode speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+          "vs full | of them side (peak) | prefill s | decode ms / token | decode speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['policy']} | {r['blocks_held']:.0f} | {r['blocks_held'] / full['blocks_held']:.3f} | "
-              f"{r['blocks_peak']:.0f} | {r['blocks_peak'] / full['blocks_peak']:.3f} | {r['first_token_s']:.1f} | "
+              f"{r['blocks_peak']:.0f} | {r['blocks_peak'] / full['blocks_peak']:.3f} | "
+              f"{r.get('side_blocks_peak', 0):.0f} | {r['first_token_s']:.1f} | "
               f"{1e3 * r['decode_s_per_token']:.1f} | {full['decode_s_per_token'] / r['decode_s_per_token']:.2f}x |")
     print(f"\nLoad average {rows[0]['load'][0][0]:.1f} at the start, {rows[-1]['load'][1][0]:.1f} at the end.\n")
 
@@ -556,6 +559,11 @@ def main():
     p.add_argument("--no-perf", dest="perf", action="store_false",
                    help="speed: skip perf's split of the decode's CPU time (attention, selection, weights)")
     p.add_argument("--memory-ctx", type=int, default=32768)
+    p.add_argument("--memory-pool-tokens", type=int, default=0,
+                   help="memory: the KV pool in tokens (default: the context and 4 x (gen + 32)); admission "
+                        "counts a policy's side memory for the whole sequence")
+    p.add_argument("--memory-policies", default="",
+                   help="memory: the kv_policy specs to compare, ';'-separated (default: none and window, h2o, snapkv at 25%%)")
     p.add_argument("--load-requests", type=int, default=64)
     p.add_argument("--load-fit", type=int, default=16, help="requests the pool holds at full KV")
     p.add_argument("--load-prompt", type=int, default=3072)

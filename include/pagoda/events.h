@@ -25,6 +25,12 @@ struct request_usage {
   // Prompt tokens whose KV came from a reused chunk (request parts marked
   // "reuse": "chunk") and were not recomputed; apart from cached_tokens.
   int reused_chunk_tokens = 0;
+  // An evicting KV policy (docs/policies.md): the tokens the completions
+  // computed (their context, summed over completions) and how many of them
+  // their KV keeps: what the policy keeps of each completion's context at its
+  // end, slack included. Both 0 when no completion's policy evicts.
+  int kv_tokens_seen = 0;
+  int kv_tokens_kept = 0;
 };
 
 // What one step produced for one completion of one request.

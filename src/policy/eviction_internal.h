@@ -58,11 +58,12 @@ enum class act_when : std::uint8_t {
 };
 
 // The slack rule: whether evicting `evicted` slots in all from `n_rows` rows
-// is worth a compaction: at least `slack` per row on average (anything at all
-// for act_when::now). With one budget for every row this is the widest row
-// freeing `slack` slots; with budgets per layer or head it still means about
-// one compaction per `slack` new tokens, however the widest row grows (an
-// AdaKV head at its cap grows with the budget and frees little itself).
+// is worth a compaction: anything at all with no slack (0, the default:
+// exact budgets) and for act_when::now; else at least `slack` per row on
+// average. With one budget for every row this is the widest row freeing
+// `slack` slots; with budgets per layer or head it still means about one
+// compaction per `slack` new tokens, however the widest row grows (an AdaKV
+// head at its cap grows with the budget and frees little itself).
 bool worth_evicting(act_when mode, long long evicted, int n_rows, int slack_slots);
 // How many slots the rows lose in all when row r keeps keep[r] of live[r].
 long long n_evicted(std::span<const int> live, std::span<const int> keep);
@@ -97,6 +98,9 @@ class row_scorer {
   // How many of a row's newest live tokens are kept whatever their scores,
   // when the row keeps `target` (1 <= target; the result is <= target).
   virtual int protected_newest(const eviction_input& in, int target) const = 0;
+  // The query rows that vote (SnapKV's observation window): a chunked prompt's
+  // last chunk holds at least this many (prompt_chunking::min_last).
+  virtual int observation_rows() const { return 0; }
   // Scores of row r's candidates (its live slots without the protected
   // newest, oldest first): out[i] for cands[i], higher kept first.
   virtual void score(const eviction_input& in, int r, const row_slots& cands, std::vector<float>& out) const = 0;
@@ -119,13 +123,28 @@ void choose_row(const row_scorer& scorer, const eviction_input& in, int r, int t
 // The base of every eviction policy here: evict() runs the slack rule around
 // the policy's decide(). The segmented policy drives the same three steps
 // over each part itself, which is why they are public.
+// What every eviction policy reads besides its own parameters: `slack`
+// (default 0: exact budgets) and `chunk` (the prompt's chunk under eviction;
+// -1: by the budget, 0: off).
+struct eviction_common {
+  int slack = 0;
+  int chunk = -1;
+};
+status read_eviction_common(param_reader& params, eviction_common& out);
+
+// The default prompt chunk under eviction: the budget at the prompt's end,
+// at most this many tokens (a chunk of a few hundred rows keeps the forward
+// pass's matrix products efficient), rounded up to whole blocks.
+inline constexpr int k_default_prompt_chunk = 256;
+
 class eviction_policy : public kv_policy {
  public:
-  eviction_policy(kv_policy_spec spec, int slack_slots) : spec_(std::move(spec)), slack_(slack_slots) {}
+  eviction_policy(kv_policy_spec spec, eviction_common common) : spec_(std::move(spec)), common_(common) {}
 
   const kv_policy_spec& spec() const override { return spec_; }
   bool lossy() const override { return true; }
   eviction_decision evict(const eviction_input& in) final;
+  prompt_chunking prompt_chunks(int n_prompt, int block_size) const override;
 
   virtual act_when when(const eviction_input& in) const = 0;
   // Per row, what the row keeps if the policy acts now, as far as it is known
@@ -141,22 +160,27 @@ class eviction_policy : public kv_policy {
   virtual eviction_decision decide(const eviction_input& in) const = 0;
   virtual kv_fold fold() const { return kv_fold::drop; }
   virtual bool repositions() const { return false; }
-  // The `slack` parameter, or -1 for one block.
-  int slack_param() const { return slack_; }
-  int slack(const eviction_input& in) const { return slack_ >= 0 ? slack_ : in.block_size; }
+  // How many tokens the widest row keeps once n_seen tokens are computed (a
+  // prompt's chunks are sized from it).
+  virtual int kept_at(int n_seen) const = 0;
+  // The query rows its final choice reads (prompt_chunking::min_last).
+  virtual int observation_rows() const { return 0; }
+  // The `slack` parameter (0: exact budgets).
+  int slack() const { return common_.slack; }
 
  private:
   kv_policy_spec spec_;
-  int slack_ = -1;
+  eviction_common common_;
 };
 
 // An eviction policy whose choice rests on a row_scorer (all but segmented).
 class scored_policy : public eviction_policy {
  public:
-  scored_policy(kv_policy_spec spec, int slack_slots, std::unique_ptr<row_scorer> scorer)
-      : eviction_policy(std::move(spec), slack_slots), scorer_(std::move(scorer)) {}
+  scored_policy(kv_policy_spec spec, eviction_common common, std::unique_ptr<row_scorer> scorer)
+      : eviction_policy(std::move(spec), common), scorer_(std::move(scorer)) {}
   kv_policy_needs needs() const override { return scorer_->needs(); }
   act_when when(const eviction_input& in) const override { return scorer_->when(in); }
+  int observation_rows() const override { return scorer_->observation_rows(); }
 
  protected:
   std::unique_ptr<row_scorer> scorer_;

@@ -10,7 +10,7 @@ namespace {
 
 struct flat_options {
   kv_budget budget;
-  int slack = -1;  // -1: one block
+  eviction_common common;
   kv_fold fold = kv_fold::drop;
   int cluster_k = 0;        // kv_fold::cluster: anchors per row wanted
   bool reposition = false;  // window:positions=cache
@@ -19,9 +19,10 @@ struct flat_options {
 class flat_policy final : public scored_policy {
  public:
   flat_policy(kv_policy_spec spec, std::unique_ptr<row_scorer> scorer, flat_options opts)
-      : scored_policy(std::move(spec), opts.slack, std::move(scorer)), opts_(opts) {}
+      : scored_policy(std::move(spec), opts.common, std::move(scorer)), opts_(opts) {}
 
   kv_fold fold() const override { return opts_.fold; }
+  int kept_at(int n_seen) const override { return opts_.budget.resolve(n_seen); }
   bool repositions() const override { return opts_.reposition; }
 
   void min_keep(const eviction_input& in, std::span<const int> live, std::span<int> out) const override {
@@ -62,11 +63,10 @@ class flat_policy final : public scored_policy {
   flat_options opts_;
 };
 
-// budget and slack, which every eviction policy takes.
+// budget, slack and chunk, which every eviction policy takes.
 status read_common(param_reader& params, flat_options& opts) {
   PAGODA_ASSIGN_OR_RETURN(opts.budget, params.budget("budget", kv_budget{0.25, 0}));
-  PAGODA_ASSIGN_OR_RETURN(opts.slack, params.integer("slack", -1, 0, 1 << 24));
-  return ok_status();
+  return read_eviction_common(params, opts.common);
 }
 
 result<std::unique_ptr<kv_policy>> finish(const kv_policy_spec& spec, param_reader& params,

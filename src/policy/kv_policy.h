@@ -142,6 +142,17 @@ struct eviction_decision {
   bool uniform() const;
 };
 
+// How the engine computes a prompt longer than an evicting policy keeps
+// (chunked prefill under eviction, docs/policies.md): in steps of at most
+// `chunk` tokens with the policy acting between them, so that the sequence
+// never holds much more than its budget plus one chunk; the last step computes
+// at least `min_last` tokens (SnapKV's observation window: its final choice
+// sees the prompt's last tokens). chunk 0: no limit (the step budget's).
+struct prompt_chunking {
+  int chunk = 0;
+  int min_last = 0;
+};
+
 // What the engine must collect for a policy.
 struct kv_policy_needs {
   bool totals = false;      // accumulated attention (eviction_input::totals)
@@ -157,11 +168,15 @@ class kv_policy {
   // Whether applying it changes the KV cache (evicts or merges).
   virtual bool lossy() const { return false; }
   // Called after each step that computed tokens of the sequence. Returns the
-  // slots to keep, or an empty decision to keep them all. A policy evicts only
-  // when its rows lose at least `slack` slots each on average (a parameter,
-  // default one block: with one budget for all rows, the widest row frees that
-  // many), so compaction runs about once per block of new tokens.
+  // slots to keep, or an empty decision to keep them all. A policy evicts
+  // whenever its rows are over budget (exact budgets), or, with a `slack`
+  // parameter, only when they would lose at least `slack` slots each on
+  // average (fewer compactions, up to `slack` tokens over budget).
   virtual eviction_decision evict(const eviction_input& in) { return {}; }
+  // How a prompt of n_prompt tokens is computed (prompt_chunking above): a
+  // chunk only when the prompt is longer than the policy keeps of it plus one
+  // chunk. Default: whole (a policy that evicts nothing gains nothing).
+  virtual prompt_chunking prompt_chunks(int n_prompt, int block_size) const { return {}; }
   // Sparse reads: one selector for one sequence, or nullptr.
   virtual std::unique_ptr<kv_read_selector> make_selector(int n_layers, int n_kv_heads, int head_dim) { return nullptr; }
   // Side memory (kv/kv_side.h): an upper bound of what the policy's per-sequence
@@ -189,7 +204,7 @@ std::vector<std::string> kv_policy_names();
 // part's length, and the kept slots are merged. A "none" segment keeps
 // everything. The segments are taken here, at construction (the input's
 // `segments` are not read). Slack applies once, to the merged decision (the
-// base spec's `slack`, else one block). Errors: unsorted or overlapping
+// base spec's `slack`, else none). Errors: unsorted or overlapping
 // segments, an empty one, a bad spec, `window:positions=cache` anywhere
 // (positions cannot restart inside a part), a segment whose policy does not
 // evict (sparse reads stay whole-sequence), and evicting parts that fold

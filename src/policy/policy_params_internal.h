@@ -37,7 +37,7 @@ class param_reader {
   // Whether the spec gives key (and records it as known).
   bool has(std::string_view key);
 
-  // Unknown keys: "h2o: unknown parameter 'bugdet'; known: budget, slack, recent".
+  // Unknown keys: "h2o: unknown parameter 'bugdet'; known: budget, slack, chunk, recent".
   status finish() const;
   status bad_value(std::string_view key, std::string_view value, std::string_view what) const;
 

@@ -78,7 +78,7 @@ namespace {
 
 struct pyramid_options {
   kv_budget budget;
-  int slack = -1;
+  eviction_common common;
   double ratio = 0.0;  // 0: by depth (pyramid_default_ratio)
   bool ada = true;
   double floor = 0.2;  // AdaKV: each head's guaranteed share of its layer budget's scored part
@@ -113,7 +113,11 @@ bool better_cand(const layer_cand& a, const layer_cand& b) {
 class pyramid_policy final : public scored_policy {
  public:
   pyramid_policy(kv_policy_spec spec, std::unique_ptr<row_scorer> scorer, pyramid_options opts)
-      : scored_policy(std::move(spec), opts.slack, std::move(scorer)), opts_(opts) {}
+      : scored_policy(std::move(spec), opts.common, std::move(scorer)), opts_(opts) {}
+
+  // The mean budget: the widest row keeps more (the first layer's, an AdaKV
+  // head up to `cap` times that), so a prompt's chunks are sized from the mean.
+  int kept_at(int n_seen) const override { return opts_.budget.resolve(n_seen); }
 
   std::vector<int> layer_budgets(const eviction_input& in) const {
     const double ratio = opts_.ratio > 0 ? opts_.ratio : pyramid_default_ratio(in.n_layers);
@@ -266,7 +270,7 @@ result<std::unique_ptr<kv_policy>> make_pyramid_policy(const kv_policy_spec& spe
   pyramid_options opts;
   PAGODA_ASSIGN_OR_RETURN(const std::string base, params.choice("base", "snapkv", {"snapkv", "h2o"}));
   PAGODA_ASSIGN_OR_RETURN(opts.budget, params.budget("budget", kv_budget{0.25, 0}));
-  PAGODA_ASSIGN_OR_RETURN(opts.slack, params.integer("slack", -1, 0, 1 << 24));
+  PAGODA_RETURN_IF_ERROR(read_eviction_common(params, opts.common));
   PAGODA_ASSIGN_OR_RETURN(opts.ratio, params.number("ratio", 0.0, 1.0, 1e4));
   PAGODA_ASSIGN_OR_RETURN(opts.ada, params.flag("ada", true));
   PAGODA_ASSIGN_OR_RETURN(opts.floor, params.number("floor", 0.2, 0.0, 1.0));

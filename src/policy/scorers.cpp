@@ -77,10 +77,15 @@ class votes_scorer final : public row_scorer {
     n.window_rows = window_;
     return n;
   }
+  // once=1: only while the prompt is computed: between the chunks of a
+  // prompt longer than the budget (by the slack rule, as once=0) and, whatever
+  // the slack, on the step that computed its last token; never in decode.
   act_when when(const eviction_input& in) const override {
     if (!once_) return act_when::slack;
-    return in.prompt_done_now ? act_when::now : act_when::never;
+    if (in.prompt_done_now) return act_when::now;
+    return in.n_seen < in.n_prompt ? act_when::slack : act_when::never;
   }
+  int observation_rows() const override { return window_; }
   bool ready(const eviction_input& in) const override {
     const attention_stats* w = in.window;
     if (w == nullptr || w->n_window <= 0) return false;  // no observation this step: keep everything

@@ -38,13 +38,14 @@ struct part_input {
 
 class segmented_policy final : public kv_policy {
  public:
-  segmented_policy(kv_policy_spec base_spec, std::vector<part> parts, int slack_param)
-      : spec_(std::move(base_spec)), parts_(std::move(parts)), slack_param_(slack_param), work_(parts_.size()) {}
+  segmented_policy(kv_policy_spec base_spec, std::vector<part> parts, int slack)
+      : spec_(std::move(base_spec)), parts_(std::move(parts)), slack_(slack), work_(parts_.size()) {}
 
   const kv_policy_spec& spec() const override { return spec_; }
   kv_policy_needs needs() const override;
   bool lossy() const override;
   eviction_decision evict(const eviction_input& in) override;
+  prompt_chunking prompt_chunks(int n_prompt, int block_size) const override;
   std::unique_ptr<kv_read_selector> make_selector(int n_layers, int n_kv_heads, int head_dim) override {
     return parts_.back().owned ? parts_.back().owned->make_selector(n_layers, n_kv_heads, head_dim) : nullptr;
   }
@@ -59,7 +60,7 @@ class segmented_policy final : public kv_policy {
 
   kv_policy_spec spec_;
   std::vector<part> parts_;  // the segments in order, then the base
-  int slack_param_ = -1;
+  int slack_ = 0;
   std::vector<part_input> work_;  // per part
 };
 
@@ -244,7 +245,7 @@ eviction_decision segmented_policy::evict(const eviction_input& in) {
   }
   std::vector<int> live(n_rows);
   for (std::size_t r = 0; r < n_rows; ++r) live[r] = live_count(in, static_cast<int>(r));
-  const int slack = slack_param_ >= 0 ? slack_param_ : in.block_size;
+  const int slack = slack_;
   if (!worth_evicting(mode, n_evicted(live, lower), in.n_rows(), slack)) return {};
 
   build_positions(in);
@@ -265,6 +266,25 @@ eviction_decision segmented_policy::evict(const eviction_input& in) {
   eviction_decision d = out.finish(live, fold);
   if (d.empty() || !worth_evicting(mode, n_evicted(live, d.count), in.n_rows(), slack)) return {};
   return d;
+}
+
+// Each evicting part sizes chunks from its own length within the prompt (its
+// budget is relative to it); the prompt takes the smallest chunk any part
+// asks for, and the largest last chunk.
+prompt_chunking segmented_policy::prompt_chunks(int n_prompt, int block_size) const {
+  prompt_chunking all;
+  int in_segments = 0;
+  for (const part& p : parts_) {
+    const int length = p.is_base() ? n_prompt - in_segments : std::max(0, std::min(p.end, n_prompt) - p.begin);
+    if (!p.is_base()) in_segments += length;
+    if (p.policy == nullptr) continue;
+    const prompt_chunking c = p.policy->prompt_chunks(length, block_size);
+    if (c.chunk <= 0) continue;
+    all.chunk = all.chunk > 0 ? std::min(all.chunk, c.chunk) : c.chunk;
+    all.min_last = std::max(all.min_last, c.min_last);
+  }
+  if (all.chunk > 0) all.chunk = std::max(all.chunk, all.min_last);
+  return all;
 }
 
 // A part's policy: nullptr for "none"; an error for what cannot be composed.
@@ -328,7 +348,7 @@ result<std::unique_ptr<kv_policy>> make_segmented_policy(const kv_policy_spec& b
     parts.push_back(std::move(p));
   }
   const auto* base_policy = parts.back().policy;
-  const int slack = base_policy != nullptr ? base_policy->slack_param() : -1;
+  const int slack = base_policy != nullptr ? base_policy->slack() : 0;
   return std::unique_ptr<kv_policy>(std::make_unique<segmented_policy>(base, std::move(parts), slack));
 }
 

@@ -14,8 +14,8 @@ bool streams_past_context(const kv_policy_spec& spec, int max_model_len) {
   auto b = parse_kv_budget(*budget);
   if (!b.ok() || b->tokens <= 0) return false;  // a fraction grows with the stream
   // What the sequence may hold between compactions: the window, its sinks,
-  // the slack (default one block, counted as 64 tokens here) and a step's
-  // tokens; half the context leaves room for the step.
+  // the slack (default none; counted as at least 64 tokens here) and a
+  // step's tokens; half the context leaves room for the step.
   const auto number = [&](const char* key, long fallback) {
     const std::string* v = spec.find(key);
     return v ? std::atol(v->c_str()) : fallback;

@@ -835,6 +835,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     }
     if (!q.draft.empty()) {
       first_computed[i] = s->n_computed;
+      s->step_first = s->n_computed;
       const std::size_t n_emitted = 1 + static_cast<std::size_t>(out.accepted[i]);
       const bool has_stats = q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0;
       commit_verified(s, q, drafts_of(q, out, i), has_stats ? &out.stats[i] : nullptr,
@@ -848,6 +849,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
     st = kv_.set_side_measured(s->id, s->runner.selector_bytes);
     PAGODA_ASSERT(st.ok(), "side: {}", st.message());
     first_computed[i] = s->n_computed;
+    s->step_first = s->n_computed;
     if (s->pol) {
       const bool has_stats = q.stats_window >= 0 && i < out.stats.size() && out.stats[i].n_kv > 0;
       s->pol->commit(n, has_stats ? &out.stats[i] : nullptr);
@@ -904,13 +906,7 @@ void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& fi
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     sequence* s = by_id(plan.seqs[i].seq);
     if (!s || !s->pol || !s->in_kv || s->phase != seq_phase::running || !s->pol->policy()) continue;
-    seq_policy_context ctx;
-    ctx.tokens = s->tokens;
-    ctx.n_seen = s->n_computed;
-    ctx.n_prompt = s->n_prompt;
-    ctx.n_new = s->n_computed - first_computed[i];  // a verification's: the tokens that stood
-    ctx.prompt_done_now = first_computed[i] < s->n_prompt && s->n_computed >= s->n_prompt;
-    std::optional<kv_compaction> c = s->pol->decide(kv_, s->id, ctx);
+    std::optional<kv_compaction> c = s->pol->decide(kv_, s->id, policy_context(*s, first_computed[i]));
     if (!c) continue;
     const bool renumbered = !c->gather->rotate.empty();
     c->next_position = s->n_computed - s->pos_shift;  // a sliding window keeps only what that query reads
@@ -926,6 +922,30 @@ void scheduler::apply_policies(const step_plan& plan, const std::vector<int>& fi
     // Positions within the cache: the next token follows the last kept one.
     if (renumbered) s->pos_shift = s->n_computed - (kv_.positions(s->id).back() + 1);
   }
+}
+
+seq_policy_context scheduler::policy_context(const sequence& s, int first_computed) {
+  seq_policy_context ctx;
+  ctx.tokens = s.tokens;
+  ctx.n_seen = s.n_computed;
+  ctx.n_prompt = s.n_prompt;
+  ctx.n_new = s.n_computed - first_computed;  // a verification's: the tokens that stood
+  ctx.prompt_done_now = first_computed < s.n_prompt && s.n_computed >= s.n_prompt;
+  return ctx;
+}
+
+void scheduler::count_kept(sequence* s) {
+  if (!s->in_kv || !s->pol || !s->pol->policy() || !s->pol->policy()->lossy()) return;
+  // A sequence ends inside the step that computed its last tokens, before
+  // its policy acts on them: what it keeps is the decision it would take now
+  // (none under the slack: then everything it holds). A sequence ended while
+  // its blocks were loading holds what it holds.
+  const int n_stored = kv_.n_stored_tokens(s->id);
+  std::optional<kv_compaction> c;
+  if (s->phase == seq_phase::running && s->pol->n_slots() == n_stored)
+    c = s->pol->decide(kv_, s->id, policy_context(*s, s->step_first));
+  s->req->kv_tokens_seen += s->n_computed;
+  s->req->kv_tokens_kept += c ? c->n_slots : n_stored;
 }
 
 status scheduler::make_policy(sequence& s) const {
@@ -962,8 +982,18 @@ int scheduler::next_chunk(const sequence& s) const {
   if (s.chunk < 0)
     for (const request_state::chunk& c : s.req->chunks)
       if (c.done && !c.imported && c.at > s.n_computed) left = std::min(left, c.at - s.n_computed);
-  const int chunk = s.req->req.prompt_chunk;
-  return chunk > 0 && s.n_computed < s.n_prompt ? std::min(left, chunk) : left;
+  if (s.n_computed >= s.n_prompt) return left;
+  if (const int chunk = s.req->req.prompt_chunk; chunk > 0) return std::min(left, chunk);
+  // A prompt longer than its policy keeps: in chunks, the policy acting
+  // between them (kv_policy::prompt_chunks), the last one whole enough for
+  // SnapKV's observation window.
+  const prompt_chunking c =
+      s.pol && s.pol->policy() ? s.pol->policy()->prompt_chunks(s.n_prompt, config_.block_size) : prompt_chunking{};
+  if (c.chunk <= 0) return left;
+  int n = std::min(left, c.chunk);
+  const int rest = s.n_prompt - s.n_computed;
+  if (n < rest && rest - n < c.min_last && rest > c.min_last) n = std::min(n, rest - c.min_last);
+  return n;
 }
 
 void scheduler::fork_children(sequence* parent, std::span<const seq_fork> forks) {
@@ -975,6 +1005,7 @@ void scheduler::fork_children(sequence* parent, std::span<const seq_fork> forks)
     PAGODA_ASSERT(st.ok(), "fork: {}", st.message());
     child->tokens = parent->tokens;
     child->n_computed = parent->n_computed;
+    child->step_first = parent->step_first;
     child->pos_shift = parent->pos_shift;
     if (parent->pol)
       child->pol = parent->pol->fork([this, r](const kv_policy_spec& spec) { return new_policy(spec, r->req.segments); });
@@ -1005,6 +1036,7 @@ void scheduler::finish(sequence* s, const std::string& reason, std::vector<engin
 void scheduler::end_sequence(sequence* s, const std::string& reason, engine_event& e, const std::string& why) {
   request_state* r = s->req;
   end_loading(s);  // a loading sequence aborted or failed
+  count_kept(s);
   if (s->in_kv) {
     status st = kv_.free_sequence(s->id);
     PAGODA_ASSERT(st.ok(), "free: {}", st.message());
@@ -1029,6 +1061,8 @@ void scheduler::end_sequence(sequence* s, const std::string& reason, engine_even
     e.usage.cached_tokens = std::max(r->cached_tokens, 0);
     e.usage.loaded_tokens_by_tier = r->loaded_by_tier;
     e.usage.reused_chunk_tokens = r->reused_chunk_tokens;
+    e.usage.kv_tokens_seen = r->kv_tokens_seen;
+    e.usage.kv_tokens_kept = r->kv_tokens_kept;
     end_chunks(*r);
     ++stats_.n_requests_finished;
     finished_requests_.push_back(r->req.id);

@@ -382,6 +382,10 @@ class scheduler {
   // Sliding-window groups: every sequence in the pool lets go of the blocks its next query no longer reads.
   void release_windows();
   status make_policy(sequence& s) const;
+  // What s's policy is told after a step that began at first_computed tokens.
+  static seq_policy_context policy_context(const sequence& s, int first_computed);
+  // An ending sequence's context and what its evicting policy keeps of it, into its request's usage.
+  void count_kept(sequence* s);
   result<std::unique_ptr<kv_policy>> new_policy(const kv_policy_spec& spec,
                                                 std::span<const prompt_segment> segments = {}) const;
   // Tokens the sequence computes next at most: the rest of its prompt (by

@@ -31,6 +31,8 @@ struct scheduler::request_state {
   std::vector<chunk> chunks;
   float recompute = 1.0f;       // the fraction of a chunk's tokens recomputed in context
   int reused_chunk_tokens = 0;  // imported tokens the runner did not recompute
+  int kv_tokens_seen = 0;       // an evicting policy's completions: tokens computed, as they ended
+  int kv_tokens_kept = 0;       // and what their policies keep of them
 };
 
 struct scheduler::sequence {
@@ -40,6 +42,7 @@ struct scheduler::sequence {
   std::vector<token_id> tokens;  // prompt, then generated; token i is computed at position i
   int n_prompt = 0;
   int n_computed = 0;            // leading tokens whose K/V were computed (some may be dropped since)
+  int step_first = 0;            // n_computed before the last step that computed its tokens
   int n_generated = 0;
   seq_phase phase = seq_phase::waiting;
   std::int64_t start_order = -1; // >= 0 while running or loading

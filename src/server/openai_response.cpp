@@ -36,6 +36,8 @@ void response_builder::add(int prompt_index, const engine_event& e) {
     usage_.completion_tokens += e.usage.completion_tokens;
     usage_.cached_tokens += e.usage.cached_tokens;
     usage_.reused_chunk_tokens += e.usage.reused_chunk_tokens;
+    usage_.kv_tokens_seen += e.usage.kv_tokens_seen;
+    usage_.kv_tokens_kept += e.usage.kv_tokens_kept;
     std::vector<int>& by_tier = usage_.loaded_tokens_by_tier;
     if (by_tier.size() < e.usage.loaded_tokens_by_tier.size()) by_tier.resize(e.usage.loaded_tokens_by_tier.size(), 0);
     for (std::size_t t = 0; t < e.usage.loaded_tokens_by_tier.size(); ++t) by_tier[t] += e.usage.loaded_tokens_by_tier[t];
@@ -49,6 +51,12 @@ json response_builder::usage_json() const {
             {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens}}}};
   // Pagoda's: prompt tokens whose KV came from reused chunks (apart from the prefix cache's).
   if (usage_.reused_chunk_tokens > 0) u["prompt_tokens_details"]["reused_chunk_tokens"] = usage_.reused_chunk_tokens;
+  // Pagoda's, with an evicting KV policy: the tokens the completions computed
+  // and how many of them their KV keeps (docs/policies.md, "Exact budgets").
+  if (usage_.kv_tokens_seen > 0) {
+    u["kv_tokens_seen"] = usage_.kv_tokens_seen;
+    u["kv_tokens_kept"] = usage_.kv_tokens_kept;
+  }
   if (!store_tiers_.empty()) {
     // An extension field (OpenAI clients ignore it): where the cached tokens came from.
     json by_tier = json::object();

@@ -48,17 +48,45 @@ TEST(window_policy, positions_cache_asks_for_repositioning) {
   EXPECT_FALSE(make_policy("window:budget=8,positions=keep,slack=0")->evict(c.input()).reposition);
 }
 
-TEST(window_policy, slack_defaults_to_one_block) {
+// Exact budgets: with no slack a policy acts whenever a slot can go, whatever
+// the block size; slack=K waits until the rows would lose K each.
+TEST(window_policy, budgets_are_exact_unless_a_slack_is_given) {
   kv_case c = kv_case::contiguous(20);
-  c.block_size = 8;  // frees 12 >= 8
-  EXPECT_FALSE(make_policy("window:budget=8")->evict(c.input()).empty());
-  c.block_size = 16;  // frees 12 < 16
-  EXPECT_TRUE(make_policy("window:budget=8")->evict(c.input()).empty());
+  c.block_size = 16;
+  EXPECT_EQ(make_policy("window:budget=8")->evict(c.input()).width, 8);
+  EXPECT_EQ(make_policy("window:budget=19")->evict(c.input()).width, 19);  // one slot over: it goes
   EXPECT_FALSE(make_policy("window:budget=8,slack=12")->evict(c.input()).empty());
   EXPECT_TRUE(make_policy("window:budget=8,slack=13")->evict(c.input()).empty());
   // Within budget: nothing to free, whatever the slack.
   EXPECT_TRUE(make_policy("window:budget=20,slack=0")->evict(c.input()).empty());
   EXPECT_TRUE(make_policy("window:budget=1.0,slack=0")->evict(c.input()).empty());
+}
+
+// A prompt longer than the budget and a chunk goes in chunks (kv_policy.h,
+// prompt_chunking): by default the budget at the prompt's end in whole blocks,
+// at most 256; at least SnapKV's observation window, which the last chunk holds.
+TEST(prompt_chunks, are_the_budget_in_blocks_or_the_chunk_asked_for) {
+  const auto chunks = [](const char* spec, int n_prompt, int block_size = 16) {
+    const prompt_chunking c = make_policy(spec)->prompt_chunks(n_prompt, block_size);
+    return std::pair{c.chunk, c.min_last};
+  };
+  EXPECT_EQ(chunks("h2o:budget=0.25", 4096), std::pair(256, 0));  // 1024, at most 256
+  EXPECT_EQ(chunks("h2o:budget=0.25", 400), std::pair(112, 0));   // 100 in blocks of 16
+  EXPECT_EQ(chunks("window:budget=100", 4096), std::pair(112, 0));
+  EXPECT_EQ(chunks("window:budget=3", 4096), std::pair(16, 0));  // at least a block
+  EXPECT_EQ(chunks("snapkv:budget=0.25", 4096), std::pair(256, 16));
+  // SnapKV: a chunk whose budget keeps twice the window (else it keeps the window alone), at most 256.
+  EXPECT_EQ(chunks("snapkv:budget=0.25", 400), std::pair(128, 16));  // 100 would keep 25 < 32
+  EXPECT_EQ(chunks("snapkv:budget=8,window=32", 4096), std::pair(256, 32));
+  EXPECT_EQ(chunks("h2o:budget=0.25,chunk=50", 4096), std::pair(50, 0));  // as asked, not in blocks
+  EXPECT_EQ(chunks("snapkv:budget=0.25,chunk=8", 4096), std::pair(16, 16));
+  EXPECT_EQ(chunks("pyramid:budget=0.25", 4096), std::pair(256, 16));
+  // Whole: a prompt within the budget and one chunk, chunk=0, or no eviction.
+  EXPECT_EQ(chunks("h2o:budget=300", 550), std::pair(0, 0));
+  EXPECT_EQ(chunks("h2o:budget=300", 560), std::pair(256, 0));
+  EXPECT_EQ(chunks("h2o:budget=0.25,chunk=0", 4096), std::pair(0, 0));
+  EXPECT_EQ(chunks("none", 4096), std::pair(0, 0));
+  EXPECT_EQ(chunks("quest", 4096), std::pair(0, 0));
 }
 
 TEST(window_policy, a_budget_below_the_sinks_still_keeps_the_newest) {
@@ -237,6 +265,18 @@ TEST(snapkv_policy, once_acts_at_the_prompts_end_only_and_ignores_slack) {
   EXPECT_EQ(kept(p->evict(c.input()), 0), (std::vector<int>{2, 9, 12, 16, 17, 18, 19}));
   // once=0 obeys the slack.
   EXPECT_TRUE(make_policy("snapkv:budget=7,window=4,kernel=1,slack=100")->evict(c.input()).empty());
+}
+
+// once=1 between the chunks of a long prompt: it acts (by the slack rule) so
+// the prompt never sits whole in the cache; in decode it never does.
+TEST(snapkv_policy, once_acts_between_a_prompts_chunks_but_not_in_decode) {
+  kv_case c = snapkv_case(4);
+  const std::unique_ptr<kv_policy> p = make_policy("snapkv:budget=7,window=4,kernel=1,once=1");
+  c.n_prompt = 40;  // 20 of 40 prompt tokens computed
+  EXPECT_EQ(kept(p->evict(c.input()), 0), (std::vector<int>{2, 9, 12, 16, 17, 18, 19}));
+  EXPECT_TRUE(make_policy("snapkv:budget=7,window=4,kernel=1,once=1,slack=100")->evict(c.input()).empty());
+  c.n_prompt = 10;  // decoding
+  EXPECT_TRUE(p->evict(c.input()).empty());
 }
 
 // ---- merge and cluster ----

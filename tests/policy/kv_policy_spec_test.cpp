@@ -144,9 +144,9 @@ TEST(kv_policy_factory, every_policy_builds_with_defaults_and_parameters) {
 }
 
 TEST(kv_policy_factory, unknown_and_bad_parameters_name_the_known_ones) {
-  EXPECT_EQ(policy_error("h2o:bugdet=0.3"), "h2o: unknown parameter 'bugdet'; known: budget, slack, recent");
+  EXPECT_EQ(policy_error("h2o:bugdet=0.3"), "h2o: unknown parameter 'bugdet'; known: budget, slack, chunk, recent");
   EXPECT_EQ(policy_error("window:recent=4"),
-            "window: unknown parameter 'recent'; known: budget, slack, sinks, positions");
+            "window: unknown parameter 'recent'; known: budget, slack, chunk, sinks, positions");
   // pyramid takes its base's parameters, and only those.
   EXPECT_THAT(policy_error("pyramid:base=h2o,window=8"), HasSubstr("unknown parameter 'window'"));
   EXPECT_THAT(policy_error("pyramid:base=h2o,window=8"), HasSubstr("recent"));
@@ -155,6 +155,7 @@ TEST(kv_policy_factory, unknown_and_bad_parameters_name_the_known_ones) {
             "h2o: budget=2.5: a fraction must be at most 1 (100%); a token count is a whole number");
   EXPECT_EQ(policy_error("h2o:recent=0"), "h2o: recent=0: a budget of 0 tokens keeps nothing");
   EXPECT_EQ(policy_error("window:sinks=-1"), "window: sinks=-1: must be in [0, 1048576]");
+  EXPECT_EQ(policy_error("h2o:chunk=-1"), "h2o: chunk=-1: must be in [0, 16777216]");
   EXPECT_EQ(policy_error("window:sinks=four"), "window: sinks=four: expected a whole number in [0, 1048576]");
   EXPECT_EQ(policy_error("window:positions=shift"), "window: positions=shift: expected one of keep, cache");
   EXPECT_EQ(policy_error("snapkv:kernel=4"), "snapkv: kernel=4: the pooling kernel must be odd");

@@ -120,11 +120,10 @@ TEST(pyramid_policy, ada_hands_a_short_heads_budget_to_the_others) {
 
 // AdaKV's widest head is known only after scoring: the slack rule estimates
 // it (each head of a layer gives up the same share), so the steps after a
-// compaction do not decide again until a block of tokens has come.
-TEST(pyramid_policy, ada_acts_once_per_block_after_compacting) {
+// compaction do not decide again until `slack` tokens have come.
+TEST(pyramid_policy, ada_acts_once_per_slack_after_compacting) {
   kv_case c = ada_case();
-  c.block_size = 4;
-  const std::unique_ptr<kv_policy> p = make_policy("pyramid:base=h2o,budget=6,recent=2,floor=0.5");
+  const std::unique_ptr<kv_policy> p = make_policy("pyramid:base=h2o,budget=6,recent=2,floor=0.5,slack=4");
   const eviction_decision first = p->evict(c.input());
   ASSERT_EQ(first.count, (std::vector<std::int32_t>{8, 4}));
   for (int k = 1; k <= 4; ++k) {
@@ -163,13 +162,12 @@ TEST(pyramid_policy, snapkv_base_by_default) {
 }
 
 // Rows with their own budgets: the slack is what the rows lose on average
-// (here 5 and 15 of 20), so compaction still comes once per block of tokens.
+// (here 5 and 15 of 20), so compaction still comes once per `slack` tokens.
 TEST(pyramid_policy, slack_is_the_mean_loss_per_row) {
   kv_case c = kv_case::contiguous(20, 2, 1);
   c.total(0, 0) = 1;
-  c.block_size = 11;
-  EXPECT_TRUE(make_policy("pyramid:base=h2o,budget=10,ratio=3,ada=0")->evict(c.input()).empty());
-  c.block_size = 10;
+  EXPECT_TRUE(make_policy("pyramid:base=h2o,budget=10,ratio=3,ada=0,slack=11")->evict(c.input()).empty());
+  EXPECT_FALSE(make_policy("pyramid:base=h2o,budget=10,ratio=3,ada=0,slack=10")->evict(c.input()).empty());
   EXPECT_FALSE(make_policy("pyramid:base=h2o,budget=10,ratio=3,ada=0")->evict(c.input()).empty());
 }
 

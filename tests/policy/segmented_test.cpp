@@ -65,17 +65,12 @@ TEST(segmented_policy, each_part_keeps_its_own_budget) {
 TEST(segmented_policy, slack_applies_once_to_the_whole_decision) {
   kv_case c = three_parts_case();
   const std::vector<kv_segment> segs = {segment(0, 10, "none"), segment(10, 20, "window:budget=0.5,sinks=1")};
-  // The parts free 5 + 5 slots: less than a block of 16, more than one of 8,
-  // though neither part alone frees a block of 8.
-  c.block_size = 16;
-  EXPECT_TRUE(segmented("h2o:budget=0.5", segs)->evict(c.input()).empty());
-  c.block_size = 8;
-  EXPECT_FALSE(segmented("h2o:budget=0.5", segs)->evict(c.input()).empty());
+  // The parts free 5 + 5 slots: less than a slack of 16, more than one of 8,
+  // though neither part alone frees 8.
+  EXPECT_TRUE(segmented("h2o:budget=0.5,slack=16", segs)->evict(c.input()).empty());
+  EXPECT_FALSE(segmented("h2o:budget=0.5,slack=8", segs)->evict(c.input()).empty());
   EXPECT_TRUE(segmented("h2o:budget=0.5,slack=11", segs)->evict(c.input()).empty());
-  // A "none" base: one block.
-  c.block_size = 6;
-  EXPECT_TRUE(segmented("none", segs)->evict(c.input()).empty());
-  c.block_size = 5;
+  // A "none" base: no slack (exact budgets).
   EXPECT_FALSE(segmented("none", segs)->evict(c.input()).empty());
 }
 
@@ -164,7 +159,7 @@ TEST(segmented_policy, what_cannot_compose_is_refused) {
   EXPECT_THAT(segmented_error("window:positions=cache", {segment(0, 10, "none")}),
               HasSubstr("the base policy: window:positions=cache"));
   EXPECT_EQ(segmented_error("none", {segment(0, 10, "h2o:bugdet=1")}),
-            "segment [0, 10): h2o: unknown parameter 'bugdet'; known: budget, slack, recent");
+            "segment [0, 10): h2o: unknown parameter 'bugdet'; known: budget, slack, chunk, recent");
   EXPECT_THAT(segmented_error("none", {segment(0, 10, "lru")}), HasSubstr("segment [0, 10): unknown KV policy 'lru'"));
   // A "none" part folds nothing: it composes with anything.
   EXPECT_NE(segmented("merge", {segment(0, 10, "none")}), nullptr);

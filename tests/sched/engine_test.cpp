@@ -562,6 +562,34 @@ TEST(engine_policy, eviction_keeps_the_pool_small) {
   }
 }
 
+// Eviction lowers the peak: a 480-token prompt under window:budget=0.25 is
+// computed in chunks of 128 (its budget at the prompt's end, 120, in blocks)
+// with the window acting between them, so the pool never holds more than the
+// budget and one chunk (16 blocks of 16, with the open one); computed whole
+// (chunk=0, as before) it held all 30 blocks of the prompt.
+TEST(engine_policy, a_long_prompt_never_holds_more_than_its_budget_and_a_chunk) {
+  std::ifstream in(std::string(PAGODA_SOURCE_DIR) + "/tests/data/tinystories_dev.txt");
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  std::vector<token_id> prompt = stories().vocab().encode(text.substr(0, 6000), true);
+  ASSERT_GE(prompt.size(), 480u);
+  prompt.resize(480);
+  for (const char* policy : {"window:budget=0.25", "window:budget=0.25,chunk=0"}) {
+    auto e = *engine_core::create(stories(), config(256, 8));
+    request a = greedy_request("a", "", 8);
+    a.prompt = prompt;
+    a.kv_policy = policy;
+    outcome o = run_all(*e, {a});
+    ASSERT_EQ(o.tokens["a"][0].size(), 8u) << policy;
+    // The pool's peak holds the policy's side blocks too (its per-row state).
+    const std::int64_t peak = e->kv().metrics().n_blocks_used_peak - e->stats().peak_side_blocks;
+    if (std::string(policy).find("chunk=0") == std::string::npos) {
+      EXPECT_LE(peak, (120 + 128) / 16 + 1) << policy;
+    } else {
+      EXPECT_GE(peak, 480 / 16) << policy;
+    }
+  }
+}
+
 // A random-weight synth preset with f32 weights, loaded (the file is removed).
 std::unique_ptr<llama_model> f32_synth(const std::string& preset) {
   return test::load_synth(preset, gguf::tensor_type::f32);

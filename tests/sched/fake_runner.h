@@ -110,7 +110,20 @@ class fake_runner final : public model_runner {
       const scheduled_seq& q = plan.seqs[si];
       const std::vector<block_id>& table = state_.find(q.seq)->tables.front();
       const int n_kv = q.n_stored + static_cast<int>(q.tokens.size());
-      if (q.stats_window >= 0) out.stats[si].reset(stats_layers, stats_heads, n_kv, 0);
+      if (q.stats_window >= 0) {
+        // The window's rows (SnapKV's observation window): each of the step's
+        // last stats_window tokens weighs every slot it sees alike.
+        const int n_window = std::min(q.stats_window, static_cast<int>(q.tokens.size()));
+        out.stats[si].reset(stats_layers, stats_heads, n_kv, n_window);
+        for (int w = 0; w < n_window; ++w) {
+          const std::int32_t at = q.positions[q.tokens.size() - static_cast<std::size_t>(n_window - w)];
+          for (int s = 0; s < n_kv; ++s)
+            if (slot(table[static_cast<std::size_t>(s / bs_)], s % bs_).second <= at)
+              for (int l = 0; l < stats_layers; ++l)
+                for (int h = 0; h < stats_heads; ++h)
+                  out.stats[si].window_at(l, h)[static_cast<std::size_t>(w) * n_kv + static_cast<std::size_t>(s)] = 1.0f;
+        }
+      }
       const std::size_t first_row = q.all_logits || !q.draft.empty() ? 0 : q.tokens.size() - 1;
       for (std::size_t j = first_row; j < q.tokens.size(); ++j) {
         std::vector<std::pair<token_id, std::int32_t>> visible;

@@ -746,6 +746,121 @@ TEST(scheduler_policy, a_failed_first_admission_leaves_the_policy_and_usage_unto
   EXPECT_EQ(h.results["B"].usage.cached_tokens, 4) << "cached tokens of a refused attempt, not of the admission";
 }
 
+// --- Eviction that lowers the peak: long prompts in chunks, exact budgets ---
+
+// One sequence with a prompt four times its budget, alone in a pool for its
+// whole prompt, and a step budget that would compute the prompt at once.
+scheduler_config long_prompt_config() {
+  scheduler_config c = policy_config(1024);
+  c.max_model_len = 1024;
+  c.max_num_batched_tokens = 1024;
+  return c;
+}
+
+struct long_prompt_run {
+  int peak_blocks = 0;                // the most blocks its table held during a step
+  std::vector<int> prompt_steps;      // tokens of each step that computed prompt tokens
+  std::vector<std::pair<int, int>> after;  // (tokens computed, slots stored) after each step
+  request_usage usage;
+};
+
+long_prompt_run run_long_prompt(const std::string& policy, int n_prompt, int max_tokens = 8) {
+  harness h(long_prompt_config());
+  request r = req("a", prompt_of(n_prompt), max_tokens);
+  r.kv_policy = policy;
+  h.add(std::move(r));
+  long_prompt_run out;
+  h.after_execute = [&] {
+    if (const auto a = h.s.find_sequence("a"))
+      out.peak_blocks = std::max(out.peak_blocks, static_cast<int>(h.s.kv().block_table(*a).size()));
+  };
+  int computed = 0;
+  for (int i = 0; i < 10000 && h.s.has_work(); ++i) {
+    const step_plan& plan = h.step();
+    for (const scheduled_seq& q : plan.seqs) {
+      if (computed < n_prompt) out.prompt_steps.push_back(static_cast<int>(q.tokens.size()));
+      computed += static_cast<int>(q.tokens.size());
+    }
+    if (const auto a = h.s.find_sequence("a")) out.after.emplace_back(computed, h.s.kv().n_stored_tokens(*a));
+  }
+  EXPECT_EQ(h.results["a"].tokens.size(), static_cast<std::size_t>(max_tokens)) << policy;
+  out.usage = h.results["a"].usage;
+  return out;
+}
+
+// The peak: a prompt longer than its budget is computed in chunks with the
+// policy acting between them, so the sequence holds its budget plus one chunk
+// (in whole blocks), not the whole prompt. With chunk=0 (the engine before
+// this) the whole prompt is held at once.
+TEST(scheduler_policy, a_long_prompt_peaks_at_its_budget_plus_a_chunk) {
+  const int n_prompt = 400, bs = 4;
+  const int budget = 100;  // 25% of the prompt
+  const int chunk = 100;   // the default: the budget in whole blocks (at most 256)
+  for (const char* p : {"window:budget=0.25", "h2o:budget=0.25", "snapkv:budget=0.25", "snapkv:budget=0.25,once=1",
+                        "pyramid:budget=0.25,base=h2o"}) {
+    SCOPED_TRACE(p);
+    const long_prompt_run chunked = run_long_prompt(p, n_prompt);
+    EXPECT_LE(chunked.peak_blocks, (budget + chunk + bs - 1) / bs + 1);
+    EXPECT_GE(chunked.prompt_steps.size(), 4u);
+    const long_prompt_run whole = run_long_prompt(std::string(p) + ",chunk=0", n_prompt);
+    EXPECT_EQ(whole.prompt_steps, (std::vector<int>{n_prompt}));
+    EXPECT_GE(whole.peak_blocks, n_prompt / bs);
+  }
+  // An explicit chunk: the budget plus that.
+  const long_prompt_run small = run_long_prompt("h2o:budget=0.25,chunk=20", n_prompt);
+  EXPECT_LE(small.peak_blocks, (budget + 20 + bs - 1) / bs + 1);
+  // A prompt within its budget and one chunk is computed whole, as it peaks no higher.
+  EXPECT_EQ(run_long_prompt("h2o:budget=150", 250).prompt_steps, (std::vector<int>{250}));
+  // No policy, or one that does not evict: whole.
+  EXPECT_EQ(run_long_prompt("none", n_prompt).prompt_steps, (std::vector<int>{n_prompt}));
+}
+
+// SnapKV's final choice sees the prompt's last `window` tokens in one step:
+// the chunk before the last gives way so the last one holds the window.
+TEST(scheduler_policy, snapkvs_last_prompt_chunk_holds_its_observation_window) {
+  int saw_short_tail = 0;
+  for (int n_prompt = 200; n_prompt < 240; ++n_prompt) {
+    SCOPED_TRACE(n_prompt);
+    const long_prompt_run run = run_long_prompt("snapkv:budget=24,window=12,chunk=20", n_prompt, 2);
+    ASSERT_GE(run.prompt_steps.size(), 2u);
+    EXPECT_GE(run.prompt_steps.back(), 12);
+    for (const int n : run.prompt_steps) EXPECT_LE(n, 20);
+    saw_short_tail += n_prompt % 20 != 0 && n_prompt % 20 < 12;
+  }
+  EXPECT_GT(saw_short_tail, 0);
+}
+
+// Exact budgets by default: once over budget, after every step the sequence
+// holds exactly its budget (a fraction of the tokens seen, rounded up), and
+// the usage says what it keeps. With slack=K it holds up to K more.
+TEST(scheduler_policy, budgets_are_exact_by_default_and_usage_reports_what_is_kept) {
+  const kv_budget quarter{0.25, 0};
+  for (const char* p : {"window:budget=0.25", "h2o:budget=0.25", "snapkv:budget=0.25"}) {
+    SCOPED_TRACE(p);
+    const long_prompt_run run = run_long_prompt(p, 300, 40);
+    for (const auto& [seen, stored] : run.after) EXPECT_EQ(stored, quarter.resolve(seen)) << seen;
+    // The last sampled token is never computed.
+    EXPECT_EQ(run.usage.kv_tokens_seen, 300 + 40 - 1);
+    EXPECT_EQ(run.usage.kv_tokens_kept, quarter.resolve(300 + 40 - 1));
+  }
+  const long_prompt_run fixed = run_long_prompt("h2o:budget=32", 300, 40);
+  for (const auto& [seen, stored] : fixed.after) EXPECT_EQ(stored, std::min(seen, 32)) << seen;
+  EXPECT_EQ(fixed.usage.kv_tokens_kept, 32);
+  const long_prompt_run slack = run_long_prompt("h2o:budget=32,slack=8", 300, 40);
+  bool over = false;
+  for (const auto& [seen, stored] : slack.after) {
+    EXPECT_LE(stored, 32 + 8) << seen;
+    over |= stored > 32;
+  }
+  EXPECT_TRUE(over);
+  EXPECT_GE(slack.usage.kv_tokens_kept, 32);
+  EXPECT_LE(slack.usage.kv_tokens_kept, 32 + 8);
+  // Full KV reports nothing kept apart.
+  const long_prompt_run none = run_long_prompt("none", 300, 4);
+  EXPECT_EQ(none.usage.kv_tokens_seen, 0);
+  EXPECT_EQ(none.usage.kv_tokens_kept, 0);
+}
+
 // A bad policy is a clear error when the request is added.
 TEST(scheduler_policy, unknown_policies_are_refused) {
   harness h(policy_config(64));

@@ -26,6 +26,26 @@ std::string completion_body(const std::string& prompt, int max_tokens, json extr
   return j.dump();
 }
 
+// With an evicting KV policy the usage says how much of the context the KV
+// keeps (budgets are exact: h2o:budget=16 keeps 16 of every completion's
+// tokens); with full KV it says nothing of it.
+TEST(server, usage_reports_the_tokens_an_evicting_policy_keeps) {
+  test_server s(default_setup());
+  auto c = s.client();
+  http_reply r = post_json(*c, "/v1/completions",
+                           completion_body(k_story, 12, {{"ignore_eos", true}, {"n", 2}, {"kv_policy", "h2o:budget=16"}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& u = r.json_body["usage"];
+  const int n_prompt = u["prompt_tokens"];
+  ASSERT_GT(n_prompt, 16);
+  // Each completion computed its prompt and 11 of its 12 tokens (the last is sampled, never computed).
+  EXPECT_EQ(u["kv_tokens_seen"], 2 * (n_prompt + 11));
+  EXPECT_EQ(u["kv_tokens_kept"], 2 * 16);
+  http_reply full = post_json(*c, "/v1/completions", completion_body(k_story, 12, {{"ignore_eos", true}}));
+  ASSERT_EQ(full.status, 200) << full.body;
+  EXPECT_FALSE(full.json_body["usage"].contains("kv_tokens_kept")) << full.json_body["usage"];
+}
+
 TEST(server, completion_object) {
   test_server s(default_setup());
   auto c = s.client();
