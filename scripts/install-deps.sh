@@ -12,6 +12,7 @@ packages=(
   libssl-dev openssl libcurl4-openssl-dev
   clang libclang-rt-14-dev
   nodejs
+  python3 python3-jsonschema
 )
 
 missing=()
