@@ -289,10 +289,12 @@ class converter {
   }
 
   result<std::string> visit_array(const json& s, const std::string& where, const std::string& hint) {
-    std::string item = prim("json-value");
+    std::string item;
     if (s.contains("items")) {
       if (s["items"].is_array()) return fail(where, "items as an array (tuples) is not supported");
       PAGODA_ASSIGN_OR_RETURN(item, visit(s["items"], where + "/items", hint + "-item"));
+    } else {
+      item = prim("json-value");
     }
     PAGODA_ASSIGN_OR_RETURN(std::int64_t lo, count_of(s, "minItems", where, 0));
     PAGODA_ASSIGN_OR_RETURN(std::int64_t hi, count_of(s, "maxItems", where, -1));

@@ -10,6 +10,7 @@ vocabulary::vocabulary(std::vector<std::string> pieces, std::vector<token_id> eo
   for (std::size_t t = 0; t < pieces_.size(); ++t)
     if (!pieces_[t].empty() && !is_eog(static_cast<token_id>(t))) order_.push_back(static_cast<token_id>(t));
   std::sort(order_.begin(), order_.end(), [&](token_id a, token_id b) { return piece(a) < piece(b); });
+  for (const token_id t : order_) by_first_byte_[static_cast<std::uint8_t>(piece(t)[0])].push_back(t);
   lcp_.resize(order_.size(), 0);
   for (std::size_t i = 1; i < order_.size(); ++i) {
     const std::string& a = piece(order_[i - 1]);
@@ -24,17 +25,19 @@ bool vocabulary::is_eog(token_id t) const { return std::find(eog_.begin(), eog_.
 compiled_grammar::compiled_grammar(rules g, std::shared_ptr<const vocabulary> vocab)
     : rules_(std::move(g)), vocab_(std::move(vocab)), initial_(initial_state(rules_)) {}
 
-token_mask compiled_grammar::compute(const match_state& s) const {
+token_mask compiled_grammar::eog_mask(const match_state& s) const {
   const vocabulary& v = *vocab_;
   token_mask m;
   m.bits.assign((v.size() + 63) / 64, 0);
-  auto set = [&](token_id t) {
-    m.bits[static_cast<std::size_t>(t) >> 6] |= std::uint64_t{1} << (static_cast<std::size_t>(t) & 63);
-    ++m.n_allowed;
-  };
   if (s.accepts())
     for (const token_id t : v.eog_)
-      if (static_cast<std::size_t>(t) < v.size()) set(t);
+      if (static_cast<std::size_t>(t) < v.size()) m.set(t);
+  return m;
+}
+
+token_mask compiled_grammar::compute(const match_state& s) const {
+  const vocabulary& v = *vocab_;
+  token_mask m = eog_mask(s);
   if (s.dead()) return m;
   // states[d]: the state after the first d bytes of the current token;
   // states[0, alive] hold for the current token's prefix.
@@ -54,18 +57,47 @@ token_mask compiled_grammar::compute(const match_state& s) const {
       }
       ++alive;
     }
-    if (ok) set(v.order_[i]);
+    if (ok) m.set(v.order_[i]);
   }
   return m;
 }
 
-const token_mask& compiled_grammar::mask(const match_state& s) {
-  std::string key = s.key();
-  if (const auto it = masks_.find(key); it != masks_.end()) return it->second;
+token_mask compiled_grammar::compute_coarse(const match_state& s) const {
+  const vocabulary& v = *vocab_;
+  token_mask m = eog_mask(s);
+  match_state next;
+  for (int b = 0; b < 256; ++b)
+    if (!v.by_first_byte_[static_cast<std::size_t>(b)].empty() && advance_byte(rules_, s, static_cast<std::uint8_t>(b), next))
+      for (const token_id t : v.by_first_byte_[static_cast<std::size_t>(b)]) m.set(t);
+  return m;
+}
+
+template <class F>
+const token_mask& compiled_grammar::cached(std::unordered_map<std::string, token_mask>& cache, std::string key, F make) {
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
   const std::size_t each = (vocab_->size() + 63) / 64 * sizeof(std::uint64_t) + key.size();
-  if ((masks_.size() + 1) * each > k_mask_cache_bytes) masks_.clear();
-  ++n_computed_;
-  return masks_.emplace(std::move(key), compute(s)).first->second;
+  if ((cache.size() + 1) * each > k_mask_cache_bytes / 2) cache.clear();
+  return cache.emplace(std::move(key), make()).first->second;
+}
+
+const token_mask& compiled_grammar::mask(const match_state& s) {
+  return cached(masks_, s.key(), [&] {
+    ++n_computed_;
+    return compute(s);
+  });
+}
+
+const token_mask& compiled_grammar::coarse_mask(const match_state& s) {
+  return cached(coarse_, s.key(), [&] { return compute_coarse(s); });
+}
+
+bool compiled_grammar::allows(const match_state& s, token_id t) const {
+  if (t < 0 || static_cast<std::size_t>(t) >= vocab_->size()) return false;
+  if (vocab_->is_eog(t)) return s.accepts();
+  const std::string& p = vocab_->piece(t);
+  if (p.empty()) return false;
+  match_state x = s;
+  return advance(rules_, x, p);
 }
 
 bool token_matcher::accept(token_id t) {

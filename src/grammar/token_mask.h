@@ -7,9 +7,21 @@
 //
 // The mask is computed by walking the tokens in byte order, so tokens that
 // share a prefix share its matching steps, and a prefix the grammar refuses
-// rules out every token that starts with it at once.
+// rules out every token that starts with it at once. That walk costs in
+// proportion to the tokens the state allows (all of them inside a JSON
+// string: ~0.3 s at 128K tokens), and a bounded repetition (a string's
+// maxLength) makes a new state at every character. So each state first gets
+// a coarse mask, the tokens whose first byte the grammar takes (256 matching
+// steps): a superset of the exact mask. The runner draws from the coarse
+// mask, checks the one token drawn exactly, and only when it is refused
+// computes the exact mask and draws again from it (runner_state::draw). For
+// greedy decoding and plain sampling that is the exact law (a refused draw
+// is redrawn from the exact set, which restores each allowed token's
+// probability); with top-k/top-p/min-p the cut is made over the coarse set
+// first.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -41,6 +53,7 @@ class vocabulary {
   std::vector<token_id> eog_;
   std::vector<token_id> order_;     // tokens with bytes, sorted by them
   std::vector<std::uint32_t> lcp_;  // [order_]: bytes shared with the previous token in order_
+  std::array<std::vector<token_id>, 256> by_first_byte_;  // tokens with bytes, by their first byte
 };
 
 // Allowed tokens: a bitset over the vocabulary and the count of set bits.
@@ -49,6 +62,11 @@ struct token_mask {
   std::size_t n_allowed = 0;
   bool allowed(token_id t) const {
     return (bits[static_cast<std::size_t>(t) >> 6] >> (static_cast<std::size_t>(t) & 63)) & 1;
+  }
+  // REQUIRES: t < 64 x bits.size(), not yet set.
+  void set(token_id t) {
+    bits[static_cast<std::size_t>(t) >> 6] |= std::uint64_t{1} << (static_cast<std::size_t>(t) & 63);
+    ++n_allowed;
   }
 };
 
@@ -64,17 +82,29 @@ class compiled_grammar {
 
   // The tokens allowed after state s (cached by s.key()).
   const token_mask& mask(const match_state& s);
+  // A superset of mask(s): the tokens whose first byte s takes, and the
+  // end-of-generation tokens where s accepts (cached by s.key()).
+  const token_mask& coarse_mask(const match_state& s);
+  // Whether s takes token t (one token's bytes matched).
+  bool allows(const match_state& s, token_id t) const;
 
   std::size_t n_cached_masks() const { return masks_.size(); }
   std::size_t n_computed_masks() const { return n_computed_; }
 
  private:
+  // The end-of-generation tokens where s accepts, nothing else.
+  token_mask eog_mask(const match_state& s) const;
   token_mask compute(const match_state& s) const;
+  token_mask compute_coarse(const match_state& s) const;
+  // The cached mask of `key`, computed by `make` when absent.
+  template <class F>
+  const token_mask& cached(std::unordered_map<std::string, token_mask>& cache, std::string key, F make);
 
   rules rules_;
   std::shared_ptr<const vocabulary> vocab_;
   match_state initial_;
   std::unordered_map<std::string, token_mask> masks_;
+  std::unordered_map<std::string, token_mask> coarse_;
   std::size_t n_computed_ = 0;
 };
 
@@ -83,6 +113,8 @@ class token_matcher {
  public:
   explicit token_matcher(std::shared_ptr<compiled_grammar> g) : g_(std::move(g)), state_(g_->initial()) {}
   const token_mask& mask() { return g_->mask(state_); }
+  const token_mask& coarse_mask() { return g_->coarse_mask(state_); }
+  bool allows(token_id t) const { return g_->allows(state_, t); }
   // Takes token t; false if the grammar refuses it (the state is then dead).
   // An end-of-generation token ends matching: accepted only where the grammar accepts.
   bool accept(token_id t);

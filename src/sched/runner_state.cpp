@@ -157,11 +157,19 @@ sampled_token runner_state::draw(sequence& s, seq_id id, std::span<const float> 
   if (s.params.grammar.empty())
     return record(s, id, logits, s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt)));
   // Constrained: drawn from the allowed tokens (logit_bias and the penalties
-  // apply after the mask); the logprobs are the model's own.
+  // apply after the mask); the logprobs are the model's own. First from the
+  // coarse mask; a token the grammar refuses is drawn again from the exact
+  // mask (grammar/token_mask.h says why that is the same law).
   grammar::token_matcher* m = matcher_of(s);
-  const std::span<const float> row = m ? masked(*m, logits) : std::span<const float>();
+  std::span<const float> row = m ? masked(m->coarse_mask(), logits) : std::span<const float>();
   if (row.empty()) return grammar_end(s, id, logits);
-  return record(s, id, logits, s.smp.sample(row, all.first(n_prompt), all.subspan(n_prompt)));
+  token_id t = s.smp.sample(row, all.first(n_prompt), all.subspan(n_prompt));
+  if (!m->allows(t)) {
+    row = masked(m->mask(), logits);
+    if (row.empty()) return grammar_end(s, id, logits);
+    t = s.smp.sample(row, all.first(n_prompt), all.subspan(n_prompt));
+  }
+  return record(s, id, logits, t);
 }
 
 grammar::token_matcher* runner_state::matcher_of(sequence& s) {
@@ -173,16 +181,19 @@ grammar::token_matcher* runner_state::matcher_of(sequence& s) {
   auto g = grammars_->get(s.params.grammar);
   if (!g.ok()) return nullptr;  // sampling_params::validate() refuses such requests first
   s.grammar.emplace(std::move(*g));
+  // A sequence set up again after it generated (a step sent anew) takes its output so far.
+  for (std::size_t i = static_cast<std::size_t>(std::max(s.n_prompt, 0)); i < s.history.size(); ++i)
+    if (!s.grammar->accept(s.history[i])) return nullptr;
   return &*s.grammar;
 }
 
-std::span<const float> runner_state::masked(grammar::token_matcher& m, std::span<const float> logits) {
-  const grammar::token_mask& mask = m.mask();
-  if (mask.n_allowed == 0 || mask.bits.size() * 64 < logits.size()) return {};
+std::span<const float> runner_state::masked(const grammar::token_mask& mask, std::span<const float> logits) {
+  if (mask.n_allowed == 0) return {};
   masked_.assign(logits.begin(), logits.end());
   const std::size_t n = logits.size();
   for (std::size_t w = 0; w * 64 < n; ++w) {
-    const std::uint64_t bits = mask.bits[w];
+    // Rows past the tokenizer's vocabulary (a padded output matrix) have no bytes: never allowed.
+    const std::uint64_t bits = w < mask.bits.size() ? mask.bits[w] : 0;
     if (bits == ~std::uint64_t{0}) continue;
     const std::size_t end = std::min(n, w * 64 + 64);
     for (std::size_t i = w * 64; i < end; ++i)
@@ -272,7 +283,7 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
             std::span<const float> row = row_of(static_cast<std::size_t>(j));
             if (!s->params.grammar.empty()) {
               if (ahead && j > 0) ahead->accept(drafts[static_cast<std::size_t>(j - 1)]);
-              row = ahead && !ahead->dead() ? masked(*ahead, row) : std::span<const float>();
+              row = ahead && !ahead->dead() ? masked(ahead->mask(), row) : std::span<const float>();
               if (row.empty()) return token_distribution::point(0);  // nothing allowed: the next draw ends it
             }
             return s->smp.probabilities(row, all.first(n_prompt), all.subspan(n_prompt));

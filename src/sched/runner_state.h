@@ -118,9 +118,9 @@ class runner_state {
   // The sequence's grammar state, made at its first use; null (the sequence
   // cannot go on) when the runner has no vocabulary or the grammar does not compile.
   grammar::token_matcher* matcher_of(sequence& s);
-  // logits with every token the matcher refuses at -infinity, in masked_;
-  // empty when it allows none.
-  std::span<const float> masked(grammar::token_matcher& m, std::span<const float> logits);
+  // logits with every token outside `mask` at -infinity, in masked_; empty
+  // when the mask allows none.
+  std::span<const float> masked(const grammar::token_mask& mask, std::span<const float> logits);
   // The token a sequence whose grammar allows nothing ends with (grammar_end set).
   sampled_token grammar_end(sequence& s, seq_id id, std::span<const float> logits);
   // `token` as drawn from logits (its logprobs as the sequence asks), appended to the history.

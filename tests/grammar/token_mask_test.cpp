@@ -57,12 +57,17 @@ TEST(token_mask, equals_a_token_by_token_check_along_random_walks) {
       token_matcher m(g);
       for (int step = 0; step < 40; ++step) {
         const token_mask& mask = m.mask();
+        const token_mask& coarse = m.coarse_mask();
         const std::vector<bool> ref = reference_mask(*g, m.state());
         std::vector<token_id> allowed;
         for (std::size_t t = 0; t < v->size(); ++t) {
-          ASSERT_EQ(mask.allowed(static_cast<token_id>(t)), ref[t]) << "token " << t << " '" << v->piece(static_cast<token_id>(t)) << "' step " << step;
-          if (ref[t]) allowed.push_back(static_cast<token_id>(t));
+          const auto id = static_cast<token_id>(t);
+          ASSERT_EQ(mask.allowed(id), ref[t]) << "token " << t << " '" << v->piece(id) << "' step " << step;
+          ASSERT_EQ(m.allows(id), ref[t]) << "token " << t << " step " << step;
+          if (ref[t]) ASSERT_TRUE(coarse.allowed(id)) << "the coarse mask drops token " << t << " step " << step;
+          if (ref[t]) allowed.push_back(id);
         }
+        ASSERT_GE(coarse.n_allowed, mask.n_allowed);
         ASSERT_EQ(mask.n_allowed, allowed.size());
         if (allowed.empty()) break;
         const token_id t = allowed[rng() % allowed.size()];
