@@ -125,6 +125,10 @@ bool advance_byte(const rules& g, const match_state& in, std::uint8_t byte, matc
     }
   } else {
     if ((byte & 0xC0) != 0x80) return false;
+    // Only the shortest form of a character, no surrogates, nothing past
+    // U+10FFFF: what the second byte of E0, ED, F0 and F4 may be.
+    if (in.n_partial == 2 && ((in.partial == 0x0 && byte < 0xA0) || (in.partial == 0xD && byte > 0x9F))) return false;
+    if (in.n_partial == 3 && ((in.partial == 0x0 && byte < 0x90) || (in.partial == 0x4 && byte > 0x8F))) return false;
     cp = (in.partial << 6) | (byte & 0x3F);
     rest = in.n_partial - 1;
   }
@@ -132,8 +136,12 @@ bool advance_byte(const rules& g, const match_state& in, std::uint8_t byte, matc
   std::uint32_t b = 0;
   if (rest > 0) {
     // A partial character: keep the stacks that some completion could take.
-    const std::uint32_t lo = cp << (6 * rest);
-    const std::uint32_t hi = lo | ((1u << (6 * rest)) - 1);
+    std::uint32_t lo = cp << (6 * rest);
+    std::uint32_t hi = lo | ((1u << (6 * rest)) - 1);
+    if (in.n_partial == 0) {  // a lead byte: the shortest forms of its length only
+      lo = std::max(lo, rest == 1 ? 0x80u : rest == 2 ? 0x800u : 0x10000u);
+      hi = std::min(hi, 0x10FFFFu);
+    }
     for (const std::uint32_t e : in.ends) {
       if (e > b && g.classes[g.elements[d[e - 1]].value].intersects(lo, hi)) {
         out.data.insert(out.data.end(), d + b, d + e);

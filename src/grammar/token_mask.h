@@ -120,6 +120,7 @@ class token_matcher {
   bool accept(token_id t);
   bool accepts() const { return state_.accepts(); }
   bool dead() const { return state_.dead(); }
+  const vocabulary& vocab() const { return g_->vocab(); }
   const match_state& state() const { return state_; }
 
  private:

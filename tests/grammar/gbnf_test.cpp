@@ -83,6 +83,22 @@ TEST(gbnf, partial_utf8_keeps_only_stacks_that_can_complete) {
   EXPECT_FALSE(advance_byte(g, s, 0xC4, next));     // U+0100..: nothing can complete
   EXPECT_FALSE(advance_byte(g, s, 0x80, next));     // a continuation byte first
   EXPECT_FALSE(advance_byte(g, s, 0xFF, next));     // never in UTF-8
+  // "x" spelt in more bytes than it needs is not "x" (a decoder shows U+FFFD for each byte).
+  const rules any = parse_ok("root ::= .\n");
+  EXPECT_TRUE(matches(any, "x"));
+  EXPECT_FALSE(matches(any, "\xC1\xB8"));
+  EXPECT_FALSE(matches(any, "\xE0\x81\xB8"));
+  EXPECT_FALSE(matches(any, "\xF0\x80\x81\xB8"));
+  EXPECT_FALSE(matches(any, "\xED\xA0\x80"));      // a surrogate
+  EXPECT_FALSE(matches(any, "\xF4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_TRUE(matches(any, "\xF4\x8F\xBF\xBF"));
+  EXPECT_TRUE(matches(any, "\xE0\xA0\x80"));
+  // A lead byte stands for characters of its length only: F0 starts none below U+10000.
+  const rules brace = parse_ok("root ::= [{-\\u07FF]\n");
+  const match_state b = initial_state(brace);
+  EXPECT_FALSE(advance_byte(brace, b, 0xF0, next));
+  EXPECT_FALSE(advance_byte(brace, b, 0xE0, next));
+  EXPECT_TRUE(advance_byte(brace, b, 0xDF, next));
 }
 
 TEST(gbnf, right_recursion_keeps_stacks_short) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -74,7 +75,14 @@ const std::string& bpe_model_path() {
 struct completion {
   std::string text;
   std::string finish_reason;
+  std::vector<token_id> tokens;
 };
+
+std::ostream& operator<<(std::ostream& os, const completion& c) {
+  os << c.finish_reason << " " << json(c.text).dump() << " tokens";
+  for (const token_id t : c.tokens) os << " " << t;
+  return os;
+}
 
 // Runs every body (a /v1/completions body; "id" names it) through one engine
 // on `model`; a body the parser refuses gets its error message as text and
@@ -116,6 +124,7 @@ std::map<std::string, std::vector<completion>> run(const std::string& model, con
     for (const engine_event& e : events) {
       completion& x = out[e.request_id].at(static_cast<std::size_t>(e.index));
       x.text += e.text;
+      x.tokens.insert(x.tokens.end(), e.tokens.begin(), e.tokens.end());
       if (!e.finish_reason.empty()) x.finish_reason = e.finish_reason;
     }
   }
@@ -217,6 +226,7 @@ void expect_schemas_validate(const std::string& model, const std::string& name) 
         const completion& c = results.at(id).at(0);
         EXPECT_EQ(c.finish_reason, "stop") << name << " " << id << ": " << c.text;
         f << json{{"id", id}, {"schema", all[i]}, {"text", c.text}}.dump() << "\n";
+        if (std::getenv("PAGODA_TEST_SHOW_OUTPUTS")) std::printf("%s %s: %s\n", name.c_str(), id.c_str(), c.text.c_str());
       }
   }
   const std::string cmd = "/usr/bin/python3 " + std::string(PAGODA_SOURCE_DIR) +
@@ -261,7 +271,7 @@ TEST(structured_output, gbnf_grammars_are_respected) {
           ++n_stopped;
           EXPECT_TRUE(s.accepts()) << name << ": " << c.text;
         } else {
-          EXPECT_EQ(c.finish_reason, "length") << name << ": " << c.text;
+          EXPECT_EQ(c.finish_reason, "length") << name << ": " << c;
         }
       }
     }
@@ -293,12 +303,12 @@ TEST(structured_output, regex_choice_and_composition_with_sampling_options) {
     EXPECT_TRUE(grammar::matches(*g, r.at("regex")[0].text)) << r.at("regex")[0].text;
     EXPECT_EQ(r.at("regex")[0].finish_reason, "stop");
     for (const completion& c : r.at("choice")) {
-      EXPECT_TRUE(c.text == "yes" || c.text == "no" || c.text == "maybe") << c.text;
+      EXPECT_TRUE(c.text == "yes" || c.text == "no" || c.text == "maybe") << model << ": " << c;
       EXPECT_EQ(c.finish_reason, "stop");
     }
     EXPECT_EQ(r.at("stop")[0].text, "ab");
     EXPECT_EQ(r.at("stop")[0].finish_reason, "stop");
-    EXPECT_EQ(r.at("ignore_eos")[0].text, "done");
+    EXPECT_EQ(r.at("ignore_eos")[0].text, "done") << model << ": " << r.at("ignore_eos")[0];
     EXPECT_EQ(r.at("ignore_eos")[0].finish_reason, "grammar");
     const completion& obj = r.at("json_object")[0];
     ASSERT_FALSE(obj.text.empty());
