@@ -296,6 +296,11 @@ TEST(structured_output, regex_choice_and_composition_with_sampling_options) {
        {"ignore_eos", true}},
       {{"id", "json_object"}, {"prompt", "Once"}, {"max_tokens", 400}, {"temperature", 0},
        {"response_format", {{"type", "json_object"}}}},
+      // Speculative decoding: the prompt's n-grams are drafted; drafts the grammar refuses are rejected.
+      {{"id", "spec_greedy"}, {"prompt", "ab ab ab ab ab ab"}, {"max_tokens", 30}, {"temperature", 0},
+       {"speculative", "ngram:k=3"}, {"guided_regex", "(ab ){3}"}},
+      {{"id", "spec_sampled"}, {"prompt", "ab ab ab ab ab ab"}, {"max_tokens", 30}, {"temperature", 1.0},
+       {"seed", 5}, {"speculative", "ngram:k=3"}, {"guided_regex", "(ab ){2}c"}},
   };
   for (const std::string& model : {stories_path(), bpe_model_path()}) {
     const auto r = run(model, bodies);
@@ -310,6 +315,8 @@ TEST(structured_output, regex_choice_and_composition_with_sampling_options) {
     EXPECT_EQ(r.at("stop")[0].finish_reason, "stop");
     EXPECT_EQ(r.at("ignore_eos")[0].text, "done") << model << ": " << r.at("ignore_eos")[0];
     EXPECT_EQ(r.at("ignore_eos")[0].finish_reason, "grammar");
+    EXPECT_EQ(r.at("spec_greedy")[0].text, "ab ab ab ") << r.at("spec_greedy")[0];
+    EXPECT_EQ(r.at("spec_sampled")[0].text, "ab ab c") << r.at("spec_sampled")[0];
     const completion& obj = r.at("json_object")[0];
     ASSERT_FALSE(obj.text.empty());
     EXPECT_EQ(obj.text[0], '{');
