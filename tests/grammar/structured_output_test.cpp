@@ -301,6 +301,9 @@ TEST(structured_output, regex_choice_and_composition_with_sampling_options) {
        {"speculative", "ngram:k=3"}, {"guided_regex", "(ab ){3}"}},
       {{"id", "spec_sampled"}, {"prompt", "ab ab ab ab ab ab"}, {"max_tokens", 30}, {"temperature", 1.0},
        {"seed", 5}, {"speculative", "ngram:k=3"}, {"guided_regex", "(ab ){2}c"}},
+      // A model drafter's sampled drafts go through rejection sampling against the masked law.
+      {{"id", "spec_self"}, {"prompt", "ab ab ab ab ab ab"}, {"max_tokens", 30}, {"temperature", 1.0},
+       {"seed", 6}, {"speculative", "self:k=3,view=window,sinks=4,window=32"}, {"guided_regex", "(ab ){2}c"}},
   };
   for (const std::string& model : {stories_path(), bpe_model_path()}) {
     const auto r = run(model, bodies);
@@ -317,10 +320,13 @@ TEST(structured_output, regex_choice_and_composition_with_sampling_options) {
     EXPECT_EQ(r.at("ignore_eos")[0].finish_reason, "grammar");
     EXPECT_EQ(r.at("spec_greedy")[0].text, "ab ab ab ") << r.at("spec_greedy")[0];
     EXPECT_EQ(r.at("spec_sampled")[0].text, "ab ab c") << r.at("spec_sampled")[0];
+    EXPECT_EQ(r.at("spec_self")[0].text, "ab ab c") << r.at("spec_self")[0];
     const completion& obj = r.at("json_object")[0];
     ASSERT_FALSE(obj.text.empty());
     EXPECT_EQ(obj.text[0], '{');
-    if (obj.finish_reason == "stop") EXPECT_TRUE(json::parse(obj.text, nullptr, false).is_object()) << obj.text;
+    if (obj.finish_reason == "stop") {
+      EXPECT_TRUE(json::parse(obj.text, nullptr, false).is_object()) << obj.text;
+    }
   }
 }
 
