@@ -108,6 +108,12 @@ TEST(json_schema, what_is_refused_is_named) {
   EXPECT_NE(schema_error(R"({"type": "array", "minItems": 3, "maxItems": 2})").find("maxItems"), std::string::npos);
   EXPECT_NE(schema_error(R"x({"type": "string", "pattern": "a(?=b)"})x").find("not supported"), std::string::npos);
   EXPECT_NE(schema_error(R"({"type": "string", "pattern": "[\"x]"})").find("quote"), std::string::npos);
+  // A schema whose grammar passes the size limit (gbnf.h: k_max_elements).
+  json big = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 8; ++i) big["properties"]["p" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 10000}};
+  auto text = json_schema_to_gbnf(big);
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.error().message().find("more than"), std::string::npos) << text.error().message();
 }
 
 TEST(json_schema, json_object_mode_is_any_object) {
