@@ -200,7 +200,7 @@ TEST(openai_request, errors_name_the_field) {
 TEST(openai_request, structured_output_fields) {
   auto grammar_of = [](const json& extra) {
     json body = {{"prompt", "a"}};
-    body.update(extra);
+    if (extra.is_object()) body.update(extra);
     auto r = parse_request(api_kind::completion, body, context(), "");
     EXPECT_TRUE(r.ok()) << body.dump() << ": " << r.error.message;
     return r.ok() ? r.value->requests.at(0).sampling.grammar : std::string();
