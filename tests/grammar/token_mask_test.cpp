@@ -64,8 +64,10 @@ TEST(token_mask, equals_a_token_by_token_check_along_random_walks) {
           const auto id = static_cast<token_id>(t);
           ASSERT_EQ(mask.allowed(id), ref[t]) << "token " << t << " '" << v->piece(id) << "' step " << step;
           ASSERT_EQ(m.allows(id), ref[t]) << "token " << t << " step " << step;
-          if (ref[t]) ASSERT_TRUE(coarse.allowed(id)) << "the coarse mask drops token " << t << " step " << step;
-          if (ref[t]) allowed.push_back(id);
+          if (ref[t]) {
+            ASSERT_TRUE(coarse.allowed(id)) << "the coarse mask drops token " << t << " step " << step;
+            allowed.push_back(id);
+          }
         }
         ASSERT_GE(coarse.n_allowed, mask.n_allowed);
         ASSERT_EQ(mask.n_allowed, allowed.size());
