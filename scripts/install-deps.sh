@@ -13,6 +13,7 @@ packages=(
   clang libclang-rt-14-dev
   nodejs
   chromium  # the dashboard test drives it headless (tests/server/dashboard_test.cpp)
+  python3 python3-jsonschema
 )
 
 missing=()

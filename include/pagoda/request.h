@@ -35,6 +35,12 @@ struct sampling_params {
   float frequency_penalty = 0.0f;   // [-2, 2]; 0: off
   float repetition_penalty = 1.0f;  // (0, 2]; 1: off
   std::vector<std::pair<token_id, float>> logit_bias;  // token -> bias in [-100, 100]
+  // Constrained decoding (docs/serving.md, "Structured output"): a GBNF
+  // grammar (llama.cpp's format, root rule `root`) the output must follow.
+  // Before each draw every token whose bytes the grammar cannot take next is
+  // masked out (before logit_bias and the penalties); EOS is allowed only
+  // where the grammar accepts. "": unconstrained.
+  std::string grammar;
 
   static constexpr float k_greedy_temperature = 1e-5f;
   static sampling_params greedy() { return {0.0f, 0, 1.0f, 0.0f, 0}; }

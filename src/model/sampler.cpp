@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "core/assert.h"
+#include "grammar/gbnf.h"
 
 namespace pagoda {
 
@@ -30,6 +31,7 @@ status sampling_params::validate() const {
     if (!(bias >= -100.0f) || bias > 100.0f)
       return error(errc::invalid_argument, "logit_bias of token {} must be in [-100, 100], got {}", token, bias);
   }
+  if (!grammar.empty()) PAGODA_RETURN_IF_ERROR(grammar::parse_gbnf(grammar).take_status());
   return {};
 }
 

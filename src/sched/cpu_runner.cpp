@@ -38,7 +38,9 @@ cpu_runner::cpu_runner(const llama_model& model, kv_backend& kv, int n_threads,
                        runner_state::policy_factory make_policy)
     : kv_(kv),
       ctx_(model, kv, n_threads),
-      state_(shape_of(model, kv), make_policy ? std::move(make_policy) : runner_state::policy_factory(make_kv_policy)) {}
+      state_(shape_of(model, kv), make_policy ? std::move(make_policy) : runner_state::policy_factory(make_kv_policy)) {
+  state_.set_vocabulary([&model] { return grammar_vocabulary(model.vocab()); });
+}
 
 std::uint64_t cpu_runner::layout_of(block_id b) const {
   // One fingerprint per (group, class), computed once.

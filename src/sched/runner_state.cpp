@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -11,6 +12,13 @@
 #include "spec/speculative.h"
 
 namespace pagoda {
+
+std::shared_ptr<const grammar::vocabulary> grammar_vocabulary(const tokenizer& vocab) {
+  std::vector<std::string> pieces(static_cast<std::size_t>(vocab.n_vocab()));
+  for (token_id t = 0; t < vocab.n_vocab(); ++t) pieces[static_cast<std::size_t>(t)] = vocab.token_to_piece(t);
+  const auto eog = vocab.eog_tokens();
+  return std::make_shared<const grammar::vocabulary>(std::move(pieces), std::vector<token_id>(eog.begin(), eog.end()));
+}
 
 runner_state::runner_state(const runner_shape& shape, policy_factory make_policy)
     : shape_(shape), make_policy_(std::move(make_policy)) {}
@@ -146,7 +154,61 @@ token_id runner_state::draft_token(sequence& s, std::span<const float> logits, s
 sampled_token runner_state::draw(sequence& s, seq_id id, std::span<const float> logits) {
   const std::span<const token_id> all(s.history);
   const std::size_t n_prompt = std::min(all.size(), static_cast<std::size_t>(std::max(s.n_prompt, 0)));
-  return record(s, id, logits, s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt)));
+  if (s.params.grammar.empty())
+    return record(s, id, logits, s.smp.sample(logits, all.first(n_prompt), all.subspan(n_prompt)));
+  // Constrained: drawn from the allowed tokens (logit_bias and the penalties
+  // apply after the mask); the logprobs are the model's own. First from the
+  // coarse mask; a token the grammar refuses is drawn again from the exact
+  // mask (grammar/token_mask.h says why that is the same law).
+  grammar::token_matcher* m = matcher_of(s);
+  std::span<const float> row = m ? masked(m->coarse_mask(), logits) : std::span<const float>();
+  if (row.empty()) return grammar_end(s, id, logits);
+  token_id t = s.smp.sample(row, all.first(n_prompt), all.subspan(n_prompt));
+  if (!m->allows(t)) {
+    row = masked(m->mask(), logits);
+    if (row.empty()) return grammar_end(s, id, logits);
+    t = s.smp.sample(row, all.first(n_prompt), all.subspan(n_prompt));
+  }
+  return record(s, id, logits, t);
+}
+
+grammar::token_matcher* runner_state::matcher_of(sequence& s) {
+  if (s.grammar) return s.grammar->dead() ? nullptr : &*s.grammar;
+  if (!grammars_) {
+    if (!make_vocabulary_) return nullptr;
+    grammars_ = std::make_unique<grammar::grammar_cache>(make_vocabulary_());
+  }
+  auto g = grammars_->get(s.params.grammar);
+  if (!g.ok()) return nullptr;  // sampling_params::validate() refuses such requests first
+  s.grammar.emplace(std::move(*g));
+  // A sequence set up again after it generated (a step sent anew) takes its output so far.
+  for (std::size_t i = static_cast<std::size_t>(std::max(s.n_prompt, 0)); i < s.history.size(); ++i)
+    if (!s.grammar->accept(s.history[i])) return nullptr;
+  return &*s.grammar;
+}
+
+std::span<const float> runner_state::masked(const grammar::token_mask& mask, std::span<const float> logits) {
+  if (mask.n_allowed == 0) return {};
+  masked_.assign(logits.begin(), logits.end());
+  const std::size_t n = logits.size();
+  for (std::size_t w = 0; w * 64 < n; ++w) {
+    // Rows past the tokenizer's vocabulary (a padded output matrix) have no bytes: never allowed.
+    const std::uint64_t bits = w < mask.bits.size() ? mask.bits[w] : 0;
+    if (bits == ~std::uint64_t{0}) continue;
+    const std::size_t end = std::min(n, w * 64 + 64);
+    for (std::size_t i = w * 64; i < end; ++i)
+      if (((bits >> (i - w * 64)) & 1) == 0) masked_[i] = -std::numeric_limits<float>::infinity();
+  }
+  return masked_;
+}
+
+sampled_token runner_state::grammar_end(sequence& s, seq_id id, std::span<const float> logits) {
+  token_id end = 0;
+  if (s.grammar && !s.grammar->vocab().eog().empty()) end = s.grammar->vocab().eog().front();
+  s.grammar.reset();
+  sampled_token t = record(s, id, logits, end);
+  t.grammar_end = true;
+  return t;
 }
 
 sampled_token runner_state::record(sequence& s, seq_id id, std::span<const float> logits, token_id token) {
@@ -161,6 +223,7 @@ sampled_token runner_state::record(sequence& s, seq_id id, std::span<const float
     t.logprob = std::move(lp);
   }
   s.history.push_back(t.token);
+  if (s.grammar) s.grammar->accept(t.token);  // a refused token leaves it dead: the next draw ends the sequence
   return t;
 }
 
@@ -186,6 +249,7 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
         c->history = s->history;
         c->policy = s->policy;
         c->speculation = s->speculation;
+        c->grammar = s->grammar;
         out.sampled.push_back(draw(*c, f.seq, last));
         seqs_[f.seq] = std::move(c);
       }
@@ -209,10 +273,20 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
           // the history as rows are reached, cut back before the tokens are recorded.
           const std::size_t n_history = s->history.size();
           const std::size_t n_prompt = std::min(n_history, static_cast<std::size_t>(std::max(s->n_prompt, 0)));
+          // Under a grammar, row j's law is masked by the state after drafts[0, j).
+          std::optional<grammar::token_matcher> ahead;
+          if (!s->params.grammar.empty())
+            if (grammar::token_matcher* m = matcher_of(*s)) ahead = *m;
           emitted = accept_distribution_drafts(drafts, s->draft_q, [&](int j) {
             if (j > 0) s->history.push_back(drafts[static_cast<std::size_t>(j - 1)]);
             const std::span<const token_id> all(s->history);
-            return s->smp.probabilities(row_of(static_cast<std::size_t>(j)), all.first(n_prompt), all.subspan(n_prompt));
+            std::span<const float> row = row_of(static_cast<std::size_t>(j));
+            if (!s->params.grammar.empty()) {
+              if (ahead && j > 0) ahead->accept(drafts[static_cast<std::size_t>(j - 1)]);
+              row = ahead && !ahead->dead() ? masked(ahead->mask(), row) : std::span<const float>();
+              if (row.empty()) return token_distribution::point(0);  // nothing allowed: the next draw ends it
+            }
+            return s->smp.probabilities(row, all.first(n_prompt), all.subspan(n_prompt));
           }, s->smp);
           s->history.resize(n_history);
           for (std::size_t j = 0; j < emitted.size(); ++j) out.sampled.push_back(record(*s, q.seq, row_of(j), emitted[j]));

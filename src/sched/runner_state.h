@@ -10,11 +10,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "attention/kv_selector.h"
+#include "grammar/token_mask.h"
 #include "model/sampler.h"
+#include "model/tokenizer.h"
 #include "sched/step_plan.h"
 
 namespace pagoda {
@@ -26,6 +29,10 @@ struct runner_shape {
   int head_dim = 0;
   std::int32_t block_size = 0;
 };
+
+// The vocabulary as grammars see it: every token's bytes as it continues a
+// text (token_to_piece), control tokens as nothing, and the end-of-generation tokens.
+std::shared_ptr<const grammar::vocabulary> grammar_vocabulary(const tokenizer& vocab);
 
 class runner_state {
  public:
@@ -67,9 +74,17 @@ class runner_state {
     // being executed, the distribution of each draft.
     std::unique_ptr<sampler> draft_smp;
     std::vector<token_distribution> draft_q;
+    // Constrained decoding (params.grammar): where the sampled tokens have
+    // brought the grammar, made at the first draw; a fork copies it.
+    std::optional<grammar::token_matcher> grammar;
   };
+  // The vocabulary a grammar's masks are computed against, made when the
+  // first sequence with a grammar draws (cpu_runner: from the model's tokenizer).
+  using vocabulary_factory = std::function<std::shared_ptr<const grammar::vocabulary>()>;
 
   runner_state(const runner_shape& shape, policy_factory make_policy);
+  // Without one, a sequence with a grammar ends at its first draw (finish reason "grammar").
+  void set_vocabulary(vocabulary_factory make) { make_vocabulary_ = std::move(make); }
 
   // Brings the state up to date with the plan: frees plan.finished, drops the
   // KV state of plan.preempted, then for each of plan.seqs creates it
@@ -100,12 +115,23 @@ class runner_state {
   status apply_seq(const scheduled_seq& q);
   void start_kv_over(sequence& s);
   sampled_token draw(sequence& s, seq_id id, std::span<const float> logits);
+  // The sequence's grammar state, made at its first use; null (the sequence
+  // cannot go on) when the runner has no vocabulary or the grammar does not compile.
+  grammar::token_matcher* matcher_of(sequence& s);
+  // logits with every token outside `mask` at -infinity, in masked_; empty
+  // when the mask allows none.
+  std::span<const float> masked(const grammar::token_mask& mask, std::span<const float> logits);
+  // The token a sequence whose grammar allows nothing ends with (grammar_end set).
+  sampled_token grammar_end(sequence& s, seq_id id, std::span<const float> logits);
   // `token` as drawn from logits (its logprobs as the sequence asks), appended to the history.
   sampled_token record(sequence& s, seq_id id, std::span<const float> logits, token_id token);
 
   runner_shape shape_;
   policy_factory make_policy_;
   std::unordered_map<seq_id, std::unique_ptr<sequence>> seqs_;
+  vocabulary_factory make_vocabulary_;
+  std::unique_ptr<grammar::grammar_cache> grammars_;  // made with the vocabulary, at the first grammar
+  std::vector<float> masked_;                          // [n_vocab] masked()'s row
 };
 
 }  // namespace pagoda

@@ -162,7 +162,7 @@ void scheduler::commit_tokens(sequence* s, std::span<sampled_token> tokens, std:
     ++r->completion_tokens;
     ++stats_.n_generated_tokens;
     // What the token alone decides; stop strings are the output step's (output_processor.h).
-    reason = finish_reason_of(*s, t.token, s->n_generated, static_cast<int>(s->tokens.size()));
+    reason = t.grammar_end ? "grammar" : finish_reason_of(*s, t.token, s->n_generated, static_cast<int>(s->tokens.size()));
     if (!reason.empty()) break;
   }
   events.push_back(std::move(e));

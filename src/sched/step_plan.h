@@ -154,6 +154,9 @@ struct sampled_token {
   seq_id seq;
   token_id token = -1;
   std::optional<token_logprob> logprob;  // when the sequence asked for logprobs (sampler::log_prob, top_log_probs)
+  // The sequence's grammar allowed no token (sampling_params::grammar): it
+  // ends here with finish reason "grammar"; `token` is an end-of-generation token.
+  bool grammar_end = false;
 };
 
 struct step_output {

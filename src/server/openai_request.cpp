@@ -14,6 +14,7 @@
 #include "policy/kv_policy.h"
 #include "spec/speculative.h"
 #include "server/prompt_segments.h"
+#include "server/structured_output.h"
 
 namespace pagoda::server {
 namespace {
@@ -173,11 +174,6 @@ maybe_error check_neutral_fields(const json& body, api_kind kind, int n) {
   if (const json* v = field(body, "tool_choice")) {
     if (!v->is_string() || (*v != "none" && *v != "auto")) return unsupported("tool_choice", "\"none\"");
   }
-  if (const json* v = field(body, "response_format")) {
-    if (!v->is_object()) return type_error("response_format", "an object", *v);
-    auto t = v->find("type");
-    if (t == v->end() || *t != "text") return unsupported("response_format", "{\"type\": \"text\"}");
-  }
   if (kind == api_kind::completion) {
     bool echo = false;
     PAGODA_API_TRY(read_bool(body, "echo", echo));
@@ -252,6 +248,7 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
   base.sampling.frequency_penalty = static_cast<float>(frequency.value_or(0.0));
   base.sampling.repetition_penalty = static_cast<float>(repetition.value_or(1.0));
   PAGODA_API_TRY(read_logit_bias(body, ctx.vocab->n_vocab(), base.sampling.logit_bias));
+  PAGODA_API_TRY(read_structured_output(body, base.sampling.grammar));
   call.n = static_cast<int>(n.value_or(1));
   base.n = call.n;
   base.priority = static_cast<int>(priority.value_or(0));

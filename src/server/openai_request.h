@@ -7,7 +7,10 @@
 // `frequency_penalty`, `repetition_penalty`, `logit_bias`, `stream`,
 // `stream_options.include_usage`, `logprobs` (completions: an integer;
 // chat: a boolean with `top_logprobs`), `return_tokens_as_token_ids`,
-// `cache_salt`, `user`, `priority`, and Pagoda's `kv_policy` (docs/policies.md). Unknown fields are ignored, as vLLM does;
+// `cache_salt`, `user`, `priority`, the structured-output fields
+// (`response_format`, `guided_json`, `guided_regex`, `guided_choice`,
+// `guided_grammar`, `grammar`, `json_schema`: server/structured_output.h),
+// and Pagoda's `kv_policy` (docs/policies.md). Unknown fields are ignored, as vLLM does;
 // known fields Pagoda cannot honour (min_tokens, tools, echo, suffix, ...) are
 // accepted only at their neutral values and are a 400 naming the field
 // otherwise. `pagoda batch` reads its lines with the same parser, so both take

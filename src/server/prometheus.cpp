@@ -227,7 +227,7 @@ std::string render_metrics(const engine_snapshot& s, const http_counts& http, co
            static_cast<double>(kv.n_side_blocks) * static_cast<double>(kv.side_block_bytes));
   w.metric("pagoda:engine_steps_total", "counter", "Engine steps (one batched forward pass each).", s.n_steps);
   w.family("pagoda:request_success_total", "counter", "Count of finished requests, by finish reason.");
-  for (const char* reason : {"stop", "length", "abort"}) {
+  for (const char* reason : {"stop", "length", "abort", "grammar"}) {
     auto it = s.n_finished_by_reason.find(reason);
     w.sample("pagoda:request_success_total", fmt::format("finished_reason=\"{}\"", reason),
              it == s.n_finished_by_reason.end() ? 0.0 : static_cast<double>(it->second));

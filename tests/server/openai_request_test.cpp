@@ -177,7 +177,10 @@ TEST(openai_request, errors_name_the_field) {
       {{{"prompt", "a"}, {"suffix", "x"}}, "suffix"},
       {{{"prompt", "a"}, {"best_of", 3}}, "best_of"},
       {{{"prompt", "a"}, {"tools", {{{"type", "function"}}}}}, "tools"},
-      {{{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"prompt", "a"}, {"response_format", {{"type", "xml"}}}}, "response_format.type"},
+      {{{"prompt", "a"}, {"guided_json", {{"type", "integer"}, {"minimum", 1}}}}, "guided_json"},
+      {{{"prompt", "a"}, {"grammar", "root ::= x"}}, "grammar"},
+      {{{"prompt", "a"}, {"guided_regex", "a"}, {"guided_choice", {"a"}}}, "guided_choice"},
   };
   for (const bad& b : cases) {
     api_error e = completion_error(b.body);
@@ -190,6 +193,36 @@ TEST(openai_request, errors_name_the_field) {
       {{"prompt", "a"}, {"min_tokens", 0}, {"echo", false}, {"best_of", 1}}, context(), "");
   EXPECT_TRUE(ok.ok()) << ok.error.message;
   EXPECT_FALSE(parse_request(api_kind::completion, json::array({1}), context(), "").ok());
+}
+
+// Structured output (server/structured_output.h): each field becomes the
+// request's grammar; "text" is no constraint.
+TEST(openai_request, structured_output_fields) {
+  auto grammar_of = [](const json& extra) {
+    json body = {{"prompt", "a"}};
+    if (extra.is_object()) body.update(extra);
+    auto r = parse_request(api_kind::completion, body, context(), "");
+    EXPECT_TRUE(r.ok()) << body.dump() << ": " << r.error.message;
+    return r.ok() ? r.value->requests.at(0).sampling.grammar : std::string();
+  };
+  EXPECT_EQ(grammar_of({}), "");
+  EXPECT_EQ(grammar_of({{"response_format", {{"type", "text"}}}}), "");
+  EXPECT_NE(grammar_of({{"response_format", {{"type", "json_object"}}}}).find("root ::="), std::string::npos);
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}};
+  const std::string g = grammar_of({{"guided_json", schema}});
+  EXPECT_NE(g.find("\"\\\"a\\\"\""), std::string::npos) << g;  // the property name as a literal
+  EXPECT_EQ(grammar_of({{"json_schema", schema}}), g);
+  EXPECT_EQ(grammar_of({{"guided_json", schema.dump()}}), g);
+  EXPECT_EQ(grammar_of({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}}), g);
+  EXPECT_EQ(grammar_of({{"grammar", "root ::= \"a\"\n"}}), "root ::= \"a\"\n");
+  EXPECT_EQ(grammar_of({{"guided_grammar", "root ::= \"a\"\n"}}), "root ::= \"a\"\n");
+  EXPECT_NE(grammar_of({{"guided_choice", {"x", "y"}}}).find("\"y\""), std::string::npos);
+  EXPECT_NE(grammar_of({{"guided_regex", "[0-9]+"}}).find("[0-9]+"), std::string::npos);
+  // The same fields on chat completions.
+  auto chat = parse_request(api_kind::chat, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                              {"response_format", {{"type", "json_object"}}}}, context(), "");
+  ASSERT_TRUE(chat.ok()) << chat.error.message;
+  EXPECT_FALSE(chat.value->requests.at(0).sampling.grammar.empty());
 }
 
 TEST(openai_request, chat_messages) {
