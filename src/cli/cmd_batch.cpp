@@ -162,6 +162,8 @@ int batch(const batch_options& o) {
   if (!opened.ok()) return fail_engine(opened.error());
   engine_stack stack = std::move(*opened);
   engine_core* eng = stack.core.get();
+  std::fprintf(stderr, "pagoda batch: context %d, %s\n", eng->config().max_model_len,
+               kv_pool_line(eng->config(), eng->kv_stats()).c_str());
   server::api_options aopts;
   aopts.model_path = o.engine.config.model_path;
   aopts.max_n = 128;  // the engine's own limit (a server's is --max-n)

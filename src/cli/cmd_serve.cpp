@@ -116,23 +116,10 @@ server::server_options http_options(const serve_options& o) {
 
 void print_startup(const serve_options& o, const server::api_context& ctx, const engine_core_config& cfg,
                    const kv_metrics& kv, const server::server_options& sopts, bool auth_required) {
-  const double pool_bytes = static_cast<double>(cfg.kv.bytes_per_block()) * kv.n_blocks_total;
-  const std::int64_t pool_tokens = static_cast<std::int64_t>(kv.n_blocks_total) * kv.block_size_tokens;
-  // The KV as configured: types (and sharing), the default policy, and the split into KV classes.
-  std::string kv_line = cfg.kv.describe();
-  if (!cfg.kv.sharing.empty()) kv_line += ", shared " + cfg.kv.sharing;
-  kv_line += ", policy " + (cfg.kv_policy.empty() ? std::string("none") : cfg.kv_policy);
-  if (!cfg.kv_classes.empty()) {
-    kv_line += fmt::format(", classes {} {} blocks", cfg.kv.describe(), cfg.n_blocks);
-    for (const kv_segment_class& c : cfg.kv_classes) kv_line += fmt::format(" + {} {} blocks", c.name, c.n_blocks);
-  }
-  std::fprintf(stderr,
-               "pagoda serve: model '%s' (%s), context %d, KV %s, pool %s = %d blocks of %d tokens (%lld tokens: "
-               "%lld full-context sequences), chat template %s, %s\n",
+  std::fprintf(stderr, "pagoda serve: model '%s' (%s), context %d, %s, chat template %s, %s\n",
                ctx.model_names.front().c_str(), o.engine.config.model_path.c_str(), cfg.max_model_len,
-               kv_line.c_str(), human_bytes(pool_bytes).c_str(), kv.n_blocks_total, kv.block_size_tokens,
-               static_cast<long long>(pool_tokens), static_cast<long long>(pool_tokens / std::max(1, cfg.max_model_len)),
-               server::chat_format_name(ctx.chat), auth_required ? "API keys required" : "no API key");
+               kv_pool_line(cfg, kv).c_str(), server::chat_format_name(ctx.chat),
+               auth_required ? "API keys required" : "no API key");
   std::fprintf(stderr,
                "pagoda serve: HTTP: %d I/O thread(s), %d worker(s), at most %d connections, header %zu bytes / %d "
                "fields / %.0f s, body %zu bytes / %.0f s, idle %.0f s\n",

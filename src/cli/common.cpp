@@ -301,4 +301,21 @@ std::string human_bytes(double bytes) {
   return u == 0 ? fmt::format("{:.0f} {}", bytes, units[u]) : fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
+std::string kv_pool_line(const engine_core_config& cfg, const kv_metrics& kv) {
+  const double pool_bytes = static_cast<double>(cfg.kv.bytes_per_block()) * kv.n_blocks_total;
+  const std::int64_t pool_tokens = static_cast<std::int64_t>(kv.n_blocks_total) * kv.block_size_tokens;
+  // The KV as configured: types (and sharing), the default policy, and the split into KV classes.
+  std::string line = "KV " + cfg.kv.describe();
+  if (!cfg.kv.sharing.empty()) line += ", shared " + cfg.kv.sharing;
+  line += ", policy " + (cfg.kv_policy.empty() ? std::string("none") : cfg.kv_policy);
+  if (!cfg.kv_classes.empty()) {
+    line += fmt::format(", classes {} {} blocks", cfg.kv.describe(), cfg.n_blocks);
+    for (const kv_segment_class& c : cfg.kv_classes) line += fmt::format(" + {} {} blocks", c.name, c.n_blocks);
+  }
+  line += fmt::format(", pool {} = {} blocks of {} tokens ({} tokens: {} full-context sequences)", human_bytes(pool_bytes),
+                      kv.n_blocks_total, kv.block_size_tokens, pool_tokens,
+                      pool_tokens / std::max(1, cfg.max_model_len));
+  return line;
+}
+
 }  // namespace pagoda::cli

@@ -16,6 +16,7 @@
 #include "pagoda/status.h"
 #include "cli/model_source.h"
 #include "cli/usage.h"
+#include "kv/kv_metrics.h"
 #include "sched/engine_setup.h"
 
 namespace pagoda::cli {
@@ -81,6 +82,11 @@ int fail(const status& st);
 int fail_engine(const status& st);
 
 std::string human_bytes(double bytes);
+// The KV an engine runs with, for startup lines (serve, batch): types,
+// sharing, the default policy, the class split, and the pool with what it
+// holds at the context ("KV f16+f16, policy none, pool 64.00 MiB = 4096 blocks
+// of 16 tokens (65536 tokens: 16 full-context sequences)").
+std::string kv_pool_line(const engine_core_config& cfg, const kv_metrics& kv);
 // --chat-template NAME (serve, chat): an unknown family is a usage error (exit 2) naming the known ones.
 void check_chat_template_name(const std::string& name);
 
