@@ -133,7 +133,10 @@ TEST(dashboard, the_page_in_chromium_shows_the_pool_and_agrees_with_metrics) {
   setup.engine = engine_config_for(stories(), 256, 8);
   test_server s(setup);
 
-  // Idle, nothing run: every block free.
+  // Idle, nothing run: every block free. The map is taken before the page
+  // loads, so its first poll finds one (a fresh server answers "pending").
+  auto c = s.client();
+  ASSERT_TRUE(poll_until([&] { return c->Get("/dashboard/blocks") && s.snapshot().block_map != nullptr; }));
   const dom_view idle = load_dashboard(s.port());
   expect_agrees(idle, s.metrics());
   EXPECT_EQ(count(idle, "used") + count(idle, "cached"), 0);
@@ -146,12 +149,12 @@ TEST(dashboard, the_page_in_chromium_shows_the_pool_and_agrees_with_metrics) {
   thread_joiner j{&s.gate()};
   for (int i = 0; i < 4; ++i)
     j.threads.emplace_back([&s, i] {
-      auto c = s.client();
+      auto client = s.client();
       const json body = {{"prompt", fmt::format("Story {}: once upon a time there was a little fox who", i)},
                          {"max_tokens", 40},
                          {"temperature", 0},
                          {"ignore_eos", true}};
-      auto r = c->Post("/v1/completions", body.dump(), "application/json");
+      auto r = client->Post("/v1/completions", body.dump(), "application/json");
       EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
     });
   // Each held step keeps the submits behind it queued: let steps through
@@ -169,7 +172,6 @@ TEST(dashboard, the_page_in_chromium_shows_the_pool_and_agrees_with_metrics) {
   const std::int64_t steps0 = s.snapshot().n_steps;
   s.gate().let_through(4);
   ASSERT_TRUE(poll_until([&] { return s.snapshot().n_steps >= steps0 + 4 && s.gate().n_held() == 1; }));
-  auto c = s.client();
   ASSERT_TRUE(c->Get("/dashboard/blocks"));  // asks for the map: the next publish takes it
   const std::int64_t steps1 = s.snapshot().n_steps;
   s.gate().let_through(1);
