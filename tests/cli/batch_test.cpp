@@ -56,6 +56,10 @@ TEST(cli_batch, results_usage_summary_and_bad_lines) {
   EXPECT_NE(lines[4]["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos) << lines[4];
   // Same greedy prompt under another salt: same tokens.
   EXPECT_EQ(lines[5]["completions"][0]["token_ids"], lines[0]["completions"][0]["token_ids"]);
+  // At startup, the KV it runs with and what its pool holds at the context (as serve's line).
+  EXPECT_EQ(r.err.rfind("pagoda batch: context ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("KV f32+f32, policy none, pool "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("full-context sequences)"), std::string::npos) << r.err;
   // The JSON summary is the last line of stderr.
   std::string last = r.err.substr(r.err.rfind('{'));
   json s = json::parse(last);
