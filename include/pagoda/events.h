@@ -1,6 +1,7 @@
 // What the engine reports back, step by step. Part of Pagoda's public API (engine.h).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,14 @@ struct request_usage {
   // end, slack included. Both 0 when no completion's policy evicts.
   int kv_tokens_seen = 0;
   int kv_tokens_kept = 0;
+  // What attention read (sparse-read policies such as quest and retrieval
+  // read part of what they keep): summed over the completions' query tokens,
+  // layers and KV heads, the KV tokens each could see and those it read, for
+  // the prompt and for decoding. read == visible when every row read all.
+  std::int64_t kv_prompt_tokens_visible = 0;
+  std::int64_t kv_prompt_tokens_read = 0;
+  std::int64_t kv_decode_tokens_visible = 0;
+  std::int64_t kv_decode_tokens_read = 0;
 };
 
 // What one step produced for one completion of one request.

@@ -2,7 +2,7 @@
 // scales (int8's default, int4/int2 values), on the packed codes directly,
 // and qk for keys with per-channel or static scales (KIVI's int4/int2 keys):
 // each tile's channel scales are folded into the query (below). Values with
-// per-channel or static scales run on the reference at this level.
+// per-channel or static scales apply them to each tile's code sums.
 //
 // AVX2 has no VNNI, so codes are widened to f32 (shift, mask, convert: once
 // per code for all the rows that use it) and multiplied by the f32 operand
@@ -275,19 +275,21 @@ using kv_simd::tile_span;
 // most span * (block_size + lanes - 1) <= max(128, block_size) + 8 * 15.
 constexpr int k_span_positions = k_max_block_size + 128;
 
-// acc rows [NR][head_dim], channels [d0, d0 + n_ch) (n_ch <= 8 * NC) +=
-// sum over the span's tokens of x[r][position] * u_t: x holds each row's
-// operand w_t * S_t at position k * P + t (tile k of the span, P positions per
-// tile), zero past the valid tokens.
+// Channels [d0, d0 + n_ch) (n_ch <= 8 * NC) of NR rows: acc[r][0 .. n_ch)
+// (rows acc_ld apart) += sum over the span's tokens of x[r][position] * u_t: x
+// holds each row's operand (w_t * S_t, or w_t with per-channel scales) at
+// position k * P + t (tile k of the span, P positions per tile), zero past
+// the valid tokens.
 template <int NR, int NC, int BITS>
-void av_rows(const tile_span& sp, kv_tile_shape s, int P, int d0, int n_ch, const float* x, int x_stride, float* acc) {
+void av_rows(const tile_span& sp, kv_tile_shape s, int P, int d0, int n_ch, const float* x, int x_stride, float* acc,
+             int acc_ld) {
   constexpr int CPB = 8 / BITS, LANES = 4 * CPB;
   const int D = s.head_dim;
   int nc[NC];
   for (int c = 0; c < NC; ++c) nc[c] = n_ch - 8 * c;
   __m256 a[NR][NC];
   for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < NC; ++c) a[r][c] = kv_simd::load8(acc + static_cast<std::size_t>(r) * D + d0 + 8 * c, nc[c]);
+    for (int c = 0; c < NC; ++c) a[r][c] = kv_simd::load8(acc + static_cast<std::size_t>(r) * acc_ld + 8 * c, nc[c]);
   for (int k = 0; k < sp.n; ++k) {
     const int n_words = (sp.nt[k] + LANES - 1) / LANES;  // packed token words holding valid tokens
     for (int tw = 0; tw < n_words; ++tw) {
@@ -312,7 +314,7 @@ void av_rows(const tile_span& sp, kv_tile_shape s, int P, int d0, int n_ch, cons
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < NC; ++c) kv_simd::store8(acc + static_cast<std::size_t>(r) * D + d0 + 8 * c, a[r][c], nc[c]);
+    for (int c = 0; c < NC; ++c) kv_simd::store8(acc + static_cast<std::size_t>(r) * acc_ld + 8 * c, a[r][c], nc[c]);
 }
 
 // Scale group g of NR rows (from r0) over one span: their operands and offset
@@ -346,11 +348,64 @@ void av_group_rows(const tile_layout& L, kv_tile_shape s, const tile_span& sp, i
   const int c0 = g * L.group_size, c1 = std::min(D, c0 + L.group_size);
   for (int d0 = c0; d0 < c1; d0 += 16)
     av_rows<NR, 2, BITS>(sp, s, P, d0, std::min(16, c1 - d0), &x[0][0], k_span_positions,
-                         acc + static_cast<std::size_t>(r0) * D);
+                         acc + static_cast<std::size_t>(r0) * D + d0, D);
   for (int r = 0; r < NR; ++r) {
     float* a = acc + static_cast<std::size_t>(r0 + r) * D;
     const __m256 b = _mm256_set1_ps(bias[r]);
     for (int d = c0; d < c1; d += 8) kv_simd::store8(a + d, _mm256_add_ps(kv_simd::load8(a + d, c1 - d), b), c1 - d);
+  }
+}
+
+// Values with per-channel scales (each tile's fp16 S and M per channel) or
+// static ones (sp, the same for every tile), tile by tile:
+//   a.v_d += S_d * (sum_t w_t u_td) + M_d * (sum_t w_t)   over the tile's tokens t
+// The code sums run as av_rows runs them, from zero, 16 channels at a time;
+// each lane is then one FMA chain over the tiles in order, whatever n_q.
+template <int NR, int BITS>
+void av_folded_rows(const tile_layout& L, kv_tile_shape s, const kv_static_params* stat, const tile_span& one,
+                    int tile, const float* w, int ld, int r0, float* acc) {
+  const int B = s.block_size, D = s.head_dim, P = L.n_outer * L.lanes, nt = one.nt[0];
+  alignas(32) float x[NR][k_span_positions];
+  float wsum[NR];
+  for (int r = 0; r < NR; ++r) {
+    const float* wr = w + static_cast<std::size_t>(r0 + r) * ld + static_cast<std::size_t>(tile) * B;
+    float sum = 0;
+    for (int t = 0; t < nt; ++t) {
+      x[r][t] = wr[t];
+      sum += wr[t];
+    }
+    std::fill(x[r] + nt, x[r] + P, 0.0f);
+    wsum[r] = sum;
+  }
+  const std::uint8_t* S16 = one.tile[0] + L.scale_off;
+  const std::uint8_t* M16 = one.tile[0] + L.offset_off;
+  for (int d0 = 0; d0 < D; d0 += 16) {
+    const int n_ch = std::min(16, D - d0);
+    alignas(32) float sums[NR][16] = {};
+    av_rows<NR, 2, BITS>(one, s, P, d0, n_ch, &x[0][0], k_span_positions, &sums[0][0], 16);
+    for (int c = 0; c < 2 && 8 * c < n_ch; ++c) {
+      const int nc = n_ch - 8 * c, d = d0 + 8 * c;
+      const __m256 sc = stat ? kv_simd::load8(stat->scale + d, nc) : kv_simd::load_h8(S16 + 2 * d, nc);
+      const __m256 of = stat ? kv_simd::load8(stat->offset + d, nc) : kv_simd::load_h8(M16 + 2 * d, nc);
+      for (int r = 0; r < NR; ++r) {
+        float* a = acc + static_cast<std::size_t>(r0 + r) * D + d;
+        __m256 v = _mm256_fmadd_ps(sc, _mm256_load_ps(&sums[r][8 * c]), kv_simd::load8(a, nc));
+        kv_simd::store8(a, _mm256_fmadd_ps(of, _mm256_set1_ps(wsum[r]), v), nc);
+      }
+    }
+  }
+}
+
+template <int BITS>
+void av_run_folded(const tile_layout& L, kv_tile_shape s, const kv_static_params* stat, const void* const* tiles,
+                   int n_tokens, const float* w, int ld, int n_q, float* acc) {
+  const int B = s.block_size;
+  const int n_tiles = (n_tokens + B - 1) / B, ahead = kv_simd::prefetch_ahead(L.bytes);
+  if (L.mode == kv_scale_mode::per_channel) stat = nullptr;  // the tile's own scales
+  for (int i = 0; i < n_tiles; ++i) {
+    const tile_span one(tiles, i, 1, n_tiles, n_tokens, B, ahead);
+    kv_simd::prefetch_slice(one.later[0], L.codes_bytes, L.bytes);
+    for_row_blocks(n_q, [&]<int NR>(int r0) { av_folded_rows<NR, BITS>(L, s, stat, one, i, w, ld, r0, acc); });
   }
 }
 
@@ -364,14 +419,7 @@ void av_run(const tile_layout& L, kv_tile_shape s, const void* const* tiles, int
     const tile_span sp(tiles, i0, span, n_tiles, n_tokens, B, ahead);
     for (int k = 0; k < sp.n; ++k) kv_simd::prefetch_slice(sp.later[k], L.codes_bytes, L.bytes);
     for (int g = 0; g < L.n_groups; ++g) {
-      int r = 0;
-      for (; r + 4 <= n_q; r += 4) av_group_rows<4, BITS>(L, s, sp, i0, w, ld, r, g, acc);
-      switch (n_q - r) {
-        case 3: av_group_rows<3, BITS>(L, s, sp, i0, w, ld, r, g, acc); break;
-        case 2: av_group_rows<2, BITS>(L, s, sp, i0, w, ld, r, g, acc); break;
-        case 1: av_group_rows<1, BITS>(L, s, sp, i0, w, ld, r, g, acc); break;
-        default: break;
-      }
+      for_row_blocks(n_q, [&]<int NR>(int r0) { av_group_rows<NR, BITS>(L, s, sp, i0, w, ld, r0, g, acc); });
     }
   }
 }
@@ -380,8 +428,9 @@ void av_run(const tile_layout& L, kv_tile_shape s, const void* const* tiles, int
 
 bool avx2_supported(const tile_layout& L, kv_tile_shape s) {
   if (L.mode == kv_scale_mode::per_token) return true;
-  // Keys fold per-channel or static scales into the query (qk_run_folded); values do not.
-  if (L.key && (L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales)) return true;
+  // Keys fold per-channel or static scales into the query (qk_run_folded),
+  // values apply them to each tile's code sums (av_run_folded).
+  if (L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales) return true;
   // A key word must not straddle two scale groups.
   return L.mode == kv_scale_mode::group && (!L.key || L.group_size % L.lanes == 0);
 }
@@ -404,10 +453,17 @@ void qk_avx2(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, 
   }
 }
 
-void av_avx2(const kv_format& fmt, kv_tile_shape s, const kv_static_params*, const void* const* tiles, int n_tokens,
-             const float* w, int ld, int n_q, float* acc) {
+void av_avx2(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles,
+             int n_tokens, const float* w, int ld, int n_q, float* acc) {
   if (n_tokens <= 0 || n_q <= 0) return;
   const tile_layout L = layout_of(fmt, s);
+  if (L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales) {
+    switch (L.bits) {
+      case 8: return av_run_folded<8>(L, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+      case 4: return av_run_folded<4>(L, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+      default: return av_run_folded<2>(L, s, sp, tiles, n_tokens, w, ld, n_q, acc);
+    }
+  }
   switch (L.bits) {
     case 8: return av_run<8>(L, s, tiles, n_tokens, w, ld, n_q, acc);
     case 4: return av_run<4>(L, s, tiles, n_tokens, w, ld, n_q, acc);

@@ -830,8 +830,10 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
       s->runner.recall = now;
     }
     if (i < out.reads.size() && out.reads[i].rows > 0) {
+      const bool prompt = s->n_computed < s->n_prompt;
       kv_read_stats& r = stats_.kv_reads[policy_name(s->req->req.kv_policy)];
-      (s->n_computed < s->n_prompt ? r.prompt : r.decode) += out.reads[i];
+      (prompt ? r.prompt : r.decode) += out.reads[i];
+      (prompt ? s->req->reads.prompt : s->req->reads.decode) += out.reads[i];
     }
     if (!q.draft.empty()) {
       first_computed[i] = s->n_computed;
@@ -1063,6 +1065,10 @@ void scheduler::end_sequence(sequence* s, const std::string& reason, engine_even
     e.usage.reused_chunk_tokens = r->reused_chunk_tokens;
     e.usage.kv_tokens_seen = r->kv_tokens_seen;
     e.usage.kv_tokens_kept = r->kv_tokens_kept;
+    e.usage.kv_prompt_tokens_visible = r->reads.prompt.tokens_visible;
+    e.usage.kv_prompt_tokens_read = r->reads.prompt.tokens_read;
+    e.usage.kv_decode_tokens_visible = r->reads.decode.tokens_visible;
+    e.usage.kv_decode_tokens_read = r->reads.decode.tokens_read;
     end_chunks(*r);
     ++stats_.n_requests_finished;
     finished_requests_.push_back(r->req.id);

@@ -33,6 +33,7 @@ struct scheduler::request_state {
   int reused_chunk_tokens = 0;  // imported tokens the runner did not recompute
   int kv_tokens_seen = 0;       // an evicting policy's completions: tokens computed, as they ended
   int kv_tokens_kept = 0;       // and what their policies keep of them
+  kv_read_stats reads;          // what its completions' attention read (request_usage)
 };
 
 struct scheduler::sequence {

@@ -38,6 +38,10 @@ void response_builder::add(int prompt_index, const engine_event& e) {
     usage_.reused_chunk_tokens += e.usage.reused_chunk_tokens;
     usage_.kv_tokens_seen += e.usage.kv_tokens_seen;
     usage_.kv_tokens_kept += e.usage.kv_tokens_kept;
+    usage_.kv_prompt_tokens_visible += e.usage.kv_prompt_tokens_visible;
+    usage_.kv_prompt_tokens_read += e.usage.kv_prompt_tokens_read;
+    usage_.kv_decode_tokens_visible += e.usage.kv_decode_tokens_visible;
+    usage_.kv_decode_tokens_read += e.usage.kv_decode_tokens_read;
     std::vector<int>& by_tier = usage_.loaded_tokens_by_tier;
     if (by_tier.size() < e.usage.loaded_tokens_by_tier.size()) by_tier.resize(e.usage.loaded_tokens_by_tier.size(), 0);
     for (std::size_t t = 0; t < e.usage.loaded_tokens_by_tier.size(); ++t) by_tier[t] += e.usage.loaded_tokens_by_tier[t];
@@ -56,6 +60,16 @@ json response_builder::usage_json() const {
   if (usage_.kv_tokens_seen > 0) {
     u["kv_tokens_seen"] = usage_.kv_tokens_seen;
     u["kv_tokens_kept"] = usage_.kv_tokens_kept;
+  }
+  // Pagoda's, with a sparse-read KV policy (quest, retrieval): the fraction of
+  // the KV its attention could see that it read, per phase (docs/policies.md).
+  if (usage_.kv_prompt_tokens_read < usage_.kv_prompt_tokens_visible ||
+      usage_.kv_decode_tokens_read < usage_.kv_decode_tokens_visible) {
+    const auto fraction = [](std::int64_t read, std::int64_t visible) {
+      return visible > 0 ? static_cast<double>(read) / static_cast<double>(visible) : 1.0;
+    };
+    u["kv_read"] = {{"prompt_fraction", fraction(usage_.kv_prompt_tokens_read, usage_.kv_prompt_tokens_visible)},
+                    {"decode_fraction", fraction(usage_.kv_decode_tokens_read, usage_.kv_decode_tokens_visible)}};
   }
   if (!store_tiers_.empty()) {
     // An extension field (OpenAI clients ignore it): where the cached tokens came from.

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "server/hostile_util.h"
 #include "server/server_util.h"
 
 namespace pagoda::test {
@@ -44,6 +45,36 @@ TEST(server, usage_reports_the_tokens_an_evicting_policy_keeps) {
   http_reply full = post_json(*c, "/v1/completions", completion_body(k_story, 12, {{"ignore_eos", true}}));
   ASSERT_EQ(full.status, 200) << full.body;
   EXPECT_FALSE(full.json_body["usage"].contains("kv_tokens_kept")) << full.json_body["usage"];
+}
+
+// A sparse-read policy keeps everything and reads part of it: the usage says
+// what fraction of the visible KV its attention read, per phase, and the
+// fractions agree with /metrics' read counters for that policy; full KV (which
+// reads all it sees) reports nothing of it.
+TEST(server, usage_reports_what_a_sparse_read_policy_read) {
+  server_setup setup = default_setup();
+  setup.engine.kv.key_summaries = true;  // quest's block bounds
+  test_server s(std::move(setup));
+  auto c = s.client();
+  const std::string prompt = std::string(k_story) + " " + k_story + " " + k_story + " " + k_story;
+  http_reply r = post_json(*c, "/v1/completions",
+                           completion_body(prompt, 24, {{"ignore_eos", true}, {"kv_policy", "quest:pages=2,min_context=32"}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& u = r.json_body["usage"];
+  ASSERT_TRUE(u.contains("kv_read")) << u;
+  const double decode = u["kv_read"]["decode_fraction"], prompt_read = u["kv_read"]["prompt_fraction"];
+  EXPECT_FALSE(u.contains("kv_tokens_kept")) << u;  // it evicts nothing
+  // Prompt chunks read everything; each decode step reads 2 of ~10 blocks plus the newest.
+  EXPECT_EQ(prompt_read, 1.0);
+  EXPECT_GT(decode, 0.1);
+  EXPECT_LT(decode, 0.5);
+  const double read = metric_value(s.port(), "pagoda:kv_read_tokens_total{policy=\"quest\",phase=\"decode\"}");
+  const double visible = metric_value(s.port(), "pagoda:kv_visible_tokens_total{policy=\"quest\",phase=\"decode\"}");
+  ASSERT_GT(visible, 0) << "the decode reads were not counted";
+  EXPECT_NEAR(decode, read / visible, 1e-9);
+  http_reply full = post_json(*c, "/v1/completions", completion_body(prompt, 8, {{"ignore_eos", true}}));
+  ASSERT_EQ(full.status, 200) << full.body;
+  EXPECT_FALSE(full.json_body["usage"].contains("kv_read")) << full.json_body["usage"];
 }
 
 TEST(server, completion_object) {
