@@ -185,12 +185,14 @@ void av_ref(const kv_format& fmt, kv_tile_shape s, const kv_static_params*, cons
 void qk(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
         const float* q, int n_q, float* scores, int ld) {
   if (active_simd_level() == simd_level::avx512) return qk_avx512(fmt, s, tiles, n_tokens, q, n_q, scores, ld);
+  if (active_simd_level() == simd_level::avx2) return qk_avx2(fmt, s, tiles, n_tokens, q, n_q, scores, ld);
   qk_ref(fmt, s, sp, tiles, n_tokens, q, n_q, scores, ld);
 }
 
 void av(const kv_format& fmt, kv_tile_shape s, const kv_static_params* sp, const void* const* tiles, int n_tokens,
         const float* w, int ld, int n_q, float* acc) {
   if (active_simd_level() == simd_level::avx512) return av_avx512(fmt, s, tiles, n_tokens, w, ld, n_q, acc);
+  if (active_simd_level() == simd_level::avx2) return av_avx2(fmt, s, tiles, n_tokens, w, ld, n_q, acc);
   av_ref(fmt, s, sp, tiles, n_tokens, w, ld, n_q, acc);
 }
 
