@@ -286,6 +286,7 @@ void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack)
     case tensor_type::iq4_nl: return q_cols<tensor_type::iq4_nl>(jb, c0, c1);
     case tensor_type::mxfp4: return q_cols<tensor_type::mxfp4>(jb, c0, c1);
     case tensor_type::q4_k:
+    case tensor_type::q5_k:
     case tensor_type::q6_k: return kq_cols_avx2(jb, c0, c1);
     default: return generic_quant_cols(jb, c0, c1, pack);
   }

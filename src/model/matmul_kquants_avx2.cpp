@@ -1,14 +1,16 @@
-// AVX2 kernels for the two most common super-block formats, q4_K and q6_K,
-// against q8_K activations in the plain layout (natural order). The other
-// super-block formats run generic_quant_cols at this level.
+// AVX2 kernels for the most common super-block formats, q4_K, q5_K and q6_K
+// (Q4_K_M's and Q5_K_M's), against q8_K activations in the plain layout
+// (natural order). The other super-block formats run generic_quant_cols at
+// this level.
 //
 // Per pair and super-block, with 32-byte vectors of unsigned weight values u
-// (q4_K: the nibble 0..15; q6_K: the 6-bit value 0..63, i.e. w + 32) and the
-// int16 group scale of each lane (one per 32 values for q4_K, per 16 for q6_K):
+// (q4_K: the nibble 0..15; q5_K: the nibble plus qh's bit, 0..31; q6_K: the
+// 6-bit value 0..63, i.e. w + 32) and the int16 group scale of each lane (one
+// per 32 values for q4_K and q5_K, per 16 for q6_K):
 //   s = sum over the 8 vectors of madd(maddubs(u, x), sc)        (exact int32)
 //   q6_K: s -= 32 * madd(bsums, sc16)                             (the offset)
 //   f = float(s) * d
-//   q4_K: f = fnmadd(float(madd(bsums, mins16)), dmin, f)
+//   q4_K, q5_K: f = fnmadd(float(madd(bsums, mins16)), dmin, f)
 //   acc = fma(f, dx, acc)
 // then hsum8. maddubs cannot saturate (2 x 63 x 127 < 2^15) and the int32
 // sums stay below 2^26. Every pair's sequence is fixed by n_in alone.
@@ -48,6 +50,11 @@ struct fmt_q4_k {
     float d, dmin;
   };
   static void load(const std::byte* p, col& c) {
+    load_scales(p, c);
+    c.qs = p + 16;
+  }
+  // d, dmin and the 6-bit scales and mins (bytes 0 .. 15; q5_K's too).
+  static void load_scales(const std::byte* p, col& c) {
     std::uint32_t w0, w1, w2;
     std::memcpy(&w0, p + 4, 4);
     std::memcpy(&w1, p + 8, 4);
@@ -58,7 +65,6 @@ struct fmt_q4_k {
     _mm_store_si128(reinterpret_cast<__m128i*>(c.sc), _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
     const __m128i m8 = _mm_cvtsi64_si128(static_cast<long long>(mn));
     c.mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    c.qs = p + 16;
     c.d = load_half(p);
     c.dmin = load_half(p + 2);
   }
@@ -72,6 +78,25 @@ struct fmt_q4_k {
   static __m256 fold(__m256i s, __m256i bsums, const col& c) {
     const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.d));
     return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, c.mins16)), _mm256_set1_ps(c.dmin), f);
+  }
+};
+
+// q5_K: q4_K's scales, mins and nibbles (at byte 48), and a fifth bit per
+// value: bit v of qh[l] (bytes 16 .. 47) is bit 4 of element l of sub-block v.
+// Values 0..31: maddubs pairs stay below 2 x 31 x 127.
+struct fmt_q5_k : fmt_q4_k {
+  static constexpr std::size_t bytes = sizeof(block_q5_k);
+  struct col : fmt_q4_k::col {
+    const std::byte* qh;
+  };
+  static void load(const std::byte* p, col& c) {
+    load_scales(p, c);
+    c.qh = p + 16;
+    c.qs = p + 48;
+  }
+  static __m256i values(const col& c, int v) {
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(load256(c.qh), v), _mm256_set1_epi8(1));
+    return _mm256_or_si256(fmt_q4_k::values(c, v), _mm256_slli_epi16(hi, 4));
   }
 };
 
@@ -221,7 +246,9 @@ void quantize_q8_k_avx2(const float* x, block_q8_k& out) {
   out.d = 1.0f / iscale;
 }
 
-bool has_kq_kernel_avx2(tensor_type t) { return t == tensor_type::q4_k || t == tensor_type::q6_k; }
+bool has_kq_kernel_avx2(tensor_type t) {
+  return t == tensor_type::q4_k || t == tensor_type::q5_k || t == tensor_type::q6_k;
+}
 
 namespace {
 
@@ -235,6 +262,7 @@ void run_cols(const job& jb, std::int64_t c0, std::int64_t c1) {
 
 void kq_cols_avx2(const job& jb, std::int64_t c0, std::int64_t c1) {
   if (jb.w->type == tensor_type::q4_k) return run_cols<fmt_q4_k>(jb, c0, c1);
+  if (jb.w->type == tensor_type::q5_k) return run_cols<fmt_q5_k>(jb, c0, c1);
   run_cols<fmt_q6_k>(jb, c0, c1);
 }
 
