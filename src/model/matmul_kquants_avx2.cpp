@@ -1,14 +1,14 @@
-// AVX2 kernels for the most common super-block formats, q4_K, q5_K and q6_K
-// (Q4_K_M's and Q5_K_M's), against q8_K activations in the plain layout
-// (natural order). The other super-block formats run generic_quant_cols at
-// this level.
+// AVX2 kernels for the most common super-block formats, q3_K, q4_K, q5_K and
+// q6_K (Q3_K_M's, Q4_K_M's and Q5_K_M's), against q8_K activations in the
+// plain layout (natural order). q2_K runs generic_quant_cols at this level.
 //
 // Per pair and super-block, with 32-byte vectors of unsigned weight values u
-// (q4_K: the nibble 0..15; q5_K: the nibble plus qh's bit, 0..31; q6_K: the
-// 6-bit value 0..63, i.e. w + 32) and the int16 group scale of each lane (one
-// per 32 values for q4_K and q5_K, per 16 for q6_K):
+// (q3_K: w + 4 in 0..7; q4_K: the nibble 0..15; q5_K: the nibble plus qh's
+// bit, 0..31; q6_K: the 6-bit value 0..63, i.e. w + 32) and the int16 group
+// scale of each lane (one per 32 values for q4_K and q5_K, per 16 for q3_K and
+// q6_K):
 //   s = sum over the 8 vectors of madd(maddubs(u, x), sc)        (exact int32)
-//   q6_K: s -= 32 * madd(bsums, sc16)                             (the offset)
+//   q6_K: s -= 32 * madd(bsums, sc16), q3_K: 4 * madd(...)         (the offset)
 //   f = float(s) * d
 //   q4_K, q5_K: f = fnmadd(float(madd(bsums, mins16)), dmin, f)
 //   acc = fma(f, dx, acc)
@@ -100,6 +100,61 @@ struct fmt_q5_k : fmt_q4_k {
   }
 };
 
+// Formats with 16 signed group scales of 16 values (q3_K, q6_K): vector v's
+// lanes 0..7 (bytes 0..15) scale by group 2v, lanes 8..15 by 2v + 1; sc16 holds
+// all 16 for the offset term.
+inline void spread_group_scales(__m128i sc, __m256i (&sv)[8], __m256i& sc16) {
+  for (int v = 0; v < 8; ++v) {
+    const __m128i pick =
+        _mm_unpacklo_epi64(_mm_set1_epi8(static_cast<char>(2 * v)), _mm_set1_epi8(static_cast<char>(2 * v + 1)));
+    sv[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick));
+  }
+  sc16 = _mm256_cvtepi8_epi16(sc);
+}
+
+// q3_K: vector v = 4n + j holds elements 128n + 32j .. + 31, the 2-bit value
+// (qs[32n + l] >> 2j) & 3 with bit v of hmask[l] as its third: u = w + 4 in
+// 0..7 (the offset term takes the 4 back). The 16 scales are unpacked from
+// their 12 bytes once per super-block (block_q3_k), in four 32-bit words.
+struct fmt_q3_k {
+  static constexpr std::size_t bytes = sizeof(block_q3_k);
+  struct col {
+    const std::byte* p;
+    __m256i sv[8];
+    __m256i sc16;
+    float d;
+  };
+  static void load(const std::byte* p, col& c) {
+    // Scales 4j .. 4j + 3 are word j: low 4 bits from bytes 0..7 (the low
+    // nibbles of words 0, 1, then their high nibbles), high 2 bits from bits
+    // 2j of bytes 8..11 (word 2).
+    std::uint32_t w0, w1, w2;
+    std::memcpy(&w0, p + 96, 4);
+    std::memcpy(&w1, p + 100, 4);
+    std::memcpy(&w2, p + 104, 4);
+    const std::uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const __m128i raw = _mm_setr_epi32(static_cast<int>((w0 & m4) | (w2 & m2) << 4),
+                                       static_cast<int>((w1 & m4) | ((w2 >> 2) & m2) << 4),
+                                       static_cast<int>(((w0 >> 4) & m4) | ((w2 >> 4) & m2) << 4),
+                                       static_cast<int>(((w1 >> 4) & m4) | ((w2 >> 6) & m2) << 4));
+    spread_group_scales(_mm_sub_epi8(raw, _mm_set1_epi8(32)), c.sv, c.sc16);
+    c.p = p;
+    c.d = load_half(p + 108);
+  }
+  static int offset(int v) { return 32 * v; }
+  static __m256i values(const col& c, int v) {
+    const int n = v / 4, j = v % 4;
+    const __m256i q = _mm256_and_si256(_mm256_srli_epi16(load256(c.p + 32 + 32 * n), 2 * j), _mm256_set1_epi8(3));
+    const __m256i h = _mm256_and_si256(_mm256_srli_epi16(load256(c.p), v), _mm256_set1_epi8(1));
+    return _mm256_or_si256(q, _mm256_slli_epi16(h, 2));
+  }
+  static __m256i scales(const col& c, int v) { return c.sv[v]; }
+  static __m256 fold(__m256i s, __m256i bsums, const col& c) {
+    const __m256i sum = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(bsums, c.sc16), 2));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(c.d));
+  }
+};
+
 // q6_K: vector v = 4n + i holds elements 128n + 32i .. of half n, the 6-bit
 // value w + 32; lanes 0..7 belong to group 2v, 8..15 to group 2v + 1.
 struct fmt_q6_k {
@@ -111,13 +166,7 @@ struct fmt_q6_k {
     float d;
   };
   static void load(const std::byte* p, col& c) {
-    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
-    for (int v = 0; v < 8; ++v) {
-      const __m128i pick =
-          _mm_unpacklo_epi64(_mm_set1_epi8(static_cast<char>(2 * v)), _mm_set1_epi8(static_cast<char>(2 * v + 1)));
-      c.sv[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick));
-    }
-    c.sc16 = _mm256_cvtepi8_epi16(sc);
+    spread_group_scales(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)), c.sv, c.sc16);
     c.p = p;
     c.d = load_half(p + 208);
   }
@@ -247,7 +296,7 @@ void quantize_q8_k_avx2(const float* x, block_q8_k& out) {
 }
 
 bool has_kq_kernel_avx2(tensor_type t) {
-  return t == tensor_type::q4_k || t == tensor_type::q5_k || t == tensor_type::q6_k;
+  return t == tensor_type::q3_k || t == tensor_type::q4_k || t == tensor_type::q5_k || t == tensor_type::q6_k;
 }
 
 namespace {
@@ -263,6 +312,7 @@ void run_cols(const job& jb, std::int64_t c0, std::int64_t c1) {
 void kq_cols_avx2(const job& jb, std::int64_t c0, std::int64_t c1) {
   if (jb.w->type == tensor_type::q4_k) return run_cols<fmt_q4_k>(jb, c0, c1);
   if (jb.w->type == tensor_type::q5_k) return run_cols<fmt_q5_k>(jb, c0, c1);
+  if (jb.w->type == tensor_type::q3_k) return run_cols<fmt_q3_k>(jb, c0, c1);
   run_cols<fmt_q6_k>(jb, c0, c1);
 }
 
