@@ -92,6 +92,13 @@ weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bo
     if (t == tensor_type::q5_k) pagoda::quantize_row_q5_k(src.data(), n_in, dst);
     if (t == tensor_type::q6_k) pagoda::quantize_row_q6_k(src.data(), n_in, dst);
     if (t == tensor_type::mxfp4) pagoda::quantize_row_mxfp4(src.data(), n_in, dst);
+    if (t == tensor_type::q2_k)  // no q2_K quantizer: random bits under d = dmin = 2^-7 (speed only)
+      for (std::int64_t b = 0; b < n_in / 256; ++b) {
+        auto* blk = reinterpret_cast<pagoda::block_q2_k*>(dst) + b;
+        for (auto& q : blk->qs) q = static_cast<std::uint8_t>(rng());
+        for (auto& q : blk->scales) q = static_cast<std::uint8_t>(rng());
+        blk->d = blk->dmin = pagoda::f32_to_fp16(0.0078125f);
+      }
     if (t == tensor_type::q3_k)  // no q3_K quantizer: random bits under d = 2^-7 (speed only)
       for (std::int64_t b = 0; b < n_in / 256; ++b) {
         auto* blk = reinterpret_cast<pagoda::block_q3_k*>(dst) + b;
@@ -218,10 +225,11 @@ void register_all() {
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
   // Weight formats at one Llama-3-8B layer's shapes (q/o, gate/up, down), decode
-  // and batched, AVX-512 against AVX2 in the same run: q3_K, q4_K, q5_K and q6_K
-  // (the types of Q3_K_M, Q4_K_M and Q5_K_M) and q8_0.
+  // and batched, AVX-512 against AVX2 in the same run: q2_K to q6_K (the types
+  // of the K-quant files) and q8_0.
   const std::pair<std::int64_t, std::int64_t> layer[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
-  for (tensor_type t : {tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k, tensor_type::q8_0})
+  for (tensor_type t : {tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k,
+                        tensor_type::q8_0})
     for (auto [n_out, n_in] : layer)
       for (std::int64_t m : {1, 8, 32})
         for (int threads : {1, 2})

@@ -5,7 +5,7 @@
 // with zeros, then hsum8.
 //
 // q8_0, q4_0 and the table formats (iq4_nl, mxfp4): activations quantized to
-// q8_0 in the plain layout (matmul_internal.h). q3_K, q4_K, q5_K and q6_K:
+// q8_0 in the plain layout (matmul_internal.h). q2_K to q6_K:
 // matmul_kquants_avx2.cpp. Other quantized formats run the portable
 // generic_quant_cols on the same layout. Per pair and block (32 elements),
 // eight exact int32 lane sums, then acc = fma(float(s) * dw, dx, acc), blocks
@@ -285,6 +285,7 @@ void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack)
     case tensor_type::q4_0: return q_cols<tensor_type::q4_0>(jb, c0, c1);
     case tensor_type::iq4_nl: return q_cols<tensor_type::iq4_nl>(jb, c0, c1);
     case tensor_type::mxfp4: return q_cols<tensor_type::mxfp4>(jb, c0, c1);
+    case tensor_type::q2_k:
     case tensor_type::q3_k:
     case tensor_type::q4_k:
     case tensor_type::q5_k:

@@ -1,16 +1,16 @@
-// AVX2 kernels for the most common super-block formats, q3_K, q4_K, q5_K and
-// q6_K (Q3_K_M's, Q4_K_M's and Q5_K_M's), against q8_K activations in the
-// plain layout (natural order). q2_K runs generic_quant_cols at this level.
+// AVX2 kernels for the super-block formats q2_K to q6_K (the K-quant files:
+// Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K), against q8_K activations in the plain
+// layout (natural order).
 //
 // Per pair and super-block, with 32-byte vectors of unsigned weight values u
-// (q3_K: w + 4 in 0..7; q4_K: the nibble 0..15; q5_K: the nibble plus qh's
+// (q2_K: 0..3; q3_K: w + 4 in 0..7; q4_K: the nibble 0..15; q5_K: the nibble plus qh's
 // bit, 0..31; q6_K: the 6-bit value 0..63, i.e. w + 32) and the int16 group
-// scale of each lane (one per 32 values for q4_K and q5_K, per 16 for q3_K and
-// q6_K):
+// scale of each lane (one per 32 values for q4_K and q5_K, per 16 for q2_K,
+// q3_K and q6_K):
 //   s = sum over the 8 vectors of madd(maddubs(u, x), sc)        (exact int32)
 //   q6_K: s -= 32 * madd(bsums, sc16), q3_K: 4 * madd(...)         (the offset)
 //   f = float(s) * d
-//   q4_K, q5_K: f = fnmadd(float(madd(bsums, mins16)), dmin, f)
+//   q2_K, q4_K, q5_K: f = fnmadd(float(madd(bsums, mins16)), dmin, f)
 //   acc = fma(f, dx, acc)
 // then hsum8. maddubs cannot saturate (2 x 63 x 127 < 2^15) and the int32
 // sums stay below 2^26. Every pair's sequence is fixed by n_in alone.
@@ -111,6 +111,38 @@ inline void spread_group_scales(__m128i sc, __m256i (&sv)[8], __m256i& sc16) {
   }
   sc16 = _mm256_cvtepi8_epi16(sc);
 }
+
+// q2_K: vector v = 4n + j holds elements 128n + 32j .. + 31, the 2-bit value
+// (qs[32n + l] >> 2j) & 3; scales[g] holds group g's 4-bit scale (low) and
+// min (high), the mins taken off as q4_K's are, one per group of 16.
+struct fmt_q2_k {
+  static constexpr std::size_t bytes = sizeof(block_q2_k);
+  struct col {
+    const std::byte* qs;
+    __m256i sv[8];
+    __m256i sc16;  // unused (q2_K has no offset term)
+    __m256i mins16;
+    float d, dmin;
+  };
+  static void load(const std::byte* p, col& c) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    spread_group_scales(_mm_and_si128(b, m4), c.sv, c.sc16);
+    c.mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    c.qs = p + 16;
+    c.d = load_half(p + 80);
+    c.dmin = load_half(p + 82);
+  }
+  static int offset(int v) { return 32 * v; }
+  static __m256i values(const col& c, int v) {
+    return _mm256_and_si256(_mm256_srli_epi16(load256(c.qs + 32 * (v / 4)), 2 * (v % 4)), _mm256_set1_epi8(3));
+  }
+  static __m256i scales(const col& c, int v) { return c.sv[v]; }
+  static __m256 fold(__m256i s, __m256i bsums, const col& c) {
+    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.d));
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, c.mins16)), _mm256_set1_ps(c.dmin), f);
+  }
+};
 
 // q3_K: vector v = 4n + j holds elements 128n + 32j .. + 31, the 2-bit value
 // (qs[32n + l] >> 2j) & 3 with bit v of hmask[l] as its third: u = w + 4 in
@@ -296,7 +328,8 @@ void quantize_q8_k_avx2(const float* x, block_q8_k& out) {
 }
 
 bool has_kq_kernel_avx2(tensor_type t) {
-  return t == tensor_type::q3_k || t == tensor_type::q4_k || t == tensor_type::q5_k || t == tensor_type::q6_k;
+  return t == tensor_type::q2_k || t == tensor_type::q3_k || t == tensor_type::q4_k || t == tensor_type::q5_k ||
+         t == tensor_type::q6_k;
 }
 
 namespace {
@@ -313,6 +346,7 @@ void kq_cols_avx2(const job& jb, std::int64_t c0, std::int64_t c1) {
   if (jb.w->type == tensor_type::q4_k) return run_cols<fmt_q4_k>(jb, c0, c1);
   if (jb.w->type == tensor_type::q5_k) return run_cols<fmt_q5_k>(jb, c0, c1);
   if (jb.w->type == tensor_type::q3_k) return run_cols<fmt_q3_k>(jb, c0, c1);
+  if (jb.w->type == tensor_type::q2_k) return run_cols<fmt_q2_k>(jb, c0, c1);
   run_cols<fmt_q6_k>(jb, c0, c1);
 }
 
