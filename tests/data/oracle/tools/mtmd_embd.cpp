@@ -19,6 +19,7 @@
 // attention off (in the encoder and in the text model), F32 K/V cache, no warm-up.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -116,7 +117,8 @@ int main(int argc, char** argv) {
 
   mtmd_bitmap* bmp = mtmd_bitmap_init(static_cast<uint32_t>(nx), static_cast<uint32_t>(ny), rgb.data());
   mtmd_input_chunks* chunks = mtmd_input_chunks_init();
-  mtmd_input_text text{mtmd_default_marker(), false, true};
+  const char* marker = mtmd_default_marker();
+  mtmd_input_text text{marker, std::strlen(marker), false, true};
   const mtmd_bitmap* bitmaps[] = {bmp};
   if (mtmd_tokenize(vctx, chunks, &text, bitmaps, 1) != 0) return fail("mtmd_tokenize failed");
 
