@@ -150,12 +150,12 @@ result<std::vector<planar_image>> preprocess(const rgb_image& image, const visio
   const int side = hp.image_size;
   const auto [rx, ry] = idefics3_refined_size(image.nx, image.ny, side, hp.longest_edge);
   std::vector<planar_image> out;
-  const bool same = image.nx == side && image.ny == side;
-  out.push_back(normalize(same ? image : resize_bilinear(image, side, side), hp.image_mean, hp.image_std));
   const rgb_image refined = fit_padded(image, rx, ry);
   for (int y = 0; y < ry; y += side)
     for (int x = 0; x < rx; x += side)
       out.push_back(normalize(crop(refined, x, y, side, side), hp.image_mean, hp.image_std));
+  const bool same = image.nx == side && image.ny == side;
+  out.push_back(normalize(same ? image : resize_bilinear(image, side, side), hp.image_mean, hp.image_std));
   return out;
 }
 

@@ -2,13 +2,14 @@
 // image of 8-bit pixels becomes one or more planar float images, each
 // normalised per channel as (v / 255 - mean) / std.
 //
-// idefics3 (tools/mtmd/mtmd-image.cpp, mtmd_image_preprocessor_idefics3): an
-// overview, the image resized to image_size x image_size (corner-aligned
-// bilinear, truncated to 8 bits), then the slices of a refined copy, cut into
-// image_size tiles row-major. The refined copy's size is the image scaled so
-// its longest side is longest_edge, both sides rounded up to multiples of
-// image_size; the image is scaled into it bicubically keeping its aspect ratio
-// (sides rounded up) and centred on black. A side already at its size is copied.
+// idefics3 (tools/mtmd/mtmd-image.cpp, mtmd_image_preprocessor_idefics3, in
+// the order mtmd_tokenize gives its chunks): the slices of a refined copy,
+// image_size tiles row-major, then the overview, the image resized to
+// image_size x image_size (corner-aligned bilinear, truncated to 8 bits). The
+// refined copy's size is the image scaled so its longest side is
+// longest_edge, both sides rounded up to multiples of image_size; the image is
+// scaled into it bicubically keeping its aspect ratio (sides rounded up) and
+// centred on black. A side already at its size is copied.
 #pragma once
 
 #include <array>
@@ -39,7 +40,7 @@ std::array<int, 2> idefics3_refined_size(int nx, int ny, int image_size, int lon
 // (v / 255 - mean[c]) / std[c] per channel, planar.
 planar_image normalize(const rgb_image& image, const std::array<float, 3>& mean, const std::array<float, 3>& std);
 
-// The encoder's inputs for one image, in llama.cpp's order (overview first).
+// The encoder's inputs for one image, in llama.cpp's order (the overview last).
 result<std::vector<planar_image>> preprocess(const rgb_image& image, const vision_hparams& hp);
 
 }  // namespace pagoda::vision

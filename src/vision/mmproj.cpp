@@ -5,11 +5,13 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string_view>
 #include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace pagoda::vision {
 

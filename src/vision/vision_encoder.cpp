@@ -75,6 +75,10 @@ void pixel_shuffle(const float* x, int px, int py, int n_embd, int s, float* out
   }
 }
 
+void round_to_fp16(std::span<float> v) {
+  for (float& x : v) x = fp16_to_f32(f32_to_fp16(x));
+}
+
 }  // namespace
 
 float gelu_exact(float x) {
@@ -88,7 +92,12 @@ float gelu_ggml(float x) {
 }
 
 vision_encoder::vision_encoder(const mmproj& model, thread_pool& pool, encoder_options options)
-    : model_(model), pool_(pool), options_(options) {}
+    : model_(model), pool_(pool), options_(options) {
+  const weight_view w = model_.patch_embd();
+  const auto* data = static_cast<const float*>(w.data);
+  patch_w_.assign(data, data + w.n_in * w.n_out);
+  if (options_.patch_f16) round_to_fp16(patch_w_);
+}
 
 int vision_encoder::n_output_tokens(int nx, int ny) const {
   const vision_hparams& hp = model_.hparams();
@@ -185,7 +194,7 @@ status vision_encoder::encode(std::span<const float> pixels, int nx, int ny, std
                  hp.projection_dim);
 
   const std::int64_t n = hp.n_embd;
-  const std::size_t wide = static_cast<std::size_t>(std::max<std::int64_t>({n, 3LL * patch * patch}));
+  const std::size_t wide = static_cast<std::size_t>(std::max<std::int64_t>(n, std::int64_t{3} * patch * patch));
   x_.resize(static_cast<std::size_t>(n_pos * n));
   h_.resize(static_cast<std::size_t>(n_pos) * wide);
   for (auto* v : {&q_, &k_, &v_, &attn_}) v->resize(static_cast<std::size_t>(n_pos * n));
@@ -194,8 +203,11 @@ status vision_encoder::encode(std::span<const float> pixels, int nx, int ny, std
   scores_.resize(static_cast<std::size_t>(n_pos) * static_cast<std::size_t>(std::max<std::int64_t>(n_pos, hp.n_ff)));
 
   // Patch embedding: the patch-strided convolution as one product, then bias and positions.
+  const std::size_t n_in = static_cast<std::size_t>(3) * patch * patch;
   gather_patches(pixels.data(), nx, ny, patch, h_.data());
-  linear(model_.patch_embd(), model_.patch_bias(), h_.data(), n_pos, x_.data(), pool_, scratch_);
+  if (options_.patch_f16) round_to_fp16(std::span(h_.data(), n_in * static_cast<std::size_t>(n_pos)));
+  linear(dense(patch_w_.data(), static_cast<std::int64_t>(n_in), n), model_.patch_bias(), h_.data(), n_pos, x_.data(),
+         pool_, scratch_);
   add_inplace(x_.data(), model_.position_embd(), n_pos * n);
 
   for (const vit_block& blk : model_.blocks()) {

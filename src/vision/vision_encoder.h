@@ -36,6 +36,10 @@ enum class gelu_mode : std::uint8_t { ggml_f16_table, exact };
 
 struct encoder_options {
   gelu_mode gelu = gelu_mode::ggml_f16_table;
+  // The patch embedding with pixels and kernel rounded to fp16, as ggml's
+  // conv_2d does on the CPU (its im2col is F16 for an F32 kernel; fp16
+  // products are exact in f32). false: both as they are.
+  bool patch_f16 = true;
 };
 
 class vision_encoder {
@@ -60,6 +64,7 @@ class vision_encoder {
   thread_pool& pool_;
   encoder_options options_;
   matmul_scratch scratch_;
+  std::vector<float> patch_w_;  // [n_embd][3 * patch * patch], fp16-rounded when patch_f16
   // Activations of one image, reused across calls.
   std::vector<float> x_;     // [n_pos][n_embd] residual stream
   std::vector<float> h_;     // [n_pos][max(n_embd, n_ff)] normed input / MLP hidden

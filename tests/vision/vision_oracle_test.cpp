@@ -3,19 +3,24 @@
 // the preprocessed pixels, the image embeddings and the text model's logits
 // after the image, at every SIMD level the matmuls have.
 //
-// Tolerances (F32 weights everywhere, so only the order of float operations
-// differs: ggml's and Pagoda's matmul summation orders, LayerNorm and softmax
-// accumulation, expf):
-//   pixels      exact: the same float operations in the same order, v / 255,
-//               then (v - mean) / std.
-//   embeddings  1e-4 max abs (values of order 1, reached through 2 blocks,
-//               a post-LN and a 256-wide projection: float rounding leaves
-//               about 1e-6). GELU is computed as ggml does (fp16 table): the
-//               exact formula moves the embeddings by more than the tolerance,
-//               which the test reports and checks.
-//   logits      1e-4 max abs, as the F32 architecture oracles (oracle_test.cpp).
-// Each mutation below (a wrong normalisation, a post-LN without its affine
-// part, positions not added) must move the embeddings by over 100x the tolerance.
+// Tolerances. The weights are F32 and Pagoda computes what ggml's CPU backend
+// computes: the patch embedding on fp16-rounded pixels and kernel (ggml's
+// conv_2d im2col is F16), GELU through ggml's fp16 table. What is left is the
+// order of float operations (matmul summation, LayerNorm and softmax sums,
+// expf), and the GELU table turns a last-bit difference of its input into a
+// whole fp16 step of its output (about 1e-3 relative) now and then: Pagoda's
+// own scalar and AVX2 paths differ by 2.0e-4 max abs on these embeddings
+// (values up to about 4) for that reason alone. Hence:
+//   pixels      exact: the same operations in the same order (8-bit resizes,
+//               v / 255, (v - mean) / std).
+//   embeddings  5e-4 max abs (a few table steps) and 5e-5 RMS (measured:
+//               1.5e-5 to 2.5e-5). A systematic difference fails the RMS:
+//               the exact GELU formula gives 2.0e-4, an F32 patch embedding
+//               3.4e-4 (both printed by the mutation test).
+//   logits      the same bounds (the image rows carry those differences into
+//               the text model; F32 KV cache on both sides).
+// Each mutation below (a wrong normalisation, the post-LN without its bias,
+// positions not added) moves the embeddings by over 100x the max-abs bound.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,13 +43,15 @@
 #include "vision/image_preprocess.h"
 #include "vision/mmproj.h"
 #include "vision/vision_encoder.h"
-#include "vision/vision_test_util.h"
+#include "vision/vision_util.h"
 
 namespace pagoda::vision {
 namespace {
 
-constexpr double k_embd_tol = 1e-4;
-constexpr double k_logit_tol = 1e-4;
+constexpr double k_embd_tol = 5e-4;
+constexpr double k_embd_rms_tol = 5e-5;
+constexpr double k_logit_tol = 5e-4;
+constexpr double k_logit_rms_tol = 5e-5;
 
 struct reference {
   int n_embd = 0;
@@ -72,15 +79,27 @@ reference load_reference(const std::string& stem) {
   return r;
 }
 
-double max_abs_diff(std::span<const float> a, std::span<const float> b) {
+struct diff {
+  double max_abs = 0;
+  double rms = 0;
+};
+
+diff compare(std::span<const float> a, std::span<const float> b) {
   EXPECT_EQ(a.size(), b.size());
-  double m = a.size() == b.size() ? 0.0 : INFINITY;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double e = std::fabs(static_cast<double>(a[i]) - b[i]);
-    m = std::isnan(e) ? INFINITY : std::max(m, e);
+  if (a.size() != b.size() || a.empty()) return {INFINITY, INFINITY};
+  diff d;
+  double sq = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double e = std::fabs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(e)) e = INFINITY;  // a NaN must fail, not vanish in max()
+    d.max_abs = std::max(d.max_abs, e);
+    sq += e * e;
   }
-  return m;
+  d.rms = std::sqrt(sq / static_cast<double>(a.size()));
+  return d;
 }
+
+double max_abs_diff(std::span<const float> a, std::span<const float> b) { return compare(a, b).max_abs; }
 
 // Every chunk of the image through the encoder, concatenated as the reference stores them.
 std::vector<float> encode_all(const mmproj& m, const std::vector<planar_image>& chunks, encoder_options opt = {}) {
@@ -119,10 +138,11 @@ TEST_P(VisionOracle, PixelsAndEmbeddingsMatchLlamaCpp) {
     EXPECT_EQ(max_abs_diff(pixels, ref.pixels), 0.0) << "preprocessing is exact";
 
     const std::vector<float> embd = encode_all(**m, *chunks);
-    const double d = max_abs_diff(embd, ref.embd);
-    EXPECT_LE(d, k_embd_tol);
-    std::printf("[ vision ] idefics3 image %s %-6s embeddings max abs diff %.3g (%zu values)\n", image_name.c_str(),
-                simd_level_name(GetParam()), d, embd.size());
+    const diff d = compare(embd, ref.embd);
+    EXPECT_LE(d.max_abs, k_embd_tol);
+    EXPECT_LE(d.rms, k_embd_rms_tol);
+    std::printf("[ vision ] idefics3 image %s %-6s embeddings max abs diff %.3g rms %.3g (%zu values)\n",
+                image_name.c_str(), simd_level_name(GetParam()), d.max_abs, d.rms, embd.size());
   }
 }
 
@@ -137,13 +157,14 @@ TEST_P(VisionOracle, LogitsAfterTheImageMatchLlamaCpp) {
   const reference ref = load_reference("ref-a-64x64");
   auto chunks = preprocess(test::read_ppm(test::vision_dir() + "/image-a-64x64.ppm"), (*m)->hparams());
   ASSERT_TRUE(chunks.ok()) << chunks.error().message();
-  // The reference decodes the first chunk (the overview) after the prompt.
+  // The reference decodes the first chunk (the first slice) after the prompt.
   const std::vector<float> image = encode_all(**m, {(*chunks)[0]});
   const std::vector<float> logits = test::logits_after_embeddings(**text, ref.prompt, image);
-  const double d = max_abs_diff(logits, ref.logits);
-  EXPECT_LE(d, k_logit_tol);
-  std::printf("[ vision ] idefics3 %-6s logits after the image max abs diff %.3g (%zu values)\n",
-              simd_level_name(GetParam()), d, logits.size());
+  const diff d = compare(logits, ref.logits);
+  EXPECT_LE(d.max_abs, k_logit_tol);
+  EXPECT_LE(d.rms, k_logit_rms_tol);
+  std::printf("[ vision ] idefics3 %-6s logits after the image max abs diff %.3g rms %.3g (%zu values)\n",
+              simd_level_name(GetParam()), d.max_abs, d.rms, logits.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(All, VisionOracle, testing::ValuesIn(test::simd_levels_under_test()), test::level_param_name);
@@ -195,11 +216,15 @@ TEST(VisionOracleMutations, EachMutationFailsTheComparison) {
   const double d_pos = max_abs_diff(encode_all(*no_pos, chunks), ref.embd);
   EXPECT_GT(d_pos, 100 * k_embd_tol);
 
-  // The exact GELU instead of ggml's fp16 table: a real but smaller difference.
-  const double d_gelu = max_abs_diff(encode_all(**m, chunks, {.gelu = gelu_mode::exact}), ref.embd);
-  EXPECT_GT(d_gelu, k_embd_tol);
-  std::printf("[ vision ] mutations: normalisation %.3g, post-LN bias %.3g, positions %.3g, exact GELU %.3g\n", d_norm,
-              d_post, d_pos, d_gelu);
+  // ggml's arithmetic not followed: the exact GELU formula instead of its
+  // fp16 table, the patch embedding in F32: smaller, systematic differences.
+  const diff d_gelu = compare(encode_all(**m, chunks, {.gelu = gelu_mode::exact}), ref.embd);
+  const diff d_conv = compare(encode_all(**m, chunks, {.patch_f16 = false}), ref.embd);
+  EXPECT_GT(d_gelu.rms, 2 * k_embd_rms_tol);
+  EXPECT_GT(d_conv.rms, 2 * k_embd_rms_tol);
+  std::printf("[ vision ] mutations: normalisation %.3g, post-LN bias %.3g, positions %.3g; exact GELU %.3g (rms "
+              "%.3g), F32 patch embedding %.3g (rms %.3g)\n",
+              d_norm, d_post, d_pos, d_gelu.max_abs, d_gelu.rms, d_conv.max_abs, d_conv.rms);
 }
 
 }  // namespace

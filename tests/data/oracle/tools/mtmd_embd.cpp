@@ -6,8 +6,8 @@
 //
 // IMAGE.ppm is a binary PPM (P6, maxval 255). The image goes through mtmd's
 // own preprocessing and tokenization (the prompt is mtmd's media marker
-// alone); every image chunk (the overview first, then the slices, row-major) is
-// encoded by itself. Writes:
+// alone); every image chunk, in mtmd's order (for idefics3 the slices
+// row-major, then the overview), is encoded by itself. Writes:
 //   OUT.pixels.f32  each chunk's preprocessed image as the encoder saw it
 //                   (the graph's "inp_raw" input, planar [3][ny][nx]), chunk after chunk
 //   OUT.embd.f32    each chunk's embeddings, [n_tokens][n_embd] chunk after chunk
