@@ -91,6 +91,16 @@ TEST_F(MmprojFiles, SynthFileLoadsWithItsHyperparameters) {
   EXPECT_TRUE((*m)->check_text_model(96).ok());
 }
 
+TEST_F(MmprojFiles, SynthBytesDoNotDependOnThreads) {
+  mmproj_synth_options o;
+  o.n_threads = 1;
+  const std::vector<std::byte> one = bytes_of(o);
+  o.n_threads = 3;
+  EXPECT_TRUE(bytes_of(o) == one);
+  o.seed = 43;
+  EXPECT_FALSE(bytes_of(o) == one);
+}
+
 TEST_F(MmprojFiles, WidthThatDoesNotMatchTheTextModelIsRefused) {
   mmproj_synth_options o;
   o.projection_dim = 96;
