@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "model/synth.h"
+#include "vision/mmproj_synth.h"
 
 namespace pagoda::cli {
 namespace {
@@ -25,7 +26,28 @@ struct synth_cli_options {
   int threads = 0;
   std::string output;
   bool list = false;
+  // --mmproj: a vision tower and projector instead of the text model.
+  bool mmproj = false;
+  vision::mmproj_synth_options vision;
 };
+
+// The mmproj pairs with the text model the same preset, layers and vocabulary
+// would give: its projection width is that model's n_embd.
+int synth_mmproj(const synth_cli_options& o, const synth_shape& text) {
+  vision::mmproj_synth_options v = o.vision;
+  v.projection_dim = text.n_embd;
+  v.seed = o.seed;
+  v.n_threads = o.threads;
+  PAGODA_ASSIGN_OR_RETURN_CLI(v.weight_type, parse_synth_weight_type(o.weight_type));
+  std::fprintf(stderr,
+               "pagoda synth: mmproj idefics3 for %s: image %d, patch %d, %d blocks, embd %d, %d heads, ffn %d, "
+               "pixel shuffle %d, projection %d, %s weights\n",
+               text.name, v.image_size, v.patch_size, v.n_layer, v.n_embd, v.n_head, v.n_ff, v.scale_factor,
+               v.projection_dim, o.weight_type.c_str());
+  if (auto st = vision::write_synth_mmproj(v, o.output); !st.ok()) return fail(st);
+  std::fprintf(stderr, "pagoda synth: wrote %s\n", o.output.c_str());
+  return 0;
+}
 
 int synth(const synth_cli_options& o) {
   if (o.list) {
@@ -55,6 +77,7 @@ int synth(const synth_cli_options& o) {
   opts.weight_type = weights.type;
   opts.mix = weights.mix;
   PAGODA_ASSIGN_OR_RETURN_CLI(synth_shape shape, resolve_synth_shape(opts));
+  if (o.mmproj) return synth_mmproj(o, shape);
   PAGODA_ASSIGN_OR_RETURN_CLI(std::uint64_t bytes, synth_model_size_bytes(opts));
   const std::string ffn = shape.n_expert > 0 ? fmt::format("{} experts of {} ({} per token)", shape.n_expert,
                                                             shape.n_ff_exp, shape.n_expert_used)
@@ -89,6 +112,14 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("-t,--threads", opts->threads, "threads generating weights");
   cmd->add_option("-o,--output", opts->output, "output GGUF path");
   cmd->add_flag("--list", opts->list, "list the presets");
+  cmd->add_flag("--mmproj", opts->mmproj,
+                "write a vision mmproj (llama.cpp's idefics3: SigLIP ViT + pixel-shuffle projector) for the preset's "
+                "text model instead of the model");
+  cmd->add_option("--image-size", opts->vision.image_size, "mmproj: encoder input size in pixels")->check(CLI::Range(1, 1 << 14));
+  cmd->add_option("--patch-size", opts->vision.patch_size, "mmproj: patch size")->check(CLI::Range(1, 1 << 10));
+  cmd->add_option("--vision-layers", opts->vision.n_layer, "mmproj: ViT blocks")->check(CLI::Range(1, 256));
+  cmd->add_option("--vision-embd", opts->vision.n_embd, "mmproj: ViT width")->check(CLI::Range(1, 1 << 14));
+  cmd->add_option("--longest-edge", opts->vision.longest_edge, "mmproj: preprocessing's longest edge")->check(CLI::Range(1, 1 << 14));
   cmd->callback([opts, &action] { action = [opts] { return synth(*opts); }; });
 }
 

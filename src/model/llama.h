@@ -197,6 +197,10 @@ struct forward_seq {
   // formats that encode each token alone, without stats, selector, per-row
   // positions or rows_as_steps. Empty: the new tokens go to n_stored ...
   std::span<const std::int32_t> slots;
+  // Optional: [tokens][n_embd] rows that stand in for the new tokens' embeddings
+  // (an image's, vision/vision_encoder.h), taken as they are: no embedding
+  // scale. The token ids then only count the rows (any id in the vocabulary).
+  std::span<const float> embeddings;
 
   // Tokens at consecutive positions right after n_stored stored slots (whose
   // positions are their slot numbers): a sequence nothing was dropped from.

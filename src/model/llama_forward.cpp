@@ -202,6 +202,9 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
                    s.stored_positions.size());
     for (token_id t : s.tokens)
       if (t < 0 || t >= hp.n_vocab) return error(errc::invalid_argument, "token id {} outside the vocabulary of {}", t, hp.n_vocab);
+    if (!s.embeddings.empty() && s.embeddings.size() != s.tokens.size() * static_cast<std::size_t>(hp.n_embd))
+      return error(errc::invalid_argument, "{} input embedding values for {} new tokens of width {}",
+                   s.embeddings.size(), s.tokens.size(), hp.n_embd);
     n_tok += static_cast<int>(s.tokens.size());
     n_rows += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
     n_kv_total += static_cast<std::size_t>(end);
@@ -250,12 +253,21 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
       if (s.stats) s.stats->reset(layout.n_layers, hp.n_head_kv, static_cast<int>(at - kv_pos_at[si]),
                                   std::clamp(s.stats_window, 0, static_cast<int>(s.tokens.size())));
     }
+    // Input rows: the token's embedding (scaled on gemma), or the caller's
+    // embedding as it is (llama.cpp scales neither an image's embeddings).
     i = 0;
-    for (const forward_seq& s : seqs)
-      for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i)
-        dequantize_row(model_.token_embd(), s.tokens[j], x + static_cast<std::size_t>(i) * E);
-    if (hp.embd_scale != 1.0f)
-      for (std::size_t e = 0; e < static_cast<std::size_t>(n_tok) * E; ++e) x[e] *= hp.embd_scale;
+    for (const forward_seq& s : seqs) {
+      for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i) {
+        float* row = x + static_cast<std::size_t>(i) * E;
+        if (!s.embeddings.empty()) {
+          std::copy_n(s.embeddings.data() + j * static_cast<std::size_t>(E), E, row);
+          continue;
+        }
+        dequantize_row(model_.token_embd(), s.tokens[j], row);
+        if (hp.embd_scale != 1.0f)
+          for (int e = 0; e < E; ++e) row[e] *= hp.embd_scale;
+      }
+    }
   }
   // RoPE tables: one set for the global layers, one more when local layers
   // rotate with another base or scale (gemma3).

@@ -16,6 +16,7 @@
 #include "model/gguf_writer.h"
 #include "model/matmul.h"
 #include "model/quants.h"
+#include "model/synth_fill.h"
 
 namespace pagoda {
 
@@ -198,16 +199,9 @@ void encode_row(tensor_type t, const float* x, std::int64_t n, std::byte* out) {
   }
 }
 
-// A tensor of n_rows rows of n_in values: random with the given amplitude, or
-// all `constant` when amplitude is 0.
-struct tensor_recipe {
-  std::uint64_t seed;
-  std::uint64_t id;
-  tensor_type type;
-  std::int64_t n_in;
-  float amplitude;
-  float constant;
-};
+}  // namespace
+
+namespace synth_detail {
 
 // Rows of a chunk are generated in parallel; each depends on its index alone.
 gguf::tensor_fill_fn make_fill(tensor_recipe r, std::shared_ptr<thread_pool> pool) {
@@ -216,13 +210,23 @@ gguf::tensor_fill_fn make_fill(tensor_recipe r, std::shared_ptr<thread_pool> poo
     pool->parallel_for(static_cast<std::size_t>(n_rows), [&](std::size_t begin, std::size_t end) {
       std::vector<float> x(static_cast<std::size_t>(r.n_in), r.constant);
       for (std::size_t k = begin; k < end; ++k) {
-        if (r.amplitude != 0) random_row(r.seed, r.id, first_row + static_cast<std::int64_t>(k), r.amplitude, x.data(), r.n_in);
+        if (r.amplitude != 0) {
+          random_row(r.seed, r.id, first_row + static_cast<std::int64_t>(k), r.amplitude, x.data(), r.n_in);
+          if (r.constant != 0)
+            for (float& v : x) v += r.constant;
+        }
         encode_row(r.type, x.data(), r.n_in, out.data() + k * row_bytes);
       }
     });
     return ok_status();
   };
 }
+
+}  // namespace synth_detail
+
+namespace {
+
+using synth_detail::make_fill;
 
 // Plain pieces after the byte tokens: "▁", then for length 1, 2, ... every
 // lowercase word w in order as "▁w" and "w". Scores fall with the index so

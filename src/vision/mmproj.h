@@ -1,0 +1,101 @@
+// llama.cpp's mmproj GGUF files (`--mmproj FILE`): the vision tower and the
+// projector that turn an image into embeddings in the text model's input
+// space. Families implemented (clip.projector_type):
+//   idefics3 (SmolVLM): a SigLIP ViT and a pixel-shuffle projector; tensor
+//   names and shapes in vision/mmproj_synth.h.
+// Loading is strict: every key the encoder reads must be there with a
+// sensible value, every tensor it uses must have the shape the hyperparameters
+// give, and a tensor it does not use (a part of another family or variant:
+// a fused QKV, a pre-LN, layer scales, Q/K norms, ...) is refused by name
+// rather than silently ignored, as is an FFN activation other than GELU.
+// Errors name the file's key or tensor and what was expected.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "model/matmul.h"
+#include "pagoda/status.h"
+
+namespace pagoda::vision {
+
+enum class projector_kind : std::uint8_t { idefics3 };
+
+struct vision_hparams {
+  projector_kind projector = projector_kind::idefics3;
+  int image_size = 0;      // clip.vision.image_size: the encoder's square input
+  int patch_size = 0;
+  int n_embd = 0;          // ViT width
+  int n_head = 0;
+  int n_ff = 0;
+  int n_layer = 0;
+  int projection_dim = 0;  // output width (= the text model's n_embd)
+  int scale_factor = 1;    // idefics3 pixel shuffle (clip.vision.projector.scale_factor, default 2)
+  int longest_edge = 0;    // idefics3 preprocessing (clip.vision.preproc_image_size, default image_size)
+  float eps = 1e-6f;       // LayerNorm epsilon
+  std::array<float, 3> image_mean{};
+  std::array<float, 3> image_std{};
+
+  int head_dim() const { return n_embd / n_head; }
+  int patches_per_side() const { return image_size / patch_size; }
+  int n_patches() const { return patches_per_side() * patches_per_side(); }
+  // Embeddings per image_size x image_size image.
+  int n_output_tokens() const { return n_patches() / (scale_factor * scale_factor); }
+};
+
+// A ViT block. Vectors are f32 [n]; matrices are [n_out][n_in] views into the file.
+struct vit_block {
+  const float* ln1_w = nullptr;  // [n_embd]
+  const float* ln1_b = nullptr;
+  weight_view q, k, v, o;        // [n_embd][n_embd]
+  const float* q_b = nullptr;    // [n_embd] each
+  const float* k_b = nullptr;
+  const float* v_b = nullptr;
+  const float* o_b = nullptr;
+  const float* ln2_w = nullptr;
+  const float* ln2_b = nullptr;
+  weight_view up;                // [n_ff][n_embd]
+  const float* up_b = nullptr;   // [n_ff]
+  weight_view down;              // [n_embd][n_ff]
+  const float* down_b = nullptr; // [n_embd]
+};
+
+class mmproj {
+ public:
+  static result<std::unique_ptr<mmproj>> open(const std::string& path);
+  // Takes a parsed file (tests build malformed ones in memory).
+  static result<std::unique_ptr<mmproj>> load(std::unique_ptr<gguf::file> file);
+
+  const vision_hparams& hparams() const { return hp_; }
+  // errc::invalid_argument when the projection width is not the text model's
+  // embedding width (the embeddings could not stand in for its tokens).
+  status check_text_model(int text_n_embd) const;
+
+  weight_view patch_embd() const { return patch_embd_; }  // [n_embd][3 * patch * patch], (channel, y, x) order
+  const float* patch_bias() const { return patch_bias_; } // [n_embd]
+  const float* position_embd() const { return pos_; }     // [n_patches][n_embd]
+  const std::vector<vit_block>& blocks() const { return blocks_; }
+  const float* post_ln_w() const { return post_ln_w_; }
+  const float* post_ln_b() const { return post_ln_b_; }
+  weight_view projector() const { return fc_; }           // [projection_dim][n_embd * scale^2]
+
+ private:
+  class loader;
+  mmproj() = default;
+
+  std::unique_ptr<gguf::file> file_;
+  vision_hparams hp_;
+  weight_view patch_embd_;
+  const float* patch_bias_ = nullptr;
+  const float* pos_ = nullptr;
+  std::vector<vit_block> blocks_;
+  const float* post_ln_w_ = nullptr;
+  const float* post_ln_b_ = nullptr;
+  weight_view fc_;
+};
+
+}  // namespace pagoda::vision

@@ -1,0 +1,236 @@
+// Loading mmproj files: what `pagoda synth --mmproj` writes loads with the
+// hyperparameters it was given, and every bad file (a missing or extra tensor,
+// a wrong shape, another family, a text model, a truncated file) or a width
+// that does not match the text model is a clear error, never a crash.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/synth.h"
+#include "vision/image_preprocess.h"
+#include "vision/mmproj.h"
+#include "vision/mmproj_synth.h"
+#include "vision/vision_encoder.h"
+
+namespace pagoda::vision {
+namespace {
+
+class MmprojFiles : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pagoda_mmproj_" + std::to_string(::getpid()) + "_" + testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Writes a file with these options and reads its bytes back.
+  std::vector<std::byte> bytes_of(const mmproj_synth_options& o) {
+    const std::string path = (dir_ / "m.gguf").string();
+    const status st = write_synth_mmproj(o, path);
+    EXPECT_TRUE(st.ok()) << st.message();
+    std::ifstream in(path, std::ios::binary);
+    const std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> out(raw.size());
+    std::memcpy(out.data(), raw.data(), raw.size());
+    return out;
+  }
+
+  // Loads the bytes; returns the error (ok_status when it loaded).
+  static status load_error(std::span<const std::byte> bytes) {
+    auto f = gguf::file::from_memory(bytes);
+    if (!f.ok()) return f.error();
+    auto m = mmproj::load(std::move(*f));
+    return m.ok() ? ok_status() : m.error();
+  }
+
+  // Replaces the first occurrence of `from` at or after `anchor` by `to` (same length).
+  static void patch(std::vector<std::byte>& bytes, std::string_view anchor, std::string_view from, std::string_view to) {
+    ASSERT_EQ(from.size(), to.size());
+    const std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    const std::size_t at = all.find(from, all.find(anchor));
+    ASSERT_NE(at, std::string_view::npos) << from;
+    std::memcpy(bytes.data() + at, to.data(), to.size());
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(MmprojFiles, SynthFileLoadsWithItsHyperparameters) {
+  mmproj_synth_options o;
+  o.projection_dim = 96;
+  o.n_layer = 3;
+  const std::vector<std::byte> bytes = bytes_of(o);
+  auto f = gguf::file::from_memory(bytes);
+  ASSERT_TRUE(f.ok());
+  auto m = mmproj::load(std::move(*f));
+  ASSERT_TRUE(m.ok()) << m.error().message();
+  const vision_hparams& hp = (*m)->hparams();
+  EXPECT_EQ(hp.image_size, 64);
+  EXPECT_EQ(hp.patch_size, 8);
+  EXPECT_EQ(hp.n_embd, 64);
+  EXPECT_EQ(hp.n_head, 2);
+  EXPECT_EQ(hp.n_ff, 128);
+  EXPECT_EQ(hp.n_layer, 3);
+  EXPECT_EQ(hp.projection_dim, 96);
+  EXPECT_EQ(hp.scale_factor, 2);
+  EXPECT_EQ(hp.longest_edge, 64);
+  EXPECT_FLOAT_EQ(hp.eps, 1e-6f);
+  EXPECT_FLOAT_EQ(hp.image_mean[2], 0.41f);
+  EXPECT_FLOAT_EQ(hp.image_std[0], 0.27f);
+  EXPECT_EQ(hp.n_output_tokens(), 16);
+  EXPECT_EQ((*m)->blocks().size(), 3u);
+  EXPECT_TRUE((*m)->check_text_model(96).ok());
+}
+
+TEST_F(MmprojFiles, SynthBytesDoNotDependOnThreads) {
+  mmproj_synth_options o;
+  o.n_threads = 1;
+  const std::vector<std::byte> one = bytes_of(o);
+  o.n_threads = 3;
+  EXPECT_TRUE(bytes_of(o) == one);
+  o.seed = 43;
+  EXPECT_FALSE(bytes_of(o) == one);
+}
+
+TEST_F(MmprojFiles, WidthThatDoesNotMatchTheTextModelIsRefused) {
+  mmproj_synth_options o;
+  o.projection_dim = 96;
+  const std::vector<std::byte> bytes = bytes_of(o);
+  auto m = mmproj::load(std::move(*gguf::file::from_memory(bytes)));
+  ASSERT_TRUE(m.ok());
+  const status st = (*m)->check_text_model(128);
+  EXPECT_EQ(st.code(), errc::invalid_argument);
+  EXPECT_NE(st.message().find("does not match the model"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("96"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("128"), std::string::npos) << st.message();
+}
+
+TEST_F(MmprojFiles, MissingTensorIsNamed) {
+  mmproj_synth_options o;
+  o.omit_tensor = "v.post_ln.bias";
+  const status st = load_error(bytes_of(o));
+  EXPECT_EQ(st.code(), errc::corrupt);
+  EXPECT_NE(st.message().find("missing tensor v.post_ln.bias"), std::string::npos) << st.message();
+}
+
+TEST_F(MmprojFiles, TensorOfAnotherLayoutIsRefusedByName) {
+  mmproj_synth_options o;
+  o.extra_tensor = "v.pre_ln.weight";
+  const status st = load_error(bytes_of(o));
+  EXPECT_EQ(st.code(), errc::unsupported);
+  EXPECT_NE(st.message().find("v.pre_ln.weight"), std::string::npos) << st.message();
+}
+
+TEST_F(MmprojFiles, WrongShapeIsNamed) {
+  // The metadata gives a feed-forward width the tensors do not have.
+  mmproj_synth_options o;
+  o.n_ff = 160;
+  std::vector<std::byte> bytes = bytes_of(o);
+  // 160 -> 192 in clip.vision.feed_forward_length (u32 after the key and its type word).
+  const std::string_view key = "clip.vision.feed_forward_length";
+  const std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const std::size_t at = all.find(key);
+  ASSERT_NE(at, std::string_view::npos);
+  const std::uint32_t v = 192;
+  std::memcpy(bytes.data() + at + key.size() + 4, &v, 4);
+  const status st = load_error(bytes);
+  EXPECT_EQ(st.code(), errc::corrupt);
+  EXPECT_NE(st.message().find("v.blk.0.ffn_up.weight has shape [64, 160, 1, 1], expected [64, 192]"),
+            std::string::npos)
+      << st.message();
+}
+
+TEST_F(MmprojFiles, OtherFamiliesAndActivationsAreRefused) {
+  std::vector<std::byte> bytes = bytes_of({});
+  patch(bytes, "clip.projector_type", "idefics3", "gemma3xx");
+  status st = load_error(bytes);
+  EXPECT_EQ(st.code(), errc::unsupported);
+  EXPECT_NE(st.message().find("projector type 'gemma3xx' is not implemented"), std::string::npos) << st.message();
+
+  bytes = bytes_of({});
+  patch(bytes, "clip.use_gelu", "clip.use_gelu", "clip.use_xxxx");  // no GELU key: llama.cpp's quick GELU
+  st = load_error(bytes);
+  EXPECT_EQ(st.code(), errc::unsupported);
+  EXPECT_NE(st.message().find("quick GELU"), std::string::npos) << st.message();
+}
+
+TEST_F(MmprojFiles, TextModelGivenAsMmprojIsRefused) {
+  synth_options o;
+  o.preset = "tiny";
+  o.weight_type = gguf::tensor_type::f32;
+  o.n_threads = 1;
+  const std::string path = (dir_ / "text.gguf").string();
+  ASSERT_TRUE(write_synth_model(o, path).ok());
+  auto m = mmproj::open(path);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code(), errc::invalid_argument);
+  EXPECT_NE(m.error().message().find("not an mmproj file"), std::string::npos) << m.error().message();
+  EXPECT_NE(m.error().message().find(path), std::string::npos) << m.error().message();
+}
+
+TEST_F(MmprojFiles, TruncatedFilesGiveErrorsAtEveryLength) {
+  const std::vector<std::byte> bytes = bytes_of({});
+  // Every cut in the header and a spread of cuts in the data.
+  for (std::size_t n = 0; n < bytes.size(); n += (n < 4096 ? 1 : 997)) {
+    const status st = load_error(std::span(bytes).first(n));
+    EXPECT_FALSE(st.ok()) << "cut at " << n;
+  }
+  EXPECT_TRUE(load_error(bytes).ok());
+}
+
+TEST_F(MmprojFiles, SynthRefusesShapesThatDoNotFit) {
+  mmproj_synth_options o;
+  o.patch_size = 7;
+  EXPECT_EQ(validate(o).code(), errc::invalid_argument);
+  o = {};
+  o.scale_factor = 3;  // 8 patches per side
+  EXPECT_EQ(validate(o).code(), errc::invalid_argument);
+  o = {};
+  o.n_ff = o.n_embd;
+  EXPECT_NE(validate(o).message().find("swapped"), std::string::npos);
+  o = {};
+  o.weight_type = gguf::tensor_type::q4_k;
+  EXPECT_EQ(validate(o).code(), errc::invalid_argument);
+}
+
+TEST_F(MmprojFiles, EncoderRefusesImagesThatDoNotFit) {
+  const std::vector<std::byte> bytes = bytes_of({});
+  auto m = mmproj::load(std::move(*gguf::file::from_memory(bytes)));
+  ASSERT_TRUE(m.ok());
+  thread_pool pool(1);
+  vision_encoder enc(**m, pool);
+  std::vector<float> out(16 * 128);
+  std::vector<float> px(3 * 64 * 64);
+  EXPECT_TRUE(enc.encode(px, 64, 64, out).ok());
+  std::vector<float> small(3 * 32 * 32);
+  EXPECT_EQ(enc.encode(small, 32, 32, out).code(), errc::invalid_argument);   // positions for 64x64 only
+  EXPECT_EQ(enc.encode(px, 60, 60, out).code(), errc::invalid_argument);      // not a multiple of the patch
+  EXPECT_EQ(enc.encode(px, 64, 64, std::span(out).first(10)).code(), errc::invalid_argument);
+  EXPECT_EQ(enc.encode(std::span(px).first(10), 64, 64, out).code(), errc::invalid_argument);
+
+  // Preprocessing: a malformed image.
+  EXPECT_EQ(preprocess(rgb_image{2, 2, std::vector<std::uint8_t>(5)}, (*m)->hparams()).error().code(),
+            errc::invalid_argument);
+  EXPECT_EQ(preprocess(rgb_image{0, 2, {}}, (*m)->hparams()).error().code(), errc::invalid_argument);
+}
+
+TEST(Idefics3Preprocess, RefinedSizeAsLlamaCpp) {
+  // calc_size_preserved_ratio: scale to the longest edge, round each side up to image_size.
+  EXPECT_EQ(idefics3_refined_size(64, 64, 64, 64), (std::array<int, 2>{64, 64}));
+  EXPECT_EQ(idefics3_refined_size(96, 80, 64, 64), (std::array<int, 2>{64, 64}));
+  EXPECT_EQ(idefics3_refined_size(96, 80, 64, 128), (std::array<int, 2>{128, 128}));
+  EXPECT_EQ(idefics3_refined_size(200, 50, 64, 256), (std::array<int, 2>{256, 64}));
+  EXPECT_EQ(idefics3_refined_size(1000, 700, 512, 2048), (std::array<int, 2>{2048, 1536}));
+}
+
+}  // namespace
+}  // namespace pagoda::vision
