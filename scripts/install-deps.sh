@@ -10,6 +10,7 @@ packages=(
   libfmt-dev libspdlog-dev libxxhash-dev libzstd-dev liblmdb-dev
   libpcre2-dev libhnswlib-dev libfaiss-dev libhiredis-dev redis-server
   libssl-dev openssl libcurl4-openssl-dev
+  libpng-dev libturbojpeg0-dev  # images in requests (src/vision/image_decode.h)
   clang libclang-rt-14-dev
   nodejs
   chromium  # the dashboard test drives it headless (tests/server/dashboard_test.cpp)
