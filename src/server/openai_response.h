@@ -16,6 +16,7 @@
 #include "model/tokenizer.h"
 #include "sched/engine_core.h"
 #include "server/openai_request.h"
+#include "server/tool_calls.h"
 
 namespace pagoda::server {
 
@@ -53,7 +54,13 @@ class response_builder {
     std::vector<token_logprob> logprobs;
     std::string finish_reason;
     std::size_t logprob_text_offset = 0;  // completions' text_offset of the next token
+    std::optional<tool_call_stream> tool_stream;  // streaming with tools: made at the first event
   };
+
+  // Chat: choice i's message (its text parsed for tool calls when tools_) and finish reason.
+  nlohmann::json chat_choice_json(std::size_t i, const choice& ch, nlohmann::json logprobs) const;
+  // Streaming with tools: the event's text as content and tool-call deltas.
+  void tool_chunks(std::size_t c, const engine_event& e, nlohmann::json logprobs, std::vector<nlohmann::json>& out);
 
   nlohmann::json chunk_base() const;
   nlohmann::json usage_json() const;
@@ -73,6 +80,7 @@ class response_builder {
   std::vector<choice> choices_;
   request_usage usage_;
   std::vector<std::string> store_tiers_;
+  std::shared_ptr<const tool_request> tools_;  // api_call::tools
 };
 
 // "data: {json}\n\n", invalid UTF-8 replaced.
