@@ -450,17 +450,16 @@ std::string tool_finish_reason(const tool_request& t, bool called, const std::st
 
 void tool_call_stream::feed(std::string_view text, std::vector<tool_delta>& out) {
   text_ += text;
-  release(false, out);
+  release(out);
 }
 
-void tool_call_stream::release(bool at_end, std::vector<tool_delta>& out) {
+void tool_call_stream::release(std::vector<tool_delta>& out) {
   const output_scan o = scan_output(tools_->format, text_);
   if (!calls_began_) {
     // Content, less what may begin a call and the trailing whitespace (which
     // goes out with the text after it, or is dropped before calls).
     std::size_t limit = o.content_end - (o.has_calls ? 0 : o.hold);
-    if (!at_end)
-      while (limit > content_sent_ && is_ws(text_[limit - 1])) --limit;
+    while (limit > content_sent_ && is_ws(text_[limit - 1])) --limit;
     if (limit > content_sent_) {
       out.push_back({false, 0, "", text_.substr(content_sent_, limit - content_sent_)});
       content_sent_ = limit;

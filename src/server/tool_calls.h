@@ -125,7 +125,8 @@ class tool_call_stream {
   bool finish(std::vector<tool_delta>& out);
 
  private:
-  void release(bool at_end, std::vector<tool_delta>& out);
+  // The deltas text_ releases beyond what went out.
+  void release(std::vector<tool_delta>& out);
 
   std::shared_ptr<const tool_request> tools_;
   std::string text_;
