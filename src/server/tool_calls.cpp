@@ -177,10 +177,12 @@ scan scan_call(cursor& c, call_scan& call) {
     c.ws();
     const std::size_t value_begin = c.i;
     const bool is_args = key == "arguments" || key == "parameters";
+    if (is_args && call.args_begin != npos) return scan::bad;  // which would it be?
     if (is_args) call.args_begin = value_begin;
     if (scan r = skip_value(c); r != scan::ok) return r;
     if (is_args) call.args_end = c.i;
     if (key == "name") {
+      if (call.name) return scan::bad;
       const json v = json::parse(c.s.substr(value_begin, c.i - value_begin), nullptr, false);
       if (!v.is_string()) return scan::bad;
       call.name = v.get<std::string>();

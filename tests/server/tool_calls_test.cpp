@@ -3,6 +3,8 @@
 // included), the grammar that forces calls, and the request's 400s.
 #include "server/tool_calls.h"
 
+#include <random>
+
 #include <gtest/gtest.h>
 
 #include "grammar/gbnf.h"
@@ -188,7 +190,8 @@ TEST(tool_calls, malformed_calls_are_content) {
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",           // cut short
         "<tool_call>\n{\"name\": \"get_time\", \"arguments\": [1]}\n</tool_call>",            // not an object
         "<tool_call>\n{\"name\": \"get_time\"}\n</tool_call> and more text",                  // text after
-        "<tool_call>\n{\"arguments\": {}}\n</tool_call>"}) {                                  // no name
+        "<tool_call>\n{\"arguments\": {}}\n</tool_call>",                                     // no name
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}, \"parameters\": {}}</tool_call>"}) {  // two
     const auto p = parse_tool_output(t, text);
     EXPECT_FALSE(p.called) << text;
     EXPECT_EQ(p.content, text);
@@ -284,6 +287,52 @@ TEST(tool_calls, streamed_deltas_add_up_to_the_parsed_output) {
       }
     }
   }
+}
+
+// Random cuts and edits of well-formed outputs: the parser never fails
+// hard, and the stream gives what the whole parse gives (or, for text that
+// stops being a call after its name went out, nothing as content).
+TEST(tool_calls, mutated_outputs_stream_as_they_parse) {
+  const std::vector<std::pair<chat_format, std::string>> seeds = {
+      {chat_format::qwen3, "Ok.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
+                           "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"z\": [1, \"]}\"]}}\n</tool_call>"},
+      {chat_format::llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Tokyo\", \"days\": 10}}"},
+      {chat_format::mistral, "[TOOL_CALLS] [{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_weather\", "
+                             "\"arguments\": {\"city\": \"Paris\", \"days\": 1}}]"},
+  };
+  std::mt19937 rng(36);
+  const std::string alphabet = "{}[]\",:\\ <>/_\nabnTOLC0";
+  int n_called = 0, n_not = 0;
+  for (const auto& [f, seed] : seeds) {
+    const tool_request t = tools_for(f);
+    for (int round = 0; round < 300; ++round) {
+      std::string text = seed;
+      const int edits = static_cast<int>(rng() % 4);
+      for (int e = 0; e < edits && !text.empty(); ++e) {
+        const std::size_t at = rng() % text.size();
+        switch (rng() % 3) {
+          case 0: text.erase(at, 1 + rng() % 3); break;
+          case 1: text.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+          default: text.resize(at); break;
+        }
+      }
+      const parsed_tool_output whole = parse_tool_output(t, text);
+      (whole.called ? n_called : n_not)++;
+      const streamed s = stream_text(t, text, 1 + rng() % 5);
+      EXPECT_EQ(s.called, whole.called) << text;
+      if (whole.called) {
+        EXPECT_EQ(s.content, whole.content) << text;
+        ASSERT_EQ(s.names.size(), whole.calls.size()) << text;
+        for (std::size_t k = 0; k < s.names.size(); ++k) EXPECT_EQ(s.args[k], whole.calls[k].arguments) << text;
+      } else {
+        EXPECT_EQ(whole.content, text);
+        if (s.names.empty()) EXPECT_EQ(s.content, text);
+        else EXPECT_TRUE(text.starts_with(s.content)) << text;
+      }
+    }
+  }
+  EXPECT_GT(n_called, 50);  // both kinds occur
+  EXPECT_GT(n_not, 50);
 }
 
 TEST(tool_calls, arguments_stream_before_the_call_ends) {
