@@ -539,53 +539,6 @@ maybe_error read_policies_by_role(const json& body, std::map<std::string, std::s
   return {};
 }
 
-// An assistant message's tool_calls ([{"id", "type": "function", "function":
-// {"name", "arguments": JSON text}}]) and a tool message's tool_call_id.
-maybe_error read_message_tool_calls(const json& msg, const std::string& name, chat_format format, chat_message& m) {
-  if (m.role == "tool") {
-    const auto id = msg.find("tool_call_id");
-    if (id == msg.end() || !id->is_string())
-      return bad_request(name + ".tool_call_id", "a tool message needs 'tool_call_id' (a string)");
-    m.tool_call_id = id->get<std::string>();
-  }
-  const auto tc = msg.find("tool_calls");
-  if (tc == msg.end() || tc->is_null() || (tc->is_array() && tc->empty())) return {};
-  const std::string at = name + ".tool_calls";
-  if (m.role != "assistant") return bad_request(at, "only assistant messages carry 'tool_calls'");
-  if (!chat_format_has_tools(format))
-    return bad_request(at, fmt::format("this model's chat template ({}) has no tool format", chat_format_name(format)));
-  if (!tc->is_array()) return type_error(at, "an array", *tc);
-  if (tc->size() > k_max_tools) return bad_request(at, fmt::format("at most {} tool calls per message", k_max_tools));
-  for (std::size_t j = 0; j < tc->size(); ++j) {
-    const json& c = (*tc)[j];
-    const std::string cj = fmt::format("{}[{}]", at, j);
-    if (!c.is_object()) return type_error(cj, "an object", c);
-    chat_tool_call call;
-    if (const json* id = field(c, "id")) {
-      if (!id->is_string()) return type_error(cj + ".id", "a string", *id);
-      call.id = id->get<std::string>();
-    }
-    if (const json* type = field(c, "type"); type && *type != "function")
-      return bad_request(cj + ".type", fmt::format("'{}.type' must be \"function\"", cj));
-    const json* fn = field(c, "function");
-    if (!fn || !fn->is_object()) return bad_request(cj + ".function", "a tool call needs 'function': {\"name\", \"arguments\"}");
-    const json* fname = field(*fn, "name");
-    if (!fname || !fname->is_string() || fname->get_ref<const std::string&>().empty())
-      return bad_request(cj + ".function.name", "a tool call needs 'function.name' (a non-empty string)");
-    call.name = fname->get<std::string>();
-    const json* args = field(*fn, "arguments");
-    if (args && args->is_object()) {
-      call.arguments = args->dump();
-    } else if (!args || !args->is_string() || !json::parse(args->get<std::string>(), nullptr, false).is_object()) {
-      return bad_request(cj + ".function.arguments", "'function.arguments' must be a JSON object as text");
-    } else {
-      call.arguments = args->get<std::string>();
-    }
-    m.tool_calls.push_back(std::move(call));
-  }
-  return {};
-}
-
 maybe_error parse_messages(const json& body, const api_context& ctx, std::vector<chat_message>& out,
                            std::vector<text_piece>& pieces) {
   std::map<std::string, std::string> by_role;
@@ -618,7 +571,7 @@ maybe_error parse_messages(const json& body, const api_context& ctx, std::vector
     if (content != msg.end() && !content->is_null())
       PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, kv, pieces));
     else if (r != "assistant") return bad_request(name + ".content", "'content' is required");
-    PAGODA_API_TRY(read_message_tool_calls(msg, name, ctx.chat, cm));
+    PAGODA_API_TRY(read_message_tools(msg, name, ctx.chat, cm));
     total_bytes += cm.content.size();
     for (const chat_tool_call& c : cm.tool_calls) total_bytes += c.arguments.size() + c.name.size();
     if (total_bytes > max_bytes) return bad_request("messages", "the messages are too long", "context_length_exceeded");

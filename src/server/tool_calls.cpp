@@ -361,6 +361,53 @@ std::optional<api_error> read_tools(const json& body, chat_format format, tool_r
   return {};
 }
 
+std::optional<api_error> read_message_tools(const json& msg, const std::string& name, chat_format format,
+                                            chat_message& m) {
+  if (m.role == "tool") {
+    const json* id = present(msg, "tool_call_id");
+    if (!id || !id->is_string())
+      return bad_request(name + ".tool_call_id", "a tool message needs 'tool_call_id' (a string)");
+    m.tool_call_id = id->get<std::string>();
+  }
+  const json* tc = present(msg, "tool_calls");
+  if (!tc || (tc->is_array() && tc->empty())) return {};
+  const std::string at = name + ".tool_calls";
+  if (m.role != "assistant") return bad_request(at, "only assistant messages carry 'tool_calls'");
+  if (!chat_format_has_tools(format))
+    return bad_request(at, fmt::format("this model's chat template ({}) has no tool format", chat_format_name(format)));
+  if (!tc->is_array()) return bad_request(at, fmt::format("'{}' must be an array", at));
+  if (tc->size() > k_max_tools) return bad_request(at, fmt::format("at most {} tool calls per message", k_max_tools));
+  for (std::size_t j = 0; j < tc->size(); ++j) {
+    const json& c = (*tc)[j];
+    const std::string cj = fmt::format("{}[{}]", at, j);
+    if (!c.is_object()) return bad_request(cj, fmt::format("'{}' must be an object", cj));
+    chat_tool_call call;
+    if (const json* id = present(c, "id")) {
+      if (!id->is_string()) return bad_request(cj + ".id", fmt::format("'{}.id' must be a string", cj));
+      call.id = id->get<std::string>();
+    }
+    if (const json* type = present(c, "type"); type && *type != "function")
+      return bad_request(cj + ".type", fmt::format("'{}.type' must be \"function\"", cj));
+    const json* fn = present(c, "function");
+    if (!fn || !fn->is_object())
+      return bad_request(cj + ".function", "a tool call needs 'function': {\"name\", \"arguments\"}");
+    const json* fname = present(*fn, "name");
+    if (!fname || !fname->is_string() || fname->get_ref<const std::string&>().empty())
+      return bad_request(cj + ".function.name", "a tool call needs 'function.name' (a non-empty string)");
+    call.name = fname->get<std::string>();
+    const json* args = present(*fn, "arguments");
+    if (args && args->is_object()) {
+      call.arguments = args->dump();
+    } else if (!args || !args->is_string() || !json::parse(args->get<std::string>(), nullptr, false).is_object()) {
+      return bad_request(cj + ".function.arguments", "'function.arguments' must be a JSON object as text");
+    } else {
+      call.arguments = args->get<std::string>();
+    }
+    m.tool_calls.push_back(std::move(call));
+  }
+  return {};
+}
+
 chat_tools prompt_tools(const tool_request& t) {
   chat_tools out;
   if (!t.active()) return out;

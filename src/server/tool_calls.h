@@ -81,6 +81,14 @@ struct tool_request {
 // tools with a chat format that has no tool format (unless tool_choice is "none").
 std::optional<api_error> read_tools(const nlohmann::json& body, chat_format format, tool_request& out);
 
+// A message's tool parts: an assistant's tool_calls ([{"id", "type":
+// "function", "function": {"name", "arguments": JSON text of an object}}]) and
+// a tool message's tool_call_id (required). `name` is the message's field
+// ("messages[3]"), which the 400s extend; tool_calls need a chat format with a
+// tool format.
+std::optional<api_error> read_message_tools(const nlohmann::json& msg, const std::string& name, chat_format format,
+                                            chat_message& m);
+
 // What the prompt shows: the tools unless tool_choice is none.
 chat_tools prompt_tools(const tool_request& t);
 
