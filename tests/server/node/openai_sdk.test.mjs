@@ -479,6 +479,32 @@ for (const family of ['chatml', 'llama3', 'mistral']) {
       else assert.equal(typeof m.content, 'string');
     });
 
+    test("the SDK's runTools calls the function with the parsed arguments", async () => {
+      const seen = [];
+      for (const stream of [false, true]) {
+        const runner = tc().chat.completions.runTools({
+          ...base,
+          stream,
+          tool_choice: { type: 'function', function: { name: 'get_weather' } },
+          tools: [{
+            type: 'function',
+            function: {
+              name: 'get_weather', parameters: WEATHER, parse: JSON.parse,
+              function: (args) => { seen.push(args); return { sky: 'sunny' }; },
+            },
+          }],
+        });
+        await runner.done();
+        const last = runner.messages.at(-1);
+        assert.equal(last.role, 'tool');
+        assert.equal(last.content, '{"sky":"sunny"}');
+        assert.equal(last.tool_call_id, runner.messages.at(-2).tool_calls[0].id);
+      }
+      assert.equal(seen.length, 2);
+      seen.forEach((args) => validate(WEATHER, args));
+      assert.deepEqual(seen[0], seen[1], 'greedy: streamed and whole calls agree');
+    });
+
     test('bad tools are 400s naming the field', async () => {
       await assert.rejects(
         tc().chat.completions.create({ ...base, tool_choice: { type: 'function', function: { name: 'get_stock' } } }),
