@@ -7,12 +7,11 @@
 // `frequency_penalty`, `repetition_penalty`, `logit_bias`, `stream`,
 // `stream_options.include_usage`, `logprobs` (completions: an integer;
 // chat: a boolean with `top_logprobs`), `return_tokens_as_token_ids`,
-// `cache_salt`, `user`, `priority`, chat's `tools`, `tool_choice` and
-// `parallel_tool_calls` (server/tool_calls.h), the structured-output fields
+// `cache_salt`, `user`, `priority`, the structured-output fields
 // (`response_format`, `guided_json`, `guided_regex`, `guided_choice`,
 // `guided_grammar`, `grammar`, `json_schema`: server/structured_output.h),
 // and Pagoda's `kv_policy` (docs/policies.md). Unknown fields are ignored, as vLLM does;
-// known fields Pagoda cannot honour (min_tokens, echo, suffix, ...) are
+// known fields Pagoda cannot honour (min_tokens, tools, echo, suffix, ...) are
 // accepted only at their neutral values and are a 400 naming the field
 // otherwise. `pagoda batch` reads its lines with the same parser, so both take
 // the same fields with the same ranges and messages. Every error names
@@ -79,14 +78,15 @@ enum class api_kind { completion, chat };
 struct api_call {
   api_kind kind = api_kind::completion;
   std::vector<request> requests;  // ids left empty; the caller names them
+  // Chat with tools offered (`tools`, `tool_choice` not "none": server/tool_calls.h,
+  // which chat takes apart from the neutral-only list below): the output is
+  // parsed for calls; null otherwise.
+  std::shared_ptr<const tool_request> tools;
   int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int logprobs = -1;           // -1: none; k >= 0: the chosen token plus k alternatives
   bool tokens_as_ids = false;  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N"
-  // Chat with tools offered (tool_choice not "none"): the output is parsed
-  // for calls (server/tool_calls.h); null otherwise.
-  std::shared_ptr<const tool_request> tools;
 };
 
 // The body of /v1/completions (kind completion: `prompt`) or

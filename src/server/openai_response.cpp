@@ -15,10 +15,10 @@ response_builder::response_builder(const api_call& call, std::string id, std::st
       tokens_as_ids_(call.tokens_as_ids),
       id_(std::move(id)),
       model_(std::move(model)),
+      tools_(call.tools),
       created_(created_unix_s),
       vocab_(vocab),
-      choices_(call.requests.size() * static_cast<std::size_t>(call.n)),
-      tools_(call.tools) {}
+      choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {}
 
 std::string response_builder::piece(token_id t) const {
   if (tokens_as_ids_) return fmt::format("token_id:{}", t);
@@ -110,8 +110,13 @@ json response_builder::body() const {
     if (kind_ == api_kind::completion)
       choices.push_back({{"index", i}, {"text", ch.text}, {"logprobs", lp}, {"finish_reason", reason}});
     else
-      choices.push_back(chat_choice_json(i, ch, std::move(lp)));
+      choices.push_back({{"index", i},
+                         {"message", {{"role", "assistant"}, {"content", ch.text}}},
+                         {"logprobs", lp},
+                         {"finish_reason", reason}});
   }
+  if (tools_)
+    for (std::size_t i = 0; i < choices_.size(); ++i) apply_tool_calls(i, choices_[i], choices[i]);
   return {{"id", id_},
           {"object", kind_ == api_kind::completion ? "text_completion" : "chat.completion"},
           {"created", created_},
@@ -121,23 +126,17 @@ json response_builder::body() const {
           {"usage", usage_json()}};
 }
 
-json response_builder::chat_choice_json(std::size_t i, const choice& ch, json logprobs) const {
-  json message = {{"role", "assistant"}, {"content", ch.text}};
-  json reason = ch.finish_reason.empty() ? json(nullptr) : json(ch.finish_reason);
-  if (tools_) {
-    const parsed_tool_output p = parse_tool_output(*tools_, ch.text);
-    if (p.called) {
-      message["content"] = p.content.empty() ? json(nullptr) : json(p.content);
-      json calls = json::array();
-      for (std::size_t k = 0; k < p.calls.size(); ++k)
-        calls.push_back({{"id", tool_call_id(tools_->format, id_, i, k)},
-                         {"type", "function"},
-                         {"function", {{"name", p.calls[k].name}, {"arguments", p.calls[k].arguments}}}});
-      message["tool_calls"] = std::move(calls);
-      reason = tool_finish_reason(*tools_, true, ch.finish_reason);
-    }
-  }
-  return {{"index", i}, {"message", std::move(message)}, {"logprobs", std::move(logprobs)}, {"finish_reason", reason}};
+void response_builder::apply_tool_calls(std::size_t i, const choice& ch, json& out) const {
+  const parsed_tool_output p = parse_tool_output(*tools_, ch.text);
+  if (!p.called) return;
+  json calls = json::array();
+  for (std::size_t k = 0; k < p.calls.size(); ++k)
+    calls.push_back({{"id", tool_call_id(tools_->format, id_, i, k)},
+                     {"type", "function"},
+                     {"function", {{"name", p.calls[k].name}, {"arguments", p.calls[k].arguments}}}});
+  out["message"]["content"] = p.content.empty() ? json(nullptr) : json(p.content);
+  out["message"]["tool_calls"] = std::move(calls);
+  out["finish_reason"] = tool_finish_reason(*tools_, true, ch.finish_reason);
 }
 
 void response_builder::tool_chunks(std::size_t c, const engine_event& e, json logprobs, std::vector<json>& out) {

@@ -51,22 +51,22 @@ class response_builder {
  private:
   struct choice {
     std::string text;
+    std::optional<tool_call_stream> tool_stream;  // streaming with tools: made at the first event
     std::vector<token_logprob> logprobs;
     std::string finish_reason;
     std::size_t logprob_text_offset = 0;  // completions' text_offset of the next token
-    std::optional<tool_call_stream> tool_stream;  // streaming with tools: made at the first event
   };
-
-  // Chat: choice i's message (its text parsed for tool calls when tools_) and finish reason.
-  nlohmann::json chat_choice_json(std::size_t i, const choice& ch, nlohmann::json logprobs) const;
-  // Streaming with tools: the event's text as content and tool-call deltas.
-  void tool_chunks(std::size_t c, const engine_event& e, nlohmann::json logprobs, std::vector<nlohmann::json>& out);
 
   nlohmann::json chunk_base() const;
   nlohmann::json usage_json() const;
   // Logprobs of `lps` in this endpoint's shape; `offset` is the completions' running text_offset.
   nlohmann::json logprobs_json(const std::vector<token_logprob>& lps, std::size_t& offset) const;
   std::string piece(token_id t) const;
+  // Chat with tools: choice i's text parsed for calls; `out` (its choice
+  // object) gets the calls and their finish reason when it was calls.
+  void apply_tool_calls(std::size_t i, const choice& ch, nlohmann::json& out) const;
+  // Streaming with tools: the event's text as content and tool-call deltas.
+  void tool_chunks(std::size_t c, const engine_event& e, nlohmann::json logprobs, std::vector<nlohmann::json>& out);
 
   api_kind kind_;
   int n_;
@@ -75,12 +75,12 @@ class response_builder {
   bool tokens_as_ids_;
   std::string id_;
   std::string model_;
+  std::shared_ptr<const tool_request> tools_;  // api_call::tools
   std::int64_t created_;
   const tokenizer& vocab_;
   std::vector<choice> choices_;
   request_usage usage_;
   std::vector<std::string> store_tiers_;
-  std::shared_ptr<const tool_request> tools_;  // api_call::tools
 };
 
 // "data: {json}\n\n", invalid UTF-8 replaced.
