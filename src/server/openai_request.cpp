@@ -15,6 +15,7 @@
 #include "spec/speculative.h"
 #include "server/prompt_segments.h"
 #include "server/structured_output.h"
+#include "server/tool_calls.h"
 
 namespace pagoda::server {
 namespace {
@@ -166,12 +167,13 @@ maybe_error check_neutral_fields(const json& body, api_kind kind, int n) {
     if (v && *v != 0) return unsupported("min_tokens", "0");
   }
   for (const char* name : {"tools", "functions"}) {
+    if (kind == api_kind::chat && std::string_view(name) == "tools") continue;  // server/tool_calls.h
     if (const json* v = field(body, name)) {
       if (!v->is_array()) return type_error(name, "an array", *v);
       if (!v->empty()) return unsupported(name, "[]");
     }
   }
-  if (const json* v = field(body, "tool_choice")) {
+  if (const json* v = kind == api_kind::completion ? field(body, "tool_choice") : nullptr) {
     if (!v->is_string() || (*v != "none" && *v != "auto")) return unsupported("tool_choice", "\"none\"");
   }
   if (kind == api_kind::completion) {
@@ -555,22 +557,39 @@ maybe_error parse_messages(const json& body, const api_context& ctx, std::vector
     if (role == msg.end() || !role->is_string()) return bad_request(name + ".role", "each message needs a 'role' string");
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";  // OpenAI's newer name for the system role
-    if (r != "system" && r != "user" && r != "assistant")
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
       return bad_request(name + ".role",
-                         fmt::format("role {} is not supported (system, developer, user, assistant)", excerpt(*role)));
-    chat_message cm{r, {}};
+                         fmt::format("role {} is not supported (system, developer, user, assistant, tool)", excerpt(*role)));
+    if (r == "tool" && !chat_format_has_tools(ctx.chat))
+      return bad_request(name + ".role", fmt::format("this model's chat template ({}) has no tool format, so no "
+                                                     "tool messages (--chat-template chatml, qwen3, llama3 or mistral)",
+                                                     chat_format_name(ctx.chat)));
+    chat_message cm{r, {}, {}, {}};
     kv_choice kv{by_role.contains(r) ? by_role[r] : std::string(), ""};
     PAGODA_API_TRY(read_kv_object(msg, name, kv));
     auto content = msg.find("content");
     if (content != msg.end() && !content->is_null())
       PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, kv, pieces));
     else if (r != "assistant") return bad_request(name + ".content", "'content' is required");
-    if (auto tc = msg.find("tool_calls"); tc != msg.end() && !tc->is_null() && !(tc->is_array() && tc->empty()))
-      return unsupported(name + ".tool_calls", "[]");
+    PAGODA_API_TRY(read_message_tools(msg, name, ctx.chat, cm));
     total_bytes += cm.content.size();
+    for (const chat_tool_call& c : cm.tool_calls) total_bytes += c.arguments.size() + c.name.size();
     if (total_bytes > max_bytes) return bad_request("messages", "the messages are too long", "context_length_exceeded");
     out.push_back(std::move(cm));
   }
+  return {};
+}
+
+// tool_choice required or named: the calls' grammar constrains the output.
+maybe_error force_tool_calls(const tool_request& tools, request& base) {
+  if (!tools.forced()) return {};
+  if (!base.sampling.grammar.empty())
+    return bad_request("tool_choice", "'tool_choice' forces a tool call, and a structured-output field (response_format, "
+                                      "guided_*, grammar, json_schema) constrains the output too; give one of them");
+  std::string field = "tools";
+  auto g = tool_call_grammar(tools, &field);
+  if (!g.ok()) return bad_request(field, g.error().message());
+  base.sampling.grammar = std::move(*g);
   return {};
 }
 
@@ -588,10 +607,14 @@ api_result<api_call> parse_request(api_kind kind, const json& body, const api_co
   } else {
     std::vector<chat_message> messages;
     std::vector<text_piece> pieces;
+    auto tools = std::make_shared<tool_request>();
+    PAGODA_API_TRY(read_tools(body, ctx.chat, *tools));
     PAGODA_API_TRY(parse_messages(body, ctx, messages, pieces));
     bool add_generation_prompt = true;  // vLLM's extension
     PAGODA_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
-    auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt);
+    PAGODA_API_TRY(force_tool_calls(*tools, base));
+    if (tools->active()) call.tools = tools;
+    auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt, prompt_tools(*tools));
     if (!text.ok()) return from_status(text.error(), "messages");
     prompts.push_back(encode_text(ctx, *text));
     PAGODA_API_TRY(segments_of(ctx, *text, prompts.back(), pieces, base));

@@ -18,6 +18,7 @@
 // the field at fault (`param`), down to `messages[2].content`.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@
 #include "server/chat_template.h"
 
 namespace pagoda::server {
+
+struct tool_request;  // server/tool_calls.h
 
 // Limits a request must stay within (the server's flags).
 struct api_limits {
@@ -75,6 +78,10 @@ enum class api_kind { completion, chat };
 struct api_call {
   api_kind kind = api_kind::completion;
   std::vector<request> requests;  // ids left empty; the caller names them
+  // Chat with tools offered (`tools`, `tool_choice` not "none": server/tool_calls.h,
+  // which chat takes apart from the neutral-only list below): the output is
+  // parsed for calls; null otherwise.
+  std::shared_ptr<const tool_request> tools;
   int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -15,6 +15,7 @@ response_builder::response_builder(const api_call& call, std::string id, std::st
       tokens_as_ids_(call.tokens_as_ids),
       id_(std::move(id)),
       model_(std::move(model)),
+      tools_(call.tools),
       created_(created_unix_s),
       vocab_(vocab),
       choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {}
@@ -128,6 +129,8 @@ json response_builder::body() const {
                          {"logprobs", lp},
                          {"finish_reason", reason}});
   }
+  if (tools_)
+    for (std::size_t i = 0; i < choices_.size(); ++i) apply_tool_calls(i, choices_[i], choices[i]);
   return {{"id", id_},
           {"object", kind_ == api_kind::completion ? "text_completion" : "chat.completion"},
           {"created", created_},
@@ -135,6 +138,55 @@ json response_builder::body() const {
           {"choices", choices},
           {"system_fingerprint", nullptr},
           {"usage", usage_json()}};
+}
+
+void response_builder::apply_tool_calls(std::size_t i, const choice& ch, json& out) const {
+  const parsed_tool_output p = parse_tool_output(*tools_, ch.text);
+  if (!p.called) return;
+  json calls = json::array();
+  for (std::size_t k = 0; k < p.calls.size(); ++k)
+    calls.push_back({{"id", tool_call_id(tools_->format, id_, i, k)},
+                     {"type", "function"},
+                     {"function", {{"name", p.calls[k].name}, {"arguments", p.calls[k].arguments}}}});
+  out["message"]["content"] = p.content.empty() ? json(nullptr) : json(p.content);
+  out["message"]["tool_calls"] = std::move(calls);
+  out["finish_reason"] = tool_finish_reason(*tools_, true, ch.finish_reason);
+}
+
+void response_builder::tool_chunks(std::size_t c, const engine_event& e, json logprobs, std::vector<json>& out) {
+  choice& ch = choices_[c];
+  if (!ch.tool_stream) ch.tool_stream.emplace(tools_);
+  std::vector<tool_delta> deltas;
+  ch.tool_stream->feed(e.text, deltas);
+  json reason = nullptr;
+  if (!e.finish_reason.empty()) reason = tool_finish_reason(*tools_, ch.tool_stream->finish(deltas), e.finish_reason);
+  std::vector<json> ds;
+  for (const tool_delta& d : deltas) {
+    if (!d.is_call) {
+      ds.push_back({{"content", d.text}});
+      continue;
+    }
+    json call = {{"index", d.index}};
+    if (!d.name.empty()) {
+      call["id"] = tool_call_id(tools_->format, id_, c, d.index);
+      call["type"] = "function";
+      call["function"] = {{"name", d.name}, {"arguments", d.text}};
+    } else {
+      call["function"] = {{"arguments", d.text}};
+    }
+    ds.push_back({{"tool_calls", json::array({std::move(call)})}});
+  }
+  if (ds.empty() && logprobs.is_null() && reason.is_null()) return;
+  if (ds.empty()) ds.push_back(json::object());
+  // Logprobs ride on the event's first chunk, the finish reason on its last.
+  for (std::size_t k = 0; k < ds.size(); ++k) {
+    json j = chunk_base();
+    j["choices"] = json::array({{{"index", c},
+                                 {"delta", std::move(ds[k])},
+                                 {"logprobs", k == 0 ? logprobs : json(nullptr)},
+                                 {"finish_reason", k + 1 == ds.size() ? reason : json(nullptr)}}});
+    out.push_back(std::move(j));
+  }
 }
 
 json response_builder::chunk_base() const {
@@ -169,6 +221,8 @@ void response_builder::chunks_for(int prompt_index, const engine_event& e, std::
   json j = chunk_base();
   if (kind_ == api_kind::completion) {
     j["choices"] = json::array({{{"index", c}, {"text", e.text}, {"logprobs", lp}, {"finish_reason", reason}}});
+  } else if (tools_) {
+    return tool_chunks(c, e, std::move(lp), out);
   } else {
     json delta = e.text.empty() && !has_lp ? json::object() : json{{"content", e.text}};
     j["choices"] = json::array({{{"index", c}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", reason}}});

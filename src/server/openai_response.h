@@ -16,6 +16,7 @@
 #include "model/tokenizer.h"
 #include "sched/engine_core.h"
 #include "server/openai_request.h"
+#include "server/tool_calls.h"
 
 namespace pagoda::server {
 
@@ -50,6 +51,7 @@ class response_builder {
  private:
   struct choice {
     std::string text;
+    std::optional<tool_call_stream> tool_stream;  // streaming with tools: made at the first event
     std::vector<token_logprob> logprobs;
     std::string finish_reason;
     std::size_t logprob_text_offset = 0;  // completions' text_offset of the next token
@@ -60,6 +62,11 @@ class response_builder {
   // Logprobs of `lps` in this endpoint's shape; `offset` is the completions' running text_offset.
   nlohmann::json logprobs_json(const std::vector<token_logprob>& lps, std::size_t& offset) const;
   std::string piece(token_id t) const;
+  // Chat with tools: choice i's text parsed for calls; `out` (its choice
+  // object) gets the calls and their finish reason when it was calls.
+  void apply_tool_calls(std::size_t i, const choice& ch, nlohmann::json& out) const;
+  // Streaming with tools: the event's text as content and tool-call deltas.
+  void tool_chunks(std::size_t c, const engine_event& e, nlohmann::json logprobs, std::vector<nlohmann::json>& out);
 
   api_kind kind_;
   int n_;
@@ -68,6 +75,7 @@ class response_builder {
   bool tokens_as_ids_;
   std::string id_;
   std::string model_;
+  std::shared_ptr<const tool_request> tools_;  // api_call::tools
   std::int64_t created_;
   const tokenizer& vocab_;
   std::vector<choice> choices_;
