@@ -96,6 +96,9 @@ status scheduler::add_request(request req) {
     return error(errc::invalid_argument, "max_tokens must not be negative, got {}", req.max_tokens);
   if (req.prompt_logits && req.n != 1)
     return error(errc::invalid_argument, "prompt logits are returned for n = 1 only");
+  if (req.prompt_logprobs < -1 || req.prompt_logprobs > request::k_max_prompt_logprobs)
+    return error(errc::invalid_argument, "prompt_logprobs must be in [-1, {}], got {}", request::k_max_prompt_logprobs,
+                 req.prompt_logprobs);
   PAGODA_RETURN_IF_ERROR(req.sampling.validate());
   if (req.prompt_chunk < 0) return error(errc::invalid_argument, "prompt_chunk must not be negative");
   if (req.kv_policy.empty()) req.kv_policy = config_.kv_policy;
@@ -206,7 +209,7 @@ sequence_options scheduler::kv_options(const sequence& s) const {
   sequence_options o;
   o.tenant = s.req->req.tenant;
   o.cache_salt = s.req->req.cache_salt;
-  o.lookup = !s.req->req.prompt_logits;
+  o.lookup = !computes_whole_prompt(s.req->req);
   o.classes = s.req->kv_classes;
   o.side = s.req->side;
   if (s.chunk >= 0) {  // a chunk computed alone: its own keys, no KV classes, no side memory
@@ -286,7 +289,7 @@ void scheduler::order_waiting_by_prefix(const std::unordered_set<block_key>& in_
     sequence* w = *it;
     entry e{w, w->passed_steps >= config_.max_passed_steps, 0};
     if (!e.overdue && n_looked_up++ < k_prefix_window && config_.enable_prefix_caching &&
-        !w->req->req.prompt_logits) {
+        !computes_whole_prompt(w->req->req)) {
       const std::vector<block_key>& keys = prompt_keys_of(w);
       e.blocks = kv_.n_cached_prompt_blocks(w->tokens, kv_options(*w));
       while (static_cast<std::size_t>(e.blocks) < keys.size() && in_flight.contains(keys[static_cast<std::size_t>(e.blocks)]))
@@ -430,7 +433,7 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     return false;
   }
   const auto bs = config_.block_size;
-  const bool sharing = config_.enable_prefix_caching && !r->req.prompt_logits;
+  const bool sharing = config_.enable_prefix_caching && !computes_whole_prompt(r->req);
   const sequence_options opts = kv_options(*s);
   const int n_reusable = (static_cast<int>(s->tokens.size()) - 1) / bs;
   if (sharing) prompt_keys_of(s);
@@ -632,6 +635,7 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
   for (int i = 0; i < n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
   q.n_stored = kv_.n_stored_tokens(s->id);
   q.all_logits = r.prompt_logits && s->n_computed < s->n_prompt;
+  if (r.prompt_logprobs >= 0 && s->chunk < 0 && s->n_computed < s->n_prompt - 1) q.score_from = s->n_computed;
   q.n_tokens = static_cast<std::int32_t>(s->tokens.size());
   q.sample = s->n_computed + n_known >= static_cast<int>(s->tokens.size()) && r.max_tokens > 0 && s->chunk < 0;
   if (s->n_computed < static_cast<int>(s->reused.size())) {
@@ -654,6 +658,7 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
     u.sampling = r.sampling;
     u.sampling.seed = r.sampling.seed + static_cast<std::uint64_t>(s->index);
     u.logprobs = r.logprobs;
+    u.prompt_logprobs = r.prompt_logprobs;
     u.tokens = s->tokens;
     u.n_prompt = s->n_prompt;
     if (s->pol && s->pol->policy()) u.policy = s->pol->policy()->spec();
@@ -753,7 +758,7 @@ void scheduler::fail_step(const step_plan& plan, const status& st, std::vector<e
 
 status scheduler::check_output(const step_plan& plan, const step_output& out) const {
   const auto V = static_cast<std::size_t>(vocab_.n_vocab());
-  std::size_t n_rows = 0, n_sampled = 0;
+  std::size_t n_rows = 0, n_sampled = 0, n_scores = 0;
   const bool any_draft = std::any_of(plan.seqs.begin(), plan.seqs.end(), [](const scheduled_seq& q) { return !q.draft.empty(); });
   if (any_draft && out.accepted.size() != plan.seqs.size())
     return error(errc::internal, "the runner reported acceptance for {} of {} sequences", out.accepted.size(), plan.seqs.size());
@@ -770,6 +775,7 @@ status scheduler::check_output(const step_plan& plan, const step_output& out) co
                      q.draft.size(), q.seq.value);
     }
     if (q.all_logits) n_rows += q.tokens.size();
+    if (const sequence* s = by_id(q.seq); s && q.score_from >= 0) n_scores += q.n_scored(s->n_prompt);
     if (q.sample) n_sampled += 1 + q.forks.size() + static_cast<std::size_t>(accepted);
   }
   if (out.prompt_logits.size() != n_rows * V)
@@ -777,6 +783,8 @@ status scheduler::check_output(const step_plan& plan, const step_output& out) co
                  n_rows, V);
   if (out.sampled.size() != n_sampled)
     return error(errc::internal, "the runner sampled {} tokens for {}", out.sampled.size(), n_sampled);
+  if (out.prompt_scores.size() != n_scores)
+    return error(errc::internal, "the runner scored {} prompt tokens for {}", out.prompt_scores.size(), n_scores);
   std::size_t k = 0;
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
@@ -809,7 +817,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   std::vector<int> first_computed(plan.seqs.size(), -1);  // n_computed before this step, per planned seq
 
   const auto V = static_cast<std::size_t>(vocab_.n_vocab());
-  std::size_t row = 0, next_sample = 0;
+  std::size_t row = 0, next_sample = 0, next_score = 0;
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
     sequence* s = by_id(q.seq);
@@ -871,6 +879,11 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
                              out.prompt_logits.begin() + static_cast<std::ptrdiff_t>(row + rows));
       row += rows;
       events.push_back(std::move(e));
+    }
+    if (q.score_from >= 0) {
+      const std::size_t n_scored = q.n_scored(s->n_prompt);
+      push_prompt_scores(s, q.score_from + 1, std::span(out.prompt_scores).subspan(next_score, n_scored), events);
+      next_score += n_scored;
     }
     if (q.sample) {
       if (!q.forks.empty()) {
@@ -983,6 +996,11 @@ int scheduler::next_chunk(const sequence& s) const {
     for (const request_state::chunk& c : s.req->chunks)
       if (c.done && !c.imported && c.at > s.n_computed) left = std::min(left, c.at - s.n_computed);
   if (s.n_computed >= s.n_prompt) return left;
+  // Prompt logprobs: the forward pass keeps a logits row of every token of
+  // the step, [tokens][n_vocab] floats; at most this many tokens a step bound
+  // them (64 MB at a 128K-token vocabulary) whatever the prompt's length.
+  constexpr int k_max_scored_tokens = 128;
+  if (s.req->req.prompt_logprobs >= 0) left = std::min(left, k_max_scored_tokens);
   if (const int chunk = s.req->req.prompt_chunk; chunk > 0) return std::min(left, chunk);
   // A prompt longer than its policy keeps: in chunks, the policy acting
   // between them (kv_policy::prompt_chunks), the last one whole enough for
@@ -1018,6 +1036,22 @@ void scheduler::fork_children(sequence* parent, std::span<const seq_fork> forks)
     seqs_.emplace(child->id, child.get());
     r->seqs.push_back(std::move(child));
   }
+}
+
+void scheduler::push_prompt_scores(sequence* s, std::int32_t first, std::span<const token_logprob> scores,
+                                   std::vector<engine_event>& events) {
+  // A sequence computed again (preempted part way) scores its prompt again:
+  // each token's entry goes out once.
+  request_state* r = s->req;
+  const std::size_t skip = static_cast<std::size_t>(std::clamp(r->prompt_scored - first, 0, static_cast<int>(scores.size())));
+  if (skip == scores.size()) return;
+  engine_event e;
+  e.request_id = r->req.id;
+  e.index = s->index;
+  e.first_prompt_logprob = first + static_cast<int>(skip);
+  e.prompt_logprobs.assign(scores.begin() + static_cast<std::ptrdiff_t>(skip), scores.end());
+  r->prompt_scored = e.first_prompt_logprob + static_cast<int>(e.prompt_logprobs.size());
+  events.push_back(std::move(e));
 }
 
 void scheduler::finish(sequence* s, const std::string& reason, std::vector<engine_event>& events,

@@ -346,6 +346,9 @@ class scheduler {
   const std::vector<block_key>& prompt_keys_of(sequence* s);
   sequence_options kv_options(const sequence& s) const;
   void commit_loads(const step_plan& plan, const step_output& out);
+  // The runner's scores of s's prompt tokens first .. (step_output::prompt_scores) as an event, less those sent before.
+  void push_prompt_scores(sequence* s, std::int32_t first, std::span<const token_logprob> scores,
+                          std::vector<engine_event>& events);
   void fail_step(const step_plan& plan, const status& st, std::vector<engine_event>& events);
   // Ends s, its finish merged into the last event when that is s's token event.
   void finish(sequence* s, const std::string& reason, std::vector<engine_event>& events, const std::string& why = {});
