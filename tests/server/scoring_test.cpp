@@ -137,6 +137,29 @@ TEST(scoring, echo_text_starts_with_the_prompt_and_logprobs_cover_it_then_the_ou
   EXPECT_EQ(r.json_body["usage"]["completion_tokens"], 5);
 }
 
+// n completions and several prompts: every choice carries its own prompt's echo and scores.
+TEST(scoring, each_choice_echoes_its_own_prompt) {
+  test_server s(default_setup());
+  auto c = s.client();
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog ran"};
+  json body = {{"prompt", prompts}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 3}, {"n", 2},
+               {"temperature", 1}, {"seed", 7}, {"prompt_logprobs", 0}};
+  http_reply r = post_json(*c, "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& choices = r.json_body["choices"];
+  ASSERT_EQ(choices.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::string& prompt = prompts[i / 2];
+    const std::size_t n_prompt = stories().vocab().encode(prompt, true).size();
+    EXPECT_TRUE(choices[i]["text"].get<std::string>().starts_with(prompt)) << choices[i];
+    EXPECT_EQ(choices[i]["logprobs"]["tokens"].size(), n_prompt + 3) << i;
+    EXPECT_EQ(choices[i]["prompt_logprobs"].size(), n_prompt) << i;
+    for (std::size_t t = 1; t < n_prompt; ++t)
+      EXPECT_EQ(choices[i]["logprobs"]["token_logprobs"][t], choices[i / 2 * 2]["logprobs"]["token_logprobs"][t]);
+  }
+  EXPECT_NE(choices[0]["prompt_logprobs"], choices[2]["prompt_logprobs"]);
+}
+
 TEST(scoring, prompt_logprobs_in_vllms_shape) {
   test_server s(default_setup());
   auto c = s.client();
