@@ -435,6 +435,18 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
   const auto bs = config_.block_size;
   const bool sharing = config_.enable_prefix_caching && !computes_whole_prompt(r->req);
   const sequence_options opts = kv_options(*s);
+  // A scoring request takes the cached blocks whose scores are kept too (the
+  // block after them included, prompt_score_cache.h); once its prompt is
+  // scored (computed again after a preemption), any.
+  sequence_options add_opts = opts;
+  if (config_.enable_prefix_caching && !r->req.prompt_logits && r->req.prompt_logprobs >= 0 && s->chunk < 0) {
+    if (r->prompt_scored >= s->n_prompt) {
+      add_opts.lookup = true;
+    } else if (const std::int32_t m = caches_scores(*s) ? n_scored_blocks(s) : 0; m > 1) {
+      add_opts.lookup = true;
+      add_opts.max_lookup_blocks = m - 1;
+    }
+  }
   const int n_reusable = (static_cast<int>(s->tokens.size()) - 1) / bs;
   if (sharing) prompt_keys_of(s);
   // The external KV source's blocks after the cached prefix (block load_from on).
@@ -458,8 +470,10 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
       n_in_source = n;
       load_from = m;
     }
-    auto cached = kv_.add_sequence(s->id, s->tokens, opts);
+    auto cached = kv_.add_sequence(s->id, s->tokens, add_opts);
     PAGODA_ASSERT(cached.ok(), "add_sequence: {}", cached.error().message());
+    if (r->req.prompt_logprobs >= 0 && *cached >= r->prompt_scored && r->prompt_scored < s->n_prompt)
+      send_cached_scores(s, *cached);
     s->in_kv = true;
     s->n_computed = *cached;
     if (s->pol) s->pol->commit(*cached, nullptr);  // cached slots are the sequence's first
@@ -1051,7 +1065,75 @@ void scheduler::push_prompt_scores(sequence* s, std::int32_t first, std::span<co
   e.first_prompt_logprob = first + static_cast<int>(skip);
   e.prompt_logprobs.assign(scores.begin() + static_cast<std::ptrdiff_t>(skip), scores.end());
   r->prompt_scored = e.first_prompt_logprob + static_cast<int>(e.prompt_logprobs.size());
+  if (caches_scores(*s)) {
+    r->scores.insert(r->scores.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+    keep_scores(s);
+  }
   events.push_back(std::move(e));
+}
+
+bool scheduler::caches_scores(const sequence& s) const {
+  const request& r = s.req->req;
+  // Under a KV policy a token's scores depend on what the policy kept, not
+  // on the tokens alone.
+  return config_.enable_prefix_caching && r.prompt_logprobs >= 0 && !r.prompt_logits && s.chunk < 0 &&
+         !(s.pol && s.pol->policy());
+}
+
+std::int32_t scheduler::n_scored_blocks(sequence* s) {
+  const std::vector<block_key>& keys = prompt_keys_of(s);
+  const auto bs = static_cast<std::size_t>(config_.block_size);
+  const std::size_t n_blocks = std::min(keys.size(), static_cast<std::size_t>(s->n_prompt) / bs);
+  std::size_t m = 0;
+  for (; m < n_blocks; ++m) {
+    const std::span<const token_id> tokens = std::span<const token_id>(s->tokens).subspan(m * bs, bs);
+    if (!score_cache_.find(keys[m], m == 0 ? k_root_parent_key : keys[m - 1], tokens, s->req->req.prompt_logprobs))
+      break;
+  }
+  return static_cast<std::int32_t>(m);
+}
+
+void scheduler::send_cached_scores(sequence* s, std::int32_t n_cached) {
+  request_state* r = s->req;
+  const std::vector<block_key>& keys = prompt_keys_of(s);
+  const auto bs = static_cast<std::size_t>(config_.block_size);
+  const int k = r->req.prompt_logprobs;
+  engine_event e;
+  e.request_id = r->req.id;
+  e.index = s->index;
+  e.first_prompt_logprob = r->prompt_scored;
+  // Tokens [prompt_scored, n_cached]: the last is the first computed token's
+  // predecessor's next, which the hit skips too.
+  for (auto t = static_cast<std::size_t>(r->prompt_scored); t <= static_cast<std::size_t>(n_cached); ++t) {
+    const std::size_t b = t / bs;
+    const std::span<const token_id> tokens = std::span<const token_id>(s->tokens).subspan(b * bs, bs);
+    const std::vector<token_logprob>* got =
+        score_cache_.find(keys[b], b == 0 ? k_root_parent_key : keys[b - 1], tokens, k);
+    PAGODA_ASSERT(got != nullptr, "the scores of block {} went between the lookup and the hit", b);
+    token_logprob lp = (*got)[t % bs];
+    if (lp.top.size() > static_cast<std::size_t>(k)) lp.top.resize(static_cast<std::size_t>(k));
+    e.prompt_logprobs.push_back(std::move(lp));
+  }
+  r->prompt_scored = n_cached + 1;
+  r->scores.insert(r->scores.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+  pending_events_.push_back(std::move(e));
+}
+
+void scheduler::keep_scores(sequence* s) {
+  request_state* r = s->req;
+  const std::vector<block_key>& keys = prompt_keys_of(s);
+  const int bs = config_.block_size;
+  const int n_blocks = std::min(static_cast<int>(keys.size()), s->n_prompt / bs);
+  for (int& b = r->score_blocks_kept; b < n_blocks && (b + 1) * bs <= r->prompt_scored; ++b) {
+    // Block b scores its tokens [b * bs, (b + 1) * bs); the first prompt token has no score.
+    std::vector<token_logprob> block;
+    for (int t = b * bs; t < (b + 1) * bs; ++t)
+      block.push_back(t == 0 ? token_logprob{s->tokens[0], 0.0f, {}} : r->scores[static_cast<std::size_t>(t - 1)]);
+    const auto at = static_cast<std::size_t>(b) * static_cast<std::size_t>(bs);
+    score_cache_.put(keys[static_cast<std::size_t>(b)], b == 0 ? k_root_parent_key : keys[static_cast<std::size_t>(b) - 1],
+                     std::span<const token_id>(s->tokens).subspan(at, static_cast<std::size_t>(bs)),
+                     r->req.prompt_logprobs, std::move(block));
+  }
 }
 
 void scheduler::finish(sequence* s, const std::string& reason, std::vector<engine_event>& events,

@@ -21,6 +21,8 @@ struct scheduler::request_state {
   std::vector<int> loaded_by_tier;  // of those, loaded from each tier of the KV source
   int completion_tokens = 0;
   int prompt_scored = 1;        // prompt_logprobs: the prompt tokens [1, prompt_scored) were scored and sent
+  std::vector<token_logprob> scores;  // those scores (entry i: prompt token i + 1's), while the prompt's blocks are kept
+  int score_blocks_kept = 0;    // its leading prompt blocks whose scores went to the score cache
   std::vector<kv_class_run> kv_classes;  // positions whose blocks are of another KV class (segments' kv_type)
   spec_config spec;             // its speculation (resolve_speculation)
   side_charge side;             // each completion's side memory bound (seq_policy::side_memory)

@@ -160,23 +160,83 @@ TEST(prompt_logprobs, a_preempted_prompt_sends_each_token_once) {
   }
 }
 
-TEST(prompt_logprobs, the_scored_prompt_is_computed_whole_and_cached_for_others) {
+// The prefix cache: a hit skips computing the cached positions, so the
+// scheduler keeps each scored block's scores (prompt_score_cache.h) and a
+// scoring request takes the cached blocks whose scores are kept, the block
+// after them included.
+TEST(prompt_logprobs, a_second_scoring_hits_the_prefix_cache_and_says_the_same) {
   const std::vector<token_id> prompt = story_tokens(100);
   auto e = *engine_core::create(stories(), config(64));
-  auto first = run(*e, {scoring("a", prompt, 1)});
-  // A second scoring of the same prompt computes it all again (a hit would
-  // skip the positions it scores) and says the same.
-  auto second = run(*e, {scoring("b", prompt, 1)});
+  auto first = run(*e, {scoring("a", prompt, 2)});
   EXPECT_EQ(first["a"].usage.cached_tokens, 0);
-  EXPECT_EQ(second["b"].usage.cached_tokens, 0);
+  auto second = run(*e, {scoring("b", prompt, 2)});
+  // 6 full blocks (96 tokens) have scores; the hit stops one block short of
+  // them: the first computed token's predecessor is scored by block 5.
+  EXPECT_EQ(second["b"].usage.cached_tokens, 80);
   ASSERT_EQ(second["b"].prompt.size(), first["a"].prompt.size());
   for (std::size_t i = 0; i < first["a"].prompt.size(); ++i) {
-    EXPECT_EQ(second["b"].prompt[i].logprob, first["a"].prompt[i].logprob) << i;
-    EXPECT_EQ(second["b"].prompt[i].top, first["a"].prompt[i].top) << i;
+    EXPECT_EQ(second["b"].prompt[i].token, first["a"].prompt[i].token) << i;
+    EXPECT_NEAR(second["b"].prompt[i].logprob, first["a"].prompt[i].logprob, 1e-5) << i;
+    EXPECT_EQ(second["b"].prompt[i].rank, first["a"].prompt[i].rank) << i;
+    ASSERT_EQ(second["b"].prompt[i].top.size(), 2u) << i;
   }
-  // Its blocks entered the prefix cache: a generation request takes them.
-  auto third = run(*e, {greedy_ids("gen", prompt, 2)});
-  EXPECT_EQ(third["gen"].usage.cached_tokens, 96);  // the whole blocks before the last token
+  // Fewer alternatives are served from the same entries; more are not there.
+  auto fewer = run(*e, {scoring("c", prompt, 1)});
+  EXPECT_EQ(fewer["c"].usage.cached_tokens, 80);
+  ASSERT_EQ(fewer["c"].prompt.size(), prompt.size() - 1);
+  EXPECT_EQ(fewer["c"].prompt[10].top.size(), 1u);
+  EXPECT_EQ(fewer["c"].prompt[10].top[0], first["a"].prompt[10].top[0]);
+  auto more = run(*e, {scoring("d", prompt, 3)});
+  EXPECT_EQ(more["d"].usage.cached_tokens, 0);
+  // A generation request takes every cached block, as for any prompt.
+  auto gen = run(*e, {greedy_ids("gen", prompt, 2)});
+  EXPECT_EQ(gen["gen"].usage.cached_tokens, 96);
+}
+
+// lm-eval's multiple choice: one context, several continuations. Each
+// request takes the context's blocks and scores what a fresh engine scores.
+TEST(prompt_logprobs, shared_contexts_hit_and_score_as_computed_whole) {
+  const std::vector<token_id> story = story_tokens(200);
+  const std::vector<token_id> context(story.begin(), story.begin() + 70);
+  std::vector<std::vector<token_id>> prompts;
+  for (std::size_t c = 0; c < 3; ++c) {
+    std::vector<token_id> p = context;
+    p.insert(p.end(), story.begin() + 70 + static_cast<std::ptrdiff_t>(c * 30),
+             story.begin() + 100 + static_cast<std::ptrdiff_t>(c * 30));
+    prompts.push_back(std::move(p));
+  }
+  auto cached = *engine_core::create(stories(), config(256));
+  for (std::size_t c = 0; c < prompts.size(); ++c) {
+    const std::string id = "c" + std::to_string(c);
+    auto fresh_engine = *engine_core::create(stories(), config(256));
+    auto want = run(*fresh_engine, {scoring(id, prompts[c], 1)});
+    auto got = run(*cached, {scoring(id, prompts[c], 1)});
+    // The context's 4 full blocks have scores after the first request; the hit takes 3.
+    EXPECT_EQ(got[id].usage.cached_tokens, c == 0 ? 0 : 48) << id;
+    ASSERT_EQ(got[id].prompt.size(), prompts[c].size() - 1);
+    for (std::size_t i = 0; i < got[id].prompt.size(); ++i) {
+      EXPECT_EQ(got[id].prompt[i].token, prompts[c][i + 1]);
+      EXPECT_NEAR(got[id].prompt[i].logprob, want[id].prompt[i].logprob, 1e-5) << id << " " << i;
+    }
+  }
+}
+
+// Under a KV policy a token's scores depend on what the policy kept: no kept scores, no hit.
+TEST(prompt_logprobs, a_policy_request_neither_keeps_nor_takes_scores) {
+  const std::vector<token_id> prompt = story_tokens(100);
+  auto e = *engine_core::create(stories(), config(64));
+  request a = scoring("a", prompt, 1);
+  a.kv_policy = "h2o:budget=24,slack=0";
+  run(*e, {a});
+  auto b = run(*e, {scoring("b", prompt, 1)});
+  EXPECT_EQ(b["b"].usage.cached_tokens, 0);
+  auto c = run(*e, {scoring("c", prompt, 1)});
+  EXPECT_EQ(c["c"].usage.cached_tokens, 80);
+  request d = scoring("d", prompt, 1);
+  d.kv_policy = "h2o:budget=24,slack=0";
+  auto dr = run(*e, {d});
+  EXPECT_EQ(dr["d"].usage.cached_tokens, 0);
+  EXPECT_EQ(dr["d"].prompt.size(), prompt.size() - 1);
 }
 
 TEST(prompt_logprobs, out_of_range_is_refused) {

@@ -201,27 +201,39 @@ TEST(scoring, prompt_logprobs_in_vllms_shape) {
   EXPECT_FALSE(r.json_body["choices"][0]["text"].get<std::string>().starts_with("Once"));
 }
 
-TEST(scoring, a_second_identical_request_returns_identical_logprobs_and_the_blocks_are_cached) {
+TEST(scoring, a_second_identical_request_hits_the_prefix_cache_and_returns_the_same_logprobs) {
   test_server s(default_setup());
   auto c = s.client();
   const std::vector<token_id> ids = stories().vocab().encode(documents(1, 400)[0], true);
   ASSERT_GT(ids.size(), 40u);
   const std::string body = loglikelihood_body({ids}).dump();
   http_reply a = post_json(*c, "/v1/completions", body);
-  http_reply b = post_json(*c, "/v1/completions", body);
   ASSERT_EQ(a.status, 200) << a.body;
+  const double hits_before = metric(s.metrics(), "pagoda:prefix_cache_hits_total");
+  http_reply b = post_json(*c, "/v1/completions", body);
   ASSERT_EQ(b.status, 200) << b.body;
-  EXPECT_EQ(a.json_body["choices"][0]["logprobs"], b.json_body["choices"][0]["logprobs"]);
-  // Scoring computes every prompt position (a prefix hit would skip the
-  // positions it must score): neither request reports cached tokens...
   EXPECT_EQ(a.json_body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-  EXPECT_EQ(b.json_body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-  // ...but the scored prompt's blocks are in the prefix cache like any
-  // other's: a generation request on the same prompt takes them.
-  json gen = {{"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}};
-  http_reply g = post_json(*c, "/v1/completions", gen.dump());
-  ASSERT_EQ(g.status, 200) << g.body;
-  EXPECT_EQ(g.json_body["usage"]["prompt_tokens_details"]["cached_tokens"], (ids.size() - 1) / 16 * 16);
+  // The second takes the cached blocks whose scores the engine kept, but
+  // the last (prompt_score_cache.h): every full block's scores are kept.
+  const std::size_t n_cached = (ids.size() / 16 - 1) * 16;
+  EXPECT_EQ(b.json_body["usage"]["prompt_tokens_details"]["cached_tokens"], n_cached);
+  EXPECT_EQ(metric(s.metrics(), "pagoda:prefix_cache_hits_total") - hits_before, static_cast<double>(n_cached));
+  const json& la = a.json_body["choices"][0]["logprobs"];
+  const json& lb = b.json_body["choices"][0]["logprobs"];
+  EXPECT_EQ(la["tokens"], lb["tokens"]);
+  EXPECT_EQ(la["top_logprobs"].size(), lb["top_logprobs"].size());
+  ASSERT_EQ(la["token_logprobs"].size(), ids.size());
+  ASSERT_EQ(lb["token_logprobs"].size(), ids.size());
+  EXPECT_TRUE(lb["token_logprobs"][0].is_null());
+  for (std::size_t i = 1; i < ids.size(); ++i) {
+    // The cached positions' scores are the first request's own; the rest computed again, to float rounding.
+    if (i <= n_cached) {
+      EXPECT_EQ(la["token_logprobs"][i], lb["token_logprobs"][i]) << i;
+    } else {
+      EXPECT_NEAR(la["token_logprobs"][i].get<double>(), lb["token_logprobs"][i].get<double>(), 1e-5) << i;
+    }
+  }
+  EXPECT_NEAR(sum_from(la["token_logprobs"], 1), sum_from(lb["token_logprobs"], 1), 1e-5);
 }
 
 TEST(scoring, streaming_echo_sends_the_prompt_first) {
