@@ -97,8 +97,9 @@ struct request {
   // logprobs, vLLM's prompt_logprobs): for every prompt token but the first,
   // its logprob given the tokens before it, its rank and the k most likely
   // tokens there (engine_event::prompt_logprobs), computed by the runner from
-  // the logits rows, which never leave it. The prompt is then computed in
-  // full (a prefix-cache hit would skip the positions to score), and its
+  // the logits rows, which never leave it. A prefix-cache hit would skip the
+  // positions to score: the request takes only cached blocks whose scores
+  // the scheduler kept (sched/prompt_score_cache.h), under full KV only; its
   // blocks enter the prefix cache as any prompt's do. At most
   // k_max_prompt_logprobs.
   int prompt_logprobs = -1;
