@@ -13,12 +13,22 @@ response_builder::response_builder(const api_call& call, std::string id, std::st
       include_usage_(call.include_usage),
       want_logprobs_(call.logprobs >= 0),
       tokens_as_ids_(call.tokens_as_ids),
+      echo_(call.echo),
+      logprobs_(call.logprobs),
+      prompt_logprobs_(call.prompt_logprobs),
+      echo_texts_(call.echo_texts),
+      prompts_(call.requests.size()),
       id_(std::move(id)),
       model_(std::move(model)),
       tools_(call.tools),
       created_(created_unix_s),
       vocab_(vocab),
-      choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {}
+      choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {
+  echo_texts_.resize(call.requests.size());
+  // Only prompts whose tokens are scored keep them (prompt_scores::complete).
+  if ((echo_ && logprobs_ >= 0) || prompt_logprobs_ >= 0)
+    for (std::size_t i = 0; i < call.requests.size(); ++i) prompts_[i].tokens = call.requests[i].prompt;
+}
 
 std::string response_builder::piece(token_id t) const {
   if (tokens_as_ids_) return fmt::format("token_id:{}", t);
@@ -29,6 +39,12 @@ void response_builder::add(int prompt_index, const engine_event& e) {
   const std::size_t c = static_cast<std::size_t>(prompt_index) * n_ + e.index;
   if (c >= choices_.size()) return;
   choice& ch = choices_[c];
+  if (!e.prompt_logprobs.empty()) {
+    // Completion 0 scores the prompt for its n choices; the engine sends each token once, in order.
+    std::vector<token_logprob>& scores = prompts_[static_cast<std::size_t>(prompt_index)].scores;
+    if (static_cast<std::size_t>(e.first_prompt_logprob) == scores.size() + 1)
+      scores.insert(scores.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+  }
   ch.text += e.text;
   ch.logprobs.insert(ch.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
   if (!e.finish_reason.empty()) ch.finish_reason = e.finish_reason;
@@ -114,20 +130,74 @@ json response_builder::logprobs_json(const std::vector<token_logprob>& lps, std:
   return {{"content", content}, {"refusal", nullptr}};
 }
 
+json response_builder::echo_logprobs_json(int prompt_index, std::size_t& offset) const {
+  const prompt_scores& p = prompts_[static_cast<std::size_t>(prompt_index)];
+  std::vector<token_logprob> lps;
+  for (std::size_t i = 1; i < p.tokens.size(); ++i) {
+    token_logprob lp = i <= p.scores.size() ? p.scores[i - 1] : token_logprob{p.tokens[i], 0.0f, {}};
+    if (lp.top.size() > static_cast<std::size_t>(logprobs_)) lp.top.resize(static_cast<std::size_t>(logprobs_));
+    lps.push_back(std::move(lp));
+  }
+  if (p.tokens.empty()) return logprobs_json({}, offset);
+  // The first prompt token has no logprob (nothing before it): null, as vLLM sends it.
+  json j = logprobs_json({token_logprob{p.tokens[0], 0.0f, {}}}, offset);
+  j["token_logprobs"][0] = nullptr;
+  j["top_logprobs"][0] = nullptr;
+  const json rest = logprobs_json(lps, offset);
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const json& v : rest[key]) j[key].push_back(v);
+  // An entry the engine never sent (the request failed part way) is null too.
+  for (std::size_t i = p.scores.size() + 1; i < p.tokens.size(); ++i) {
+    j["token_logprobs"][i] = nullptr;
+    j["top_logprobs"][i] = nullptr;
+  }
+  return j;
+}
+
+json response_builder::prompt_logprobs_json(int prompt_index) const {
+  const prompt_scores& p = prompts_[static_cast<std::size_t>(prompt_index)];
+  json out = json::array({nullptr});
+  for (const token_logprob& lp : p.scores) {
+    // The prompt's token with its rank, then the k most likely (ranks 1 .. k).
+    json e = json::object();
+    e[std::to_string(lp.token)] = {{"logprob", lp.logprob}, {"rank", lp.rank}, {"decoded_token", piece(lp.token)}};
+    const std::size_t k = std::min(lp.top.size(), static_cast<std::size_t>(prompt_logprobs_));
+    for (std::size_t r = 0; r < k; ++r) {
+      const std::string id = std::to_string(lp.top[r].first);
+      if (!e.contains(id))
+        e[id] = {{"logprob", lp.top[r].second}, {"rank", r + 1}, {"decoded_token", piece(lp.top[r].first)}};
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 json response_builder::body() const {
   json choices = json::array();
   for (std::size_t i = 0; i < choices_.size(); ++i) {
     const choice& ch = choices_[i];
     std::size_t offset = 0;
-    json lp = want_logprobs_ ? logprobs_json(ch.logprobs, offset) : json(nullptr);
     json reason = ch.finish_reason.empty() ? json(nullptr) : json(ch.finish_reason);
-    if (kind_ == api_kind::completion)
-      choices.push_back({{"index", i}, {"text", ch.text}, {"logprobs", lp}, {"finish_reason", reason}});
-    else
+    if (kind_ == api_kind::completion) {
+      const int p = static_cast<int>(i / static_cast<std::size_t>(n_));
+      json lp = nullptr;
+      if (want_logprobs_) {
+        lp = echo_ ? echo_logprobs_json(p, offset) : logprobs_json({}, offset);
+        const json gen = logprobs_json(ch.logprobs, offset);
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+          for (const json& v : gen[key]) lp[key].push_back(v);
+      }
+      const std::string& echoed = echo_ ? echo_texts_[static_cast<std::size_t>(p)] : std::string();
+      json c = {{"index", i}, {"text", echoed + ch.text}, {"logprobs", lp}, {"finish_reason", reason}};
+      if (prompt_logprobs_ >= 0) c["prompt_logprobs"] = prompt_logprobs_json(p);
+      choices.push_back(std::move(c));
+    } else {
+      json lp = want_logprobs_ ? logprobs_json(ch.logprobs, offset) : json(nullptr);
       choices.push_back({{"index", i},
                          {"message", {{"role", "assistant"}, {"content", ch.text}}},
                          {"logprobs", lp},
                          {"finish_reason", reason}});
+    }
   }
   if (tools_)
     for (std::size_t i = 0; i < choices_.size(); ++i) apply_tool_calls(i, choices_[i], choices[i]);
@@ -211,9 +281,27 @@ std::vector<json> response_builder::opening_chunks() const {
   return out;
 }
 
+void response_builder::echo_chunk(std::size_t c, std::vector<json>& out) {
+  const std::size_t p = c / static_cast<std::size_t>(n_);
+  choices_[c].echoed = true;
+  json lp = want_logprobs_ && echo_ ? echo_logprobs_json(static_cast<int>(p), choices_[c].logprob_text_offset)
+                                    : json(nullptr);
+  json ch = {{"index", c}, {"text", echo_ ? echo_texts_[p] : std::string()}, {"logprobs", lp}, {"finish_reason", nullptr}};
+  if (prompt_logprobs_ >= 0) ch["prompt_logprobs"] = prompt_logprobs_json(static_cast<int>(p));
+  json j = chunk_base();
+  j["choices"] = json::array({std::move(ch)});
+  out.push_back(std::move(j));
+}
+
 void response_builder::chunks_for(int prompt_index, const engine_event& e, std::vector<json>& out) {
   const std::size_t c = static_cast<std::size_t>(prompt_index) * n_ + e.index;
   if (c >= choices_.size()) return;
+  // Echo, prompt_logprobs: the prompt's chunk first, once its scores are in
+  // (they are before the first token is: the prompt's last row samples it).
+  if (kind_ == api_kind::completion && (echo_ || prompt_logprobs_ >= 0) && !choices_[c].echoed) {
+    if (!prompts_[static_cast<std::size_t>(prompt_index)].complete() && e.finish_reason.empty()) return;
+    echo_chunk(c, out);
+  }
   const bool has_lp = want_logprobs_ && !e.logprobs.empty();
   if (e.text.empty() && !has_lp && e.finish_reason.empty()) return;
   json lp = has_lp ? logprobs_json(e.logprobs, choices_[c].logprob_text_offset) : json(nullptr);
