@@ -94,18 +94,18 @@ TEST(hostile_store, a_forged_redis_record_is_a_counted_miss_with_a_secret) {
   EXPECT_EQ(metric_value(b.port(), "pagoda:kv_store_corrupt_total"), 0);
   const json stats = call(b.port(), "GET", "/v1/kv/stats", {}, "sk-admin");
   EXPECT_GE(stats["loads"]["forged"].get<int>(), 1) << stats;
-  // The forged records were erased and replaced by b's own, MACed again.
-  ASSERT_TRUE(wait_entries(**rs, full_blocks));
-  for (int i = 0; i < 200; ++i) {
-    int verified = 0;
-    ASSERT_TRUE((*rs)->for_each([&](const store_key& k, std::span<const std::byte> v) {
-                   verified += check_block_record(v, k, &*secret).ok();
-                   return true;
-                 }).ok());
-    if (verified >= full_blocks) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ASSERT_LT(i, 199) << "b did not store its blocks again";
-  }
+  // The forged records b found are erased, never served again: a second
+  // request on b loads none of them (b's own memory may hold its blocks, and
+  // whatever Redis serves it verifies under the secret). Which forged records
+  // b's write-back replaces depends on whether b found and erased them before
+  // writing (Redis puts are SET NX): not asserted; docs/serving.md, "What the
+  // secret protects".
+  const int forged_after_first = static_cast<int>(metric_value(b.port(), "pagoda:kv_store_forged_total"));
+  const json on_b_again = complete(b.port(), story_prompt(1), 10, k_alice_key);
+  ASSERT_EQ(on_b_again["http_status"], 200) << on_b_again;
+  EXPECT_EQ(text(on_b_again), text(ref));
+  EXPECT_GE(metric_value(b.port(), "pagoda:kv_store_forged_total"), forged_after_first);
+  EXPECT_EQ(metric_value(b.port(), "pagoda:kv_store_corrupt_total"), 0);
   const json again = complete(a.port(), story_prompt(1), 10, k_alice_key);
   EXPECT_EQ(text(again), text(ref));
 }
