@@ -316,7 +316,7 @@ namespace {
 status add_kv_segment_classes(const llama_model& model, const engine_config& opts, engine_core_config& cfg) {
   // --kv-image-type names a class too: one of the flag's fraction unless
   // --kv-segment-dtype lists it or it is the default type.
-  std::vector<std::string> dtypes = dtypes;
+  std::vector<std::string> dtypes = opts.kv_segment_dtypes;
   if (!opts.kv_image_type.empty() && !find_kv_class(cfg, opts.kv_image_type).ok()) {
     const auto listed = std::find_if(dtypes.begin(), dtypes.end(), [&](const std::string& t) {
       return t.substr(0, t.rfind(':')) == opts.kv_image_type;

@@ -8,11 +8,13 @@
 // llama.cpp's mtmd made of image A, so the logits after the image are
 // checked against llama.cpp's own through the whole engine.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -22,7 +24,9 @@
 #include "model/llama.h"
 #include "pagoda/request.h"
 #include "sched/engine_core.h"
+#include "sched/engine_setup.h"
 #include "sched/image_spans.h"
+#include "store/warehouse.h"
 
 namespace pagoda {
 namespace {
@@ -213,6 +217,84 @@ TEST(engine_images, the_same_image_hits_the_prefix_cache_by_content) {
   EXPECT_EQ(e->stats().n_image_tokens, 5 * 32);
   EXPECT_EQ(e->stats().n_cached_image_tokens, 28);
   EXPECT_EQ(e->kv_stats().n_blocks_used, 0);
+}
+
+// The disk tier keys image blocks as the pool does: after a restart (a new
+// engine on the same directory) the same image loads from disk, another
+// image or another tenant does not.
+TEST(engine_images, the_disk_tier_keys_images_by_content) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("pagoda_images_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  engine_config ec;
+  ec.model_path = vision_dir() + "/text-tiny-F32.gguf";
+  ec.kv_cache_dtype = "f32";
+  ec.max_num_seqs = 4;
+  ec.n_ctx = 256;
+  ec.n_threads = 1;
+  ec.max_kv_tokens = 4096;
+  ec.kv_store_path = dir.string();
+  ec.kv_store_size_gib = 0.25;
+  const auto node_run = [&](std::vector<request> reqs) {
+    auto cc = make_engine_core_config(text_model(), ec);
+    EXPECT_TRUE(cc.ok()) << cc.error().message();
+    cc->max_model_len = 256;
+    auto w = make_warehouse(ec, text_model());
+    EXPECT_TRUE(w.ok()) << w.error().message();
+    auto core = std::move(*engine_core::create(text_model(), *cc));
+    attach_warehouse(*core, **w);
+    std::map<std::string, result_of> out;
+    for (request& r : reqs) {
+      auto one = run_all(*core, {r});
+      (*w)->flush();
+      out.insert(one.begin(), one.end());
+    }
+    core.reset();
+    (*w)->close();
+    return out;
+  };
+  const std::vector<token_id> tail{303, 304, 305};
+  const auto first = node_run({image_request("a", k_prompt, image_rows("a-64x64", 2), 0xa, tail, 4)});
+  request bob = image_request("bob", k_prompt, image_rows("a-64x64", 2), 0xa, tail, 4);
+  bob.tenant = "bob";
+  const auto second = node_run({image_request("again", k_prompt, image_rows("a-64x64", 2), 0xa, tail, 4),
+                                image_request("other", k_prompt, image_rows("b-96x80", 2), 0xb, tail, 4), bob});
+  EXPECT_EQ(second.at("again").usage.cached_tokens, 32);
+  EXPECT_EQ(second.at("again").usage.loaded_tokens_by_tier.empty() ? 0 : second.at("again").usage.loaded_tokens_by_tier[0], 32)
+      << "from the disk tier";
+  EXPECT_EQ(second.at("again").tokens, first.at("a").tokens);
+  EXPECT_EQ(second.at("other").usage.cached_tokens, 0);
+  EXPECT_EQ(second.at("bob").usage.cached_tokens, 0);
+  fs::remove_all(dir);
+}
+
+// --kv-image-type adds a KV class of its type unless --kv-segment-dtype
+// lists it (at that flag's fraction) or it is the default type.
+TEST(engine_images, the_image_type_is_a_kv_class) {
+  engine_config ec;
+  ec.model_path = vision_dir() + "/text-tiny-F32.gguf";
+  ec.kv_cache_dtype = "f32";
+  ec.n_ctx = 256;
+  ec.max_num_seqs = 4;
+  ec.max_kv_tokens = 4096;
+  const auto classes = [&](const engine_config& c) {
+    auto cc = make_engine_core_config(text_model(), c);
+    EXPECT_TRUE(cc.ok()) << cc.error().message();
+    std::vector<std::string> names;
+    if (cc.ok())
+      for (const kv_segment_class& k : cc->kv_classes) names.push_back(k.name);
+    return names;
+  };
+  engine_config img = ec;
+  img.kv_image_type = "int8";
+  EXPECT_EQ(classes(img), std::vector<std::string>{"int8"});
+  img.kv_segment_dtypes = {"int4:0.2", "int8:0.5"};
+  EXPECT_EQ(classes(img), (std::vector<std::string>{"int4", "int8"}));
+  engine_config plain = ec;
+  plain.kv_image_type = "f32";
+  EXPECT_TRUE(classes(plain).empty());
+  plain.kv_image_type = "no-such-type";
+  EXPECT_FALSE(make_engine_core_config(text_model(), plain).ok());
 }
 
 TEST(engine_images, key_tokens_name_the_image_the_tenant_and_the_index) {
