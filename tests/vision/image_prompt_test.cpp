@@ -48,19 +48,26 @@ TEST(image_prompt, idefics3_layout_is_mtmds) {
     const std::vector<token_id> ids = vocab.encode(s, false, true);
     want.insert(want.end(), ids.begin(), ids.end());
   };
+  // mtmd's lookup_token: one token whose text is the marker's (this synthetic
+  // vocabulary has "\n" as one; the others are tokenized).
+  const auto marker = [&](const std::string& s) {
+    for (token_id id = 0; id < vocab.n_vocab(); ++id)
+      if (vocab.token_to_piece(id, true) == s) return want.push_back(id);
+    text(s);
+  };
   const auto image = [&] { want.insert(want.end(), 16, token_id{0}); };
   for (int y = 1; y <= 2; ++y) {
     for (int x = 1; x <= 3; ++x) {
       text("<fake_token_around_image><row_" + std::to_string(y) + "_col_" + std::to_string(x) + ">");
       image();
     }
-    if (y == 1) text("\n");
+    if (y == 1) marker("\n");
   }
-  text("\n\n");
-  text("<fake_token_around_image>");
-  text("<global-img>");
+  marker("\n\n");
+  marker("<fake_token_around_image>");
+  marker("<global-img>");
   image();
-  text("<fake_token_around_image>");
+  marker("<fake_token_around_image>");
   EXPECT_EQ(p.tokens, want);
   for (const image_span& s : p.spans)
     for (int j = 0; j < s.n_tokens; ++j) EXPECT_EQ(p.tokens[static_cast<std::size_t>(s.begin + j)], 0);
