@@ -165,39 +165,34 @@ int print_vision(const info_options& o, const llama_model& model) {
   if (!proj.ok()) return fail(proj.error().with_context("--mmproj " + o.mmproj));
   PAGODA_RETURN_IF_ERROR_CLI((*proj)->check_text_model(model.hparams().n_embd).with_context("--mmproj " + o.mmproj));
   const vision::vision_hparams& v = (*proj)->hparams();
-  std::printf("
-vision tower:    %s (--mmproj %s): idefics3 (SigLIP ViT, pixel-shuffle projector x%d), image %d, "
-              "patch %d (%dx%d patches), %d layers, width %d, %d heads, FFN %d, projection %d
-",
-              o.mmproj.c_str(), o.mmproj.c_str(), v.scale_factor, v.image_size, v.patch_size, v.patches_per_side(),
-              v.patches_per_side(), v.n_layer, v.n_embd, v.n_head, v.n_ff, v.projection_dim);
+  std::printf("\nvision tower:    idefics3 (SigLIP ViT, pixel-shuffle projector x%d) from %s: image %d, patch %d "
+              "(%dx%d patches), %d layers, width %d, %d heads, FFN %d, projection %d\n",
+              v.scale_factor, o.mmproj.c_str(), v.image_size, v.patch_size, v.patches_per_side(), v.patches_per_side(),
+              v.n_layer, v.n_embd, v.n_head, v.n_ff, v.projection_dim);
   // The smallest image (one slice and the overview) and the largest grid (longest edge).
   const int per_chunk = v.n_output_tokens();
   const int max_side = std::max(1, v.longest_edge / v.image_size);
   const vision::image_part small = vision::idefics3_layout(model.vocab(), 1, 1, per_chunk);
   const vision::image_part large = vision::idefics3_layout(model.vocab(), max_side, max_side, per_chunk);
+  const auto markers = [](const vision::image_part& p) {
+    return p.tokens.size() - static_cast<std::size_t>(p.n_image_tokens());
+  };
   std::printf("image tokens:    %d per %dx%d chunk; an image is its slices (up to %dx%d at the longest edge %d) and an "
-              "overview: %d image tokens (+%zu marker tokens) for one slice, %d (+%zu) for %dx%d
-",
+              "overview: %d image tokens (+%zu marker tokens) for one slice, %d (+%zu) for %dx%d\n",
               per_chunk, v.image_size, v.image_size, max_side, max_side, v.longest_edge, small.n_image_tokens(),
-              small.tokens.size() - static_cast<std::size_t>(small.n_image_tokens()), large.n_image_tokens(),
-              large.tokens.size() - static_cast<std::size_t>(large.n_image_tokens()), max_side, max_side);
+              markers(small), large.n_image_tokens(), markers(large), max_side, max_side);
   auto kv_row = [&](const std::string& what, const engine_config& cfg) {
     auto layout = make_kv_layout(model, cfg);
     if (!layout.ok()) {
-      std::printf("  %-36s %s
-", what.c_str(), layout.error().message().c_str());
+      std::printf("  %-36s %s\n", what.c_str(), layout.error().message().c_str());
       return;
     }
     const double per_token = layout->bytes_per_token();
-    std::printf("  %-36s %10.1f %14s %14s
-", (what + " " + layout->describe()).c_str(), per_token,
+    std::printf("  %-36s %10.1f %14s %14s\n", (what + " " + layout->describe()).c_str(), per_token,
                 human_bytes(per_token * small.n_image_tokens()).c_str(),
                 human_bytes(per_token * large.n_image_tokens()).c_str());
   };
-  std::printf("KV per image:
-  %-36s %10s %14s %14s
-", "KV type", "B/token", "one slice", "largest grid");
+  std::printf("KV per image:\n  %-36s %10s %14s %14s\n", "KV type", "B/token", "one slice", "largest grid");
   kv_row("configured", o.config);
   if (!o.config.kv_image_type.empty()) {
     engine_config img = o.config;

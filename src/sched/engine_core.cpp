@@ -209,7 +209,13 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
   if (!c.kv_image_policy.empty()) {
     auto spec = parse_kv_policy_spec(c.kv_image_policy);
     if (!spec.ok()) return spec.error().with_context("--kv-image-policy");
-    if (auto policy = make_kv_policy(*spec); !policy.ok()) return policy.error().with_context("--kv-image-policy");
+    // As the segment an image becomes (the default policy around it): a policy
+    // that cannot be a segment's (one that reads sparsely) is refused here, not at each request.
+    auto base = parse_kv_policy_spec(c.kv_policy);
+    const kv_segment image{0, 1, *spec};
+    if (base.ok())
+      if (auto policy = make_segmented_policy(*base, {&image, 1}); !policy.ok())
+        return policy.error().with_context("--kv-image-policy");
   }
   {
     // The default policy must be valid, and what it needs of the KV layout is kept.

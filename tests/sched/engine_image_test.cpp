@@ -384,6 +384,11 @@ TEST(engine_images, the_image_policy_acts_on_the_image_only) {
   auto refused = engine_core::create(text_model(), bad);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message().find("--kv-image-policy"), std::string::npos);
+  // Nor a policy that cannot be a part's (sparse reads are whole-sequence).
+  bad.kv_image_policy = "quest";
+  auto sparse = engine_core::create(text_model(), bad);
+  ASSERT_FALSE(sparse.ok());
+  EXPECT_NE(sparse.error().message().find("--kv-image-policy"), std::string::npos) << sparse.error().message();
 }
 
 TEST(engine_images, bad_spans_are_refused_clearly) {
