@@ -14,6 +14,9 @@ struct token_logprob {
   token_id token;
   float logprob;
   std::vector<std::pair<token_id, float>> top;  // the k most likely, best first
+  // Prompt logprobs only (request::prompt_logprobs): 1 + the number of tokens
+  // more likely than `token` (vLLM's rank); 0 elsewhere.
+  int rank = 0;
 };
 
 struct request_usage {
@@ -57,6 +60,12 @@ struct engine_event {
   // first_prompt_position .. + n - 1; row p holds the logits after prompt[0..p].
   std::vector<float> prompt_logits;
   int first_prompt_position = 0;
+  // With request::prompt_logprobs: entry i is prompt token
+  // first_prompt_logprob + i's logprob given the tokens before it (with its
+  // rank and the k most likely there); first_prompt_logprob >= 1 (the first
+  // prompt token has none). Each prompt token's entry comes once.
+  std::vector<token_logprob> prompt_logprobs;
+  int first_prompt_logprob = 0;
   // "" while running; "stop", "length", "abort", or "error" (then `error` says why).
   std::string finish_reason;
   std::string error;

@@ -115,6 +115,17 @@ struct request {
   // Return the logits of every prompt position (perplexity, KL divergence).
   // The prompt is then computed in full: no prefix-cache hits.
   bool prompt_logits = false;
+  // -1: none; k >= 0: the compact form of prompt scoring (echo with
+  // logprobs, vLLM's prompt_logprobs): for every prompt token but the first,
+  // its logprob given the tokens before it, its rank and the k most likely
+  // tokens there (engine_event::prompt_logprobs), computed by the runner from
+  // the logits rows, which never leave it. A prefix-cache hit would skip the
+  // positions to score: the request takes only cached blocks whose scores
+  // the scheduler kept (sched/prompt_score_cache.h), under full KV only; its
+  // blocks enter the prefix cache as any prompt's do. At most
+  // k_max_prompt_logprobs.
+  int prompt_logprobs = -1;
+  static constexpr int k_max_prompt_logprobs = 1024;
   // The KV policy of this request ("NAME[:key=value,...]", docs/policies.md);
   // "" takes the engine's default (--kv-policy), "none" is full KV.
   std::string kv_policy;

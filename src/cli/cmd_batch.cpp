@@ -70,6 +70,9 @@ result<server::api_call> parse_line(const json& j, const server::api_context& ct
   if (!call.ok()) return error(errc::invalid_argument, "{}", call.error.message);
   if (call.value->requests.size() != 1)
     return error(errc::invalid_argument, "a batch line holds one prompt, this one holds {}", call.value->requests.size());
+  if (call.value->echo || call.value->prompt_logprobs >= 0)
+    return error(errc::invalid_argument, "'echo' and 'prompt_logprobs' (prompt scoring) are served by /v1/completions; "
+                 "a batch line's result carries no prompt");
   return std::move(*call.value);
 }
 

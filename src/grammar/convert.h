@@ -27,6 +27,7 @@
 // Backreferences, lookaround and other `(?` forms are refused.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,18 @@
 namespace pagoda::grammar {
 
 result<std::string> json_schema_to_gbnf(const nlohmann::json& schema);
+// Several schemas in one grammar, for a caller that writes its own `root`
+// around them (tool calls: server/tool_calls.h). Schema i's rules are named
+// prefixes[i] + "...", so prefixes that differ and are not "json-" or "ws"
+// keep them apart; the building blocks (json-string, ws, ...) appear once.
+// `tops[i]` is the expression that matches schema i. REQUIRES:
+// prefixes.size() == schemas.size().
+struct schema_set_gbnf {
+  std::string rules;
+  std::vector<std::string> tops;
+};
+result<schema_set_gbnf> json_schemas_to_gbnf(std::span<const nlohmann::json> schemas,
+                                             std::span<const std::string> prefixes);
 // Any JSON object (response_format json_object).
 std::string json_object_gbnf();
 result<std::string> regex_to_gbnf(std::string_view regex);

@@ -74,7 +74,8 @@ const std::set<std::string>& supported() {
 
 class converter {
  public:
-  explicit converter(const json& root) : root_(root) {}
+  // Rules get `prefix` in front of their names, so several schemas' rules can share one grammar.
+  explicit converter(const json& root, std::string prefix = "") : root_(root), prefix_(std::move(prefix)) {}
 
   result<std::string> run() {
     PAGODA_ASSIGN_OR_RETURN(std::string top, visit(root_, "#", "root"));
@@ -83,6 +84,15 @@ class converter {
     for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
     for (const std::string& p : used_) out += p + " ::= " + primitives().at(p) + "\n";
     return out;
+  }
+
+  // The expression matching the schema; its rules go to `rules` and the
+  // building blocks it uses to `used`.
+  result<std::string> run_into(std::string& rules, std::set<std::string>& used) {
+    PAGODA_ASSIGN_OR_RETURN(std::string top, visit(root_, "#", "root"));
+    for (const auto& [name, body] : rules_) rules += name + " ::= " + body + "\n";
+    used.insert(used_.begin(), used_.end());
+    return top;
   }
 
  private:
@@ -107,6 +117,7 @@ class converter {
       base += ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) ? c : '-';
     if (base.empty() || base == "root") base = "schema";
     if (base.size() > 40) base.resize(40);
+    base = prefix_ + base;
     std::string name = base;
     for (int i = 2; names_.count(name) != 0 || primitives().count(name) != 0 || name == "root"; ++i)
       name = fmt::format("{}-{}", base, i);
@@ -359,6 +370,7 @@ class converter {
   }
 
   const json& root_;
+  std::string prefix_;
   std::vector<std::pair<std::string, std::string>> rules_;
   std::set<std::string> names_;
   std::set<std::string> used_;
@@ -379,6 +391,18 @@ result<std::string> json_schema_to_gbnf(const json& schema) {
     return error(errc::invalid_argument, "json schema: {}", m);
   }
   return text;
+}
+
+result<schema_set_gbnf> json_schemas_to_gbnf(std::span<const json> schemas, std::span<const std::string> prefixes) {
+  schema_set_gbnf out;
+  std::set<std::string> used = {"ws"};
+  for (std::size_t i = 0; i < schemas.size(); ++i) {
+    std::string top;
+    PAGODA_ASSIGN_OR_RETURN(top, converter(schemas[i], prefixes[i]).run_into(out.rules, used));
+    out.tops.push_back(std::move(top));
+  }
+  for (const std::string& p : used) out.rules += p + " ::= " + primitives().at(p) + "\n";
+  return out;
 }
 
 std::string json_object_gbnf() { return "root ::= json-object ws\n" + [] {

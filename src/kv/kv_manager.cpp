@@ -375,7 +375,8 @@ std::int32_t kv_manager::n_cached_prompt_blocks(std::span<const token_id> prompt
     return 0;
   const auto t = find_tenant(options.tenant);
   if (!t) return 0;  // a tenant never seen holds nothing
-  const std::size_t n_reusable = (prompt.size() - 1) / static_cast<std::size_t>(block_size_);
+  const std::size_t n_reusable = std::min((prompt.size() - 1) / static_cast<std::size_t>(block_size_),
+                                          static_cast<std::size_t>(std::max(options.max_lookup_blocks, 0)));
   const probe_data p = probe_of(prompt, first_block_extras(options), options.classes, n_reusable);
   const prefix_probe probe{prompt, p.keys, p.parents, p.extras, p.classes, *t, block_size_};
   return longest_cached_prefix(probe, static_cast<std::int32_t>(n_reusable));
@@ -397,7 +398,9 @@ result<std::int32_t> kv_manager::add_sequence(seq_id seq, std::span<const token_
   if (prefix_caching_) {
     // The last prompt token is always computed (its logits start generation).
     const std::size_t n_reusable =
-        options.lookup ? (prompt.size() - 1) / static_cast<std::size_t>(block_size_) : std::size_t{0};
+        options.lookup ? std::min((prompt.size() - 1) / static_cast<std::size_t>(block_size_),
+                                  static_cast<std::size_t>(std::max(options.max_lookup_blocks, 0)))
+                       : std::size_t{0};
     const probe_data p = probe_of(prompt, s.first_extras, s.classes, n_reusable);
     const prefix_probe probe{prompt, p.keys, p.parents, p.extras, p.classes, s.tenant, block_size_};
     const std::int32_t m = longest_cached_prefix(probe, static_cast<std::int32_t>(n_reusable));

@@ -122,6 +122,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -152,6 +153,9 @@ struct sequence_options {
   // The tokens are a chunk computed alone (CacheBlend reuse), not a prompt:
   // its keys live apart from every prompt's (an extra key of block 0).
   bool chunk = false;
+  // With lookup: take at most this many cached blocks (a scoring request's
+  // prompt scores cover that many, sched/prompt_score_cache.h).
+  std::int32_t max_lookup_blocks = std::numeric_limits<std::int32_t>::max();
 };
 
 // The most KV groups one manager coordinates (per-group scratch is sized by it).

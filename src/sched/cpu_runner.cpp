@@ -153,7 +153,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
     tables_[i].assign(s.tables.begin(), s.tables.end());
     f.blocks = tables_[i].front();
     f.tables = tables_[i];
-    f.all_logits = q.all_logits || !q.draft.empty();  // a verification reads every row
+    f.all_logits = q.every_row();  // a verification reads every row, so does scoring
     f.rows_as_steps = !q.draft.empty();                // and each row must be plain decoding's
     if (q.stats_window >= 0) {
       f.stats = &out.stats[i];

@@ -58,7 +58,7 @@ status cpu_runner::blend(const step_plan& plan) {
     rows.clear();
     if (q.reused.empty() || q.recompute >= 1.0f) continue;  // every row computed
     const int n = static_cast<int>(q.tokens.size());
-    if (q.reused.size() != q.tokens.size() || !q.draft.empty() || q.all_logits)
+    if (q.reused.size() != q.tokens.size() || q.every_row())
       return error(errc::internal, "sequence {}: a reused-chunk mask that does not fit its step", q.seq.value);
     runner_state::sequence& s = *state_.find(q.seq);
     std::vector<std::int32_t> imported;  // rows

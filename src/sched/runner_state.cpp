@@ -50,6 +50,7 @@ status runner_state::apply_seq(const scheduled_seq& q) {
   if (q.setup) {
     auto s = std::make_unique<sequence>(q.setup->sampling);
     s->logprobs = q.setup->logprobs;
+    s->prompt_logprobs = q.setup->prompt_logprobs;
     s->n_prompt = q.setup->n_prompt;
     s->history = q.setup->tokens;
     s->policy = q.setup->policy;
@@ -227,15 +228,37 @@ sampled_token runner_state::record(sequence& s, seq_id id, std::span<const float
   return t;
 }
 
+void runner_state::score_prompt(const scheduled_seq& q, const float* first, std::size_t n_vocab, step_output& out) {
+  const sequence* s = find(q.seq);
+  PAGODA_ASSERT(s != nullptr && s->prompt_logprobs >= 0, "scoring sequence {}, which asked for no prompt logprobs",
+                q.seq.value);
+  const std::size_t n = q.n_scored(s->n_prompt);
+  PAGODA_ASSERT(static_cast<std::size_t>(q.score_from) + n < s->history.size(),
+                "sequence {}: scoring past the {} tokens held", q.seq.value, s->history.size());
+  for (std::size_t j = 0; j < n; ++j) {
+    // Row j follows token score_from + j: it predicts the next prompt token.
+    const std::span<const float> row(first + j * n_vocab, n_vocab);
+    token_logprob lp;
+    lp.token = s->history[static_cast<std::size_t>(q.score_from) + j + 1];
+    lp.logprob = sampler::log_prob(row, lp.token);
+    const float x = row[static_cast<std::size_t>(lp.token)];
+    lp.rank = 1 + static_cast<int>(std::count_if(row.begin(), row.end(), [x](float v) { return v > x; }));
+    if (s->prompt_logprobs > 0) lp.top = sampler::top_log_probs(row, s->prompt_logprobs);
+    out.prompt_scores.push_back(std::move(lp));
+  }
+}
+
 status runner_state::sample(const step_plan& plan, std::vector<float>& logits, int n_vocab, step_output& out) {
   const auto V = static_cast<std::size_t>(n_vocab);
   out.sampled.clear();
   out.accepted.clear();
+  out.prompt_scores.clear();
   std::size_t row = 0, kept = 0;  // rows read, rows kept for out.prompt_logits (moved to the front)
   for (const scheduled_seq& q : plan.seqs) {
-    const std::size_t rows = q.all_logits || !q.draft.empty() ? q.tokens.size() : 1;
+    const std::size_t rows = q.every_row() ? q.tokens.size() : 1;
     if ((row + rows) * V > logits.size())
       return error(errc::internal, "the forward pass returned {} logits for more rows", logits.size());
+    if (q.score_from >= 0) score_prompt(q, logits.data() + row * V, V, out);
     if (q.sample) {
       sequence* s = find(q.seq);
       PAGODA_ASSERT(s != nullptr, "sampling sequence {}, which apply() did not create", q.seq.value);
@@ -245,6 +268,7 @@ status runner_state::sample(const step_plan& plan, std::vector<float>& logits, i
         p.seed = f.seed;
         auto c = std::make_unique<sequence>(p);
         c->logprobs = s->logprobs;
+        c->prompt_logprobs = s->prompt_logprobs;
         c->n_prompt = s->n_prompt;
         c->history = s->history;
         c->policy = s->policy;

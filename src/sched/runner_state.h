@@ -46,6 +46,7 @@ class runner_state {
     sampling_params params;
     sampler smp;
     int logprobs = -1;
+    int prompt_logprobs = -1;
     std::int32_t n_prompt = 0;
     std::vector<token_id> history;  // prompt, then generated: what the penalties read
     kv_policy_spec policy;
@@ -97,8 +98,9 @@ class runner_state {
   // After the forward pass: samples every sequence of the plan that samples
   // from its last row of `logits` (rows as llama_context::forward lays them
   // out, [rows][n_vocab]) into out.sampled, creating its forks first; then
-  // hands the rows of all_logits sequences to out.prompt_logits (`logits` is
-  // left in an unspecified state) and fills out.selector_bytes.
+  // scores the rows of score_from sequences into out.prompt_scores, hands the
+  // rows of all_logits sequences to out.prompt_logits (`logits` is left in an
+  // unspecified state) and fills out.selector_bytes.
   status sample(const step_plan& plan, std::vector<float>& logits, int n_vocab, step_output& out);
 
   // A model drafter's next draft for s from a draft pass's logits row, after
@@ -123,6 +125,8 @@ class runner_state {
   std::span<const float> masked(const grammar::token_mask& mask, std::span<const float> logits);
   // The token a sequence whose grammar allows nothing ends with (grammar_end set).
   sampled_token grammar_end(sequence& s, seq_id id, std::span<const float> logits);
+  // The prompt tokens q scores, from its rows (the first at `first`), appended to out.prompt_scores.
+  void score_prompt(const scheduled_seq& q, const float* first, std::size_t n_vocab, step_output& out);
   // `token` as drawn from logits (its logprobs as the sequence asks), appended to the history.
   sampled_token record(sequence& s, seq_id id, std::span<const float> logits, token_id token);
 

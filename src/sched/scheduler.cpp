@@ -97,6 +97,9 @@ status scheduler::add_request(request req) {
     return error(errc::invalid_argument, "max_tokens must not be negative, got {}", req.max_tokens);
   if (req.prompt_logits && req.n != 1)
     return error(errc::invalid_argument, "prompt logits are returned for n = 1 only");
+  if (req.prompt_logprobs < -1 || req.prompt_logprobs > request::k_max_prompt_logprobs)
+    return error(errc::invalid_argument, "prompt_logprobs must be in [-1, {}], got {}", request::k_max_prompt_logprobs,
+                 req.prompt_logprobs);
   PAGODA_RETURN_IF_ERROR(req.sampling.validate());
   if (!req.images.empty()) {
     PAGODA_RETURN_IF_ERROR(check_image_spans(req, config_.n_embd));
@@ -222,7 +225,7 @@ sequence_options scheduler::kv_options(const sequence& s) const {
   sequence_options o;
   o.tenant = s.req->req.tenant;
   o.cache_salt = s.req->req.cache_salt;
-  o.lookup = !s.req->req.prompt_logits;
+  o.lookup = !computes_whole_prompt(s.req->req);
   o.classes = s.req->kv_classes;
   o.side = s.req->side;
   if (s.chunk >= 0) {  // a chunk computed alone: its own keys, no KV classes, no side memory
@@ -302,7 +305,7 @@ void scheduler::order_waiting_by_prefix(const std::unordered_set<block_key>& in_
     sequence* w = *it;
     entry e{w, w->passed_steps >= config_.max_passed_steps, 0};
     if (!e.overdue && n_looked_up++ < k_prefix_window && config_.enable_prefix_caching &&
-        !w->req->req.prompt_logits) {
+        !computes_whole_prompt(w->req->req)) {
       const std::vector<block_key>& keys = prompt_keys_of(w);
       e.blocks = kv_.n_cached_prompt_blocks(w->tokens, kv_options(*w));
       while (static_cast<std::size_t>(e.blocks) < keys.size() && in_flight.contains(keys[static_cast<std::size_t>(e.blocks)]))
@@ -446,8 +449,20 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     return false;
   }
   const auto bs = config_.block_size;
-  const bool sharing = config_.enable_prefix_caching && !r->req.prompt_logits;
+  const bool sharing = config_.enable_prefix_caching && !computes_whole_prompt(r->req);
   const sequence_options opts = kv_options(*s);
+  // A scoring request takes the cached blocks whose scores are kept too (the
+  // block after them included, prompt_score_cache.h); once its prompt is
+  // scored (computed again after a preemption), any.
+  sequence_options add_opts = opts;
+  if (config_.enable_prefix_caching && !r->req.prompt_logits && r->req.prompt_logprobs >= 0 && s->chunk < 0) {
+    if (r->prompt_scored >= s->n_prompt) {
+      add_opts.lookup = true;
+    } else if (const std::int32_t m = caches_scores(*s) ? n_scored_blocks(s) : 0; m > 1) {
+      add_opts.lookup = true;
+      add_opts.max_lookup_blocks = m - 1;
+    }
+  }
   const int n_reusable = (static_cast<int>(s->tokens.size()) - 1) / bs;
   if (sharing) prompt_keys_of(s);
   // The external KV source's blocks after the cached prefix (block load_from on).
@@ -471,8 +486,10 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
       n_in_source = n;
       load_from = m;
     }
-    auto cached = kv_.add_sequence(s->id, s->tokens, opts);
+    auto cached = kv_.add_sequence(s->id, s->tokens, add_opts);
     PAGODA_ASSERT(cached.ok(), "add_sequence: {}", cached.error().message());
+    if (r->req.prompt_logprobs >= 0 && *cached >= r->prompt_scored && r->prompt_scored < s->n_prompt)
+      send_cached_scores(s, *cached);
     s->in_kv = true;
     s->n_computed = *cached;
     if (s->pol) s->pol->commit(*cached, nullptr);  // cached slots are the sequence's first
@@ -650,6 +667,7 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
   for (int i = 0; i < n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
   q.n_stored = kv_.n_stored_tokens(s->id);
   q.all_logits = r.prompt_logits && s->n_computed < s->n_prompt;
+  if (r.prompt_logprobs >= 0 && s->chunk < 0 && s->n_computed < s->n_prompt - 1) q.score_from = s->n_computed;
   q.n_tokens = static_cast<std::int32_t>(s->tokens.size());
   q.sample = s->n_computed + n_known >= static_cast<int>(s->tokens.size()) && r.max_tokens > 0 && s->chunk < 0;
   if (s->n_computed < static_cast<int>(s->reused.size())) {
@@ -672,6 +690,7 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
     u.sampling = r.sampling;
     u.sampling.seed = r.sampling.seed + static_cast<std::uint64_t>(s->index);
     u.logprobs = r.logprobs;
+    u.prompt_logprobs = r.prompt_logprobs;
     u.tokens = s->tokens;
     restore_prompt_ids(s->req->prompt_ids, u.tokens);
     u.n_prompt = s->n_prompt;
@@ -772,7 +791,7 @@ void scheduler::fail_step(const step_plan& plan, const status& st, std::vector<e
 
 status scheduler::check_output(const step_plan& plan, const step_output& out) const {
   const auto V = static_cast<std::size_t>(vocab_.n_vocab());
-  std::size_t n_rows = 0, n_sampled = 0;
+  std::size_t n_rows = 0, n_sampled = 0, n_scores = 0;
   const bool any_draft = std::any_of(plan.seqs.begin(), plan.seqs.end(), [](const scheduled_seq& q) { return !q.draft.empty(); });
   if (any_draft && out.accepted.size() != plan.seqs.size())
     return error(errc::internal, "the runner reported acceptance for {} of {} sequences", out.accepted.size(), plan.seqs.size());
@@ -789,6 +808,7 @@ status scheduler::check_output(const step_plan& plan, const step_output& out) co
                      q.draft.size(), q.seq.value);
     }
     if (q.all_logits) n_rows += q.tokens.size();
+    if (const sequence* s = by_id(q.seq); s && q.score_from >= 0) n_scores += q.n_scored(s->n_prompt);
     if (q.sample) n_sampled += 1 + q.forks.size() + static_cast<std::size_t>(accepted);
   }
   if (out.prompt_logits.size() != n_rows * V)
@@ -796,6 +816,8 @@ status scheduler::check_output(const step_plan& plan, const step_output& out) co
                  n_rows, V);
   if (out.sampled.size() != n_sampled)
     return error(errc::internal, "the runner sampled {} tokens for {}", out.sampled.size(), n_sampled);
+  if (out.prompt_scores.size() != n_scores)
+    return error(errc::internal, "the runner scored {} prompt tokens for {}", out.prompt_scores.size(), n_scores);
   std::size_t k = 0;
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
@@ -828,7 +850,7 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
   std::vector<int> first_computed(plan.seqs.size(), -1);  // n_computed before this step, per planned seq
 
   const auto V = static_cast<std::size_t>(vocab_.n_vocab());
-  std::size_t row = 0, next_sample = 0;
+  std::size_t row = 0, next_sample = 0, next_score = 0;
   for (std::size_t i = 0; i < plan.seqs.size(); ++i) {
     const scheduled_seq& q = plan.seqs[i];
     sequence* s = by_id(q.seq);
@@ -896,6 +918,11 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
                              out.prompt_logits.begin() + static_cast<std::ptrdiff_t>(row + rows));
       row += rows;
       events.push_back(std::move(e));
+    }
+    if (q.score_from >= 0) {
+      const std::size_t n_scored = q.n_scored(s->n_prompt);
+      push_prompt_scores(s, q.score_from + 1, std::span(out.prompt_scores).subspan(next_score, n_scored), events);
+      next_score += n_scored;
     }
     if (q.sample) {
       if (!q.forks.empty()) {
@@ -1008,6 +1035,11 @@ int scheduler::next_chunk(const sequence& s) const {
     for (const request_state::chunk& c : s.req->chunks)
       if (c.done && !c.imported && c.at > s.n_computed) left = std::min(left, c.at - s.n_computed);
   if (s.n_computed >= s.n_prompt) return left;
+  // Prompt logprobs: the forward pass keeps a logits row of every token of
+  // the step, [tokens][n_vocab] floats; at most this many tokens a step bound
+  // them (64 MB at a 128K-token vocabulary) whatever the prompt's length.
+  constexpr int k_max_scored_tokens = 128;
+  if (s.req->req.prompt_logprobs >= 0) left = std::min(left, k_max_scored_tokens);
   if (const int chunk = s.req->req.prompt_chunk; chunk > 0) return std::min(left, chunk);
   // A prompt longer than its policy keeps: in chunks, the policy acting
   // between them (kv_policy::prompt_chunks), the last one whole enough for
@@ -1042,6 +1074,90 @@ void scheduler::fork_children(sequence* parent, std::span<const seq_fork> forks)
     running_.push_back(child.get());
     seqs_.emplace(child->id, child.get());
     r->seqs.push_back(std::move(child));
+  }
+}
+
+void scheduler::push_prompt_scores(sequence* s, std::int32_t first, std::span<const token_logprob> scores,
+                                   std::vector<engine_event>& events) {
+  // A sequence computed again (preempted part way) scores its prompt again:
+  // each token's entry goes out once.
+  request_state* r = s->req;
+  const std::size_t skip = static_cast<std::size_t>(std::clamp(r->prompt_scored - first, 0, static_cast<int>(scores.size())));
+  if (skip == scores.size()) return;
+  engine_event e;
+  e.request_id = r->req.id;
+  e.index = s->index;
+  e.first_prompt_logprob = first + static_cast<int>(skip);
+  e.prompt_logprobs.assign(scores.begin() + static_cast<std::ptrdiff_t>(skip), scores.end());
+  r->prompt_scored = e.first_prompt_logprob + static_cast<int>(e.prompt_logprobs.size());
+  if (caches_scores(*s)) {
+    r->scores.insert(r->scores.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+    keep_scores(s);
+  }
+  events.push_back(std::move(e));
+}
+
+bool scheduler::caches_scores(const sequence& s) const {
+  const request& r = s.req->req;
+  // Under a KV policy a token's scores depend on what the policy kept, not
+  // on the tokens alone.
+  return config_.enable_prefix_caching && r.prompt_logprobs >= 0 && !r.prompt_logits && s.chunk < 0 &&
+         !(s.pol && s.pol->policy());
+}
+
+std::int32_t scheduler::n_scored_blocks(sequence* s) {
+  const std::vector<block_key>& keys = prompt_keys_of(s);
+  const auto bs = static_cast<std::size_t>(config_.block_size);
+  const std::size_t n_blocks = std::min(keys.size(), static_cast<std::size_t>(s->n_prompt) / bs);
+  std::size_t m = 0;
+  for (; m < n_blocks; ++m) {
+    const std::span<const token_id> tokens = std::span<const token_id>(s->tokens).subspan(m * bs, bs);
+    if (!score_cache_.find(keys[m], m == 0 ? k_root_parent_key : keys[m - 1], tokens, s->req->req.prompt_logprobs))
+      break;
+  }
+  return static_cast<std::int32_t>(m);
+}
+
+void scheduler::send_cached_scores(sequence* s, std::int32_t n_cached) {
+  request_state* r = s->req;
+  const std::vector<block_key>& keys = prompt_keys_of(s);
+  const auto bs = static_cast<std::size_t>(config_.block_size);
+  const int k = r->req.prompt_logprobs;
+  engine_event e;
+  e.request_id = r->req.id;
+  e.index = s->index;
+  e.first_prompt_logprob = r->prompt_scored;
+  // Tokens [prompt_scored, n_cached]: the last is the first computed token's
+  // predecessor's next, which the hit skips too.
+  for (auto t = static_cast<std::size_t>(r->prompt_scored); t <= static_cast<std::size_t>(n_cached); ++t) {
+    const std::size_t b = t / bs;
+    const std::span<const token_id> tokens = std::span<const token_id>(s->tokens).subspan(b * bs, bs);
+    const std::vector<token_logprob>* got =
+        score_cache_.find(keys[b], b == 0 ? k_root_parent_key : keys[b - 1], tokens, k);
+    PAGODA_ASSERT(got != nullptr, "the scores of block {} went between the lookup and the hit", b);
+    token_logprob lp = (*got)[t % bs];
+    if (lp.top.size() > static_cast<std::size_t>(k)) lp.top.resize(static_cast<std::size_t>(k));
+    e.prompt_logprobs.push_back(std::move(lp));
+  }
+  r->prompt_scored = n_cached + 1;
+  r->scores.insert(r->scores.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+  pending_events_.push_back(std::move(e));
+}
+
+void scheduler::keep_scores(sequence* s) {
+  request_state* r = s->req;
+  const std::vector<block_key>& keys = prompt_keys_of(s);
+  const int bs = config_.block_size;
+  const int n_blocks = std::min(static_cast<int>(keys.size()), s->n_prompt / bs);
+  for (int& b = r->score_blocks_kept; b < n_blocks && (b + 1) * bs <= r->prompt_scored; ++b) {
+    // Block b scores its tokens [b * bs, (b + 1) * bs); the first prompt token has no score.
+    std::vector<token_logprob> block;
+    for (int t = b * bs; t < (b + 1) * bs; ++t)
+      block.push_back(t == 0 ? token_logprob{s->tokens[0], 0.0f, {}} : r->scores[static_cast<std::size_t>(t - 1)]);
+    const auto at = static_cast<std::size_t>(b) * static_cast<std::size_t>(bs);
+    score_cache_.put(keys[static_cast<std::size_t>(b)], b == 0 ? k_root_parent_key : keys[static_cast<std::size_t>(b) - 1],
+                     std::span<const token_id>(s->tokens).subspan(at, static_cast<std::size_t>(bs)),
+                     r->req.prompt_logprobs, std::move(block));
   }
 }
 

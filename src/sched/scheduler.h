@@ -65,6 +65,7 @@
 #include "model/tokenizer.h"
 #include "pagoda/events.h"
 #include "pagoda/request.h"
+#include "sched/prompt_score_cache.h"
 #include "sched/runner_sync.h"
 #include "sched/seq_policy.h"
 #include "sched/step_plan.h"
@@ -354,6 +355,18 @@ class scheduler {
   const std::vector<block_key>& prompt_keys_of(sequence* s);
   sequence_options kv_options(const sequence& s) const;
   void commit_loads(const step_plan& plan, const step_output& out);
+  // The runner's scores of s's prompt tokens first .. (step_output::prompt_scores) as an event, less those sent before.
+  void push_prompt_scores(sequence* s, std::int32_t first, std::span<const token_logprob> scores,
+                          std::vector<engine_event>& events);
+  // Prompt scores by block (prompt_score_cache.h), for requests asking for
+  // prompt logprobs under full KV: whether s's are kept and read there; how
+  // many of s's leading prompt blocks have scores there; the scores of the
+  // prompt tokens up to n_cached (a hit of that many tokens) sent from there;
+  // the blocks whose scores are all known kept there.
+  bool caches_scores(const sequence& s) const;
+  std::int32_t n_scored_blocks(sequence* s);
+  void send_cached_scores(sequence* s, std::int32_t n_cached);
+  void keep_scores(sequence* s);
   void fail_step(const step_plan& plan, const status& st, std::vector<engine_event>& events);
   // Ends s, its finish merged into the last event when that is s's token event.
   void finish(sequence* s, const std::string& reason, std::vector<engine_event>& events, const std::string& why = {});
@@ -440,6 +453,7 @@ class scheduler {
   std::int64_t next_arrival_ = 0;
   std::int64_t next_start_ = 0;
   engine_stats stats_;
+  prompt_score_cache score_cache_{std::size_t{1} << 16};  // at most this many tokens' scores
   std::vector<engine_event> pending_events_;   // produced outside a step (aborts)
   std::vector<std::string> finished_requests_; // erased at the next step
 };

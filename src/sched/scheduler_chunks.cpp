@@ -52,9 +52,9 @@ status scheduler::add_chunks(request_state& r) {
   if (kv_.n_groups() != 1)
     return error(errc::unsupported, "chunk reuse copies one KV group's slots; this engine keeps {} (a sliding-window "
                  "model or a draft model)", kv_.n_groups());
-  if (req.prompt_logits)
-    return error(errc::unsupported, "prompt logits need every prompt token computed in its context: drop the chunk "
-                 "reuse marks to score a prompt");
+  if (computes_whole_prompt(req))
+    return error(errc::unsupported, "prompt logits and logprobs need every prompt token computed in its context: drop "
+                 "the chunk reuse marks to score a prompt");
   if (!r.kv_classes.empty())
     return error(errc::unsupported, "chunk reuse keeps chunks in the default KV type: drop the parts' KV types");
   if (r.seqs[0]->pol)

@@ -6,6 +6,10 @@
 
 namespace pagoda {
 
+// Whether a request needs every prompt position computed (the prefix cache
+// is not looked up for it; its blocks still enter it).
+inline bool computes_whole_prompt(const request& r) { return r.prompt_logits || r.prompt_logprobs >= 0; }
+
 struct scheduler::request_state {
   request req;
   std::int64_t arrival = 0;     // order of arrival
@@ -16,6 +20,9 @@ struct scheduler::request_state {
   int cached_tokens = -1;       // prompt tokens from the prefix cache (or loaded) at first admission
   std::vector<int> loaded_by_tier;  // of those, loaded from each tier of the KV source
   int completion_tokens = 0;
+  int prompt_scored = 1;        // prompt_logprobs: the prompt tokens [1, prompt_scored) were scored and sent
+  std::vector<token_logprob> scores;  // those scores (entry i: prompt token i + 1's), while the prompt's blocks are kept
+  int score_blocks_kept = 0;    // its leading prompt blocks whose scores went to the score cache
   std::vector<kv_class_run> kv_classes;  // positions whose blocks are of another KV class (segments' kv_type)
   spec_config spec;             // its speculation (resolve_speculation)
   side_charge side;             // each completion's side memory bound (seq_policy::side_memory)

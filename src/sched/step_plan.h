@@ -17,6 +17,7 @@
 // the selector. step_plan::finished frees a sequence's state.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,7 @@ namespace pagoda {
 struct seq_setup {
   sampling_params sampling;        // with the sequence's own seed (completion i of a request: seed + i)
   int logprobs = -1;               // request::logprobs: -1 none; k >= 0 the chosen token's and the k most likely
+  int prompt_logprobs = -1;        // request::prompt_logprobs: -1 none; k >= 0 prompt tokens scored with the k most likely
   std::vector<token_id> tokens;    // the sequence's tokens (the prompt): the history its penalties read
   std::int32_t n_prompt = 0;       // of which the prompt
   kv_policy_spec policy;           // its sparse-read selector comes from this policy ("none": none)
@@ -82,6 +84,10 @@ struct scheduled_seq {
   std::vector<std::int32_t> positions;   // [tokens]: their positions
   std::int32_t n_stored = 0;             // KV slots stored before this step
   bool all_logits = false;               // the step's logits rows come back (prompt scoring): one per new token
+  // >= 0: the step's rows are scored (seq_setup::prompt_logprobs): tokens[0]
+  // is the sequence's token score_from, and row j scores the prompt token
+  // score_from + j + 1 when there is one (step_output::prompt_scores).
+  std::int32_t score_from = -1;
   int stats_window = -1;                 // >= 0: collect attention statistics, this many window rows
   // The step computes the sequence's last token: the runner samples the next
   // one (and its forks' first ones, forks first).
@@ -115,6 +121,15 @@ struct scheduled_seq {
   // brings them again): the runner keeps nothing of an image.
   std::vector<std::uint8_t> embedded;
   std::vector<float> embeddings;  // [tokens][n_embd] (zeros where not embedded)
+
+  // Whether the forward pass computes a logits row for every token (else the last one's only).
+  bool every_row() const { return all_logits || score_from >= 0 || !draft.empty(); }
+  // The prompt tokens the step scores (score_from >= 0), of a prompt of n_prompt tokens.
+  std::size_t n_scored(std::int32_t n_prompt) const {
+    if (score_from < 0) return 0;
+    const std::int64_t n = std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), n_prompt - 1 - score_from);
+    return n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
 
   // --- the runner's per-sequence state (runner_state.h) -------------------------
   std::optional<seq_setup> setup;        // the first time the runner sees the sequence
@@ -183,6 +198,9 @@ struct step_output {
   double forward_seconds = 0;
   // The logits rows of all_logits sequences, in plan order: [rows][n_vocab].
   std::vector<float> prompt_logits;
+  // The scores of the sequences with score_from >= 0, in plan order, each
+  // sequence's n_scored() of them: its prompt tokens score_from + 1 .. in order.
+  std::vector<token_logprob> prompt_scores;
   std::vector<std::uint8_t> loaded;     // [plan.loads]: 0 not filled, else 1 + the source tier it came from
   std::vector<attention_stats> stats;   // [plan.seqs]; meaningful where stats_window >= 0
   std::vector<std::uint8_t> sparse;     // [plan.seqs]: 1 when a selector chose a sparse read for any of its tokens

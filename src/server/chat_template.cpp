@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include <fmt/format.h>
+
 namespace pagoda::server {
 namespace {
 
@@ -39,14 +41,14 @@ result<std::vector<chat_message>> fold_system(std::span<const chat_message> mess
       continue;
     }
     if (!began && !system.empty() && m.role == "user") {
-      out.push_back({m.role, system + "\n\n" + m.content});
+      out.push_back({m.role, system + "\n\n" + m.content, {}, {}});
       system.clear();
     } else {
       out.push_back(m);
     }
     began = true;
   }
-  if (!system.empty()) out.push_back({"user", system});  // only system messages: they are the user's words
+  if (!system.empty()) out.push_back({"user", system, {}, {}});  // only system messages: they are the user's words
   return out;
 }
 
@@ -56,17 +58,174 @@ std::string_view strip_newlines(std::string_view s, bool left, bool right) {
   return s;
 }
 
+// A call's arguments as the templates write them: the JSON object re-written
+// Python's way, keys in the order given (the text as is if it is not JSON).
+std::string arguments_text(const std::string& arguments) {
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(arguments, nullptr, false);
+  return j.is_discarded() ? arguments : python_json(j);
+}
+
+// Hermes (Qwen2.5 / Qwen3): the tools section of the system turn.
+std::string hermes_tools(const chat_tools& tools) {
+  std::string out =
+      "# Tools\n\nYou can call the functions below to help with the user's request.\n\n"
+      "Their signatures are inside <tools></tools> XML tags:\n<tools>";
+  for (const nlohmann::ordered_json& f : tools.functions) out += "\n" + python_json(f);
+  out +=
+      "\n</tools>\n\nTo call a function, answer with a JSON object of its name and arguments inside "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+      "<args-json-object>}\n</tool_call>";
+  return out;
+}
+
+// Hermes: an assistant turn's calls, after its content.
+std::string hermes_calls(const chat_message& m, bool has_content) {
+  std::string out;
+  for (std::size_t i = 0; i < m.tool_calls.size(); ++i) {
+    const chat_tool_call& c = m.tool_calls[i];
+    if (i > 0 || has_content) out += '\n';
+    out += "<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + arguments_text(c.arguments) + "}\n</tool_call>";
+  }
+  return out;
+}
+
+// Hermes: tool results, consecutive ones in one user turn.
+std::string hermes_tool_result(std::span<const chat_message> messages, std::size_t i) {
+  std::string out;
+  if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+  out += "\n<tool_response>\n" + messages[i].content + "\n</tool_response>";
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+  return out;
+}
+
+// Hermes: the system turn with the tools (the first message's text in front
+// when it is a system message); returns how many messages it consumed.
+std::size_t hermes_system(std::span<const chat_message> messages, const chat_tools& tools, std::string& out) {
+  if (tools.functions.empty()) return 0;
+  out += "<|im_start|>system\n";
+  std::size_t used = 0;
+  if (messages[0].role == "system") {
+    out += messages[0].content + "\n\n";
+    used = 1;
+  }
+  out += hermes_tools(tools) + "<|im_end|>\n";
+  return used;
+}
+
+// Mistral's call ids: exactly 9 letters and digits.
+std::string mistral_id(std::string_view id) {
+  std::string alnum;
+  for (char c : id)
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) alnum += c;
+  if (alnum.size() > 9) alnum = alnum.substr(alnum.size() - 9);
+  return std::string(9 - alnum.size(), '0') + alnum;
+}
+
+std::string render_chatml(std::span<const chat_message> messages, const chat_tools& tools, bool add_generation_prompt) {
+  std::string out;
+  for (std::size_t i = hermes_system(messages, tools, out); i < messages.size(); ++i) {
+    const chat_message& m = messages[i];
+    if (m.role == "tool") out += hermes_tool_result(messages, i);
+    else if (m.role == "assistant" && !m.tool_calls.empty())
+      out += "<|im_start|>assistant\n" + m.content + hermes_calls(m, !m.content.empty()) + "<|im_end|>\n";
+    else out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  }
+  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Llama 3.1+: tools in front of the first user message, calls as JSON turns,
+// results as ipython turns.
+result<std::string> render_llama3(std::span<const chat_message> messages, const chat_tools& tools,
+                                  bool add_generation_prompt) {
+  std::string out;
+  std::size_t i = 0;
+  if (!tools.functions.empty()) {
+    std::string system;
+    if (messages[0].role == "system") system = std::string(trim(messages[i++].content));
+    out += "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n" + system + "<|eot_id|>";
+    if (i >= messages.size() || messages[i].role != "user")
+      return error(errc::invalid_argument,
+                   "messages[{}]: the llama3 tool format puts the tools in the first user message, and this "
+                   "message is not one",
+                   i);
+    out += "<|start_header_id|>user<|end_header_id|>\n\n"
+           "Answer the prompt below with a call to one of these functions, written as JSON with its arguments.\n\n"
+           "Use the format {\"name\": function name, \"parameters\": object of argument names and values}, "
+           "with literal values only.\n\n";
+    for (const nlohmann::ordered_json& f : tools.functions) out += python_json(f, 4) + "\n\n";
+    out += std::string(trim(messages[i++].content)) + "<|eot_id|>";
+  }
+  for (; i < messages.size(); ++i) {
+    const chat_message& m = messages[i];
+    if (m.role == "tool") {
+      out += "<|start_header_id|>ipython<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1)
+        return error(errc::invalid_argument,
+                     "messages[{}].tool_calls: the llama3 tool format takes one call per assistant message, got {}", i,
+                     m.tool_calls.size());
+      const chat_tool_call& c = m.tool_calls[0];
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + c.name + "\", \"parameters\": " +
+             arguments_text(c.arguments) + "}<|eot_id|>";
+    } else {
+      out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + std::string(trim(m.content)) + "<|eot_id|>";
+    }
+  }
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+// Mistral: v0.1/v0.2 turns with v0.3's tool blocks.
+std::string render_mistral(std::span<const chat_message> ms, const chat_special_tokens& tok, const chat_tools& tools,
+                           bool add_generation_prompt) {
+  std::size_t last_user = ms.size();
+  for (std::size_t i = 0; i < ms.size(); ++i)
+    if (ms[i].role == "user") last_user = i;
+  std::string out;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const chat_message& m = ms[i];
+    if (m.role == "user") {
+      if (i == last_user && !tools.functions.empty()) {
+        out += "[AVAILABLE_TOOLS] [";
+        for (std::size_t t = 0; t < tools.functions.size(); ++t) out += (t ? ", " : "") + python_json(tools.functions[t]);
+        out += "][/AVAILABLE_TOOLS]";
+      }
+      out += "[INST] " + m.content + " [/INST]";
+    } else if (m.role == "tool") {
+      out += "[TOOL_RESULTS] {\"content\": " + m.content + ", \"call_id\": \"" + mistral_id(m.tool_call_id) +
+             "\"}[/TOOL_RESULTS]";
+    } else if (!m.tool_calls.empty()) {
+      out += "[TOOL_CALLS] [";
+      for (std::size_t c = 0; c < m.tool_calls.size(); ++c) {
+        const chat_tool_call& call = m.tool_calls[c];
+        out += (c ? ", " : "") + std::string("{\"name\": \"") + call.name + "\", \"arguments\": " +
+               arguments_text(call.arguments) + ", \"id\": \"" + mistral_id(call.id) + "\"}";
+      }
+      out += "]" + tok.eos;
+    } else {
+      out += m.content + tok.eos;
+    }
+  }
+  if (tools.force_call && add_generation_prompt) out += "[TOOL_CALLS]";
+  return out;
+}
+
 // Qwen3's template: an assistant turn's "<think>reasoning</think>answer" is
 // split at the last </think>; turns before the last user message keep the
 // answer only, later ones (and the last message) are written as
 // "<think>\nreasoning\n</think>\n\nanswer".
-std::string render_qwen3(std::span<const chat_message> messages, bool add_generation_prompt) {
+std::string render_qwen3(std::span<const chat_message> messages, const chat_tools& tools, bool add_generation_prompt) {
   std::size_t last_query = messages.size() - 1;  // the template's default when no user message
   for (std::size_t i = 0; i < messages.size(); ++i)
     if (messages[i].role == "user") last_query = i;
   std::string out;
-  for (std::size_t i = 0; i < messages.size(); ++i) {
+  for (std::size_t i = hermes_system(messages, tools, out); i < messages.size(); ++i) {
     const chat_message& m = messages[i];
+    if (m.role == "tool") {
+      out += hermes_tool_result(messages, i);
+      continue;
+    }
     out += "<|im_start|>" + m.role + "\n";
     if (m.role != "assistant") {
       out += m.content + "<|im_end|>\n";
@@ -85,7 +244,7 @@ std::string render_qwen3(std::span<const chat_message> messages, bool add_genera
              std::string(strip_newlines(content, true, false));
     else
       out += content;
-    out += "<|im_end|>\n";
+    out += hermes_calls(m, !content.empty()) + "<|im_end|>\n";
   }
   if (add_generation_prompt) out += "<|im_start|>assistant\n";
   return out;
@@ -133,13 +292,61 @@ std::optional<chat_format> detect_chat_format(std::string_view t) {
   return std::nullopt;
 }
 
+bool chat_format_has_tools(chat_format f) {
+  return f == chat_format::chatml || f == chat_format::qwen3 || f == chat_format::llama3 || f == chat_format::mistral;
+}
+
+namespace {
+
+template <class J>
+void append_python_json(const J& v, int indent, int level, std::string& out) {
+  if (!v.is_object() && !v.is_array()) {
+    out += v.dump(-1, ' ', false, J::error_handler_t::replace);
+    return;
+  }
+  const bool object = v.is_object();
+  if (v.empty()) {
+    out += object ? "{}" : "[]";
+    return;
+  }
+  out += object ? '{' : '[';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (!first) out += indent > 0 ? "," : ", ";
+    first = false;
+    if (indent > 0) out += '\n' + std::string(static_cast<std::size_t>((level + 1) * indent), ' ');
+    if (object) out += J(it.key()).dump(-1, ' ', false, J::error_handler_t::replace) + ": ";
+    append_python_json(it.value(), indent, level + 1, out);
+  }
+  if (indent > 0) out += '\n' + std::string(static_cast<std::size_t>(level * indent), ' ');
+  out += object ? '}' : ']';
+}
+
+}  // namespace
+
+std::string python_json(const nlohmann::ordered_json& v, int indent) {
+  std::string out;
+  append_python_json(v, indent, 0, out);
+  return out;
+}
+
 result<std::string> render_chat(chat_format f, std::span<const chat_message> messages,
-                                const chat_special_tokens& tok, bool add_generation_prompt) {
+                                const chat_special_tokens& tok, bool add_generation_prompt, const chat_tools& tools) {
   if (messages.empty()) return error(errc::invalid_argument, "messages: at least one message is needed");
+  const bool has_tools = chat_format_has_tools(f);
+  if (!tools.functions.empty() && !has_tools)
+    return error(errc::invalid_argument, "tools: the {} chat format has no tool format", chat_format_name(f));
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const std::string& r = messages[i].role;
-    if (r != "system" && r != "user" && r != "assistant")
-      return error(errc::invalid_argument, "messages[{}].role: '{}' is not one of system, user, assistant", i, r);
+    if (r == "tool" && !has_tools)
+      return error(errc::invalid_argument, "messages[{}].role: the {} chat format has no tool format, so no tool role",
+                   i, chat_format_name(f));
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+      return error(errc::invalid_argument, "messages[{}].role: '{}' is not one of system, user, assistant, tool", i, r);
+    if (!messages[i].tool_calls.empty() && (r != "assistant" || !has_tools))
+      return error(errc::invalid_argument, "messages[{}].tool_calls: {}", i,
+                   r != "assistant" ? "only assistant messages make tool calls"
+                                    : fmt::format("the {} chat format has no tool format", chat_format_name(f)));
   }
   std::string out;
   switch (f) {
@@ -150,18 +357,11 @@ result<std::string> render_chat(chat_format f, std::span<const chat_message> mes
       }
       return out;
 
-    case chat_format::chatml:
-      for (const chat_message& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
-      return out;
+    case chat_format::chatml: return render_chatml(messages, tools, add_generation_prompt);
 
-    case chat_format::qwen3: return render_qwen3(messages, add_generation_prompt);
+    case chat_format::qwen3: return render_qwen3(messages, tools, add_generation_prompt);
 
-    case chat_format::llama3:
-      for (const chat_message& m : messages)
-        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + std::string(trim(m.content)) + "<|eot_id|>";
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      return out;
+    case chat_format::llama3: return render_llama3(messages, tools, add_generation_prompt);
 
     case chat_format::llama2: {
       // The system message rides in the first turn's [INST] block; every user
@@ -190,11 +390,7 @@ result<std::string> render_chat(chat_format f, std::span<const chat_message> mes
 
     case chat_format::mistral: {
       PAGODA_ASSIGN_OR_RETURN(std::vector<chat_message> ms, fold_system(messages, f));
-      for (const chat_message& m : ms) {
-        if (m.role == "user") out += "[INST] " + m.content + " [/INST]";
-        else out += m.content + tok.eos;
-      }
-      return out;
+      return render_mistral(ms, tok, tools, add_generation_prompt);
     }
 
     case chat_format::gemma: {

@@ -22,6 +22,32 @@
 //   deepseek   User: ...\n\nAssistant: ...<eos>            (DeepSeek LLM / V2 chat)
 //   deepseek3  <｜User｜>...<｜Assistant｜>...<eos>          (DeepSeek V3 / R1)
 //
+// Tool calling (OpenAI's `tools`, server/tool_calls.h) has a format in four
+// families, each with the structure of its reference template (the
+// instruction sentences are Pagoda's own words):
+//   chatml, qwen3  Qwen2.5 / Qwen3 (Hermes): a "# Tools" section with one
+//                  JSON tool per line inside <tools></tools> in the system
+//                  turn; calls are <tool_call>\n{"name": ..., "arguments":
+//                  {...}}\n</tool_call> after the assistant's content; tool
+//                  results are <tool_response>\n...\n</tool_response> blocks,
+//                  consecutive ones in one user turn. Qwen2.5's default
+//                  system sentence is not written (chatml is generic).
+//   llama3         Llama 3.1+ JSON calls: "Environment: ipython" in the
+//                  system turn, the tools (JSON, indent 4) in front of the
+//                  first user message, a call is the assistant turn
+//                  {"name": ..., "parameters": {...}} (one per turn), a
+//                  result an `ipython` turn. The date lines of 3.1's system
+//                  turn are left out, as this family leaves them out without tools.
+//   mistral        Mistral v0.3: [AVAILABLE_TOOLS] [tools][/AVAILABLE_TOOLS]
+//                  before the last user turn, [TOOL_CALLS] [{"name", "arguments",
+//                  "id"}, ...]</s>, [TOOL_RESULTS] {"content": ..., "call_id":
+//                  ...}[/TOOL_RESULTS]; call ids are the 9 characters the
+//                  format wants (the last 9 letters and digits of the id given,
+//                  zero-padded). The turns themselves stay v0.1/v0.2's.
+// phi3 has none: the Phi-3 / Phi-3.5 templates carry no tool section (Phi-4-
+// mini's <|tool|> format belongs to a different template), and neither do the
+// other families here.
+//
 // The BOS token at the very start is never rendered: the tokenizer adds it as
 // the vocabulary asks (tokenizer.ggml.add_bos_token), so it is there once.
 // BOS and EOS inside the conversation (llama2, mistral, zephyr, deepseek) are
@@ -35,15 +61,37 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pagoda/status.h"
 
 namespace pagoda::server {
 
 enum class chat_format { plain, chatml, qwen3, llama2, llama3, mistral, gemma, phi3, zephyr, deepseek, deepseek3 };
 
+// A function call an assistant message made (OpenAI's tool_calls[i]).
+struct chat_tool_call {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text of an object
+};
+
 struct chat_message {
-  std::string role;  // "system", "user" or "assistant"
+  std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
+  std::vector<chat_tool_call> tool_calls;  // assistant: the calls it made
+  std::string tool_call_id;                // tool: the call this is the result of
+};
+
+// The function tools a prompt offers, each the JSON object
+// {"type": "function", "function": {"name", "description", "parameters"}}
+// written in that order.
+struct chat_tools {
+  std::vector<nlohmann::ordered_json> functions;
+  // The answer must be calls (tool_choice required or named): mistral, whose
+  // call marker [TOOL_CALLS] is a control token a grammar cannot produce,
+  // writes it at the end of the prompt.
+  bool force_call = false;
 };
 
 // The texts of the special tokens some formats write between turns.
@@ -59,15 +107,24 @@ std::span<const chat_format> all_chat_formats();
 std::optional<chat_format> chat_format_from_name(std::string_view name);
 // The family whose markers the Jinja text contains; std::nullopt when none does.
 std::optional<chat_format> detect_chat_format(std::string_view jinja);
+// Whether the family has a tool format (chatml, qwen3, llama3, mistral).
+bool chat_format_has_tools(chat_format f);
+// JSON text as Python's json.dumps (Jinja's tojson) writes it: ", " and ": "
+// separators, or with indent > 0 one item a line; keys in the object's order.
+std::string python_json(const nlohmann::ordered_json& v, int indent = -1);
 
 // The prompt text for `messages`. With add_generation_prompt the text ends with
 // the assistant's turn opened, ready for the model to write it.
 // Formats without a system role (mistral, gemma) put leading system messages
 // before the first user message's content, separated by a blank line, as
 // their later templates do. Errors (errc::invalid_argument, naming the message
-// index): an empty list, a role other than system/user/assistant, a system
-// message after the conversation began in those formats.
+// index): an empty list, a role other than system/user/assistant (and tool
+// where the family has a tool format), tool calls or tools in a family
+// without one, a system message after the conversation began in those
+// formats, llama3 tools without a first user message or with several calls
+// in one assistant message.
 result<std::string> render_chat(chat_format format, std::span<const chat_message> messages,
-                                const chat_special_tokens& tokens, bool add_generation_prompt);
+                                const chat_special_tokens& tokens, bool add_generation_prompt,
+                                const chat_tools& tools = {});
 
 }  // namespace pagoda::server

@@ -15,6 +15,7 @@
 #include "spec/speculative.h"
 #include "server/prompt_segments.h"
 #include "server/structured_output.h"
+#include "server/tool_calls.h"
 
 namespace pagoda::server {
 namespace {
@@ -166,18 +167,16 @@ maybe_error check_neutral_fields(const json& body, api_kind kind, int n) {
     if (v && *v != 0) return unsupported("min_tokens", "0");
   }
   for (const char* name : {"tools", "functions"}) {
+    if (kind == api_kind::chat && std::string_view(name) == "tools") continue;  // server/tool_calls.h
     if (const json* v = field(body, name)) {
       if (!v->is_array()) return type_error(name, "an array", *v);
       if (!v->empty()) return unsupported(name, "[]");
     }
   }
-  if (const json* v = field(body, "tool_choice")) {
+  if (const json* v = kind == api_kind::completion ? field(body, "tool_choice") : nullptr) {
     if (!v->is_string() || (*v != "none" && *v != "auto")) return unsupported("tool_choice", "\"none\"");
   }
   if (kind == api_kind::completion) {
-    bool echo = false;
-    PAGODA_API_TRY(read_bool(body, "echo", echo));
-    if (echo) return unsupported("echo", "false");
     std::optional<std::string> suffix;
     PAGODA_API_TRY(read_string(body, "suffix", suffix));
     if (suffix && !suffix->empty()) return unsupported("suffix", "null");
@@ -337,13 +336,55 @@ maybe_error parse_common(const json& body, const api_context& ctx, api_kind kind
 maybe_error read_max_tokens(const json& body, std::int64_t most, std::optional<std::int64_t>& out, std::string& param) {
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     std::optional<std::int64_t> v;
-    PAGODA_API_TRY(read_int(body, name, 1, most, v));
+    PAGODA_API_TRY(read_int(body, name, 0, most, v));
     if (v && !out) {
       out = v;
       param = name;
     }
   }
   return {};
+}
+
+// echo and prompt_logprobs (docs/serving.md, "Scoring a prompt"): the
+// requests' prompt_logprobs is what the response needs of the engine, the
+// larger of echo's logprobs and prompt_logprobs.
+maybe_error read_scoring(const json& body, const api_context& ctx, api_kind kind, api_call& call, request& base) {
+  PAGODA_API_TRY(read_bool(body, "echo", call.echo));
+  std::optional<std::int64_t> n;
+  PAGODA_API_TRY(read_int(body, "prompt_logprobs", 0, ctx.limits.max_logprobs, n));
+  if (kind == api_kind::chat) {
+    if (call.echo)
+      return bad_request("echo", "'echo' is accepted on /v1/completions only; send the prompt there to have it echoed "
+                         "and scored", "unsupported_parameter");
+    if (n)
+      return bad_request("prompt_logprobs", "'prompt_logprobs' is accepted on /v1/completions only; send the rendered "
+                         "prompt there to score it", "unsupported_parameter");
+    return {};
+  }
+  call.prompt_logprobs = n ? static_cast<int>(*n) : -1;
+  base.prompt_logprobs = std::max(call.echo && call.logprobs >= 0 ? call.logprobs : -1, call.prompt_logprobs);
+  return {};
+}
+
+// What echo puts before each prompt's completions: the prompt's text as
+// sent, or for a prompt of token ids its decoded text.
+std::vector<std::string> echo_texts(const json& body, const api_context& ctx, const std::vector<request>& requests) {
+  std::vector<std::string> out;
+  const json* p = field(body, "prompt");
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (p && p->is_string()) {
+      out.push_back(p->get<std::string>());
+    } else if (p && p->is_array() && !p->empty() && (*p)[0].is_object()) {  // parts of one prompt
+      std::string text;
+      for (const json& part : *p) text += part["text"].get<std::string>();
+      out.push_back(std::move(text));
+    } else if (p && p->is_array() && i < p->size() && (*p)[i].is_string()) {
+      out.push_back((*p)[i].get<std::string>());
+    } else {
+      out.push_back(ctx.vocab->decode(requests[i].prompt));
+    }
+  }
+  return out;
 }
 
 // Sets max_tokens on each request and checks the prompt against the limits.
@@ -357,6 +398,10 @@ maybe_error finish_requests(const json& body, const api_context& ctx, api_kind k
   const bool streams = streams_past_context(base.kv_policy.empty() ? ctx.default_kv_policy : base.kv_policy,
                                             ctx.limits.max_model_len);
   PAGODA_API_TRY(read_max_tokens(body, streams ? ctx.limits.max_streaming_tokens : ctx.limits.max_tokens, asked, param));
+  if (asked && *asked == 0 && !call.echo)
+    return bad_request(param, fmt::format("'{}' 0 generates nothing: it is accepted with 'echo': true on "
+                                          "/v1/completions, to score the prompt",
+                                          param));
   if (static_cast<std::int64_t>(prompts.size()) * call.n > ctx.limits.max_choices)
     return bad_request("n", fmt::format("{} prompts x n = {} choices, more than the server's limit of {}", prompts.size(),
                                         prompts.size() * call.n, ctx.limits.max_choices));
@@ -555,22 +600,39 @@ maybe_error parse_messages(const json& body, const api_context& ctx, std::vector
     if (role == msg.end() || !role->is_string()) return bad_request(name + ".role", "each message needs a 'role' string");
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";  // OpenAI's newer name for the system role
-    if (r != "system" && r != "user" && r != "assistant")
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
       return bad_request(name + ".role",
-                         fmt::format("role {} is not supported (system, developer, user, assistant)", excerpt(*role)));
-    chat_message cm{r, {}};
+                         fmt::format("role {} is not supported (system, developer, user, assistant, tool)", excerpt(*role)));
+    if (r == "tool" && !chat_format_has_tools(ctx.chat))
+      return bad_request(name + ".role", fmt::format("this model's chat template ({}) has no tool format, so no "
+                                                     "tool messages (--chat-template chatml, qwen3, llama3 or mistral)",
+                                                     chat_format_name(ctx.chat)));
+    chat_message cm{r, {}, {}, {}};
     kv_choice kv{by_role.contains(r) ? by_role[r] : std::string(), ""};
     PAGODA_API_TRY(read_kv_object(msg, name, kv));
     auto content = msg.find("content");
     if (content != msg.end() && !content->is_null())
       PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, kv, pieces));
     else if (r != "assistant") return bad_request(name + ".content", "'content' is required");
-    if (auto tc = msg.find("tool_calls"); tc != msg.end() && !tc->is_null() && !(tc->is_array() && tc->empty()))
-      return unsupported(name + ".tool_calls", "[]");
+    PAGODA_API_TRY(read_message_tools(msg, name, ctx.chat, cm));
     total_bytes += cm.content.size();
+    for (const chat_tool_call& c : cm.tool_calls) total_bytes += c.arguments.size() + c.name.size();
     if (total_bytes > max_bytes) return bad_request("messages", "the messages are too long", "context_length_exceeded");
     out.push_back(std::move(cm));
   }
+  return {};
+}
+
+// tool_choice required or named: the calls' grammar constrains the output.
+maybe_error force_tool_calls(const tool_request& tools, request& base) {
+  if (!tools.forced()) return {};
+  if (!base.sampling.grammar.empty())
+    return bad_request("tool_choice", "'tool_choice' forces a tool call, and a structured-output field (response_format, "
+                                      "guided_*, grammar, json_schema) constrains the output too; give one of them");
+  std::string field = "tools";
+  auto g = tool_call_grammar(tools, &field);
+  if (!g.ok()) return bad_request(field, g.error().message());
+  base.sampling.grammar = std::move(*g);
   return {};
 }
 
@@ -582,21 +644,27 @@ api_result<api_call> parse_request(api_kind kind, const json& body, const api_co
   call.kind = kind;
   request base;
   PAGODA_API_TRY(parse_common(body, ctx, kind, tenant, call, base));
+  PAGODA_API_TRY(read_scoring(body, ctx, kind, call, base));
   std::vector<std::vector<token_id>> prompts;
   if (kind == api_kind::completion) {
     PAGODA_API_TRY(parse_prompts(body, ctx, prompts, base));
   } else {
     std::vector<chat_message> messages;
     std::vector<text_piece> pieces;
+    auto tools = std::make_shared<tool_request>();
+    PAGODA_API_TRY(read_tools(body, ctx.chat, *tools));
     PAGODA_API_TRY(parse_messages(body, ctx, messages, pieces));
     bool add_generation_prompt = true;  // vLLM's extension
     PAGODA_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
-    auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt);
+    PAGODA_API_TRY(force_tool_calls(*tools, base));
+    if (tools->active()) call.tools = tools;
+    auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt, prompt_tools(*tools));
     if (!text.ok()) return from_status(text.error(), "messages");
     prompts.push_back(encode_text(ctx, *text));
     PAGODA_API_TRY(segments_of(ctx, *text, prompts.back(), pieces, base));
   }
   PAGODA_API_TRY(finish_requests(body, ctx, kind, std::move(prompts), base, call));
+  if (call.echo) call.echo_texts = echo_texts(body, ctx, call.requests);
   return call;
 }
 

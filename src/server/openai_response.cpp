@@ -13,11 +13,22 @@ response_builder::response_builder(const api_call& call, std::string id, std::st
       include_usage_(call.include_usage),
       want_logprobs_(call.logprobs >= 0),
       tokens_as_ids_(call.tokens_as_ids),
+      echo_(call.echo),
+      logprobs_(call.logprobs),
+      prompt_logprobs_(call.prompt_logprobs),
+      echo_texts_(call.echo_texts),
+      prompts_(call.requests.size()),
       id_(std::move(id)),
       model_(std::move(model)),
+      tools_(call.tools),
       created_(created_unix_s),
       vocab_(vocab),
-      choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {}
+      choices_(call.requests.size() * static_cast<std::size_t>(call.n)) {
+  echo_texts_.resize(call.requests.size());
+  // Only prompts whose tokens are scored keep them (prompt_scores::complete).
+  if ((echo_ && logprobs_ >= 0) || prompt_logprobs_ >= 0)
+    for (std::size_t i = 0; i < call.requests.size(); ++i) prompts_[i].tokens = call.requests[i].prompt;
+}
 
 std::string response_builder::piece(token_id t) const {
   if (tokens_as_ids_) return fmt::format("token_id:{}", t);
@@ -28,6 +39,12 @@ void response_builder::add(int prompt_index, const engine_event& e) {
   const std::size_t c = static_cast<std::size_t>(prompt_index) * n_ + e.index;
   if (c >= choices_.size()) return;
   choice& ch = choices_[c];
+  if (!e.prompt_logprobs.empty()) {
+    // Completion 0 scores the prompt for its n choices; the engine sends each token once, in order.
+    std::vector<token_logprob>& scores = prompts_[static_cast<std::size_t>(prompt_index)].scores;
+    if (static_cast<std::size_t>(e.first_prompt_logprob) == scores.size() + 1)
+      scores.insert(scores.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+  }
   ch.text += e.text;
   ch.logprobs.insert(ch.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
   if (!e.finish_reason.empty()) ch.finish_reason = e.finish_reason;
@@ -113,21 +130,77 @@ json response_builder::logprobs_json(const std::vector<token_logprob>& lps, std:
   return {{"content", content}, {"refusal", nullptr}};
 }
 
+json response_builder::echo_logprobs_json(int prompt_index, std::size_t& offset) const {
+  const prompt_scores& p = prompts_[static_cast<std::size_t>(prompt_index)];
+  std::vector<token_logprob> lps;
+  for (std::size_t i = 1; i < p.tokens.size(); ++i) {
+    token_logprob lp = i <= p.scores.size() ? p.scores[i - 1] : token_logprob{p.tokens[i], 0.0f, {}};
+    if (lp.top.size() > static_cast<std::size_t>(logprobs_)) lp.top.resize(static_cast<std::size_t>(logprobs_));
+    lps.push_back(std::move(lp));
+  }
+  if (p.tokens.empty()) return logprobs_json({}, offset);
+  // The first prompt token has no logprob (nothing before it): null, as vLLM sends it.
+  json j = logprobs_json({token_logprob{p.tokens[0], 0.0f, {}}}, offset);
+  j["token_logprobs"][0] = nullptr;
+  j["top_logprobs"][0] = nullptr;
+  const json rest = logprobs_json(lps, offset);
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const json& v : rest[key]) j[key].push_back(v);
+  // An entry the engine never sent (the request failed part way) is null too.
+  for (std::size_t i = p.scores.size() + 1; i < p.tokens.size(); ++i) {
+    j["token_logprobs"][i] = nullptr;
+    j["top_logprobs"][i] = nullptr;
+  }
+  return j;
+}
+
+json response_builder::prompt_logprobs_json(int prompt_index) const {
+  const prompt_scores& p = prompts_[static_cast<std::size_t>(prompt_index)];
+  json out = json::array({nullptr});
+  for (const token_logprob& lp : p.scores) {
+    // The prompt's token with its rank, then the k most likely (ranks 1 .. k).
+    json e = json::object();
+    e[std::to_string(lp.token)] = {{"logprob", lp.logprob}, {"rank", lp.rank}, {"decoded_token", piece(lp.token)}};
+    const std::size_t k = std::min(lp.top.size(), static_cast<std::size_t>(prompt_logprobs_));
+    for (std::size_t r = 0; r < k; ++r) {
+      const std::string id = std::to_string(lp.top[r].first);
+      if (!e.contains(id))
+        e[id] = {{"logprob", lp.top[r].second}, {"rank", r + 1}, {"decoded_token", piece(lp.top[r].first)}};
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 json response_builder::body() const {
   json choices = json::array();
   for (std::size_t i = 0; i < choices_.size(); ++i) {
     const choice& ch = choices_[i];
     std::size_t offset = 0;
-    json lp = want_logprobs_ ? logprobs_json(ch.logprobs, offset) : json(nullptr);
     json reason = ch.finish_reason.empty() ? json(nullptr) : json(ch.finish_reason);
-    if (kind_ == api_kind::completion)
-      choices.push_back({{"index", i}, {"text", ch.text}, {"logprobs", lp}, {"finish_reason", reason}});
-    else
+    if (kind_ == api_kind::completion) {
+      const int p = static_cast<int>(i / static_cast<std::size_t>(n_));
+      json lp = nullptr;
+      if (want_logprobs_) {
+        lp = echo_ ? echo_logprobs_json(p, offset) : logprobs_json({}, offset);
+        const json gen = logprobs_json(ch.logprobs, offset);
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+          for (const json& v : gen[key]) lp[key].push_back(v);
+      }
+      const std::string& echoed = echo_ ? echo_texts_[static_cast<std::size_t>(p)] : std::string();
+      json c = {{"index", i}, {"text", echoed + ch.text}, {"logprobs", lp}, {"finish_reason", reason}};
+      if (prompt_logprobs_ >= 0) c["prompt_logprobs"] = prompt_logprobs_json(p);
+      choices.push_back(std::move(c));
+    } else {
+      json lp = want_logprobs_ ? logprobs_json(ch.logprobs, offset) : json(nullptr);
       choices.push_back({{"index", i},
                          {"message", {{"role", "assistant"}, {"content", ch.text}}},
                          {"logprobs", lp},
                          {"finish_reason", reason}});
+    }
   }
+  if (tools_)
+    for (std::size_t i = 0; i < choices_.size(); ++i) apply_tool_calls(i, choices_[i], choices[i]);
   return {{"id", id_},
           {"object", kind_ == api_kind::completion ? "text_completion" : "chat.completion"},
           {"created", created_},
@@ -135,6 +208,55 @@ json response_builder::body() const {
           {"choices", choices},
           {"system_fingerprint", nullptr},
           {"usage", usage_json()}};
+}
+
+void response_builder::apply_tool_calls(std::size_t i, const choice& ch, json& out) const {
+  const parsed_tool_output p = parse_tool_output(*tools_, ch.text);
+  if (!p.called) return;
+  json calls = json::array();
+  for (std::size_t k = 0; k < p.calls.size(); ++k)
+    calls.push_back({{"id", tool_call_id(tools_->format, id_, i, k)},
+                     {"type", "function"},
+                     {"function", {{"name", p.calls[k].name}, {"arguments", p.calls[k].arguments}}}});
+  out["message"]["content"] = p.content.empty() ? json(nullptr) : json(p.content);
+  out["message"]["tool_calls"] = std::move(calls);
+  out["finish_reason"] = tool_finish_reason(*tools_, true, ch.finish_reason);
+}
+
+void response_builder::tool_chunks(std::size_t c, const engine_event& e, json logprobs, std::vector<json>& out) {
+  choice& ch = choices_[c];
+  if (!ch.tool_stream) ch.tool_stream.emplace(tools_);
+  std::vector<tool_delta> deltas;
+  ch.tool_stream->feed(e.text, deltas);
+  json reason = nullptr;
+  if (!e.finish_reason.empty()) reason = tool_finish_reason(*tools_, ch.tool_stream->finish(deltas), e.finish_reason);
+  std::vector<json> ds;
+  for (const tool_delta& d : deltas) {
+    if (!d.is_call) {
+      ds.push_back({{"content", d.text}});
+      continue;
+    }
+    json call = {{"index", d.index}};
+    if (!d.name.empty()) {
+      call["id"] = tool_call_id(tools_->format, id_, c, d.index);
+      call["type"] = "function";
+      call["function"] = {{"name", d.name}, {"arguments", d.text}};
+    } else {
+      call["function"] = {{"arguments", d.text}};
+    }
+    ds.push_back({{"tool_calls", json::array({std::move(call)})}});
+  }
+  if (ds.empty() && logprobs.is_null() && reason.is_null()) return;
+  if (ds.empty()) ds.push_back(json::object());
+  // Logprobs ride on the event's first chunk, the finish reason on its last.
+  for (std::size_t k = 0; k < ds.size(); ++k) {
+    json j = chunk_base();
+    j["choices"] = json::array({{{"index", c},
+                                 {"delta", std::move(ds[k])},
+                                 {"logprobs", k == 0 ? logprobs : json(nullptr)},
+                                 {"finish_reason", k + 1 == ds.size() ? reason : json(nullptr)}}});
+    out.push_back(std::move(j));
+  }
 }
 
 json response_builder::chunk_base() const {
@@ -159,9 +281,27 @@ std::vector<json> response_builder::opening_chunks() const {
   return out;
 }
 
+void response_builder::echo_chunk(std::size_t c, std::vector<json>& out) {
+  const std::size_t p = c / static_cast<std::size_t>(n_);
+  choices_[c].echoed = true;
+  json lp = want_logprobs_ && echo_ ? echo_logprobs_json(static_cast<int>(p), choices_[c].logprob_text_offset)
+                                    : json(nullptr);
+  json ch = {{"index", c}, {"text", echo_ ? echo_texts_[p] : std::string()}, {"logprobs", lp}, {"finish_reason", nullptr}};
+  if (prompt_logprobs_ >= 0) ch["prompt_logprobs"] = prompt_logprobs_json(static_cast<int>(p));
+  json j = chunk_base();
+  j["choices"] = json::array({std::move(ch)});
+  out.push_back(std::move(j));
+}
+
 void response_builder::chunks_for(int prompt_index, const engine_event& e, std::vector<json>& out) {
   const std::size_t c = static_cast<std::size_t>(prompt_index) * n_ + e.index;
   if (c >= choices_.size()) return;
+  // Echo, prompt_logprobs: the prompt's chunk first, once its scores are in
+  // (they are before the first token is: the prompt's last row samples it).
+  if (kind_ == api_kind::completion && (echo_ || prompt_logprobs_ >= 0) && !choices_[c].echoed) {
+    if (!prompts_[static_cast<std::size_t>(prompt_index)].complete() && e.finish_reason.empty()) return;
+    echo_chunk(c, out);
+  }
   const bool has_lp = want_logprobs_ && !e.logprobs.empty();
   if (e.text.empty() && !has_lp && e.finish_reason.empty()) return;
   json lp = has_lp ? logprobs_json(e.logprobs, choices_[c].logprob_text_offset) : json(nullptr);
@@ -169,6 +309,8 @@ void response_builder::chunks_for(int prompt_index, const engine_event& e, std::
   json j = chunk_base();
   if (kind_ == api_kind::completion) {
     j["choices"] = json::array({{{"index", c}, {"text", e.text}, {"logprobs", lp}, {"finish_reason", reason}}});
+  } else if (tools_) {
+    return tool_chunks(c, e, std::move(lp), out);
   } else {
     json delta = e.text.empty() && !has_lp ? json::object() : json{{"content", e.text}};
     j["choices"] = json::array({{{"index", c}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", reason}}});

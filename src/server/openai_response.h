@@ -16,6 +16,7 @@
 #include "model/tokenizer.h"
 #include "sched/engine_core.h"
 #include "server/openai_request.h"
+#include "server/tool_calls.h"
 
 namespace pagoda::server {
 
@@ -50,24 +51,49 @@ class response_builder {
  private:
   struct choice {
     std::string text;
+    std::optional<tool_call_stream> tool_stream;  // streaming with tools: made at the first event
     std::vector<token_logprob> logprobs;
     std::string finish_reason;
     std::size_t logprob_text_offset = 0;  // completions' text_offset of the next token
+    bool echoed = false;                  // streaming with echo: the prompt's chunk went out
+  };
+  // A prompt's scoring (echo, prompt_logprobs), shared by its n choices.
+  struct prompt_scores {
+    std::vector<token_id> tokens;
+    std::vector<token_logprob> scores;  // [1, scored]: entry i - 1 is prompt token i's
+    bool complete() const { return scores.size() + 1 >= tokens.size(); }
   };
 
   nlohmann::json chunk_base() const;
   nlohmann::json usage_json() const;
+  // Echo: prompt p's text and, with logprobs, its tokens' entries (the first's null).
+  nlohmann::json echo_logprobs_json(int prompt_index, std::size_t& offset) const;
+  // vLLM's prompt_logprobs of prompt p: null, then per token {id: {logprob, rank, decoded_token}}.
+  nlohmann::json prompt_logprobs_json(int prompt_index) const;
+  // Streaming with echo: choice c's prompt chunk, once its prompt's scores are all in.
+  void echo_chunk(std::size_t c, std::vector<nlohmann::json>& out);
   // Logprobs of `lps` in this endpoint's shape; `offset` is the completions' running text_offset.
   nlohmann::json logprobs_json(const std::vector<token_logprob>& lps, std::size_t& offset) const;
   std::string piece(token_id t) const;
+  // Chat with tools: choice i's text parsed for calls; `out` (its choice
+  // object) gets the calls and their finish reason when it was calls.
+  void apply_tool_calls(std::size_t i, const choice& ch, nlohmann::json& out) const;
+  // Streaming with tools: the event's text as content and tool-call deltas.
+  void tool_chunks(std::size_t c, const engine_event& e, nlohmann::json logprobs, std::vector<nlohmann::json>& out);
 
   api_kind kind_;
   int n_;
   bool include_usage_;
   bool want_logprobs_;
   bool tokens_as_ids_;
+  bool echo_;
+  int logprobs_;         // echo's: the alternatives per prompt token
+  int prompt_logprobs_;  // -1: no prompt_logprobs field in the choices
+  std::vector<std::string> echo_texts_;
+  std::vector<prompt_scores> prompts_;
   std::string id_;
   std::string model_;
+  std::shared_ptr<const tool_request> tools_;  // api_call::tools
   std::int64_t created_;
   const tokenizer& vocab_;
   std::vector<choice> choices_;

@@ -110,6 +110,21 @@ TEST(cli_batch, n_above_the_sequence_cap_is_an_error_not_a_hang) {
   EXPECT_EQ(lines[1]["completions"].size(), 4u);
 }
 
+// Prompt scoring is /v1/completions': a line asking for it is an error, never silently unscored.
+TEST(cli_batch, echo_and_prompt_logprobs_lines_are_refused) {
+  std::string in = write_temp("echo.jsonl", R"({"id": "e", "prompt": "Once upon", "echo": true, "max_tokens": 0})" "\n"
+                                            R"({"id": "p", "prompt": "Once upon", "prompt_logprobs": 1})" "\n"
+                                            R"({"id": "ok", "prompt": "Once upon", "max_tokens": 2})" "\n");
+  auto r = run_cli("batch -m " + model_path() + " -i " + in + " -t 1");
+  std::remove(in.c_str());
+  ASSERT_EQ(r.exit_code, 1) << r.err;
+  auto lines = parse_lines(r.out);
+  ASSERT_EQ(lines.size(), 3u);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_NE(lines[i]["error"]["message"].get<std::string>().find("prompt_logprobs"), std::string::npos) << lines[i];
+  EXPECT_EQ(lines[2]["completions"].size(), 1u);
+}
+
 // A line is read by the server's parser: the same fields, ranges and messages.
 TEST(cli_batch, lines_take_the_servers_fields_and_messages) {
   server::api_options opts;

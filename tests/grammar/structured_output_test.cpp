@@ -23,6 +23,7 @@
 #include "model/tokenizer.h"
 #include "pagoda/engine.h"
 #include "server/openai_request.h"
+#include "server/tool_calls.h"
 
 namespace pagoda {
 namespace {
@@ -91,7 +92,7 @@ std::map<std::string, std::vector<completion>> run(const std::string& model, con
   engine_config c;
   c.model_path = model;
   c.n_threads = 1;
-  c.n_ctx = 2048;
+  c.n_ctx = 4096;  // room for tools written into a chat prompt (llama3 indents them)
   c.max_num_seqs = 16;
   auto eng = engine::create(c);
   EXPECT_TRUE(eng.ok()) << eng.error().message();
@@ -99,14 +100,21 @@ std::map<std::string, std::vector<completion>> run(const std::string& model, con
   auto vocab = tokenizer::from_gguf(**file);
   server::api_context ctx;
   ctx.vocab = vocab->get();
-  ctx.limits.max_model_len = 2048;
+  ctx.limits.max_model_len = ctx.limits.max_prompt_tokens = 4096;
   ctx.limits.max_tokens = 2048;
   std::map<std::string, std::vector<completion>> out;
   for (const json& body : bodies) {
     const std::string id = body["id"].get<std::string>();
     json b = body;
     b.erase("id");
-    auto call = server::parse_request(server::api_kind::completion, b, ctx, "");
+    // A chat body ("messages") is rendered with the family "chat_template" names.
+    server::api_context body_ctx = ctx;
+    if (b.contains("chat_template")) {
+      body_ctx.chat = server::chat_format_from_name(b["chat_template"].get<std::string>()).value();
+      b.erase("chat_template");
+    }
+    const auto kind = b.contains("messages") ? server::api_kind::chat : server::api_kind::completion;
+    auto call = server::parse_request(kind, b, body_ctx, "");
     if (!call.ok()) {
       out[id] = {{call.error.message, "400"}};
       continue;
@@ -200,6 +208,21 @@ json with_schema(json body, const json& schema, std::size_t i) {
   return body;
 }
 
+// Runs the JSONL file of {"id", "schema", "text"} through the independent
+// validator; expects `n` of them to validate.
+void expect_validated(const std::string& cases, std::size_t n) {
+  const std::string cmd = "/usr/bin/python3 " + std::string(PAGODA_SOURCE_DIR) +
+                          "/tests/grammar/validate_json_outputs.py " + cases + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string report;
+  char buf[4096];
+  while (std::size_t got = fread(buf, 1, sizeof buf, p)) report.append(buf, got);
+  const int rc = pclose(p);
+  EXPECT_EQ(rc, 0) << report;
+  EXPECT_NE(report.find("validated " + std::to_string(n) + " of"), std::string::npos) << report;
+}
+
 void expect_schemas_validate(const std::string& model, const std::string& name) {
   const std::vector<json> all = schemas();
   ASSERT_GE(all.size(), 30u);
@@ -229,22 +252,72 @@ void expect_schemas_validate(const std::string& model, const std::string& name) 
         if (std::getenv("PAGODA_TEST_SHOW_OUTPUTS")) std::printf("%s %s: %s\n", name.c_str(), id.c_str(), c.text.c_str());
       }
   }
-  const std::string cmd = "/usr/bin/python3 " + std::string(PAGODA_SOURCE_DIR) +
-                          "/tests/grammar/validate_json_outputs.py " + cases + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string report;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) report.append(buf, n);
-  const int rc = pclose(p);
-  EXPECT_EQ(rc, 0) << report;
-  EXPECT_NE(report.find("validated " + std::to_string(2 * all.size()) + " of"), std::string::npos) << report;
+  expect_validated(cases, 2 * all.size());
 }
 
 TEST(structured_output, json_schemas_validate_on_stories260k) { expect_schemas_validate(stories_path(), "stories"); }
 
 TEST(structured_output, json_schemas_validate_on_a_byte_level_bpe_vocabulary) {
   expect_schemas_validate(bpe_model_path(), "bpe");
+}
+
+// Function calling forced by tool_choice (required with one call, and each
+// function by name) in every chat format with a tool format: each output
+// parses into a call (server/tool_calls.h) whose arguments validate against
+// the function's parameter schema, greedy and sampled, on both vocabularies.
+TEST(structured_output, forced_tool_calls_parse_and_validate) {
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"enum": ["Paris", "Tokyo"]}, "days": {"type": "integer"}},
+      "required": ["city", "days"], "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "book", "description": "Book rooms", "parameters": {"type": "object",
+      "properties": {"guest": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                               "vip": {"type": "boolean"}}, "required": ["name", "vip"]},
+                     "nights": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                     "rooms": {"type": "array", "items": {"$ref": "#/$defs/room"}, "minItems": 1, "maxItems": 2}},
+      "required": ["guest", "nights", "rooms"], "$defs": {"room": {"enum": ["single", "double"]}}}}},
+    {"type": "function", "function": {"name": "ping"}}])");
+  const std::vector<json> choices = {"required", {{"type", "function"}, {"function", {{"name", "get_weather"}}}},
+                                     {{"type", "function"}, {"function", {{"name", "book"}}}},
+                                     {{"type", "function"}, {"function", {{"name", "ping"}}}}};
+  for (const auto& [model, name] : {std::pair{stories_path(), "stories"}, std::pair{bpe_model_path(), "bpe"}}) {
+    std::vector<json> bodies;
+    for (const char* family : {"chatml", "qwen3", "llama3", "mistral"})
+      for (std::size_t c = 0; c < choices.size(); ++c)
+        for (int seed = 0; seed < 2; ++seed)
+          bodies.push_back({{"id", fmt::format("{}-{}-{}", family, c, seed)},
+                            {"chat_template", family},
+                            {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                            {"tools", tools},
+                            {"tool_choice", choices[c]},
+                            {"parallel_tool_calls", false},
+                            {"max_tokens", 400},
+                            {"temperature", seed == 0 ? 0.0 : 1.0},
+                            {"seed", seed}});
+    const auto results = run(model, bodies);
+    const std::string cases = temp_file("structured", std::string(name) + "_tools.jsonl");
+    std::ofstream f(cases);
+    for (const json& body : bodies) {
+      const std::string id = body["id"];
+      const completion& out = results.at(id).at(0);
+      EXPECT_EQ(out.finish_reason, "stop") << name << " " << id << ": " << out;
+      server::tool_request t;
+      ASSERT_FALSE(server::read_tools(body, *server::chat_format_from_name(body["chat_template"].get<std::string>()), t));
+      const server::parsed_tool_output parsed = server::parse_tool_output(t, out.text);
+      ASSERT_TRUE(parsed.called) << name << " " << id << ": " << out.text;
+      ASSERT_EQ(parsed.calls.size(), 1u) << out.text;
+      if (t.choice == server::tool_choice_kind::named) {
+        EXPECT_EQ(parsed.calls[0].name, t.named) << out.text;
+      }
+      const server::tool_function* fn = t.find(parsed.calls[0].name);
+      ASSERT_NE(fn, nullptr);
+      const json schema = fn->parameters.is_null() ? json{{"type", "object"}, {"additionalProperties", false}} : fn->parameters;
+      f << json{{"id", name + std::string(" ") + id}, {"schema", schema}, {"text", parsed.calls[0].arguments}}.dump() << "\n";
+      if (std::getenv("PAGODA_TEST_SHOW_OUTPUTS")) std::printf("%s %s: %s\n", name, id.c_str(), out.text.c_str());
+    }
+    f.close();
+    expect_validated(cases, bodies.size());
+  }
 }
 
 // llama.cpp-style example grammars (written here, grammars.h) through the

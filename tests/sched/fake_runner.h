@@ -124,7 +124,7 @@ class fake_runner final : public model_runner {
                   out.stats[si].window_at(l, h)[static_cast<std::size_t>(w) * n_kv + static_cast<std::size_t>(s)] = 1.0f;
         }
       }
-      const std::size_t first_row = q.all_logits || !q.draft.empty() ? 0 : q.tokens.size() - 1;
+      const std::size_t first_row = q.every_row() ? 0 : q.tokens.size() - 1;
       for (std::size_t j = first_row; j < q.tokens.size(); ++j) {
         std::vector<std::pair<token_id, std::int32_t>> visible;
         for (int s = 0; s < n_kv; ++s) {

@@ -108,9 +108,13 @@ TEST(chat_template, plain_joins_contents) {
 
 TEST(chat_template, errors_name_the_message) {
   EXPECT_FALSE(render_chat(chat_format::chatml, std::vector<chat_message>{}, k_spm, true).ok());
-  auto bad = render_chat(chat_format::chatml, std::vector<chat_message>{{"user", "a"}, {"tool", "b"}}, k_spm, true);
+  auto bad = render_chat(chat_format::chatml, std::vector<chat_message>{{"user", "a"}, {"function", "b"}}, k_spm, true);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code(), errc::invalid_argument);
+  EXPECT_NE(bad.error().message().find("messages[1].role"), std::string::npos);
+  // A tool message needs a family with a tool format (tool_calls_test.cpp has those).
+  bad = render_chat(chat_format::gemma, std::vector<chat_message>{{"user", "a"}, {"tool", "b"}}, k_spm, true);
+  ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message().find("messages[1].role"), std::string::npos);
 }
 

@@ -111,6 +111,34 @@ TEST(openai_request, several_prompts) {
   EXPECT_EQ(completion_error({{"prompt", {"a", "b"}}, {"n", 9}}).param, "n");  // 18 choices > 16
 }
 
+// echo and prompt_logprobs: the engine scores the prompt with the larger of
+// the two alternative counts; echo keeps each prompt's text as sent.
+TEST(openai_request, echo_and_prompt_logprobs) {
+  auto r = parse_request(api_kind::completion,
+                         {{"prompt", {"Once upon", {1, 403, 407}}}, {"echo", true}, {"logprobs", 3}, {"max_tokens", 0}},
+                         context(), "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_TRUE(r.value->echo);
+  EXPECT_EQ(r.value->prompt_logprobs, -1);
+  ASSERT_EQ(r.value->requests.size(), 2u);
+  EXPECT_EQ(r.value->requests[0].prompt_logprobs, 3);
+  EXPECT_EQ(r.value->requests[0].max_tokens, 0);
+  EXPECT_FALSE(r.value->requests[0].prompt_logits);  // the compact path, never whole rows
+  EXPECT_EQ(r.value->echo_texts, (std::vector<std::string>{"Once upon", "Once upon"}));
+  r = parse_request(api_kind::completion, {{"prompt", "a"}, {"echo", true}, {"logprobs", 1}, {"prompt_logprobs", 5}},
+                    context(), "");
+  ASSERT_TRUE(r.ok()) << r.error.message;
+  EXPECT_EQ(r.value->prompt_logprobs, 5);
+  EXPECT_EQ(r.value->requests[0].prompt_logprobs, 5);
+  // Echo without logprobs scores nothing; logprobs without echo score only the output.
+  for (const json& body : {json{{"prompt", "a"}, {"echo", true}}, json{{"prompt", "a"}, {"logprobs", 2}}}) {
+    r = parse_request(api_kind::completion, body, context(), "");
+    ASSERT_TRUE(r.ok()) << r.error.message;
+    EXPECT_EQ(r.value->requests[0].prompt_logprobs, -1) << body.dump();
+  }
+  EXPECT_EQ(completion_error({{"prompt", "a"}, {"max_tokens", 0}}).param, "max_tokens");
+}
+
 TEST(openai_request, errors_name_the_field) {
   struct bad {
     json body;
@@ -173,7 +201,9 @@ TEST(openai_request, errors_name_the_field) {
       {{{"prompt", "a"}, {"return_tokens_as_token_ids", 1}}, "return_tokens_as_token_ids"},
       {{{"prompt", "a"}, {"ignore_eos", "yes"}}, "ignore_eos"},
       {{{"prompt", "a"}, {"min_tokens", 3}}, "min_tokens"},
-      {{{"prompt", "a"}, {"echo", true}}, "echo"},
+      {{{"prompt", "a"}, {"echo", 1}}, "echo"},
+      {{{"prompt", "a"}, {"prompt_logprobs", 21}}, "prompt_logprobs"},
+      {{{"prompt", "a"}, {"echo", true}, {"max_completion_tokens", 0}, {"max_tokens", 0}, {"n", 2}, {"suffix", "x"}}, "suffix"},
       {{{"prompt", "a"}, {"suffix", "x"}}, "suffix"},
       {{{"prompt", "a"}, {"best_of", 3}}, "best_of"},
       {{{"prompt", "a"}, {"tools", {{{"type", "function"}}}}}, "tools"},

@@ -3,7 +3,8 @@
 // Run by tests/server/openai_sdk_test.cpp, which installs the package and sets
 // PAGODA_CLI (the pagoda binary) and PAGODA_MODEL (stories260K). This file
 // starts the server itself on a free loopback port (--port 0) with one global
-// key and two tenants, and stops it at the end.
+// key and two tenants, and stops it at the end; the tool-calling flows start
+// one server per chat template family (--chat-template) the same way.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -28,6 +29,31 @@ let baseURL;
 let serverLog = '';
 let dir;
 
+// A server on a free loopback port; resolves to its base URL.
+function launch(proc, log) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log()}`)), 30000);
+    let out = '';
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/[^\s]+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m[1]);
+      }
+    });
+    proc.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${log()}`)));
+  });
+}
+
+async function stop(proc) {
+  if (proc && proc.exitCode === null) {
+    const exited = new Promise((r) => proc.once('exit', r));
+    proc.kill('SIGTERM');
+    await exited;
+  }
+}
+
 function startServer() {
   dir = mkdtempSync(join(tmpdir(), 'pagoda-sdk-'));
   const tenants = join(dir, 'tenants.json');
@@ -42,19 +68,7 @@ function startServer() {
     '--kv-store', join(dir, 'kv')];  // hermetic: not the per-user default store
   server = spawn(cli, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   server.stderr.on('data', (d) => { serverLog += d; });
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`server did not start:\n${serverLog}`)), 30000);
-    let out = '';
-    server.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/[^\s]+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve(m[1]);
-      }
-    });
-    server.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${serverLog}`)));
-  });
+  return launch(server, () => serverLog);
 }
 
 const client = (apiKey = GLOBAL_KEY) => new OpenAI({ apiKey, baseURL: `${baseURL}/v1`, maxRetries: 0, timeout: 60000 });
@@ -64,11 +78,7 @@ before(async () => {
 });
 
 after(async () => {
-  if (server && server.exitCode === null) {
-    const exited = new Promise((r) => server.once('exit', r));
-    server.kill('SIGTERM');
-    await exited;
-  }
+  await stop(server);
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
@@ -261,5 +271,259 @@ describe('errors and models', () => {
     assert.deepEqual(models.map((m) => m.id), ['stories260K']);
     const one = await client().models.retrieve('stories260K');
     assert.equal(one.object, 'model');
+  });
+});
+
+// A validator for the JSON Schema subset the flows below use (type, properties,
+// required, additionalProperties: false, enum, items, maxLength), written
+// here so that the check does not share code with the server's grammar.
+function validate(schema, value, at = '$') {
+  const fail = (why) => { throw new Error(`${at}: ${why} (${JSON.stringify(value)})`); };
+  if (schema.enum && !schema.enum.some((e) => JSON.stringify(e) === JSON.stringify(value))) fail('not in enum');
+  switch (schema.type) {
+    case 'object': {
+      if (typeof value !== 'object' || value === null || Array.isArray(value)) fail('not an object');
+      for (const k of schema.required ?? []) if (!(k in value)) fail(`missing ${k}`);
+      for (const [k, v] of Object.entries(value)) {
+        if (!(k in (schema.properties ?? {}))) {
+          if (schema.additionalProperties === false) fail(`unexpected ${k}`);
+          continue;
+        }
+        validate(schema.properties[k], v, `${at}.${k}`);
+      }
+      break;
+    }
+    case 'array':
+      if (!Array.isArray(value)) fail('not an array');
+      value.forEach((v, i) => validate(schema.items, v, `${at}[${i}]`));
+      break;
+    case 'integer': if (!Number.isInteger(value)) fail('not an integer'); break;
+    case 'boolean': if (typeof value !== 'boolean') fail('not a boolean'); break;
+    case 'string':
+      if (typeof value !== 'string') fail('not a string');
+      if (schema.maxLength !== undefined && [...value].length > schema.maxLength) fail('too long');
+      break;
+    default: break;
+  }
+  return true;
+}
+
+const PET = {
+  type: 'object',
+  properties: {
+    name: { type: 'string', maxLength: 10 },
+    kind: { type: 'string', enum: ['cat', 'dog'] },
+    age: { type: 'integer' },
+    tags: { type: 'array', items: { type: 'boolean' }, maxItems: 2 },
+  },
+  required: ['name', 'kind', 'age', 'tags'],
+  additionalProperties: false,
+};
+
+describe('response_format json_schema', () => {
+  const params = {
+    model: 'stories260K', messages: [{ role: 'user', content: 'Describe a pet.' }], max_tokens: 120, temperature: 0,
+    response_format: { type: 'json_schema', json_schema: { name: 'pet', schema: PET, strict: true } },
+  };
+
+  test('non-streaming: the message parses and validates', async () => {
+    const r = await client().chat.completions.create(params);
+    assert.equal(r.choices[0].finish_reason, 'stop', r.choices[0].message.content);
+    validate(PET, JSON.parse(r.choices[0].message.content));
+    // Sampled as well.
+    for (const seed of [1, 2, 3]) {
+      const s = await client().chat.completions.create({ ...params, temperature: 1, seed });
+      assert.equal(s.choices[0].finish_reason, 'stop', s.choices[0].message.content);
+      validate(PET, JSON.parse(s.choices[0].message.content));
+    }
+  });
+
+  test('streaming: the deltas add up to the same valid JSON', async () => {
+    const whole = await client().chat.completions.create(params);
+    const stream = await client().chat.completions.create({ ...params, stream: true });
+    let content = '';
+    let finish = null;
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        if (c.delta.content) content += c.delta.content;
+        if (c.finish_reason) finish = c.finish_reason;
+      }
+    }
+    assert.equal(finish, 'stop');
+    assert.equal(content, whole.choices[0].message.content);
+    validate(PET, JSON.parse(content));
+  });
+});
+
+const WEATHER = {
+  type: 'object',
+  properties: { city: { type: 'string', enum: ['Paris', 'Tokyo', 'Lima'] }, days: { type: 'integer' } },
+  required: ['city', 'days'],
+  additionalProperties: false,
+};
+const TIME = {
+  type: 'object', properties: { zone: { type: 'string', maxLength: 8 } }, required: ['zone'], additionalProperties: false,
+};
+const TOOLS = [
+  { type: 'function', function: { name: 'get_weather', description: 'The weather in a city', parameters: WEATHER } },
+  { type: 'function', function: { name: 'get_time', description: 'The time in a zone', parameters: TIME } },
+];
+const SCHEMAS = { get_weather: WEATHER, get_time: TIME };
+
+function checkCall(call) {
+  assert.equal(call.type, 'function');
+  assert.equal(typeof call.id, 'string');
+  assert.ok(call.id.length > 0);
+  assert.ok(call.function.name in SCHEMAS, call.function.name);
+  validate(SCHEMAS[call.function.name], JSON.parse(call.function.arguments));
+}
+
+// Each family with a tool format, on stories260K with --chat-template: a model
+// this small calls no tool of its own accord, so the flows force calls
+// (required, named) and check their shape, then send a result back.
+for (const family of ['chatml', 'llama3', 'mistral']) {
+  describe(`tools (${family} template)`, () => {
+    let proc;
+    let url;
+    let log = '';
+    const tc = () => new OpenAI({ apiKey: 'none', baseURL: `${url}/v1`, maxRetries: 0, timeout: 60000 });
+    const base = {
+      model: 'stories260K', messages: [{ role: 'user', content: 'What is the weather in Paris?' }], tools: TOOLS,
+      max_tokens: 150, temperature: 0,
+    };
+
+    before(async () => {
+      proc = spawn(cli, ['serve', '-m', modelPath, '--host', '127.0.0.1', '--port', '0', '--ctx', '2048', '--threads',
+        '1', '--chat-template', family, '--no-kv-store'], { stdio: ['ignore', 'pipe', 'pipe'] });
+      proc.stderr.on('data', (d) => { log += d; });
+      url = await launch(proc, () => log);
+    });
+    after(async () => { await stop(proc); });
+
+    test('named function and required: tool_calls whose arguments match the schema', async () => {
+      const named = await tc().chat.completions.create({
+        ...base, tool_choice: { type: 'function', function: { name: 'get_weather' } },
+      });
+      const m = named.choices[0].message;
+      assert.equal(named.choices[0].finish_reason, 'stop', JSON.stringify(m));  // OpenAI's reason for a named function
+      assert.equal(m.content, null);
+      assert.equal(m.tool_calls.length, 1);
+      assert.equal(m.tool_calls[0].function.name, 'get_weather');
+      checkCall(m.tool_calls[0]);
+      const required = await tc().chat.completions.create({ ...base, tool_choice: 'required', parallel_tool_calls: false });
+      assert.equal(required.choices[0].finish_reason, 'tool_calls', JSON.stringify(required.choices[0].message));
+      assert.equal(required.choices[0].message.tool_calls.length, 1);
+      checkCall(required.choices[0].message.tool_calls[0]);
+      // Sampled, several seeds: always a valid call.
+      for (const seed of [7, 8]) {
+        const s = await tc().chat.completions.create({
+          ...base, tool_choice: 'required', parallel_tool_calls: false, temperature: 1, seed,
+        });
+        assert.equal(s.choices[0].finish_reason, 'tool_calls', JSON.stringify(s.choices[0].message));
+        s.choices[0].message.tool_calls.forEach(checkCall);
+      }
+    });
+
+    test('streaming: id and name first, then argument pieces, as the SDK accumulates them', async () => {
+      const params = { ...base, tool_choice: 'required', parallel_tool_calls: false };
+      const whole = await tc().chat.completions.create(params);
+      const stream = await tc().chat.completions.create({ ...params, stream: true });
+      const calls = [];
+      let finish = null;
+      for await (const chunk of stream) {
+        for (const c of chunk.choices) {
+          if (c.finish_reason) finish = c.finish_reason;
+          for (const d of c.delta.tool_calls ?? []) {
+            if (d.id) {
+              assert.equal(d.index, calls.length);
+              assert.equal(d.type, 'function');
+              assert.ok(d.function.name);
+              calls.push({ id: d.id, type: 'function', function: { name: d.function.name, arguments: d.function.arguments ?? '' } });
+            } else {
+              assert.ok(calls[d.index], 'arguments come after the call was named');
+              calls[d.index].function.arguments += d.function.arguments;
+            }
+          }
+        }
+      }
+      assert.equal(finish, 'tool_calls');
+      assert.equal(calls.length, 1);
+      checkCall(calls[0]);
+      assert.deepEqual(calls.map((c) => c.function), whole.choices[0].message.tool_calls.map((c) => c.function));
+      // The SDK's own stream helper assembles the same message.
+      const helper = tc().chat.completions.stream({ ...params, tool_choice: { type: 'function', function: { name: 'get_time' } } });
+      const final = await helper.finalChatCompletion();
+      const call = final.choices[0].message.tool_calls[0];
+      assert.equal(call.function.name, 'get_time');
+      checkCall(call);
+    });
+
+    test('a tool result round trip gets an answer', async () => {
+      const first = await tc().chat.completions.create({
+        ...base, tool_choice: { type: 'function', function: { name: 'get_weather' } },
+      });
+      const assistant = first.choices[0].message;
+      const messages = [
+        ...base.messages,
+        { role: 'assistant', content: assistant.content, tool_calls: assistant.tool_calls },
+        { role: 'tool', tool_call_id: assistant.tool_calls[0].id, content: '{"sky": "sunny", "high": 21}' },
+      ];
+      const answer = await tc().chat.completions.create({ ...base, messages, max_tokens: 12, tool_choice: 'none' });
+      assert.equal(typeof answer.choices[0].message.content, 'string');
+      assert.ok(['stop', 'length'].includes(answer.choices[0].finish_reason));
+      // With the tools still offered (auto), the answer is text or calls, well formed either way.
+      const auto = await tc().chat.completions.create({ ...base, messages, max_tokens: 12 });
+      assert.ok(auto.usage.prompt_tokens > first.usage.prompt_tokens, 'the call and its result are in the prompt');
+      const m = auto.choices[0].message;
+      if (m.tool_calls) m.tool_calls.forEach((c) => assert.ok(c.function.name in SCHEMAS));
+      else assert.equal(typeof m.content, 'string');
+    });
+
+    test("the SDK's runTools calls the function with the parsed arguments", async () => {
+      const seen = [];
+      for (const stream of [false, true]) {
+        const runner = tc().chat.completions.runTools({
+          ...base,
+          stream,
+          tool_choice: { type: 'function', function: { name: 'get_weather' } },
+          tools: [{
+            type: 'function',
+            function: {
+              name: 'get_weather', parameters: WEATHER, parse: JSON.parse,
+              function: (args) => { seen.push(args); return { sky: 'sunny' }; },
+            },
+          }],
+        });
+        await runner.done();
+        const last = runner.messages.at(-1);
+        assert.equal(last.role, 'tool');
+        assert.equal(last.content, '{"sky":"sunny"}');
+        assert.equal(last.tool_call_id, runner.messages.at(-2).tool_calls[0].id);
+      }
+      assert.equal(seen.length, 2);
+      seen.forEach((args) => validate(WEATHER, args));
+      assert.deepEqual(seen[0], seen[1], 'greedy: streamed and whole calls agree');
+    });
+
+    test('bad tools are 400s naming the field', async () => {
+      await assert.rejects(
+        tc().chat.completions.create({ ...base, tool_choice: { type: 'function', function: { name: 'get_stock' } } }),
+        (e) => e instanceof OpenAI.BadRequestError && e.param === 'tool_choice.function.name',
+      );
+      await assert.rejects(
+        tc().chat.completions.create({ ...base, tools: [{ type: 'function', function: { description: 'no name' } }] }),
+        (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools[0].function.name',
+      );
+    });
+  });
+}
+
+describe('tools without a tool format', () => {
+  test('the plain template refuses tools, takes tool_choice none', async () => {
+    const params = { model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], tools: TOOLS, max_tokens: 4 };
+    await assert.rejects(client().chat.completions.create(params),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools');
+    const r = await client().chat.completions.create({ ...params, tool_choice: 'none' });
+    assert.equal(typeof r.choices[0].message.content, 'string');
   });
 });
