@@ -391,6 +391,37 @@ TEST(engine_images, the_image_policy_acts_on_the_image_only) {
   EXPECT_NE(sparse.error().message().find("--kv-image-policy"), std::string::npos) << sparse.error().message();
 }
 
+// Prompt logprobs (scoring) over a prompt with an image: every prompt token
+// but the first gets an entry, the image's positions their placeholder id's
+// (the runner scores the prompt's own ids, never a key token), and a second
+// request with the same image takes its cached blocks and the same scores.
+TEST(engine_images, prompt_logprobs_score_the_prompts_own_ids) {
+  auto e = *engine_core::create(text_model(), config(64));
+  const auto scored = [&](const std::string& id) {
+    request r = image_request(id, k_prompt, image_rows("a-64x64", 2), 0xa, {303, 304, 305}, 1);
+    r.prompt_logprobs = 0;
+    std::vector<token_logprob> all;
+    EXPECT_TRUE(e->add_request(r).ok());
+    std::vector<engine_event> events;
+    while (e->has_work()) {
+      events.clear();
+      e->step(events);
+      for (const engine_event& ev : events) all.insert(all.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+    }
+    return all;
+  };
+  const std::vector<token_logprob> first = scored("s1");
+  ASSERT_EQ(first.size(), 4u + 32u + 3u - 1u);
+  for (std::size_t i = 3; i < 3 + 32; ++i) EXPECT_EQ(first[i].token, 0) << i;  // the image's placeholders
+  EXPECT_EQ(first.back().token, 305);
+  const std::vector<token_logprob> second = scored("s2");
+  ASSERT_EQ(second.size(), first.size());
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(second[i].token, first[i].token) << i;
+    EXPECT_EQ(second[i].logprob, first[i].logprob) << i;
+  }
+}
+
 TEST(engine_images, bad_spans_are_refused_clearly) {
   auto e = *engine_core::create(text_model(), config(64));
   const auto refused = [&](request r, const std::string& words) {
