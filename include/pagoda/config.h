@@ -61,6 +61,12 @@ struct engine_config {
   // TYPE (as --kv-cache-dtype takes it) that gets FRACTION (default 0.25) of
   // the pool's bytes; --kv-cache-dtype's blocks get the rest.
   std::vector<std::string> kv_segment_dtypes;
+  // Images in the prompt (request::images): the KV type of their blocks (a
+  // class of that type is added, --kv-segment-dtype's default fraction,
+  // unless one is listed there or it is the default type) and their KV
+  // policy; "": as the text around them. A request's image span may name its own.
+  std::string kv_image_type;
+  std::string kv_image_policy;
 
   // --- KV warehouse (persistent tiers behind the pool) ---------------------
   std::string kv_store_path;         // local disk tier directory (LMDB); "" = none

@@ -29,6 +29,10 @@ struct request_usage {
   // Prompt tokens whose KV came from a reused chunk (request parts marked
   // "reuse": "chunk") and were not recomputed; apart from cached_tokens.
   int reused_chunk_tokens = 0;
+  // Prompt tokens that are an image's (request::images), and of them those
+  // served from the prefix cache (or loaded): part of prompt_tokens and cached_tokens.
+  int image_tokens = 0;
+  int cached_image_tokens = 0;
   // An evicting KV policy (docs/policies.md): the tokens the completions
   // computed (their context, summed over completions) and how many of them
   // their KV keeps: what the policy keeps of each completion's context at its

@@ -77,6 +77,28 @@ struct prompt_segment {
   float recompute = -1.0f;
 };
 
+// An image in the prompt (src/vision): its n_tokens embedding rows stand in
+// for the token embeddings of prompt positions [begin, begin + n_tokens); the
+// prompt's ids there only count the rows (any id in the vocabulary: the
+// image marker, say). Spans are sorted and disjoint. The KV of those
+// positions is prefix-cached by content: a block's key takes `content_hash`
+// and each token's index within the image in place of the ids, so the same
+// image in a later request of the same tenant is a hit, another image of the
+// same size a miss. The span is a prompt segment of its own (prompt_segment)
+// with kv_type / kv_policy: "" takes the engine's --kv-image-type /
+// --kv-image-policy (which may be "" too: the request's).
+struct image_span {
+  std::int32_t begin = 0;
+  std::int32_t n_tokens = 0;
+  std::vector<float> embeddings;  // [n_tokens][n_embd]: the projector's output (vision_encoder)
+  // Names the rows: a hash of the image's bytes and of the mmproj that
+  // encoded them (vision::image_content_hash). Requests that give the same
+  // hash must give the same rows.
+  std::uint64_t content_hash = 0;
+  std::string kv_type;
+  std::string kv_policy;
+};
+
 struct request {
   std::string id;                  // unique among the requests in flight
   std::vector<token_id> prompt;    // tokenized, BOS included as the model wants
@@ -111,6 +133,7 @@ struct request {
   // "ngram:k=4"); "" takes the engine's default (--speculative), "none" is off.
   std::string speculative;
   std::vector<prompt_segment> segments;
+  std::vector<image_span> images;  // each becomes a segment; none may overlap `segments`
   // > 0: at most this many prompt tokens per step (the policy acts between
   // steps; perplexity's decode-time setting feeds documents this way).
   int prompt_chunk = 0;

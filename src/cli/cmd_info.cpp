@@ -9,12 +9,14 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "vision/image_prompt.h"
 
 namespace pagoda::cli {
 namespace {
 
 struct info_options {
   engine_config config;
+  std::string mmproj;     // --mmproj: the vision tower to describe beside the model
   bool kv_given = false;  // any KV type option: the configured layout gets its own row
 };
 
@@ -155,6 +157,54 @@ int info_vocabulary_only(const std::string& path, const gguf::file& f) {
   return 0;
 }
 
+// --mmproj: the vision tower, the tokens an image takes in the prompt (mtmd's
+// idefics3 layout, vision/image_prompt.h: its slices and the overview) and
+// their KV bytes at the configured KV type and --kv-image-type.
+int print_vision(const info_options& o, const llama_model& model) {
+  auto proj = vision::mmproj::open(o.mmproj);
+  if (!proj.ok()) return fail(proj.error().with_context("--mmproj " + o.mmproj));
+  PAGODA_RETURN_IF_ERROR_CLI((*proj)->check_text_model(model.hparams().n_embd).with_context("--mmproj " + o.mmproj));
+  const vision::vision_hparams& v = (*proj)->hparams();
+  std::printf("\nvision tower:    idefics3 (SigLIP ViT, pixel-shuffle projector x%d) from %s: image %d, patch %d "
+              "(%dx%d patches), %d layers, width %d, %d heads, FFN %d, projection %d\n",
+              v.scale_factor, o.mmproj.c_str(), v.image_size, v.patch_size, v.patches_per_side(), v.patches_per_side(),
+              v.n_layer, v.n_embd, v.n_head, v.n_ff, v.projection_dim);
+  // The smallest image (one slice and the overview) and the largest grid (longest edge).
+  const int per_chunk = v.n_output_tokens();
+  const int max_side = std::max(1, v.longest_edge / v.image_size);
+  const vision::image_part small = vision::idefics3_layout(model.vocab(), 1, 1, per_chunk);
+  const vision::image_part large = vision::idefics3_layout(model.vocab(), max_side, max_side, per_chunk);
+  const auto markers = [](const vision::image_part& p) {
+    return p.tokens.size() - static_cast<std::size_t>(p.n_image_tokens());
+  };
+  std::printf("image tokens:    %d per %dx%d chunk; an image is its slices (up to %dx%d at the longest edge %d) and an "
+              "overview: %d image tokens (+%zu marker tokens) for one slice, %d (+%zu) for %dx%d\n",
+              per_chunk, v.image_size, v.image_size, max_side, max_side, v.longest_edge, small.n_image_tokens(),
+              markers(small), large.n_image_tokens(), markers(large), max_side, max_side);
+  auto kv_row = [&](const std::string& what, const engine_config& cfg) {
+    auto layout = make_kv_layout(model, cfg);
+    if (!layout.ok()) {
+      std::printf("  %-36s %s\n", what.c_str(), layout.error().message().c_str());
+      return;
+    }
+    const double per_token = layout->bytes_per_token();
+    std::printf("  %-36s %10.1f %14s %14s\n", (what + " " + layout->describe()).c_str(), per_token,
+                human_bytes(per_token * small.n_image_tokens()).c_str(),
+                human_bytes(per_token * large.n_image_tokens()).c_str());
+  };
+  std::printf("KV per image:\n  %-36s %10s %14s %14s\n", "KV type", "B/token", "one slice", "largest grid");
+  kv_row("configured", o.config);
+  if (!o.config.kv_image_type.empty()) {
+    engine_config img = o.config;
+    img.kv_cache_dtype = o.config.kv_image_type;
+    img.cache_type_k.clear();
+    img.cache_type_v.clear();
+    img.kv_layer_types.clear();
+    kv_row("--kv-image-type", img);
+  }
+  return 0;
+}
+
 int info(const info_options& o) {
   PAGODA_ASSIGN_OR_RETURN_CLI(auto file, gguf::file::open(o.config.model_path, {o.config.use_mmap}));
   if (file->tensors().empty()) return info_vocabulary_only(o.config.model_path, *file);
@@ -242,6 +292,7 @@ int info(const info_options& o) {
     for (const std::string& t : o.config.kv_segment_dtypes) type_row(t.substr(0, t.rfind(':')), true);
   }
   print_kv_by_layer_type(hp, configured);
+  if (!o.mmproj.empty()) return print_vision(o, *model);
   return 0;
 }
 
@@ -252,6 +303,8 @@ void register_info(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("info", "describe a model and its KV cost");
   add_model_options(cmd, opts->config);
   add_kv_options(cmd, opts->config);
+  cmd->add_option("--mmproj", opts->mmproj, "FILE: llama.cpp's vision projector GGUF: its tower, tokens and KV per image")
+      ->check(CLI::ExistingFile);
   cmd->callback([opts, cmd, &action] {
     for (const char* flag : {"--kv-cache-dtype", "--cache-type-k", "--cache-type-v", "--kv-layer-types", "--kv-scales"})
       opts->kv_given = opts->kv_given || cmd->count(flag) > 0;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/chat.h"
@@ -17,8 +18,11 @@
 #include "cli/common.h"
 #include "cli/sampling_options.h"
 #include "core/clock.h"
+#include "core/thread_pool.h"
+#include "model/llama.h"
 #include "pagoda/engine.h"
 #include "policy/streaming.h"
+#include "vision/image_prompt.h"
 
 namespace pagoda::cli {
 namespace {
@@ -31,6 +35,8 @@ struct run_options {
   sampling_flags sampling;
   bool json = false;
   bool conversation = false;  // -cnv: a chat session instead (the prompt is its system message)
+  std::string mmproj;         // --mmproj: llama.cpp's vision projector for --image
+  std::string image;          // --image: a PNG or JPEG file
 };
 
 // CPU time of the whole process (every thread), in microseconds. Next to the
@@ -41,6 +47,40 @@ std::int64_t process_cpu_us() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+// The prompt with --image in it, as mtmd lays it out: the text up to the
+// media marker "<__media__>", the image part (vision/image_prompt.h), the
+// rest; without the marker the image comes first, after BOS (as llama.cpp's
+// mtmd-cli puts it). Errors: an mmproj that does not load or does not match
+// the model, an image that does not decode.
+result<request> image_prompt(const run_options& o, const engine& eng) {
+  auto proj = vision::mmproj::open(o.mmproj);
+  if (!proj.ok()) return proj.error().with_context("--mmproj " + o.mmproj);
+  std::ifstream in(o.image, std::ios::binary);
+  if (!in) return error(errc::not_found, "--image {}: cannot open", o.image);
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The text model's tokenizer and width (its weights stay unread in the mapping).
+  auto text = llama_model::load(o.config.model_path, {true});
+  if (!text.ok()) return text.error().with_context("-m " + o.config.model_path);
+  thread_pool pool(o.config.n_threads);
+  auto part = vision::make_image_part(bytes, **proj, (*text)->vocab(), (*text)->hparams().n_embd, pool);
+  if (!part.ok()) return part.error().with_context(fmt::format("--image {} with --mmproj {}", o.image, o.mmproj));
+  constexpr std::string_view k_marker = "<__media__>";
+  const std::size_t at = o.prompt.find(k_marker);
+  const std::string before = at == std::string::npos ? "" : o.prompt.substr(0, at);
+  const std::string after = at == std::string::npos ? o.prompt : o.prompt.substr(at + k_marker.size());
+  request req;
+  req.prompt = eng.tokenize(before, true);
+  const auto offset = static_cast<std::int32_t>(req.prompt.size());
+  req.prompt.insert(req.prompt.end(), part->tokens.begin(), part->tokens.end());
+  const std::vector<token_id> tail = eng.tokenize(after, false);
+  req.prompt.insert(req.prompt.end(), tail.begin(), tail.end());
+  for (image_span& s : part->spans) {
+    s.begin += offset;
+    req.images.push_back(std::move(s));
+  }
+  return req;
 }
 
 // -f FILE: the file's text, less one trailing newline (as llama.cpp reads it).
@@ -69,14 +109,20 @@ int run(run_options o) {
   auto eng = std::move(*made);
   const engine_info& info = eng->info();
 
-  std::vector<token_id> prompt = eng->tokenize(o.prompt);
+  request req;
+  if (!o.image.empty()) {
+    PAGODA_ASSIGN_OR_RETURN_CLI(req, image_prompt(o, *eng));
+  } else {
+    req.prompt = eng->tokenize(o.prompt);
+  }
+  const std::vector<token_id> prompt = req.prompt;
+  int n_image_tokens = 0;
+  for (const image_span& s : req.images) n_image_tokens += s.n_tokens;
   if (prompt.empty()) return fail(error(errc::invalid_argument, "the prompt is empty and the model has no BOS token"));
   if (static_cast<int>(prompt.size()) >= info.n_ctx)
-    return fail(error(errc::out_of_range, "the prompt has {} tokens but the context holds {} (--ctx)", prompt.size(),
-                      info.n_ctx));
-  request req;
+    return fail(error(errc::out_of_range, "the prompt has {} tokens{} but the context holds {} (--ctx)", prompt.size(),
+                      n_image_tokens > 0 ? fmt::format(" ({} of them the image's)", n_image_tokens) : "", info.n_ctx));
   req.id = "run";
-  req.prompt = prompt;
   // Generation stops at the context, as llama.cpp's does, unless a streaming
   // window (--kv-policy window:budget=N,positions=cache) keeps it going.
   req.max_tokens = streams_past_context(o.config.kv_policy, info.n_ctx)
@@ -148,6 +194,7 @@ int run(run_options o) {
     nlohmann::json j;
     j["prompt"] = o.prompt;
     j["prompt_tokens"] = prompt;
+    j["image_tokens"] = n_image_tokens;
     j["tokens"] = generated;
     j["text"] = text;
     j["stop_reason"] = stop_reason;
@@ -215,6 +262,13 @@ void register_run(CLI::App& app, std::function<int()>& action) {
                   "prompt tokens per forward step")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--json", opts->json, "print one JSON object instead of text");
+  CLI::Option* mmproj = cmd->add_option("--mmproj", opts->mmproj,
+                                        "FILE: llama.cpp's vision projector GGUF (idefics3/SmolVLM) for --image")
+                            ->check(CLI::ExistingFile);
+  cmd->add_option("--image", opts->image,
+                  "FILE: a PNG or JPEG image in the prompt (at \"<__media__>\" in -p, else before the text); needs --mmproj")
+      ->check(CLI::ExistingFile)
+      ->needs(mmproj);
   cmd->add_flag("--conversation", opts->conversation,
                 "an interactive chat instead (llama.cpp's -cnv; the same as `pagoda chat`): -p or -f is its system "
                 "message, -n the tokens of each reply");

@@ -183,6 +183,11 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
                   "that ask for it (\"kv\": {\"type\": TYPE}), holding FRACTION (default 0.25) of the pool's bytes")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app->add_option("--kv-image-type", opts.kv_image_type,
+                  "TYPE: the KV type of image tokens' blocks (as --kv-cache-dtype; a KV class of TYPE with "
+                  "--kv-segment-dtype's default fraction unless that flag lists it); default: the text's");
+  app->add_option("--kv-image-policy", opts.kv_image_policy,
+                  "NAME[:key=value,...]: the KV policy of image tokens (docs/policies.md, per-segment); default: the request's");
 }
 
 result<std::unique_ptr<llama_model>> load_model(const engine_config& opts) {

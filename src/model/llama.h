@@ -201,6 +201,10 @@ struct forward_seq {
   // (an image's, vision/vision_encoder.h), taken as they are: no embedding
   // scale. The token ids then only count the rows (any id in the vocabulary).
   std::span<const float> embeddings;
+  // Optional with embeddings: [tokens] 1 where its row stands in, 0 where the
+  // token's own embedding does (a prompt chunk that holds part of an image);
+  // empty: every row stands in.
+  std::span<const std::uint8_t> embedded;
 
   // Tokens at consecutive positions right after n_stored stored slots (whose
   // positions are their slot numbers): a sequence nothing was dropped from.

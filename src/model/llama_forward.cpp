@@ -205,6 +205,9 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     if (!s.embeddings.empty() && s.embeddings.size() != s.tokens.size() * static_cast<std::size_t>(hp.n_embd))
       return error(errc::invalid_argument, "{} input embedding values for {} new tokens of width {}",
                    s.embeddings.size(), s.tokens.size(), hp.n_embd);
+    if (!s.embedded.empty() && (s.embeddings.empty() || s.embedded.size() != s.tokens.size()))
+      return error(errc::invalid_argument, "an embedding mask of {} entries for {} new tokens{}", s.embedded.size(),
+                   s.tokens.size(), s.embeddings.empty() ? " without embeddings" : "");
     n_tok += static_cast<int>(s.tokens.size());
     n_rows += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
     n_kv_total += static_cast<std::size_t>(end);
@@ -259,7 +262,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     for (const forward_seq& s : seqs) {
       for (std::size_t j = 0; j < s.tokens.size(); ++j, ++i) {
         float* row = x + static_cast<std::size_t>(i) * E;
-        if (!s.embeddings.empty()) {
+        if (!s.embeddings.empty() && (s.embedded.empty() || s.embedded[j] != 0)) {
           std::copy_n(s.embeddings.data() + j * static_cast<std::size_t>(E), E, row);
           continue;
         }

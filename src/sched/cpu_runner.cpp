@@ -164,6 +164,10 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
       f.row_stride = s.row_stride;
     }
     f.selector = s.selector.get();
+    if (!q.embedded.empty()) {  // an image's rows stand in for these tokens' embeddings
+      f.embeddings = q.embeddings;
+      f.embedded = q.embedded;
+    }
     f.sparse = &sparse_[i];
     f.reads = &out.reads[i];
     if (i < blend_rows_.size() && !blend_rows_[i].empty()) {

@@ -27,6 +27,9 @@ scheduler_config scheduler_config_of(const engine_core_config& c) {
   s.max_passed_steps = c.max_passed_steps;
   s.attention_stats_window = c.attention_stats_window;
   s.kv_policy = c.kv_policy;
+  s.kv_image_type = c.kv_image_type;
+  s.kv_image_policy = c.kv_image_policy;
+  s.n_embd = c.n_embd;
   s.speculative = c.speculative;
   s.draft_model = c.draft_model != nullptr;
   for (const engine_kv_group& g : c.groups)
@@ -200,6 +203,20 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
   if (config.max_num_seqs < 1) return error(errc::invalid_argument, "--max-num-seqs must be at least 1");
   engine_core_config c = config;
   if (c.max_model_len <= 0) c.max_model_len = hp.n_ctx_train;
+  c.n_embd = hp.n_embd;
+  if (!c.kv_image_type.empty())
+    if (auto cls = find_kv_class(c, c.kv_image_type); !cls.ok()) return cls.error().with_context("--kv-image-type");
+  if (!c.kv_image_policy.empty()) {
+    auto spec = parse_kv_policy_spec(c.kv_image_policy);
+    if (!spec.ok()) return spec.error().with_context("--kv-image-policy");
+    // As the segment an image becomes (the default policy around it): a policy
+    // that cannot be a segment's (one that reads sparsely) is refused here, not at each request.
+    auto base = parse_kv_policy_spec(c.kv_policy);
+    const kv_segment image{0, 1, *spec};
+    if (base.ok())
+      if (auto policy = make_segmented_policy(*base, {&image, 1}); !policy.ok())
+        return policy.error().with_context("--kv-image-policy");
+  }
   {
     // The default policy must be valid, and what it needs of the KV layout is kept.
     auto spec = parse_kv_policy_spec(c.kv_policy);

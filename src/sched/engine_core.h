@@ -75,6 +75,9 @@ struct engine_core_config {
   int max_passed_steps = 16;
   int attention_stats_window = -1;    // >= 0: collect attention statistics (scheduler.h)
   std::string kv_policy = "none";     // the default KV policy of requests (policy/kv_policy.h)
+  std::string kv_image_type;          // of image spans that name none (scheduler_config::kv_image_type)
+  std::string kv_image_policy;
+  int n_embd = 0;                     // the width of image rows (create() sets the model's)
   std::string speculative = "none";   // the default speculative decoding of requests (spec/speculative.h)
   // The draft model of speculative `draft` (--draft-model), or null. Its
   // vocabulary must be the model's; its KV is one more KV group. It must

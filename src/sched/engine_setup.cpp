@@ -314,12 +314,21 @@ namespace {
 // --kv-segment-dtype: the extra KV classes, and the pool's bytes shared out
 // between them and the default type.
 status add_kv_segment_classes(const llama_model& model, const engine_config& opts, engine_core_config& cfg) {
-  if (opts.kv_segment_dtypes.empty()) return {};
-  if (opts.kv_segment_dtypes.size() > 8)
-    return error(errc::invalid_argument, "--kv-segment-dtype: at most 8 KV classes, got {}", opts.kv_segment_dtypes.size());
+  // --kv-image-type names a class too: one of the flag's fraction unless
+  // --kv-segment-dtype lists it or it is the default type.
+  std::vector<std::string> dtypes = opts.kv_segment_dtypes;
+  if (!opts.kv_image_type.empty() && !find_kv_class(cfg, opts.kv_image_type).ok()) {
+    const auto listed = std::find_if(dtypes.begin(), dtypes.end(), [&](const std::string& t) {
+      return t.substr(0, t.rfind(':')) == opts.kv_image_type;
+    });
+    if (listed == dtypes.end()) dtypes.push_back(opts.kv_image_type);
+  }
+  if (dtypes.empty()) return {};
+  if (dtypes.size() > 8)
+    return error(errc::invalid_argument, "--kv-segment-dtype: at most 8 KV classes, got {}", dtypes.size());
   std::vector<double> shares;
   double total_share = 0;
-  for (const std::string& text : opts.kv_segment_dtypes) {
+  for (const std::string& text : dtypes) {
     const std::size_t colon = text.rfind(':');
     const std::string type = text.substr(0, colon);
     double share = 0.25;
@@ -387,7 +396,7 @@ status add_kv_segment_classes(const llama_model& model, const engine_config& opt
     k.n_blocks = static_cast<std::int64_t>(bytes * shares[i] / main_bytes(k.layout));
     if (k.n_blocks < 1)
       return error(errc::invalid_argument, "--kv-segment-dtype '{}': {} of a {}-block pool holds no block of it; "
-                   "raise the fraction or the pool", opts.kv_segment_dtypes[i], shares[i], cfg.n_blocks);
+                   "raise the fraction or the pool", dtypes[i], shares[i], cfg.n_blocks);
   }
   cfg.n_blocks = static_cast<std::int64_t>(bytes * (1 - total_share) / main_bytes(cfg.kv));
   if (cfg.n_blocks < 1)
@@ -434,6 +443,8 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
     return error(errc::invalid_argument, "--max-passed-steps {}: must be at least 0", opts.max_passed_steps);
   cfg.max_passed_steps = opts.max_passed_steps;
   cfg.kv_policy = opts.kv_policy.empty() ? "none" : opts.kv_policy;
+  cfg.kv_image_type = opts.kv_image_type;
+  cfg.kv_image_policy = opts.kv_image_policy;
   cfg.speculative = opts.speculative.empty() ? "none" : opts.speculative;
   if (!opts.draft_model_path.empty() && cfg.speculative == "none") cfg.speculative = "draft";
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));

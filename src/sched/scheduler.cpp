@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "core/clock.h"
+#include "sched/image_spans.h"
 #include "sched/scheduler_internal.h"
 
 namespace pagoda {
@@ -100,6 +101,14 @@ status scheduler::add_request(request req) {
     return error(errc::invalid_argument, "prompt_logprobs must be in [-1, {}], got {}", request::k_max_prompt_logprobs,
                  req.prompt_logprobs);
   PAGODA_RETURN_IF_ERROR(req.sampling.validate());
+  if (!req.images.empty()) {
+    PAGODA_RETURN_IF_ERROR(check_image_spans(req, config_.n_embd));
+    for (const prompt_segment& p : req.segments)
+      if (p.reuse_chunk)
+        return error(errc::unsupported, "segment [{}, {}): chunk reuse with images in the prompt is not supported "
+                     "(a chunk computed alone would lose the image rows)", p.begin, p.end);
+    add_image_segments(req, config_.kv_image_type, config_.kv_image_policy);
+  }
   if (req.prompt_chunk < 0) return error(errc::invalid_argument, "prompt_chunk must not be negative");
   if (req.kv_policy.empty()) req.kv_policy = config_.kv_policy;
   std::vector<kv_class_run> classes;
@@ -161,10 +170,17 @@ status scheduler::add_request(request req) {
   r->kv_classes = std::move(classes);
   r->side = side;
   r->arrival = next_arrival_++;
+  if (!r->req.images.empty()) {  // the KV manager keys image positions by content
+    r->prompt_ids = r->req.prompt;
+    r->req.prompt = keyed_prompt(r->req);
+  }
   r->seqs.push_back(std::make_unique<sequence>(r.get(), 0, seq_id(next_seq_++)));
   sequence* s = r->seqs[0].get();
   PAGODA_RETURN_IF_ERROR(make_policy(*s));
   PAGODA_RETURN_IF_ERROR(resolve_speculation(*r));
+  if (r->spec.enabled() && !r->req.images.empty())
+    return error(errc::unsupported, "speculative decoding with images in the prompt is not supported (drafters read "
+                 "the prompt's ids, which stand for image rows there); send the request with speculative \"none\"");
   if (r->spec.enabled()) s->spec = std::make_unique<spec_sequence>(r->spec);
   PAGODA_RETURN_IF_ERROR(add_chunks(*r));
   seqs_.emplace(s->id, s);
@@ -645,6 +661,8 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
   const int n_known = n - static_cast<int>(q.draft.size());  // of the sequence's own tokens
   q.tokens.assign(s->tokens.begin() + s->n_computed, s->tokens.begin() + s->n_computed + n_known);
   q.tokens.insert(q.tokens.end(), q.draft.begin(), q.draft.end());
+  if (!s->req->prompt_ids.empty() && s->n_computed < s->n_prompt)
+    image_rows_of_step(r.images, s->req->prompt_ids, s->n_computed, q.tokens, q.embedded, q.embeddings);
   q.positions.resize(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
   q.n_stored = kv_.n_stored_tokens(s->id);
@@ -674,6 +692,7 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
     u.logprobs = r.logprobs;
     u.prompt_logprobs = r.prompt_logprobs;
     u.tokens = s->tokens;
+    restore_prompt_ids(s->req->prompt_ids, u.tokens);
     u.n_prompt = s->n_prompt;
     if (s->pol && s->pol->policy()) u.policy = s->pol->policy()->spec();
     if (s->spec && s->spec->config.model_drafter()) u.speculation = s->spec->config;
@@ -867,7 +886,11 @@ void scheduler::update(const step_plan& plan, step_output& out, std::vector<engi
       next_sample += n_emitted;
       continue;
     }
-    status st = kv_.commit(s->id, q.tokens, q.positions);
+    // The KV manager's tokens: an image's key tokens where q.tokens has the prompt's ids (image_spans.h).
+    const std::span<const token_id> committed =
+        q.embedded.empty() ? std::span<const token_id>(q.tokens)
+                           : std::span<const token_id>(s->tokens).subspan(static_cast<std::size_t>(s->n_computed), q.tokens.size());
+    status st = kv_.commit(s->id, committed, q.positions);
     PAGODA_ASSERT(st.ok(), "commit: {}", st.message());
     // What the selector really holds: the next allocate pays for it if the bound fell short.
     st = kv_.set_side_measured(s->id, s->runner.selector_bytes);
@@ -1179,6 +1202,10 @@ void scheduler::end_sequence(sequence* s, const std::string& reason, engine_even
     e.usage.cached_tokens = std::max(r->cached_tokens, 0);
     e.usage.loaded_tokens_by_tier = r->loaded_by_tier;
     e.usage.reused_chunk_tokens = r->reused_chunk_tokens;
+    e.usage.image_tokens = image_tokens_before(r->req.images, static_cast<std::int32_t>(r->req.prompt.size()));
+    e.usage.cached_image_tokens = image_tokens_before(r->req.images, e.usage.cached_tokens);
+    stats_.n_image_tokens += e.usage.image_tokens;
+    stats_.n_cached_image_tokens += e.usage.cached_image_tokens;
     e.usage.kv_tokens_seen = r->kv_tokens_seen;
     e.usage.kv_tokens_kept = r->kv_tokens_kept;
     e.usage.kv_prompt_tokens_visible = r->reads.prompt.tokens_visible;

@@ -110,6 +110,12 @@ struct scheduler_config {
   // none, and the model's shape their per-row state needs.
   std::string kv_policy = "none";
   seq_policy_shape policy_shape;
+  // Images (request::images): the KV type and policy of an image span that
+  // names none ("": the request's), and the width its rows must have (the
+  // model's n_embd; 0: not checked).
+  std::string kv_image_type;
+  std::string kv_image_policy;
+  int n_embd = 0;
   // KV groups (kv_manager.h, kv_group.h): the layers kept differently (a
   // sliding window) have groups of their own; empty: one full-attention
   // group of kv_class_blocks (or n_blocks). After each step a sequence's
@@ -166,6 +172,8 @@ struct engine_stats {
   std::int64_t n_computed_prompt_tokens = 0;  // prompt tokens run through the model (cache misses, recomputation)
   std::int64_t n_loaded_tokens = 0;           // prompt tokens loaded from the external KV source
   std::int64_t n_reused_chunk_tokens = 0;     // prompt tokens taken from reused chunks, not recomputed
+  std::int64_t n_image_tokens = 0;            // prompt tokens of images (request::images), of finished requests
+  std::int64_t n_cached_image_tokens = 0;     // of which served from the prefix cache or loaded
   std::int64_t n_generated_tokens = 0;
   std::int64_t n_policy_compactions = 0;    // KV policy decisions applied (compactions)
   std::int64_t n_policy_evicted_slots = 0;  // KV slots those compactions freed

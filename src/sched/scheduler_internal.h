@@ -41,6 +41,9 @@ struct scheduler::request_state {
   int kv_tokens_seen = 0;       // an evicting policy's completions: tokens computed, as they ended
   int kv_tokens_kept = 0;       // and what their policies keep of them
   kv_read_stats reads;          // what its completions' attention read (request_usage)
+  // With images: the prompt as given (req.prompt then holds the key tokens
+  // of image positions, image_spans.h), whose ids the runner gets.
+  std::vector<token_id> prompt_ids;
 };
 
 struct scheduler::sequence {

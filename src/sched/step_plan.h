@@ -115,6 +115,12 @@ struct scheduled_seq {
   // all_logits (the scheduler refuses the combinations, scheduler_chunks.cpp).
   std::vector<std::uint8_t> reused;
   float recompute = 1.0f;
+  // Images (request::images): [tokens] 1 where a row of `embeddings` stands
+  // in for the token's embedding; empty: none in this step. The rows travel
+  // with each step that computes them (a preempted sequence's recompute
+  // brings them again): the runner keeps nothing of an image.
+  std::vector<std::uint8_t> embedded;
+  std::vector<float> embeddings;  // [tokens][n_embd] (zeros where not embedded)
 
   // Whether the forward pass computes a logits row for every token (else the last one's only).
   bool every_row() const { return all_logits || score_from >= 0 || !draft.empty(); }

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/hash.h"
+
 namespace pagoda::vision {
 
 namespace {
@@ -220,6 +222,14 @@ result<std::unique_ptr<mmproj>> mmproj::load(std::unique_ptr<gguf::file> file) {
   PAGODA_ASSIGN_OR_RETURN(m->post_ln_b_, ld.f32("v.post_ln.bias", {e}));
   PAGODA_ASSIGN_OR_RETURN(m->fc_, ld.matrix("mm.model.fc.weight", e * hp.scale_factor * hp.scale_factor, hp.projection_dim));
   PAGODA_RETURN_IF_ERROR(ld.refuse_unused());
+  hasher h(0x6d6d70726f6aULL);  // "mmproj"
+  h.update_pod(hp.image_size).update_pod(hp.patch_size).update_pod(hp.scale_factor).update_pod(hp.longest_edge);
+  h.update_pod(hp.image_mean).update_pod(hp.image_std);
+  for (const gguf::tensor_info& t : f.tensors()) {
+    h.update_pod(t.name.size()).update(t.name.data(), t.name.size());
+    h.update_pod(t.ne).update_pod(t.type).update(t.data, t.size_bytes);
+  }
+  m->fingerprint_ = h.digest();
   m->file_ = std::move(file);
   return m;
 }

@@ -74,6 +74,11 @@ class mmproj {
   // errc::invalid_argument when the projection width is not the text model's
   // embedding width (the embeddings could not stand in for its tokens).
   status check_text_model(int text_n_embd) const;
+  // What names this mmproj in image content hashes (image_span::content_hash):
+  // a hash of its hyperparameters and every tensor's name, shape, type and
+  // bytes, so two files that encode differently never share an image's KV.
+  // Computed at load (one pass over the tensors).
+  std::uint64_t fingerprint() const { return fingerprint_; }
 
   weight_view patch_embd() const { return patch_embd_; }  // [n_embd][3 * patch * patch], (channel, y, x) order
   const float* patch_bias() const { return patch_bias_; } // [n_embd]
@@ -96,6 +101,7 @@ class mmproj {
   const float* post_ln_w_ = nullptr;
   const float* post_ln_b_ = nullptr;
   weight_view fc_;
+  std::uint64_t fingerprint_ = 0;
 };
 
 }  // namespace pagoda::vision
