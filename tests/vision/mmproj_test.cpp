@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "core/thread_pool.h"
 #include "model/synth.h"
 #include "vision/image_preprocess.h"
@@ -221,6 +224,53 @@ TEST_F(MmprojFiles, EncoderRefusesImagesThatDoNotFit) {
   EXPECT_EQ(preprocess(rgb_image{2, 2, std::vector<std::uint8_t>(5)}, (*m)->hparams()).error().code(),
             errc::invalid_argument);
   EXPECT_EQ(preprocess(rgb_image{0, 2, {}}, (*m)->hparams()).error().code(), errc::invalid_argument);
+}
+
+// The encoder splits its norms, softmax rows, GELU and bias adds over the
+// pool's threads; each item is computed whole by one thread, so any number of
+// threads gives the same bits as one.
+TEST_F(MmprojFiles, EmbeddingsDoNotDependOnThreads) {
+  const std::vector<std::byte> bytes = bytes_of({});
+  auto m = mmproj::load(std::move(*gguf::file::from_memory(bytes)));
+  ASSERT_TRUE(m.ok());
+  std::vector<float> px(3 * 64 * 64);
+  for (std::size_t i = 0; i < px.size(); ++i) px[i] = std::sin(0.37f * static_cast<float>(i)) * 1.7f;
+  std::vector<std::vector<float>> outs;
+  for (int threads : {1, 2, 3}) {
+    thread_pool pool(threads);
+    vision_encoder enc(**m, pool);
+    std::vector<float> out(16 * 128);
+    ASSERT_TRUE(enc.encode(px, 64, 64, out).ok());
+    outs.push_back(std::move(out));
+  }
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[2].data(), outs[0].size() * sizeof(float)), 0);
+  EXPECT_GT(*std::max_element(outs[0].begin(), outs[0].end()), 0.0f);  // not all zeros
+}
+
+// gelu_ggml reads a table; its definition is the fp16 rounding of the exact
+// GELU of the fp16 rounding of x (exact past +-10), checked on every fp16
+// value and on floats between them.
+TEST(GeluGgml, IsTheFp16RoundingOfTheExactGelu) {
+  const auto reference = [](float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return fp16_to_f32(f32_to_fp16(gelu_exact(fp16_to_f32(f32_to_fp16(x)))));
+  };
+  int checked = 0;
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const float x = fp16_to_f32(static_cast<fp16_t>(h));
+    if (std::isnan(x)) continue;
+    for (float v : {x, std::nextafter(x, 0.0f), x * 1.0003f}) {
+      const float got = gelu_ggml(v), want = reference(v);
+      ASSERT_TRUE(got == want || (std::isnan(got) && std::isnan(want))) << v << ": " << got << " vs " << want;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 190000);
+  EXPECT_NEAR(gelu_ggml(1.0f), 0.8412f, 1e-3f);  // the GELU itself, not only its rounding
+  EXPECT_EQ(gelu_ggml(-20.0f), 0.0f);
+  EXPECT_EQ(gelu_ggml(12.5f), 12.5f);
 }
 
 TEST(Idefics3Preprocess, RefinedSizeAsLlamaCpp) {
