@@ -97,7 +97,7 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("synth", "write a random-weight model with a real model's shapes");
   cmd->add_option("--preset", opts->preset,
                   "llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1, qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b, "
-                  "phi3-mini, qwen3-30b-a3b, gpt-oss-20b, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, "
+                  "phi3-mini, smollm2-135m, qwen3-30b-a3b, gpt-oss-20b, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, "
                   "tiny-phi3, tiny-qwen3moe, tiny-gpt-oss (--list shows them)");
   cmd->add_option("--layers", opts->layers, "layers (default: the preset's)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ffn", opts->ffn, "feed-forward width, each expert's on MoE presets (default: the preset's)")->check(CLI::Range(1, 1 << 20));
