@@ -143,7 +143,6 @@ TEST_P(Gemma3Oracle, LogitsAtAndAfterTheImageMatchLlamaCpp) {
   const std::vector<float> logits =
       test::logits_after_embeddings(*text, ref.prompt, image, 1, /*bidirectional=*/true, ref.after);
   ASSERT_EQ(logits.size(), static_cast<std::size_t>(ref.n_tokens + static_cast<int>(ref.after.size())) * ref.n_vocab);
-  for (std::size_t r = 0; r * ref.n_vocab < logits.size(); ++r) { const diff dr = compare(std::span(logits).subspan(r * ref.n_vocab, ref.n_vocab), std::span(ref.logits).subspan(r * ref.n_vocab, ref.n_vocab)); std::printf("DEBUG row %zu max %.3g\n", r, dr.max_abs); }
   test::expect_close(logits, ref.logits, k_logit_tol, k_logit_rms_tol,
                      std::string("gemma3 ") + simd_level_name(GetParam()) + " logits at and after the image");
 }
