@@ -23,6 +23,7 @@
 #include "model/llama.h"
 #include "pagoda/request.h"
 #include "sched/engine_core.h"
+#include "sched/engine_setup.h"
 #include "sched/image_engine_util.h"
 #include "sched/image_spans.h"
 
@@ -192,6 +193,38 @@ TEST(engine_gemma3_images, preempted_sequences_recompute_their_spans) {
     reqs.push_back(std::move(r));
   }
   test::expect_preemption_changes_nothing(text_model(), config(0), 256, 9, reqs, 40);
+}
+
+// The engine's own layout for the model (engine_setup): the sliding-window
+// layers' KV in a group of its own that lets go of blocks out of the window,
+// against every layer kept whole (--swa-full): the same image requests, one
+// of them a prefix hit ending inside the span, answer the same.
+TEST(engine_gemma3_images, the_window_group_answers_as_full_kv) {
+  const auto answers = [&](bool swa_full) {
+    engine_config ec;
+    ec.model_path = vision_dir() + "/text-gemma3-F32.gguf";
+    ec.kv_cache_dtype = "f32";
+    ec.n_ctx = 256;
+    ec.max_num_seqs = 4;
+    ec.n_threads = 1;
+    ec.max_kv_tokens = 2048;
+    ec.swa_full = swa_full;
+    auto cc = make_engine_core_config(text_model(), ec);
+    EXPECT_TRUE(cc.ok()) << cc.error().message();
+    auto e = *engine_core::create(text_model(), *cc);
+    EXPECT_EQ(e->kv().n_groups(), swa_full ? 1 : 2) << "a window group of the sliding layers";
+    std::vector<test::result_of> out;
+    for (const char* id : {"first", "again"}) out.push_back(run_all(*e, {image_request(id, ref().after, 12)}).at(id));
+    EXPECT_EQ(out[1].usage.cached_tokens, 16);
+    return out;
+  };
+  const auto windowed = answers(false);
+  const auto full = answers(true);
+  for (std::size_t i = 0; i < windowed.size(); ++i) {
+    EXPECT_EQ(windowed[i].tokens, full[i].tokens) << i;
+    expect_same_logprobs(windowed[i].logprobs, full[i].logprobs);
+  }
+  EXPECT_EQ(windowed[0].tokens, windowed[1].tokens);
 }
 
 // A step budget of 17 tokens and two text requests decoding beside the
