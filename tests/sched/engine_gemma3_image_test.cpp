@@ -230,7 +230,8 @@ TEST(engine_gemma3_images, the_window_group_answers_as_full_kv) {
 // A step budget of 17 tokens and two text requests decoding beside the
 // image request: after its 4 text tokens (the first step stops before the
 // span) the span's 16 tokens do not fit beside the two decode tokens, so it
-// waits, unsplit, until they finish; its answer is the one it gets alone.
+// waits, unsplit, until they finish; its answer is the one it gets alone. A
+// request whose prompt starts with the span waits to be admitted likewise.
 TEST(engine_gemma3_images, a_span_waits_for_a_step_with_room) {
   engine_core_config c = config(64);
   auto alone = *engine_core::create(text_model(), c);
@@ -246,10 +247,19 @@ TEST(engine_gemma3_images, a_span_waits_for_a_step_with_room) {
     reqs.push_back(text);
   }
   reqs.push_back(image_request("x", ref().after, 8));
+  // One whose prompt starts with the span: it is not admitted until a step has room for all of it.
+  request y = image_request("y", ref().after, 8);
+  y.prompt.erase(y.prompt.begin(), y.prompt.begin() + static_cast<std::ptrdiff_t>(ref().prompt.size()));
+  y.images[0].begin = 0;
+  auto alone_y = *engine_core::create(text_model(), config(64));
+  const auto expected_y = run_all(*alone_y, {y});
+  reqs.push_back(y);
   int n_steps = 0;
   const auto got = run_all(*tight, reqs, &n_steps);
   EXPECT_EQ(got.at("x").tokens, expected.at("x").tokens);
   expect_same_logprobs(got.at("x").logprobs, expected.at("x").logprobs);
+  EXPECT_EQ(got.at("y").tokens, expected_y.at("y").tokens);
+  expect_same_logprobs(got.at("y").logprobs, expected_y.at("y").logprobs);
   EXPECT_EQ(got.at("t1").tokens.size(), 8u);
   // The texts' prompt step and 7 decode steps (the image request's span waits through them), its span, its 3 after
   // tokens with the first sample, 7 more decodes.
