@@ -93,6 +93,36 @@ void pixel_shuffle(const float* x, int px, int py, int n_embd, int s, float* out
   }
 }
 
+// Average pool: token (by, bx) of (py/s) x (px/s) is the mean of patches
+// (by*s+ky, bx*s+kx), summed in float ky-major then divided by s*s (ggml's
+// pool_2d on the CPU).
+void average_pool(const float* x, int px, int py, int n_embd, int s, float* out) {
+  const float area = static_cast<float>(s * s);
+  for (int by = 0; by < py / s; ++by) {
+    for (int bx = 0; bx < px / s; ++bx) {
+      for (int c = 0; c < n_embd; ++c) {
+        float sum = 0;
+        for (int ky = 0; ky < s; ++ky)
+          for (int kx = 0; kx < s; ++kx) sum += x[static_cast<std::size_t>((by * s + ky) * px + bx * s + kx) * n_embd + c];
+        *out++ = sum / area;
+      }
+    }
+  }
+}
+
+// RMS norm of each row times w (ggml's rms_norm: squares summed in double,
+// scale 1/sqrt(mean + eps) in float; then ggml_mul by the weight).
+void rms_norm_weighted(float* x, std::int64_t n_rows, int n, const float* w, float eps) {
+  for (std::int64_t r = 0; r < n_rows; ++r) {
+    float* row = x + r * n;
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += static_cast<double>(row[i] * row[i]);
+    const float mean = static_cast<float>(sum / n);
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    for (int i = 0; i < n; ++i) row[i] = row[i] * scale * w[i];
+  }
+}
+
 void round_to_fp16(std::span<float> v) {
   for (float& x : v) x = fp16_to_f32(f32_to_fp16(x));
 }
@@ -230,8 +260,8 @@ status vision_encoder::encode(std::span<const float> pixels, int nx, int ny, std
                  "image of {}x{} pixels has {} patches; the encoder's position table has {} ({}x{} pixels)", nx, ny,
                  n_pos, hp.n_patches(), hp.image_size, hp.image_size);
   if (px % hp.scale_factor != 0 || py % hp.scale_factor != 0)
-    return error(errc::invalid_argument, "{}x{} patches are not a multiple of the pixel-shuffle factor {}", px, py,
-                 hp.scale_factor);
+    return error(errc::invalid_argument, "{}x{} patches are not a multiple of the {} factor {}", px, py,
+                 hp.projector == projector_kind::gemma3 ? "average-pool" : "pixel-shuffle", hp.scale_factor);
   if (pixels.size() != static_cast<std::size_t>(3) * nx * ny)
     return error(errc::invalid_argument, "{} pixel values for a {}x{} RGB image", pixels.size(), nx, ny);
   const std::int64_t n_tokens = n_output_tokens(nx, ny);
@@ -263,9 +293,14 @@ status vision_encoder::encode(std::span<const float> pixels, int nx, int ny, std
   layer_norm(model_.post_ln_w(), model_.post_ln_b(), n_pos);
 
   const int s = hp.scale_factor;
-  std::vector<float>& shuffled = q_;  // n_pos * n values, the same count reordered
-  pixel_shuffle(h_.data(), px, py, static_cast<int>(n), s, shuffled.data());
-  matmul(model_.projector(), shuffled.data(), n_tokens, out.data(), pool_, scratch_);
+  std::vector<float>& merged = q_;  // n_pos * n values: enough for both
+  if (hp.projector == projector_kind::gemma3) {
+    average_pool(h_.data(), px, py, static_cast<int>(n), s, merged.data());
+    rms_norm_weighted(merged.data(), n_tokens, static_cast<int>(n), model_.soft_emb_norm(), hp.eps);
+  } else {
+    pixel_shuffle(h_.data(), px, py, static_cast<int>(n), s, merged.data());
+  }
+  matmul(model_.projector(), merged.data(), n_tokens, out.data(), pool_, scratch_);
   return ok_status();
 }
 
