@@ -1,4 +1,4 @@
-// Vision encoder time per image (issue 37): SmolVLM-256M's vision tower
+// Vision encoder time per image (issue 37). SmolVLM-256M's vision tower
 // (SigLIP base: 512x512 input, patch 16, 12 blocks of width 768, 12 heads,
 // FFN 3072, pixel-shuffle x4 to 64 tokens per chunk, longest edge 2048) with
 // random weights written by vision/mmproj_synth.h, so no download is needed.
@@ -9,6 +9,10 @@
 // 256 multiply-adds per chunk, under 0.5% of the tower's; the tower is the
 // real one's shape.
 //
+// Gemma 3's (SigLIP so400m: 896x896, patch 14, 27 blocks of width 1,152, 16
+// heads, FFN 4,304, a 4x4 average pool to 256 tokens; f16 as its converter
+// writes it) is bm_encode_chunk/gemma3_f16: an image is one chunk.
+//
 //   bm_encode_chunk/<type>  one 512x512 chunk through the tower and the projector
 //   bm_image/<type>/nx/ny   an nx x ny PNG from its bytes: decode,
 //                           preprocess (idefics3 resizes to the longest edge
@@ -17,7 +21,7 @@
 //                           overview, 9), every chunk encoded: what a request pays
 //
 // PAGODA_VISION_BENCH_DIR (default /tmp) keeps the written files between runs:
-// mmproj-smolvlm256m-<type>.gguf, and image-<nx>x<ny>.ppm for llama.cpp's tool
+// mmproj-<tower>-<type>.gguf, and image-<nx>x<ny>.ppm for llama.cpp's tool
 // (bench/tools/mtmd_encode_time.cpp). Threads: every hardware thread.
 #include <benchmark/benchmark.h>
 
@@ -68,23 +72,37 @@ gguf::tensor_type type_of(const std::string& name) {
   return name == "f16" ? gguf::tensor_type::f16 : name == "q8_0" ? gguf::tensor_type::q8_0 : gguf::tensor_type::f32;
 }
 
-// The SmolVLM-256M tower in `type`, written once and kept open.
-const vision::mmproj* smolvlm(const std::string& type) {
+// A real model's tower with random weights: "smolvlm256m" (idefics3) or
+// "gemma3" (Gemma 3's SigLIP so400m at 896/14 with the 4x4 average pool),
+// in `type`, written once and kept open.
+const vision::mmproj* tower(const std::string& name, const std::string& type) {
   static std::map<std::string, std::unique_ptr<vision::mmproj>> cache;
-  auto& slot = cache[type];
+  auto& slot = cache[name + "-" + type];
   if (slot) return slot.get();
-  const std::string path = bench_dir() + "/mmproj-smolvlm256m-" + type + ".gguf";
+  const std::string path = bench_dir() + "/mmproj-" + name + "-" + type + ".gguf";
   if (!std::filesystem::exists(path)) {
     vision::mmproj_synth_options o;
     o.projection_dim = k_projection;
-    o.image_size = 512;
-    o.patch_size = 16;
-    o.n_embd = 768;
-    o.n_head = 12;
-    o.n_ff = 3072;
-    o.n_layer = 12;
-    o.scale_factor = 4;
-    o.longest_edge = 2048;
+    if (name == "gemma3") {
+      o.projector = vision::projector_kind::gemma3;
+      o.image_size = 896;
+      o.patch_size = 14;
+      o.n_embd = 1152;
+      o.n_head = 16;
+      o.n_ff = 4304;
+      o.n_layer = 27;
+      o.scale_factor = 4;
+      o.longest_edge = 896;
+    } else {
+      o.image_size = 512;
+      o.patch_size = 16;
+      o.n_embd = 768;
+      o.n_head = 12;
+      o.n_ff = 3072;
+      o.n_layer = 12;
+      o.scale_factor = 4;
+      o.longest_edge = 2048;
+    }
     o.weight_type = type_of(type);
     if (!vision::write_synth_mmproj(o, path).ok()) return nullptr;
   }
@@ -141,8 +159,8 @@ const tokenizer* vocab() {
   return tok.get();
 }
 
-void bm_encode_chunk(benchmark::State& state, const char* type) {
-  const vision::mmproj* m = smolvlm(type);
+void bm_encode_chunk(benchmark::State& state, const char* name, const char* type) {
+  const vision::mmproj* m = tower(name, type);
   if (m == nullptr) {
     state.SkipWithError("cannot write or load the mmproj");
     return;
@@ -170,7 +188,7 @@ void bm_encode_chunk(benchmark::State& state, const char* type) {
 }
 
 void bm_image(benchmark::State& state, const char* type) {
-  const vision::mmproj* m = smolvlm(type);
+  const vision::mmproj* m = tower("smolvlm256m", type);
   const tokenizer* tok = vocab();
   const std::vector<std::uint8_t> png = test_png(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)));
   if (m == nullptr || tok == nullptr || png.empty()) {
@@ -196,9 +214,11 @@ void bm_image(benchmark::State& state, const char* type) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(bm_encode_chunk, f32, "f32")->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(bm_encode_chunk, f16, "f16")->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(bm_encode_chunk, q8_0, "q8_0")->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(bm_encode_chunk, f32, "smolvlm256m", "f32")->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(bm_encode_chunk, f16, "smolvlm256m", "f16")->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(bm_encode_chunk, q8_0, "smolvlm256m", "q8_0")->Unit(benchmark::kMillisecond)->Iterations(3);
+// One Gemma 3 image is one chunk of 4,096 patches through 27 blocks: minutes here.
+BENCHMARK_CAPTURE(bm_encode_chunk, gemma3_f16, "gemma3", "f16")->Unit(benchmark::kMillisecond)->Iterations(1);
 BENCHMARK_CAPTURE(bm_image, f16, "f16")
     ->Args({512, 512})
     ->Args({1024, 512})
