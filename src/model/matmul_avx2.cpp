@@ -8,10 +8,12 @@
 // against q8_0 activations; q4_1, q5_1 against q8_1) in the plain layout
 // (matmul_internal.h). The super-block formats (q2_K to q6_K, iq4_xs, iq3_s):
 // matmul_kquants_avx2.cpp. Per pair and block (32 elements), eight exact int32
-// lane sums, then acc = fma(float(s) * dw, dx, acc), for q4_1 / q5_1 also
-// acc = fma(m, sx, acc) in lane 0 only (the block's min times the activation
-// block's stored s: once per block, not once per lane), blocks in order, then
-// hsum8:
+// lane sums, then acc = fma(float(s) * dw, dx, acc), for q4_1 / q5_1
+// acc = acc + fma(m, sx, float(s) * dw * dx) with m in lane 0 only (the block's
+// min times the activation block's stored s: once per block, not once per
+// lane; one add per block on acc's dependency chain, where a second fma made
+// the one-column decode tile wait on two fma latencies per block), blocks in
+// order, then hsum8:
 //   q8_0: s = madd(maddubs(|w|, sign(x, w)), 1): |w| <= 128 and |x| <= 127, so
 //         each int16 pair sum is at most 2 * 128 * 127 = 32512, never saturating.
 //   q4_0, q5_0: s = madd(maddubs(u, x), 1) - C * sum(x): u = w + C is the
@@ -280,8 +282,10 @@ void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_s
           if constexpr (has_offset(T)) s = _mm256_sub_epi32(s, corr[r]);
         }
         const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dw);
-        acc[r][c] = _mm256_fmadd_ps(f, dx[r], acc[r][c]);
-        if constexpr (has_min(T)) acc[r][c] = _mm256_fmadd_ps(mw, sx[r], acc[r][c]);
+        if constexpr (has_min(T))  // the block's whole term first: one add per block on acc's chain
+          acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_fmadd_ps(mw, sx[r], _mm256_mul_ps(f, dx[r])));
+        else
+          acc[r][c] = _mm256_fmadd_ps(f, dx[r], acc[r][c]);
       }
     }
   }
