@@ -242,6 +242,13 @@ struct per_sub_block {
   };
   static int offset(int v) { return 32 * v; }
   static __m256i scales(const col& c, int v) { return _mm256_set1_epi16(c.sc[v]); }
+  // The 8 nibbles of w as bytes 0..7, byte 0's low nibble first (the
+  // 4-bit scale fields). pdep would do it in one instruction, but Zen 1 and 2,
+  // AVX2-only CPUs, run it in microcode.
+  static __m128i nibbles8(std::uint32_t w) {
+    const __m128i v = _mm_cvtsi32_si128(static_cast<int>(w));
+    return _mm_and_si128(_mm_unpacklo_epi8(v, _mm_srli_epi16(v, 4)), _mm_set1_epi8(0x0f));
+  }
   // p, d (the fp16 at byte 0 of both formats) and the eight int16 scales.
   static void set(col& c, const std::byte* p, __m128i sc) {
     _mm_store_si128(reinterpret_cast<__m128i*>(c.sc), sc);
@@ -261,14 +268,20 @@ struct fmt_iq4_xs : per_sub_block {
     std::uint32_t sl;
     std::memcpy(&sh, p + offsetof(block_iq4_xs, scales_h), 2);
     std::memcpy(&sl, p + offsetof(block_iq4_xs, scales_l), 4);
-    const std::uint64_t ls = _pdep_u64(sl, 0x0f0f0f0f0f0f0f0full) | _pdep_u64(sh, 0x3030303030303030ull);
-    set(c, p, _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(ls))), _mm_set1_epi16(32)));
+    // Lane b: bits 2b, 2b + 1 of scales_h moved to the top of the word, then down to 0..1.
+    const __m128i shifts = _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1);
+    const __m128i hi = _mm_srli_epi16(_mm_mullo_epi16(_mm_set1_epi16(static_cast<short>(sh)), shifts), 14);
+    const __m128i ls = _mm_or_si128(_mm_cvtepu8_epi16(nibbles8(sl)), _mm_slli_epi16(hi, 4));
+    set(c, p, _mm_sub_epi16(ls, _mm_set1_epi16(32)));
   }
   static __m256i values(const col& c, int v) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k_iq4nl_values)));
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k_iq4nl_values)));
     return _mm256_shuffle_epi8(table, nibbles32(c.p + offsetof(block_iq4_xs, qs) + 16 * v));
   }
-  static __m256 fold(__m256i s, __m256i, const col& c) { return _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.d)); }
+  static __m256 fold(__m256i s, __m256i, const col& c) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.d));
+  }
 };
 
 // iq3_s: grid groups 8v .. 8v + 7 (four values each, one gathered 32-bit grid
@@ -285,7 +298,7 @@ struct fmt_iq3_s : per_sub_block {
   static void load(const std::byte* p, col& c) {
     std::uint32_t nib;
     std::memcpy(&nib, p + offsetof(block_iq3_s, scales), 4);
-    const __m128i n8 = _mm_cvtsi64_si128(static_cast<long long>(_pdep_u64(nib, 0x0f0f0f0f0f0f0f0full)));
+    const __m128i n8 = nibbles8(nib);
     const __m128i sc8 = _mm_add_epi8(_mm_add_epi8(n8, n8), _mm_set1_epi8(1));
     set(c, p, _mm_cvtepu8_epi16(sc8));
     c.sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
@@ -294,8 +307,8 @@ struct fmt_iq3_s : per_sub_block {
     const __m256i lo = _mm256_cvtepu8_epi32(
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.p + offsetof(block_iq3_s, qs) + 8 * v)));
     const int qh = std::to_integer<int>(c.p[offsetof(block_iq3_s, qh) + v]);
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(qh), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                                        _mm256_set1_epi32(1));
+    const __m256i bit = _mm256_srlv_epi32(_mm256_set1_epi32(qh), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i hi = _mm256_and_si256(bit, _mm256_set1_epi32(1));
     const __m256i grid = _mm256_i32gather_epi32(reinterpret_cast<const int*>(k_iq3s_grid),
                                                 _mm256_or_si256(lo, _mm256_slli_epi32(hi, 8)), 4);
     const __m256i neg = bits32_to_bytes(c.p + offsetof(block_iq3_s, signs) + 4 * v);
