@@ -1,8 +1,9 @@
 // Weight matmul throughput: Y[m][n_out] = X[m][n_in] · Wᵀ per weight type, at
 // Llama-3-8B shapes (4096x4096 attention, 14336x4096 FFN up/gate), m = 1, 8, 32,
 // 64 rows and 1-2 threads, plus stories260K shapes and the machine's read
-// bandwidth measured in the same run. The formats/ group compares q4_K, q5_K,
-// q6_K and q8_0 at AVX-512 and AVX2 on one layer's shapes; formats_huge/ and
+// bandwidth measured in the same run. The formats/ group compares the
+// K-quants, q8_0, q4_1, q5_0, q5_1, iq4_xs and iq3_s at AVX-512 and AVX2 on one
+// layer's shapes; formats_huge/ and
 // read_bandwidth_huge/ do the same decode calls and reads with the memory in
 // 2 MiB pages (what `--no-mmap` gives the weights) instead of 4 KiB ones.
 //
@@ -107,6 +108,15 @@ weight_set& weights_for(tensor_type t, std::int64_t n_out, std::int64_t n_in, bo
         for (auto& q : blk->scales) q = static_cast<std::uint8_t>(rng());
         blk->d = pagoda::f32_to_fp16(0.0078125f);
       }
+    if (t == tensor_type::q4_1 || t == tensor_type::q5_0 || t == tensor_type::q5_1 || t == tensor_type::iq4_xs ||
+        t == tensor_type::iq3_s) {  // no quantizer: random bits under d (and q4_1 / q5_1's m) = 2^-7 (speed only)
+      const std::size_t bb = pagoda::row_size_bytes(t, pagoda::weight_block_elems(t));
+      const bool with_m = t == tensor_type::q4_1 || t == tensor_type::q5_1;
+      const auto h = pagoda::f32_to_fp16(0.0078125f);
+      for (std::size_t k = 0; k < row; ++k) dst[k] = static_cast<std::byte>(rng());
+      for (std::size_t o = 0; o < row; o += bb)
+        for (std::size_t f = 0; f < (with_m ? 2u : 1u); ++f) std::memcpy(dst + o + 2 * f, &h, 2);
+    }
     if (t == tensor_type::iq4_nl)  // no iq4_nl quantizer: random indices under d = 2^-7 (speed only)
       for (std::int64_t b = 0; b < n_in / 32; ++b) {
         auto* blk = reinterpret_cast<pagoda::block_iq4_nl*>(dst) + b;
@@ -226,10 +236,12 @@ void register_all() {
               ->Unit(benchmark::kMicrosecond);
   // Weight formats at one Llama-3-8B layer's shapes (q/o, gate/up, down), decode
   // and batched, AVX-512 against AVX2 in the same run: q2_K to q6_K (the types
-  // of the K-quant files) and q8_0.
+  // of the K-quant files), q8_0, the legacy q4_1, q5_0, q5_1 and the i-quants
+  // iq4_xs, iq3_s.
   const std::pair<std::int64_t, std::int64_t> layer[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
   for (tensor_type t : {tensor_type::q2_k, tensor_type::q3_k, tensor_type::q4_k, tensor_type::q5_k, tensor_type::q6_k,
-                        tensor_type::q8_0})
+                        tensor_type::q8_0, tensor_type::q4_1, tensor_type::q5_0, tensor_type::q5_1, tensor_type::iq4_xs,
+                        tensor_type::iq3_s})
     for (auto [n_out, n_in] : layer)
       for (std::int64_t m : {1, 8, 32})
         for (int threads : {1, 2})

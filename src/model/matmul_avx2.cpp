@@ -4,21 +4,29 @@
 // lane l accumulates k = l, l+8, ... with fma(x, w, acc), the tail chunk padded
 // with zeros, then hsum8.
 //
-// q8_0, q4_0 and the table formats (iq4_nl, mxfp4): activations quantized to
-// q8_0 in the plain layout (matmul_internal.h). q2_K to q6_K:
-// matmul_kquants_avx2.cpp. Other quantized formats run the portable
-// generic_quant_cols on the same layout. Per pair and block (32 elements),
-// eight exact int32 lane sums, then acc = fma(float(s) * dw, dx, acc), blocks
-// in order, then hsum8:
+// The block-32 formats (q8_0, q4_0, q5_0 and the table formats iq4_nl, mxfp4
+// against q8_0 activations; q4_1, q5_1 against q8_1) in the plain layout
+// (matmul_internal.h). The super-block formats (q2_K to q6_K, iq4_xs, iq3_s):
+// matmul_kquants_avx2.cpp. Per pair and block (32 elements), eight exact int32
+// lane sums, then acc = fma(float(s) * dw, dx, acc), for q4_1 / q5_1
+// acc = acc + fma(m, sx, float(s) * dw * dx) with m in lane 0 only (the block's
+// min times the activation block's stored s: once per block, not once per
+// lane; one add per block on acc's dependency chain, where a second fma made
+// the one-column decode tile wait on two fma latencies per block), blocks in
+// order, then hsum8:
 //   q8_0: s = madd(maddubs(|w|, sign(x, w)), 1): |w| <= 128 and |x| <= 127, so
 //         each int16 pair sum is at most 2 * 128 * 127 = 32512, never saturating.
-//   q4_0: s = madd(maddubs(nibble, x), 1) - 8 * sum(x): the nibble is w + 8 in
-//         0..15 (pair sums <= 2 * 15 * 127), the correction cancels the offset.
+//   q4_0, q5_0: s = madd(maddubs(u, x), 1) - C * sum(x): u = w + C is the
+//         nibble (C = 8, 0..15) or the nibble with qh's bit as bit 4 (C = 16,
+//         0..31; pair sums <= 2 * 31 * 127), the correction cancels the offset.
+//   q4_1, q5_1: s = madd(maddubs(u, x), 1), u as q4_0 / q5_0 (no offset: the
+//         min is the separate term above).
 //   iq4_nl, mxfp4: w = table[nibble] by one byte shuffle of the 16-entry table,
 //         then q8_0's step (|w| <= 127). dw is the fp16 d, or for mxfp4 the
 //         E8M0 byte's 2^(e - 128) (from a table built at compile time).
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "model/matmul_internal.h"
@@ -149,19 +157,43 @@ void avx2_prepare(tensor_type t, const float* x, std::int64_t m, std::int64_t n_
 }
 
 // ---------------------------------------------------------------------------
-// q8_0 / q4_0 / table-format tiles (plain layout)
+// Block-32 tiles (plain layout)
 // ---------------------------------------------------------------------------
 
 constexpr bool is_table_format(tensor_type t) { return t == tensor_type::iq4_nl || t == tensor_type::mxfp4; }
+// Formats with a min (q8_1 activations) and with a fifth bit per value.
+constexpr bool has_min(tensor_type t) { return t == tensor_type::q4_1 || t == tensor_type::q5_1; }
+constexpr bool has_qh(tensor_type t) { return t == tensor_type::q5_0 || t == tensor_type::q5_1; }
+// Formats whose unsigned values carry the offset group_weight_offset (q4_0: 8, q5_0: 16).
+constexpr bool has_offset(tensor_type t) { return t == tensor_type::q4_0 || t == tensor_type::q5_0; }
 
 template <tensor_type T>
 constexpr std::size_t q_block_bytes() {
   switch (T) {
     case tensor_type::q8_0: return sizeof(block_q8_0);
     case tensor_type::q4_0: return sizeof(block_q4_0);
+    case tensor_type::q4_1: return sizeof(block_q4_1);
+    case tensor_type::q5_0: return sizeof(block_q5_0);
+    case tensor_type::q5_1: return sizeof(block_q5_1);
     case tensor_type::mxfp4: return sizeof(block_mxfp4);
     default: return sizeof(block_iq4_nl);
   }
+}
+
+// Where a block's values (nibbles, or q8_0's bytes) and q5's high bits start.
+template <tensor_type T>
+constexpr std::size_t q_values_offset() {
+  switch (T) {
+    case tensor_type::q4_1: return offsetof(block_q4_1, qs);
+    case tensor_type::q5_0: return offsetof(block_q5_0, qs);
+    case tensor_type::q5_1: return offsetof(block_q5_1, qs);
+    case tensor_type::mxfp4: return offsetof(block_mxfp4, qs);
+    default: return 2;  // q8_0, q4_0, iq4_nl: after the fp16 d
+  }
+}
+template <tensor_type T>
+constexpr std::size_t q_high_offset() {
+  return T == tensor_type::q5_1 ? offsetof(block_q5_1, qh) : offsetof(block_q5_0, qh);
 }
 
 // e8m0_half_to_f32 of every byte, evaluated at compile time: one load per
@@ -176,15 +208,6 @@ constexpr e8m0_half_table make_e8m0_half_table() {
   return t;
 }
 constexpr e8m0_half_table k_e8m0_half = make_e8m0_half_table();
-
-// The 16 nibbles at p as 32 bytes in element order (low nibbles, then high):
-// the 16 bytes in both lanes, the high lane's 64-bit words shifted down by 4
-// (bits crossing into a byte from its neighbour are masked off), so no
-// cross-lane shuffle is needed.
-inline __m256i nibbles32(const std::byte* p) {
-  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
-}
 
 // Stream (decode, one row, a 1 x 1 tile): prefetch k_decode_prefetch_bytes
 // down the weight stream as it goes (matmul_internal.h) instead of the next
@@ -205,10 +228,9 @@ void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_s
                                          const std::byte* w, std::size_t w_stride, float* y, std::int64_t ldy) {
   constexpr std::size_t block_bytes = q_block_bytes<T>();
   const std::int64_t nb = n_in / k_block;
-  const std::size_t d_off = plain_qs_bytes(n_in);
+  const plain_layout l = plain_layout_of(act_format_of(T), n_in);
   const __m256i ones16 = _mm256_set1_epi16(1);
-  const __m256i eights = _mm256_set1_epi8(8);
-  const __m128i m4 = _mm_set1_epi8(0x0f);
+  const __m256i offset = _mm256_set1_epi8(static_cast<char>(group_weight_offset(T)));
   __m256i table = _mm256_setzero_si256();  // the table formats' signed values, in both lanes
   if constexpr (is_table_format(T))
     table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
@@ -219,41 +241,51 @@ void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_s
     if constexpr (Stream)
       _mm_prefetch(reinterpret_cast<const char*>(w + b * block_bytes + k_decode_prefetch_bytes), _MM_HINT_T0);
     __m256i xv[R], corr[R];
-    __m256 dx[R];
+    __m256 dx[R], sx[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const std::byte* row = act + r * act_stride;
       xv[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(row + b * k_block));
-      dx[r] = _mm256_broadcast_ss(reinterpret_cast<const float*>(row + d_off) + b);
-      if constexpr (T == tensor_type::q4_0) corr[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(eights, xv[r]), ones16);
+      dx[r] = _mm256_broadcast_ss(reinterpret_cast<const float*>(row + l.d_off) + b);
+      if constexpr (has_offset(T)) corr[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(offset, xv[r]), ones16);
+      if constexpr (has_min(T)) sx[r] = _mm256_broadcast_ss(reinterpret_cast<const float*>(row + l.s_off) + b);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       const std::byte* blk = w + c * w_stride + b * block_bytes;
       const __m256 dw = T == tensor_type::mxfp4 ? _mm256_broadcast_ss(&k_e8m0_half.v[static_cast<std::uint8_t>(blk[0])])
                                                 : _mm256_set1_ps(load_half(blk));
+      constexpr bool is_signed = T == tensor_type::q8_0 || is_table_format(T);
       __m256i wu, ws;  // unsigned weight operand; for q8_0 and the tables also the signed bytes
       if constexpr (T == tensor_type::q8_0) {
         ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
         wu = _mm256_sign_epi8(ws, ws);
       } else if constexpr (is_table_format(T)) {
-        ws = _mm256_shuffle_epi8(table, nibbles32(blk + (T == tensor_type::mxfp4 ? 1 : 2)));
+        ws = _mm256_shuffle_epi8(table, nibbles32(blk + q_values_offset<T>()));
         wu = _mm256_sign_epi8(ws, ws);
       } else {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-        wu = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(qs, m4)),
-                                     _mm_and_si128(_mm_srli_epi16(qs, 4), m4), 1);
+        wu = nibbles32(blk + q_values_offset<T>());
+        if constexpr (has_qh(T))
+          wu = _mm256_or_si256(wu, _mm256_and_si256(bits32_to_bytes(blk + q_high_offset<T>()), _mm256_set1_epi8(16)));
       }
+      // The min (at byte 2 of q4_1 and q5_1 blocks) in lane 0, zeros above:
+      // added once per block.
+      [[maybe_unused]] __m256 mw = _mm256_setzero_ps();
+      if constexpr (has_min(T)) mw = _mm256_zextps128_ps256(_mm_set_ss(load_half(blk + offsetof(block_q4_1, m))));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m256i s;
-        if constexpr (T != tensor_type::q4_0) {
+        if constexpr (is_signed) {
           s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_sign_epi8(xv[r], ws)), ones16);
         } else {
-          s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv[r]), ones16), corr[r]);
+          s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv[r]), ones16);
+          if constexpr (has_offset(T)) s = _mm256_sub_epi32(s, corr[r]);
         }
         const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(s), dw);
-        acc[r][c] = _mm256_fmadd_ps(f, dx[r], acc[r][c]);
+        if constexpr (has_min(T))  // the block's whole term first: one add per block on acc's chain
+          acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_fmadd_ps(mw, sx[r], _mm256_mul_ps(f, dx[r])));
+        else
+          acc[r][c] = _mm256_fmadd_ps(f, dx[r], acc[r][c]);
       }
     }
   }
@@ -262,8 +294,8 @@ void q_tile<T, Stream>::shape<R, C>::run(const std::byte* act, std::size_t act_s
 
 // Formats with an AVX2 kernel; the others run generic_quant_cols.
 bool has_avx2_kernel(tensor_type t) {
-  return !is_quantized(t) || t == tensor_type::q8_0 || t == tensor_type::q4_0 || is_table_format(t) ||
-         has_kq_kernel_avx2(t);
+  return !is_quantized(t) || t == tensor_type::q8_0 || t == tensor_type::q4_0 || t == tensor_type::q4_1 ||
+         t == tensor_type::q5_0 || t == tensor_type::q5_1 || is_table_format(t) || has_kq_kernel_avx2(t);
 }
 
 template <tensor_type T>
@@ -283,13 +315,18 @@ void avx2_cols(const job& jb, std::int64_t c0, std::int64_t c1, std::byte* pack)
     case tensor_type::bf16: return float_cols<f_tile<tensor_type::bf16>::shape, k_fr, k_tc>(jb, c0, c1);
     case tensor_type::q8_0: return q_cols<tensor_type::q8_0>(jb, c0, c1);
     case tensor_type::q4_0: return q_cols<tensor_type::q4_0>(jb, c0, c1);
+    case tensor_type::q4_1: return q_cols<tensor_type::q4_1>(jb, c0, c1);
+    case tensor_type::q5_0: return q_cols<tensor_type::q5_0>(jb, c0, c1);
+    case tensor_type::q5_1: return q_cols<tensor_type::q5_1>(jb, c0, c1);
     case tensor_type::iq4_nl: return q_cols<tensor_type::iq4_nl>(jb, c0, c1);
     case tensor_type::mxfp4: return q_cols<tensor_type::mxfp4>(jb, c0, c1);
     case tensor_type::q2_k:
     case tensor_type::q3_k:
     case tensor_type::q4_k:
     case tensor_type::q5_k:
-    case tensor_type::q6_k: return kq_cols_avx2(jb, c0, c1);
+    case tensor_type::q6_k:
+    case tensor_type::iq4_xs:
+    case tensor_type::iq3_s: return kq_cols_avx2(jb, c0, c1);
     default: return generic_quant_cols(jb, c0, c1, pack);
   }
 }

@@ -78,8 +78,8 @@ inline constexpr std::int64_t k_row_block_multiple = 12;
 std::int64_t row_block_of(std::size_t act_row, std::int64_t m);
 
 // ---------------------------------------------------------------------------
-// The portable quantized kernel (scalar level, and the AVX2 level for formats
-// without an AVX2 kernel). Each column's weights are decoded once into this
+// The portable quantized kernel (the scalar level; the AVX2 and AVX-512 levels
+// have kernels of their own for every quantized format). Each column's weights are decoded once into this
 // thread's pack buffer in integer form (model/quants.h: q, group scales and
 // mins, per-block da, db), then dotted against every prepared row:
 //   S = sum_g sc[g] * isum_g, M = sum_g mn[g] * bsums[g]   (exact integers)
@@ -92,8 +92,8 @@ std::size_t generic_pack_bytes(tensor_type t, std::int64_t n_in);
 void generic_quant_cols(const job& j, std::int64_t col_begin, std::int64_t col_end, std::byte* pack);
 
 // Super-block formats (q8_K activations) at the AVX-512 level
-// (matmul_kquants_avx512.cpp) and Q4_K / Q6_K at the AVX2 level
-// (matmul_kquants_avx2.cpp); the kernel_set entries of those levels call them.
+// (matmul_kquants_avx512.cpp) and the AVX2 level (matmul_kquants_avx2.cpp);
+// the kernel_set entries of those levels call them.
 std::size_t kq_act_row_bytes_avx512(tensor_type t, std::int64_t n_in);
 void kq_prepare_avx512(tensor_type t, const float* x, std::int64_t m, std::int64_t n_in, std::byte* act,
                        std::size_t row_bytes);
@@ -318,7 +318,7 @@ void float_cols(const job& jb, std::int64_t col_begin, std::int64_t col_end) {
   });
 }
 
-// Column kernel for block-32 weights read in place (AVX2's q8_0 / q4_0 tiles,
+// Column kernel for block-32 weights read in place (AVX2's block-32 tiles,
 // AVX-512's decode tiles): tiles of at most R x C, each running
 // K<nr, nc>::run(activation rows, row stride, n_in, weight rows, row stride, y,
 // ldy) on the file's bytes; with Prefetch, the next tile's rows are fetched

@@ -1,21 +1,24 @@
 // AVX2 kernels for the super-block formats q2_K to q6_K (the K-quant files:
-// Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K), against q8_K activations in the plain
-// layout (natural order).
+// Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K), iq4_xs and iq3_s, against q8_K
+// activations in the plain layout (natural order).
 //
 // Per pair and super-block, with 32-byte vectors of unsigned weight values u
 // (q2_K: 0..3; q3_K: w + 4 in 0..7; q4_K: the nibble 0..15; q5_K: the nibble plus qh's
-// bit, 0..31; q6_K: the 6-bit value 0..63, i.e. w + 32) and the int16 group
-// scale of each lane (one per 32 values for q4_K and q5_K, per 16 for q2_K,
-// q3_K and q6_K):
+// bit, 0..31; q6_K: the 6-bit value 0..63, i.e. w + 32; iq3_s: the signed grid
+// value + 16 in 1..31) and the int16 group scale of each lane (one per 32
+// values for q4_K, q5_K, iq4_xs and iq3_s, per 16 for q2_K, q3_K and q6_K):
 //   s = sum over the 8 vectors of madd(maddubs(u, x), sc)        (exact int32)
-//   q6_K: s -= 32 * madd(bsums, sc16), q3_K: 4 * madd(...)         (the offset)
+//   q6_K: s -= 32 * madd(bsums, sc16), q3_K: 4 *, iq3_s: 16 *       (the offset)
 //   f = float(s) * d
 //   q2_K, q4_K, q5_K: f = fnmadd(float(madd(bsums, mins16)), dmin, f)
 //   acc = fma(f, dx, acc)
-// then hsum8. maddubs cannot saturate (2 x 63 x 127 < 2^15) and the int32
-// sums stay below 2^26. Every pair's sequence is fixed by n_in alone.
+// then hsum8. iq4_xs's table values (-127..113) do not fit maddubs as value +
+// 128, so it multiplies u = |w| by x with w's signs (k_signed; |w| <= 127).
+// maddubs cannot saturate (2 x 127 x 127 < 2^15) and the int32 sums stay
+// below 2^26. Every pair's sequence is fixed by n_in alone.
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "model/matmul_internal.h"
@@ -33,16 +36,25 @@ constexpr int k_decode_kc = 1;
 
 inline __m256i load256(const std::byte* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// The f32 term of a super-block whose unsigned values carry the offset
+// 2^log2_offset (q3_K, q6_K, iq3_s): the offset's share, 2^log2_offset x the
+// group scales (sc16, one per 16 values) x bsums, comes off the exact sum first.
+inline __m256 fold_offset(__m256i s, __m256i bsums, __m256i sc16, int log2_offset, float d) {
+  const __m256i sum = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), log2_offset));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(d));
+}
+
 
 // Formats. Each provides the per-column state of one super-block (col, load),
-// the 32 unsigned values and int16 lane scales of vector v < 8 (values(),
-// scales(), elements offset(v) .. offset(v) + 31 of the natural order), and
-// fold(): the f32 term of the super-block from its integer sum s and the row's
-// bsums.
+// the 32 values and int16 lane scales of vector v < 8 (values(), scales(),
+// elements offset(v) .. offset(v) + 31 of the natural order; the values are
+// unsigned, or signed bytes when k_signed), and fold(): the f32 term of the
+// super-block from its integer sum s and the row's bsums.
 
 // q4_K: vector v is chunk v / 2, low (v even) or high nibbles: sub-block v.
 struct fmt_q4_k {
   static constexpr std::size_t bytes = sizeof(block_q4_k);
+  static constexpr bool k_signed = false;
   struct col {
     const std::byte* qs;
     alignas(32) std::int16_t sc[8];
@@ -117,6 +129,7 @@ inline void spread_group_scales(__m128i sc, __m256i (&sv)[8], __m256i& sc16) {
 // min (high), the mins taken off as q4_K's are, one per group of 16.
 struct fmt_q2_k {
   static constexpr std::size_t bytes = sizeof(block_q2_k);
+  static constexpr bool k_signed = false;
   struct col {
     const std::byte* qs;
     __m256i sv[8];
@@ -150,6 +163,7 @@ struct fmt_q2_k {
 // their 12 bytes once per super-block (block_q3_k), in four 32-bit words.
 struct fmt_q3_k {
   static constexpr std::size_t bytes = sizeof(block_q3_k);
+  static constexpr bool k_signed = false;
   struct col {
     const std::byte* p;
     __m256i sv[8];
@@ -181,16 +195,14 @@ struct fmt_q3_k {
     return _mm256_or_si256(q, _mm256_slli_epi16(h, 2));
   }
   static __m256i scales(const col& c, int v) { return c.sv[v]; }
-  static __m256 fold(__m256i s, __m256i bsums, const col& c) {
-    const __m256i sum = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(bsums, c.sc16), 2));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(c.d));
-  }
+  static __m256 fold(__m256i s, __m256i bsums, const col& c) { return fold_offset(s, bsums, c.sc16, 2, c.d); }
 };
 
 // q6_K: vector v = 4n + i holds elements 128n + 32i .. of half n, the 6-bit
 // value w + 32; lanes 0..7 belong to group 2v, 8..15 to group 2v + 1.
 struct fmt_q6_k {
   static constexpr std::size_t bytes = sizeof(block_q6_k);
+  static constexpr bool k_signed = false;
   struct col {
     const std::byte* p;
     __m256i sv[8];
@@ -217,10 +229,92 @@ struct fmt_q6_k {
     return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0f)), _mm256_and_si256(qh, _mm256_set1_epi8(0x30)));
   }
   static __m256i scales(const col& c, int v) { return c.sv[v]; }
-  static __m256 fold(__m256i s, __m256i bsums, const col& c) {
-    const __m256i sum = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(bsums, c.sc16), 5));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(c.d));
+  static __m256 fold(__m256i s, __m256i bsums, const col& c) { return fold_offset(s, bsums, c.sc16, 5, c.d); }
+};
+
+// Formats with one scale per sub-block of 32 values (iq4_xs, iq3_s): vector v
+// is sub-block v, all its lanes scaled by sc[v].
+struct per_sub_block {
+  struct col {
+    const std::byte* p;
+    alignas(16) std::int16_t sc[8];
+    float d;
+  };
+  static int offset(int v) { return 32 * v; }
+  static __m256i scales(const col& c, int v) { return _mm256_set1_epi16(c.sc[v]); }
+  // The 8 nibbles of w as bytes 0..7, byte 0's low nibble first (the
+  // 4-bit scale fields). pdep would do it in one instruction, but Zen 1 and 2,
+  // AVX2-only CPUs, run it in microcode.
+  static __m128i nibbles8(std::uint32_t w) {
+    const __m128i v = _mm_cvtsi32_si128(static_cast<int>(w));
+    return _mm_and_si128(_mm_unpacklo_epi8(v, _mm_srli_epi16(v, 4)), _mm_set1_epi8(0x0f));
   }
+  // p, d (the fp16 at byte 0 of both formats) and the eight int16 scales.
+  static void set(col& c, const std::byte* p, __m128i sc) {
+    _mm_store_si128(reinterpret_cast<__m128i*>(c.sc), sc);
+    c.p = p;
+    c.d = load_half(p);
+  }
+};
+
+// iq4_xs: iq4_nl's table values of the 16 bytes at qs + 16v (low nibbles, then
+// high), signed; scale ls - 32 (6 bits: 4 from scales_l, 2 from scales_h), no
+// min or offset.
+struct fmt_iq4_xs : per_sub_block {
+  static constexpr std::size_t bytes = sizeof(block_iq4_xs);
+  static constexpr bool k_signed = true;
+  static void load(const std::byte* p, col& c) {
+    std::uint16_t sh;
+    std::uint32_t sl;
+    std::memcpy(&sh, p + offsetof(block_iq4_xs, scales_h), 2);
+    std::memcpy(&sl, p + offsetof(block_iq4_xs, scales_l), 4);
+    // Lane b: bits 2b, 2b + 1 of scales_h moved to the top of the word, then down to 0..1.
+    const __m128i shifts = _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1);
+    const __m128i hi = _mm_srli_epi16(_mm_mullo_epi16(_mm_set1_epi16(static_cast<short>(sh)), shifts), 14);
+    const __m128i ls = _mm_or_si128(_mm_cvtepu8_epi16(nibbles8(sl)), _mm_slli_epi16(hi, 4));
+    set(c, p, _mm_sub_epi16(ls, _mm_set1_epi16(32)));
+  }
+  static __m256i values(const col& c, int v) {
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k_iq4nl_values)));
+    return _mm256_shuffle_epi8(table, nibbles32(c.p + offsetof(block_iq4_xs, qs) + 16 * v));
+  }
+  static __m256 fold(__m256i s, __m256i, const col& c) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(c.d));
+  }
+};
+
+// iq3_s: grid groups 8v .. 8v + 7 (four values each, one gathered 32-bit grid
+// entry per lane: index qs[g] with bit g % 8 of qh[v] as bit 8), negated where
+// the 32 sign bits at signs + 4v say so, + 16: u in 1..31. Scale 1 + 2 x
+// nibble per sub-block; the offset 16 comes off in fold (sc16: each
+// sub-block's scale for both its groups of 16).
+struct fmt_iq3_s : per_sub_block {
+  static constexpr std::size_t bytes = sizeof(block_iq3_s);
+  static constexpr bool k_signed = false;
+  struct col : per_sub_block::col {
+    __m256i sc16;
+  };
+  static void load(const std::byte* p, col& c) {
+    std::uint32_t nib;
+    std::memcpy(&nib, p + offsetof(block_iq3_s, scales), 4);
+    const __m128i n8 = nibbles8(nib);
+    const __m128i sc8 = _mm_add_epi8(_mm_add_epi8(n8, n8), _mm_set1_epi8(1));
+    set(c, p, _mm_cvtepu8_epi16(sc8));
+    c.sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
+  }
+  static __m256i values(const col& c, int v) {
+    const __m256i lo = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c.p + offsetof(block_iq3_s, qs) + 8 * v)));
+    const int qh = std::to_integer<int>(c.p[offsetof(block_iq3_s, qh) + v]);
+    const __m256i bit = _mm256_srlv_epi32(_mm256_set1_epi32(qh), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i hi = _mm256_and_si256(bit, _mm256_set1_epi32(1));
+    const __m256i grid = _mm256_i32gather_epi32(reinterpret_cast<const int*>(k_iq3s_grid),
+                                                _mm256_or_si256(lo, _mm256_slli_epi32(hi, 8)), 4);
+    const __m256i neg = bits32_to_bytes(c.p + offsetof(block_iq3_s, signs) + 4 * v);
+    return _mm256_add_epi8(_mm256_sub_epi8(_mm256_xor_si256(grid, neg), neg), _mm256_set1_epi8(16));
+  }
+  static __m256 fold(__m256i s, __m256i bsums, const col& c) { return fold_offset(s, bsums, c.sc16, 4, c.d); }
 };
 
 // y[r][c] for r < R, c < C. Stream: the decode tile's prefetch down the
@@ -250,18 +344,21 @@ struct kq_tile {
           for (int c = 0; c < C; ++c) s[r][c] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int v = 0; v < 8; ++v) {
-          __m256i wv[C], sv[C];
+          __m256i wv[C], ws[C], sv[C];  // unsigned operand; k_signed: the signed values
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) {
-            wv[c] = F::values(cs[c], v);
+            wv[c] = ws[c] = F::values(cs[c], v);
+            if constexpr (F::k_signed) wv[c] = _mm256_sign_epi8(ws[c], ws[c]);
             sv[c] = F::scales(cs[c], v);
           }
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
             const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.qs(r, b, F::offset(v))));
 #pragma GCC unroll 8
-            for (int c = 0; c < C; ++c)
-              s[r][c] = _mm256_add_epi32(s[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], x), sv[c]));
+            for (int c = 0; c < C; ++c) {
+              const __m256i xs = F::k_signed ? _mm256_sign_epi8(x, ws[c]) : x;
+              s[r][c] = _mm256_add_epi32(s[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[c], xs), sv[c]));
+            }
           }
         }
 #pragma GCC unroll 8
@@ -329,7 +426,7 @@ void quantize_q8_k_avx2(const float* x, block_q8_k& out) {
 
 bool has_kq_kernel_avx2(tensor_type t) {
   return t == tensor_type::q2_k || t == tensor_type::q3_k || t == tensor_type::q4_k || t == tensor_type::q5_k ||
-         t == tensor_type::q6_k;
+         t == tensor_type::q6_k || t == tensor_type::iq4_xs || t == tensor_type::iq3_s;
 }
 
 namespace {
@@ -347,6 +444,8 @@ void kq_cols_avx2(const job& jb, std::int64_t c0, std::int64_t c1) {
   if (jb.w->type == tensor_type::q5_k) return run_cols<fmt_q5_k>(jb, c0, c1);
   if (jb.w->type == tensor_type::q3_k) return run_cols<fmt_q3_k>(jb, c0, c1);
   if (jb.w->type == tensor_type::q2_k) return run_cols<fmt_q2_k>(jb, c0, c1);
+  if (jb.w->type == tensor_type::iq4_xs) return run_cols<fmt_iq4_xs>(jb, c0, c1);
+  if (jb.w->type == tensor_type::iq3_s) return run_cols<fmt_iq3_s>(jb, c0, c1);
   run_cols<fmt_q6_k>(jb, c0, c1);
 }
 

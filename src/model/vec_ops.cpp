@@ -9,6 +9,8 @@ namespace pagoda {
 
 void rms_norm_avx512(const float* x, const float* w, int n, float eps, float* out);  // vec_ops_avx512.cpp
 void silu_mul_avx512(const float* g, const float* u, std::int64_t n, float* out);
+void rms_norm_avx2(const float* x, const float* w, int n, float eps, float* out);  // vec_ops_avx2.cpp
+void silu_mul_avx2(const float* g, const float* u, std::int64_t n, float* out);
 
 void rms_norm_ref(const float* x, const float* w, int n, float eps, float* out) {
   double ss = 0;
@@ -19,6 +21,7 @@ void rms_norm_ref(const float* x, const float* w, int n, float eps, float* out) 
 
 void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
   if (active_simd_level() == simd_level::avx512) return rms_norm_avx512(x, w, n, eps, out);
+  if (active_simd_level() == simd_level::avx2) return rms_norm_avx2(x, w, n, eps, out);
   rms_norm_ref(x, w, n, eps, out);
 }
 
@@ -28,6 +31,7 @@ void silu_mul_ref(const float* g, const float* u, std::int64_t n, float* out) {
 
 void silu_mul(const float* g, const float* u, std::int64_t n, float* out) {
   if (active_simd_level() == simd_level::avx512) return silu_mul_avx512(g, u, n, out);
+  if (active_simd_level() == simd_level::avx2) return silu_mul_avx2(g, u, n, out);
   silu_mul_ref(g, u, n, out);
 }
 

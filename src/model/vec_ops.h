@@ -1,6 +1,6 @@
-// Row-wise vector operations of the forward pass, with AVX-512 versions and
-// plain reference twins. Each works on one row at a time, so a row's result
-// never depends on the batch around it.
+// Row-wise vector operations of the forward pass; rms_norm and silu_mul have
+// AVX-512 and AVX2 versions and plain reference twins. Each works on one row at
+// a time, so a row's result never depends on the batch around it.
 #pragma once
 
 #include <cstdint>
