@@ -108,8 +108,10 @@ const kernel_set k_scalar_kernels{scalar_col_tile, scalar_act_row_bytes, scalar_
 // AVX-512 kernels for block-32 formats work on groups of 16 blocks; when padding
 // the last group would add more than a quarter to the work (n_in < 512 and the
 // like, e.g. tiny models), the AVX2 kernels of q8_0 and q4_0, which need no
-// padding, are faster. The other block-32 formats have no AVX2 kernel, and
-// padded groups still beat the portable one.
+// padding, were measured faster. The other block-32 formats (q4_1, q5_0,
+// q5_1, iq4_nl, mxfp4) have AVX2 kernels too now, but whether they beat padded
+// AVX-512 groups there has not been measured (it needs an AVX-512 machine),
+// so they stay on AVX-512.
 const kernel_set& kernels_for(simd_level level, tensor_type t, std::int64_t n_in) {
   switch (level) {
     case simd_level::avx512: {
