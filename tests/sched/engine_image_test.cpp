@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/vision_model.h"
 #include "model/llama.h"
 #include "pagoda/request.h"
 #include "sched/engine_core.h"
@@ -30,6 +31,8 @@
 
 namespace pagoda {
 namespace {
+using test::vision_dir;
+using test::vision_text_model;
 
 // The oracle test's bounds (tests/vision/vision_oracle_test.cpp says why).
 constexpr double k_logit_tol = 5e-4;
@@ -39,7 +42,6 @@ constexpr int k_n_vocab = 512;
 constexpr int k_chunk_tokens = 16;  // embeddings per image chunk (one 64x64 slice)
 const std::vector<token_id> k_prompt{1, 300, 301, 302};  // the oracle's prompt (prompt.txt)
 
-std::string vision_dir() { return std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/vision"; }
 
 std::vector<float> read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -50,14 +52,7 @@ std::vector<float> read_f32(const std::string& path) {
   return out;
 }
 
-const llama_model& text_model() {
-  static const std::unique_ptr<llama_model> m = [] {
-    auto r = llama_model::load(vision_dir() + "/text-tiny-F32.gguf");
-    EXPECT_TRUE(r.ok()) << r.error().message();
-    return std::move(*r);
-  }();
-  return *m;
-}
+const llama_model& text_model() { return vision_text_model(); }
 
 // Image `name`'s rows as mtmd encoded them: its first n_chunks chunks.
 std::vector<float> image_rows(const std::string& name, int n_chunks) {
