@@ -381,6 +381,59 @@ TEST(image_chat, an_image_type_without_a_class_is_a_400) {
   EXPECT_EQ(vs.chat(one_image(data_url(png(16, 16, 7)))).status, 200);
 }
 
+// Text parts with KV choices around an image: each keeps a segment on its
+// own tokens, on either side of the image's, and the image's spans take the
+// image part's own kv; the prompt is the text tokenized around the image.
+TEST(image_chat, text_parts_keep_their_kv_around_an_image) {
+  auto images = server::image_input::open(vision_dir() + "/mmproj-idefics3-F32.gguf", text_model(), {});
+  ASSERT_TRUE(images.ok()) << images.error().message();
+  server::api_options opts;
+  opts.model_path = vision_dir() + "/text-tiny-F32.gguf";
+  opts.chat_template = "chatml";
+  auto ctx = server::make_api_context(text_model(), 512, opts, nullptr);
+  ASSERT_TRUE(ctx.ok());
+  ctx->images = images->get();
+  const std::vector<std::uint8_t> img = png(40, 30, 4);
+  const json body = {
+      {"messages",
+       {{{"role", "user"},
+         {"content", json::array({{{"type", "text"}, {"text", "Look at this"}, {"kv", {{"policy", "window:budget=0.5"}}}},
+                                  image_part(data_url(img), {{"type", "f32"}, {"policy", "none"}}),
+                                  {{"type", "text"}, {"text", "and name it."}, {"kv", {{"type", "f32"}}}}})}}}},
+      {"max_tokens", 4}};
+  auto call = server::parse_request(server::api_kind::chat, body, *ctx, "");
+  ASSERT_TRUE(call.ok()) << call.error.message;
+  const request& r = call.value->requests.at(0);
+
+  const tokenizer& vocab = text_model().vocab();
+  const vision::image_part part = part_of(img);
+  std::vector<token_id> want = vocab.encode("<|im_start|>user\nLook at this\n", vocab.add_bos_default(), true);
+  const auto at = static_cast<std::int32_t>(want.size());
+  want.insert(want.end(), part.tokens.begin(), part.tokens.end());
+  const auto after = static_cast<std::int32_t>(want.size());
+  const std::vector<token_id> tail = vocab.encode("\nand name it.<|im_end|>\n<|im_start|>assistant\n", false, true);
+  want.insert(want.end(), tail.begin(), tail.end());
+  EXPECT_EQ(r.prompt, want);
+  ASSERT_EQ(r.images.size(), part.spans.size());
+  for (std::size_t i = 0; i < r.images.size(); ++i) {
+    EXPECT_EQ(r.images[i].begin, at + part.spans[i].begin);
+    EXPECT_EQ(r.images[i].n_tokens, part.spans[i].n_tokens);
+    EXPECT_EQ(r.images[i].kv_type, "f32");
+    EXPECT_EQ(r.images[i].kv_policy, "none");
+    EXPECT_EQ(r.images[i].content_hash, part.spans[i].content_hash);
+  }
+  ASSERT_EQ(r.segments.size(), 2u);
+  const auto text_of = [&](const prompt_segment& s) {
+    return vocab.decode(std::vector<token_id>(r.prompt.begin() + s.begin, r.prompt.begin() + s.end));
+  };
+  EXPECT_EQ(r.segments[0].kv_policy, "window:budget=0.5");
+  EXPECT_LE(r.segments[0].end, at);
+  EXPECT_NE(text_of(r.segments[0]).find("Look at this"), std::string::npos) << text_of(r.segments[0]);
+  EXPECT_EQ(r.segments[1].kv_type, "f32");
+  EXPECT_GE(r.segments[1].begin, after);
+  EXPECT_NE(text_of(r.segments[1]).find("and name it."), std::string::npos) << text_of(r.segments[1]);
+}
+
 // Without --mmproj an image part is a 400 that says so.
 TEST(image_chat, without_mmproj_an_image_is_a_400) {
   vision_server vs(base_config(), {}, /*with_images=*/false);
