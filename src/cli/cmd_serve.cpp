@@ -178,6 +178,14 @@ int serve(serve_options o) {
   std::string warning;
   PAGODA_ASSIGN_OR_RETURN_CLI(server::api_context ctx, server::make_api_context(*model, cfg.max_model_len, aopts, &warning));
   if (!warning.empty()) std::fprintf(stderr, "pagoda serve: warning: %s\n", warning.c_str());
+  // Before the engine takes its pool: a wrong --mmproj stops the server at once.
+  std::unique_ptr<server::image_input> images;
+  if (!o.mmproj.empty()) {
+    server::image_options io = o.images;
+    io.n_threads = o.image_threads > 0 ? o.image_threads : o.engine.config.n_threads;
+    PAGODA_ASSIGN_OR_RETURN_CLI(images, server::image_input::open(o.mmproj, *model, io));
+    ctx.images = images.get();
+  }
   const server::server_options sopts = http_options(o);
 
   // Signals go to one waiting thread; block them before any thread starts so
@@ -206,14 +214,6 @@ int serve(serve_options o) {
   if (warehouse) attach_warehouse(*eng, *warehouse);
   if (warehouse) ctx.store_tiers = warehouse->tier_names();
   const kv_metrics kv = eng->kv_stats();
-  // Loaded before the loop starts, so a wrong --mmproj stops the server before it listens.
-  std::unique_ptr<server::image_input> images;
-  if (!o.mmproj.empty()) {
-    server::image_options io = o.images;
-    io.n_threads = o.image_threads > 0 ? o.image_threads : o.engine.config.n_threads;
-    PAGODA_ASSIGN_OR_RETURN_CLI(images, server::image_input::open(o.mmproj, *model, io));
-    ctx.images = images.get();
-  }
   engine_loop loop(std::move(eng), o.max_waiting);
   std::string admin_key = o.admin_key;
   if (const char* env = std::getenv("PAGODA_ADMIN_KEY"); admin_key.empty() && env) admin_key = env;

@@ -1,7 +1,5 @@
 #include "server/image_input.h"
 
-#include <fmt/format.h>
-
 #include "core/clock.h"
 
 namespace pagoda::server {
@@ -10,9 +8,7 @@ result<std::unique_ptr<image_input>> image_input::open(const std::string& mmproj
                                                        const image_options& opts) {
   auto m = vision::mmproj::open(mmproj_path);
   if (!m.ok()) return m.error().with_context("--mmproj " + mmproj_path);
-  if (status st = (*m)->check_text_model(model.hparams().n_embd); !st.ok())
-    return st.with_context(fmt::format("--mmproj {} does not match the model (n_embd {})", mmproj_path,
-                                       model.hparams().n_embd));
+  if (status st = (*m)->check_text_model(model.hparams().n_embd); !st.ok()) return st.with_context("--mmproj " + mmproj_path);
   if (opts.max_images < 1) return error(errc::invalid_argument, "--max-images-per-request must be at least 1");
   return std::unique_ptr<image_input>(new image_input(std::move(*m), model, opts));
 }
