@@ -97,6 +97,13 @@ struct image_span {
   std::uint64_t content_hash = 0;
   std::string kv_type;
   std::string kv_policy;
+  // The span's tokens attend to each other both ways (llama.cpp's
+  // mtmd_decode_use_non_causal: Gemma 3's images): each sees every token of
+  // the span, later ones included, and what precedes it; text stays causal.
+  // The scheduler computes the rest of such a span in one step (a prompt
+  // chunk never ends inside it; a span longer than the step's token budget
+  // is refused).
+  bool bidirectional = false;
 };
 
 struct request {

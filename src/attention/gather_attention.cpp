@@ -117,7 +117,7 @@ void softmax_rows(const attention_task& t, std::span<const std::int32_t> slots, 
   const std::size_t n = slots.size();
   for (int i = 0; i < t.n_tokens; ++i) {
     int lo, hi;
-    visible_slots(t.kv_pos, t.n_kv, t.q_pos[i], t.window, lo, hi);
+    visible_slots(t.kv_pos, t.n_kv, t.q_pos[i], see_of(t, i), t.window, lo, hi);
     sc.lo[i] = static_cast<int>(std::lower_bound(slots.begin(), slots.end(), lo) - slots.begin());
     sc.hi[i] = static_cast<int>(std::lower_bound(slots.begin(), slots.end(), hi) - slots.begin());
   }
@@ -271,7 +271,7 @@ void gather_attention_ref(const attention_task& t, std::span<const std::int32_t>
       double mx = -INFINITY;
       for (std::size_t e = 0; e < n; ++e) {
         const std::int32_t p = t.kv_pos[slots[e]];
-        seen[e] = p >= 0 && p <= t.q_pos[i] && (t.window <= 0 || p > t.q_pos[i] - t.window);
+        seen[e] = p >= 0 && p <= see_of(t, i) && (t.window <= 0 || p > t.q_pos[i] - t.window);
         if (!seen[e]) continue;
         double s = 0;
         for (int d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[e * hd + d];

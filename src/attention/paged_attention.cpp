@@ -260,7 +260,12 @@ void store_outputs(const attention_task& t, int g0, int gn, const attention_scra
 }  // namespace
 
 void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int window, int& lo, int& hi) {
-  hi = static_cast<int>(std::upper_bound(kv_pos, kv_pos + n_kv, q_pos) - kv_pos);
+  visible_slots(kv_pos, n_kv, q_pos, q_pos, window, lo, hi);
+}
+
+void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, std::int32_t see_pos, int window, int& lo,
+                   int& hi) {
+  hi = static_cast<int>(std::upper_bound(kv_pos, kv_pos + n_kv, see_pos) - kv_pos);
   // Dead slots (negative positions) lead the row: the first seen slot is past them.
   const std::int32_t below = window > 0 ? std::max<std::int32_t>(q_pos - window, -1) : -1;
   lo = static_cast<int>(std::upper_bound(kv_pos, kv_pos + hi, below) - kv_pos);
@@ -312,7 +317,8 @@ void paged_attention(const attention_task& t, attention_scratch& sc) {
   const int tokens_per_group = std::max(1, k_max_rows_per_group / t.n_rep);
   sc.lo.resize(t.n_tokens);
   sc.hi.resize(t.n_tokens);
-  for (int i = 0; i < t.n_tokens; ++i) visible_slots(t.kv_pos, t.n_kv, t.q_pos[i], t.window, sc.lo[i], sc.hi[i]);
+  for (int i = 0; i < t.n_tokens; ++i)
+    visible_slots(t.kv_pos, t.n_kv, t.q_pos[i], see_of(t, i), t.window, sc.lo[i], sc.hi[i]);
 
   for (int g0 = 0; g0 < t.n_tokens; g0 += tokens_per_group) {
     const int gn = std::min(tokens_per_group, t.n_tokens - g0);
@@ -392,7 +398,7 @@ void paged_attention_ref(const attention_task& t) {
       // The mask, spelled out slot by slot from the positions and the ranges.
       std::vector<bool> seen(n_ctx);
       for (int p = 0; p < n_ctx; ++p)
-        seen[p] = selected[p] && t.kv_pos[p] >= 0 && t.kv_pos[p] <= t.q_pos[i] &&
+        seen[p] = selected[p] && t.kv_pos[p] >= 0 && t.kv_pos[p] <= see_of(t, i) &&
                   (t.window <= 0 || t.kv_pos[p] > t.q_pos[i] - t.window);
       double mx = -INFINITY;
       for (int p = 0; p < n_ctx; ++p) {

@@ -11,8 +11,9 @@
 // there is one run, the call it always was.
 //
 // Masking is by stored positions, not by slot number: a query token at
-// position p sees the KV slots whose stored position is <= p and, with a
-// sliding window w > 0, > p - w. A negative stored position marks a DEAD slot
+// position p sees the KV slots whose stored position is <= p (<= q_see, a
+// bidirectional span's last position, when given) and, with a sliding window
+// w > 0, > p - w. A negative stored position marks a DEAD slot
 // (a policy row that keeps fewer tokens than the table has slots, see
 // policy/kv_policy.h): dead slots lead the row and nobody sees them. Stored positions strictly increase along the
 // slots (kv_manager keeps them so), so what a row sees is one contiguous run of
@@ -106,6 +107,10 @@ struct attention_task {
   const std::int32_t* kv_pos = nullptr;
   int n_kv = 0;
   int window = 0;
+  // Optional: q_see[n_tokens], the highest position each query sees (a
+  // bidirectional image span's tokens see the span's last); the window still
+  // counts back from q_pos. Null: q_pos (causal).
+  const std::int32_t* q_see = nullptr;
   // softcap > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap)
   // before the mask and the softmax (Gemma 2's attention-logit soft-capping).
   float softcap = 0.0f;
@@ -132,8 +137,13 @@ void paged_attention(const attention_task& task, attention_scratch& scratch);
 // time, with the ranges and bias spelled out slot by slot.
 void paged_attention_ref(const attention_task& task);
 
-// The slots [lo, hi) a query at position q_pos sees (see above).
+// The slots [lo, hi) a query at position q_pos sees (see above); see_pos:
+// the highest position it sees (q_pos when causal).
 void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, int window, int& lo, int& hi);
+void visible_slots(const std::int32_t* kv_pos, int n_kv, std::int32_t q_pos, std::int32_t see_pos, int window, int& lo,
+                   int& hi);
+// The highest position query i of t sees.
+inline std::int32_t see_of(const attention_task& t, int i) { return t.q_see ? t.q_see[i] : t.q_pos[i]; }
 
 // The sink logit of query head kv_head * n_rep + j of t, -infinity without sinks.
 float sink_of(const attention_task& t, int j);

@@ -158,29 +158,40 @@ int info_vocabulary_only(const std::string& path, const gguf::file& f) {
 }
 
 // --mmproj: the vision tower, the tokens an image takes in the prompt (mtmd's
-// idefics3 layout, vision/image_prompt.h: its slices and the overview) and
-// their KV bytes at the configured KV type and --kv-image-type.
+// layout of the family, vision/image_prompt.h: idefics3's slices and
+// overview, gemma3's one bidirectional span between its markers) and their
+// KV bytes at the configured KV type and --kv-image-type.
 int print_vision(const info_options& o, const llama_model& model) {
   auto proj = vision::mmproj::open(o.mmproj);
   if (!proj.ok()) return fail(proj.error().with_context("--mmproj " + o.mmproj));
   PAGODA_RETURN_IF_ERROR_CLI((*proj)->check_text_model(model.hparams().n_embd).with_context("--mmproj " + o.mmproj));
   const vision::vision_hparams& v = (*proj)->hparams();
-  std::printf("\nvision tower:    idefics3 (SigLIP ViT, pixel-shuffle projector x%d) from %s: image %d, patch %d "
+  const bool gemma3 = v.projector == vision::projector_kind::gemma3;
+  std::printf("\nvision tower:    %s (SigLIP ViT, %s x%d) from %s: image %d, patch %d "
               "(%dx%d patches), %d layers, width %d, %d heads, FFN %d, projection %d\n",
-              v.scale_factor, o.mmproj.c_str(), v.image_size, v.patch_size, v.patches_per_side(), v.patches_per_side(),
-              v.n_layer, v.n_embd, v.n_head, v.n_ff, v.projection_dim);
-  // The smallest image (one slice and the overview) and the largest grid (longest edge).
+              vision::projector_name(v.projector),
+              gemma3 ? "average pool, RMS norm and projection" : "pixel-shuffle projector", v.scale_factor,
+              o.mmproj.c_str(), v.image_size, v.patch_size, v.patches_per_side(), v.patches_per_side(), v.n_layer,
+              v.n_embd, v.n_head, v.n_ff, v.projection_dim);
   const int per_chunk = v.n_output_tokens();
-  const int max_side = std::max(1, v.longest_edge / v.image_size);
-  const vision::image_part small = vision::idefics3_layout(model.vocab(), 1, 1, per_chunk);
-  const vision::image_part large = vision::idefics3_layout(model.vocab(), max_side, max_side, per_chunk);
   const auto markers = [](const vision::image_part& p) {
     return p.tokens.size() - static_cast<std::size_t>(p.n_image_tokens());
   };
-  std::printf("image tokens:    %d per %dx%d chunk; an image is its slices (up to %dx%d at the longest edge %d) and an "
-              "overview: %d image tokens (+%zu marker tokens) for one slice, %d (+%zu) for %dx%d\n",
-              per_chunk, v.image_size, v.image_size, max_side, max_side, v.longest_edge, small.n_image_tokens(),
-              markers(small), large.n_image_tokens(), markers(large), max_side, max_side);
+  // idefics3: the smallest image (one slice and the overview) and the largest grid (longest edge); gemma3: one size.
+  const int max_side = gemma3 ? 1 : std::max(1, v.longest_edge / v.image_size);
+  const vision::image_part small = gemma3 ? vision::gemma3_layout(model.vocab(), per_chunk)
+                                          : vision::idefics3_layout(model.vocab(), 1, 1, per_chunk);
+  const vision::image_part large = gemma3 ? small : vision::idefics3_layout(model.vocab(), max_side, max_side, per_chunk);
+  if (gemma3) {
+    std::printf("image tokens:    %d per image (resized to %dx%d), +%zu marker tokens; attended both ways (one "
+                "prompt step: --max-num-batched-tokens >= %d)\n",
+                per_chunk, v.image_size, v.image_size, markers(small), per_chunk);
+  } else {
+    std::printf("image tokens:    %d per %dx%d chunk; an image is its slices (up to %dx%d at the longest edge %d) and an "
+                "overview: %d image tokens (+%zu marker tokens) for one slice, %d (+%zu) for %dx%d\n",
+                per_chunk, v.image_size, v.image_size, max_side, max_side, v.longest_edge, small.n_image_tokens(),
+                markers(small), large.n_image_tokens(), markers(large), max_side, max_side);
+  }
   auto kv_row = [&](const std::string& what, const engine_config& cfg) {
     auto layout = make_kv_layout(model, cfg);
     if (!layout.ok()) {
@@ -192,7 +203,8 @@ int print_vision(const info_options& o, const llama_model& model) {
                 human_bytes(per_token * small.n_image_tokens()).c_str(),
                 human_bytes(per_token * large.n_image_tokens()).c_str());
   };
-  std::printf("KV per image:\n  %-36s %10s %14s %14s\n", "KV type", "B/token", "one slice", "largest grid");
+  std::printf("KV per image:\n  %-36s %10s %14s %14s\n", "KV type", "B/token", gemma3 ? "an image" : "one slice",
+              gemma3 ? "(one size)" : "largest grid");
   kv_row("configured", o.config);
   if (!o.config.kv_image_type.empty()) {
     engine_config img = o.config;

@@ -135,11 +135,12 @@ void print_startup(const serve_options& o, const server::api_context& ctx, const
     const server::image_options& io = ctx.images->options();
     const vision::vision_hparams& hp = ctx.images->mmproj().hparams();
     std::fprintf(stderr,
-                 "pagoda serve: images: %s (%dx%d, %d tokens per slice), at most %d per request, %s / %lld pixels / "
-                 "%d px a side each, encoded on %d thread(s) beside the engine%s%s%s%s\n",
-                 o.mmproj.c_str(), hp.image_size, hp.image_size, hp.n_output_tokens(), io.max_images,
+                 "pagoda serve: images: %s (%s, %dx%d, %d tokens per chunk), at most %d per request, %s / %lld "
+                 "pixels / %d px a side each, encoded on %d thread(s) beside the engine%s%s%s%s\n",
+                 o.mmproj.c_str(), vision::projector_name(hp.projector), hp.image_size, hp.image_size,
+                 hp.n_output_tokens(), io.max_images,
                  human_bytes(static_cast<double>(io.limits.max_bytes)).c_str(),
-                 static_cast<long long>(io.limits.max_pixels), io.limits.max_side, io.n_threads,
+                 static_cast<long long>(io.limits.max_pixels), io.limits.max_side, ctx.images->n_threads(),
                  cfg.kv_image_type.empty() ? "" : ", KV type ", cfg.kv_image_type.c_str(),
                  cfg.kv_image_policy.empty() ? "" : ", KV policy ", cfg.kv_image_policy.c_str());
   }
@@ -334,7 +335,7 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
 void add_image_options(CLI::App* cmd, serve_options& o) {
   vision::image_limits& l = o.images.limits;
   cmd->add_option("--mmproj", o.mmproj,
-                  "FILE: llama.cpp's vision projector GGUF (idefics3/SmolVLM) matching the model: chat requests may "
+                  "FILE: llama.cpp's vision projector GGUF (idefics3/SmolVLM, gemma3) matching the model: chat requests may "
                   "then carry image_url parts (data: URLs of PNG or JPEG)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--image-max-bytes", l.max_bytes,

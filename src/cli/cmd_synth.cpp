@@ -28,6 +28,7 @@ struct synth_cli_options {
   bool list = false;
   // --mmproj: a vision tower and projector instead of the text model.
   bool mmproj = false;
+  std::string projector = "idefics3";
   vision::mmproj_synth_options vision;
 };
 
@@ -39,11 +40,16 @@ int synth_mmproj(const synth_cli_options& o, const synth_shape& text) {
   v.seed = o.seed;
   v.n_threads = o.threads;
   PAGODA_ASSIGN_OR_RETURN_CLI(v.weight_type, parse_synth_weight_type(o.weight_type));
+  if (o.projector == "gemma3") v.projector = vision::projector_kind::gemma3;
+  else if (o.projector != "idefics3")
+    return fail(error(errc::invalid_argument, "--projector {}: synth writes idefics3 or gemma3", o.projector));
+  const bool gemma3 = v.projector == vision::projector_kind::gemma3;
   std::fprintf(stderr,
-               "pagoda synth: mmproj idefics3 for %s: image %d, patch %d, %d blocks, embd %d, %d heads, ffn %d, "
-               "pixel shuffle %d, projection %d, %s weights\n",
-               text.name, v.image_size, v.patch_size, v.n_layer, v.n_embd, v.n_head, v.n_ff, v.scale_factor,
-               v.projection_dim, o.weight_type.c_str());
+               "pagoda synth: mmproj %s for %s: image %d, patch %d, %d blocks, embd %d, %d heads, ffn %d, "
+               "%s %d, projection %d, %s weights\n",
+               vision::projector_name(v.projector), text.name, v.image_size, v.patch_size, v.n_layer, v.n_embd,
+               v.n_head, v.n_ff, gemma3 ? "average pool" : "pixel shuffle", v.scale_factor, v.projection_dim,
+               o.weight_type.c_str());
   if (auto st = vision::write_synth_mmproj(v, o.output); !st.ok()) return fail(st);
   std::fprintf(stderr, "pagoda synth: wrote %s\n", o.output.c_str());
   return 0;
@@ -97,7 +103,7 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("synth", "write a random-weight model with a real model's shapes");
   cmd->add_option("--preset", opts->preset,
                   "llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1, qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b, "
-                  "phi3-mini, qwen3-30b-a3b, gpt-oss-20b, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, "
+                  "phi3-mini, smollm2-135m, qwen3-30b-a3b, gpt-oss-20b, tiny, tiny256, tiny-qwen3, tiny-gemma2, tiny-gemma3, "
                   "tiny-phi3, tiny-qwen3moe, tiny-gpt-oss (--list shows them)");
   cmd->add_option("--layers", opts->layers, "layers (default: the preset's)")->check(CLI::Range(1, 1024));
   cmd->add_option("--ffn", opts->ffn, "feed-forward width, each expert's on MoE presets (default: the preset's)")->check(CLI::Range(1, 1 << 20));
@@ -113,8 +119,13 @@ void register_synth(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("-o,--output", opts->output, "output GGUF path");
   cmd->add_flag("--list", opts->list, "list the presets");
   cmd->add_flag("--mmproj", opts->mmproj,
-                "write a vision mmproj (llama.cpp's idefics3: SigLIP ViT + pixel-shuffle projector) for the preset's "
-                "text model instead of the model");
+                "write a vision mmproj (llama.cpp's idefics3: SigLIP ViT + pixel-shuffle projector, or gemma3: "
+                "SigLIP ViT + average pool, RMS norm, projection; --projector) for the preset's text model instead "
+                "of the model");
+  cmd->add_option("--projector", opts->projector, "mmproj: idefics3 (default) or gemma3");
+  cmd->add_option("--scale-factor", opts->vision.scale_factor,
+                  "mmproj: patches per side merged into a token (idefics3's pixel shuffle, gemma3's pool; default 2)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--image-size", opts->vision.image_size, "mmproj: encoder input size in pixels")->check(CLI::Range(1, 1 << 14));
   cmd->add_option("--patch-size", opts->vision.patch_size, "mmproj: patch size")->check(CLI::Range(1, 1 << 10));
   cmd->add_option("--vision-layers", opts->vision.n_layer, "mmproj: ViT blocks")->check(CLI::Range(1, 256));

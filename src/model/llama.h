@@ -205,6 +205,12 @@ struct forward_seq {
   // token's own embedding does (a prompt chunk that holds part of an image);
   // empty: every row stands in.
   std::span<const std::uint8_t> embedded;
+  // Optional: [tokens] the highest position each new token sees (its own for
+  // causal attention; a bidirectional image span's last for its tokens,
+  // llama.cpp's non-causal decode of Gemma 3 images). Every slot at a position
+  // up to it must be stored or among this step's tokens. Not with slots or
+  // rows_as_steps. Empty: causal (each token sees up to its own position).
+  std::span<const std::int32_t> see_until;
 
   // Tokens at consecutive positions right after n_stored stored slots (whose
   // positions are their slot numbers): a sequence nothing was dropped from.
@@ -257,6 +263,7 @@ class llama_context {
   int capacity_ = 0;
   aligned_buffer x_, xn_, q_, k_, v_, attn_out_, tmp_, gate_, up_;
   std::vector<std::int32_t> positions_;  // [new tokens of the step]
+  std::vector<std::int32_t> see_;        // [new tokens of the step] forward_seq::see_until; empty: causal
   std::vector<std::int32_t> kv_positions_;  // per seq: [stored + new slots], concatenated
   moe_scratch moe_;  // the routed FFN's buffers (MoE models)
 };

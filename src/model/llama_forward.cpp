@@ -208,6 +208,17 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
     if (!s.embedded.empty() && (s.embeddings.empty() || s.embedded.size() != s.tokens.size()))
       return error(errc::invalid_argument, "an embedding mask of {} entries for {} new tokens{}", s.embedded.size(),
                    s.tokens.size(), s.embeddings.empty() ? " without embeddings" : "");
+    if (!s.see_until.empty()) {
+      if (s.see_until.size() != s.tokens.size() || in_place || s.rows_as_steps)
+        return error(errc::invalid_argument, "{} visibility bounds for {} new tokens{}", s.see_until.size(),
+                     s.tokens.size(), in_place || s.rows_as_steps ? " rewritten in place or read as steps" : "");
+      const std::size_t n = s.tokens.size();
+      auto pos = [&](std::size_t j) { return s.positions.empty() ? s.n_stored + static_cast<std::int32_t>(j) : s.positions[j]; };
+      for (std::size_t j = 0; j < n; ++j)
+        if (s.see_until[j] < pos(j) || s.see_until[j] > pos(n - 1))
+          return error(errc::invalid_argument, "new token {} at position {} sees up to position {}, outside [{}, {}]", j,
+                       pos(j), s.see_until[j], pos(j), pos(n - 1));
+    }
     n_tok += static_cast<int>(s.tokens.size());
     n_rows += s.all_logits ? static_cast<int>(s.tokens.size()) : 1;
     n_kv_total += static_cast<std::size_t>(end);
@@ -232,6 +243,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
   // Positions: of every new token (RoPE, masks), and per sequence of every KV
   // slot it sees (stored, then new), strictly increasing.
   positions_.resize(n_tok);
+  see_.clear();
   kv_positions_.resize(n_kv_total);
   std::vector<std::size_t> kv_pos_at(seqs.size());
   {
@@ -248,6 +260,10 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         }
         positions_[i] = s.positions.empty() ? s.n_stored + static_cast<int>(j) : s.positions[j];
         kv_positions_[at++] = positions_[i];
+      }
+      if (!s.see_until.empty()) {  // a bidirectional span in the step: bounds for every row (causal: its own)
+        if (see_.empty()) see_.assign(static_cast<std::size_t>(n_tok), -1);
+        std::copy(s.see_until.begin(), s.see_until.end(), see_.begin() + (i - static_cast<int>(s.tokens.size())));
       }
       for (std::size_t j = kv_pos_at[si] + 1; j < at && !s.row_positions; ++j)
         if (kv_positions_[j] <= kv_positions_[j - 1])
@@ -429,6 +445,7 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
         t.q_stride = QD;
         t.n_tokens = part.n;
         t.q_pos = positions_.data() + part.row0;
+        t.q_see = see_.empty() || s.see_until.empty() ? nullptr : see_.data() + part.row0;
         t.kv_pos = s.row_positions
                        ? s.row_positions + static_cast<std::size_t>(kvl * hp.n_head_kv + a.head) * s.row_stride
                        : kv_positions_.data() + kv_pos_at[a.seq];
@@ -444,7 +461,9 @@ status llama_context::forward(std::span<const forward_seq> seqs, std::vector<flo
           t.stats.window = row >= 0 ? t.stats.window + static_cast<std::size_t>(row) * s.stats->n_kv : nullptr;
           t.stats.n_window = row >= 0 ? 1 : 0;
         }
-        const bool sparse = s.selector && !hp.is_swa(l) && select_reads(s, t, kvl, attn_scratch_[ith]);
+        // A bidirectional span's step reads densely: a selector chooses by causal positions.
+        const bool sparse =
+            s.selector && !hp.is_swa(l) && s.see_until.empty() && select_reads(s, t, kvl, attn_scratch_[ith]);
         if (s.reads && s.slots.empty())
           read_items[it] = count_reads(t.n_kv, t.n_tokens, window, layout.block_size, sparse, t.ranges);
         if (sparse) {

@@ -101,6 +101,8 @@ const synth_shape k_presets[] = {
     gemma2(make_shape("gemma2-9b", "gemma2", 3584, 16, 8, 256, 14336, 42, 8192, 256000, 10000.0f, 1e-6f), 4096),
     gemma3(make_shape("gemma3-4b", "gemma3", 2560, 8, 4, 256, 10240, 34, 131072, 262208, 1000000.0f, 1e-6f), 1024),
     make_shape("phi3-mini", "phi3", 3072, 32, 32, 96, 8192, 32, 4096, 32064, 10000.0f, 1e-5f),
+    // SmolLM2-135M, the text model of SmolVLM-256M (idefics3 images).
+    make_shape("smollm2-135m", "llama", 576, 9, 3, 64, 1536, 30, 8192, 49152, 100000.0f, 1e-5f),
     moe(make_shape("qwen3-30b-a3b", "qwen3moe", 2048, 32, 4, 128, 6144, 48, 40960, 151936, 1000000.0f, 1e-6f), 128, 8,
         768),
     gpt_oss(make_shape("gpt-oss-20b", "gpt-oss", 2880, 64, 8, 64, 2880, 24, 131072, 201088, 150000.0f, 1e-5f), 32, 4,

@@ -67,8 +67,9 @@ struct synth_shape {
 
 // Every preset: llama3-8b, llama3-70b, mistral-7b, mistral-7b-v0.1 (with its
 // 4096-token sliding window), qwen2-7b, qwen3-8b, gemma2-9b, gemma3-4b,
-// phi3-mini, qwen3-30b-a3b (128 experts, 8 per token), gpt-oss-20b (32
-// experts, 4 per token, a window of 128 on every other layer), tiny (a small llama
+// phi3-mini, smollm2-135m (SmolVLM-256M's text model), qwen3-30b-a3b (128
+// experts, 8 per token), gpt-oss-20b (32 experts, 4 per token, a window of
+// 128 on every other layer), tiny (a small llama
 // for tests and smoke runs), tiny256 (the same with rows of 256 and 512, so
 // the super-block formats q4_K and q6_K fit), and tiny-qwen3, tiny-gemma2,
 // tiny-gemma3, tiny-phi3, tiny-qwen3moe (small models of those architectures,

@@ -168,6 +168,7 @@ void cpu_runner::forward(const step_plan& plan, step_output& out) {
       f.embeddings = q.embeddings;
       f.embedded = q.embedded;
     }
+    f.see_until = q.see_until;  // bidirectional image spans
     f.sparse = &sparse_[i];
     f.reads = &out.reads[i];
     if (i < blend_rows_.size() && !blend_rows_[i].empty()) {

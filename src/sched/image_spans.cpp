@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/assert.h"
 #include "core/hash.h"
 
 namespace pagoda {
@@ -100,6 +101,50 @@ void image_rows_of_step(std::span<const image_span> images, std::span<const toke
       std::copy_n(im.embeddings.data() + static_cast<std::size_t>(p - im.begin) * width, width, rows.data() + j * width);
     }
   }
+}
+
+int image_step_tokens(std::span<const image_span> images, std::int32_t first, int n, int budget) {
+  for (const image_span& im : images) {
+    const std::int32_t end = im.begin + im.n_tokens;
+    if (!im.bidirectional || end <= first || im.begin >= first + n || first + n >= end) continue;
+    // The step ends inside this span.
+    if (im.begin > first) return im.begin - first;  // stop before it: it starts a step of its own
+    return end - first <= budget ? end - first : 0;  // its rest whole (spans are disjoint: no later one is cut)
+  }
+  return n;
+}
+
+void image_bounds_of_step(std::span<const image_span> images, std::int32_t first,
+                          std::span<const std::int32_t> positions, std::vector<std::int32_t>& see_until) {
+  see_until.clear();
+  const auto n = static_cast<std::int32_t>(positions.size());
+  for (const image_span& im : images) {
+    const std::int32_t end = im.begin + im.n_tokens;
+    const std::int32_t from = std::max(first, im.begin), to = std::min(first + n, end);
+    if (!im.bidirectional || from >= to) continue;
+    PAGODA_ASSERT(to == end, "a step ends inside bidirectional span [{}, {}) at {}", im.begin, end, first + n);
+    if (see_until.empty()) see_until.assign(positions.begin(), positions.end());
+    const std::int32_t last = positions[static_cast<std::size_t>(to - 1 - first)];
+    for (std::int32_t p = from; p < to; ++p) see_until[static_cast<std::size_t>(p - first)] = last;
+  }
+}
+
+status check_bidirectional_spans(const request& req, int max_batched_tokens, int max_scored_tokens) {
+  for (std::size_t i = 0; i < req.images.size(); ++i) {
+    const image_span& im = req.images[i];
+    if (!im.bidirectional) continue;
+    if (im.n_tokens > max_batched_tokens)
+      return error(errc::invalid_argument,
+                   "image {}: its {} tokens attend to each other both ways (Gemma 3) and are computed in one step, "
+                   "but a step holds at most {} tokens; raise --max-num-batched-tokens to at least {}",
+                   i, im.n_tokens, max_batched_tokens, im.n_tokens);
+    if (req.prompt_logprobs >= 0 && im.n_tokens > max_scored_tokens)
+      return error(errc::invalid_argument,
+                   "image {}: prompt_logprobs score at most {} tokens a step, but its {} tokens attend to each other "
+                   "both ways and are computed in one step; send the request without prompt_logprobs",
+                   i, max_scored_tokens, im.n_tokens);
+  }
+  return ok_status();
 }
 
 }  // namespace pagoda

@@ -53,6 +53,27 @@ std::vector<token_id> keyed_prompt(const request& req);
 void image_rows_of_step(std::span<const image_span> images, std::span<const token_id> prompt_ids, std::int32_t first,
                         std::span<token_id> tokens, std::vector<std::uint8_t>& embedded, std::vector<float>& rows);
 
+// Bidirectional spans (image_span::bidirectional) stay whole in a step: of
+// the n tokens a step from prompt token `first` wants, the count that splits
+// none: n cut before a span that would start in the step and end after it,
+// or extended to the end of a span the step starts inside of (a prefix-cache
+// hit or a recompute that ends in it: its cached part was computed seeing
+// the whole span). 0: that rest is more than `budget` tokens (the sequence
+// waits for a step with room).
+int image_step_tokens(std::span<const image_span> images, std::int32_t first, int n, int budget);
+
+// The step's forward_seq::see_until: [positions.size()] for the step's
+// prompt tokens from `first` (at positions `positions`), the position of
+// their bidirectional span's last token, else their own; left empty when
+// the step holds no such token. REQUIRES: image_step_tokens kept the spans whole.
+void image_bounds_of_step(std::span<const image_span> images, std::int32_t first,
+                          std::span<const std::int32_t> positions, std::vector<std::int32_t>& see_until);
+
+// A clear error for a bidirectional span the engine cannot compute in one
+// step: more tokens than max_batched_tokens, or than the per-step cap of
+// prompt logprobs (max_scored_tokens, when the request asks for them).
+status check_bidirectional_spans(const request& req, int max_batched_tokens, int max_scored_tokens);
+
 // Image tokens among a prompt's first n tokens (of them, those served from the cache).
 std::int32_t image_tokens_before(std::span<const image_span> images, std::int32_t n);
 

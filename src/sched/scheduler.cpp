@@ -18,6 +18,11 @@ bool any_segment_policy(std::span<const prompt_segment> segments) {
   return std::any_of(segments.begin(), segments.end(), [](const prompt_segment& p) { return !p.kv_policy.empty(); });
 }
 
+// Prompt logprobs: the forward pass keeps a logits row of every token of
+// the step, [tokens][n_vocab] floats; at most this many tokens a step bound
+// them (64 MB at a 128K-token vocabulary) whatever the prompt's length.
+constexpr int k_max_scored_tokens = 128;
+
 // A policy spec's name ("quest:budget=0.125" -> "quest"): the label of its reads.
 std::string policy_name(std::string_view spec) {
   const std::string_view name = spec.substr(0, spec.find(':'));
@@ -103,6 +108,7 @@ status scheduler::add_request(request req) {
   PAGODA_RETURN_IF_ERROR(req.sampling.validate());
   if (!req.images.empty()) {
     PAGODA_RETURN_IF_ERROR(check_image_spans(req, config_.n_embd));
+    PAGODA_RETURN_IF_ERROR(check_bidirectional_spans(req, config_.max_num_batched_tokens, k_max_scored_tokens));
     for (const prompt_segment& p : req.segments)
       if (p.reuse_chunk)
         return error(errc::unsupported, "segment [{}, {}): chunk reuse with images in the prompt is not supported "
@@ -520,14 +526,9 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
       return true;
     }
   }
-  const int n = std::min<int>(next_chunk(*s), budget);
-  const int n_alloc = chunk_alloc(*s, n);
-  const bool import = chunks_due(*s);
-  if (!kv_.allocate(s->id, n_alloc)) {
-    const alloc_blocker why = kv_.allocation_blocker(s->id, n_alloc);
-    const std::uint64_t short_mask = kv_.short_classes(s->id, n_alloc);
-    // Back to waiting as if never admitted: no blocks, no policy state (it
-    // counted the cached slots, which the next attempt takes again).
+  // Back to waiting as if never admitted: no blocks, no policy state (it
+  // counted the cached slots, which the next attempt takes again).
+  const auto back_to_waiting = [&] {
     status st = kv_.free_sequence(s->id);
     PAGODA_ASSERT(st.ok(), "free: {}", st.message());
     s->in_kv = false;
@@ -535,6 +536,18 @@ bool scheduler::admit(sequence* s, int& budget, std::vector<planned>& plan, step
     s->pos_shift = 0;
     if (s->pol) s->pol->reset();
     forget_runner_kv(s);
+  };
+  const int n = image_step_tokens(r->req.images, s->n_computed, std::min<int>(next_chunk(*s), budget), budget);
+  if (n == 0) {  // the rest of a bidirectional image span needs a step with more room
+    back_to_waiting();
+    return false;
+  }
+  const int n_alloc = chunk_alloc(*s, n);
+  const bool import = chunks_due(*s);
+  if (!kv_.allocate(s->id, n_alloc)) {
+    const alloc_blocker why = kv_.allocation_blocker(s->id, n_alloc);
+    const std::uint64_t short_mask = kv_.short_classes(s->id, n_alloc);
+    back_to_waiting();
     // The pool is short for everyone (first come, first served); a quota only
     // for this tenant. With KV classes, a short class only for the requests
     // that need it: those behind this one that need none of its short classes
@@ -576,8 +589,9 @@ step_plan scheduler::schedule() {
   for (sequence* s : order) {
     if (budget <= 0) break;
     if (s->phase != seq_phase::running) continue;  // preempted earlier in this step
-    const int n = std::min<int>(next_chunk(*s), budget);
-    PAGODA_ASSERT(n > 0, "a running sequence has nothing to compute");
+    PAGODA_ASSERT(next_chunk(*s) > 0, "a running sequence has nothing to compute");
+    const int n = image_step_tokens(s->req->req.images, s->n_computed, std::min<int>(next_chunk(*s), budget), budget);
+    if (n == 0) continue;  // the rest of a bidirectional image span waits for a step with room
     if (s->spec) {
       // Drafts ride along only when their slots come without preempting
       // anyone; else the sequence decodes plainly.
@@ -665,6 +679,9 @@ scheduled_seq scheduler::plan_seq(sequence* s, int n) {
     image_rows_of_step(r.images, s->req->prompt_ids, s->n_computed, q.tokens, q.embedded, q.embeddings);
   q.positions.resize(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) q.positions[static_cast<std::size_t>(i)] = s->n_computed + i - s->pos_shift;
+  if (!s->req->prompt_ids.empty() && s->n_computed < s->n_prompt)
+    image_bounds_of_step(r.images, s->n_computed, std::span<const std::int32_t>(q.positions).first(static_cast<std::size_t>(n_known)),
+                         q.see_until);
   q.n_stored = kv_.n_stored_tokens(s->id);
   q.all_logits = r.prompt_logits && s->n_computed < s->n_prompt;
   if (r.prompt_logprobs >= 0 && s->chunk < 0 && s->n_computed < s->n_prompt - 1) q.score_from = s->n_computed;
@@ -1035,10 +1052,6 @@ int scheduler::next_chunk(const sequence& s) const {
     for (const request_state::chunk& c : s.req->chunks)
       if (c.done && !c.imported && c.at > s.n_computed) left = std::min(left, c.at - s.n_computed);
   if (s.n_computed >= s.n_prompt) return left;
-  // Prompt logprobs: the forward pass keeps a logits row of every token of
-  // the step, [tokens][n_vocab] floats; at most this many tokens a step bound
-  // them (64 MB at a 128K-token vocabulary) whatever the prompt's length.
-  constexpr int k_max_scored_tokens = 128;
   if (s.req->req.prompt_logprobs >= 0) left = std::min(left, k_max_scored_tokens);
   if (const int chunk = s.req->req.prompt_chunk; chunk > 0) return std::min(left, chunk);
   // A prompt longer than its policy keeps: in chunks, the policy acting

@@ -121,6 +121,10 @@ struct scheduled_seq {
   // brings them again): the runner keeps nothing of an image.
   std::vector<std::uint8_t> embedded;
   std::vector<float> embeddings;  // [tokens][n_embd] (zeros where not embedded)
+  // Bidirectional image spans (image_span::bidirectional): [tokens] the last
+  // position each token sees (a span's token: the span's last; others: its
+  // own); empty: every token causal. The step holds the rest of each such span.
+  std::vector<std::int32_t> see_until;
 
   // Whether the forward pass computes a logits row for every token (else the last one's only).
   bool every_row() const { return all_logits || score_from >= 0 || !draft.empty(); }

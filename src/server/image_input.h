@@ -52,6 +52,7 @@ class image_input {
                                                    const image_options& opts);
 
   const image_options& options() const { return opts_; }
+  int n_threads() const { return pool_.size(); }  // the encoder's threads (options().n_threads resolved)
   const vision::mmproj& mmproj() const { return *mmproj_; }
 
   // The image's prompt part (markers, placeholders, spans with their rows),

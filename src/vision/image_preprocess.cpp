@@ -114,15 +114,18 @@ rgb_image resize_bicubic(const rgb_image& src, int nx, int ny) {
   return dst;
 }
 
-// The refined copy: scaled (bicubic) to fit nx x ny with its aspect ratio,
-// sides rounded up, centred on black (llama.cpp's PAD_CEIL resize).
-rgb_image fit_padded(const rgb_image& src, int nx, int ny) {
+using resize_fn = rgb_image (*)(const rgb_image&, int, int);
+
+// src scaled by `resize` to fit nx x ny with its aspect ratio, sides rounded
+// up, centred on black (llama.cpp's PAD_CEIL resize; idefics3's refined copy
+// bicubic, gemma3's whole image bilinear).
+rgb_image fit_padded(const rgb_image& src, int nx, int ny, resize_fn resize) {
   if (src.nx == nx && src.ny == ny) return src;
   const float scale = std::min(static_cast<float>(nx) / static_cast<float>(src.nx),
                                static_cast<float>(ny) / static_cast<float>(src.ny));
   const int w = std::min(static_cast<int>(std::ceil(static_cast<float>(src.nx) * scale)), nx);
   const int h = std::min(static_cast<int>(std::ceil(static_cast<float>(src.ny) * scale)), ny);
-  const rgb_image scaled = resize_bicubic(src, w, h);
+  const rgb_image scaled = resize(src, w, h);
   rgb_image dst = blank(nx, ny);
   const int ox = (nx - w) / 2;
   const int oy = (ny - h) / 2;
@@ -148,9 +151,14 @@ result<std::vector<planar_image>> preprocess(const rgb_image& image, const visio
     return error(errc::invalid_argument, "image of {}x{} pixels with {} bytes of RGB", image.nx, image.ny,
                  image.rgb.size());
   const int side = hp.image_size;
+  if (hp.projector == projector_kind::gemma3) {
+    std::vector<planar_image> out;
+    out.push_back(normalize(fit_padded(image, side, side, resize_bilinear), hp.image_mean, hp.image_std));
+    return out;
+  }
   const auto [rx, ry] = idefics3_refined_size(image.nx, image.ny, side, hp.longest_edge);
   std::vector<planar_image> out;
-  const rgb_image refined = fit_padded(image, rx, ry);
+  const rgb_image refined = fit_padded(image, rx, ry, resize_bicubic);
   for (int y = 0; y < ry; y += side)
     for (int x = 0; x < rx; x += side)
       out.push_back(normalize(crop(refined, x, y, side, side), hp.image_mean, hp.image_std));

@@ -10,6 +10,11 @@
 // longest_edge, both sides rounded up to multiples of image_size; the image is
 // scaled into it bicubically keeping its aspect ratio (sides rounded up) and
 // centred on black. A side already at its size is copied.
+//
+// gemma3 (mtmd_image_preprocessor_fixed_size with gemma3's settings): one
+// chunk, the image scaled to fit image_size x image_size keeping its aspect
+// ratio (sides rounded up; corner-aligned bilinear, truncated to 8 bits),
+// centred on black; an image already that size is copied.
 #pragma once
 
 #include <array>

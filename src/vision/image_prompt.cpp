@@ -68,6 +68,17 @@ image_part idefics3_layout(const tokenizer& vocab, int n_rows, int n_cols, int t
   return part;
 }
 
+image_part gemma3_layout(const tokenizer& vocab, int n_tokens) {
+  image_part part;
+  part.n_rows = 0;
+  part.n_cols = 0;
+  add_text(vocab, "<start_of_image>", part.tokens);
+  add_chunk(n_tokens, part);
+  part.spans.back().bidirectional = true;
+  add_text(vocab, "<end_of_image>", part.tokens);
+  return part;
+}
+
 std::array<int, 2> slice_grid(const vision_hparams& hp, int nx, int ny) {
   const auto [rx, ry] = idefics3_refined_size(nx, ny, hp.image_size, hp.longest_edge);
   return {ry / hp.image_size, rx / hp.image_size};
@@ -79,10 +90,15 @@ result<image_part> make_image_part(std::span<const std::uint8_t> bytes, const mm
   PAGODA_ASSIGN_OR_RETURN(const rgb_image image, decode_image(bytes, limits));
   const vision_hparams& hp = m.hparams();
   PAGODA_ASSIGN_OR_RETURN(const std::vector<planar_image> chunks, preprocess(image, hp));
-  const auto [n_rows, n_cols] = slice_grid(hp, image.nx, image.ny);
-  if (static_cast<std::size_t>(n_rows) * static_cast<std::size_t>(n_cols) + 1 != chunks.size())
-    return error(errc::internal, "{} chunks for a {}x{} grid of slices and an overview", chunks.size(), n_rows, n_cols);
-  image_part part = idefics3_layout(vocab, n_rows, n_cols, hp.n_output_tokens());
+  image_part part;
+  if (hp.projector == projector_kind::gemma3) {
+    part = gemma3_layout(vocab, hp.n_output_tokens());
+  } else {
+    const auto [n_rows, n_cols] = slice_grid(hp, image.nx, image.ny);
+    part = idefics3_layout(vocab, n_rows, n_cols, hp.n_output_tokens());
+  }
+  if (part.spans.size() != chunks.size())
+    return error(errc::internal, "{} preprocessed chunks for {} image spans", chunks.size(), part.spans.size());
   vision_encoder enc(m, pool);
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     const planar_image& c = chunks[i];

@@ -15,6 +15,13 @@
 // mtmd looks those single tokens up by their text; a vocabulary without them
 // (a synthetic model's) gets their text tokenized instead, where mtmd would
 // put an invalid id.
+//
+// gemma3 (Gemma 3), mtmd's img_beg / img_end: "<start_of_image>" tokenized
+// (special tokens parsed), the image's rows, "<end_of_image>" tokenized; no
+// newline of mtmd's own (Gemma's chat template puts "\n\n" around the marker
+// itself). One span, bidirectional (image_span::bidirectional: mtmd decodes
+// Gemma 3's image tokens non-causally). A vocabulary without those special
+// tokens gets the text's pieces, as mtmd's tokenization would.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +44,7 @@ std::uint64_t image_content_hash(std::span<const std::uint8_t> bytes, std::uint6
 struct image_part {
   std::vector<token_id> tokens;   // markers and placeholders, in mtmd's order
   std::vector<image_span> spans;  // one per chunk; begin relative to tokens[0]
-  int n_rows = 0;                 // the slices' grid
+  int n_rows = 0;                 // the slices' grid (idefics3; 0 for gemma3)
   int n_cols = 0;
   int n_image_tokens() const;     // the spans' tokens (the markers not counted)
 };
@@ -47,6 +54,9 @@ struct image_part {
 image_part idefics3_layout(const tokenizer& vocab, int n_rows, int n_cols, int tokens_per_chunk);
 
 // How an image of nx x ny pixels is sliced: {rows, columns} of the refined copy.
+// gemma3: "<start_of_image>", one bidirectional span of n_tokens, "<end_of_image>".
+image_part gemma3_layout(const tokenizer& vocab, int n_tokens);
+
 std::array<int, 2> slice_grid(const vision_hparams& hp, int nx, int ny);
 
 // The whole way from a file's bytes to an image part for a text model whose

@@ -3,6 +3,7 @@
 // llama.cpp's (tools/mtmd/clip-impl.h and clip.cpp's hyperparameter loading).
 #include "vision/mmproj.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <optional>
@@ -19,7 +20,7 @@ namespace pagoda::vision {
 
 namespace {
 
-constexpr std::string_view k_implemented = "idefics3";
+constexpr std::string_view k_implemented = "idefics3, gemma3";
 // Largest encoder input and preprocessing edge accepted (real files: 384 to 2048).
 constexpr int k_max_side = 8192;
 
@@ -93,13 +94,15 @@ class mmproj::loader {
 
   // A tensor the encoder does not read is another family's or variant's part:
   // running without it would compute something else.
-  status refuse_unused() const {
+  status refuse_unused(projector_kind kind) const {
     for (const gguf::tensor_info& t : f_.tensors()) {
       if (used_.count(std::string(t.name)) == 0)
         return error(errc::unsupported,
                      "tensor {} is not part of the {} layout Pagoda implements (SigLIP ViT without pre-norm, fused "
-                     "QKV, Q/K norms or layer scales, and a pixel-shuffle projector)",
-                     t.name, k_implemented);
+                     "QKV, Q/K norms or layer scales, and {})",
+                     t.name, projector_name(kind),
+                     kind == projector_kind::gemma3 ? "an average pool, RMS norm and projection"
+                                                    : "a pixel-shuffle projector");
     }
     return ok_status();
   }
@@ -111,7 +114,7 @@ class mmproj::loader {
 
 namespace {
 
-status check_family(const gguf::file& f) {
+result<projector_kind> check_family(const gguf::file& f) {
   if (auto arch = f.get_string("general.architecture"); arch.ok() && *arch != "clip")
     return error(errc::invalid_argument,
                  "not an mmproj file: general.architecture is '{}', expected 'clip' (a text model goes to -m, its "
@@ -123,10 +126,28 @@ status check_family(const gguf::file& f) {
   auto proj = f.get_string("clip.projector_type");
   if (!proj.ok()) proj = f.get_string("clip.vision.projector_type");
   if (!proj.ok()) return error(errc::corrupt, "missing required key clip.projector_type");
-  if (*proj != k_implemented)
-    return error(errc::unsupported, "projector type '{}' is not implemented (Pagoda implements: {})", *proj,
-                 k_implemented);
-  return ok_status();
+  if (*proj == "idefics3") return projector_kind::idefics3;
+  if (*proj == "gemma3") return projector_kind::gemma3;
+  return error(errc::unsupported, "projector type '{}' is not implemented (Pagoda implements: {})", *proj,
+               k_implemented);
+}
+
+// The projection as [projection_dim][n_embd] rows from the file's
+// [n_embd][projection_dim] (ggml ne [projection_dim, n_embd]): llama.cpp
+// multiplies by its transpose. F32 and F16 keep their type.
+result<weight_view> transposed_projection(const gguf::tensor_info& t, std::int64_t n_embd, std::int64_t n_out,
+                                          std::vector<std::uint8_t>& out) {
+  const std::size_t size = t.type == gguf::tensor_type::f32 ? 4 : t.type == gguf::tensor_type::f16 ? 2 : 0;
+  if (size == 0)
+    return error(errc::unsupported, "tensor {} is {}; Pagoda reads gemma3's input projection as F32 or F16", t.name,
+                 gguf::tensor_type_name(t.type));
+  out.resize(static_cast<std::size_t>(n_embd * n_out) * size);
+  const auto* src = reinterpret_cast<const std::uint8_t*>(t.data);
+  for (std::int64_t e = 0; e < n_embd; ++e)
+    for (std::int64_t o = 0; o < n_out; ++o)
+      std::copy_n(src + static_cast<std::size_t>(e * n_out + o) * size, size,
+                  out.data() + static_cast<std::size_t>(o * n_embd + e) * size);
+  return weight_view{t.type, out.data(), n_embd, n_out, static_cast<std::size_t>(n_embd) * size};
 }
 
 }  // namespace
@@ -141,15 +162,17 @@ result<std::unique_ptr<mmproj>> mmproj::open(const std::string& path) {
 
 result<std::unique_ptr<mmproj>> mmproj::load(std::unique_ptr<gguf::file> file) {
   const gguf::file& f = *file;
-  PAGODA_RETURN_IF_ERROR(check_family(f));
+  PAGODA_ASSIGN_OR_RETURN(const projector_kind kind, check_family(f));
   loader ld(f);
   std::unique_ptr<mmproj> m(new mmproj());
   vision_hparams& hp = m->hp_;
+  hp.projector = kind;
+  const bool gemma3 = kind == projector_kind::gemma3;
   PAGODA_ASSIGN_OR_RETURN(bool gelu, ld.bool_key("clip.use_gelu"));
   PAGODA_ASSIGN_OR_RETURN(bool silu, ld.bool_key("clip.use_silu"));
   if (!gelu || silu)
-    return error(errc::unsupported, "the MLP activation is {}; Pagoda's idefics3 encoder implements GELU (clip.use_gelu)",
-                 silu ? "SiLU" : "quick GELU");
+    return error(errc::unsupported, "the MLP activation is {}; Pagoda's {} encoder implements GELU (clip.use_gelu)",
+                 silu ? "SiLU" : "quick GELU", projector_name(kind));
   auto u32 = [&](std::string_view key, int& out, std::optional<std::int64_t> fallback = std::nullopt) -> status {
     PAGODA_ASSIGN_OR_RETURN(std::int64_t v, ld.u32_key(key, fallback));
     out = static_cast<int>(v);
@@ -162,7 +185,11 @@ result<std::unique_ptr<mmproj>> mmproj::load(std::unique_ptr<gguf::file> file) {
   PAGODA_RETURN_IF_ERROR(u32("clip.vision.feed_forward_length", hp.n_ff));
   PAGODA_RETURN_IF_ERROR(u32("clip.vision.block_count", hp.n_layer));
   PAGODA_RETURN_IF_ERROR(u32("clip.vision.projection_dim", hp.projection_dim));
-  PAGODA_RETURN_IF_ERROR(u32("clip.vision.projector.scale_factor", hp.scale_factor, 1));
+  // gemma3: llama.cpp's default pool of 4 x 4 patches (every Gemma 3 file), the key read when present.
+  PAGODA_RETURN_IF_ERROR(u32("clip.vision.projector.scale_factor", hp.scale_factor, gemma3 ? 4 : 1));
+  if (gemma3 && f.find("clip.vision.preproc_image_size") != nullptr)
+    return error(errc::unsupported, "clip.vision.preproc_image_size: gemma3 resizes to image_size; the key belongs to "
+                 "another family");
   PAGODA_RETURN_IF_ERROR(u32("clip.vision.preproc_image_size", hp.longest_edge, hp.image_size));
   int n_head_kv = 0, head_dim = 0;
   PAGODA_RETURN_IF_ERROR(u32("clip.vision.attention.head_count_kv", n_head_kv, hp.n_head));
@@ -185,7 +212,10 @@ result<std::unique_ptr<mmproj>> mmproj::load(std::unique_ptr<gguf::file> file) {
                  k_max_side);
   if (hp.image_size % hp.patch_size != 0)
     return error(errc::corrupt, "image size {} is not a multiple of the patch size {}", hp.image_size, hp.patch_size);
-  if (hp.scale_factor < 2 || hp.patches_per_side() % hp.scale_factor != 0)
+  if (gemma3 && hp.patches_per_side() % hp.scale_factor != 0)
+    return error(errc::corrupt, "average-pool kernel {} (clip.vision.projector.scale_factor) must divide the {} patches "
+                 "per side", hp.scale_factor, hp.patches_per_side());
+  if (!gemma3 && (hp.scale_factor < 2 || hp.patches_per_side() % hp.scale_factor != 0))
     return error(errc::corrupt, "pixel-shuffle scale factor {} must be at least 2 and divide the {} patches per side",
                  hp.scale_factor, hp.patches_per_side());
   if (f.find("clip.vision.feature_layer") != nullptr)
@@ -220,8 +250,15 @@ result<std::unique_ptr<mmproj>> mmproj::load(std::unique_ptr<gguf::file> file) {
   }
   PAGODA_ASSIGN_OR_RETURN(m->post_ln_w_, ld.f32("v.post_ln.weight", {e}));
   PAGODA_ASSIGN_OR_RETURN(m->post_ln_b_, ld.f32("v.post_ln.bias", {e}));
-  PAGODA_ASSIGN_OR_RETURN(m->fc_, ld.matrix("mm.model.fc.weight", e * hp.scale_factor * hp.scale_factor, hp.projection_dim));
-  PAGODA_RETURN_IF_ERROR(ld.refuse_unused());
+  if (gemma3) {
+    PAGODA_ASSIGN_OR_RETURN(m->soft_emb_norm_, ld.f32("mm.soft_emb_norm.weight", {e}));
+    PAGODA_ASSIGN_OR_RETURN(const gguf::tensor_info* proj, ld.tensor("mm.input_projection.weight", {hp.projection_dim, e}));
+    PAGODA_ASSIGN_OR_RETURN(m->fc_, transposed_projection(*proj, e, hp.projection_dim, m->fc_transposed_));
+  } else {
+    PAGODA_ASSIGN_OR_RETURN(m->fc_,
+                            ld.matrix("mm.model.fc.weight", e * hp.scale_factor * hp.scale_factor, hp.projection_dim));
+  }
+  PAGODA_RETURN_IF_ERROR(ld.refuse_unused(kind));
   hasher h(0x6d6d70726f6aULL);  // "mmproj"
   h.update_pod(hp.image_size).update_pod(hp.patch_size).update_pod(hp.scale_factor).update_pod(hp.longest_edge);
   h.update_pod(hp.image_mean).update_pod(hp.image_std);
@@ -232,6 +269,14 @@ result<std::unique_ptr<mmproj>> mmproj::load(std::unique_ptr<gguf::file> file) {
   m->fingerprint_ = h.digest();
   m->file_ = std::move(file);
   return m;
+}
+
+const char* projector_name(projector_kind k) {
+  switch (k) {
+    case projector_kind::idefics3: return "idefics3";
+    case projector_kind::gemma3: return "gemma3";
+  }
+  return "?";
 }
 
 status mmproj::check_text_model(int text_n_embd) const {

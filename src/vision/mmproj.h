@@ -1,8 +1,11 @@
 // llama.cpp's mmproj GGUF files (`--mmproj FILE`): the vision tower and the
 // projector that turn an image into embeddings in the text model's input
 // space. Families implemented (clip.projector_type):
-//   idefics3 (SmolVLM): a SigLIP ViT and a pixel-shuffle projector; tensor
-//   names and shapes in vision/mmproj_synth.h.
+//   idefics3 (SmolVLM): a SigLIP ViT and a pixel-shuffle projector;
+//   gemma3 (Gemma 3): the same SigLIP ViT, then an average pool of
+//   scale x scale patches, an RMS norm (mm.soft_emb_norm.weight) and a
+//   projection (mm.input_projection.weight, stored [n_embd][projection_dim],
+//   transposed at load); tensor names and shapes in vision/mmproj_synth.h.
 // Loading is strict: every key the encoder reads must be there with a
 // sensible value, every tensor it uses must have the shape the hyperparameters
 // give, and a tensor it does not use (a part of another family or variant:
@@ -23,7 +26,10 @@
 
 namespace pagoda::vision {
 
-enum class projector_kind : std::uint8_t { idefics3 };
+enum class projector_kind : std::uint8_t { idefics3, gemma3 };
+
+// "idefics3", "gemma3": clip.projector_type's value.
+const char* projector_name(projector_kind k);
 
 struct vision_hparams {
   projector_kind projector = projector_kind::idefics3;
@@ -34,9 +40,11 @@ struct vision_hparams {
   int n_ff = 0;
   int n_layer = 0;
   int projection_dim = 0;  // output width (= the text model's n_embd)
-  int scale_factor = 1;    // idefics3 pixel shuffle (clip.vision.projector.scale_factor, default 2)
+  // idefics3: the pixel shuffle's factor (clip.vision.projector.scale_factor);
+  // gemma3: the average pool's kernel and stride (the same key, default 4).
+  int scale_factor = 1;
   int longest_edge = 0;    // idefics3 preprocessing (clip.vision.preproc_image_size, default image_size)
-  float eps = 1e-6f;       // LayerNorm epsilon
+  float eps = 1e-6f;       // LayerNorm epsilon (gemma3: the soft-embedding RMS norm's too)
   std::array<float, 3> image_mean{};
   std::array<float, 3> image_std{};
 
@@ -86,7 +94,9 @@ class mmproj {
   const std::vector<vit_block>& blocks() const { return blocks_; }
   const float* post_ln_w() const { return post_ln_w_; }
   const float* post_ln_b() const { return post_ln_b_; }
-  weight_view projector() const { return fc_; }           // [projection_dim][n_embd * scale^2]
+  weight_view projector() const { return fc_; }           // idefics3: [projection_dim][n_embd * scale^2];
+                                                          // gemma3: [projection_dim][n_embd] (transposed at load)
+  const float* soft_emb_norm() const { return soft_emb_norm_; }  // gemma3: [n_embd], no +1 (the converter added it)
 
  private:
   class loader;
@@ -101,6 +111,8 @@ class mmproj {
   const float* post_ln_w_ = nullptr;
   const float* post_ln_b_ = nullptr;
   weight_view fc_;
+  const float* soft_emb_norm_ = nullptr;
+  std::vector<std::uint8_t> fc_transposed_;  // gemma3: the projection as [projection_dim][n_embd]
   std::uint64_t fingerprint_ = 0;
 };
 

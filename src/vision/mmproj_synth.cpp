@@ -26,9 +26,10 @@ std::unique_ptr<gguf::writer> build_writer(const mmproj_synth_options& o, std::s
   w->set_alignment(32);
   w->add_string("general.architecture", "clip");
   w->add_string("general.type", "mmproj");
-  w->add_string("general.name", "idefics3 (synthetic)");
+  const bool gemma3 = o.projector == projector_kind::gemma3;
+  w->add_string("general.name", fmt::format("{} (synthetic)", projector_name(o.projector)));
   w->add_u32("general.file_type", o.weight_type == tensor_type::f32 ? 0 : o.weight_type == tensor_type::f16 ? 1 : 7);
-  w->add_string("clip.projector_type", "idefics3");
+  w->add_string("clip.projector_type", projector_name(o.projector));
   w->add_bool("clip.has_vision_encoder", true);
   w->add_bool("clip.use_gelu", true);
   w->add_u32("clip.vision.projection_dim", static_cast<std::uint32_t>(o.projection_dim));
@@ -41,8 +42,9 @@ std::unique_ptr<gguf::writer> build_writer(const mmproj_synth_options& o, std::s
   w->add_f32("clip.vision.attention.layer_norm_epsilon", o.eps);
   w->add_array("clip.vision.image_mean", std::span<const float>(o.image_mean));
   w->add_array("clip.vision.image_std", std::span<const float>(o.image_std));
-  w->add_u32("clip.vision.projector.scale_factor", static_cast<std::uint32_t>(o.scale_factor));
-  w->add_u32("clip.vision.preproc_image_size", static_cast<std::uint32_t>(o.longest_edge));
+  if (!gemma3 || o.scale_factor != 4)
+    w->add_u32("clip.vision.projector.scale_factor", static_cast<std::uint32_t>(o.scale_factor));
+  if (!gemma3) w->add_u32("clip.vision.preproc_image_size", static_cast<std::uint32_t>(o.longest_edge));
 
   std::uint64_t id = 0;
   auto add = [&](const std::string& name, std::initializer_list<std::int64_t> ne, tensor_type t, float amplitude,
@@ -83,8 +85,15 @@ std::unique_ptr<gguf::writer> build_writer(const mmproj_synth_options& o, std::s
     bias(b + "ffn_down.bias", e);
   }
   norm("v.post_ln", e);
-  const std::int64_t merged = e * o.scale_factor * o.scale_factor;
-  matrix("mm.model.fc.weight", merged, o.projection_dim);
+  if (gemma3) {
+    add("mm.soft_emb_norm.weight", {e}, tensor_type::f32, 0.2f, 1.0f);
+    // ggml ne [projection_dim, n_embd]: llama.cpp multiplies by its transpose.
+    add("mm.input_projection.weight", {o.projection_dim, e},
+        o.weight_type == tensor_type::f32 ? tensor_type::f32 : tensor_type::f16, amplitude_for(e), 0);
+  } else {
+    const std::int64_t merged = e * o.scale_factor * o.scale_factor;
+    matrix("mm.model.fc.weight", merged, o.projection_dim);
+  }
   if (!o.extra_tensor.empty()) bias(o.extra_tensor, e);
   return w;
 }
@@ -102,8 +111,8 @@ status validate(const mmproj_synth_options& o) {
   if (o.image_size % o.patch_size != 0)
     return error(errc::invalid_argument, "mmproj image size {} is not a multiple of the patch size {}", o.image_size,
                  o.patch_size);
-  if ((o.image_size / o.patch_size) % o.scale_factor != 0)
-    return error(errc::invalid_argument, "mmproj: {} patches per side is not a multiple of the scale factor {}",
+  if ((o.image_size / o.patch_size) % o.scale_factor != 0 || (o.projector == projector_kind::idefics3 && o.scale_factor < 2))
+    return error(errc::invalid_argument, "mmproj: {} patches per side is not a multiple of the scale factor {} (idefics3: at least 2)",
                  o.image_size / o.patch_size, o.scale_factor);
   if (o.n_embd % o.n_head != 0)
     return error(errc::invalid_argument, "mmproj embedding width {} is not a multiple of the head count {}", o.n_embd,

@@ -17,6 +17,12 @@
 //   v.blk.L.ffn_down.weight [n_ff, n_embd] .bias [n_embd]
 //   v.post_ln.{weight,bias} [n_embd]
 //   mm.model.fc.weight [n_embd * scale^2, projection_dim]
+// Family gemma3 (Gemma 3): the same ViT, then (no preprocessing size key;
+// clip.vision.projector.scale_factor, the pool's kernel, only when it is not
+// llama.cpp's default 4, as its converter writes it)
+//   mm.soft_emb_norm.weight [n_embd]                 (F32)
+//   mm.input_projection.weight [projection_dim, n_embd] (F32 with f32
+//   weights, else F16, as the converter forces it)
 // Norm weights are 1 + U(-0.2, 0.2) and biases U(-0.1, 0.1), so a norm or a
 // bias that is skipped shows; matrices have standard deviation 1/sqrt(n_in).
 #pragma once
@@ -27,10 +33,12 @@
 
 #include "model/gguf.h"
 #include "pagoda/status.h"
+#include "vision/mmproj.h"
 
 namespace pagoda::vision {
 
 struct mmproj_synth_options {
+  projector_kind projector = projector_kind::idefics3;
   int projection_dim = 128;  // the text model's n_embd
   int image_size = 64;       // clip.vision.image_size (the encoder's square input)
   int patch_size = 8;
@@ -38,7 +46,7 @@ struct mmproj_synth_options {
   int n_head = 2;
   int n_ff = 128;            // must differ from n_embd (llama.cpp swaps up/down when ffn_down's rows are n_embd wide)
   int n_layer = 2;
-  int scale_factor = 2;      // pixel shuffle: scale x scale patches per output token
+  int scale_factor = 2;      // pixel shuffle (idefics3) or average pool (gemma3): scale x scale patches per token
   int longest_edge = 64;     // clip.vision.preproc_image_size (idefics3's resize target)
   float eps = 1e-6f;
   // Distinct per channel so a channel mix-up shows.

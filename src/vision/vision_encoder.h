@@ -14,6 +14,13 @@
 //   projector   pixel shuffle: token (by, bx) of (H/s) x (W/s) gathers the
 //               s x s patches (by*s+dy, bx*s+dx), feature (dy*s+dx)*n_embd + c;
 //               out = shuffled · W_fcᵀ (no bias)
+// gemma3: the same ViT and post-LN, then
+//   pool        token (by, bx) of (H/s) x (W/s) = mean of the s x s patches
+//               (by*s+ky, bx*s+kx) (ggml's avg pool_2d, kernel = stride = s)
+//   norm        x = RMSNorm(x) * w_soft_emb_norm (eps from the file; the
+//               weight as stored: Gemma's +1 is in the file already)
+//   projector   out = x · W_projᵀ with W_proj the file's
+//               mm.input_projection transposed (llama.cpp's ggml_transpose)
 // LN is LayerNorm with weight and bias (eps from the file). GELU is the tanh
 // form evaluated as ggml's CPU backend does: through a table indexed by the
 // input rounded to fp16, whose entries are fp16 (gelu_mode::ggml_f16_table);

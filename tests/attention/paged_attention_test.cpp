@@ -321,6 +321,57 @@ TEST(paged_attention_positions, sliding_window_matches_reference_and_is_batch_in
   EXPECT_GT(diff, 1e-3);
 }
 
+// Bidirectional rows (attention_task::q_see, a Gemma 3 image span): a row at
+// position p that sees up to P reads what a causal row at P reads (without
+// a window: bit for bit the same output for the same q), at every level; with
+// a window the lower bound still counts back from p, as the reference twin
+// spells out slot by slot.
+TEST(paged_attention_positions, bidirectional_rows_see_up_to_their_bound) {
+  const int H = 2, R = 2, D = 32, B = 16, N = 40, first = 20, n = 12, W = 9;
+  for (const simd_level level : test::simd_levels_under_test()) {
+    test::simd_level_guard guard;
+    PAGODA_USE_SIMD_LEVEL(level);
+    fixture f("f32", H, R, D, B, N, 3);
+    const paged_kv_view kv_k = f.kv->k_view(0, f.table, first + n);
+    const paged_kv_view kv_v = f.kv->v_view(0, f.table, first + n);
+    const std::vector<std::int32_t> see(static_cast<std::size_t>(n), first + n - 1);
+    const std::vector<std::int32_t> at_last(static_cast<std::size_t>(n), first + n - 1);
+    for (const int window : {0, W}) {
+      std::vector<float> bidir(static_cast<std::size_t>(n) * f.q_stride()), causal_last(bidir.size()),
+          ref(bidir.size());
+      attention_scratch sc;
+      for (int h = 0; h < H; ++h) {
+        attention_task t = f.task(kv_k, kv_v, h, first, n, f.pos.data() + first, f.pos.data(), first + n, bidir.data());
+        t.window = window;
+        t.q_see = see.data();
+        paged_attention(t, sc);
+        t.out = ref.data();
+        paged_attention_ref(t);
+        attention_task c = f.task(kv_k, kv_v, h, first, n, at_last.data(), f.pos.data(), first + n, causal_last.data());
+        paged_attention(c, sc);
+      }
+      for (std::size_t i = 0; i < bidir.size(); ++i) ASSERT_NEAR(bidir[i], ref[i], 2e-5) << i;
+      if (window == 0) {
+        EXPECT_TRUE(bidir == causal_last) << "a row sees up to its bound, as a causal row there does";
+      } else {
+        double d = 0;  // the window counts back from each row's own position: not the last row's reads
+        for (std::size_t i = 0; i < bidir.size(); ++i) d += std::fabs(bidir[i] - causal_last[i]);
+        EXPECT_GT(d, 1e-3);
+      }
+    }
+    // The first row's output differs from its causal one (it sees 11 later slots).
+    std::vector<float> causal = f.run(first, n, false);
+    std::vector<float> bidir(causal.size());
+    attention_scratch sc;
+    for (int h = 0; h < H; ++h) {
+      attention_task t = f.task(kv_k, kv_v, h, first, n, f.pos.data() + first, f.pos.data(), first + n, bidir.data());
+      t.q_see = see.data();
+      paged_attention(t, sc);
+    }
+    EXPECT_NE(bidir[0], causal[0]);
+  }
+}
+
 // The statistics sink against its reference twin: per KV slot, the softmax
 // weights summed over every query row of the task (each row's weights sum to
 // 1, so the total is n_tokens x n_rep), and one row per token of the last

@@ -145,5 +145,48 @@ TEST(cli_vision, info_describes_the_vision_tower) {
   EXPECT_NE(mismatch.err.find("does not match the model"), std::string::npos) << mismatch.err;
 }
 
+// gemma3: synth writes the oracle's pair byte for byte; info describes the
+// tower and its one bidirectional span; run answers with the image in the
+// prompt (16 image tokens between the markers).
+TEST(cli_vision, gemma3_synth_info_and_run) {
+  const std::string oracle = std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/vision/";
+  const std::string mmproj = ::testing::TempDir() + "/pagoda_cli_gemma3_mmproj.gguf";
+  const std::string text = ::testing::TempDir() + "/pagoda_cli_gemma3_text.gguf";
+  const cli_result m = run_cli("synth --preset tiny-gemma3 --ffn 128 --mmproj --projector gemma3 --weight-type f32 "
+                               "--seed 1 -t 1 -o " + mmproj);
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_NE(m.err.find("mmproj gemma3"), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("average pool 2"), std::string::npos) << m.err;
+  const cli_result t =
+      run_cli("synth --preset tiny-gemma3 --weight-type f32 --vocab 512 --ffn 128 --seed 1 -t 1 -o " + text);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_TRUE(file_bytes(mmproj) == file_bytes(oracle + "mmproj-gemma3-F32.gguf"));
+  EXPECT_TRUE(file_bytes(text) == file_bytes(oracle + "text-gemma3-F32.gguf"));
+  std::remove(mmproj.c_str());
+  std::remove(text.c_str());
+  const cli_result bad = run_cli("synth --preset tiny-gemma3 --mmproj --projector llava -o /dev/null");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--projector llava"), std::string::npos) << bad.err;
+
+  const std::string g_text = oracle + "text-gemma3-F32.gguf", g_mmproj = oracle + "mmproj-gemma3-F32.gguf";
+  const cli_result info = run_cli("info -m " + g_text + " --mmproj " + g_mmproj);
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("gemma3 (SigLIP ViT, average pool, RMS norm and projection x2)"), std::string::npos)
+      << info.out;
+  EXPECT_NE(info.out.find("16 per image"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("attended both ways"), std::string::npos) << info.out;
+
+  const std::string a = write_gradient_png("pagoda_cli_g.png", 96, 80, 3);
+  const cli_result r = run_cli("run -m " + g_text + " --mmproj " + g_mmproj + " -p " + shell_quote("look <__media__> now") +
+                               " -n 4 --temp 0 --ignore-eos --json -t 1 --image " + a);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("image_tokens"), 16);
+  EXPECT_EQ(j.at("tokens").size(), 4u);
+  const std::vector<int> prompt = j.at("prompt_tokens");
+  EXPECT_EQ(std::count(prompt.begin(), prompt.end(), 0), 16);
+  std::remove(a.c_str());
+}
+
 }  // namespace
 }  // namespace pagoda::test

@@ -21,18 +21,22 @@
 #include <string>
 #include <vector>
 
-#include "common/vision_model.h"
 #include "model/llama.h"
 #include "pagoda/request.h"
 #include "sched/engine_core.h"
 #include "sched/engine_setup.h"
 #include "sched/image_spans.h"
+#include "sched/image_engine_util.h"
 #include "store/warehouse.h"
 
 namespace pagoda {
 namespace {
+
+using test::expect_same_logprobs;
+using test::read_f32;
+using test::result_of;
+using test::run_all;
 using test::vision_dir;
-using test::vision_text_model;
 
 // The oracle test's bounds (tests/vision/vision_oracle_test.cpp says why).
 constexpr double k_logit_tol = 5e-4;
@@ -42,17 +46,7 @@ constexpr int k_n_vocab = 512;
 constexpr int k_chunk_tokens = 16;  // embeddings per image chunk (one 64x64 slice)
 const std::vector<token_id> k_prompt{1, 300, 301, 302};  // the oracle's prompt (prompt.txt)
 
-
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_TRUE(!raw.empty() && raw.size() % sizeof(float) == 0) << path;
-  std::vector<float> out(raw.size() / sizeof(float));
-  std::memcpy(out.data(), raw.data(), out.size() * sizeof(float));
-  return out;
-}
-
-const llama_model& text_model() { return vision_text_model(); }
+const llama_model& text_model() { return test::vision_text_model(); }
 
 // Image `name`'s rows as mtmd encoded them: its first n_chunks chunks.
 std::vector<float> image_rows(const std::string& name, int n_chunks) {
@@ -89,49 +83,6 @@ request image_request(const std::string& id, const std::vector<token_id>& before
   r.prompt.insert(r.prompt.end(), after.begin(), after.end());
   r.images.push_back(std::move(im));
   return r;
-}
-
-struct result_of {
-  std::vector<token_id> tokens;
-  std::vector<token_logprob> logprobs;
-  std::vector<float> prompt_logits;
-  request_usage usage;
-  std::string finish;
-};
-
-std::map<std::string, result_of> run_all(engine_core& e, std::vector<request> reqs) {
-  std::map<std::string, result_of> out;
-  for (request& r : reqs) {
-    const std::string id = r.id;
-    const status st = e.add_request(std::move(r));
-    EXPECT_TRUE(st.ok()) << id << ": " << st.message();
-  }
-  std::vector<engine_event> events;
-  for (int guard = 0; e.has_work() && guard < 100000; ++guard) {
-    events.clear();
-    e.step(events);
-    EXPECT_TRUE(e.kv().check_invariants().ok()) << e.kv().check_invariants().message();
-    for (const engine_event& ev : events) {
-      result_of& o = out[ev.request_id];
-      o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-      o.logprobs.insert(o.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
-      o.prompt_logits.insert(o.prompt_logits.end(), ev.prompt_logits.begin(), ev.prompt_logits.end());
-      if (!ev.finish_reason.empty()) o.finish = ev.finish_reason;
-      if (ev.request_finished) o.usage = ev.usage;
-    }
-  }
-  std::vector<engine_event> tail;
-  e.step(tail);  // the last step's ops
-  return out;
-}
-
-void expect_same_logprobs(const std::vector<token_logprob>& a, const std::vector<token_logprob>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].token, b[i].token) << i;
-    EXPECT_EQ(a[i].logprob, b[i].logprob) << i;
-    EXPECT_EQ(a[i].top, b[i].top) << i;
-  }
 }
 
 // The logits at the image's 16 positions, through the engine, against
@@ -307,16 +258,7 @@ TEST(engine_images, preempted_sequences_recompute_their_images) {
   for (int i = 0; i < 6; ++i)
     reqs.push_back(image_request("p" + std::to_string(i), k_prompt, image_rows(i % 2 ? "b-96x80" : "a-64x64", 2),
                                  0x100 + static_cast<std::uint64_t>(i), {303, static_cast<token_id>(304 + i)}, 40));
-  auto big = *engine_core::create(text_model(), config(256));
-  const auto expected = run_all(*big, reqs);
-  auto small = *engine_core::create(text_model(), config(11));
-  const auto got = run_all(*small, reqs);
-  EXPECT_GT(small->kv_stats().n_preemptions, 0);
-  for (const request& r : reqs) {
-    EXPECT_EQ(got.at(r.id).tokens, expected.at(r.id).tokens) << r.id;
-    EXPECT_EQ(got.at(r.id).tokens.size(), 40u) << r.id;
-  }
-  EXPECT_EQ(small->kv_stats().n_blocks_used, 0);
+  test::expect_preemption_changes_nothing(text_model(), config(0), 256, 11, reqs, 40);
 }
 
 // 16 text tokens, then image A (32 tokens: blocks 1 and 2 hold only the

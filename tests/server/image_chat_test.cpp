@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/image_files.h"
-#include "common/vision_model.h"
 #include "sched/engine_setup.h"
+#include "sched/image_engine_util.h"
 #include "server/server_util.h"
 #include "vision/image_prompt.h"
 

@@ -79,25 +79,8 @@ reference load_reference(const std::string& stem) {
   return r;
 }
 
-struct diff {
-  double max_abs = 0;
-  double rms = 0;
-};
-
-diff compare(std::span<const float> a, std::span<const float> b) {
-  EXPECT_EQ(a.size(), b.size());
-  if (a.size() != b.size() || a.empty()) return {INFINITY, INFINITY};
-  diff d;
-  double sq = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    double e = std::fabs(static_cast<double>(a[i]) - b[i]);
-    if (std::isnan(e)) e = INFINITY;  // a NaN must fail, not vanish in max()
-    d.max_abs = std::max(d.max_abs, e);
-    sq += e * e;
-  }
-  d.rms = std::sqrt(sq / static_cast<double>(a.size()));
-  return d;
-}
+using test::compare;
+using test::diff;
 
 double max_abs_diff(std::span<const float> a, std::span<const float> b) { return compare(a, b).max_abs; }
 
@@ -138,11 +121,8 @@ TEST_P(VisionOracle, PixelsAndEmbeddingsMatchLlamaCpp) {
     EXPECT_EQ(max_abs_diff(pixels, ref.pixels), 0.0) << "preprocessing is exact";
 
     const std::vector<float> embd = encode_all(**m, *chunks);
-    const diff d = compare(embd, ref.embd);
-    EXPECT_LE(d.max_abs, k_embd_tol);
-    EXPECT_LE(d.rms, k_embd_rms_tol);
-    std::printf("[ vision ] idefics3 image %s %-6s embeddings max abs diff %.3g rms %.3g (%zu values)\n",
-                image_name.c_str(), simd_level_name(GetParam()), d.max_abs, d.rms, embd.size());
+    test::expect_close(embd, ref.embd, k_embd_tol, k_embd_rms_tol,
+                       "idefics3 image " + image_name + " " + simd_level_name(GetParam()) + " embeddings");
   }
 }
 
@@ -160,11 +140,8 @@ TEST_P(VisionOracle, LogitsAfterTheImageMatchLlamaCpp) {
   // The reference decodes the first chunk (the first slice) after the prompt.
   const std::vector<float> image = encode_all(**m, {(*chunks)[0]});
   const std::vector<float> logits = test::logits_after_embeddings(**text, ref.prompt, image);
-  const diff d = compare(logits, ref.logits);
-  EXPECT_LE(d.max_abs, k_logit_tol);
-  EXPECT_LE(d.rms, k_logit_rms_tol);
-  std::printf("[ vision ] idefics3 %-6s logits after the image max abs diff %.3g rms %.3g (%zu values)\n",
-              simd_level_name(GetParam()), d.max_abs, d.rms, logits.size());
+  test::expect_close(logits, ref.logits, k_logit_tol, k_logit_rms_tol,
+                     std::string("idefics3 ") + simd_level_name(GetParam()) + " logits after the image");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, VisionOracle, testing::ValuesIn(test::simd_levels_under_test()), test::level_param_name);

@@ -18,11 +18,24 @@ std::vector<float> read_f32(const std::string& path);
 // A binary PPM (P6, maxval 255); fails the test on anything else.
 vision::rgb_image read_ppm(const std::string& path);
 
+// How far a is from b (same sizes; a NaN counts as infinitely far).
+struct diff {
+  double max_abs = 0;
+  double rms = 0;
+};
+diff compare(std::span<const float> a, std::span<const float> b);
+// compare(), expected within both bounds, printed as "[ vision ] <what> max abs diff .. rms .. (n values)".
+diff expect_close(std::span<const float> a, std::span<const float> b, double max_abs, double rms, const std::string& what);
+
 // The prompt's tokens in one step, then the embeddings' rows in the next (in
 // place of token embeddings, at the following positions), F32 KV cache;
 // returns the logits of every embedding row, [rows][n_vocab] (as the
 // reference program decodes them).
+// bidirectional: the rows see each other both ways (Gemma 3's images, as
+// mtmd decodes them); after: tokens decoded in a third step, their logits
+// appended, [rows + after][n_vocab].
 std::vector<float> logits_after_embeddings(const llama_model& model, std::span<const token_id> prompt,
-                                           std::span<const float> embeddings, int n_threads = 1);
+                                           std::span<const float> embeddings, int n_threads = 1,
+                                           bool bidirectional = false, std::span<const token_id> after = {});
 
 }  // namespace pagoda::test

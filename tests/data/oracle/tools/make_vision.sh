@@ -1,6 +1,7 @@
 #!/bin/sh
 # Rebuilds the vision oracle files (tests/data/oracle/README.md, "Vision"): a
 # random-weight idefics3 mmproj and the tiny llama text model it pairs with,
+# a gemma3 mmproj and the tiny gemma3 text model it pairs with,
 # both written by `pagoda synth`, two test images, and llama.cpp's mtmd
 # preprocessed pixels, image embeddings and logits after the image.
 #
@@ -36,5 +37,17 @@ echo "1 300 301 302" > "$dir/prompt.txt"
 for img in a-64x64 b-96x80; do
   "$tmp/mtmd_embd" "$dir/text-tiny-F32.gguf" "$dir/mmproj-idefics3-F32.gguf" "$dir/image-$img.ppm" "$dir/prompt.txt" \
     "$dir/ref-$img"
+done
+# gemma3: a random-weight gemma3 mmproj (SigLIP ViT, 2x2 average pool: 16
+# tokens per image) and the tiny gemma3 text model (sliding-window layers of
+# 8 and a global one), the same images; the image decoded non-causally as
+# mtmd does for Gemma 3, then three tokens after it.
+"$pagoda" synth --preset tiny-gemma3 --weight-type f32 --vocab 512 --ffn 128 --seed 1 -t 1 -o "$dir/text-gemma3-F32.gguf"
+"$pagoda" synth --preset tiny-gemma3 --ffn 128 --mmproj --projector gemma3 --weight-type f32 --seed 1 -t 1 \
+  -o "$dir/mmproj-gemma3-F32.gguf"
+echo "303 304 305" > "$tmp/after.txt"
+for img in a-64x64 b-96x80; do
+  "$tmp/mtmd_embd" "$dir/text-gemma3-F32.gguf" "$dir/mmproj-gemma3-F32.gguf" "$dir/image-$img.ppm" "$dir/prompt.txt" \
+    "$dir/ref-gemma3-$img" "$tmp/after.txt"
 done
 sha256sum "$dir"/*.gguf "$dir"/*.ppm

@@ -2,7 +2,7 @@
 // vision tests (not part of Pagoda's build: it links llama.cpp's libllama and
 // libmtmd; tests/data/oracle/README.md, "Vision", says how it was built and run).
 //
-//   mtmd_embd TEXT.gguf MMPROJ.gguf IMAGE.ppm PROMPT_IDS OUT
+//   mtmd_embd TEXT.gguf MMPROJ.gguf IMAGE.ppm PROMPT_IDS OUT [AFTER_IDS]
 //
 // IMAGE.ppm is a binary PPM (P6, maxval 255). The image goes through mtmd's
 // own preprocessing and tokenization (the prompt is mtmd's media marker
@@ -13,8 +13,15 @@
 //   OUT.embd.f32    each chunk's embeddings, [n_tokens][n_embd] chunk after chunk
 //   OUT.logits.f32  the text model's logits at every position of the first
 //                   image chunk, decoded (as embeddings) after the prompt ids
-//                   of PROMPT_IDS (whitespace-separated), [n_tokens][n_vocab]
-//   OUT.json        sizes: the chunks' nx, ny and n_tokens, n_embd, n_vocab, prompt
+//                   of PROMPT_IDS (whitespace-separated), [n_tokens][n_vocab];
+//                   then, with AFTER_IDS, at each of those ids decoded after
+//                   the image, [n_after][n_vocab]. The image is decoded
+//                   non-causally where mtmd says so (mtmd_decode_use_non_causal:
+//                   Gemma 3), as mtmd_helper_decode_image_chunk does.
+//   OUT.json        sizes: the chunks' nx, ny and n_tokens, n_embd, n_vocab,
+//                   prompt, the ids after, whether the image was decoded
+//                   non-causally, and mtmd's tokenization of the marker alone
+//                   (text chunks' ids, "image:N" for an image chunk of N tokens)
 // All float32, little-endian, row-major. Settings: 1 thread, CPU only, flash
 // attention off (in the encoder and in the text model), F32 K/V cache, no warm-up.
 #include <cstdio>
@@ -85,13 +92,16 @@ bool write_f32(const std::string& path, const std::vector<float>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) return fail("usage: mtmd_embd TEXT.gguf MMPROJ.gguf IMAGE.ppm PROMPT_IDS OUT");
+  if (argc != 6 && argc != 7) return fail("usage: mtmd_embd TEXT.gguf MMPROJ.gguf IMAGE.ppm PROMPT_IDS OUT [AFTER_IDS]");
   const std::string out = argv[5];
-  std::vector<llama_token> prompt;
-  {
-    std::ifstream in(argv[4]);
-    for (long id; in >> id;) prompt.push_back(static_cast<llama_token>(id));
-  }
+  auto read_ids = [](const char* path) {
+    std::vector<llama_token> ids;
+    std::ifstream in(path);
+    for (long id; in >> id;) ids.push_back(static_cast<llama_token>(id));
+    return ids;
+  };
+  const std::vector<llama_token> prompt = read_ids(argv[4]);
+  const std::vector<llama_token> after = argc == 7 ? read_ids(argv[6]) : std::vector<llama_token>{};
   int nx = 0, ny = 0;
   std::vector<unsigned char> rgb;
   if (!read_ppm(argv[3], nx, ny, rgb)) return fail("cannot read the PPM image (P6, maxval 255)");
@@ -122,8 +132,25 @@ int main(int argc, char** argv) {
   const mtmd_bitmap* bitmaps[] = {bmp};
   if (mtmd_tokenize(vctx, chunks, &text, bitmaps, 1) != 0) return fail("mtmd_tokenize failed");
 
+  // mtmd's tokenization of the marker alone: text chunks' ids, image chunks' sizes.
+  std::string layout;
+  for (std::size_t i = 0; i < mtmd_input_chunks_size(chunks); ++i) {
+    const mtmd_input_chunk* c = mtmd_input_chunks_get(chunks, i);
+    layout += i ? ", " : "";
+    if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_TEXT) {
+      std::size_t n = 0;
+      const llama_token* ids = mtmd_input_chunk_get_tokens_text(c, &n);
+      layout += "[";
+      for (std::size_t k = 0; k < n; ++k) layout += (k ? ", " : "") + std::to_string(ids[k]);
+      layout += "]";
+    } else {
+      layout += "\"image:" + std::to_string(mtmd_input_chunk_get_n_tokens(c)) + "\"";
+    }
+  }
+
   const int n_embd = llama_model_n_embd_inp(model);
   std::vector<float> embd;
+  bool non_causal = false;
   std::vector<int> chunk_tokens;
   std::vector<float> first_chunk;
   for (std::size_t i = 0; i < mtmd_input_chunks_size(chunks); ++i) {
@@ -133,7 +160,10 @@ int main(int argc, char** argv) {
     if (mtmd_encode_chunk(vctx, c) != 0) return fail("mtmd_encode_chunk failed");
     const std::size_t n_tok = mtmd_input_chunk_get_n_tokens(c);
     const float* e = mtmd_get_output_embd(vctx);
-    if (chunk_tokens.empty()) first_chunk.assign(e, e + n_tok * n_embd);
+    if (chunk_tokens.empty()) {
+      first_chunk.assign(e, e + n_tok * n_embd);
+      non_causal = mtmd_decode_use_non_causal(vctx, c);
+    }
     embd.insert(embd.end(), e, e + n_tok * n_embd);
     chunk_tokens.push_back(static_cast<int>(n_tok));
   }
@@ -173,13 +203,33 @@ int main(int argc, char** argv) {
     b.seq_id[i][0] = 0;
     b.logits[i] = 1;
   }
+  if (non_causal) llama_set_causal_attn(ctx, false);
   if (llama_decode(ctx, b) != 0) return fail("image decode failed");
+  if (non_causal) llama_set_causal_attn(ctx, true);
   llama_batch_free(b);
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   std::vector<float> logits;
   for (int i = 0; i < n_img; ++i) {
     const float* row = llama_get_logits_ith(ctx, i);
     logits.insert(logits.end(), row, row + n_vocab);
+  }
+  if (!after.empty()) {
+    const int n_after = static_cast<int>(after.size());
+    llama_batch a = llama_batch_init(n_after, 0, 1);
+    a.n_tokens = n_after;
+    for (int i = 0; i < n_after; ++i) {
+      a.token[i] = after[i];
+      a.pos[i] = n_prompt + n_img + i;
+      a.n_seq_id[i] = 1;
+      a.seq_id[i][0] = 0;
+      a.logits[i] = 1;
+    }
+    if (llama_decode(ctx, a) != 0) return fail("decode after the image failed");
+    llama_batch_free(a);
+    for (int i = 0; i < n_after; ++i) {
+      const float* row = llama_get_logits_ith(ctx, i);
+      logits.insert(logits.end(), row, row + n_vocab);
+    }
   }
 
   std::vector<float> pixels;
@@ -196,7 +246,13 @@ int main(int argc, char** argv) {
                  chunk_tokens[i]);
   std::fprintf(j, "],\n  \"prompt\": [");
   for (int i = 0; i < n_prompt; ++i) std::fprintf(j, "%s%d", i ? ", " : "", prompt[i]);
-  std::fprintf(j, "],\n  \"logits_rows\": %d\n}\n", n_img);
+  std::fprintf(j, "],\n  \"logits_rows\": %d", n_img);
+  if (argc == 7) {
+    std::fprintf(j, ",\n  \"after\": [");
+    for (std::size_t i = 0; i < after.size(); ++i) std::fprintf(j, "%s%d", i ? ", " : "", after[i]);
+    std::fprintf(j, "],\n  \"non_causal\": %s,\n  \"layout\": [%s]", non_causal ? "true" : "false", layout.c_str());
+  }
+  std::fprintf(j, "\n}\n");
   std::fclose(j);
 
   mtmd_input_chunks_free(chunks);
