@@ -21,6 +21,7 @@
 #include "cli/engine_options.h"
 #include "server/api_setup.h"
 #include "server/http_server.h"
+#include "server/image_input.h"
 
 namespace pagoda::cli {
 namespace {
@@ -50,6 +51,10 @@ struct serve_options {
   double stats_interval_s = 10;
   bool no_access_log = false;
   std::vector<std::string> cors_origins;
+  // Images (docs/serving.md, "Images"): the vision projector and its limits.
+  std::string mmproj;
+  server::image_options images;
+  int image_threads = 0;  // 0: the engine's --threads
 };
 
 // The keys from --api-key, $PAGODA_API_KEY, --api-key-file and --tenants; the
@@ -126,6 +131,19 @@ void print_startup(const serve_options& o, const server::api_context& ctx, const
                sopts.n_io_threads, sopts.n_workers, sopts.limits.max_connections, sopts.limits.max_header_bytes,
                sopts.limits.max_header_count, o.header_timeout_s, sopts.limits.max_body_bytes, o.body_timeout_s,
                o.idle_timeout_s);
+  if (ctx.images) {
+    const server::image_options& io = ctx.images->options();
+    const vision::vision_hparams& hp = ctx.images->mmproj().hparams();
+    std::fprintf(stderr,
+                 "pagoda serve: images: %s (%s, %dx%d, %d tokens per chunk), at most %d per request, %s / %lld "
+                 "pixels / %d px a side each, encoded on %d thread(s) beside the engine%s%s%s%s\n",
+                 o.mmproj.c_str(), vision::projector_name(hp.projector), hp.image_size, hp.image_size,
+                 hp.n_output_tokens(), io.max_images,
+                 human_bytes(static_cast<double>(io.limits.max_bytes)).c_str(),
+                 static_cast<long long>(io.limits.max_pixels), io.limits.max_side, ctx.images->n_threads(),
+                 cfg.kv_image_type.empty() ? "" : ", KV type ", cfg.kv_image_type.c_str(),
+                 cfg.kv_image_policy.empty() ? "" : ", KV policy ", cfg.kv_image_policy.c_str());
+  }
   if (!o.cors_origins.empty())
     std::fprintf(stderr, "pagoda serve: CORS: pages from %s may call the API (--cors-origin)\n",
                  fmt::format("{}", fmt::join(o.cors_origins, ", ")).c_str());
@@ -161,6 +179,14 @@ int serve(serve_options o) {
   std::string warning;
   PAGODA_ASSIGN_OR_RETURN_CLI(server::api_context ctx, server::make_api_context(*model, cfg.max_model_len, aopts, &warning));
   if (!warning.empty()) std::fprintf(stderr, "pagoda serve: warning: %s\n", warning.c_str());
+  // Before the engine takes its pool: a wrong --mmproj stops the server at once.
+  std::unique_ptr<server::image_input> images;
+  if (!o.mmproj.empty()) {
+    server::image_options io = o.images;
+    io.n_threads = o.image_threads > 0 ? o.image_threads : o.engine.config.n_threads;
+    PAGODA_ASSIGN_OR_RETURN_CLI(images, server::image_input::open(o.mmproj, *model, io));
+    ctx.images = images.get();
+  }
   const server::server_options sopts = http_options(o);
 
   // Signals go to one waiting thread; block them before any thread starts so
@@ -305,6 +331,28 @@ void add_http_options(CLI::App* cmd, serve_options& o) {
           "ORIGIN"));
 }
 
+// Images in chat requests (server/image_input.h).
+void add_image_options(CLI::App* cmd, serve_options& o) {
+  vision::image_limits& l = o.images.limits;
+  cmd->add_option("--mmproj", o.mmproj,
+                  "FILE: llama.cpp's vision projector GGUF (idefics3/SmolVLM, gemma3) matching the model: chat requests may "
+                  "then carry image_url parts (data: URLs of PNG or JPEG)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--image-max-bytes", l.max_bytes,
+                  "largest image file (after base64 decoding); larger gets 400 (default 20 MiB; the body limits "
+                  "--max-body-bytes and --max-json-string-bytes apply to its data: URL first)")
+      ->check(CLI::Range(std::int64_t{1024}, std::int64_t{1} << 30));
+  cmd->add_option("--image-max-pixels", l.max_pixels, "largest image, width x height; larger gets 400 (default 4096 x 4096)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 28));
+  cmd->add_option("--image-max-side", l.max_side, "widest or tallest image in pixels; larger gets 400 (default 8192)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--max-images-per-request", o.images.max_images, "most image parts in one request; more gets 400 (default 8)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--image-threads", o.image_threads,
+                  "threads encoding images, beside the engine's (default: --threads); one image is encoded at a time")
+      ->check(CLI::Range(0, 1024));
+}
+
 void register_serve(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<serve_options>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)");
@@ -339,6 +387,7 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "65536 and the context)")
       ->check(CLI::Range(0, 1 << 24));
   add_http_options(cmd, *opts);
+  add_image_options(cmd, *opts);
   cmd->add_flag("--no-kv-store", opts->no_kv_store,
                 "keep KV blocks in memory only (default: a disk store at $XDG_CACHE_HOME/pagoda/kv or ~/.cache/pagoda/kv, "
                 "8 GiB; --kv-store picks another)");

@@ -8,6 +8,7 @@
 
 #include "server/bounded_json.h"
 #include "server/channel_call.h"
+#include "server/image_input.h"
 #include "server/openai_response.h"
 
 namespace pagoda::server {
@@ -30,6 +31,8 @@ class generate_call final : public channel_call {
 
   // Worker thread.
   void parse_and_submit();
+  // Worker thread, or the image thread for a body with images.
+  void submit_parsed(const json& body);
 
  private:
   // Strand.
@@ -55,6 +58,7 @@ class generate_call final : public channel_call {
 
   // Strand only.
   std::size_t n_finished_ = 0;
+  bool usage_counted_ = false;  // the image counters took this call's usage
 };
 
 void generate_call::parse_and_submit() {
@@ -62,8 +66,16 @@ void generate_call::parse_and_submit() {
   api_result<json> body = parse_bounded_json(req.body, env_.limits.json);
   req.drop_body();  // the budget's bytes go back as soon as the text is parsed
   if (!body.ok()) return ex_->post([self = self<generate_call>(), e = body.error] { self->fail(e); });
-  api_result<api_call> parsed = parse_request(kind_, *body.value, env_.ctx, tenant_);
-  body.value.reset();
+  if (kind_ == api_kind::chat && env_.image_thread && env_.ctx.images && has_image_parts(*body.value)) {
+    // Encoding takes long: the image thread does it, so the workers go on parsing text requests.
+    auto doc = std::make_shared<json>(std::move(*body.value));
+    return boost::asio::post(*env_.image_thread, [self = self<generate_call>(), doc] { self->submit_parsed(*doc); });
+  }
+  submit_parsed(*body.value);
+}
+
+void generate_call::submit_parsed(const json& body) {
+  api_result<api_call> parsed = parse_request(kind_, body, env_.ctx, tenant_);
   if (!parsed.ok()) return ex_->post([self = self<generate_call>(), e = parsed.error] { self->fail(e); });
   api_call& call = *parsed.value;
 
@@ -169,6 +181,10 @@ void generate_call::cancel() {
 void generate_call::record_usage() {
   if (!builder_) return;
   const request_usage& u = builder_->usage();
+  if (env_.ctx.images && !usage_counted_ && u.image_tokens > 0) {
+    env_.ctx.images->count_usage(u.image_tokens, u.cached_image_tokens);
+    usage_counted_ = true;
+  }
   ex_->prompt_tokens = u.prompt_tokens;
   ex_->cached_tokens = u.cached_tokens;
   ex_->completion_tokens = u.completion_tokens;

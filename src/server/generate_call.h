@@ -3,6 +3,8 @@
 //
 //   worker pool  bounded JSON parse, validation and tokenization (parse_request),
 //                then engine_loop::submit_async: no thread waits for the engine;
+//                a chat body with image parts goes on to the image thread,
+//                which parses it and encodes its images (image_input.h);
 //   engine       admits the requests; every event it pushes on the call's
 //                channel posts one drain to the connection's strand;
 //   strand       drains the channel: builds the response (non-streaming) or
@@ -33,6 +35,9 @@ struct generate_env {
   const http_limits& limits;
   std::atomic<std::uint64_t> next_id{0};
   std::uint64_t id_salt = 0;
+  // Where chat bodies with image parts are parsed and their images encoded
+  // (server/image_input.h); null: on the workers like the rest.
+  boost::asio::thread_pool* image_thread = nullptr;
 };
 
 // Starts answering `ex` (on its strand). `tenant` comes from the API key.

@@ -178,6 +178,7 @@ struct http_server::impl {
   asio::io_context ioc;
   asio::thread_pool workers;
   asio::thread_pool store_thread{1};  // waits on the KV store (kv_calls.h)
+  asio::thread_pool image_thread{1};  // parses chat bodies with images and encodes them (image_input.h)
   generate_env env;
   std::optional<kv_env> kv_calls;  // with kv
   // The server's own handlers (accept, stats, stop) run on this strand, so
@@ -210,6 +211,7 @@ struct http_server::impl {
         accept_retry(control),
         stop_timer(control) {
     env.id_salt = (static_cast<std::uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+    if (ctx.images) env.image_thread = &image_thread;
     if (kv) kv_calls.emplace(kv_env{env, *kv, store_thread});
     // The KV type(s) for access lines: the default class's, then each extra class's.
     const engine_snapshot snap = loop.snapshot();
@@ -478,6 +480,7 @@ void http_server::impl::route(const std::shared_ptr<http_exchange>& ex) {
     const engine_snapshot snap = loop.snapshot();
     r.body = render_metrics(snap, c, ctx.model_names.front());
     if (kv) r.body += kv->render_metrics(snap, ctx.model_names.front());
+    if (ctx.images) r.body += render_image_metrics(ctx.images->counters(), ctx.model_names.front());
     return ex->respond(std::move(r));
   }
   if (path == "/version") {
@@ -657,6 +660,7 @@ http_server::~http_server() {
   stop();
   impl_->workers.join();
   impl_->store_thread.join();
+  impl_->image_thread.join();
 }
 
 result<int> listen_on(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host, int port) {

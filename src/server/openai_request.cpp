@@ -13,6 +13,7 @@
 #include "core/clock.h"
 #include "policy/kv_policy.h"
 #include "spec/speculative.h"
+#include "server/image_input.h"
 #include "server/prompt_segments.h"
 #include "server/structured_output.h"
 #include "server/tool_calls.h"
@@ -387,6 +388,13 @@ std::vector<std::string> echo_texts(const json& body, const api_context& ctx, co
   return out;
 }
 
+// " (N of them images')" for a prompt with images, so a context error says where the tokens went.
+std::string images_note(const request& r) {
+  std::int64_t n = 0;
+  for (const image_span& s : r.images) n += s.n_tokens;
+  return n > 0 ? fmt::format(" ({} of them images')", n) : std::string();
+}
+
 // Sets max_tokens on each request and checks the prompt against the limits.
 maybe_error finish_requests(const json& body, const api_context& ctx, api_kind kind,
                             std::vector<std::vector<token_id>> prompts, const request& base, api_call& call) {
@@ -410,8 +418,9 @@ maybe_error finish_requests(const json& body, const api_context& ctx, api_kind k
     if (n_prompt == 0) return bad_request(prompt_param, "the prompt is empty");
     if (n_prompt > ctx.limits.max_prompt_tokens || n_prompt >= ctx.limits.max_model_len)
       return bad_request(prompt_param,
-                         fmt::format("the prompt is {} tokens, more than this server accepts ({} tokens, context {})",
-                                     n_prompt, std::min(ctx.limits.max_prompt_tokens, ctx.limits.max_model_len - 1),
+                         fmt::format("the prompt is {} tokens{}, more than this server accepts ({} tokens, context {})",
+                                     n_prompt, images_note(base), std::min(ctx.limits.max_prompt_tokens,
+                                                                           ctx.limits.max_model_len - 1),
                                      ctx.limits.max_model_len),
                          "context_length_exceeded");
     const std::int64_t room = ctx.limits.max_model_len - n_prompt;
@@ -420,10 +429,10 @@ maybe_error finish_requests(const json& body, const api_context& ctx, api_kind k
       if (n_prompt + *asked > ctx.limits.max_model_len && !streams)
         return bad_request(param,
                            fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
-                                       "tokens ({} in the {}, {} in the completion). Please reduce the length of the {} "
-                                       "or completion.",
-                                       ctx.limits.max_model_len, n_prompt + *asked, n_prompt, prompt_param, *asked,
-                                       prompt_param),
+                                       "tokens ({} in the {}{}, {} in the completion). Please reduce the length of the "
+                                       "{} or completion.",
+                                       ctx.limits.max_model_len, n_prompt + *asked, n_prompt, prompt_param,
+                                       images_note(base), *asked, prompt_param),
                            "context_length_exceeded");
       max_tokens = *asked;
     } else {
@@ -456,6 +465,88 @@ maybe_error segments_of(const api_context& ctx, const std::string& text, std::sp
   auto placed = place_segments(*ctx.vocab, ctx.vocab->add_bos_default(), text, prompt, pieces);
   if (!placed.ok()) return std::move(placed.error);
   base.segments = std::move(*placed.value);
+  return {};
+}
+
+// A chat image_url part, read and not yet encoded.
+struct pending_image {
+  std::vector<std::uint8_t> bytes;  // the file (PNG or JPEG)
+  kv_choice kv;                     // the part's own "kv"
+  std::string param;                // "messages[1].content[0]"
+};
+
+// The prompt of a chat with images: the rendered text split at the media
+// markers (one per image, in order), each piece tokenized (BOS before the
+// first only, special tokens parsed), each marker replaced by its image's
+// prompt part. The text parts' KV choices are placed within the piece that
+// holds them, so no segment overlaps an image.
+maybe_error image_prompt(const api_context& ctx, const std::string& text, std::span<const text_piece> pieces,
+                         std::span<const pending_image> images, std::vector<token_id>& prompt, request& base) {
+  std::vector<std::size_t> marks;
+  for (std::size_t at = text.find(k_media_marker); at != std::string::npos;
+       at = text.find(k_media_marker, at + k_media_marker.size()))
+    marks.push_back(at);
+  if (marks.size() != images.size())
+    return bad_request("messages", fmt::format("the prompt holds {} image markers \"{}\" for {} images: the marker "
+                                               "stands for an image part and may not appear in text",
+                                               marks.size(), k_media_marker, images.size()));
+  const auto n_kv = std::count_if(pieces.begin(), pieces.end(), [](const text_piece& p) { return p.kv.any(); });
+  if (n_kv + static_cast<std::int64_t>(images.size()) > k_max_kv_parts)
+    return bad_request("messages", fmt::format("{} parts of this request carry a KV policy or type or are images; at "
+                                               "most {} may", n_kv + static_cast<std::int64_t>(images.size()),
+                                               k_max_kv_parts));
+  // The text between the markers, tokenized; the text alone must leave room
+  // for the images (checked again with them, after encoding).
+  std::vector<std::string> texts;
+  std::vector<std::vector<token_id>> ids;
+  std::size_t from = 0, n_text_tokens = 0;
+  for (std::size_t i = 0; i <= marks.size(); ++i) {
+    const std::size_t end = i < marks.size() ? marks[i] : text.size();
+    texts.push_back(text.substr(from, end - from));
+    ids.push_back(ctx.vocab->encode(texts.back(), i == 0 && ctx.vocab->add_bos_default(), /*parse_special=*/true));
+    n_text_tokens += ids.back().size();
+    from = end + k_media_marker.size();
+  }
+  if (static_cast<std::int64_t>(n_text_tokens) >= ctx.limits.max_model_len)
+    return bad_request("messages", fmt::format("the text alone is {} tokens, more than the context ({}) holds with "
+                                               "images", n_text_tokens, ctx.limits.max_model_len),
+                       "context_length_exceeded");
+  // Each text part goes to the piece of text it is found in (in order, as place_segments finds them).
+  std::vector<std::vector<text_piece>> piece_of(texts.size());
+  from = 0;
+  for (const text_piece& p : pieces) {
+    const std::size_t at = p.text.empty() ? from : text.find(p.text, from);
+    if (at == std::string::npos) continue;  // place_segments names it below, in its piece
+    from = at + p.text.size();
+    const auto k = static_cast<std::size_t>(std::upper_bound(marks.begin(), marks.end(), at) - marks.begin());
+    piece_of[k].push_back(p);
+  }
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    if (i > 0) {
+      const pending_image& img = images[i - 1];
+      auto part = ctx.images->encode(img.bytes);
+      if (!part.ok()) return from_status(part.error(), img.param + ".image_url.url");
+      const auto offset = static_cast<std::int32_t>(prompt.size());
+      prompt.insert(prompt.end(), part->tokens.begin(), part->tokens.end());
+      for (image_span& s : part->spans) {
+        s.begin += offset;
+        s.kv_type = img.kv.type;
+        s.kv_policy = img.kv.policy;
+        base.images.push_back(std::move(s));
+      }
+    }
+    const auto offset = static_cast<std::int32_t>(prompt.size());
+    if (std::any_of(piece_of[i].begin(), piece_of[i].end(), [](const text_piece& p) { return p.kv.any(); })) {
+      auto placed = place_segments(*ctx.vocab, i == 0 && ctx.vocab->add_bos_default(), texts[i], ids[i], piece_of[i]);
+      if (!placed.ok()) return std::move(placed.error);
+      for (prompt_segment& seg : *placed.value) {
+        seg.begin += offset;
+        seg.end += offset;
+        base.segments.push_back(std::move(seg));
+      }
+    }
+    prompt.insert(prompt.end(), ids[i].begin(), ids[i].end());
+  }
   return {};
 }
 
@@ -532,11 +623,48 @@ maybe_error parse_prompts(const json& body, const api_context& ctx, std::vector<
   return {};
 }
 
+// An image_url content part, decoded to its file's bytes (the URL checked,
+// base64 decoded, the size limit applied; the image itself is decoded when
+// encoded). Its KV type and policy are its own `kv`'s only: the message's
+// `kv` and kv_policy_by_role apply to text, and an image without its own
+// follows the server's --kv-image-type / --kv-image-policy.
+maybe_error read_image_part(const json& part, const std::string& pname, const api_context& ctx,
+                            std::vector<pending_image>& images) {
+  if (!ctx.images)
+    return bad_request(pname + ".type", "content parts of type \"image_url\" need a vision projector: this server was "
+                                        "started without --mmproj, so it takes text only");
+  const auto iu = part.find("image_url");
+  const std::string uname = pname + ".image_url.url";
+  const json* url = nullptr;
+  if (iu != part.end() && iu->is_string()) url = &*iu;  // a bare URL, as some clients send it
+  else if (iu != part.end() && iu->is_object() && iu->contains("url")) url = &(*iu)["url"];
+  if (!url || !url->is_string())
+    return bad_request(uname, "an image_url part needs \"image_url\": {\"url\": \"data:image/png;base64,...\"}");
+  const int most = ctx.images->options().max_images;
+  if (static_cast<int>(images.size()) >= most) {
+    ctx.images->count_refused();
+    return bad_request(pname, fmt::format("more than {} images in one request; this server takes at most {} "
+                                          "(--max-images-per-request)", most, most));
+  }
+  auto bytes = vision::image_url_bytes(url->get_ref<const std::string&>(), ctx.images->options().limits);
+  if (!bytes.ok()) {
+    ctx.images->count_refused();
+    return bad_request(uname, bytes.error().message());
+  }
+  pending_image img{std::move(*bytes), {}, pname};
+  PAGODA_API_TRY(read_kv_object(part, pname, img.kv));
+  if (img.kv.reuse_chunk)
+    return bad_request(pname + ".kv.reuse", "an image part cannot be reused as a chunk; its KV is prefix-cached by "
+                                            "the image's content already");
+  images.push_back(std::move(img));
+  return {};
+}
+
 // messages[i].content: a string, or an array of {"type": "text", "text": ...} parts (joined by newlines).
 // Each part (or the whole string) is a piece of text with the message's KV
 // policy, or its own (`kv`).
 maybe_error parse_content(const json& c, const std::string& name, std::string& out, const kv_choice& kv,
-                          std::vector<text_piece>& pieces) {
+                          std::vector<text_piece>& pieces, const api_context& ctx, std::vector<pending_image>& images) {
   if (c.is_string()) {
     out = c.get<std::string>();
     pieces.push_back({out, kv, name});
@@ -549,9 +677,16 @@ maybe_error parse_content(const json& c, const std::string& name, std::string& o
     if (!part.is_object()) return type_error(pname, "an object", part);
     auto type = part.find("type");
     if (type == part.end() || !type->is_string()) return bad_request(pname + ".type", "a content part needs a 'type'");
+    if (*type == "image_url") {
+      PAGODA_API_TRY(read_image_part(part, pname, ctx, images));
+      if (!out.empty()) out += '\n';
+      out += k_media_marker;
+      continue;
+    }
     if (*type != "text")
-      return bad_request(pname + ".type", fmt::format("content parts of type {} are not supported; this model takes text",
-                                                      excerpt(*type)));
+      return bad_request(pname + ".type",
+                         fmt::format("content parts of type {} are not supported; this model takes text{}",
+                                     excerpt(*type), ctx.images ? " and image_url" : ""));
     auto t = part.find("text");
     if (t == part.end() || !t->is_string())
       return bad_request(pname + ".text", "a text part needs 'text' to be a string");
@@ -583,7 +718,7 @@ maybe_error read_policies_by_role(const json& body, std::map<std::string, std::s
 }
 
 maybe_error parse_messages(const json& body, const api_context& ctx, std::vector<chat_message>& out,
-                           std::vector<text_piece>& pieces) {
+                           std::vector<text_piece>& pieces, std::vector<pending_image>& images) {
   std::map<std::string, std::string> by_role;
   PAGODA_API_TRY(read_policies_by_role(body, by_role));
   const json* m = field(body, "messages");
@@ -612,7 +747,7 @@ maybe_error parse_messages(const json& body, const api_context& ctx, std::vector
     PAGODA_API_TRY(read_kv_object(msg, name, kv));
     auto content = msg.find("content");
     if (content != msg.end() && !content->is_null())
-      PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, kv, pieces));
+      PAGODA_API_TRY(parse_content(*content, name + ".content", cm.content, kv, pieces, ctx, images));
     else if (r != "assistant") return bad_request(name + ".content", "'content' is required");
     PAGODA_API_TRY(read_message_tools(msg, name, ctx.chat, cm));
     total_bytes += cm.content.size();
@@ -638,6 +773,19 @@ maybe_error force_tool_calls(const tool_request& tools, request& base) {
 
 }  // namespace
 
+bool has_image_parts(const json& body) {
+  const json* m = body.is_object() ? field(body, "messages") : nullptr;
+  if (!m || !m->is_array()) return false;
+  for (const json& msg : *m) {
+    if (!msg.is_object()) continue;
+    const auto c = msg.find("content");
+    if (c == msg.end() || !c->is_array()) continue;
+    for (const json& part : *c)
+      if (part.is_object() && part.contains("type") && part["type"] == "image_url") return true;
+  }
+  return false;
+}
+
 api_result<api_call> parse_request(api_kind kind, const json& body, const api_context& ctx, const std::string& tenant) {
   if (!body.is_object()) return bad_request("", "the request body must be a JSON object");
   api_call call;
@@ -651,17 +799,22 @@ api_result<api_call> parse_request(api_kind kind, const json& body, const api_co
   } else {
     std::vector<chat_message> messages;
     std::vector<text_piece> pieces;
+    std::vector<pending_image> images;
     auto tools = std::make_shared<tool_request>();
     PAGODA_API_TRY(read_tools(body, ctx.chat, *tools));
-    PAGODA_API_TRY(parse_messages(body, ctx, messages, pieces));
+    PAGODA_API_TRY(parse_messages(body, ctx, messages, pieces, images));
     bool add_generation_prompt = true;  // vLLM's extension
     PAGODA_API_TRY(read_bool(body, "add_generation_prompt", add_generation_prompt));
     PAGODA_API_TRY(force_tool_calls(*tools, base));
     if (tools->active()) call.tools = tools;
     auto text = render_chat(ctx.chat, messages, ctx.chat_tokens, add_generation_prompt, prompt_tools(*tools));
     if (!text.ok()) return from_status(text.error(), "messages");
-    prompts.push_back(encode_text(ctx, *text));
-    PAGODA_API_TRY(segments_of(ctx, *text, prompts.back(), pieces, base));
+    if (images.empty()) {
+      prompts.push_back(encode_text(ctx, *text));
+      PAGODA_API_TRY(segments_of(ctx, *text, prompts.back(), pieces, base));
+    } else {
+      PAGODA_API_TRY(image_prompt(ctx, *text, pieces, images, prompts.emplace_back(), base));
+    }
   }
   PAGODA_API_TRY(finish_requests(body, ctx, kind, std::move(prompts), base, call));
   if (call.echo) call.echo_texts = echo_texts(body, ctx, call.requests);

@@ -21,6 +21,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -33,6 +34,7 @@
 namespace pagoda::server {
 
 struct tool_request;  // server/tool_calls.h
+class image_input;   // server/image_input.h
 
 // Limits a request must stay within (the server's flags).
 struct api_limits {
@@ -71,6 +73,10 @@ struct api_context {
   // follows it, and a streaming window (policy/streaming.h) lifts the context
   // limit on max_tokens.
   std::string default_kv_policy;
+  // The vision tower (`--mmproj`), which turns chat `image_url` parts into
+  // image prompt parts; null: an image part is a 400 saying so.
+  // REQUIRES: outlives the context's users.
+  image_input* images = nullptr;
 };
 
 enum class api_kind { completion, chat };
@@ -99,7 +105,23 @@ struct api_call {
 // /v1/chat/completions (kind chat: `messages`, rendered with ctx.chat).
 // `body` is the parsed JSON body; `tenant` comes from the API key. Sampling
 // without a seed draws a fresh one, so every request is seeded.
+//
+// Chat `image_url` parts (with ctx.images): each part is replaced by the
+// media marker "<__media__>" in its message's content (parts joined by
+// newlines, as text parts are), the messages are rendered by the chat
+// template, the text is tokenized between the markers and each marker is
+// replaced by the image's prompt part (vision::make_image_part: markers,
+// placeholders, one image span per chunk), as llama.cpp's server does. The
+// images are encoded here, on the calling thread (the server calls it on its
+// image thread when has_image_parts).
 api_result<api_call> parse_request(api_kind kind, const nlohmann::json& body, const api_context& ctx,
                                    const std::string& tenant);
+
+// Whether a chat body has a content part of type "image_url" (cheap: the
+// server routes such bodies to its image thread).
+bool has_image_parts(const nlohmann::json& body);
+
+// The text a chat template sees in place of an image part.
+inline constexpr std::string_view k_media_marker = "<__media__>";
 
 }  // namespace pagoda::server

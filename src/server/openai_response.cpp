@@ -53,6 +53,8 @@ void response_builder::add(int prompt_index, const engine_event& e) {
     usage_.completion_tokens += e.usage.completion_tokens;
     usage_.cached_tokens += e.usage.cached_tokens;
     usage_.reused_chunk_tokens += e.usage.reused_chunk_tokens;
+    usage_.image_tokens += e.usage.image_tokens;
+    usage_.cached_image_tokens += e.usage.cached_image_tokens;
     usage_.kv_tokens_seen += e.usage.kv_tokens_seen;
     usage_.kv_tokens_kept += e.usage.kv_tokens_kept;
     usage_.kv_prompt_tokens_visible += e.usage.kv_prompt_tokens_visible;
@@ -72,6 +74,12 @@ json response_builder::usage_json() const {
             {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens}}}};
   // Pagoda's: prompt tokens whose KV came from reused chunks (apart from the prefix cache's).
   if (usage_.reused_chunk_tokens > 0) u["prompt_tokens_details"]["reused_chunk_tokens"] = usage_.reused_chunk_tokens;
+  // Pagoda's, with images: the prompt tokens that are images' rows (part of
+  // prompt_tokens) and of them those served from the prefix cache (part of cached_tokens).
+  if (usage_.image_tokens > 0) {
+    u["prompt_tokens_details"]["image_tokens"] = usage_.image_tokens;
+    u["prompt_tokens_details"]["cached_image_tokens"] = usage_.cached_image_tokens;
+  }
   // Pagoda's, with an evicting KV policy: the tokens the completions computed
   // and how many of them their KV keeps (docs/policies.md, "Exact budgets").
   if (usage_.kv_tokens_seen > 0) {

@@ -286,4 +286,20 @@ std::string render_store_metrics(const store_metrics& m, const std::string& mode
   return w.take();
 }
 
+std::string render_image_metrics(const image_counters& c, const std::string& model_name) {
+  writer w(model_name);
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  w.metric("pagoda:images_encoded_total", "counter", "Images encoded by the vision tower (--mmproj).", d(c.n_encoded));
+  w.metric("pagoda:images_refused_total", "counter",
+           "Image parts refused: not a data: URL, bad base64, not PNG or JPEG, corrupt, over a limit, too many.",
+           d(c.n_refused));
+  w.metric("pagoda:image_encode_seconds_total", "counter",
+           "Seconds spent turning images into embeddings (decoding, preprocessing, the vision tower).", c.encode_seconds);
+  w.metric("pagoda:image_prompt_tokens_total", "counter", "Prompt tokens that were images' rows, in answered requests.",
+           d(c.n_image_tokens));
+  w.metric("pagoda:image_prompt_tokens_cached_total", "counter",
+           "Of those, tokens served from the prefix cache (the same image seen before).", d(c.n_cached_image_tokens));
+  return w.take();
+}
+
 }  // namespace pagoda::server

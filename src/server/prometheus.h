@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "sched/engine_loop.h"
+#include "server/image_input.h"
 
 namespace pagoda::server {
 
@@ -54,6 +55,13 @@ struct store_metrics {
   std::int64_t queue_blocks = 0, dropped = 0, write_errors = 0, corrupt = 0, forged = 0, load_misses = 0;
 };
 std::string render_store_metrics(const store_metrics& m, const std::string& model_name);
+
+// Images (`serve --mmproj`, image_input.h):
+//   pagoda:images_encoded_total, pagoda:images_refused_total          counters
+//   pagoda:image_encode_seconds_total                                 counter (decoding included)
+//   pagoda:image_prompt_tokens_total, pagoda:image_prompt_tokens_cached_total
+//                                                                     counters, tokens of answered requests
+std::string render_image_metrics(const image_counters& c, const std::string& model_name);
 
 // A label value with \, " and newlines escaped.
 std::string escape_label(std::string_view v);

@@ -119,6 +119,19 @@ TEST(cli_vision, run_refuses_bad_images_and_mismatched_files) {
   std::remove(a.c_str());
 }
 
+// `serve --mmproj` checks the pair before it takes a pool or a port: an
+// mmproj of another width, or not an mmproj at all, stops it with the flag named.
+TEST(cli_vision, serve_refuses_an_mmproj_that_does_not_match) {
+  const vision_files f;
+  const cli_result mismatch = run_cli("serve -m " + model_path() + " --mmproj " + f.mmproj + " --no-kv-store --port 0");
+  EXPECT_NE(mismatch.exit_code, 0);
+  EXPECT_NE(mismatch.err.find("--mmproj " + f.mmproj + ": the mmproj does not match the model"), std::string::npos)
+      << mismatch.err;
+  const cli_result text = run_cli("serve -m " + f.text + " --mmproj " + f.text + " --no-kv-store --port 0");
+  EXPECT_NE(text.exit_code, 0);
+  EXPECT_NE(text.err.find("--mmproj " + f.text), std::string::npos) << text.err;
+}
+
 TEST(cli_vision, info_describes_the_vision_tower) {
   const vision_files f;
   const cli_result r = run_cli("info -m " + f.text + " --mmproj " + f.mmproj + " --kv-image-type int8");

@@ -46,14 +46,7 @@ constexpr int k_n_vocab = 512;
 constexpr int k_chunk_tokens = 16;  // embeddings per image chunk (one 64x64 slice)
 const std::vector<token_id> k_prompt{1, 300, 301, 302};  // the oracle's prompt (prompt.txt)
 
-const llama_model& text_model() {
-  static const std::unique_ptr<llama_model> m = [] {
-    auto r = llama_model::load(vision_dir() + "/text-tiny-F32.gguf");
-    EXPECT_TRUE(r.ok()) << r.error().message();
-    return std::move(*r);
-  }();
-  return *m;
-}
+const llama_model& text_model() { return test::vision_text_model(); }
 
 // Image `name`'s rows as mtmd encoded them: its first n_chunks chunks.
 std::vector<float> image_rows(const std::string& name, int n_chunks) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,16 @@
 namespace pagoda::test {
 
 inline std::string vision_dir() { return std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/vision"; }
+
+// text-tiny-F32, the idefics3 oracle's text model, loaded once (the server's image tests use it too).
+inline const llama_model& vision_text_model() {
+  static const std::unique_ptr<llama_model> m = [] {
+    auto r = llama_model::load(vision_dir() + "/text-tiny-F32.gguf");
+    EXPECT_TRUE(r.ok()) << r.error().message();
+    return std::move(*r);
+  }();
+  return *m;
+}
 
 inline std::vector<float> read_f32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -68,11 +68,12 @@ TEST(openai_sdk, node_client_suite) {
       << ": run scripts/install-deps.sh (or scripts/install-node-test-deps.sh) first";
   const std::string model = std::string(PAGODA_SOURCE_DIR) + "/models/stories260K.gguf";
   shell_result run = shell("cd " + quote(dir.string()) + " && PAGODA_CLI=" + quote(fs::absolute(PAGODA_CLI).string()) +
-                           " PAGODA_MODEL=" + quote(model) +
+                           " PAGODA_MODEL=" + quote(model) + " PAGODA_VISION_DIR=" +
+                           quote(std::string(PAGODA_SOURCE_DIR) + "/tests/data/oracle/vision") +
                            " timeout 300 node --test --test-reporter=spec openai_sdk.test.mjs");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   // The suite's own count, so a run that silently found no tests fails too.
-  EXPECT_NE(run.output.find("pass 31\n"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("pass 32\n"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("fail 0\n"), std::string::npos) << run.output;
 }
 

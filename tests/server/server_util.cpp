@@ -162,6 +162,7 @@ test_server::test_server(server_setup setup, const llama_model& model) {
     ADD_FAILURE() << ctx.error().message();
     return;
   }
+  ctx->images = setup.images;
   if (setup.kv_store) {
     std::vector<std::unique_ptr<block_store>> tiers;
     tiers.push_back(make_memory_store());

@@ -21,6 +21,7 @@
 #include "sched/engine_loop.h"
 #include "server/api_setup.h"
 #include "server/http_server.h"
+#include "server/image_input.h"
 #include "server/kv_admin.h"
 #include "store/warehouse.h"
 
@@ -84,6 +85,8 @@ struct server_setup {
   // A step_gate in front of the runner (test_server::gate(); opened before
   // the server stops, so a failed test cannot leave the engine held).
   bool step_gate = false;
+  // The vision tower (`serve --mmproj`), owned by the test; null: text only.
+  server::image_input* images = nullptr;
 };
 
 // f32 KV (batch-invariant greedy results), 1 thread, context 512.

@@ -1,7 +1,9 @@
 // `pagoda serve` driven by the official OpenAI Node SDK (npm package `openai`).
 //
 // Run by tests/server/openai_sdk_test.cpp, which installs the package and sets
-// PAGODA_CLI (the pagoda binary) and PAGODA_MODEL (stories260K). This file
+// PAGODA_CLI (the pagoda binary), PAGODA_MODEL (stories260K) and
+// PAGODA_VISION_DIR (tests/data/oracle/vision: a tiny model and its mmproj,
+// for the image flow). This file
 // starts the server itself on a free loopback port (--port 0) with one global
 // key and two tenants, and stops it at the end; the tool-calling flows start
 // one server per chat template family (--chat-template) the same way.
@@ -11,11 +13,13 @@ import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { crc32, deflateSync } from 'node:zlib';
 import OpenAI from 'openai';
 
 const cli = process.env.PAGODA_CLI;
 const modelPath = process.env.PAGODA_MODEL;
-if (!cli || !modelPath) throw new Error('set PAGODA_CLI and PAGODA_MODEL');
+const visionDir = process.env.PAGODA_VISION_DIR;
+if (!cli || !modelPath || !visionDir) throw new Error('set PAGODA_CLI, PAGODA_MODEL and PAGODA_VISION_DIR');
 
 const GLOBAL_KEY = 'sk-pagoda-global';
 const ALICE_KEY = 'sk-pagoda-alice';
@@ -525,5 +529,75 @@ describe('tools without a tool format', () => {
       (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools');
     const r = await client().chat.completions.create({ ...params, tool_choice: 'none' });
     assert.equal(typeof r.choices[0].message.content, 'string');
+  });
+});
+
+// An RGB PNG of w x h pixels whose values depend on seed (zlib's deflate and CRC-32).
+function png(w, h, seed) {
+  const chunk = (type, data) => {
+    const body = Buffer.concat([Buffer.from(type, 'latin1'), data]);
+    const out = Buffer.alloc(body.length + 8);
+    out.writeUInt32BE(data.length, 0);
+    body.copy(out, 4);
+    out.writeUInt32BE(crc32(body), body.length + 4);
+    return out;
+  };
+  const ihdr = Buffer.alloc(13);
+  ihdr.writeUInt32BE(w, 0);
+  ihdr.writeUInt32BE(h, 4);
+  ihdr[8] = 8;  // bits per sample
+  ihdr[9] = 2;  // RGB
+  const rows = Buffer.alloc(h * (1 + 3 * w));
+  for (let y = 0; y < h; ++y)
+    for (let i = 0; i < 3 * w; ++i) rows[y * (1 + 3 * w) + 1 + i] = (i * 7 + y * 13 + seed * 131) & 0xff;
+  return Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]), chunk('IHDR', ihdr),
+    chunk('IDAT', deflateSync(rows)), chunk('IEND', Buffer.alloc(0))]);
+}
+
+// Images in chat (docs/serving.md, "Images"): a tiny model and its idefics3
+// mmproj, the image sent as the SDK's image_url content part.
+describe('images', () => {
+  let proc;
+  let url;
+  let log = '';
+  const vc = () => new OpenAI({ apiKey: 'none', baseURL: `${url}/v1`, maxRetries: 0, timeout: 60000 });
+
+  before(async () => {
+    proc = spawn(cli, ['serve', '-m', join(visionDir, 'text-tiny-F32.gguf'), '--mmproj',
+      join(visionDir, 'mmproj-idefics3-F32.gguf'), '--host', '127.0.0.1', '--port', '0', '--ctx', '512', '--threads', '1',
+      '--no-kv-store'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    proc.stderr.on('data', (d) => { log += d; });
+    url = await launch(proc, () => log);
+  });
+  after(async () => { await stop(proc); });
+
+  test('an image_url part is answered; the same image again is cached, another is not', async () => {
+    const ask = (image) => vc().chat.completions.create({
+      model: 'text-tiny-F32', max_tokens: 8, temperature: 0,
+      messages: [{
+        role: 'user',
+        content: [
+          { type: 'image_url', image_url: { url: `data:image/png;base64,${image.toString('base64')}` } },
+          { type: 'text', text: 'What is in this image?' },
+        ],
+      }],
+    });
+    const a = png(64, 64, 1);
+    const first = await ask(a);
+    assert.equal(typeof first.choices[0].message.content, 'string');
+    assert.ok(first.usage.completion_tokens > 0);
+    const n = first.usage.prompt_tokens_details.image_tokens;
+    assert.ok(n > 0, JSON.stringify(first.usage));
+    assert.equal(first.usage.prompt_tokens_details.cached_image_tokens, 0);
+    const second = await ask(a);
+    assert.equal(second.usage.prompt_tokens_details.image_tokens, n);
+    assert.ok(second.usage.prompt_tokens_details.cached_image_tokens > 0, JSON.stringify(second.usage));
+    assert.equal(second.choices[0].message.content, first.choices[0].message.content);
+    const other = await ask(png(64, 64, 2));
+    assert.equal(other.usage.prompt_tokens_details.cached_image_tokens, 0);
+    await assert.rejects(vc().chat.completions.create({
+      model: 'text-tiny-F32', max_tokens: 4,
+      messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'https://example.com/a.png' } }] }],
+    }), (e) => e instanceof OpenAI.BadRequestError && /network/.test(e.message));
   });
 });
