@@ -55,6 +55,7 @@ struct serve_options {
   std::string mmproj;
   server::image_options images;
   int image_threads = 0;  // 0: the engine's --threads
+  int image_cache_mb = 64;  // --image-cache-mb
 };
 
 // The keys from --api-key, $PAGODA_API_KEY, --api-key-file and --tenants; the
@@ -184,6 +185,7 @@ int serve(serve_options o) {
   if (!o.mmproj.empty()) {
     server::image_options io = o.images;
     io.n_threads = o.image_threads > 0 ? o.image_threads : o.engine.config.n_threads;
+    io.cache_bytes = static_cast<std::size_t>(o.image_cache_mb) << 20;
     PAGODA_ASSIGN_OR_RETURN_CLI(images, server::image_input::open(o.mmproj, *model, io));
     ctx.images = images.get();
   }
@@ -348,6 +350,10 @@ void add_image_options(CLI::App* cmd, serve_options& o) {
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--max-images-per-request", o.images.max_images, "most image parts in one request; more gets 400 (default 8)")
       ->check(CLI::Range(1, 256));
+  cmd->add_option("--image-cache-mb", o.image_cache_mb,
+                  "MiB of encoder outputs kept by image bytes (LRU), so a repeated image is not encoded again; 0: none "
+                  "(default 64)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--image-threads", o.image_threads,
                   "threads encoding images, beside the engine's (default: --threads); one image is encoded at a time")
       ->check(CLI::Range(0, 1024));

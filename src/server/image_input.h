@@ -13,10 +13,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 
 #include "core/thread_pool.h"
 #include "model/llama.h"
@@ -32,11 +34,17 @@ struct image_options {
   vision::image_limits limits;
   int max_images = 8;  // image parts in one request
   int n_threads = 0;   // encoder threads; <= 0: every hardware thread
+  // Encoder outputs kept by the image's bytes (LRU, their embedding rows'
+  // bytes counted), so the same image again is neither decoded nor encoded:
+  // its prompt part is the same, and its KV then comes from the prefix cache.
+  // 0: nothing kept.
+  std::size_t cache_bytes = std::size_t{64} << 20;
 };
 
 // What /metrics shows of images (prometheus.h, render_image_metrics).
 struct image_counters {
   std::int64_t n_encoded = 0;              // images encoded
+  std::int64_t n_cache_hits = 0;           // images whose encoder output was kept (not encoded again)
   std::int64_t n_refused = 0;              // image parts refused (bad URL, bytes, format, size)
   double encode_seconds = 0;               // spent in the encoder, decoding included
   std::int64_t n_image_tokens = 0;         // prompt tokens of images in answered requests
@@ -56,9 +64,9 @@ class image_input {
   const vision::mmproj& mmproj() const { return *mmproj_; }
 
   // The image's prompt part (markers, placeholders, spans with their rows),
-  // from its file bytes. errc::invalid_argument / out_of_range for an image
-  // that does not decode or is over a limit. Safe from any thread (encodes
-  // are serialized).
+  // from its file bytes, or a copy of the one kept for the same bytes.
+  // errc::invalid_argument / out_of_range for an image that does not decode
+  // or is over a limit. Safe from any thread (encodes are serialized).
   result<vision::image_part> encode(std::span<const std::uint8_t> bytes);
 
   // Counts an image part refused before encoding.
@@ -73,9 +81,30 @@ class image_input {
   std::unique_ptr<vision::mmproj> mmproj_;
   const llama_model& model_;
   image_options opts_;
-  std::mutex encode_mu_;  // the pool runs one job at a time
+  // The encoder output cache: newest first; keyed by the bytes' 128-bit
+  // XXH3 and their length (a collision would need both to agree).
+  struct cache_key {
+    std::uint64_t low = 0, high = 0, size = 0;
+    bool operator==(const cache_key&) const = default;
+  };
+  struct cache_key_hash {
+    std::size_t operator()(const cache_key& k) const { return static_cast<std::size_t>(k.low ^ (k.high * 31)); }
+  };
+  struct cache_entry {
+    cache_key key;
+    vision::image_part part;
+    std::size_t bytes = 0;
+  };
+  static cache_key key_of(std::span<const std::uint8_t> bytes);
+  void keep(const cache_key& key, const vision::image_part& part);
+
+  std::mutex encode_mu_;  // the pool runs one job at a time; guards the cache too
   thread_pool pool_;
-  std::atomic<std::int64_t> n_encoded_{0}, n_refused_{0}, encode_us_{0}, n_image_tokens_{0}, n_cached_image_tokens_{0};
+  std::list<cache_entry> cache_;
+  std::unordered_map<cache_key, std::list<cache_entry>::iterator, cache_key_hash> cache_index_;
+  std::size_t cache_used_ = 0;
+  std::atomic<std::int64_t> n_encoded_{0}, n_refused_{0}, encode_us_{0}, n_image_tokens_{0}, n_cached_image_tokens_{0},
+      n_cache_hits_{0};
 };
 
 }  // namespace pagoda::server

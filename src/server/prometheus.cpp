@@ -290,6 +290,10 @@ std::string render_image_metrics(const image_counters& c, const std::string& mod
   writer w(model_name);
   const auto d = [](std::int64_t v) { return static_cast<double>(v); };
   w.metric("pagoda:images_encoded_total", "counter", "Images encoded by the vision tower (--mmproj).", d(c.n_encoded));
+  w.metric("pagoda:image_encode_cache_hits_total", "counter",
+           "Images whose encoder output was kept from an earlier request with the same bytes (--image-cache-mb): not "
+           "encoded again.",
+           d(c.n_cache_hits));
   w.metric("pagoda:images_refused_total", "counter",
            "Image parts refused: not a data: URL, bad base64, not PNG or JPEG, corrupt, over a limit, too many.",
            d(c.n_refused));

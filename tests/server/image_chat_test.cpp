@@ -198,11 +198,58 @@ TEST(image_chat, the_same_image_is_cached_another_misses) {
   EXPECT_GT(details(other)["cached_tokens"].get<int>(), 0) << "the text before the image still hits";
 
   const auto m = vs.server->metrics();
-  EXPECT_EQ(metric(m, "pagoda:images_encoded_total"), 3);
+  EXPECT_EQ(metric(m, "pagoda:images_encoded_total"), 2) << "the repeated image's encoder output was kept";
+  EXPECT_EQ(metric(m, "pagoda:image_encode_cache_hits_total"), 1);
   EXPECT_EQ(metric(m, "pagoda:image_prompt_tokens_total"), 3 * n_image);
   EXPECT_EQ(metric(m, "pagoda:image_prompt_tokens_cached_total"), n_image);
   EXPECT_GT(metric(m, "pagoda:image_encode_seconds_total"), 0);
   EXPECT_EQ(metric(m, "pagoda:images_refused_total"), 0);
+}
+
+// The encoder output cache: the same bytes give a copy of the same prompt
+// part without encoding; the oldest entry goes when the budget is passed; 0
+// keeps nothing.
+TEST(image_chat, encoder_outputs_are_kept_by_bytes_within_the_budget) {
+  const std::vector<std::uint8_t> a = png(64, 64, 1), b = png(64, 64, 2);
+  const auto open = [](std::size_t cache_bytes) {
+    server::image_options io;
+    io.n_threads = 1;
+    io.cache_bytes = cache_bytes;
+    auto opened = server::image_input::open(vision_dir() + "/mmproj-idefics3-F32.gguf", text_model(), io);
+    EXPECT_TRUE(opened.ok());
+    return std::move(*opened);
+  };
+  const auto same = [](const vision::image_part& x, const vision::image_part& y) {
+    if (x.tokens != y.tokens || x.spans.size() != y.spans.size()) return false;
+    for (std::size_t i = 0; i < x.spans.size(); ++i)
+      if (x.spans[i].embeddings != y.spans[i].embeddings || x.spans[i].content_hash != y.spans[i].content_hash)
+        return false;
+    return true;
+  };
+  auto big = open(std::size_t{64} << 20);
+  auto first = big->encode(a);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(big->encode(b).ok());
+  auto again = big->encode(a);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(same(*first, *again));
+  EXPECT_EQ(big->counters().n_encoded, 2);
+  EXPECT_EQ(big->counters().n_cache_hits, 1);
+
+  // Room for one image's rows: b pushes a out.
+  std::size_t one = first->tokens.size() * sizeof(token_id);
+  for (const image_span& s : first->spans) one += s.embeddings.size() * sizeof(float);
+  auto small = open(one);
+  for (const auto* img : {&a, &b, &a}) ASSERT_TRUE(small->encode(*img).ok());
+  EXPECT_EQ(small->counters().n_encoded, 3);
+  EXPECT_EQ(small->counters().n_cache_hits, 0);
+  ASSERT_TRUE(small->encode(a).ok());
+  EXPECT_EQ(small->counters().n_cache_hits, 1) << "a is the newest entry now";
+
+  auto none = open(0);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(none->encode(a).ok());
+  EXPECT_EQ(none->counters().n_encoded, 2);
+  EXPECT_EQ(none->counters().n_cache_hits, 0);
 }
 
 // Streaming: the usage chunk carries the image counts too.
