@@ -81,28 +81,14 @@ const vision::mmproj* tower(const std::string& name, const std::string& type) {
   if (slot) return slot.get();
   const std::string path = bench_dir() + "/mmproj-" + name + "-" + type + ".gguf";
   if (!std::filesystem::exists(path)) {
-    vision::mmproj_synth_options o;
-    o.projection_dim = k_projection;
-    if (name == "gemma3") {
-      o.projector = vision::projector_kind::gemma3;
-      o.image_size = 896;
-      o.patch_size = 14;
-      o.n_embd = 1152;
-      o.n_head = 16;
-      o.n_ff = 4304;
-      o.n_layer = 27;
-      o.scale_factor = 4;
-      o.longest_edge = 896;
-    } else {
-      o.image_size = 512;
-      o.patch_size = 16;
-      o.n_embd = 768;
-      o.n_head = 12;
-      o.n_ff = 3072;
-      o.n_layer = 12;
-      o.scale_factor = 4;
-      o.longest_edge = 2048;
-    }
+    vision::mmproj_synth_options o =
+        name == "gemma3"
+            ? vision::mmproj_synth_options{.projector = vision::projector_kind::gemma3, .projection_dim = k_projection,
+                                           .image_size = 896, .patch_size = 14, .n_embd = 1152, .n_head = 16,
+                                           .n_ff = 4304, .n_layer = 27, .scale_factor = 4, .longest_edge = 896}
+            : vision::mmproj_synth_options{.projection_dim = k_projection, .image_size = 512, .patch_size = 16,
+                                           .n_embd = 768, .n_head = 12, .n_ff = 3072, .n_layer = 12,
+                                           .scale_factor = 4, .longest_edge = 2048};
     o.weight_type = type_of(type);
     if (!vision::write_synth_mmproj(o, path).ok()) return nullptr;
   }

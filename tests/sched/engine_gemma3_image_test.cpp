@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/engine_configs.h"
 #include "model/llama.h"
 #include "pagoda/request.h"
 #include "sched/engine_core.h"
@@ -76,14 +77,7 @@ const llama_model& text_model() {
 }
 
 engine_core_config config(std::int64_t n_blocks) {
-  const llama_hparams& hp = text_model().hparams();
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = 256;
-  c.max_num_seqs = 8;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
-  c.n_blocks = n_blocks;
-  return c;
+  return test::uniform_engine(text_model().hparams(), {.n_blocks = n_blocks, .max_model_len = 256, .max_num_seqs = 8});
 }
 
 // The oracle's prompt, image A's rows (bidirectional), `after`.
@@ -201,13 +195,7 @@ TEST(engine_gemma3_images, preempted_sequences_recompute_their_spans) {
 // of them a prefix hit ending inside the span, answer the same.
 TEST(engine_gemma3_images, the_window_group_answers_as_full_kv) {
   const auto answers = [&](bool swa_full) {
-    engine_config ec;
-    ec.model_path = vision_dir() + "/text-gemma3-F32.gguf";
-    ec.kv_cache_dtype = "f32";
-    ec.n_ctx = 256;
-    ec.max_num_seqs = 4;
-    ec.n_threads = 1;
-    ec.max_kv_tokens = 2048;
+    engine_config ec = test::vision_engine_config("text-gemma3-F32.gguf", 256, 4, 2048);
     ec.swa_full = swa_full;
     auto cc = make_engine_core_config(text_model(), ec);
     EXPECT_TRUE(cc.ok()) << cc.error().message();

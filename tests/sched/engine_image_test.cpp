@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/engine_configs.h"
 #include "model/llama.h"
 #include "pagoda/request.h"
 #include "sched/engine_core.h"
@@ -56,14 +57,8 @@ std::vector<float> image_rows(const std::string& name, int n_chunks) {
 }
 
 engine_core_config config(std::int64_t n_blocks, kv_type type = kv_type::f32) {
-  const llama_hparams& hp = text_model().hparams();
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = 256;
-  c.max_num_seqs = 8;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, type, type);
-  c.n_blocks = n_blocks;
-  return c;
+  return test::uniform_engine(text_model().hparams(),
+                             {.n_blocks = n_blocks, .type = type, .max_model_len = 256, .max_num_seqs = 8});
 }
 
 // `before` tokens, the image (rows / n_embd tokens, placeholder id 0), `after` tokens.
@@ -172,13 +167,7 @@ TEST(engine_images, the_disk_tier_keys_images_by_content) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("pagoda_images_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  engine_config ec;
-  ec.model_path = vision_dir() + "/text-tiny-F32.gguf";
-  ec.kv_cache_dtype = "f32";
-  ec.max_num_seqs = 4;
-  ec.n_ctx = 256;
-  ec.n_threads = 1;
-  ec.max_kv_tokens = 4096;
+  engine_config ec = test::vision_engine_config("text-tiny-F32.gguf", 256, 4, 4096);
   ec.kv_store_path = dir.string();
   ec.kv_store_size_gib = 0.25;
   const auto node_run = [&](std::vector<request> reqs) {

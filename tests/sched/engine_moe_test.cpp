@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/engine_configs.h"
 #include "common/requests.h"
 #include "common/synth_model.h"
 #include "sched/engine_core.h"
@@ -17,14 +18,8 @@ using test::greedy_ids;
 std::unique_ptr<llama_model> moe_model() { return test::load_synth("tiny-qwen3moe", gguf::tensor_type::q8_0); }
 
 engine_core_config moe_engine(const llama_hparams& hp, std::int64_t n_blocks) {
-  engine_core_config c;
-  c.n_threads = 2;
-  c.max_model_len = 512;
-  c.max_num_seqs = 16;
-  c.max_num_batched_tokens = 256;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
-  c.n_blocks = n_blocks;
-  return c;
+  return test::uniform_engine(
+      hp, {.n_blocks = n_blocks, .max_num_seqs = 16, .max_num_batched_tokens = 256, .n_threads = 2});
 }
 
 std::vector<token_id> prompt_of(int n, int salt) {

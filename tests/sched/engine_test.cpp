@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/engine_configs.h"
 #include "common/requests.h"
 #include "common/synth_model.h"
 #include "kv/kv_storage.h"
@@ -42,15 +43,10 @@ std::vector<std::string> story_openings(int n) {
 }
 
 engine_core_config config(std::int64_t n_blocks, int max_seqs = 64, int budget = 2048, kv_type type = kv_type::f32) {
-  const llama_hparams& hp = stories().hparams();
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = 512;
-  c.max_num_seqs = max_seqs;
-  c.max_num_batched_tokens = budget;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, type, type);
-  c.n_blocks = n_blocks;
-  return c;
+  return test::uniform_engine(stories().hparams(), {.n_blocks = n_blocks,
+                                                   .type = type,
+                                                   .max_num_seqs = max_seqs,
+                                                   .max_num_batched_tokens = budget});
 }
 
 struct outcome {
@@ -598,14 +594,10 @@ std::unique_ptr<llama_model> f32_synth(const std::string& preset) {
 // An f32 KV engine configuration for a small model.
 engine_core_config f32_engine(const llama_hparams& hp, int max_model_len, int max_num_seqs, int max_batched,
                               std::int64_t n_blocks) {
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = max_model_len;
-  c.max_num_seqs = max_num_seqs;
-  c.max_num_batched_tokens = max_batched;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
-  c.n_blocks = n_blocks;
-  return c;
+  return test::uniform_engine(hp, {.n_blocks = n_blocks,
+                                  .max_model_len = max_model_len,
+                                  .max_num_seqs = max_num_seqs,
+                                  .max_num_batched_tokens = max_batched});
 }
 
 using test::greedy_ids;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "pagoda/config.h"
 #include "pagoda/request.h"
 #include "sched/engine_core.h"
 
@@ -29,6 +31,20 @@ inline const llama_model& vision_text_model() {
     return std::move(*r);
   }();
   return *m;
+}
+
+// What `run` and `serve` take (engine_config) over one of the oracle's text
+// models (`model_file` in vision_dir()): f32 KV, one thread.
+inline engine_config vision_engine_config(const std::string& model_file, int n_ctx, int max_num_seqs,
+                                          std::int64_t max_kv_tokens) {
+  engine_config ec;
+  ec.model_path = vision_dir() + "/" + model_file;
+  ec.kv_cache_dtype = "f32";
+  ec.n_ctx = n_ctx;
+  ec.n_threads = 1;
+  ec.max_num_seqs = max_num_seqs;
+  ec.max_kv_tokens = max_kv_tokens;
+  return ec;
 }
 
 inline std::vector<float> read_f32(const std::string& path) {

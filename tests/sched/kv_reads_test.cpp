@@ -3,6 +3,7 @@
 // phase, checked against sums worked out from the step shapes alone.
 #include <gtest/gtest.h>
 
+#include "common/engine_configs.h"
 #include "common/requests.h"
 #include "common/stories.h"
 #include "policy/quest.h"
@@ -20,12 +21,8 @@ constexpr int k_block = 16;
 
 engine_core_config config(const std::string& policy, std::int64_t n_blocks) {
   const llama_hparams& hp = stories().hparams();
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = 512;
-  c.max_num_batched_tokens = 2048;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, k_block, kv_type::f16, kv_type::f16);
-  c.n_blocks = n_blocks;
+  engine_core_config c =
+      test::uniform_engine(hp, {.n_blocks = n_blocks, .type = kv_type::f16, .block_size = k_block});
   c.kv_policy = policy;
   return c;
 }

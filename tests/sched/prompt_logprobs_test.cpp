@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/engine_configs.h"
 #include "common/requests.h"
 #include "common/stories.h"
 #include "model/sampler.h"
@@ -23,14 +24,7 @@ using test::story_tokens;
 
 engine_core_config config(std::int64_t n_blocks, int budget = 2048) {
   const llama_hparams& hp = stories().hparams();
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = 512;
-  c.max_num_seqs = 16;
-  c.max_num_batched_tokens = budget;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
-  c.n_blocks = n_blocks;
-  return c;
+  return test::uniform_engine(hp, {.n_blocks = n_blocks, .max_num_seqs = 16, .max_num_batched_tokens = budget});
 }
 
 struct scored {

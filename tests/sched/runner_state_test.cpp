@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/engine_configs.h"
 #include "common/requests.h"
 #include "sched/engine_core.h"
 
@@ -215,12 +216,7 @@ class counting_runner final : public runner_wrapper {
 // The block hooks are the runner's (model_runner): the engine sets them on
 // whatever runner it has, and a wrapper put in front sees and forwards them.
 TEST(model_runner, block_hooks_go_through_the_runner_in_front) {
-  engine_core_config c;
-  const llama_hparams& hp = stories().hparams();
-  c.n_threads = 1;
-  c.max_model_len = 256;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
-  c.n_blocks = 64;
+  const engine_core_config c = test::uniform_engine(stories().hparams(), {.n_blocks = 64, .max_model_len = 256});
   auto e = *engine_core::create(stories(), c);
   counting_runner* counter = nullptr;
   e->wrap_runner([&](std::unique_ptr<model_runner> inner) {

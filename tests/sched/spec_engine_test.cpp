@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/engine_configs.h"
 #include "common/requests.h"
 #include "common/synth_model.h"
 #include "sched/engine_core.h"
@@ -38,13 +39,7 @@ std::vector<std::string> prompts(int n) {
 
 engine_core_config config(kv_type type, const std::string& speculative) {
   const llama_hparams& hp = stories().hparams();
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = 512;
-  c.max_num_seqs = 64;
-  c.max_num_batched_tokens = 512;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, type, type);
-  c.n_blocks = 2048;
+  engine_core_config c = test::uniform_engine(hp, {.n_blocks = 2048, .type = type, .max_num_batched_tokens = 512});
   c.speculative = speculative;
   return c;
 }

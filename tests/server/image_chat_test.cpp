@@ -84,13 +84,7 @@ std::vector<token_id> completion_ids(const json& body) {
 }
 
 engine_config base_config() {
-  engine_config ec;
-  ec.model_path = vision_dir() + "/text-tiny-F32.gguf";
-  ec.kv_cache_dtype = "f32";
-  ec.n_ctx = 512;
-  ec.n_threads = 1;
-  ec.max_num_seqs = 8;
-  ec.max_kv_tokens = 8192;
+  engine_config ec = test::vision_engine_config("text-tiny-F32.gguf", 512, 8, 8192);
   ec.block_size = 4;  // an image chunk (16 tokens) fills whole blocks wherever it starts
   return ec;
 }

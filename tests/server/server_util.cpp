@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/engine_configs.h"
 #include "common/gguf_payload.h"
 #include "model/gguf_writer.h"
 #include "sched/engine_setup.h"
@@ -57,14 +58,7 @@ std::unique_ptr<llama_model> stories_with_chat_template(const std::string& jinja
 
 engine_core_config engine_config_for(const llama_model& model, std::int64_t n_blocks, int max_seqs) {
   const llama_hparams& hp = model.hparams();
-  engine_core_config c;
-  c.n_threads = 1;
-  c.max_model_len = 512;
-  c.max_num_seqs = max_seqs;
-  c.max_num_batched_tokens = 2048;
-  c.kv = kv_layout::uniform(hp.n_layer, hp.n_head_kv, hp.head_dim, 16, kv_type::f32, kv_type::f32);
-  c.n_blocks = n_blocks;
-  return c;
+  return test::uniform_engine(hp, {.n_blocks = n_blocks, .max_num_seqs = max_seqs});
 }
 
 server_setup default_setup() {
