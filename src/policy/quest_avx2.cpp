@@ -79,11 +79,11 @@ inline __m256i sum8(const __m256i a[4], const __m256i b[4]) {
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // quest_kernels.h's bound_pairs with this level's sums (block(i, acc) as there).
-template <class Block>
+template <class Block, class Pair>
 void rows4(const quest_block8* blocks, int n, const float* half, __m128i bias4, int nr, float* out, bool first,
-           Block block) {
+           Block block, Pair pair) {
   bound_pairs<__m256i>(
-      blocks, n, half, bias4, nr, out, first, block, [](const __m256i* a) { return sum4(a[0], a[1], a[2], a[3]); },
+      blocks, n, half, bias4, nr, out, first, block, pair, [](const __m256i* a) { return sum4(a[0], a[1], a[2], a[3]); },
       [](const __m256i* a, const __m256i* b) { return sum8(a, b); }, [](int) {});
 }
 
@@ -108,7 +108,7 @@ void bounds8_avx2(const quest_query8& q, const std::int8_t* codes, const quest_b
   for (int r0 = 0; r0 < q.n_rows; r0 += 4) {
     const int nr = std::min(4, q.n_rows - r0);
     const rows_of pos(q.pos, pd, r0, nr), neg(q.neg, pd, r0, nr);
-    rows4(blocks, n, half.data() + r0, _mm_setzero_si128(), nr, out, r0 == 0, [&](int i, __m256i acc[4]) {
+    auto block = [&](int i, __m256i acc[4]) {
       const std::int8_t* lo = codes + static_cast<std::size_t>(i) * 2 * pd;
       const std::int8_t* hi = lo + pd;
       for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_si256();
@@ -123,6 +123,10 @@ void bounds8_avx2(const quest_query8& q, const std::int8_t* codes, const quest_b
           acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(d, ones));
         }
       }
+    };
+    rows4(blocks, n, half.data() + r0, _mm_setzero_si128(), nr, out, r0 == 0, block, [&](int i, __m256i* a, __m256i* b) {
+      block(i, a);
+      block(i + 1, b);
     });
   }
   if (q.n_rows == 0)
@@ -158,30 +162,49 @@ void bounds4_avx2(const quest_query4& q4, const std::uint8_t* codes, const quest
       mr[j] = mag.data() + at;
       sr[j] = sign.data() + at;
     }
-    rows4(blocks, n, q4.half_scale.data() + r0, _mm_setzero_si128(), nr, out, r0 == 0, [&](int i, __m256i acc[4]) {
-      const std::uint8_t* lo = codes + static_cast<std::size_t>(i) * pd;
-      const std::uint8_t* hi = lo + pd / 2;
-      for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_si256();
+    // NB (1 or 2) blocks from i: acc[b][j] for block i + b and row j; the
+    // two blocks of a pair share each load of the query's codes.
+    auto blocks_from = [&]<int NB>(int i, __m256i* const* acc) {
+      for (int b = 0; b < NB; ++b)
+        for (int j = 0; j < 4; ++j) acc[b][j] = _mm256_setzero_si256();
       for (int g = 0; g < n_grp; ++g) {
-        __m256i s[4];
-        for (int j = 0; j < 4; ++j) s[j] = _mm256_setzero_si256();
-        for (int part = 0; part < 2; ++part) {
-          const int at = g * 64 + part * 32;  // byte offset; channels 2 g 64 + part 32 and 64 more
-          const __m256i l = load32(lo + at), h = load32(hi + at);
+        __m256i s[NB][4];
+        for (int b = 0; b < NB; ++b)
+          for (int j = 0; j < 4; ++j) s[b][j] = _mm256_setzero_si256();
+        for (int part = 0; part < 2; ++part)
           for (int half = 0; half < 2; ++half) {
-            const __m256i hh = _mm256_and_si256(half ? _mm256_srli_epi16(h, 4) : h, low4);
-            const __m256i mm = _mm256_and_si256(half ? _mm256_srli_epi16(l, 4) : l, low4);
-            const __m256i w = _mm256_sub_epi8(hh, mm), c = _mm256_sub_epi8(_mm256_add_epi8(hh, mm), sixteen);
+            const int at = g * 64 + part * 32;  // byte offset; channels 2 g 64 + part 32 (+ 64 in the high nibbles)
+            __m256i w[NB], c[NB];
+            for (int b = 0; b < NB; ++b) {
+              const std::uint8_t* lo = codes + static_cast<std::size_t>(i + b) * pd + at;
+              const __m256i l = load32(lo), h = load32(lo + pd / 2);
+              const __m256i hh = _mm256_and_si256(half ? _mm256_srli_epi16(h, 4) : h, low4);
+              const __m256i mm = _mm256_and_si256(half ? _mm256_srli_epi16(l, 4) : l, low4);
+              w[b] = _mm256_sub_epi8(hh, mm);
+              c[b] = _mm256_sub_epi8(_mm256_add_epi8(hh, mm), sixteen);
+            }
             const std::size_t ch = static_cast<std::size_t>(g) * 128 + part * 32 + half * 64;
             for (int j = 0; j < 4; ++j) {
-              const __m256i c2 = _mm256_add_epi8(_mm256_sign_epi8(w, load32(sr[j] + ch)), c);
-              s[j] = _mm256_add_epi16(s[j], _mm256_maddubs_epi16(load32(mr[j] + ch), c2));
+              const __m256i sg = load32(sr[j] + ch), mg = load32(mr[j] + ch);
+              for (int b = 0; b < NB; ++b)
+                s[b][j] = _mm256_add_epi16(s[b][j], _mm256_maddubs_epi16(mg, _mm256_add_epi8(_mm256_sign_epi8(w[b], sg), c[b])));
             }
           }
-        }
-        for (int j = 0; j < 4; ++j) acc[j] = _mm256_add_epi32(acc[j], _mm256_srai_epi32(_mm256_madd_epi16(s[j], ones), 1));
+        for (int b = 0; b < NB; ++b)
+          for (int j = 0; j < 4; ++j)
+            acc[b][j] = _mm256_add_epi32(acc[b][j], _mm256_srai_epi32(_mm256_madd_epi16(s[b][j], ones), 1));
       }
-    });
+    };
+    rows4(
+        blocks, n, q4.half_scale.data() + r0, _mm_setzero_si128(), nr, out, r0 == 0,
+        [&](int i, __m256i* a) {
+          __m256i* const acc[1] = {a};
+          blocks_from.template operator()<1>(i, acc);
+        },
+        [&](int i, __m256i* a, __m256i* b) {
+          __m256i* const acc[2] = {a, b};
+          blocks_from.template operator()<2>(i, acc);
+        });
   }
   if (q.n_rows == 0)
     for (int i = 0; i < n; ++i) out[i] = blocks[i].scale < INFINITY ? -INFINITY : INFINITY;

@@ -202,7 +202,12 @@ void rows4_int4(const quest_query4& q4, int r0, int nr, const std::uint8_t* code
   };
   const int ahead = 2 * k_ahead;  // 2 x the blocks of rows4 (the same bytes ahead): both blocks' codes
   bound_pairs<__m512i>(
-      blocks, n, half, bias4, nr, out, first, block, [](const __m512i* a) { return sum4(a[0], a[1], a[2], a[3]); },
+      blocks, n, half, bias4, nr, out, first, block,
+      [&](int i, __m512i* a, __m512i* b) {
+        block(i, a);
+        block(i + 1, b);
+      },
+      [](const __m512i* a) { return sum4(a[0], a[1], a[2], a[3]); },
       [](const __m512i* a, const __m512i* b) { return sum8(a, b); },
       [&](int i) {
         if (!first || i + ahead + 1 >= n) return;

@@ -81,13 +81,14 @@ inline void finish8_x8(__m256i pm, const quest_block8& a, const quest_block8& b,
 // The blocks of one group of four rows [r0, r0 + nr), two at a time (they
 // share the horizontal sums and the finish): block(i, acc) leaves row j's
 // P - N + bias of block i in the lanes of acc[j] (V: the level's integer
-// vector); sum4(acc) gives the four sums, sum8(a, b) those of two blocks
+// vector), pair(i, a, b) does block(i, a) and block(i + 1, b); sum4(acc) gives the four sums, sum8(a, b) those of two blocks
 // (lanes [0, 4) and [4, 8)); ahead(i) runs before blocks i and i + 1 (a
 // prefetch, or nothing). first: out[i] = the rows' bound, else out[i] =
 // max(out[i], it). Blocks with a non-finite summary are +inf.
-template <class V, class Block, class Sum4, class Sum8, class Ahead>
+// pair(i, a, b): block(i, a) and block(i + 1, b) at once.
+template <class V, class Block, class Pair, class Sum4, class Sum8, class Ahead>
 void bound_pairs(const quest_block8* blocks, int n, const float* half, __m128i bias4, int nr, float* out, bool first,
-                 Block block, Sum4 sum4, Sum8 sum8, Ahead ahead) {
+                 Block block, Pair pair, Sum4 sum4, Sum8 sum8, Ahead ahead) {
   const __m256i bias8 = _mm256_inserti128_si256(_mm256_castsi128_si256(bias4), bias4, 1);
   auto put = [&](int i, float b) {
     b = blocks[i].scale < INFINITY ? b : INFINITY;  // a non-finite summary: read the block
@@ -97,8 +98,7 @@ void bound_pairs(const quest_block8* blocks, int n, const float* half, __m128i b
   for (; i + 2 <= n; i += 2) {
     ahead(i);
     V a[4], b[4];
-    block(i, a);
-    block(i + 1, b);
+    pair(i, a, b);
     float va = 0, vb = 0;
     finish8_x8(_mm256_sub_epi32(sum8(a, b), bias8), blocks[i], blocks[i + 1], half, nr, &va, &vb);
     put(i, va);

@@ -561,6 +561,38 @@ TEST_P(quest_level, reads_sinks_and_newest_and_the_exact_top_k) {
   }
 }
 
+// Every block holds the same keys, so every candidate's bound is the same:
+// the k chosen are the oldest candidates, and no more (the selection takes
+// ties in block order, up to the budget). 300 and 1025 blocks: the partial
+// selection's plain path and its sampled threshold; every SIMD level.
+TEST_P(quest_level, tied_bounds_choose_the_oldest_candidates) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  const int H = 1, D = 64, B = 16, R = 4;
+  for (const int n_blocks : {300, 1025}) {
+    const int N = n_blocks * B;
+    std::vector<float> keys(static_cast<std::size_t>(N) * H * D);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int t = 0; t < B; ++t)
+      for (int d = 0; d < D; ++d) keys[static_cast<std::size_t>(t) * D + d] = nd(rng);
+    for (std::size_t i = static_cast<std::size_t>(B) * D; i < keys.size(); ++i) keys[i] = keys[i % (B * D)];
+    quest_cache c("f16", H, D, B, N, 8, &keys);
+    const paged_kv_view kv = c.k_view();
+    const std::int32_t q_pos = N;
+    const auto q = random_queries(R, D, 9);
+    const int n_read = (n_blocks + 7) / 8, k = n_read - 2;  // sink block 0 and the newest block besides
+    for (const char* mode : k_modes) {
+      quest_selector sel = selector_for(c, {{"budget", "12.5%"}, {"sinks", "16"}, {"min_context", "0"}}, mode);
+      std::vector<slot_range> out;
+      ASSERT_TRUE(sel.select(make_query(c, kv, 0, q, R, c.pos, {&q_pos, 1}), out));
+      std::vector<int> want = {0};
+      for (int b = 1; b <= k; ++b) want.push_back(b);
+      want.push_back(n_blocks - 1);
+      EXPECT_EQ(blocks_of(out, B, N), want) << mode << " " << n_blocks << " blocks";
+    }
+  }
+}
+
 // Dead slots lead a row (an evicting policy underneath): the sinks are the
 // first live slots, and blocks holding only dead slots are not read.
 TEST(quest_selector_test, sinks_are_the_first_live_slots) {
