@@ -78,12 +78,50 @@ inline __m256i sum8(const __m256i a[4], const __m256i b[4]) {
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// quest_kernels.h's bound_pairs with this level's sums (block(i, acc) as there).
+// Four rows [r0, r0 + nr) against every block: eight blocks at a time
+// finished together (their sums transposed so that a lane is a block and
+// the max over rows is a vertical max, the same float operations per lane
+// as finish8), the rest through quest_kernels.h's bound_pairs.
 template <class Block, class Pair>
 void rows4(const quest_block8* blocks, int n, const float* half, __m128i bias4, int nr, float* out, bool first,
            Block block, Pair pair) {
+  const __m256i bias8 = _mm256_inserti128_si256(_mm256_castsi128_si256(bias4), bias4, 1);
+  // The transposed lanes hold blocks 0 2 4 6 1 3 5 7; the scales and l1
+  // shuffled out of the blocks' pairs hold 0 1 4 5 2 3 6 7.
+  const __m256i to_lanes = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7), to_blocks = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i v[4];  // v[p]: rows 0-3 of block i + 2 p, then of block i + 2 p + 1
+    for (int p = 0; p < 4; ++p) {
+      __m256i a[4], b[4];
+      pair(i + 2 * p, a, b);
+      v[p] = _mm256_sub_epi32(sum8(a, b), bias8);
+    }
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i rows[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                             _mm256_unpackhi_epi64(t1, t3)};
+    const __m256 x0 = _mm256_loadu_ps(reinterpret_cast<const float*>(blocks + i));
+    const __m256 x1 = _mm256_loadu_ps(reinterpret_cast<const float*>(blocks + i + 4));
+    const __m256 scale = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)), to_lanes);
+    const __m256i l1 =
+        _mm256_permutevar8x32_epi32(_mm256_castps_si256(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1))), to_lanes);
+    __m256 best = _mm256_set1_ps(-INFINITY);
+    for (int j = 0; j < nr; ++j) {
+      __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(rows[j], rows[j]), l1));
+      f = _mm256_mul_ps(_mm256_mul_ps(f, _mm256_set1_ps(half[j])), scale);
+      f = _mm256_blendv_ps(f, inf, _mm256_cmp_ps(f, f, _CMP_UNORD_Q));  // a NaN: read the block
+      best = _mm256_max_ps(f, best);
+    }
+    best = _mm256_blendv_ps(inf, best, _mm256_cmp_ps(scale, inf, _CMP_LT_OQ));  // a non-finite summary: read it
+    best = _mm256_permutevar8x32_ps(best, to_blocks);
+    _mm256_storeu_ps(out + i, first ? best : _mm256_max_ps(best, _mm256_loadu_ps(out + i)));
+  }
   bound_pairs<__m256i>(
-      blocks, n, half, bias4, nr, out, first, block, pair, [](const __m256i* a) { return sum4(a[0], a[1], a[2], a[3]); },
+      blocks + i, n - i, half, bias4, nr, out + i, first, [&](int b, __m256i* acc) { block(i + b, acc); },
+      [&](int b, __m256i* a, __m256i* c) { pair(i + b, a, c); },
+      [](const __m256i* a) { return sum4(a[0], a[1], a[2], a[3]); },
       [](const __m256i* a, const __m256i* b) { return sum8(a, b); }, [](int) {});
 }
 
