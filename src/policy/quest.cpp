@@ -1,6 +1,9 @@
 #include "policy/quest.h"
 
+#include <xmmintrin.h>
+
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -290,7 +293,6 @@ struct quest_scratch {
   quest_query4 query4;                 // int4 bounds
   std::vector<float> bound;            // [candidates]
   std::vector<float> sorted;           // quest_kth_largest's scratch
-  std::vector<int> chosen;             // [candidates]: indices of the chosen ones
 };
 thread_local quest_scratch t_scratch;
 
@@ -439,18 +441,27 @@ bool quest_selector::select(const kv_select_query& q, std::vector<slot_range>& o
     // The k largest bounds: every bound above the k-th largest, then the
     // oldest blocks whose bound equals it (a deterministic choice among ties).
     const float kth = quest_kth_largest(std::span<const float>(bound, n_cand), k, sc.sorted);
+    // Four bounds per comparison (SSE, which every x86-64 has): a mask of
+    // those above kth, and of those equal to it, the first `ties` of which
+    // (in block order) are taken; the chosen ones' ranges from the masks'
+    // set bits (1/8 of them, in random places).
+    const __m128 kv = _mm_set1_ps(kth);
+    const int n4 = n_cand / 4 * 4;
+    auto above = [&](int i) { return _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(bound + i), kv)); };
     int ties = k;
-    for (int i = 0; i < n_cand; ++i) ties -= bound[i] > kth;
-    // The chosen indices, branch-free (1/8 of them in random places), then their ranges.
-    sc.chosen.resize(n_cand);
-    int n_chosen = 0;
-    for (int i = 0; i < n_cand; ++i) {
-      const int tie = bound[i] == kth && ties > 0;
-      sc.chosen[n_chosen] = i;
-      n_chosen += (bound[i] > kth) | tie;
-      ties -= tie;
-    }
-    for (int j = 0; j < n_chosen; ++j) add(c0 + sc.chosen[j], c0 + sc.chosen[j] + 1);
+    for (int i = 0; i < n4; i += 4) ties -= std::popcount(static_cast<unsigned>(above(i)));
+    for (int i = n4; i < n_cand; ++i) ties -= bound[i] > kth;
+    auto take = [&](int i0, unsigned gt, unsigned eq) {
+      for (; eq != 0 && ties > 0; eq &= eq - 1, --ties) gt |= eq & -eq;
+      for (; gt != 0; gt &= gt - 1) {
+        const int b = c0 + i0 + std::countr_zero(gt);
+        add(b, b + 1);
+      }
+    };
+    for (int i = 0; i < n4; i += 4)
+      take(i, static_cast<unsigned>(above(i)),
+           static_cast<unsigned>(_mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(bound + i), kv))));
+    for (int i = n4; i < n_cand; ++i) take(i, bound[i] > kth, bound[i] == kth);
   }
   add(c1, n_blocks);
   return true;

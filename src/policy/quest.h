@@ -113,7 +113,9 @@ struct quest_block8 {
 quest_block8 quest_encode_block(const key_summary& s, int head_dim, std::int8_t* codes);
 
 // Query rows as codes: |q| = scale * (code + e) with |e| <= 1/2 per channel
-// (7-bit codes, so the AVX2 path's 16-bit pair sums cannot saturate).
+// (7-bit codes, so the AVX2 path's 16-bit pair sums cannot saturate). pos
+// and neg are disjoint (at most one of them is nonzero per channel): the
+// AVX2 kernels rely on it (quest_avx2.cpp), as quest_encode_query makes them.
 struct quest_query8 {
   int n_rows = 0;
   int padded_dim = 0;

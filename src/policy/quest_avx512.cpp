@@ -157,24 +157,6 @@ inline __m256i sum8(const __m512i a[4], const __m512i b[4]) {
   return _mm512_castsi512_si256(_mm512_shuffle_i32x4(f, f, _MM_SHUFFLE(2, 0, 2, 0)));
 }
 
-// finish8_x4 of two blocks at once: lanes [0, 4) rows of block a, [4, 8) of
-// block b (the same float operations per lane, so the same bits).
-inline void finish8_x8(__m256i pm, const quest_block8& a, const quest_block8& b, const float* half_scale, int nr,
-                       float* out_a, float* out_b) {
-  const __m256i l1 = _mm256_setr_epi32(a.l1, a.l1, a.l1, a.l1, b.l1, b.l1, b.l1, b.l1);
-  const __m256 sc = _mm256_setr_ps(a.scale, a.scale, a.scale, a.scale, b.scale, b.scale, b.scale, b.scale);
-  const __m128 h4 = _mm_loadu_ps(half_scale);
-  const __m256 half = _mm256_insertf128_ps(_mm256_castps128_ps256(h4), h4, 1);
-  __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(pm, pm), l1)), half), sc);
-  v = _mm256_blendv_ps(v, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  const __m256i row = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3);
-  v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nr), row)));
-  v = _mm256_max_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
-  v = _mm256_max_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
-  *out_a = _mm256_cvtss_f32(v);
-  *out_b = _mm_cvtss_f32(_mm256_extractf128_ps(v, 1));
-}
-
 // int4 (quest_bounds4): four rows [r0, r0 + nr) against every block. With
 // the min's codes negated (quest.h), one accumulator per row and block sums
 // pos x hi + neg x (-lo) = P - N + bias; two blocks share the horizontal
@@ -197,7 +179,6 @@ void rows4_int4(const quest_query4& q4, int r0, int nr, const std::uint8_t* code
         qn[j][v] = query(q.neg, j, v);
       }
   const __m128i bias4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q4.bias.data() + r0));
-  const __m256i bias8 = _mm256_inserti128_si256(_mm256_castsi128_si256(bias4), bias4, 1);
   const float* half = q4.half_scale.data() + r0;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   auto block = [&](int i, __m512i acc[4]) {
@@ -219,30 +200,21 @@ void rows4_int4(const quest_query4& q4, int r0, int nr, const std::uint8_t* code
       }
     }
   };
-  auto put = [&](int i, float b) {
-    b = blocks[i].scale < INFINITY ? b : INFINITY;  // a non-finite summary: read the block
-    out[i] = first ? b : std::max(out[i], b);
-  };
-  int i = 0;
-  for (; i + 2 <= n; i += 2) {
-    if (first && i + 2 * k_ahead + 1 < n) {  // 2 x the blocks of rows4 (the same bytes ahead): both blocks' codes
-      for (int v = 0; v < 4 * n_grp; ++v)
-        _mm_prefetch(reinterpret_cast<const char*>(codes + static_cast<std::size_t>(i + 2 * k_ahead) * pd + v * 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(blocks + i + 2 * k_ahead), _MM_HINT_T0);
-    }
-    __m512i a[4], b[4];
-    block(i, a);
-    block(i + 1, b);
-    float va = 0, vb = 0;
-    finish8_x8(_mm256_sub_epi32(sum8(a, b), bias8), blocks[i], blocks[i + 1], half, nr, &va, &vb);
-    put(i, va);
-    put(i + 1, vb);
-  }
-  if (i < n) {
-    __m512i a[4];
-    block(i, a);
-    put(i, finish8_x4(_mm_sub_epi32(sum4(a[0], a[1], a[2], a[3]), bias4), blocks[i], half, nr));
-  }
+  const int ahead = 2 * k_ahead;  // 2 x the blocks of rows4 (the same bytes ahead): both blocks' codes
+  bound_pairs<__m512i>(
+      blocks, n, half, bias4, nr, out, first, block,
+      [&](int i, __m512i* a, __m512i* b) {
+        block(i, a);
+        block(i + 1, b);
+      },
+      [](const __m512i* a) { return sum4(a[0], a[1], a[2], a[3]); },
+      [](const __m512i* a, const __m512i* b) { return sum8(a, b); },
+      [&](int i) {
+        if (!first || i + ahead + 1 >= n) return;
+        for (int v = 0; v < 4 * n_grp; ++v)
+          _mm_prefetch(reinterpret_cast<const char*>(codes + static_cast<std::size_t>(i + ahead) * pd + v * 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(blocks + i + ahead), _MM_HINT_T0);
+      });
 }
 }  // namespace
 

@@ -1,7 +1,7 @@
 // Internal to the Quest bound kernels (quest.cpp, quest_int4.cpp,
 // quest_avx2.cpp, quest_avx512.cpp): the level entry points and the one formula every level
 // shares after its exact integer sums, so that all levels give the same bits.
-// finish8_x4 uses SSE4.1 (blendv): include it only from the SIMD files.
+// finish8_x4 uses SSE4.1 (blendv), finish8_x8 AVX2: call them only from the SIMD files.
 #pragma once
 
 #include <immintrin.h>
@@ -58,6 +58,57 @@ inline float finish8_x4(__m128i pm, const quest_block8& b, const float* half_sca
   v = _mm_blendv_ps(_mm_set1_ps(-INFINITY), v, live);
   v = _mm_max_ps(v, _mm_movehl_ps(v, v));
   return _mm_cvtss_f32(_mm_max_ss(v, _mm_shuffle_ps(v, v, 1)));
+}
+
+// finish8_x4 of two blocks at once (AVX2): lanes [0, 4) rows of block a, [4, 8) of
+// block b (the same float operations per lane, so the same bits).
+inline void finish8_x8(__m256i pm, const quest_block8& a, const quest_block8& b, const float* half_scale, int nr,
+                       float* out_a, float* out_b) {
+  const __m256i l1 = _mm256_setr_epi32(a.l1, a.l1, a.l1, a.l1, b.l1, b.l1, b.l1, b.l1);
+  const __m256 sc = _mm256_setr_ps(a.scale, a.scale, a.scale, a.scale, b.scale, b.scale, b.scale, b.scale);
+  const __m128 h4 = _mm_loadu_ps(half_scale);
+  const __m256 half = _mm256_insertf128_ps(_mm256_castps128_ps256(h4), h4, 1);
+  __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(pm, pm), l1)), half), sc);
+  v = _mm256_blendv_ps(v, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i row = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3);
+  v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nr), row)));
+  v = _mm256_max_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+  v = _mm256_max_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+  *out_a = _mm256_cvtss_f32(v);
+  *out_b = _mm_cvtss_f32(_mm256_extractf128_ps(v, 1));
+}
+
+// The blocks of one group of four rows [r0, r0 + nr), two at a time (they
+// share the horizontal sums and the finish): block(i, acc) leaves row j's
+// P - N + bias of block i in the lanes of acc[j] (V: the level's integer
+// vector), pair(i, a, b) does block(i, a) and block(i + 1, b); sum4(acc) gives the four sums, sum8(a, b) those of two blocks
+// (lanes [0, 4) and [4, 8)); ahead(i) runs before blocks i and i + 1 (a
+// prefetch, or nothing). first: out[i] = the rows' bound, else out[i] =
+// max(out[i], it). Blocks with a non-finite summary are +inf.
+// pair(i, a, b): block(i, a) and block(i + 1, b) at once.
+template <class V, class Block, class Pair, class Sum4, class Sum8, class Ahead>
+void bound_pairs(const quest_block8* blocks, int n, const float* half, __m128i bias4, int nr, float* out, bool first,
+                 Block block, Pair pair, Sum4 sum4, Sum8 sum8, Ahead ahead) {
+  const __m256i bias8 = _mm256_inserti128_si256(_mm256_castsi128_si256(bias4), bias4, 1);
+  auto put = [&](int i, float b) {
+    b = blocks[i].scale < INFINITY ? b : INFINITY;  // a non-finite summary: read the block
+    out[i] = first ? b : std::max(out[i], b);
+  };
+  int i = 0;
+  for (; i + 2 <= n; i += 2) {
+    ahead(i);
+    V a[4], b[4];
+    pair(i, a, b);
+    float va = 0, vb = 0;
+    finish8_x8(_mm256_sub_epi32(sum8(a, b), bias8), blocks[i], blocks[i + 1], half, nr, &va, &vb);
+    put(i, va);
+    put(i + 1, vb);
+  }
+  if (i < n) {
+    V a[4];
+    block(i, a);
+    put(i, finish8_x4(_mm_sub_epi32(sum4(a), bias4), blocks[i], half, nr));
+  }
 }
 
 // quest_encode_query with codes padded to padded_dim (>= head_dim, a multiple of 64).

@@ -152,6 +152,11 @@ TEST_P(quest_level, int8_bounds_equal_the_reference_twin_bitwise) {
   for (int hd : {8, 40, 64, 100, 128, 160, 256})  // 64, 128, 192 and 256 padded channels
     for (int rows : {0, 1, 3, 4, 5, 9, 32}) {
       coded_case c(hd, rows, 29, 10 * hd + rows);
+      // Blocks with a non-finite summary (quest_encode_block's scale +inf),
+      // one among the kernels' groups of eight and one in the rest, are
+      // +inf whatever their codes (here l1 makes every row's sum negative).
+      c.blocks[3].scale = c.blocks[26].scale = INFINITY;
+      c.blocks[3].l1 = c.blocks[26].l1 = -(1 << 24);
       std::vector<float> got(c.n), want(c.n);
       quest_bounds8(c.q8, c.codes.data(), c.blocks.data(), c.n, got.data());
       quest_bounds8_ref(c.q8, c.codes.data(), c.blocks.data(), c.n, want.data());
@@ -557,6 +562,38 @@ TEST_P(quest_level, reads_sinks_and_newest_and_the_exact_top_k) {
           }
         }
       }
+    }
+  }
+}
+
+// Every block holds the same keys, so every candidate's bound is the same:
+// the k chosen are the oldest candidates, and no more (the selection takes
+// ties in block order, up to the budget). 300 and 1025 blocks: the partial
+// selection's plain path and its sampled threshold; every SIMD level.
+TEST_P(quest_level, tied_bounds_choose_the_oldest_candidates) {
+  PAGODA_USE_SIMD_LEVEL(GetParam());
+  const int H = 1, D = 64, B = 16, R = 4;
+  for (const int n_blocks : {300, 1025}) {
+    const int N = n_blocks * B;
+    std::vector<float> keys(static_cast<std::size_t>(N) * H * D);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int t = 0; t < B; ++t)
+      for (int d = 0; d < D; ++d) keys[static_cast<std::size_t>(t) * D + d] = nd(rng);
+    for (std::size_t i = static_cast<std::size_t>(B) * D; i < keys.size(); ++i) keys[i] = keys[i % (B * D)];
+    quest_cache c("f16", H, D, B, N, 8, &keys);
+    const paged_kv_view kv = c.k_view();
+    const std::int32_t q_pos = N;
+    const auto q = random_queries(R, D, 9);
+    const int n_read = (n_blocks + 7) / 8, k = n_read - 2;  // sink block 0 and the newest block besides
+    for (const char* mode : k_modes) {
+      quest_selector sel = selector_for(c, {{"budget", "12.5%"}, {"sinks", "16"}, {"min_context", "0"}}, mode);
+      std::vector<slot_range> out;
+      ASSERT_TRUE(sel.select(make_query(c, kv, 0, q, R, c.pos, {&q_pos, 1}), out));
+      std::vector<int> want = {0};
+      for (int b = 1; b <= k; ++b) want.push_back(b);
+      want.push_back(n_blocks - 1);
+      EXPECT_EQ(blocks_of(out, B, N), want) << mode << " " << n_blocks << " blocks";
     }
   }
 }
