@@ -129,9 +129,11 @@ inline __m256i pair_at(const std::int16_t* p) {
 
 // acc[r][v] += the products of the codes of NV vectors of packed words (one
 // word per 32-bit lane) with row r's operand for the words' 4 * 8 / BITS
-// values, at y + r * y_stride in pair order, summed per lane.
+// values, at y + r * y_stride in pair order, summed per lane. (Forced inline:
+// without it GCC left a.v at 13.2 us in cache instead of 11.4 for int8.)
 template <int NR, int NV, int BITS>
-inline void madd_words(const __m256i* vec, const std::int16_t* y, int y_stride, __m256i (&acc)[NR][NV]) {
+__attribute__((always_inline)) inline void madd_words(const __m256i* vec, const std::int16_t* y, int y_stride,
+                                                      __m256i (&acc)[NR][NV]) {
 #pragma GCC unroll 4
   for (int k = 0; k < 8 / BITS; ++k) {
     __m256i even[NV], odd[NV];
