@@ -146,8 +146,11 @@ inline int avx2_levels(const tile_layout& L, kv_tile_shape s) {
 // for the rounding to integers, plus 2^-23 for the f32 product x * levels /
 // max|x| that is rounded (up to levels * 2^-23 units of max|x| / levels).
 // Keys with per-channel or static scales stay in f32 at this level: 0.
+// Keys with 4- or 2-bit codes and per-token or group scales round the query to
+// int8 instead (vpmaddubsw), as the AVX-512 q.k does: 1 / 254 + 2^-23.
 inline double avx2_operand_error(const tile_layout& L, kv_tile_shape s) {
   if (L.key && (L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales)) return 0.0;
+  if (L.key && L.bits < 8) return 1.0 / 254.0 + 0x1p-23;
   return 1.0 / (2.0 * avx2_levels(L, s)) + 0x1p-23;
 }
 

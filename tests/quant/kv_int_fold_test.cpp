@@ -70,23 +70,26 @@ TEST_P(fold_level, largest_sums_fit_int32_at_any_head_dim) {
   }
 }
 
-// Int8 keys and values with per-token scales: every token spans [0, 1]
-// (channel 0 at code 0, the others at 255) and every operand element is at its
-// row's maximum, so a q.k sum over a token's channels, or an a.v sum over a
-// span's tokens, is as large as the shape allows.
+// Keys and values with per-token scales: every token spans [0, 1] (channel 0
+// at code 0, the others at the largest code) and every operand element is at
+// its row's maximum, so a q.k sum over a token's channels, or an a.v sum over
+// a span's tokens, is as large as the shape allows: int32 sums for int8 codes,
+// and for 4- and 2-bit keys also the AVX2 q.k's int16 partial sums.
 TEST_P(fold_level, per_token_sums_fit_int32_at_any_shape) {
   PAGODA_USE_SIMD_LEVEL(GetParam());
-  const kv_codec* c = get_kv_codec(kv_type::int8);
+  for (kv_type type : {kv_type::int8, kv_type::int4, kv_type::int2})
   for (kv_tile_shape shape : {kv_tile_shape{16, 2048}, kv_tile_shape{16, 256}, kv_tile_shape{1024, 16},
                               kv_tile_shape{256, 32}, kv_tile_shape{64, 512}}) {
+    const kv_codec* c = get_kv_codec(type);
+    const int u_max = type == kv_type::int8 ? 255 : type == kv_type::int4 ? 15 : 3;
     const int bs = shape.block_size, hd = shape.head_dim, n_q = 4;
     std::vector<float> x(static_cast<std::size_t>(bs) * hd, 1.0f);
     for (int t = 0; t < bs; ++t) x[static_cast<std::size_t>(t) * hd] = 0.0f;
     // Rows of equal elements, one negative.
     auto row_value = [](int r) { return r == 1 ? -0.75f : 1.0f + r; };
-    const double s_max = 1.0 / 255 * 1.001;  // a token's scale up to fp16 rounding
+    const double s_max = 1.0 / u_max * 1.001;  // a token's scale up to fp16 rounding
     for (kv_role role : {kv_role::key, kv_role::value}) {
-      const kv_format f{kv_type::int8, role, kv_scale_mode::per_token, 0};
+      const kv_format f{type, role, kv_scale_mode::per_token, 0};
       ASSERT_TRUE(c->check(f, shape).ok());
       aligned_buffer tile(c->tile_bytes(f, shape));
       c->encode(f, shape, nullptr, x.data(), 0, bs, tile.data());
@@ -111,11 +114,11 @@ TEST_P(fold_level, per_token_sums_fit_int32_at_any_shape) {
         const double x_max = std::fabs(row_value(r));
         for (int i = 0; i < n_out; ++i) {
           // Keys: token i's codes; values: channel i's codes over the tokens.
-          const double codes = role == kv_role::key ? 255.0 * (hd - 1) : (i == 0 ? 0.0 : 255.0 * bs);
+          const double codes = role == kv_role::key ? u_max * (hd - 1.0) : (i == 0 ? 0.0 : u_max * 1.0 * bs);
           const double mag = x_max * s_max * codes;
           const double tol = 1e-5 * mag + 1e-6 + eps * x_max * s_max * codes * 1.001;
           ASSERT_NEAR(simd[static_cast<std::size_t>(r) * n_out + i], ref[static_cast<std::size_t>(r) * n_out + i], tol)
-              << (role == kv_role::key ? "key" : "value") << " block " << bs << " head_dim " << hd << " row " << r << " at " << i;
+              << kv_type_name(type) << (role == kv_role::key ? " key" : " value") << " block " << bs << " head_dim " << hd << " row " << r << " at " << i;
         }
       }
     }
