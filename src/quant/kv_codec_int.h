@@ -34,8 +34,8 @@ namespace pagoda::int_kv {
 
 // The largest block_size the kernels take (check() enforces it): the AVX-512
 // a.v keeps up to one tile's packed words in a stack array of this many
-// entries (word_lists in kv_codec_int_avx512.cpp), the AVX2 a.v the token
-// scales of one span (at most max(128, block_size) tokens).
+// entries (word_lists in kv_codec_int_avx512.cpp), the AVX2 a.v the operand
+// of one span (at most max(128, block_size) tokens, k_span_positions).
 inline constexpr int k_max_block_size = 1024;
 
 // Calls rows.template operator()<R>(r0) over rows [0, n) in blocks of R = 4
