@@ -18,10 +18,11 @@
 //   a.v_d += sc * (sum_t x_t u_td) + (sum_t w_t M_t)                 per span
 // with x the int16 operand. Each of its elements is off by at most
 // max|x| / (2 * levels), plus the f32 rounding of x * levels / max|x|
-// (avx2_operand_error); the offsets terms are exact f32 sums as before.
+// (avx2_operand_error); the offsets terms are f32 sums of the unrounded
+// operand (a.v's over 8 lanes in a fixed order).
 // Keys with 4- and 2-bit codes round the query to int8 instead (127 levels, as
-// the AVX-512 q.k does for them: their codes' own rounding is 8-32 times
-// coarser) and multiply the codes as unsigned bytes with vpmaddubsw: 32
+// the AVX-512 q.k does for them: their codes' own step, 1/15 or 1/3 of a
+// token's range, is far coarser) and multiply the codes as unsigned bytes with vpmaddubsw: 32
 // products per instruction, summed in int16 over a few words (qk_group_bytes)
 // before one vpmaddwd by ones widens them: q.k in cache 12.6 -> 9.3 us (int4).
 // Keys with per-channel or static scales fold them into an f32 operand per tile
