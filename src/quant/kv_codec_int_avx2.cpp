@@ -22,9 +22,10 @@
 // operand (a.v's over 8 lanes in a fixed order).
 // Keys with 4- and 2-bit codes round the query to int8 instead (127 levels, as
 // the AVX-512 q.k does for them: their codes' own step, 1/15 or 1/3 of a
-// token's range, is far coarser) and multiply the codes as unsigned bytes with vpmaddubsw: 32
-// products per instruction, summed in int16 over a few words (qk_group_bytes)
-// before one vpmaddwd by ones widens them: q.k in cache 12.6 -> 9.3 us (int4).
+// token's range, is far coarser) and multiply the codes as unsigned bytes
+// with vpmaddubsw: 32 products per instruction, summed in int16 over a few
+// words (qk_group_bytes) before one vpmaddwd by ones widens them: q.k in
+// cache 12.6 -> 9.3 us (int4).
 // Keys with per-channel or static scales fold them into an f32 operand per tile
 // and widen their codes to f32 (shift, mask, convert) for FMAs:
 //   q.k_t  = sum_d (q_d S_d) u_td + (sum_d q_d M_d)
@@ -321,8 +322,8 @@ void qk_folded(const tile_layout& L, kv_tile_shape s, const token_vector* tv, co
   }
   for (int v = 0; v < NV; ++v)
     for (int r = 0; r < NR; ++r)
-      kv_simd::store8(tv[v].scores + static_cast<std::size_t>(r) * ld, _mm256_add_ps(dot[v][r], _mm256_set1_ps(consts[r])),
-                      tv[v].n);
+      kv_simd::store8(tv[v].scores + static_cast<std::size_t>(r) * ld,
+                      _mm256_add_ps(dot[v][r], _mm256_set1_ps(consts[r])), tv[v].n);
 }
 
 // Runs kernel.template operator()<NV>(tv) over a chunk's token vectors two at

@@ -118,7 +118,8 @@ TEST_P(fold_level, per_token_sums_fit_int32_at_any_shape) {
           const double mag = x_max * s_max * codes;
           const double tol = 1e-5 * mag + 1e-6 + eps * x_max * s_max * codes * 1.001;
           ASSERT_NEAR(simd[static_cast<std::size_t>(r) * n_out + i], ref[static_cast<std::size_t>(r) * n_out + i], tol)
-              << kv_type_name(type) << (role == kv_role::key ? " key" : " value") << " block " << bs << " head_dim " << hd << " row " << r << " at " << i;
+              << kv_type_name(type) << (role == kv_role::key ? " key" : " value") << " block " << bs << " head_dim "
+              << hd << " row " << r << " at " << i;
         }
       }
     }
