@@ -28,13 +28,14 @@
 #include <cstdint>
 
 #include "quant/kv_codec.h"
+#include "quant/kv_prefetch.h"
 
 namespace pagoda::int_kv {
 
 // The largest block_size the kernels take (check() enforces it): the AVX-512
 // a.v keeps up to one tile's packed words in a stack array of this many
-// entries (word_lists in kv_codec_int_avx512.cpp), the AVX2 a.v the token
-// scales of one span (at most max(128, block_size) tokens).
+// entries (word_lists in kv_codec_int_avx512.cpp), the AVX2 a.v the operand
+// of one span (at most max(128, block_size) tokens, k_span_positions).
 inline constexpr int k_max_block_size = 1024;
 
 // Calls rows.template operator()<R>(r0) over rows [0, n) in blocks of R = 4
@@ -121,6 +122,36 @@ inline double operand_error(const tile_layout& L) {
   const bool folded = L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales;
   if (L.key && folded) return 1.0 / (2.0 * wide_levels(L));
   return L.key && L.bits < 8 ? 1.0 / 254.0 : 1.0 / (127.0 * 508.0);
+}
+
+// The levels of the int16 operand of the AVX2 integer kernels
+// (kv_codec_int_avx2.cpp: x rounded to integers in [-levels, levels] in units
+// of max|x| / levels): 32767, or less where an int32 sum could overflow. A sum
+// runs over `positions` codes: q.k over one scale group's channels (padded to
+// whole words: head_dim rounded up to lanes for per-token scales), a.v over one
+// span's tokens (kv_simd::span_tiles tiles, each padded to whole words: 128 for
+// 16-token tiles), and is at most positions * u_max * levels in magnitude.
+// int8 gets 32767 up to 256 positions (256 * 255 * 32767 < 2^31 - 1): keys up
+// to head_dim 256, values up to block_size 256 (8224 at 1024).
+inline int avx2_levels(const tile_layout& L, kv_tile_shape s) {
+  const long words = L.key ? (L.mode == kv_scale_mode::group ? (L.group_size + L.lanes - 1) / L.lanes : L.n_outer)
+                           : static_cast<long>(kv_simd::span_tiles(s.block_size)) * L.n_outer;
+  const long positions = words * L.lanes;
+  return static_cast<int>(std::clamp<long>(2147483647L / (positions * L.u_max()), 127, 32767));
+}
+
+// Precision of the AVX2 kernels' operand against the reference, as eps in
+// operand_error's bound (a score or value sum off by at most
+// eps * max(|x| * S) * sum u over its terms, offsets exact): 1 / (2 * levels)
+// for the rounding to integers, plus 2^-23 for the f32 product x * levels /
+// max|x| that is rounded (up to levels * 2^-23 units of max|x| / levels).
+// Keys with per-channel or static scales stay in f32 at this level: 0.
+// Keys with 4- or 2-bit codes and per-token or group scales round the query to
+// int8 instead (vpmaddubsw), as the AVX-512 q.k does: 1 / 254 + 2^-23.
+inline double avx2_operand_error(const tile_layout& L, kv_tile_shape s) {
+  if (L.key && (L.mode == kv_scale_mode::per_channel || L.mode == kv_scale_mode::static_scales)) return 0.0;
+  if (L.key && L.bits < 8) return 1.0 / 254.0 + 0x1p-23;
+  return 1.0 / (2.0 * avx2_levels(L, s)) + 0x1p-23;
 }
 
 // Whether the AVX-512 kernels handle this format (others use the reference):

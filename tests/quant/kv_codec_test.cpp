@@ -389,19 +389,24 @@ TEST(kv_codec, check_enforces_each_codecs_block_size_limit) {
 // The dispatched kernels (whatever runs at the level) vs the reference twins on
 // random shapes and runs of tiles. At the scalar level the dispatched kernel is
 // the reference: bitwise equal. The float-like kernels differ from the
-// reference only by fused rounding (1e-5 of sum |q_d k_d|). The AVX2 integer
-// kernels sum codes times the f32 operand in f32 and apply scales and offsets
-// after, so their rounding is relative to the expanded terms
-// sum |q_d| (S_d u_d + |M_d|). The AVX-512 integer kernels also round their f32
-// operand to int8 (int_kv::operand_error), so on top we allow
-// eps * max(|x| * S) * sum |u - z| from the stored terms.
+// reference only by fused rounding (1e-5 of sum |q_d k_d|). The integer
+// kernels apply scales and offsets after the code sums, so their rounding is
+// relative to the expanded terms sum |q_d| (S_d u_d + |M_d|). They also round
+// their f32 operand to integers (AVX-512: int8 halves, int_kv::operand_error;
+// AVX2: int16, int_kv::avx2_operand_error, 0 for its f32 folded keys), so on
+// top we allow eps * max(|x| * S) * sum u from the stored terms.
 TEST_P(codec_level, simd_matches_reference) {
   PAGODA_USE_SIMD_LEVEL(level());
   const case_t cs = this->cs();
   const kv_codec* c = get_kv_codec(cs.type);
   const bool integer = cs.type == kv_type::int8 || cs.type == kv_type::int4 || cs.type == kv_type::int2;
   const bool exact = level() == simd_level::scalar;
-  const bool operand_rounding = integer && level() == simd_level::avx512;
+  const bool operand_rounding = integer && level() != simd_level::scalar;
+  auto eps_of = [&](const kv_format& f, kv_tile_shape shape) {
+    if (!operand_rounding) return 0.0;
+    const int_kv::tile_layout L = int_kv::layout_of(f, shape);
+    return level() == simd_level::avx512 ? int_kv::operand_error(L) : int_kv::avx2_operand_error(L, shape);
+  };
   std::mt19937 rng(7);
   for (int trial = 0; trial < 48; ++trial) {
     const int bs = std::vector<int>{1, 8, 16, 32, 16, 17}[trial % 6];
@@ -453,8 +458,7 @@ TEST_P(codec_level, simd_matches_reference) {
     }
     auto k_terms = [&](int t, int d) { return int_element(kf, shape, sk.get(kf), kp[t / bs], t % bs, d); };
     auto v_terms = [&](int t, int d) { return int_element(vf, shape, sv.get(vf), vp[t / bs], t % bs, d); };
-    const double k_eps = operand_rounding ? int_kv::operand_error(int_kv::layout_of(kf, shape)) : 0;
-    const double v_eps = operand_rounding ? int_kv::operand_error(int_kv::layout_of(vf, shape)) : 0;
+    const double k_eps = eps_of(kf, shape), v_eps = eps_of(vf, shape);
     const bool k_folded = kf.scale_mode == kv_scale_mode::per_channel || kf.scale_mode == kv_scale_mode::static_scales;
     for (int r = 0; r < n_q; ++r) {
       const float* qr = &q[static_cast<std::size_t>(r) * hd];
@@ -539,10 +543,11 @@ TEST_P(codec_level, lanes_are_independent) {
   }
 }
 
-// The scalar level (the references) and the AVX2 kernels allocate nothing,
-// whatever the shape (head_dim past the references' 64-channel chunk, odd
-// block sizes); the AVX-512 integer kernels keep grow-only per-thread operand
-// buffers, so at every level a second call of the same shape allocates nothing.
+// The scalar level (the references) and the AVX2 float kernels allocate
+// nothing, whatever the shape (head_dim past the references' 64-channel chunk,
+// odd block sizes); the integer kernels keep grow-only per-thread operand
+// buffers (AVX-512: every operand; AVX2: the query's), so at every level a
+// second call of the same shape allocates nothing.
 TEST_P(codec_level, kernels_allocate_nothing_per_call) {
   PAGODA_USE_SIMD_LEVEL(level());
   const case_t cs = this->cs();
@@ -567,11 +572,10 @@ TEST_P(codec_level, kernels_allocate_nothing_per_call) {
     }
     std::vector<float> q(static_cast<std::size_t>(n_q) * shape.head_dim, 0.5f), w(static_cast<std::size_t>(n_q) * ld, 0.25f);
     std::vector<float> scores(static_cast<std::size_t>(n_q) * ld), acc(static_cast<std::size_t>(n_q) * shape.head_dim);
-    // Kernels with per-thread scratch (the AVX-512 operands, the AVX2 folded
-    // keys' q * S) size it on a thread's first call; never again after.
-    const bool folded_keys = kf.scale_mode == kv_scale_mode::per_channel || kf.scale_mode == kv_scale_mode::static_scales;
-    const bool grows_scratch =
-        level() == simd_level::avx512 || (level() == simd_level::avx2 && folded_keys);
+    // Kernels with per-thread scratch (the AVX-512 operands, the AVX2 integer
+    // keys' query operand) size it on a thread's first call; never again after.
+    const bool integer = cs.type == kv_type::int8 || cs.type == kv_type::int4 || cs.type == kv_type::int2;
+    const bool grows_scratch = level() == simd_level::avx512 || (level() == simd_level::avx2 && integer);
     for (int call = 0; call < 2; ++call) {
       g_allocations = 0;
       t_count_allocations = true;
