@@ -101,9 +101,14 @@ inline std::size_t scale_index(const tile_layout& L, kv_tile_shape s, int t, int
 // in the AVX-512 q.k (x = q * S rounded to integers in [-levels, levels]):
 // 32767, or less where a score's integer sum over the padded channels of a
 // token (at most positions * u_max * levels) would not fit an int32.
+// The int16 operand's levels for sums over `positions` codes of at most
+// u_max each: 32767, or the most that keeps positions * u_max * levels an int32.
+inline int int16_levels(long positions, int u_max) {
+  return static_cast<int>(std::clamp<long>(2147483647L / (positions * u_max), 127, 32767));
+}
+
 inline int wide_levels(const tile_layout& L) {
-  const long positions = (static_cast<long>(L.n_outer) * L.lanes + 15) / 16 * 16;
-  return static_cast<int>(std::clamp<long>(2147483647L / (positions * L.u_max()), 127, 32767));
+  return int16_levels((static_cast<long>(L.n_outer) * L.lanes + 15) / 16 * 16, L.u_max());
 }
 
 // Precision of the f32 operand in the AVX-512 kernels. The operand (a query row
@@ -136,8 +141,7 @@ inline double operand_error(const tile_layout& L) {
 inline int avx2_levels(const tile_layout& L, kv_tile_shape s) {
   const long words = L.key ? (L.mode == kv_scale_mode::group ? (L.group_size + L.lanes - 1) / L.lanes : L.n_outer)
                            : static_cast<long>(kv_simd::span_tiles(s.block_size)) * L.n_outer;
-  const long positions = words * L.lanes;
-  return static_cast<int>(std::clamp<long>(2147483647L / (positions * L.u_max()), 127, 32767));
+  return int16_levels(words * L.lanes, L.u_max());
 }
 
 // Precision of the AVX2 kernels' operand against the reference, as eps in
