@@ -371,18 +371,20 @@ void paged_attention_ref(const attention_task& t) {
   }
   // A merged pair's reader (kv_merge.h) reads restored rows: the stored row
   // times its ratio, or its own row where retained.
-  for (const paged_kv_view* x : {&k, &v}) {
-    if (!x->merge) continue;
-    std::vector<float>& rows = x == &k ? keys : values;
+  auto restore = [&](const paged_kv_view& x, bool is_key, std::vector<float>& rows) {
+    if (!x.merge) return;
     for (int p = 0; p < n_ctx; ++p) {
-      const kv_merge_ref m = x->merge_of(p / bs, t.kv_head);
+      const kv_merge_ref m = x.merge_of(p / bs, t.kv_head);
+      const int slot = p % bs;
       float* row = &rows[static_cast<std::size_t>(p) * hd];
-      const float ratio = (x == &k ? m.ratio_k() : m.ratio_v())[p % bs];
+      const float ratio = is_key ? m.ratio_k()[slot] : m.ratio_v()[slot];
       for (int d = 0; d < hd; ++d) row[d] *= ratio;
       for (int e = 0; e < m.shape.retain; ++e)
-        if (m.slot(e) == p % bs) std::copy_n(x == &k ? m.k(e) : m.v(e), hd, row);
+        if (m.slot(e) == slot) std::copy_n(is_key ? m.k(e) : m.v(e), hd, row);
     }
-  }
+  };
+  restore(k, true, keys);
+  restore(v, false, values);
   // What the ranges select and what the bias adds, slot by slot.
   std::vector<bool> selected(n_ctx, t.ranges.empty());
   for (const slot_range& r : t.ranges)
