@@ -189,27 +189,30 @@ using kv_simd::tile_span;
 // acc rows [NR][head_dim] += w[NR][t] * tscale[t] * v_t over the span's tokens t
 // (w and tscale from the span's first token, tiles block_size apart) and
 // channels [d0, d0 + 8 * NC), of which only the first n_ch are valid (a
-// partial last vector when n_ch < 8 * NC); the same lines of the `later` tiles
-// are prefetched.
-template <int NR, int NC, elem E, bool SCALED>
+// partial last vector when n_ch < 8 * NC; FULL: n_ch == 8 * NC, every vector
+// loads directly); the line holding each token's first element of the chunk
+// is prefetched in the `later` tile (its other line, if any, by the next
+// chunk's or token's request).
+template <int NR, int NC, elem E, bool SCALED, bool FULL>
 inline void av_rows(const tile_span& sp, int block_size, int head_dim, int d0, int n_ch, const float* w, int ld,
                     const float* tscale, float* acc) {
   using L = loader<E>;
   int nc[NC];
-  for (int c = 0; c < NC; ++c) nc[c] = n_ch - 8 * c;
+  for (int c = 0; c < NC; ++c) nc[c] = FULL ? 8 : n_ch - 8 * c;
   __m256 a[NR][NC];
   for (int j = 0; j < NR; ++j)
     for (int c = 0; c < NC; ++c)
       a[j][c] = kv_simd::load8(acc + static_cast<std::size_t>(j) * head_dim + d0 + 8 * c, nc[c]);
+  const std::size_t row_bytes = static_cast<std::size_t>(head_dim) * L::bytes;
   for (int k = 0; k < sp.n; ++k) {
     const float* wk = w + static_cast<std::size_t>(k) * block_size;
     const float* sk = tscale + static_cast<std::size_t>(k) * block_size;
-    for (int t = 0; t < sp.nt[k]; ++t) {
-      const std::size_t at = (static_cast<std::size_t>(t) * head_dim + d0) * L::bytes;
+    const std::uint8_t* v = sp.tile[k] + static_cast<std::size_t>(d0) * L::bytes;
+    const std::uint8_t* ahead = sp.later[k] + static_cast<std::size_t>(d0) * L::bytes;
+    for (int t = 0; t < sp.nt[k]; ++t, v += row_bytes, ahead += row_bytes) {
       __m256 vv[NC];
-      for (int c = 0; c < NC; ++c) vv[c] = load_n<E>(sp.tile[k] + at + 8 * c * L::bytes, nc[c]);
-      for (int c = 0; c < NC; ++c)
-        if ((at + 8 * c * L::bytes) % 64 == 0) prefetch_line(sp.later[k] + at + 8 * c * L::bytes);
+      for (int c = 0; c < NC; ++c) vv[c] = FULL ? L::load8(v + 8 * c * L::bytes) : load_n<E>(v + 8 * c * L::bytes, nc[c]);
+      prefetch_line(ahead);
       for (int j = 0; j < NR; ++j) {
         float wt = wk[static_cast<std::size_t>(j) * ld + t];
         if constexpr (SCALED) wt *= sk[t];
@@ -228,8 +231,10 @@ template <elem E, bool SCALED>
 void av_chunk(const tile_span& sp, int block_size, int head_dim, int d0, int n_ch, const float* w, int ld, int n_q,
               const float* tscale, float* acc) {
   auto rows = [&]<int NR, int NC>(int r) {
-    av_rows<NR, NC, E, SCALED>(sp, block_size, head_dim, d0, n_ch, w + static_cast<std::size_t>(r) * ld, ld, tscale,
-                               acc + static_cast<std::size_t>(r) * head_dim);
+    const float* wr = w + static_cast<std::size_t>(r) * ld;
+    float* ar = acc + static_cast<std::size_t>(r) * head_dim;
+    if (n_ch == 8 * NC) av_rows<NR, NC, E, SCALED, true>(sp, block_size, head_dim, d0, n_ch, wr, ld, tscale, ar);
+    else av_rows<NR, NC, E, SCALED, false>(sp, block_size, head_dim, d0, n_ch, wr, ld, tscale, ar);
   };
   int r = 0;
   for (; r + 4 <= n_q; r += 4) rows.template operator()<4, 2>(r);
