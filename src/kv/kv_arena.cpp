@@ -178,8 +178,10 @@ status kv_arena::init_tensor(tensor& t, const kv_format& fmt, int layer) {
 // 1.5x longer. With kv_pool_memory::huge_pages (--kv-huge-pages) the tiles
 // are in huge pages and faulted in here, whole, so that cost moves to start
 // (and the whole pool is resident from then on); decode attention then reads
-// them with fewer TLB misses: at 32K tokens 2-6% faster, and Quest's
-// scattered reads of 1/8 of the tiles more (bench/RESULTS.md, "KV pool pages").
+// them with fewer TLB misses: on an AVX2 Zen 3 VM full attention at 32K-128K
+// tokens 1.2-1.4x faster, Quest reading 1/8 of the tiles 1.05-1.35x (full
+// attention 2-6% in the 2026-12-03 measurement; bench/history/2026.md, "KV
+// pool pages" and "KV pool in huge pages").
 status kv_arena::map_tiles(const kv_pool_memory& memory) {
   constexpr std::size_t k_page = 4096;
   const auto padded = [&](const tensor& t) { return (t.size_bytes + k_page - 1) / k_page * k_page; };
