@@ -21,6 +21,8 @@
 //   build/bench/attention_bench --benchmark_filter='ctx:32768'   (etc.)
 //   build/bench/attention_bench --benchmark_filter='stream'      (bandwidth only)
 //   build/bench/attention_bench --benchmark_filter='kernel/'     (q.k and a.v in cache, bm_kernel)
+//   build/bench/attention_bench --kv_huge_pages ...             (pools in huge pages, faulted in:
+//                                                                 the engine's --kv-huge-pages)
 //
 // Kernels run at the process's SIMD level (the CPU's best, lowered by
 // PAGODA_SIMD=scalar|avx2). To compare levels in one run, name them:
@@ -52,6 +54,7 @@
 #include "core/aligned_buffer.h"
 #include "core/cpu.h"
 #include "core/thread_pool.h"
+#include "bench_kv.h"
 #include "kv/kv_storage.h"
 #include "quant/kv_codec.h"
 #include "quant/kv_format_spec.h"
@@ -97,7 +100,7 @@ setup& setup_for(const std::string& spec, int n_ctx, bool shuffled) {
   layout.k_formats[0] = pair.k.resolve(kv_role::key, false);
   layout.v_formats[0] = pair.v.resolve(kv_role::value, false);
   const int n_blocks = (n_ctx + k_block - 1) / k_block;
-  s->kv = std::move(*kv_storage::create(layout, n_blocks + 64, 1));
+  s->kv = std::move(*kv_storage::create(layout, n_blocks + 64, 1, {}, pool_memory()));
   std::vector<int> ids(n_blocks + 64);
   std::iota(ids.begin(), ids.end(), 0);
   std::mt19937 rng(1);
@@ -317,9 +320,5 @@ std::vector<simd_level> take_simd_levels(int& argc, char** argv) {
 
 int main(int argc, char** argv) {
   register_all(take_simd_levels(argc, argv));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  return run_benchmarks(argc, argv);
 }

@@ -8,6 +8,7 @@
 //   pagoda synth --preset llama3-8b --layers 2 --weight-type q8_0 --vocab 512 --ctx 65536
 //     -o /tmp/llama3-8b-2l-q8.gguf
 //   PAGODA_DECODE_MODEL=/tmp/llama3-8b-2l-q8.gguf build/bench/decode_bench
+//   ... decode_bench --kv_huge_pages   (the pool in huge pages, faulted in: --kv-huge-pages)
 //
 // "f16+quest": the same step with Quest reading 1/8 of the blocks of every
 // layer (random keys choose scattered blocks: the worst case for locality).
@@ -64,7 +65,7 @@ void bm_decode(benchmark::State& st, std::string spec) {
   }
   layout.key_summaries = quest;
   const int n_blocks = n_ctx / 16 + 2;
-  auto storage = std::move(*kv_storage::create(layout, n_blocks, 1));
+  auto storage = std::move(*kv_storage::create(layout, n_blocks, 1, {}, pagoda::bench::pool_memory()));
   std::vector<block_id> table;
   for (int b = 0; b < n_blocks; ++b) table.push_back(block_id(b));
   pagoda::bench::fill_random_kv(*storage, table, n_ctx);
@@ -115,9 +116,9 @@ void register_all() {
   }
 }
 
-// Registered before main runs, so the stock benchmark main serves.
-const bool registered = (register_all(), true);
-
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  register_all();
+  return pagoda::bench::run_benchmarks(argc, argv);
+}

@@ -41,6 +41,8 @@
 //   build/release/bench/quest_bench --benchmark_filter='^(select|bounds|kth|sparse_hot)'
 //                                          (selection and sparse reads hot in cache)
 //   build/release/bench/quest_bench --benchmark_filter='^quality'  (what each bound chooses)
+//   build/release/bench/quest_bench --kv_huge_pages ...  (the steps' pools in huge pages, as the
+//        engine's --kv-huge-pages, but faulted in as written: only layer 0 of the layout is used)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -59,6 +61,7 @@
 #include <fmt/format.h>
 
 #include "attention/paged_attention.h"
+#include "bench_kv.h"
 #include "core/cpu.h"
 #include "kv/kv_storage.h"
 #include "policy/quest.h"
@@ -94,7 +97,7 @@ pool& pool_for(const std::string& spec, int n_ctx, int n_layers, bool shuffled =
   }
   layout.key_summaries = true;
   const int n_blocks = (n_ctx + k_block - 1) / k_block;
-  p->kv = std::move(*kv_storage::create(layout, n_blocks));
+  p->kv = std::move(*kv_storage::create(layout, n_blocks, 1, {}, bench::pool_memory()));
   for (int i = 0; i < n_blocks; ++i) p->table.push_back(block_id(i));
   std::mt19937 rng(1);
   if (shuffled) std::shuffle(p->table.begin(), p->table.end(), rng);
@@ -568,9 +571,7 @@ void register_all() {
 
 int main(int argc, char** argv) {
   register_all();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  // Not faulted in: a 32 layers' layout maps every layer's tiles (16 GiB of
+  // f16 at 128K) and the steps use layer 0's.
+  return pagoda::bench::run_benchmarks(argc, argv, false);
 }

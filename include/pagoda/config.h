@@ -34,6 +34,11 @@ struct engine_config {
   int block_size = 16;               // tokens per KV block
   double kv_cache_size_mib = 0;      // pool size in MiB, or
   std::int64_t max_kv_tokens = 0;    // pool size in tokens; neither: max_num_seqs full contexts, at most 4 GiB
+  // The pool's blocks in transparent huge pages, faulted in when the engine
+  // starts (--kv-huge-pages): decode attention reads them with fewer TLB
+  // misses, at the price of a slower start and the whole pool resident from
+  // it. Off: base pages, faulted in as blocks are first written.
+  bool kv_huge_pages = false;
   bool enable_prefix_caching = true;
   // The order cached prefix blocks are evicted in: "lfu" (reuse counts, aged:
   // one-off prompts pass through without flushing reused prefixes) or "lru".

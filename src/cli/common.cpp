@@ -158,6 +158,9 @@ void add_kv_options(CLI::App* app, engine_config& opts) {
   app->add_option("--kv-cache-size", opts.kv_cache_size_mib, "KV pool size in MiB (default: --max-kv-tokens)")
       ->check(finite_positive());
   app->add_option("--max-kv-tokens", opts.max_kv_tokens, "KV pool size in tokens")->check(CLI::PositiveNumber);
+  app->add_flag("--kv-huge-pages", opts.kv_huge_pages,
+                "keep the KV pool in transparent huge pages, faulted in at start: faster decode attention at long "
+                "context, a slower start, and the whole pool resident from it (default: base pages as written)");
   app->add_option("--kv-policy", opts.kv_policy,
                   "NAME[:key=value,...]: which tokens the KV cache keeps or reads (none, window, h2o, snapkv, "
                   "pyramid, merge, cluster, quest, retrieval; docs/policies.md); requests may name their own");

@@ -12,16 +12,11 @@
 namespace pagoda {
 namespace {
 
-// Anonymous, lazily zeroed memory in base pages, touched as blocks are first
-// written. Not MADV_HUGEPAGE: the arenas are head-major, so the first block
-// touches one page per (layer, K|V, KV head) (64 on a 4-layer 8-head model),
-// and a huge page there is 2 MiB the fault must find and zero. Where memory
-// is fragmented (the page cache full of model files) the kernel compacts for
-// each, synchronously: a fresh process's first prompt took 30-830 ms with the
-// advice and 23-28 ms without (3 tokens, a 128 MiB pool), and a 512-token
-// prompt 1.5x longer. Huge pages made decode attention at 32K tokens 2-6%
-// faster (fewer TLB misses); a step's latency matters more (bench/RESULTS.md,
-// "KV pool pages").
+// Anonymous, lazily zeroed memory in base pages, for the side maps
+// (staging, biases, merge data, key summaries): touched only where used, and
+// never in huge pages (most of a huge page would be zeroed for nothing). The
+// tiles are mapped apart (map_tiles, which says why base pages are their
+// default too).
 void* map_zeroed(std::size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : p;
@@ -30,7 +25,8 @@ void* map_zeroed(std::size_t bytes) {
 }  // namespace
 
 result<std::unique_ptr<kv_arena>> kv_arena::create(std::span<const kv_class_spec> classes, std::int64_t first_block,
-                                                   std::vector<int> model_layers, std::int64_t n_staging_slots) {
+                                                   std::vector<int> model_layers, std::int64_t n_staging_slots,
+                                                   kv_pool_memory memory) {
   if (classes.empty()) return error(errc::invalid_argument, "a KV arena needs a block class");
   const kv_layout& layout = classes[0].layout;
   std::int64_t total = 0;
@@ -52,6 +48,7 @@ result<std::unique_ptr<kv_arena>> kv_arena::create(std::span<const kv_class_spec
   s->first_block_ = first_block;
   s->model_layers_ = std::move(model_layers);
   for (const kv_class_spec& c : classes) PAGODA_RETURN_IF_ERROR(s->add_class(c.layout, c.n_blocks));
+  PAGODA_RETURN_IF_ERROR(s->map_tiles(memory));
   if (s->classes_.size() > 1) {
     s->block_class_.resize(static_cast<std::size_t>(total));
     for (std::size_t c = 0; c < s->classes_.size(); ++c)
@@ -155,10 +152,6 @@ status kv_arena::init_tensor(tensor& t, const kv_format& fmt, int layer) {
   t.first_block = c.first_block;
   t.n_tiles = c.n_blocks;
   t.size_bytes = t.tile_bytes * layout.n_kv_heads * static_cast<std::size_t>(t.n_tiles);
-  t.data = static_cast<std::byte*>(map_zeroed(t.size_bytes));
-  if (!t.data)
-    return error(errc::resource_exhausted, "cannot map {} bytes for the KV cache: {}", t.size_bytes,
-                 std::strerror(errno));
   if (kv_format_sealed(fmt)) t.sealed_index = classes_[t.cls].n_sealed++;
   if (fmt.scale_mode == kv_scale_mode::static_scales) {
     const int H = layout.n_kv_heads, D = layout.head_dim;
@@ -175,11 +168,41 @@ status kv_arena::init_tensor(tensor& t, const kv_format& fmt, int layer) {
   return {};
 }
 
-kv_arena::~kv_arena() {
+// Tiles in base pages by default, not huge pages: the arenas are head-major,
+// so the first block touches one page per (layer, K|V, KV head) (64 on a
+// 4-layer 8-head model), and with MADV_HUGEPAGE each of those faults must
+// find and zero a 2 MiB page. Where memory is fragmented (the page cache full
+// of model files) the kernel compacts for each, synchronously (defrag =
+// madvise): a fresh process's first prompt took 30-830 ms with the advice
+// and 23-28 ms without (3 tokens, a 128 MiB pool), and a 512-token prompt
+// 1.5x longer. With kv_pool_memory::huge_pages (--kv-huge-pages) the tiles
+// are in huge pages and faulted in here, whole, so that cost moves to start
+// (and the whole pool is resident from then on); decode attention then reads
+// them with fewer TLB misses: on an AVX2 Zen 3 VM full attention at 32K-128K
+// tokens 1.2-1.4x faster, Quest reading 1/8 of the tiles 1.05-1.35x (full
+// attention 2-6% in the 2026-12-03 measurement; bench/history/2026.md, "KV
+// pool pages" and "KV pool in huge pages").
+status kv_arena::map_tiles(const kv_pool_memory& memory) {
+  constexpr std::size_t k_page = 4096;
+  const auto padded = [&](const tensor& t) { return (t.size_bytes + k_page - 1) / k_page * k_page; };
+  std::size_t bytes = 0;
+  for (const block_class_data& c : classes_)
+    for (auto* tensors : {&c.k, &c.v})
+      for (const tensor& t : *tensors) bytes += padded(t);
+  auto mapped = anon_memory::map(bytes, memory.huge_pages, memory.fault_in);
+  if (!mapped.ok()) return mapped.error().with_context("the KV cache");
+  tiles_ = std::move(*mapped);
+  std::byte* at = tiles_.data();
   for (block_class_data& c : classes_)
     for (auto* tensors : {&c.k, &c.v})
-      for (tensor& t : *tensors)
-        if (t.data) munmap(t.data, t.size_bytes);
+      for (tensor& t : *tensors) {
+        t.data = at;
+        at += padded(t);
+      }
+  return {};
+}
+
+kv_arena::~kv_arena() {
   if (staging_) munmap(staging_, slot_bytes_ * n_slots_);
   if (summaries_) munmap(summaries_, summaries_bytes_);
   if (bias_) munmap(bias_, bias_bytes_);

@@ -40,6 +40,13 @@
 //     step end before the next step writes. The engine maps two per
 //     --max-num-seqs sequence (k_staging_slots_per_sequence). Running out is
 //     a broken invariant (more open blocks than that), asserted with a message.
+//
+// Tiles: every class's K and V tiles of every layer are one mapping
+// (tile_memory()), each tensor at a page boundary. Lazily zeroed base pages
+// by default; with kv_pool_memory::huge_pages, transparent huge pages
+// faulted in whole by create() (see map_tiles in kv_arena.cpp for why that
+// is not the default). Staging, biases, merge data and key summaries are
+// mapped apart, in base pages, touched only where used.
 #pragma once
 
 #include <cstddef>
@@ -49,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "core/anon_memory.h"
 #include "kv/kv_backend.h"
 #include "pagoda/status.h"
 #include "pagoda/types.h"
@@ -57,6 +65,18 @@ namespace pagoda {
 
 // Staging slots one sequence may hold at once (see above).
 inline constexpr std::int64_t k_staging_slots_per_sequence = 2;
+
+// How an arena's tiles are backed (--kv-huge-pages).
+struct kv_pool_memory {
+  // Transparent huge pages (2 MiB on x86), faulted in whole when the arena is
+  // created: attention's reads of the tiles take fewer TLB misses, and the
+  // pages are found, zeroed and compacted at start instead of by the first
+  // requests that write them; the whole pool is resident from the start.
+  bool huge_pages = false;
+  // With huge_pages: fault the tiles in at create. False: as written (for
+  // benchmarks whose layouts map more layers than they use).
+  bool fault_in = true;
+};
 
 struct kv_staging_stats {
   std::int64_t slots_mapped = 0;
@@ -67,15 +87,18 @@ struct kv_staging_stats {
 
 class kv_arena {
  public:
-  // Maps (lazily zeroed) memory for each class's blocks (classes[c].layout:
-  // the group's layers; class 0 the default formats) from global id
-  // first_block on, and, when a format of any class is sealed,
+  // Maps zeroed memory for each class's blocks (classes[c].layout: the
+  // group's layers; class 0 the default formats) from global id first_block
+  // on, backed as `memory` says, and, when a format of any class is sealed,
   // n_staging_slots staging slots (at least 1, at most the blocks).
   // model_layers[l]: the model's number of the group's layer l (for rotate callbacks).
   // Errors: a bad layout; a class whose shape differs from class 0's or that
-  // has no block (invalid_argument).
+  // has no block (invalid_argument); memory that cannot be mapped
+  // (resource_exhausted; huge pages the kernel does not give are not an
+  // error: tile_memory().huge() says what was got).
   static result<std::unique_ptr<kv_arena>> create(std::span<const kv_class_spec> classes, std::int64_t first_block,
-                                                  std::vector<int> model_layers, std::int64_t n_staging_slots = 1);
+                                                  std::vector<int> model_layers, std::int64_t n_staging_slots = 1,
+                                                  kv_pool_memory memory = {});
   ~kv_arena();
   kv_arena(const kv_arena&) = delete;
   kv_arena& operator=(const kv_arena&) = delete;
@@ -93,6 +116,9 @@ class kv_arena {
   const std::vector<int>& model_layers() const { return model_layers_; }
   // Every byte this arena holds: tiles, staging slots, static parameters, key summaries.
   std::size_t total_bytes() const;
+  // The one mapping that holds every class's tiles (rounded up to whole huge
+  // pages when they were asked for), and what it got (huge()).
+  const anon_memory& tile_memory() const { return tiles_; }
   kv_staging_stats staging() const;
 
   // kv_backend's operations, with the group's layer numbers.
@@ -120,7 +146,7 @@ class kv_arena {
 
  private:
   struct tensor {
-    std::byte* data = nullptr;
+    std::byte* data = nullptr;     // in tiles_
     std::size_t size_bytes = 0;
     std::size_t tile_bytes = 0;
     const kv_codec* codec = nullptr;
@@ -147,6 +173,8 @@ class kv_arena {
   std::size_t at(block_id b) const { return static_cast<std::size_t>(b.value - first_block_); }
   status add_class(const kv_layout& layout, std::int64_t n_blocks);
   status init_tensor(tensor& t, const kv_format& fmt, int layer);
+  // Maps tiles_ and points every tensor's data into it.
+  status map_tiles(const kv_pool_memory& memory);
   void build_view_classes();
   // Block b's tensor of (layer, role).
   tensor& k_of(block_id b, int layer) { return classes_[block_class(b)].k[layer]; }
@@ -218,6 +246,7 @@ class kv_arena {
 
   std::int64_t first_block_ = 0;
   std::int64_t n_blocks_ = 0;  // over every class
+  anon_memory tiles_;          // every tensor's tiles (tensor::data points into it)
   std::vector<int> model_layers_;  // [n_layers]: the model's layer of each of ours
   std::vector<block_class_data> classes_;  // [n classes]; class 0 is the default layout
   // With more than one class: [n_blocks] each block's class (by index at()),

@@ -8,7 +8,7 @@ namespace pagoda {
 
 result<std::unique_ptr<kv_storage>> kv_storage::create(std::span<const kv_layout> class_layouts,
                                                        std::span<const kv_group_blocks> groups,
-                                                       std::int64_t n_staging_slots) {
+                                                       std::int64_t n_staging_slots, kv_pool_memory memory) {
   if (class_layouts.empty()) return error(errc::invalid_argument, "a KV storage needs a layout");
   if (groups.empty()) return error(errc::invalid_argument, "a KV storage needs a KV group");
   const kv_layout& base = class_layouts[0];
@@ -44,7 +44,7 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(std::span<const kv_layout
                        grp.own_classes[c].n_layers, grp.layers.size());
         classes.push_back(kv_class_spec{grp.own_classes[c], grp.class_blocks[c]});
       }
-      auto arena = kv_arena::create(classes, s->n_blocks_, grp.layers, n_staging_slots);
+      auto arena = kv_arena::create(classes, s->n_blocks_, grp.layers, n_staging_slots, memory);
       if (!arena.ok()) return arena.error().with_context(fmt::format("KV group {}", g));
       s->n_blocks_ += (*arena)->n_blocks();
       s->arenas_.push_back(std::move(*arena));
@@ -61,7 +61,7 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(std::span<const kv_layout
     std::vector<kv_class_spec> classes;
     for (std::size_t c = 0; c < class_layouts.size(); ++c)
       classes.push_back(kv_class_spec{class_layouts[c].select_layers(grp.layers), grp.class_blocks[c]});
-    auto arena = kv_arena::create(classes, s->n_blocks_, grp.layers, n_staging_slots);
+    auto arena = kv_arena::create(classes, s->n_blocks_, grp.layers, n_staging_slots, memory);
     if (!arena.ok()) return groups.size() > 1 ? arena.error().with_context(fmt::format("KV group {}", g)) : arena.error();
     s->n_blocks_ += (*arena)->n_blocks();
     s->arenas_.push_back(std::move(*arena));
@@ -74,7 +74,8 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(std::span<const kv_layout
 
 result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, std::int64_t n_blocks,
                                                        std::int64_t n_staging_slots,
-                                                       std::span<const kv_class_spec> extra_classes) {
+                                                       std::span<const kv_class_spec> extra_classes,
+                                                       kv_pool_memory memory) {
   PAGODA_RETURN_IF_ERROR(layout.check());
   if (n_blocks <= 0) return error(errc::invalid_argument, "KV pool needs at least one block (got {})", n_blocks);
   std::vector<kv_layout> layouts{layout};
@@ -86,7 +87,7 @@ result<std::unique_ptr<kv_storage>> kv_storage::create(const kv_layout& layout, 
     all.class_blocks.push_back(c.n_blocks);
   }
   const kv_group_blocks groups[] = {std::move(all)};
-  return create(layouts, groups, n_staging_slots);
+  return create(layouts, groups, n_staging_slots, memory);
 }
 
 kv_storage::~kv_storage() = default;

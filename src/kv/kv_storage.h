@@ -38,16 +38,19 @@ class kv_storage final : public kv_backend {
   // class_layouts[c]: class c's formats over every model layer (class 0 the
   // default; all of one shape). Groups in order: ids follow group order, and
   // within a group class order. Each group maps n_staging_slots staging
-  // slots when one of its formats is sealed.
+  // slots when one of its formats is sealed. Every group's tiles are backed
+  // as `memory` says (kv_arena.h).
   // Errors: a bad layout, a class whose shape differs, a group or class
-  // without blocks, layers not split exactly once among the groups.
+  // without blocks, layers not split exactly once among the groups, memory
+  // that cannot be mapped.
   static result<std::unique_ptr<kv_storage>> create(std::span<const kv_layout> class_layouts,
                                                     std::span<const kv_group_blocks> groups,
-                                                    std::int64_t n_staging_slots = 1);
+                                                    std::int64_t n_staging_slots = 1, kv_pool_memory memory = {});
   // One group of every layer: n_blocks of class 0 (layout), then each extra class's.
   static result<std::unique_ptr<kv_storage>> create(const kv_layout& layout, std::int64_t n_blocks,
                                                     std::int64_t n_staging_slots = 1,
-                                                    std::span<const kv_class_spec> extra_classes = {});
+                                                    std::span<const kv_class_spec> extra_classes = {},
+                                                    kv_pool_memory memory = {});
   ~kv_storage() override;
   kv_storage(const kv_storage&) = delete;
   kv_storage& operator=(const kv_storage&) = delete;

@@ -1,5 +1,6 @@
 #include "sched/engine_core.h"
 
+#include <cstdio>
 #include <exception>
 
 #include <fmt/format.h>
@@ -187,6 +188,41 @@ result<std::uint8_t> find_kv_class(const engine_core_config& config, const std::
                kv_type, kept, kv_type);
 }
 
+namespace {
+
+// --kv-huge-pages: one line on stderr at start saying how much of the pool's
+// tiles the kernel gave in huge pages and how long faulting them in took; a
+// warning when that fell short (the pool works either way).
+void report_huge_pages(const kv_storage& storage) {
+  std::size_t bytes = 0, huge = 0;
+  bool known = true, resident = true;
+  double ms = 0;
+  std::string problems;
+  for (int g = 0; g < storage.n_groups(); ++g) {
+    const anon_memory& m = storage.arena(g).tile_memory();
+    bytes += m.size_bytes();
+    known = known && m.huge().huge_bytes.has_value();
+    huge += m.huge().huge_bytes.value_or(0);
+    resident = resident && m.huge().resident;
+    ms += m.huge().fault_in_ms;
+    if (!m.huge().problem.empty() && problems.find(m.huge().problem) == std::string::npos)
+      problems += "; " + m.huge().problem;
+  }
+  const double mib = 1024.0 * 1024.0;
+  std::string line = resident ? fmt::format("KV pool faulted in at start in {:.0f} ms: ", ms) : "KV pool: ";
+  if (known) line += fmt::format("{:.1f} of {:.1f} MiB in huge pages", static_cast<double>(huge) / mib, bytes / mib);
+  else line += fmt::format("{:.1f} MiB, how much of it in huge pages unknown (no /proc/self/smaps)", bytes / mib);
+  const bool short_of_huge = known && huge < bytes;
+  if (short_of_huge) {
+    const std::string mode = transparent_huge_page_mode();
+    line += fmt::format(" (transparent_hugepage/enabled: {}; the rest in base pages)", mode.empty() ? "missing" : mode);
+  }
+  std::fprintf(stderr, "pagoda: %s--kv-huge-pages: %s%s\n", short_of_huge || !problems.empty() ? "warning: " : "",
+               line.c_str(), problems.c_str());
+}
+
+}  // namespace
+
 result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& model, const engine_core_config& config) {
   const llama_hparams& hp = model.hparams();
   if (config.kv.n_model_layers() != hp.n_layer || config.kv.n_kv_heads != hp.n_head_kv ||
@@ -285,8 +321,10 @@ result<std::unique_ptr<engine_core>> engine_core::create(const llama_model& mode
       }
   }
   // Staging slots for every sequence that can hold open blocks (kv_arena.h).
-  PAGODA_ASSIGN_OR_RETURN(auto storage,
-                          kv_storage::create(class_layouts, groups, k_staging_slots_per_sequence * c.max_num_seqs));
+  PAGODA_ASSIGN_OR_RETURN(auto storage, kv_storage::create(class_layouts, groups,
+                                                          k_staging_slots_per_sequence * c.max_num_seqs,
+                                                          kv_pool_memory{.huge_pages = c.kv_huge_pages}));
+  if (c.kv_huge_pages) report_huge_pages(*storage);
   std::unique_ptr<engine_core> e(new engine_core(model, c, std::move(storage)));
   PAGODA_RETURN_IF_ERROR(e->sched_.check());
   return e;

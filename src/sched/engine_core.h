@@ -68,6 +68,7 @@ struct engine_core_config {
   cache_eviction prefix_cache_eviction = cache_eviction::lfu;  // scheduler_config::prefix_cache_eviction
   kv_layout kv;                       // types and block size (n_layers etc. must match the model)
   std::int64_t n_blocks = 0;          // pool size in blocks (the default type's; classes have their own)
+  bool kv_huge_pages = false;         // the pool's tiles in huge pages, faulted in at create (kv_pool_memory)
   std::vector<kv_segment_class> kv_classes;  // extra KV classes, 1, 2, ... (none: one type)
   std::map<std::string, std::int32_t> tenant_quota_blocks;
   int max_waiting = 1 << 20;          // requests queued at once (the server sets a limit)

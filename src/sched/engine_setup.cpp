@@ -450,6 +450,7 @@ result<engine_core_config> make_engine_core_config(const llama_model& model, con
   PAGODA_ASSIGN_OR_RETURN(cfg.kv, make_kv_layout(model, opts));
   if (opts.kv_key_summaries) cfg.kv.key_summaries = true;
   cfg.free_out_of_window = !opts.swa_full;
+  cfg.kv_huge_pages = opts.kv_huge_pages;
   // Sliding-window layers beside full ones keep only their window in a group
   // of their own (engine_core.h, plan_kv_groups): the pool's blocks then pay
   // only for the full layers, and a MiB budget pays for the window group first.

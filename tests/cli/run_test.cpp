@@ -55,6 +55,20 @@ TEST(cli_run, f16_cache_and_block_size_options) {
   EXPECT_EQ(j["kv"]["bytes_per_token"].get<double>(), 640.0);
 }
 
+// --kv-huge-pages: the same greedy tokens, and one line on stderr saying what
+// the pool got (a warning where the kernel gave fewer huge pages). (The
+// README's test checks that every engine command takes the flag.)
+TEST(cli_run, kv_huge_pages_give_the_same_tokens_and_say_what_the_pool_got) {
+  const std::string args = "run -m " + model_path() + " -p 'Once upon a time' -n 24 --temp 0 --json";
+  auto base = run_cli(args);
+  auto huge = run_cli(args + " --kv-huge-pages");
+  ASSERT_EQ(base.exit_code, 0) << base.err;
+  ASSERT_EQ(huge.exit_code, 0) << huge.err;
+  EXPECT_EQ(json::parse(huge.out)["tokens"], json::parse(base.out)["tokens"]);
+  EXPECT_NE(huge.err.find("--kv-huge-pages: KV pool faulted in at start"), std::string::npos) << huge.err;
+  EXPECT_EQ(base.err.find("--kv-huge-pages"), std::string::npos) << base.err;
+}
+
 TEST(cli_run, clear_errors) {
   auto missing = run_cli("run -m /nonexistent/model.gguf -p hi");
   EXPECT_EQ(missing.exit_code, 1);

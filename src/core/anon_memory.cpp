@@ -1,0 +1,151 @@
+#include "core/anon_memory.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+namespace pagoda {
+namespace {
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older C libraries lack the name
+#endif
+
+// The first line of a sysfs file, or "" where it cannot be read.
+std::string first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// AnonHugePages of the mapping holding `addr`, from /proc/self/smaps (an
+// entry is a header line "start-end perms ..." and then "Field: N kB" lines);
+// nullopt where it is unreadable or no mapping holds addr. Mappings are
+// listed by address, so the read stops at the one wanted.
+std::optional<std::size_t> anon_huge_bytes_at(const void* addr) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "re");
+  if (!f) return std::nullopt;
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  std::optional<std::size_t> found;
+  bool inside = false;
+  char* line = nullptr;
+  std::size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    unsigned long long lo = 0, hi = 0;
+    char perms[8];
+    if (std::sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) == 3) {  // a header ("Name:" lines never match)
+      if (inside || lo > a) break;
+      inside = a >= lo && a < hi;
+      continue;
+    }
+    unsigned long long kb = 0;
+    if (inside && std::sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) {
+      found = static_cast<std::size_t>(kb) * 1024;
+      break;
+    }
+  }
+  std::free(line);
+  std::fclose(f);
+  return found;
+}
+
+// Faults [p, p + bytes) in for writing. "" when it did, else why not.
+std::string populate(std::byte* p, std::size_t bytes) {
+  int rc;
+  do rc = ::madvise(p, bytes, MADV_POPULATE_WRITE);
+  while (rc != 0 && errno == EINTR);
+  if (rc == 0) return "";
+  if (errno != EINVAL) return fmt::format("faulting the memory in failed ({}); it faults in as written", std::strerror(errno));
+  // A kernel before 5.14: one write a base page. (Not after ENOMEM above:
+  // writing would then meet the out-of-memory killer instead of an error.)
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  for (std::size_t at = 0; at < bytes; at += page) *reinterpret_cast<volatile std::byte*>(p + at) = std::byte{0};
+  return "";
+}
+
+}  // namespace
+
+std::string transparent_huge_page_mode() {
+  const std::string line = first_line("/sys/kernel/mm/transparent_hugepage/enabled");
+  const std::size_t open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close == std::string::npos || close < open
+             ? std::string()
+             : line.substr(open + 1, close - open - 1);
+}
+
+std::size_t huge_page_bytes() {
+  static const std::size_t bytes = [] {
+    const std::string line = first_line("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+    const unsigned long long n = std::strtoull(line.c_str(), nullptr, 10);
+    return n >= 4096 && (n & (n - 1)) == 0 ? static_cast<std::size_t>(n) : std::size_t{2} << 20;
+  }();
+  return bytes;
+}
+
+result<anon_memory> anon_memory::map(std::size_t bytes, bool huge_pages, bool fault_in) {
+  const std::size_t align = huge_pages ? huge_page_bytes() : 1;
+  const std::size_t size = (bytes + align - 1) / align * align;
+  // Huge pages: map one huge page more and trim to an aligned start.
+  const std::size_t mapped = huge_pages ? size + align : size;
+  void* m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return error(errc::resource_exhausted, "cannot map {} bytes: {}", size, std::strerror(errno));
+  auto* base = static_cast<std::byte*>(m);
+  anon_memory a;
+  a.data_ = base;
+  a.size_ = size;
+  if (!huge_pages) return a;
+  const auto misaligned = reinterpret_cast<std::uintptr_t>(base) % align;
+  const std::size_t head = misaligned ? align - misaligned : 0;
+  if (head) ::munmap(base, head);
+  if (mapped - head - size) ::munmap(base + head + size, mapped - head - size);
+  a.data_ = base + head;
+  huge_page_outcome& h = a.huge_;
+  h.asked = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (::madvise(a.data_, size, MADV_HUGEPAGE) != 0) {
+    const std::string mode = transparent_huge_page_mode();
+    h.problem = fmt::format("the kernel refused huge pages ({}; transparent_hugepage/enabled: {})", std::strerror(errno),
+                            mode.empty() ? "missing" : mode);
+  }
+  if (!fault_in) return a;
+  const std::optional<std::size_t> before = anon_huge_bytes_at(a.data_);
+  const std::string failed = populate(a.data_, size);
+  h.resident = failed.empty();
+  if (!failed.empty()) h.problem += (h.problem.empty() ? "" : "; ") + failed;
+  h.fault_in_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (const std::optional<std::size_t> after = anon_huge_bytes_at(a.data_); before && after)
+    h.huge_bytes = *after > *before ? std::min(*after - *before, size) : 0;
+  return a;
+}
+
+anon_memory::~anon_memory() { release(); }
+
+anon_memory::anon_memory(anon_memory&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), huge_(std::move(o.huge_)) {}
+
+anon_memory& anon_memory::operator=(anon_memory&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    huge_ = std::move(o.huge_);
+  }
+  return *this;
+}
+
+void anon_memory::release() {
+  if (data_) ::munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace pagoda
