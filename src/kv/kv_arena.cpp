@@ -178,8 +178,9 @@ status kv_arena::init_tensor(tensor& t, const kv_format& fmt, int layer) {
 // 1.5x longer. With kv_pool_memory::huge_pages (--kv-huge-pages) the tiles
 // are in huge pages and faulted in here, whole, so that cost moves to start
 // (and the whole pool is resident from then on); decode attention then reads
-// them with fewer TLB misses: on an AVX2 Zen 3 VM full attention at 32K-128K
-// tokens 1.2-1.4x faster, Quest reading 1/8 of the tiles 1.05-1.35x (full
+// them with fewer TLB misses: on a Zen 4 VM (AVX-512 kernels) full attention
+// at 32K-128K tokens 1.2-1.4x faster, Quest reading 1/8 of the tiles
+// 1.05-1.35x (full
 // attention 2-6% in the 2026-12-03 measurement; bench/history/2026.md, "KV
 // pool pages" and "KV pool in huge pages").
 status kv_arena::map_tiles(const kv_pool_memory& memory) {
