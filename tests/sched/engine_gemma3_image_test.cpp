@@ -201,7 +201,7 @@ TEST(engine_gemma3_images, the_window_group_answers_as_full_kv) {
     EXPECT_TRUE(cc.ok()) << cc.error().message();
     auto e = *engine_core::create(text_model(), *cc);
     EXPECT_EQ(e->kv().n_groups(), swa_full ? 1 : 2) << "a window group of the sliding layers";
-    std::vector<test::result_of> out;
+    std::vector<test::engine_result> out;
     for (const char* id : {"first", "again"}) out.push_back(run_all(*e, {image_request(id, ref().after, 12)}).at(id));
     EXPECT_EQ(out[1].usage.cached_tokens, 16);
     return out;

@@ -35,7 +35,7 @@ namespace {
 
 using test::expect_same_logprobs;
 using test::read_f32;
-using test::result_of;
+using test::engine_result;
 using test::run_all;
 using test::vision_dir;
 
@@ -178,7 +178,7 @@ TEST(engine_images, the_disk_tier_keys_images_by_content) {
     EXPECT_TRUE(w.ok()) << w.error().message();
     auto core = std::move(*engine_core::create(text_model(), *cc));
     attach_warehouse(*core, **w);
-    std::map<std::string, result_of> out;
+    std::map<std::string, engine_result> out;
     for (request& r : reqs) {
       auto one = run_all(*core, {r});
       (*w)->flush();

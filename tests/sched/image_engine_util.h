@@ -56,7 +56,10 @@ inline std::vector<float> read_f32(const std::string& path) {
   return out;
 }
 
-struct result_of {
+// (Not result_of: scheduler_harness.h's result_of is another struct in the
+// same test binary, and two classes of one name there broke the ODR; ASan
+// caught the one's destructor run on the other.)
+struct engine_result {
   std::vector<token_id> tokens;
   std::vector<token_logprob> logprobs;
   std::vector<float> prompt_logits;
@@ -67,8 +70,8 @@ struct result_of {
 // Adds the requests, steps until the engine has no work (checking the KV
 // manager's invariants after each step) and gathers each request's events;
 // n_steps: the steps it took.
-inline std::map<std::string, result_of> run_all(engine_core& e, std::vector<request> reqs, int* n_steps = nullptr) {
-  std::map<std::string, result_of> out;
+inline std::map<std::string, engine_result> run_all(engine_core& e, std::vector<request> reqs, int* n_steps = nullptr) {
+  std::map<std::string, engine_result> out;
   for (request& r : reqs) {
     const std::string id = r.id;
     const status st = e.add_request(std::move(r));
@@ -81,7 +84,7 @@ inline std::map<std::string, result_of> run_all(engine_core& e, std::vector<requ
     e.step(events);
     EXPECT_TRUE(e.kv().check_invariants().ok()) << e.kv().check_invariants().message();
     for (const engine_event& ev : events) {
-      result_of& o = out[ev.request_id];
+      engine_result& o = out[ev.request_id];
       o.tokens.insert(o.tokens.end(), ev.tokens.begin(), ev.tokens.end());
       o.logprobs.insert(o.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
       o.prompt_logits.insert(o.prompt_logits.end(), ev.prompt_logits.begin(), ev.prompt_logits.end());

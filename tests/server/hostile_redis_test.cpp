@@ -23,7 +23,7 @@ std::vector<std::string> serve_with(const std::string& url) {
 }
 
 void expect_startup_error(const std::vector<std::string>& args, const std::string& names) {
-  const cli_result r = run_cli(args, 30000);
+  const cli_outcome r = run_cli(args, 30000);
   EXPECT_NE(r.exit_code, 0) << args.back() << ": " << r.output;
   EXPECT_NE(r.output.find(names), std::string::npos) << args.back() << ": " << r.output;
   EXPECT_EQ(r.output.find("listening on"), std::string::npos) << r.output;

@@ -124,7 +124,7 @@ TEST(hostile_store, a_bad_secret_file_is_a_startup_error) {
     for (const std::string& a : hostile_server_args(keys, {"--kv-store-remote", "redis://127.0.0.1:1",
                                                            "--kv-store-secret-file", f}))
       args.push_back(a);
-    const cli_result r = run_cli(args, 60000);
+    const cli_outcome r = run_cli(args, 60000);
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("--kv-store-secret-file"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(f), std::string::npos) << r.output;

@@ -602,7 +602,7 @@ TEST_F(hostile, batch_exits_non_zero_when_a_line_fails) {
                R"({"id": "bad", "prompt": "Once", "temperature": -1})" "\n", f);
     std::fclose(f);
   }
-  const cli_result r = run_cli({"batch", "-m", stories_path(), "-i", in, "--ctx", "512"}, 60000);
+  const cli_outcome r = run_cli({"batch", "-m", stories_path(), "-i", in, "--ctx", "512"}, 60000);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   // Every line's result is still there: the good one's completion, the bad one's error.
   EXPECT_NE(r.output.find(R"("id":"good")"), std::string::npos) << r.output;
@@ -612,21 +612,21 @@ TEST_F(hostile, batch_exits_non_zero_when_a_line_fails) {
 }
 
 TEST_F(hostile, a_port_in_use_is_an_error) {
-  cli_result r = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", std::to_string(port_)}, 20000);
+  cli_outcome r = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", std::to_string(port_)}, 20000);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("in use"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("listening on"), std::string::npos) << r.output;
 }
 
 TEST_F(hostile, key_configuration) {
-  cli_result empty = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", "0", "--tenants", keys_.empty_tenants},
+  cli_outcome empty = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", "0", "--tenants", keys_.empty_tenants},
                              20000);
   EXPECT_NE(empty.exit_code, 0) << empty.output;
   EXPECT_NE(empty.output.find("--no-auth"), std::string::npos) << empty.output;
-  cli_result conflict = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", "0", "--no-auth",
+  cli_outcome conflict = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", "0", "--no-auth",
                                  "--api-key-file", keys_.key_file}, 20000);
   EXPECT_NE(conflict.exit_code, 0) << conflict.output;
-  cli_result missing = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", "0", "--api-key-file",
+  cli_outcome missing = run_cli({"serve", "-m", stories_path(), "--no-kv-store", "--port", "0", "--api-key-file",
                                 keys_.dir + "/none.txt"}, 20000);
   EXPECT_NE(missing.exit_code, 0) << missing.output;
   // --no-auth with the empty tenants file: an open server, as asked.

@@ -220,8 +220,8 @@ int raise_fd_limit() {
   return static_cast<int>(rl.rlim_cur);
 }
 
-cli_result run_cli(const std::vector<std::string>& args, int timeout_ms) {
-  cli_result r;
+cli_outcome run_cli(const std::vector<std::string>& args, int timeout_ms) {
+  cli_outcome r;
   int out[2];
   if (::pipe(out) != 0) return r;
   const pid_t pid = ::fork();

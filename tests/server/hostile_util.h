@@ -109,12 +109,14 @@ int raw_connect_from(int port, const char* from);
 // Raises this process's open-file limit to its hard limit; returns it.
 int raise_fd_limit();
 
-struct cli_result {
+// (Not cli_result: cli/cli_util.h's cli_result, another struct, is in the
+// same test binary through scoring_test.cpp; one name for both breaks the ODR.)
+struct cli_outcome {
   int exit_code = -1;  // -1: killed at the deadline
   std::string output;  // stderr and stdout
 };
 // Runs `pagoda ARGS...` to its end (killed after timeout_ms).
-cli_result run_cli(const std::vector<std::string>& args, int timeout_ms);
+cli_outcome run_cli(const std::vector<std::string>& args, int timeout_ms);
 
 // GET /metrics, parsed ("name{labels}" without model_name -> value).
 json metrics_of(int port);
