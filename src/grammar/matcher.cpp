@@ -86,10 +86,13 @@ std::string match_state::key() const {
   std::string k;
   k.resize((data.size() + ends.size() + 1) * sizeof(std::uint32_t) + 1);
   char* p = k.data();
-  std::memcpy(p, data.data(), data.size() * sizeof(std::uint32_t));
-  p += data.size() * sizeof(std::uint32_t);
-  std::memcpy(p, ends.data(), ends.size() * sizeof(std::uint32_t));
-  p += ends.size() * sizeof(std::uint32_t);
+  // (An empty vector's data() may be null, which memcpy must not be given.)
+  auto put = [&p](const std::vector<std::uint32_t>& v) {
+    if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(std::uint32_t));
+    p += v.size() * sizeof(std::uint32_t);
+  };
+  put(data);
+  put(ends);
   std::memcpy(p, &partial, sizeof(partial));
   p[sizeof(partial)] = static_cast<char>(n_partial);
   return k;
