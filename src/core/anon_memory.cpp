@@ -27,37 +27,6 @@ std::string first_line(const char* path) {
   return line;
 }
 
-// AnonHugePages of the mapping holding `addr`, from /proc/self/smaps (an
-// entry is a header line "start-end perms ..." and then "Field: N kB" lines);
-// nullopt where it is unreadable or no mapping holds addr. Mappings are
-// listed by address, so the read stops at the one wanted.
-std::optional<std::size_t> anon_huge_bytes_at(const void* addr) {
-  std::FILE* f = std::fopen("/proc/self/smaps", "re");
-  if (!f) return std::nullopt;
-  const auto a = reinterpret_cast<std::uintptr_t>(addr);
-  std::optional<std::size_t> found;
-  bool inside = false;
-  char* line = nullptr;
-  std::size_t cap = 0;
-  while (getline(&line, &cap, f) > 0) {
-    unsigned long long lo = 0, hi = 0;
-    char perms[8];
-    if (std::sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) == 3) {  // a header ("Name:" lines never match)
-      if (inside || lo > a) break;
-      inside = a >= lo && a < hi;
-      continue;
-    }
-    unsigned long long kb = 0;
-    if (inside && std::sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) {
-      found = static_cast<std::size_t>(kb) * 1024;
-      break;
-    }
-  }
-  std::free(line);
-  std::fclose(f);
-  return found;
-}
-
 // Faults [p, p + bytes) in for writing. "" when it did, else why not.
 std::string populate(std::byte* p, std::size_t bytes) {
   int rc;
@@ -73,6 +42,28 @@ std::string populate(std::byte* p, std::size_t bytes) {
 }
 
 }  // namespace
+
+std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t bytes) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "re");
+  if (!f) return std::nullopt;
+  const auto lo_wanted = reinterpret_cast<std::uintptr_t>(begin);
+  char line[512];
+  bool inside = false;
+  std::size_t kib = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long long lo = 0, hi = 0;
+    if (std::sscanf(line, "%llx-%llx ", &lo, &hi) == 2) {
+      // A region header (field lines never parse as two hex numbers); the
+      // kernel may have split the mapping into several regions.
+      inside = lo >= lo_wanted && lo < lo_wanted + bytes;
+      continue;
+    }
+    unsigned long long v = 0;
+    if (inside && std::sscanf(line, "AnonHugePages: %llu kB", &v) == 1) kib += static_cast<std::size_t>(v);
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
 
 std::string transparent_huge_page_mode() {
   const std::string line = first_line("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -117,12 +108,12 @@ result<anon_memory> anon_memory::map(std::size_t bytes, bool huge_pages, bool fa
                             mode.empty() ? "missing" : mode);
   }
   if (!fault_in) return a;
-  const std::optional<std::size_t> before = anon_huge_bytes_at(a.data_);
+  const std::optional<std::size_t> before = anon_huge_page_bytes(a.data_, size);
   const std::string failed = populate(a.data_, size);
   h.resident = failed.empty();
   if (!failed.empty()) h.problem += (h.problem.empty() ? "" : "; ") + failed;
   h.fault_in_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (const std::optional<std::size_t> after = anon_huge_bytes_at(a.data_); before && after)
+  if (const std::optional<std::size_t> after = anon_huge_page_bytes(a.data_, size); before && after)
     h.huge_bytes = *after > *before ? std::min(*after - *before, size) : 0;
   return a;
 }

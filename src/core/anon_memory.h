@@ -24,6 +24,11 @@ std::size_t huge_page_bytes();
 // "never"), or "" where the file is missing (no THP).
 std::string transparent_huge_page_mode();
 
+// Bytes in transparent huge pages (AnonHugePages of /proc/self/smaps) of the
+// regions that start in [begin, begin + bytes): a mapping made there, however
+// the kernel split it. nullopt where smaps cannot be read.
+std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t bytes);
+
 // What a huge-page mapping got.
 struct huge_page_outcome {
   bool asked = false;            // mapped with huge_pages

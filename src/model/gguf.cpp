@@ -14,6 +14,8 @@
 #include <numeric>
 #include <type_traits>
 
+#include "core/anon_memory.h"
+
 namespace pagoda::gguf {
 
 namespace {
@@ -533,24 +535,6 @@ status file::place_tensor_data(std::uint64_t header_end) {
 
 namespace {
 
-constexpr std::size_t k_huge_page_bytes = std::size_t{2} << 20;
-
-// Anonymous memory for a file of `size` bytes, rounded up to whole huge pages
-// and asked to be backed by them (the kernel may give 4 KiB pages instead).
-result<void*> map_anonymous(const std::string& path, std::size_t size, std::size_t& mapped) {
-  mapped = (size + k_huge_page_bytes - 1) / k_huge_page_bytes * k_huge_page_bytes;
-  void* m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) {
-    int e = errno;
-    return error(errc::resource_exhausted, "{}: cannot allocate {} bytes to read the file into (--no-mmap): {}", path,
-                 size, std::strerror(e));
-  }
-#ifdef MADV_HUGEPAGE
-  ::madvise(m, mapped, MADV_HUGEPAGE);  // advice only: failure leaves 4 KiB pages
-#endif
-  return m;
-}
-
 // Reads `size` bytes of fd into dst; a file that shrinks meanwhile is an error.
 status read_all(int fd, const std::string& path, std::byte* dst, std::size_t size) {
   constexpr std::size_t k_chunk = std::size_t{64} << 20;
@@ -603,42 +587,28 @@ result<std::unique_ptr<file>> file::open(const std::string& path, open_options o
     ::madvise(m, size, MADV_HUGEPAGE);
 #endif
   } else if (size > 0) {
-    auto m = map_anonymous(path, size, f->map_size_);
-    status rs = m.ok() ? read_all(fd, path, static_cast<std::byte*>(*m), size) : m.error();
-    if (m.ok()) f->map_ = *m;  // released by ~file, also on a failed read
+    // Rounded up to whole huge pages and advised to be backed by them (the
+    // kernel may give base pages instead); faulted in by the read.
+    auto m = anon_memory::map(size, /*huge_pages=*/true, /*fault_in=*/false);
+    status rs = m.ok() ? read_all(fd, path, m->data(), size)
+                       : error(errc::resource_exhausted, "{}: cannot allocate {} bytes to read the file into (--no-mmap): {}",
+                               path, size, m.error().message());
     if (!rs.ok()) {
       ::close(fd);
       return rs;
     }
+    f->copy_ = std::move(*m);
   }
   ::close(fd);
-  std::span<const std::byte> bytes(static_cast<const std::byte*>(f->map_), size);
+  std::span<const std::byte> bytes(f->map_ ? static_cast<const std::byte*>(f->map_) : f->copy_.data(), size);
   status s = f->parse(bytes);
   if (!s.ok()) return s.with_context(path);
   return f;
 }
 
 std::size_t file::huge_page_bytes() const {
-  if (storage_ != storage::read_into_memory || !map_) return 0;
-  std::FILE* smaps = std::fopen("/proc/self/smaps", "r");
-  if (!smaps) return 0;
-  const auto begin = reinterpret_cast<std::uintptr_t>(map_);
-  char line[512];
-  bool in_region = false;
-  std::size_t kib = 0;
-  while (std::fgets(line, sizeof line, smaps)) {
-    unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
-      // A region header (field lines never parse as two hex numbers); the
-      // kernel may have split the mapping into several regions.
-      in_region = lo >= begin && lo < begin + map_size_;
-      continue;
-    }
-    std::size_t v = 0;
-    if (in_region && std::sscanf(line, "AnonHugePages: %zu kB", &v) == 1) kib += v;
-  }
-  std::fclose(smaps);
-  return kib * 1024;
+  if (storage_ != storage::read_into_memory || !copy_.data()) return 0;
+  return anon_huge_page_bytes(copy_.data(), copy_.size_bytes()).value_or(0);
 }
 
 result<std::unique_ptr<file>> file::from_memory(std::span<const std::byte> bytes) {

@@ -35,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/anon_memory.h"
 #include "pagoda/status.h"
 
 namespace pagoda::gguf {
@@ -175,8 +176,9 @@ class file {
 
   std::string path_;
   std::span<const std::byte> bytes_;
-  void* map_ = nullptr;          // the file mapping or the anonymous memory; munmap'ed at destruction
+  void* map_ = nullptr;          // the file mapping (use_mmap); munmap'ed at destruction
   std::size_t map_size_ = 0;
+  anon_memory copy_;             // the file read into memory (no use_mmap)
   storage storage_ = storage::caller;
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;
