@@ -204,6 +204,59 @@ void bm_decode(benchmark::State& st, std::string spec, std::optional<simd_level>
   st.SetLabel(s.kv->layout().describe() + " simd " + simd_level_name(active_simd_level()));
 }
 
+// --- q.k and a.v apart, over the decode pool ----------------------------------
+//
+// split/SPEC: decode/SPEC's pool and block table (1 thread, shuffled:0), but
+// each KV head's q.k and a.v timed apart (GQA 4 rows, weights exp(N(0,1) - 2)
+// instead of a softmax): qk_us and av_us per step (medians), and GB/s of the
+// K and V tiles through each. At 32K the pool is past the L3, at 2K in it: the
+// two say how much of a step is arithmetic and how much memory.
+void bm_split(benchmark::State& st, std::string spec) {
+  const int n_ctx = static_cast<int>(st.range(0));
+  setup& s = setup_for(spec, n_ctx, false);
+  paged_kv_view kview = s.kv->k_view(0, s.table, n_ctx), vview = s.kv->v_view(0, s.table, n_ctx);
+  const int n_blocks = (n_ctx + k_block - 1) / k_block;
+  std::vector<std::vector<const void*>> kt(k_kv_heads), vt(k_kv_heads);
+  for (int h = 0; h < k_kv_heads; ++h)
+    for (int b = 0; b < n_blocks; ++b) {
+      kt[h].push_back(kview.tile(b, h));
+      vt[h].push_back(vview.tile(b, h));
+    }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> scores(static_cast<std::size_t>(k_rep) * n_ctx), w(scores.size()), acc(k_rep * k_head_dim);
+  for (float& v : w) v = std::exp(nd(rng) - 2.0f);
+  using clock = std::chrono::steady_clock;
+  std::vector<double> qk_s, av_s;
+  for (auto _ : st) {
+    double qk = 0, av = 0;
+    for (int h = 0; h < k_kv_heads; ++h) {
+      const float* q = s.q.data() + static_cast<std::size_t>(h) * k_rep * k_head_dim;
+      auto t0 = clock::now();
+      kview.codec_of(0)->qk(kview.format_of(0), kview.shape, kview.params_of(0, h), kt[h].data(), n_ctx, q, k_rep,
+                            scores.data(), n_ctx);
+      auto t1 = clock::now();
+      vview.codec_of(0)->av(vview.format_of(0), vview.shape, vview.params_of(0, h), vt[h].data(), n_ctx, w.data(),
+                            n_ctx, k_rep, acc.data());
+      auto t2 = clock::now();
+      qk += std::chrono::duration<double>(t1 - t0).count();
+      av += std::chrono::duration<double>(t2 - t1).count();
+    }
+    benchmark::DoNotOptimize(acc.data());
+    qk_s.push_back(qk);
+    av_s.push_back(av);
+  }
+  const double kb = static_cast<double>(kview.codec_of(0)->tile_bytes(kview.format_of(0), kview.shape)) * n_blocks * k_kv_heads;
+  const double vb = static_cast<double>(vview.codec_of(0)->tile_bytes(vview.format_of(0), vview.shape)) * n_blocks * k_kv_heads;
+  const double qk = median(qk_s), av = median(av_s);
+  st.counters["qk_us"] = qk * 1e6;
+  st.counters["av_us"] = av * 1e6;
+  st.counters["qk_GB/s"] = kb / qk * 1e-9;
+  st.counters["av_GB/s"] = vb / av * 1e-9;
+  st.counters["KV_GB/s"] = (kb + vb) / (qk + av) * 1e-9;
+  st.SetLabel(s.kv->layout().describe());
+}
+
 // --- the codec kernels alone, in cache ---------------------------------------
 //
 // kernel/SPEC: one KV head's q.k and a.v (4 query rows, head_dim 128) over 64
@@ -270,6 +323,12 @@ void register_all(const std::vector<simd_level>& levels) {
                          "int4/token", "int4", "k4v2", "int2/token", "int2", "q8_0", "q4_0"};
   for (const char* spec : specs)
     benchmark::RegisterBenchmark(fmt::format("kernel/{}", spec).c_str(), bm_kernel, std::string(spec))->Iterations(3000);
+  for (const char* spec : specs)
+    benchmark::RegisterBenchmark(fmt::format("split/{}", spec).c_str(), bm_split, std::string(spec))
+        ->ArgName("ctx")
+        ->Arg(2048)
+        ->Arg(32768)
+        ->Unit(benchmark::kMicrosecond);
   for (const char* spec : specs) {
     if (levels.empty()) {
       auto* b = benchmark::RegisterBenchmark(fmt::format("decode/{}", spec).c_str(), bm_decode, std::string(spec),

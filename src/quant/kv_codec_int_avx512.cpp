@@ -86,6 +86,44 @@ float quantize_hilo(const float* x, int n, int n_pad, std::int32_t* row, bool wi
   return quantize_hilo_max(x, n, n_pad, _mm512_reduce_max_ps(vmax), row, with_lo);
 }
 
+// Where the 8 vectors of a dense 128-position a.v operand row come from
+// (av_run): weights at w_row + at[c] (lanes m[c]), per-token scales and
+// offsets at tile[c] + scale / offset offset + 2 * (token in tile).
+struct av_dense8 {
+  std::size_t at[8];
+  __mmask16 m[8];
+  const std::uint8_t* s[8];
+  const std::uint8_t* o[8];
+};
+
+// One row's operand for one group of per-token (or group) scales in the dense
+// 128-position case: x = w * S kept in registers, bias += w * M, then
+// quantize_hilo_max's rounding of x; the same operations in the same order
+// as the general loop in av_run, without its index arithmetic and the pass
+// through memory. Returns sc.
+inline float av_operand_dense8(const float* wr, const av_dense8& d, std::size_t group_at, float* bias16,
+                               std::int32_t* row) {
+  __m512 x[8];
+  __m512 bias = _mm512_loadu_ps(bias16), vmax = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) {
+    const __m512 wv = _mm512_maskz_loadu_ps(d.m[c], wr + d.at[c]);
+    x[c] = _mm512_mul_ps(wv, load_h16(d.s[c] + group_at, d.m[c]));
+    bias = _mm512_fmadd_ps(wv, load_h16(d.o[c] + group_at, d.m[c]), bias);
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(x[c]));
+  }
+  _mm512_storeu_ps(bias16, bias);
+  const float amax = _mm512_reduce_max_ps(vmax);
+  if (!(amax > 0)) {
+    std::memset(row, 0, 128 * 2);
+    return 0.0f;
+  }
+  const __m512 inv = _mm512_set1_ps(127.0f / amax);
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) store_hilo16(_mm512_mul_ps(x[c], inv), row + c * 8, true);
+  return amax / 127.0f;
+}
+
 // Per-call buffers for the prepared operands; grown, never shrunk.
 struct operand_rows {
   std::vector<float> sc;                     // [rows * groups]
@@ -656,7 +694,29 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
     n_next_words = n_next > 0 ? list_words(i0 + tpg, next_words) : 0;
     for (int j = 0; j < n_next; ++j) kv_simd::prefetch_slice(tiles[i0 + tpg + j], L.codes_bytes, L.bytes);
     const bool dense = P % 16 == 0;
-    for (int r = 0; r < n_q; ++r) {
+    if constexpr (!FOLDED) {
+      if (dense && stride == 128) {
+        av_dense8 d;
+        for (int c = 0, j = 0, t = 0; c < 8; ++c, t += 16) {
+          if (t == P) {
+            ++j;
+            t = 0;
+          }
+          const bool in = j < n_group_tiles;
+          d.m[c] = in ? lane_mask(nt[j] - t) : 0;
+          d.at[c] = static_cast<std::size_t>(i0 + (in ? j : 0)) * B + t;
+          d.s[c] = group[in ? j : 0] + L.scale_off + 2 * t;
+          d.o[c] = group[in ? j : 0] + L.offset_off + 2 * t;
+        }
+        for (int r = 0; r < n_q; ++r)
+          for (int g = 0; g < G; ++g) {
+            const int og = r * G + g;
+            ops.sc[og] = av_operand_dense8(w + static_cast<std::size_t>(r) * ld, d, static_cast<std::size_t>(g) * B * 2,
+                                           &ops.bias[static_cast<std::size_t>(og) * 16], operand_row(ops, og, stride));
+          }
+      }
+    }
+    for (int r = 0; r < n_q && !(!FOLDED && dense && stride == 128); ++r) {
       for (int g = 0; g < G; ++g) {
         const int og = r * G + g;
         float* x = ops.x.data();

@@ -41,13 +41,20 @@ inline const std::uint8_t* tile_ahead(const void* const* tiles, int i, int n_til
   return static_cast<const std::uint8_t*>(tiles[i + ahead < n_tiles ? i + ahead : i]);
 }
 
-inline void prefetch_line(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+// Into L2 (prefetcht1), not L1: the tile prefetch_ahead further on is 32 KiB
+// away, the size of L1, and a T0 prefetch holds one of L1's few miss buffers
+// until its line arrives from DRAM, so that too few lines were in flight to
+// hide the latency. On a Zen 4 at 32K tokens, one thread (split/SPEC in
+// attention_bench, T0 -> T1): AVX-512 int4/token q.k 1.9-2.4 -> 1.0-1.3 ms a
+// step, int8 a.v 7.4-9.5 -> 2.7-2.9 ms, f16 q.k 6.0-8.9 -> 4.3-4.4 ms; at the
+// AVX2 level f16 q.k and a.v 2x; in L2 (2K tokens) no change beyond noise.
+inline void prefetch_line(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
 // Asks for bytes [begin, end) of p (whole lines; a line that straddles begin
 // belongs to the slice before it).
 inline void prefetch_slice(const void* p, std::size_t begin, std::size_t end) {
   const char* c = static_cast<const char*>(p);
-  for (std::size_t i = (begin + 63) & ~std::size_t{63}; i < end; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+  for (std::size_t i = (begin + 63) & ~std::size_t{63}; i < end; i += 64) prefetch_line(c + i);
 }
 
 // Up to k_span_tiles consecutive tiles of a run (from tile i0 on), the tile

@@ -633,6 +633,47 @@ TEST_P(codec_level, long_runs_match_six_row_calls) {
   }
 }
 
+// A group of 128 tokens whose weights are all zero adds exactly nothing in
+// a.v (the AVX-512 kernels quantize weights per such group, and an all-zero
+// group has no largest weight to scale by): a row with zeros over the middle
+// of three groups comes out bitwise as a call over the other two groups'
+// tiles alone, and an all-zero row leaves its accumulator as it was.
+TEST_P(codec_level, av_zero_weight_groups_add_nothing) {
+  PAGODA_USE_SIMD_LEVEL(level());
+  const case_t cs = this->cs();
+  const kv_codec* c = get_kv_codec(cs.type);
+  std::mt19937 rng(11);
+  for (int bs : {16, 32}) {
+    const int hd = 128;
+    kv_tile_shape shape{bs, hd};
+    kv_format vf = format_of(cs, kv_role::value, hd);
+    if (!c->check(vf, shape).ok()) continue;
+    const int n_tiles = 3 * 128 / bs, ld = n_tiles * bs, group = 128 / bs;
+    auto xv = kv_data(rng, ld, hd);
+    static_holder sv(c, vf, xv, hd);
+    std::vector<aligned_buffer> vt;
+    std::vector<const void*> vp, outer;  // outer: the first and last groups' tiles
+    for (int i = 0; i < n_tiles; ++i) {
+      vt.emplace_back(c->tile_bytes(vf, shape));
+      c->encode(vf, shape, sv.get(vf), xv.data() + static_cast<std::size_t>(i) * bs * hd, 0, bs, vt.back().data());
+      vp.push_back(vt.back().data());
+      if (i < group || i >= 2 * group) outer.push_back(vt.back().data());
+    }
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> w(static_cast<std::size_t>(2) * ld);  // row 0: middle group zero; row 1: all zero
+    for (int t = 0; t < ld; ++t) w[t] = t >= 128 && t < 256 ? 0.0f : std::exp(nd(rng) - 2.0f);
+    std::vector<float> w_outer(256);
+    for (int t = 0; t < 256; ++t) w_outer[t] = w[t < 128 ? t : t + 128];
+    std::vector<float> acc(static_cast<std::size_t>(2) * hd, 0.25f), acc_outer(hd, 0.25f);
+    c->av(vf, shape, sv.get(vf), vp.data(), ld, w.data(), ld, 2, acc.data());
+    c->av(vf, shape, sv.get(vf), outer.data(), 256, w_outer.data(), 256, 1, acc_outer.data());
+    for (int d = 0; d < hd; ++d) {
+      ASSERT_EQ(acc[d], acc_outer[d]) << kv_format_name(vf) << " block " << bs << " d " << d;
+      ASSERT_EQ(acc[hd + d], 0.25f) << kv_format_name(vf) << " block " << bs << " d " << d;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(codecs, codec_case, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) { return case_name(info.param); });
 INSTANTIATE_TEST_SUITE_P(codecs, codec_level,
