@@ -16,7 +16,7 @@ namespace {
 
 using kv_simd::lane_mask;
 using kv_simd::load_h16;
-using kv_simd::prefetch_line;
+using kv_simd::prefetch_line_l2;
 
 // Loads 16 consecutive elements as f32; `post` is a constant factor the load
 // leaves out (E4M3 is widened to fp16 with its exponent bias off by 8).
@@ -89,7 +89,7 @@ inline void qk_rows(const token_vector* tv, int block_size, int head_dim, const 
   for (int d = 0; d < head_dim; ++d) {
     __m512 kv[NV];
     for (int v = 0; v < NV; ++v) kv[v] = L::load16(tv[v].k + d * row_bytes, tv[v].m);
-    for (int v = 0; v < NV; ++v) prefetch_line(tv[v].ahead + d * row_bytes);
+    for (int v = 0; v < NV; ++v) prefetch_line_l2(tv[v].ahead + d * row_bytes);
     for (int j = 0; j < NR; ++j) {
       const __m512 qb = _mm512_set1_ps(q[static_cast<std::size_t>(j) * head_dim + d]);
       for (int v = 0; v < NV; ++v) acc[v][j] = _mm512_fmadd_ps(qb, kv[v], acc[v][j]);
@@ -190,7 +190,7 @@ inline void av_rows(const tile_span& sp, int block_size, int head_dim, int d0, c
       __m512 vv[NC];
       for (int c = 0; c < NC; ++c) vv[c] = L::load16(sp.tile[k] + at + 16 * c * L::bytes, mc[c]);
       for (int c = 0; c < NC; ++c)
-        if ((16 * c * L::bytes) % 64 == 0) prefetch_line(sp.later[k] + at + 16 * c * L::bytes);  // once per line
+        if ((16 * c * L::bytes) % 64 == 0) prefetch_line_l2(sp.later[k] + at + 16 * c * L::bytes);  // once per line
       for (int j = 0; j < NR; ++j) {
         float wt = wk[static_cast<std::size_t>(j) * ld + t];
         if constexpr (SCALED) wt *= sk[t];
