@@ -17,7 +17,7 @@ namespace pagoda::float_kv {
 namespace {
 
 using kv_simd::partial_bytes;
-using kv_simd::prefetch_line;
+using kv_simd::prefetch_line_l2;
 
 // Loads 8 consecutive elements as f32; `post` is a constant factor the load
 // leaves out (E4M3 is widened to fp16 with its exponent bias off by 8).
@@ -104,7 +104,7 @@ inline void qk_rows(const token_vector* tv, int block_size, int head_dim, const 
     __m256 kv[NV];
     for (int v = 0; v < NV; ++v) kv[v] = load_n<E>(tv[v].k + d * row_bytes, tv[v].n_read);
     for (int v = 0; v < NV; ++v)
-      if (tv[v].ahead) prefetch_line(tv[v].ahead + d * row_bytes);
+      if (tv[v].ahead) prefetch_line_l2(tv[v].ahead + d * row_bytes);
     for (int j = 0; j < NR; ++j) {
       const __m256 qb = _mm256_broadcast_ss(q + static_cast<std::size_t>(j) * head_dim + d);
       for (int v = 0; v < NV; ++v) acc[v][j] = _mm256_fmadd_ps(qb, kv[v], acc[v][j]);
@@ -212,7 +212,7 @@ inline void av_rows(const tile_span& sp, int block_size, int head_dim, int d0, i
     for (int t = 0; t < sp.nt[k]; ++t, v += row_bytes, ahead += row_bytes) {
       __m256 vv[NC];
       for (int c = 0; c < NC; ++c) vv[c] = FULL ? L::load8(v + 8 * c * L::bytes) : load_n<E>(v + 8 * c * L::bytes, nc[c]);
-      prefetch_line(ahead);
+      prefetch_line_l2(ahead);
       for (int j = 0; j < NR; ++j) {
         float wt = wk[static_cast<std::size_t>(j) * ld + t];
         if constexpr (SCALED) wt *= sk[t];

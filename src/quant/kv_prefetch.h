@@ -45,11 +45,13 @@ inline void prefetch_line(const void* p) { _mm_prefetch(static_cast<const char*>
 
 // The same line into L2 only (prefetcht1). On Zen 4 a T0 prefetch holds one
 // of the L1's few miss buffers until its line arrives; a T1 prefetch is
-// tracked by the L2, which keeps several times more misses in flight. The
-// float AVX-512 kernels use it: a sparse read's scattered tiles, where the
-// hardware prefetchers add nothing, went from 34-40% to 46-60% of STREAM
-// (quest 1/8 at 32K, one thread, bench/RESULTS.md), and the demand loads
-// that follow hit L2.
+// tracked by the L2, which keeps more misses in flight, and the demand loads
+// that follow hit L2. The float kernels (AVX-512 and AVX2) use it: a sparse
+// read's scattered tiles, where the hardware prefetchers add nothing, went
+// from about 2.0 to 1.4 ms per step (AVX-512) and 2.3-2.5 to 1.9 ms (AVX2
+// kernels on the same Zen 4) for quest 1/8 at 32K, and full reads did not
+// lose (bench/RESULTS.md, "Quest's sparse read through L2"). The integer
+// kernels still use prefetch_line.
 inline void prefetch_line_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
 // Asks for bytes [begin, end) of p (whole lines; a line that straddles begin
