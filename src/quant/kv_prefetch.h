@@ -48,9 +48,9 @@ inline void prefetch_line(const void* p) { _mm_prefetch(static_cast<const char*>
 // tracked by the L2, which keeps more misses in flight, and the demand loads
 // that follow hit L2. The float kernels (AVX-512 and AVX2) use it: a sparse
 // read's scattered tiles, where the hardware prefetchers add nothing, went
-// from about 2.0 to 1.4 ms per step (AVX-512) and 2.3-2.5 to 1.9 ms (AVX2
+// from 2.0 to 1.5 ms per step (AVX-512) and 2.3-2.4 to 1.8-1.9 ms (AVX2
 // kernels on the same Zen 4) for quest 1/8 at 32K, and full reads did not
-// lose (bench/RESULTS.md, "Quest's sparse read through L2"). The integer
+// lose (bench/history/2026.md, "The sparse read through L2"). The integer
 // kernels still use prefetch_line.
 inline void prefetch_line_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
