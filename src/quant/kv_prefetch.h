@@ -48,6 +48,9 @@ inline const std::uint8_t* tile_ahead(const void* const* tiles, int i, int n_til
 // attention_bench, T0 -> T1): AVX-512 int4/token q.k 1.9-2.4 -> 1.0-1.3 ms a
 // step, int8 a.v 7.4-9.5 -> 2.7-2.9 ms, f16 q.k 6.0-8.9 -> 4.3-4.4 ms; at the
 // AVX2 level f16 q.k and a.v 2x; in L2 (2K tokens) no change beyond noise.
+// Quest's sparse read (scattered 4 KiB tiles, nothing for the hardware
+// prefetchers to follow) gained most: 2.0 -> 1.4 ms a step at 32K, 1/8 of the
+// blocks (quest_bench, bench/RESULTS.md "The sparse read through L2").
 inline void prefetch_line(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
 // Asks for bytes [begin, end) of p (whole lines; a line that straddles begin
