@@ -195,6 +195,12 @@ TEST(cli_plan, recommended_command_stays_within_the_memory_budget) {
   EXPECT_GE(s["peak_blocks_used"].get<double>(), 0.99 * s["blocks_total"].get<double>()) << s.dump();  // the pool was filled
   rusage children{};
   ASSERT_EQ(getrusage(RUSAGE_CHILDREN, &children), 0);
+#ifdef __SANITIZE_ADDRESS__
+  // AddressSanitizer's shadow memory, redzones and quarantine add to every
+  // process's RSS (457 MiB against this budget's 320 here): the budget is the
+  // release build's to keep; this build checks the run's memory safety.
+  GTEST_SKIP() << "peak RSS " << children.ru_maxrss << " KiB under AddressSanitizer: not compared with the budget";
+#endif
   EXPECT_LE(static_cast<double>(children.ru_maxrss) * 1024, p["memory"]["budget_bytes"].get<double>())
       << "peak RSS " << children.ru_maxrss << " KiB";
 }

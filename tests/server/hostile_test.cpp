@@ -712,6 +712,11 @@ TEST_F(hostile, tokenize_memory_is_returned) {
   EXPECT_EQ(n_ok.load(), 8);
   const long after = rss_bytes(server_->pid());
   std::fprintf(stderr, "after eight large /tokenize: RSS %.1f MB (idle %.1f MB)\n", after / 1e6, idle_rss_ / 1e6);
+#ifdef __SANITIZE_ADDRESS__
+  // AddressSanitizer keeps freed memory in its quarantine (256 MiB by
+  // default) rather than returning it: RSS cannot come back here.
+  GTEST_SKIP() << "RSS after the answers is not returned under AddressSanitizer (its quarantine)";
+#endif
   EXPECT_LT(after - idle_rss_, 32l << 20);
 }
 

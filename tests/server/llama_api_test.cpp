@@ -79,7 +79,8 @@ TEST(llama_api, slots_show_the_running_sequence_and_its_kv) {
   ASSERT_TRUE(poll_until([&] { return s.gate().n_held() == 1; }));
   const std::int64_t steps = s.snapshot().n_steps;
   s.gate().let_through(2);  // its prompt and a decode token; held in the next step
-  ASSERT_TRUE(poll_until([&] { return s.snapshot().n_steps >= steps + 2 && s.gate().n_held() == 1; }));
+  ASSERT_TRUE(poll_until([&] { return s.snapshot().n_steps >= steps + 2 && s.gate().n_held() == 1; }))
+      << "steps " << steps << " -> " << s.snapshot().n_steps << ", held " << s.gate().n_held();
   const json slots = get_json(*c, "/slots");
   ASSERT_EQ(slots.size(), 1u) << slots.dump();
   const json& e = slots[0];

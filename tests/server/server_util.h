@@ -35,7 +35,11 @@ std::unique_ptr<llama_model> stories_with_chat_template(const std::string& jinja
 
 // Holds the engine thread at the start of its steps while closed: a test
 // makes "the engine is in the middle of a step" a state it controls instead
-// of a race. Wraps the engine's runner (server_setup::step_gate).
+// of a race. Wraps the engine's runner (server_setup::step_gate). A step is
+// what the engine counts in n_steps: a plan with sequences or loads. Plans of
+// block operations alone (the engine's flush after a request, at a time the
+// test does not control) pass without a permit, so they neither take one
+// nor show as held.
 class step_gate {
  public:
   void close();
