@@ -47,10 +47,13 @@ std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t b
   std::FILE* f = std::fopen("/proc/self/smaps", "re");
   if (!f) return std::nullopt;
   const auto lo_wanted = reinterpret_cast<std::uintptr_t>(begin);
-  char line[512];
+  // Whole lines however long (a header's path may be): a fixed buffer would
+  // split one, and its tail could parse as another header.
+  char* line = nullptr;
+  std::size_t cap = 0;
   bool inside = false;
   std::size_t kib = 0;
-  while (std::fgets(line, sizeof line, f)) {
+  while (getline(&line, &cap, f) > 0) {
     unsigned long long lo = 0, hi = 0;
     if (std::sscanf(line, "%llx-%llx ", &lo, &hi) == 2) {
       // A region header (field lines never parse as two hex numbers); the
@@ -61,6 +64,7 @@ std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t b
     unsigned long long v = 0;
     if (inside && std::sscanf(line, "AnonHugePages: %llu kB", &v) == 1) kib += static_cast<std::size_t>(v);
   }
+  std::free(line);
   std::fclose(f);
   return kib * 1024;
 }
