@@ -251,10 +251,11 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
             int ld, int n_q, float* acc) {
   const int bs = s.block_size, hd = s.head_dim;
   // Spans of up to 128 tokens (one tile when tiles are larger), so that the
-  // accumulators are not stored and reloaded at every tile boundary.
-  const int span = kv_simd::span_tiles(bs);
-  float tscale[k_max_block_size];  // span * block_size <= max(128, block_size) (check())
+  // accumulators are not stored and reloaded at every tile boundary; one tile
+  // in a long decode run (av_span_tiles).
   const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
+  const int span = kv_simd::av_span_tiles(bs, n_q, n_tiles, ti.bytes);
+  float tscale[k_max_block_size];  // span * block_size <= max(128, block_size) (check())
   for (int i0 = 0; i0 < n_tiles; i0 += span) {
     const tile_span sp(tiles, i0, span, n_tiles, n_tokens, bs, ahead);
     for (int k = 0; k < sp.n; ++k) {

@@ -221,32 +221,16 @@ void av_chunk(const tile_span& sp, int block_size, int head_dim, int d0, const f
   }
 }
 
-// Channels [d0, d0 + 128) of every row, two rows at a time by eight vectors:
-// each token row's 128 channels in address order (av_run's long runs).
-template <elem E, bool SCALED>
-void av_pairs(const tile_span& sp, int block_size, int head_dim, int d0, const float* w, int ld, int n_q,
-              const float* tscale, float* acc) {
-  int r = 0;
-  for (; r + 2 <= n_q; r += 2)
-    av_rows<2, 8, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
-                             acc + static_cast<std::size_t>(r) * head_dim);
-  if (r < n_q)
-    av_rows<1, 8, E, SCALED>(sp, block_size, head_dim, d0, w + static_cast<std::size_t>(r) * ld, ld, tscale,
-                             acc + static_cast<std::size_t>(r) * head_dim);
-}
-
 template <elem E, bool SCALED>
 void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* tiles, int n_tokens, const float* w,
             int ld, int n_q, float* acc) {
   const int bs = s.block_size, hd = s.head_dim;
   // Spans of up to 128 tokens (one tile when tiles are larger), so that the
-  // accumulators are not stored and reloaded at every tile boundary.
-  const int span = kv_simd::span_tiles(bs);
-  float tscale[k_max_block_size];  // span * block_size <= max(128, block_size) (check())
+  // accumulators are not stored and reloaded at every tile boundary; one tile
+  // in a long decode run (av_span_tiles).
   const int n_tiles = (n_tokens + bs - 1) / bs, ahead = kv_simd::prefetch_ahead(ti.bytes);
-  // Long: 2 MiB or more of this head's values, so that a layer of 8 or more
-  // heads (K and V) outgrows the last-level cache.
-  const bool wide = n_q <= 4 && static_cast<std::size_t>(n_tiles) * ti.bytes >= (std::size_t{2} << 20);
+  const int span = kv_simd::av_span_tiles(bs, n_q, n_tiles, ti.bytes);
+  float tscale[k_max_block_size];  // span * block_size <= max(128, block_size) (check())
   for (int i0 = 0; i0 < n_tiles; i0 += span) {
     const tile_span sp(tiles, i0, span, n_tiles, n_tokens, bs, ahead);
     for (int k = 0; k < sp.n; ++k) {
@@ -265,22 +249,8 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
       }
     }
     const float* wi = w + static_cast<std::size_t>(i0) * bs;
-    int d0 = 0;
-    // A decode step (a few rows) over a long run reads each span from memory
-    // once: whole token rows in address order, pairs of rows by eight vectors
-    // of channels. By four vectors (and four rows) it came in two strided
-    // passes, the first half of every token row, then the second. At 32K in
-    // attention_bench, f16 went from 70-73% to 76-78% of STREAM with one
-    // thread in a slow phase, and was level in a fast one (bench/RESULTS.md);
-    // cold 4K-16K runs in a harness gained 4-12 points. A run short enough to
-    // stay in cache (the warm 4K figures) is faster the old way, 4 rows by 4
-    // vectors, which converts each element once per four rows, not once per
-    // two; so is prefill (many rows). Every lane's operations and their order
-    // are the same either way.
-    if (wide)
-      for (; d0 + 128 <= hd; d0 += 128) av_pairs<E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc);
     // Channels in chunks of up to 64 (4 vectors); a short tail uses fewer vectors.
-    for (; d0 < hd; d0 += 64) {
+    for (int d0 = 0; d0 < hd; d0 += 64) {
       switch (std::min(4, (hd - d0 + 15) / 16)) {
         case 4: av_chunk<4, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;
         case 3: av_chunk<3, E, SCALED>(sp, bs, hd, d0, wi, ld, n_q, tscale, acc); break;

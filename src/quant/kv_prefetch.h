@@ -85,4 +85,24 @@ struct tile_span {
 // Tiles per span: 128 tokens' worth (one tile when tiles are larger).
 inline int span_tiles(int block_size) { return std::clamp(128 / block_size, 1, k_span_tiles); }
 
+// Tiles per span of the float a.v kernels: span_tiles(), but one tile in a
+// long decode run (up to 4 rows over 2 MiB or more of a head's values, where
+// a layer of 8 or more heads outgrows the last-level cache). Their channel
+// chunks make several passes over a span (AVX-512: 64 channels of 4 rows,
+// AVX2: 16), and over one 4 KiB tile the later passes hit L1; over eight
+// tiles, whose lines at one offset share an L1 set (tiles are 4 KiB-aligned),
+// they went back to L2. Before this, AVX-512 took long runs as pairs of rows
+// by all 128 channels in one pass, which converts every element twice (on an
+// AMD EPYC it had beaten spans of eight tiles, 70-73% -> 76-78% of STREAM;
+// one tile was not measured there).
+// Intel Xeon (AVX-512, no BF16), 32K tokens, one thread, attention_bench
+// split/f16: a.v 6.6-6.8 -> 5.1-5.4 ms (AVX-512), 6.9-7.0 -> 5.8 ms (AVX2);
+// decode/f16 0.66 -> 0.76 of STREAM. In cache (2K tokens) spans stay: AVX-512
+// was 2-4% slower with one tile there. Each lane's FMAs and their order are
+// the same whatever the span, so results are too.
+inline int av_span_tiles(int block_size, int n_q, int n_tiles, std::size_t tile_bytes) {
+  const bool long_run = n_q <= 4 && static_cast<std::size_t>(n_tiles) * tile_bytes >= (std::size_t{2} << 20);
+  return long_run ? 1 : span_tiles(block_size);
+}
+
 }  // namespace pagoda::kv_simd

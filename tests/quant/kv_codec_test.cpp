@@ -590,10 +590,10 @@ TEST_P(codec_level, kernels_allocate_nothing_per_call) {
   }
 }
 
-// Decode-sized calls (up to four rows) over a long run take their own a.v
-// order in the AVX-512 float kernels (av_run: whole token rows, from 2 MiB of
-// values per head on); each row must still come out bitwise as it does in a
-// call of six rows, which takes the short-run order. 2.5 MiB of tiles here.
+// Decode-sized calls (up to four rows) over a long run take their own spans
+// in the float kernels (one tile, from 2 MiB of values per head on:
+// kv_simd::av_span_tiles); each row must still come out bitwise as it does in
+// a call of six rows, which takes the short-run spans. 2.5 MiB of tiles here.
 // Every level keeps the property.
 TEST_P(codec_level, long_runs_match_six_row_calls) {
   PAGODA_USE_SIMD_LEVEL(level());
