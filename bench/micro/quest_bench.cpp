@@ -9,9 +9,10 @@
 // included in quest's time.
 //
 // The two run interleaved in one benchmark (full then quest, then quest then
-// full, ...), each after a 64 MiB read that evicts the last-level cache (32
-// MiB here): in a real decode step the other layers' KV passes through the
-// cache between two steps of one layer, and quest's working set at 32K (a
+// full, ...), each after a read that evicts the last-level cache (evict_bytes:
+// 64 MiB, or twice a larger last-level cache): in a real decode step the
+// other layers' KV passes through the cache between two steps of one layer,
+// and quest's working set at 32K (a
 // sixteenth of 128 MiB of f16 KV plus the summaries) would otherwise stay in
 // it. Medians of each; speedup = full / quest from the same run.
 //
@@ -32,7 +33,7 @@
 //   speedup             full_us / quest_us (CPU time)
 //   speedup_wall        the same ratio of wall-clock medians
 //   read                fraction of the blocks quest read (sinks and newest included)
-//   stream_gbs          a sequential read of 64 MiB (the cache eviction before each step), GB/s by CPU time
+//   stream_gbs          the sequential read that evicts the cache before each step (evict_bytes), GB/s by CPU time
 //   full_of_stream      full attention's KV bytes / full_us, as a share of stream_gbs
 //   sparse_of_stream    quest's KV bytes read / sparse_attn_us, as a share of stream_gbs
 //
@@ -57,6 +58,8 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -120,11 +123,19 @@ pool& pool_for(const std::string& spec, int n_ctx, int n_layers, bool shuffled =
 
 double thread_cpu_s();
 
-// Reads 64 MiB (twice the last-level cache) so that a step starts cold; a
-// STREAM-like pass (read_bandwidth.h's loop), so its thread CPU time, in
-// seconds (returned), gives the bandwidth of a sequential read in the same run.
+// Bytes evict_cache reads: 64 MiB, or twice the last-level cache the
+// machine reports when that is larger (an Intel Xeon VM here reported 260
+// MiB, which holds a 32K context's whole KV layer).
+std::size_t evict_bytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return std::max<std::size_t>(std::size_t{64} << 20, l3 > 0 ? 2 * static_cast<std::size_t>(l3) : 0);
+}
+
+// Reads evict_bytes() so that a step starts cold; a STREAM-like pass
+// (read_bandwidth.h's loop), so its thread CPU time, in seconds (returned),
+// gives the bandwidth of a sequential read in the same run.
 double evict_cache() {
-  static std::vector<float> junk(std::size_t{16} << 20, 1.0f);
+  static std::vector<float> junk(evict_bytes() / sizeof(float), 1.0f);
   const double t0 = thread_cpu_s();
   float s = bench::read_sum(junk.data(), junk.size());
   benchmark::DoNotOptimize(s);
@@ -270,10 +281,10 @@ void bm_quest(benchmark::State& st, std::string spec) {
   const double read = read_slots / (static_cast<double>(quest_s.size()) * k_kv_heads * n_ctx);
   st.counters["read"] = read;
   // Bandwidths: the KV bytes each read (all 8 heads' K and V tiles of the
-  // blocks read) over its CPU time, and the 64 MiB pass; the two reads as
+  // blocks read) over its CPU time, and the eviction pass; the two reads as
   // shares of that pass.
   const double kv_bytes = static_cast<double>(p.kv->layout().layer_tile_bytes_per_block(0)) * (n_ctx / k_block);
-  const double stream = 64.0 * (1 << 20) / median(evict_s) * 1e-9;
+  const double stream = static_cast<double>(evict_bytes()) / median(evict_s) * 1e-9;
   st.counters["stream_gbs"] = stream;
   st.counters["full_of_stream"] = kv_bytes / median(full_s) * 1e-9 / stream;
   st.counters["sparse_of_stream"] = read * kv_bytes / median(attn_s) * 1e-9 / stream;
