@@ -11,6 +11,7 @@
 
 #include "core/half.h"
 #include "quant/kv_codec_float.h"
+#include "quant/kv_codec_float_span.h"
 #include "quant/kv_simd_avx2.h"
 
 namespace pagoda::float_kv {
@@ -258,21 +259,7 @@ void av_run(const tile_info& ti, float hs, kv_tile_shape s, const void* const* t
   float tscale[k_max_block_size];  // span * block_size <= max(128, block_size) (check())
   for (int i0 = 0; i0 < n_tiles; i0 += span) {
     const tile_span sp(tiles, i0, span, n_tiles, n_tokens, bs, ahead);
-    for (int k = 0; k < sp.n; ++k) {
-      if (ti.per_token_scales) kv_simd::prefetch_slice(sp.later[k], ti.data_bytes, ti.bytes);
-      if constexpr (SCALED) {
-        for (int t = 0; t < sp.nt[k]; ++t) {
-          float& ts = tscale[k * bs + t];
-          if (ti.per_token_scales) {
-            fp16_t h;
-            __builtin_memcpy(&h, sp.tile[k] + ti.data_bytes + 2 * t, 2);
-            ts = _cvtsh_ss(h) * loader<E>::post;
-          } else {
-            ts = hs;
-          }
-        }
-      }
-    }
+    span_scales<SCALED>(sp, ti, bs, hs, loader<E>::post, tscale);
     const float* wi = w + static_cast<std::size_t>(i0) * bs;
     for (int d0 = 0; d0 < hd; d0 += 16) av_chunk<E, SCALED>(sp, bs, hd, d0, std::min(16, hd - d0), wi, ld, n_q, tscale, acc);
   }
