@@ -90,8 +90,9 @@ inline int span_tiles(int block_size) { return std::clamp(128 / block_size, 1, k
 // a layer of 8 or more heads outgrows the last-level cache). Their channel
 // chunks make several passes over a span (AVX-512: 64 channels of 4 rows,
 // AVX2: 16), and over one 4 KiB tile the later passes hit L1; over eight
-// tiles, whose lines at one offset share an L1 set (tiles are 4 KiB-aligned),
-// they went back to L2. Before this, AVX-512 took long runs as pairs of rows
+// tiles they were slower, likely because the tiles' lines at one offset
+// share an L1 set (tiles are 4 KiB-aligned; no hardware counter here to
+// confirm it). Before this, AVX-512 took long runs as pairs of rows
 // by all 128 channels in one pass, which converts every element twice (on an
 // AMD EPYC it had beaten spans of eight tiles, 70-73% -> 76-78% of STREAM;
 // one tile was not measured there).
