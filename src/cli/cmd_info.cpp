@@ -66,8 +66,10 @@ void print_weight_memory(const llama_model& model) {
   }
   std::printf("\nweights:         %s of tensor data, used in place from the file's mapping (0 bytes repacked at load)\n",
               tensors.c_str());
-  std::printf("resident:        %s mapped (paged in as used) + %s copied at load (f32 norms and biases)\n",
-              tensors.c_str(), norms.c_str());
+  std::printf("resident:        %s mapped (paged in as used; %s of the file mapped by huge pages now) + %s copied "
+              "at load (f32 norms and biases)\n",
+              tensors.c_str(), human_bytes(static_cast<double>(std::min(f.huge_page_bytes(), f.size_bytes()))).c_str(),
+              norms.c_str());
 }
 
 // The architecture's optional parts (model/llama.h), "" for a plain llama block.

@@ -43,7 +43,11 @@ std::string populate(std::byte* p, std::size_t bytes) {
 
 }  // namespace
 
-std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t bytes) {
+namespace {
+
+// The sum of smaps field `field` ("AnonHugePages: %llu kB") over the regions
+// that start in [begin, begin + bytes).
+std::optional<std::size_t> smaps_kib(const void* begin, std::size_t bytes, const char* field) {
   std::FILE* f = std::fopen("/proc/self/smaps", "re");
   if (!f) return std::nullopt;
   const auto lo_wanted = reinterpret_cast<std::uintptr_t>(begin);
@@ -62,11 +66,48 @@ std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t b
       continue;
     }
     unsigned long long v = 0;
-    if (inside && std::sscanf(line, "AnonHugePages: %llu kB", &v) == 1) kib += static_cast<std::size_t>(v);
+    if (inside && std::sscanf(line, field, &v) == 1) kib += static_cast<std::size_t>(v);
   }
   std::free(line);
   std::fclose(f);
   return kib * 1024;
+}
+
+}  // namespace
+
+std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t bytes) {
+  return smaps_kib(begin, bytes, "AnonHugePages: %llu kB");
+}
+
+std::optional<std::size_t> file_huge_page_bytes(const void* begin, std::size_t bytes) {
+  return smaps_kib(begin, bytes, "FilePmdMapped: %llu kB");
+}
+
+void* map_file_huge_aligned(int fd, std::size_t bytes) {
+  const std::size_t align = huge_page_bytes();
+  // Reserve one huge page more than the file, map the file over the reserve
+  // from its first aligned address, and give back the rest.
+  void* r = ::mmap(nullptr, bytes + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return nullptr;
+  auto* base = static_cast<std::byte*>(r);
+  const auto misaligned = reinterpret_cast<std::uintptr_t>(base) % align;
+  const std::size_t head = misaligned ? align - misaligned : 0;
+  void* m = ::mmap(base + head, bytes, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  if (m == MAP_FAILED) {
+    const int e = errno;
+    ::munmap(r, bytes + align);
+    errno = e;
+    return nullptr;
+  }
+  if (head) ::munmap(base, head);
+  // The tail of the reserve: from the end of the file's last page.
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t used = head + (bytes + page - 1) / page * page;
+  if (used < bytes + align) ::munmap(base + used, bytes + align - used);
+#ifdef MADV_HUGEPAGE
+  ::madvise(m, bytes, MADV_HUGEPAGE);  // advice only: base pages work the same
+#endif
+  return m;
 }
 
 std::string transparent_huge_page_mode() {

@@ -2,7 +2,8 @@
 // that fault in as they are first written, or, when asked, transparent huge
 // pages faulted in whole when the memory is mapped, so that a process pays
 // for finding, zeroing and compacting them at start rather than in its first
-// requests (docs/serving.md, --kv-huge-pages).
+// requests (docs/serving.md, --kv-huge-pages). Also the huge-page helpers a
+// file mapping uses (the model's weights).
 #pragma once
 
 #include <cstddef>
@@ -28,6 +29,18 @@ std::string transparent_huge_page_mode();
 // regions that start in [begin, begin + bytes): a mapping made there, however
 // the kernel split it. nullopt where smaps cannot be read.
 std::optional<std::size_t> anon_huge_page_bytes(const void* begin, std::size_t bytes);
+// The same for a file mapping: its bytes mapped by huge pages of the page
+// cache (FilePmdMapped).
+std::optional<std::size_t> file_huge_page_bytes(const void* begin, std::size_t bytes);
+
+// Maps `bytes` (> 0) of the open file `fd` from offset 0, read-only and
+// private, at an address aligned to huge_page_bytes(), and advises
+// MADV_HUGEPAGE: where the page cache holds the file in huge folios (files
+// read in through such a mapping, on filesystems with large folios), the
+// kernel can then map them whole, one TLB entry per 2 MiB, which it cannot at
+// an address whose offset within a huge page differs from the file's. Unmap
+// with munmap(result, bytes). nullptr (errno set) where mmap fails.
+void* map_file_huge_aligned(int fd, std::size_t bytes);
 
 // What a huge-page mapping got.
 struct huge_page_outcome {

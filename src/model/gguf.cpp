@@ -572,20 +572,14 @@ result<std::unique_ptr<file>> file::open(const std::string& path, open_options o
   f->storage_ = options.use_mmap ? storage::mapped : storage::read_into_memory;
   auto size = static_cast<std::size_t>(st.st_size);
   if (size > 0 && options.use_mmap) {
-    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
+    void* m = map_file_huge_aligned(fd, size);
+    if (!m) {
       int e = errno;
       ::close(fd);
       return error(errc::io_error, "{}: cannot map {} bytes: {}", path, size, std::strerror(e));
     }
     f->map_ = m;
     f->map_size_ = size;
-#ifdef MADV_HUGEPAGE
-    // Pages read in from disk through this mapping then come as 2 MiB folios
-    // where the filesystem allows, mapped by one TLB entry each (pages already
-    // in the page cache keep the size they were read with). Advice only.
-    ::madvise(m, size, MADV_HUGEPAGE);
-#endif
   } else if (size > 0) {
     // Rounded up to whole huge pages and advised to be backed by them (the
     // kernel may give base pages instead); faulted in by the read.
@@ -607,6 +601,7 @@ result<std::unique_ptr<file>> file::open(const std::string& path, open_options o
 }
 
 std::size_t file::huge_page_bytes() const {
+  if (storage_ == storage::mapped && map_) return file_huge_page_bytes(map_, map_size_).value_or(0);
   if (storage_ != storage::read_into_memory || !copy_.data()) return 0;
   return anon_huge_page_bytes(copy_.data(), copy_.size_bytes()).value_or(0);
 }

@@ -113,8 +113,11 @@ class byte_cursor;  // bounds-checked reader over the file bytes (gguf.cpp)
 // How a file's bytes are held while the model uses them.
 struct open_options {
   // true: map the file read-only (its pages are the page cache's, paged in as
-  // used and shared with other processes; huge pages are asked for, which
-  // applies to what is read from disk through the mapping). false: read the whole file into
+  // used and shared with other processes), at a 2 MiB-aligned address with
+  // huge pages asked for: where the page cache holds the file in huge folios
+  // (what is read from disk through the mapping, on a filesystem with large
+  // folios such as ext4 on Linux 6.16+), they are mapped whole; pages already
+  // cached in base pages stay so. false: read the whole file into
   // anonymous memory at open, with transparent huge pages asked for
   // (llama.cpp's --no-mmap): it costs the file's size in resident memory and
   // one read at load, and streaming weights from it avoids the 4 KiB page
@@ -144,8 +147,9 @@ class file {
   // into (open_options::use_mmap = false), or the caller's (from_memory).
   enum class storage { mapped, read_into_memory, caller };
   storage storage_kind() const { return storage_; }
-  // Of the memory the file was read into, the bytes the kernel backs with huge
-  // pages now (Linux /proc/self/smaps; 0 for other storage or when unknown).
+  // Of the memory the file was read into, or of its mapping, the bytes the
+  // kernel backs with huge pages now (Linux /proc/self/smaps: AnonHugePages,
+  // FilePmdMapped; 0 for the caller's bytes or when unknown).
   std::size_t huge_page_bytes() const;
 
   const std::vector<metadata_entry>& metadata() const { return metadata_; }
