@@ -21,7 +21,11 @@ usage:
   pagoda synth --preset llama3-8b --layers 2 --ffn 4096 --weight-type q8_0 --vocab 512 --ctx 135168 -o /tmp/l3-2l-ffn4k-q8.gguf
   bench/long_context.py --decode-bench build/release/bench/decode_bench --model /tmp/l3-2l-ffn4k-q8.gguf
       --llama-bench /path/to/llama-bench [--bandwidth build/release/bench/matmul_bench]
-      [--threads 1,2] [--rounds 3] [--depth 32768] [--n-gen 32] [--configs f16,int4/token,f16+quest]
+      [--threads 1,2] [--rounds 3] [--depth 32768] [--n-gen 32] [--configs f16,int4/token,f16+quest] [--no-mmap]
+
+--no-mmap: both read the weights into memory instead of mapping the file
+(Pagoda's --no-mmap, in huge pages where the kernel gives them; llama-bench
+-mmp 0), so that neither depends on the page cache's folio sizes.
 
 llama.cpp is not part of this project: bring your own build (for this CPU:
 cmake -DGGML_NATIVE=ON).
@@ -39,11 +43,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_speed import bandwidth, decode_bytes, load_average, sh  # noqa: E402
 
 
-def llama_tg(llama, model, threads, depth, n_gen):
+def llama_tg(llama, model, threads, depth, n_gen, no_mmap):
     """{(threads, "off" | "on"): tok/s}: one llama-bench run per round over every thread count and flash
     attention off and on; it fills the DEPTH-token cache once and restores it for the other tests."""
     args = [llama, "-m", model, "-p", "0", "-n", str(n_gen), "-d", str(depth), "-t", ",".join(map(str, threads)),
-            "-r", "1", "-fa", "off,on", "-ctk", "f16", "-ctv", "f16", "-o", "json"]
+            "-r", "1", "-fa", "off,on", "-ctk", "f16", "-ctv", "f16", "-mmp", "0" if no_mmap else "1", "-o", "json"]
     out = {}
     for t in json.loads(sh(args).stdout):
         if t["n_gen"]:
@@ -52,10 +56,11 @@ def llama_tg(llama, model, threads, depth, n_gen):
     return out
 
 
-def pagoda_tg(bench, model, cfg, threads, depth):
+def pagoda_tg(bench, model, cfg, threads, depth, no_mmap):
     """decode_bench's tokens/s and the KV MiB of the configuration (all of the cache)."""
     flt = f"^decode_step/{re.escape(cfg)}/ctx:{depth}/threads:{threads}/"
-    r = subprocess.run([bench, f"--benchmark_filter={flt}", "--benchmark_format=json"], capture_output=True, text=True,
+    r = subprocess.run([bench, f"--benchmark_filter={flt}", "--benchmark_format=json"] + (["--no_mmap"] if no_mmap else []),
+                       capture_output=True, text=True,
                        env=dict(os.environ, PAGODA_DECODE_MODEL=model))
     if r.returncode != 0:
         sys.exit(f"decode_bench failed for {cfg}:\n{r.stderr}")
@@ -76,6 +81,7 @@ def main():
     ap.add_argument("--depth", type=int, default=32768)
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--configs", default="f16,int4/token,f16+quest")
+    ap.add_argument("--no-mmap", action="store_true", help="both read the weights into memory (see above)")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
     configs = a.configs.split(",")
@@ -87,7 +93,7 @@ def main():
     loads = [load_average()]
     t0 = time.time()
     for rnd in range(a.rounds):
-        for (t, fa), v in sorted(llama_tg(a.llama_bench, a.model, threads, a.depth, a.n_gen).items()):
+        for (t, fa), v in sorted(llama_tg(a.llama_bench, a.model, threads, a.depth, a.n_gen, a.no_mmap).items()):
             res.setdefault((f"llama.cpp fa {fa}", t), []).append(v)
             print(f"llama.cpp, {t} thread(s), FA {fa}: {v:.2f} tok/s", file=sys.stderr, flush=True)
         for t in threads:
@@ -95,14 +101,15 @@ def main():
             if v:
                 bw[t].append(v)
             for cfg in configs:
-                tg, mib = pagoda_tg(a.decode_bench, a.model, cfg, t, a.depth)
+                tg, mib = pagoda_tg(a.decode_bench, a.model, cfg, t, a.depth, a.no_mmap)
                 res.setdefault((cfg, t), []).append(tg)
                 print(f"pagoda {cfg}, {t} thread(s): {tg:.2f} tok/s", file=sys.stderr, flush=True)
                 kv_mib[cfg] = mib
         loads.append(load_average())
         print(f"round {rnd + 1}/{a.rounds} done, {time.time() - t0:.0f} s, load {loads[-1]:.1f}", file=sys.stderr)
 
-    print(f"depth {a.depth}, {a.n_gen} decode tokens (llama-bench), rounds: {a.rounds}; load average at the start and "
+    print(f"depth {a.depth}, {a.n_gen} decode tokens (llama-bench), rounds: {a.rounds}, weights "
+          f"{'read into memory (--no-mmap)' if a.no_mmap else 'mapped'}; load average at the start and "
           "after each round: " + ", ".join(f"{x:.1f}" for x in loads))
     print(f"weights read per decode step: {weights / 1e6:.1f} MB")
     for t in threads:

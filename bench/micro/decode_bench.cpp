@@ -9,6 +9,7 @@
 //     -o /tmp/llama3-8b-2l-q8.gguf
 //   PAGODA_DECODE_MODEL=/tmp/llama3-8b-2l-q8.gguf build/bench/decode_bench
 //   ... decode_bench --kv_huge_pages   (the pool in huge pages, faulted in: --kv-huge-pages)
+//   ... decode_bench --no_mmap         (the weights read into memory, in huge pages: --no-mmap)
 //
 // "f16+quest": the same step with Quest reading 1/8 of the blocks of every
 // layer (random keys choose scattered blocks: the worst case for locality).
@@ -21,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -35,10 +37,12 @@ namespace {
 
 using namespace pagoda;
 
+bool g_no_mmap = false;  // --no_mmap
+
 const llama_model* model() {
   static std::unique_ptr<llama_model> m = [] {
     const char* path = std::getenv("PAGODA_DECODE_MODEL");
-    auto r = llama_model::load(path ? path : "/tmp/llama3-8b-2l-q8.gguf");
+    auto r = llama_model::load(path ? path : "/tmp/llama3-8b-2l-q8.gguf", {.use_mmap = !g_no_mmap});
     return r.ok() ? std::move(*r) : nullptr;
   }();
   return m.get();
@@ -119,6 +123,12 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--no_mmap") g_no_mmap = true;
+    else argv[out++] = argv[i];
+  }
+  argc = out;
   register_all();
   return pagoda::bench::run_benchmarks(argc, argv);
 }

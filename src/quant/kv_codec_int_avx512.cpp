@@ -50,14 +50,19 @@ inline int round16(int n) { return (n + 15) & ~15; }
 
 // 16 operand positions v (already times 127 / max|x|) -> their hi and lo
 // words at dst[0, 8) (layout of quantize_hilo below).
+// Each half is rounded to the nearest integer (ties to even) once, by the
+// conversion to int32; the hi half comes back to f32 exactly (|hi| <= 127) for
+// the residual. (A round to f32 then a conversion gives the same integers at
+// two instructions more on each half's path.)
 inline void store_hilo16(__m512 v, std::int32_t* dst, bool with_lo) {
-  const __m512 h = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m128i hb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(h));
+  constexpr int k_nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512i hi = _mm512_cvt_roundps_epi32(v, k_nearest);
+  const __m128i hb = _mm512_cvtsepi32_epi8(hi);
   __m128i lb = _mm_setzero_si128();
   if (with_lo) {
-    const __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    lb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(l));
+    const __m512 h = _mm512_cvtepi32_ps(hi);
+    const __m512i lo = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_sub_ps(v, h), _mm512_set1_ps(254.0f)), k_nearest);
+    lb = _mm512_cvtsepi32_epi8(lo);
   }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_unpacklo_epi32(hb, lb));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 4), _mm_unpackhi_epi32(hb, lb));
@@ -96,32 +101,48 @@ struct av_dense8 {
   const std::uint8_t* o[8];
 };
 
-// One row's operand for one group of per-token (or group) scales in the dense
-// 128-position case: x = w * S kept in registers, bias += w * M, then
-// quantize_hilo_max's rounding of x; the same operations in the same order
-// as the general loop in av_run, without its index arithmetic and the pass
-// through memory. Returns sc.
-inline float av_operand_dense8(const float* wr, const av_dense8& d, std::size_t group_at, float* bias16,
-                               std::int32_t* row) {
-  __m512 x[8];
-  __m512 bias = _mm512_loadu_ps(bias16), vmax = _mm512_setzero_ps();
+// The operands of R rows (from r0) for one group g of per-token (or group)
+// scales in the dense 128-position case: per row x = w * S, bias += w * M,
+// then quantize_hilo_max's rounding of x; the same operations in the same
+// order as the general loop in av_run, without its index arithmetic. The
+// tile's scales and offsets are widened once for all R rows; x waits in xs.
+template <int R>
+inline void av_operands_dense8(const float* w, std::size_t ld, const av_dense8& d, std::size_t group_at, int r0,
+                               int G, int g, int stride, float* sc, float* bias, std::int32_t* packed) {
+  alignas(64) float xs[R][128];
+  __m512 b[R], vmax[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    b[r] = _mm512_loadu_ps(bias + static_cast<std::size_t>((r0 + r) * G + g) * 16);
+    vmax[r] = _mm512_setzero_ps();
+  }
 #pragma GCC unroll 8
   for (int c = 0; c < 8; ++c) {
-    const __m512 wv = _mm512_maskz_loadu_ps(d.m[c], wr + d.at[c]);
-    x[c] = _mm512_mul_ps(wv, load_h16(d.s[c] + group_at, d.m[c]));
-    bias = _mm512_fmadd_ps(wv, load_h16(d.o[c] + group_at, d.m[c]), bias);
-    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(x[c]));
+    const __m512 S = load_h16(d.s[c] + group_at, d.m[c]), M = load_h16(d.o[c] + group_at, d.m[c]);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = _mm512_maskz_loadu_ps(d.m[c], w + static_cast<std::size_t>(r0 + r) * ld + d.at[c]);
+      const __m512 x = _mm512_mul_ps(wv, S);
+      b[r] = _mm512_fmadd_ps(wv, M, b[r]);
+      vmax[r] = _mm512_max_ps(vmax[r], _mm512_abs_ps(x));
+      _mm512_store_ps(xs[r] + 16 * c, x);
+    }
   }
-  _mm512_storeu_ps(bias16, bias);
-  const float amax = _mm512_reduce_max_ps(vmax);
-  if (!(amax > 0)) {
-    std::memset(row, 0, 128 * 2);
-    return 0.0f;
-  }
-  const __m512 inv = _mm512_set1_ps(127.0f / amax);
+  for (int r = 0; r < R; ++r) {
+    const int og = (r0 + r) * G + g;
+    _mm512_storeu_ps(bias + static_cast<std::size_t>(og) * 16, b[r]);
+    std::int32_t* row = packed + static_cast<std::size_t>(og) * (stride / 2);
+    const float amax = _mm512_reduce_max_ps(vmax[r]);
+    if (!(amax > 0)) {
+      std::memset(row, 0, 128 * 2);
+      sc[og] = 0.0f;
+      continue;
+    }
+    const __m512 inv = _mm512_set1_ps(127.0f / amax);
 #pragma GCC unroll 8
-  for (int c = 0; c < 8; ++c) store_hilo16(_mm512_mul_ps(x[c], inv), row + c * 8, true);
-  return amax / 127.0f;
+    for (int c = 0; c < 8; ++c) store_hilo16(_mm512_mul_ps(_mm512_load_ps(xs[r] + 16 * c), inv), row + c * 8, true);
+    sc[og] = amax / 127.0f;
+  }
 }
 
 // Per-call buffers for the prepared operands; grown, never shrunk.
@@ -708,12 +729,14 @@ void av_run(const tile_layout& L, kv_tile_shape s, const kv_static_params* sp, c
           d.s[c] = group[in ? j : 0] + L.scale_off + 2 * t;
           d.o[c] = group[in ? j : 0] + L.offset_off + 2 * t;
         }
-        for (int r = 0; r < n_q; ++r)
-          for (int g = 0; g < G; ++g) {
-            const int og = r * G + g;
-            ops.sc[og] = av_operand_dense8(w + static_cast<std::size_t>(r) * ld, d, static_cast<std::size_t>(g) * B * 2,
-                                           &ops.bias[static_cast<std::size_t>(og) * 16], operand_row(ops, og, stride));
-          }
+        for (int g = 0; g < G; ++g) {
+          const std::size_t at = static_cast<std::size_t>(g) * B * 2;
+          auto rows = [&]<int R>(int r0) {
+            av_operands_dense8<R>(w, static_cast<std::size_t>(ld), d, at, r0, G, g, stride, ops.sc.data(),
+                                  ops.bias.data(), ops.packed.data());
+          };
+          for_row_blocks(n_q, rows);
+        }
       }
     }
     for (int r = 0; r < n_q && !(!FOLDED && dense && stride == 128); ++r) {
