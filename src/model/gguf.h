@@ -116,8 +116,8 @@ struct open_options {
   // used and shared with other processes), at a 2 MiB-aligned address with
   // huge pages asked for: where the page cache holds the file in huge folios
   // (what is read from disk through the mapping, on a filesystem with large
-  // folios such as ext4 on Linux 6.16+), they are mapped whole; pages already
-  // cached in base pages stay so. false: read the whole file into
+  // folios, as ext4 has on the Linux 6.18 it was measured on), they are mapped
+  // whole; pages already cached in base pages stay so. false: read the whole file into
   // anonymous memory at open, with transparent huge pages asked for
   // (llama.cpp's --no-mmap): it costs the file's size in resident memory and
   // one read at load, and streaming weights from it avoids the 4 KiB page
